@@ -1,0 +1,100 @@
+//! [`Algorithm`]: a rate-limiting algorithm as a pure transition on one `u64` state word, and
+//! [`StateCell`], the atomic word it is applied to by compare-and-swap.
+//!
+//! Keeping the transition pure is what lets the same algorithm run in a direct limiter, in any
+//! keyed store, inside a stack that decides several layers with one `now`, and (reimplemented in
+//! Lua) in Redis, with the two tested against each other.
+
+use crate::sync::{AtomicU64, Ordering};
+use crate::{Decision, DecisionError, Limit, LimitError};
+
+/// A rate-limiting algorithm: `(old state, cost, now) -> (Decision, new state)`, with no IO and
+/// no interior mutability.
+pub trait Algorithm: Send + Sync + Sized {
+    /// A short name for messages, such as `"token bucket"`.
+    const NAME: &'static str;
+
+    /// The state of a key never seen. A state that [`is_full`](Self::is_full) decides exactly
+    /// like this one, so a store may drop it.
+    const FRESH: u64;
+
+    /// The algorithm for `limit`, or an error saying why this algorithm cannot represent it.
+    fn new(limit: Limit) -> Result<Self, LimitError>;
+
+    /// The limit this algorithm enforces.
+    fn limit(&self) -> &Limit;
+
+    /// Decides a call of `cost` units at `now` (nanoseconds since the clock's epoch) on `state`.
+    ///
+    /// Cost 0 is a peek. [`Step::next`] is `None` when nothing must be written: a denial or a
+    /// peek never changes state.
+    fn decide(&self, state: u64, cost: u64, now: u64) -> Result<Step, DecisionError>;
+
+    /// Whether `state` is full at `now`, so that it decides like [`FRESH`](Self::FRESH) from
+    /// now on and can be forgotten.
+    fn is_full(&self, state: u64, now: u64) -> bool;
+}
+
+/// The outcome of one pure transition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Step {
+    /// The answer to the call.
+    pub decision: Decision,
+    /// The state to write, or `None` when the call changes nothing (a denial or a peek).
+    pub next: Option<u64>,
+}
+
+/// One limiter's state word, updated by compare-and-swap: lock-free, and a denial or a peek
+/// performs no write at all.
+#[derive(Debug)]
+pub struct StateCell {
+    word: AtomicU64,
+}
+
+impl StateCell {
+    /// A cell holding `word`.
+    pub fn new(word: u64) -> Self {
+        Self {
+            word: AtomicU64::new(word),
+        }
+    }
+
+    /// The current state word.
+    pub fn load(&self) -> u64 {
+        // Relaxed: the word is the whole state and publishes no other memory.
+        self.word.load(Ordering::Relaxed)
+    }
+
+    /// Decides a call of `cost` at `now` and, if it consumes anything, writes the new state.
+    ///
+    /// Every admission is a successful compare-and-swap from the exact state it was decided on,
+    /// so concurrent calls are serialised by the word's modification order and can never admit
+    /// more than one caller alone could.
+    pub fn apply<A: Algorithm>(
+        &self,
+        algorithm: &A,
+        cost: u64,
+        now: u64,
+    ) -> Result<Decision, DecisionError> {
+        // Relaxed (here and in the exchange below): the word is the whole state, so no other
+        // memory needs ordering with it. What bounds admissions is that every successful
+        // exchange reads the value immediately before it in the word's single modification
+        // order; a stale load only makes the exchange fail and the loop decide again.
+        let mut current = self.word.load(Ordering::Relaxed);
+        loop {
+            let step = algorithm.decide(current, cost, now)?;
+            let Some(next) = step.next else {
+                return Ok(step.decision);
+            };
+            match self.word.compare_exchange_weak(
+                current,
+                next,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Ok(step.decision),
+                Err(actual) => current = actual,
+            }
+        }
+    }
+}

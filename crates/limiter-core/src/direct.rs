@@ -1,0 +1,85 @@
+//! [`DirectLimiter`]: one limiter, one state word, no key.
+
+use crossbeam_utils::CachePadded;
+
+use crate::{
+    Algorithm, Clock, Decision, DecisionError, Limit, LimitError, Limiter, MonotonicClock,
+    StateCell,
+};
+
+/// A single limiter of algorithm `A` reading clock `C`: one `u64` of state updated by
+/// compare-and-swap.
+///
+/// Algorithm crates name it for their algorithm, such as `limiter_token_bucket::TokenBucket`.
+#[derive(Debug)]
+pub struct DirectLimiter<A, C = MonotonicClock> {
+    // Padded so the word written by every admission does not share a cache line with the
+    // read-only algorithm parameters that every call reads.
+    cell: CachePadded<StateCell>,
+    algorithm: A,
+    clock: C,
+}
+
+impl<A: Algorithm> DirectLimiter<A> {
+    /// A full limiter for `limit` on a new [`MonotonicClock`].
+    pub fn new(limit: Limit) -> Result<Self, LimitError> {
+        Self::with_clock(limit, MonotonicClock::new())
+    }
+}
+
+impl<A: Algorithm, C: Clock> DirectLimiter<A, C> {
+    /// A full limiter for `limit` reading `clock`.
+    pub fn with_clock(limit: Limit, clock: C) -> Result<Self, LimitError> {
+        Ok(Self {
+            cell: CachePadded::new(StateCell::new(A::FRESH)),
+            algorithm: A::new(limit)?,
+            clock,
+        })
+    }
+
+    /// Decides one unit now.
+    pub fn check(&self) -> Result<Decision, DecisionError> {
+        self.check_n(1)
+    }
+
+    /// Decides `cost` units now.
+    pub fn check_n(&self, cost: u64) -> Result<Decision, DecisionError> {
+        self.check_at(cost, self.clock.now())
+    }
+
+    /// Reports the current state without consuming anything (a call of cost 0).
+    pub fn peek(&self) -> Result<Decision, DecisionError> {
+        self.check_n(0)
+    }
+
+    /// Decides `cost` units at `now`, for callers that read the clock once for several limiters.
+    pub fn check_at(&self, cost: u64, now: u64) -> Result<Decision, DecisionError> {
+        self.cell.apply(&self.algorithm, cost, now)
+    }
+
+    /// The algorithm, with its derived parameters.
+    pub fn algorithm(&self) -> &A {
+        &self.algorithm
+    }
+
+    /// The clock this limiter reads.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+}
+
+impl<A: Algorithm, C: Clock> Limiter for DirectLimiter<A, C> {
+    type Key = ();
+
+    fn limit(&self) -> &Limit {
+        self.algorithm.limit()
+    }
+
+    fn now(&self) -> u64 {
+        self.clock.now()
+    }
+
+    fn decide_at(&self, _key: &(), cost: u64, now: u64) -> Result<Decision, DecisionError> {
+        self.check_at(cost, now)
+    }
+}

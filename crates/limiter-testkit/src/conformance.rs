@@ -1,0 +1,312 @@
+//! The conformance checks every algorithm passes: the five checks from DESIGN.md, peeks and
+//! denials that change nothing, a clock that goes back, bad input, and real-thread races.
+//!
+//! Each check panics with a message naming the limit and the step that failed; [`run_all`]
+//! runs them all over [`sample_limits`].
+
+use std::sync::Barrier;
+use std::time::Duration;
+
+use limiter_core::{Algorithm, DecisionError, DirectLimiter, Limit, ManualClock};
+use limiter_store::KeyedLimiter;
+
+use crate::model::Model;
+
+/// A start well past zero, so that going back has room and is not mistaken for a fresh start.
+pub const START_NS: u64 = 1 << 40;
+
+/// Limits that cover whole and fractional refill intervals, bursts below and above the count,
+/// and the extremes.
+pub fn sample_limits() -> Vec<Limit> {
+    let limit = |count, period_ns, burst| {
+        Limit::from_nanos(count, period_ns)
+            .and_then(|l| l.with_burst(burst))
+            .expect("sample limits are valid")
+    };
+    vec![
+        limit(10, 1_000_000_000, 10),
+        limit(7, 1_000_000_000, 3),
+        limit(100, 60_000_000_000, 250),
+        limit(3, 10, 1),
+        limit(1, 1, 1),
+        limit(1_000_000_000, 1_000_000_000, 1_000_000),
+    ]
+}
+
+/// Runs every check over every sample limit. `refill_one(limit)` is the wait after which a
+/// drained limiter of this algorithm admits exactly one more unit.
+pub fn run_all<A: Algorithm, M: Model>(refill_one: fn(&Limit) -> Duration) {
+    for limit in sample_limits() {
+        full_admits_exactly_burst::<A>(limit);
+        one_unit_returns::<A>(limit, refill_one(&limit));
+        peek_changes_nothing::<A>(limit);
+        denial_changes_nothing::<A>(limit);
+        keys_are_isolated::<A>(limit);
+        clock_backwards_never_admits_more::<A>(limit, refill_one(&limit));
+        bad_input_is_an_error::<A>(limit);
+        matches_model_on_a_drain_and_refill::<A, M>(limit);
+    }
+    race_admits_exactly_burst::<A>(100, 50);
+}
+
+fn direct<A: Algorithm>(limit: Limit) -> (DirectLimiter<A, ManualClock>, ManualClock) {
+    let clock = ManualClock::starting_at(START_NS);
+    let limiter = DirectLimiter::with_clock(limit, clock.clone())
+        .unwrap_or_else(|e| panic!("{} refused {limit}: {e}", A::NAME));
+    (limiter, clock)
+}
+
+fn drain<A: Algorithm>(limiter: &DirectLimiter<A, ManualClock>) {
+    let burst = limiter.algorithm().limit().burst();
+    let taken = limiter.check_n(burst).expect("cost = burst is valid");
+    assert!(
+        taken.is_allowed(),
+        "a full limiter admits its burst at once: {taken:?}"
+    );
+}
+
+/// A full limiter admits exactly `burst` units one by one, counting down, then denies with a
+/// positive `retry_after`.
+pub fn full_admits_exactly_burst<A: Algorithm>(limit: Limit) {
+    let (limiter, _) = direct::<A>(limit);
+    // Very large bursts are checked with one weighted call instead of a billion small ones.
+    let singles = limit.burst().min(10_000);
+    for taken in 1..=singles {
+        let d = limiter.check().expect("valid");
+        assert!(
+            d.is_allowed(),
+            "{limit}: unit {taken} of the burst denied: {d:?}"
+        );
+        assert_eq!(
+            d.remaining(),
+            limit.burst() - taken,
+            "{limit}: remaining after {taken}"
+        );
+    }
+    if limit.burst() > singles {
+        assert!(
+            limiter
+                .check_n(limit.burst() - singles)
+                .expect("valid")
+                .is_allowed()
+        );
+    }
+    let d = limiter.check().expect("valid");
+    assert!(d.is_denied(), "{limit}: admitted beyond the burst: {d:?}");
+    assert!(
+        d.retry_after() > Duration::ZERO,
+        "{limit}: denial without a wait"
+    );
+    assert_eq!(d.remaining(), 0);
+}
+
+/// After draining, waiting `wait` admits exactly one unit and no more.
+pub fn one_unit_returns<A: Algorithm>(limit: Limit, wait: Duration) {
+    let (limiter, clock) = direct::<A>(limit);
+    drain(&limiter);
+    let denied = limiter.check().expect("valid");
+    assert!(denied.is_denied(), "{limit}: drained limiter admitted");
+    assert!(
+        denied.retry_after() <= wait,
+        "{limit}: retry_after {:?} above {wait:?}",
+        denied.retry_after()
+    );
+    clock.advance(wait);
+    assert!(
+        limiter.check().expect("valid").is_allowed(),
+        "{limit}: no unit back after {wait:?}"
+    );
+    assert!(
+        limiter.check().expect("valid").is_denied(),
+        "{limit}: two units back after {wait:?}"
+    );
+}
+
+/// A peek reports without consuming, however often it is repeated, and never inserts a key.
+pub fn peek_changes_nothing<A: Algorithm>(limit: Limit) {
+    let (limiter, _) = direct::<A>(limit);
+    let before = limiter.peek().expect("valid");
+    for _ in 0..3 {
+        assert_eq!(
+            limiter.peek().expect("valid"),
+            before,
+            "{limit}: a peek changed state"
+        );
+    }
+    assert_eq!(before.remaining(), limit.burst());
+    drain(&limiter);
+    let empty = limiter.peek().expect("valid");
+    assert_eq!(empty.remaining(), 0, "{limit}");
+    assert_eq!(
+        limiter.peek().expect("valid"),
+        empty,
+        "{limit}: a peek changed state"
+    );
+
+    let keyed = KeyedLimiter::<A, u32, _>::with_clock(limit, ManualClock::starting_at(START_NS))
+        .expect("valid");
+    assert!(keyed.peek_key(&1).expect("valid").is_allowed());
+    assert!(keyed.is_empty(), "{limit}: a peek inserted a key");
+}
+
+/// A denial writes nothing: repeating it gives the same answer, and waiting exactly its
+/// `retry_after` admits the same cost.
+pub fn denial_changes_nothing<A: Algorithm>(limit: Limit) {
+    let (limiter, clock) = direct::<A>(limit);
+    drain(&limiter);
+    let cost = limit.burst();
+    let first = limiter.check_n(cost).expect("valid");
+    assert!(first.is_denied());
+    for _ in 0..3 {
+        assert_eq!(
+            limiter.check_n(cost).expect("valid"),
+            first,
+            "{limit}: a denial changed state"
+        );
+    }
+    clock.advance_nanos(first.retry_after_nanos() - 1);
+    assert!(
+        limiter.check_n(cost).expect("valid").is_denied(),
+        "{limit}: admitted before retry_after"
+    );
+    clock.advance_nanos(1);
+    assert!(
+        limiter.check_n(cost).expect("valid").is_allowed(),
+        "{limit}: denied at retry_after"
+    );
+}
+
+/// Draining one key leaves every other key full; denials of new keys insert nothing.
+pub fn keys_are_isolated<A: Algorithm>(limit: Limit) {
+    let keyed = KeyedLimiter::<A, &str, _>::with_clock(limit, ManualClock::starting_at(START_NS))
+        .expect("valid");
+    assert!(
+        keyed
+            .check_key_n(&"a", limit.burst())
+            .expect("valid")
+            .is_allowed()
+    );
+    assert!(keyed.check_key(&"a").expect("valid").is_denied());
+    let b = keyed.check_key(&"b").expect("valid");
+    assert!(b.is_allowed(), "{limit}: key b affected by key a");
+    assert_eq!(b.remaining(), limit.burst() - 1);
+    assert!(
+        keyed.check_key(&"a").expect("valid").is_denied(),
+        "{limit}: key a refilled by key b"
+    );
+    assert_eq!(keyed.len(), 2);
+}
+
+/// A clock that goes back never admits more than the drained state allows, and once it is
+/// back where it was, decisions are as if it had never moved.
+pub fn clock_backwards_never_admits_more<A: Algorithm>(limit: Limit, wait: Duration) {
+    let (limiter, clock) = direct::<A>(limit);
+    drain(&limiter);
+    for back in [1, 1_000, START_NS] {
+        clock.set(START_NS - back);
+        assert!(
+            limiter.check().expect("valid").is_denied(),
+            "{limit}: admitted after going back {back} ns"
+        );
+    }
+    clock.set(START_NS);
+    clock.advance(wait);
+    assert!(
+        limiter.check().expect("valid").is_allowed(),
+        "{limit}: did not recover"
+    );
+    assert!(
+        limiter.check().expect("valid").is_denied(),
+        "{limit}: recovered more than one unit"
+    );
+}
+
+/// Costs above the burst are an error, not a denial; extreme readings never panic.
+pub fn bad_input_is_an_error<A: Algorithm>(limit: Limit) {
+    let (limiter, clock) = direct::<A>(limit);
+    for cost in [limit.burst().saturating_add(1), u64::MAX] {
+        if cost > limit.burst() {
+            assert_eq!(
+                limiter.check_n(cost),
+                Err(DecisionError::CostExceedsBurst {
+                    cost,
+                    burst: limit.burst()
+                }),
+                "{limit}"
+            );
+        }
+    }
+    clock.set(u64::MAX);
+    // Either decided or refused as out of range; never a panic, never more than the burst.
+    match limiter.check_n(limit.burst()) {
+        Ok(d) => assert!(d.remaining() <= limit.burst()),
+        Err(DecisionError::ClockOutOfRange { .. }) => {}
+        Err(other) => panic!("{limit}: unexpected error at u64::MAX: {other}"),
+    }
+    clock.set(0);
+    let _ = limiter.check().expect("cost 1 is valid");
+}
+
+/// A drain, a wait of one period, and a second drain agree with the reference model exactly.
+pub fn matches_model_on_a_drain_and_refill<A: Algorithm, M: Model>(limit: Limit) {
+    use crate::ops::Op;
+    let period = limit.period_nanos();
+    let ops = [
+        Op::Check(limit.burst()),
+        Op::Check(1),
+        Op::Advance(period / 2),
+        Op::Check(0),
+        Op::Check(1),
+        Op::Advance(period),
+        Op::Check(limit.burst()),
+        Op::Back(period),
+        Op::Check(1),
+    ];
+    if let Err(e) = crate::harness::run::<A, M>(limit, START_NS, &ops) {
+        panic!("{e}");
+    }
+}
+
+/// `threads` real threads each ask once, at one instant, for a unit of a `burst`-unit limit,
+/// directly and on one shared key: exactly `burst` are admitted.
+pub fn race_admits_exactly_burst<A: Algorithm>(threads: usize, burst: u64) {
+    let limit = Limit::per_hour(burst).expect("valid");
+    let (limiter, _) = direct::<A>(limit);
+    let admitted = race(threads, || limiter.check().expect("valid").is_allowed());
+    assert_eq!(
+        admitted,
+        burst,
+        "{} direct: {threads} racers on a {burst}-unit limit",
+        A::NAME
+    );
+
+    let keyed = KeyedLimiter::<A, &str, _>::with_clock(limit, ManualClock::starting_at(START_NS))
+        .expect("valid");
+    let admitted = race(threads, || {
+        keyed.check_key(&"shared").expect("valid").is_allowed()
+    });
+    assert_eq!(
+        admitted,
+        burst,
+        "{} keyed: {threads} racers on a {burst}-unit key",
+        A::NAME
+    );
+}
+
+fn race(threads: usize, call: impl Fn() -> bool + Sync) -> u64 {
+    let start = Barrier::new(threads);
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    start.wait();
+                    call()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| u64::from(h.join().expect("racer panicked")))
+            .sum()
+    })
+}

@@ -1,0 +1,127 @@
+//! The operation-sequence harness: runs an algorithm's pure transition and a reference model
+//! side by side and checks every invariant the design promises.
+
+use limiter_core::{Algorithm, Decision, DecisionError, Limit};
+
+use crate::model::Model;
+use crate::ops::Op;
+
+/// Runs `ops` from a fresh state at clock reading `start` against algorithm `A` and model `M`.
+///
+/// Checks, after every step: identical results (decision or error); a denial and a peek write
+/// nothing; a denial has a positive `retry_after` and an admission a zero one; `remaining` never
+/// exceeds the burst; and, over the whole run, the admission bound [`Model::max_admitted`] for
+/// every span of the state's own time. A refusal as `ClockOutOfRange` is accepted only for a
+/// reading past the range it states. Returns a description of the first violation.
+pub fn run<A: Algorithm, M: Model>(limit: Limit, start: u64, ops: &[Op]) -> Result<(), String> {
+    let algorithm = A::new(limit).map_err(|e| format!("limit {limit} refused: {e}"))?;
+    let mut model = M::new(limit);
+    let mut state = A::FRESH;
+    let mut now = start;
+    let mut admissions = AdmissionLog::default();
+    for (index, op) in ops.iter().enumerate() {
+        let cost = match *op {
+            Op::Advance(by) => {
+                now = now.saturating_add(by);
+                continue;
+            }
+            Op::Back(by) => {
+                now = now.saturating_sub(by);
+                continue;
+            }
+            Op::Check(cost) => cost,
+        };
+        let context = || format!("step {index} ({op:?}) at {now} ns on {limit}");
+        let got = algorithm.decide(state, cost, now);
+        // Models have no clock range; an algorithm may refuse a reading past its stated range,
+        // and then neither side decides anything.
+        if let Err(DecisionError::ClockOutOfRange { now_ns, max_ns }) = got {
+            if now_ns == now && now > max_ns {
+                continue;
+            }
+            return Err(format!(
+                "{}: refused {now_ns} as out of range {max_ns}",
+                context()
+            ));
+        }
+        let want = model.decide(cost, now);
+        let got_decision = got.clone().map(|step| step.decision);
+        if got_decision != want {
+            return Err(format!(
+                "{}: algorithm {got_decision:?}, model {want:?}",
+                context()
+            ));
+        }
+        let Ok(step) = got else { continue };
+        check_decision(&step.decision, cost, limit).map_err(|e| format!("{}: {e}", context()))?;
+        match step.next {
+            Some(next) if step.decision.is_allowed() && cost > 0 => state = next,
+            Some(_) => return Err(format!("{}: a denial or a peek wrote state", context())),
+            None if step.decision.is_allowed() && cost > 0 => {
+                return Err(format!("{}: an admission wrote nothing", context()));
+            }
+            None => {}
+        }
+        if step.decision.is_allowed() && cost > 0 {
+            admissions
+                .record::<M>(&limit, now, cost)
+                .map_err(|e| format!("{}: {e}", context()))?;
+        }
+    }
+    Ok(())
+}
+
+/// The invariants every single decision keeps, whatever the algorithm.
+pub fn check_decision(decision: &Decision, cost: u64, limit: Limit) -> Result<(), String> {
+    if decision.limit() != limit.burst() {
+        return Err(format!(
+            "limit {} is not the burst {}",
+            decision.limit(),
+            limit.burst()
+        ));
+    }
+    if decision.remaining() > limit.burst() {
+        return Err(format!(
+            "remaining {} exceeds the burst",
+            decision.remaining()
+        ));
+    }
+    if decision.is_allowed() && decision.retry_after_nanos() != 0 {
+        return Err("an admission has a non-zero retry_after".into());
+    }
+    if decision.is_denied() && decision.retry_after_nanos() == 0 {
+        return Err("a denial has a zero retry_after".into());
+    }
+    if decision.is_denied() && cost == 0 && decision.remaining() > 0 {
+        return Err("a peek was denied with units remaining".into());
+    }
+    Ok(())
+}
+
+/// Admissions so far, with the running maximum of their readings, to check the admission bound
+/// over every span.
+#[derive(Debug, Default)]
+pub struct AdmissionLog {
+    /// `(running max reading, cost)` per admission, in order.
+    entries: Vec<(u64, u64)>,
+}
+
+impl AdmissionLog {
+    /// Records an admission of `cost` at `now` and checks every span that ends with it.
+    pub fn record<M: Model>(&mut self, limit: &Limit, now: u64, cost: u64) -> Result<(), String> {
+        let high = self.entries.last().map_or(now, |&(high, _)| high.max(now));
+        self.entries.push((high, cost));
+        let mut total = 0u128;
+        for &(from, cost) in self.entries.iter().rev() {
+            total += u128::from(cost);
+            let allowed = M::max_admitted(limit, high - from);
+            if total > allowed {
+                return Err(format!(
+                    "admitted {total} units within {} ns; the bound is {allowed}",
+                    high - from
+                ));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,19 @@
+//! Test support shared by every algorithm crate, the fuzz targets and the benches: reference
+//! models, an operation-sequence harness that checks an algorithm against a model, and the
+//! conformance checks every algorithm must pass.
+//!
+//! An algorithm gets the whole battery by naming itself once:
+//!
+//! ```
+//! use limiter_testkit::{conformance, model::GcraModel};
+//! use limiter_token_bucket::Gcra;
+//!
+//! // A drained token bucket admits one more unit after one interval.
+//! conformance::run_all::<Gcra, GcraModel>(|limit| limit.interval());
+//! ```
+#![forbid(unsafe_code)]
+
+pub mod conformance;
+pub mod harness;
+pub mod model;
+pub mod ops;

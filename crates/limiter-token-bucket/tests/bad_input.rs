@@ -1,0 +1,103 @@
+//! Bad input through the public API: every case is a clear error or a sane decision, never a
+//! panic, an overflow, or an admission beyond the burst.
+
+use std::time::Duration;
+
+use limiter_token_bucket::{
+    DecisionError, KeyedTokenBucket, Limit, LimitError, ManualClock, TokenBucket,
+};
+
+#[test]
+fn invalid_limits_are_refused_with_the_field_named() {
+    let cases: Vec<(Result<Limit, LimitError>, &str)> = vec![
+        (Limit::per_second(0), "`count`"),
+        (Limit::new(5, Duration::ZERO), "`period`"),
+        (
+            Limit::per_minute(5).and_then(|l| l.with_burst(0)),
+            "`burst`",
+        ),
+        (Limit::new(1, Duration::MAX), "`period`"),
+        (Limit::per_second(u64::MAX), "finer than the clock"),
+    ];
+    for (result, field) in cases {
+        let err = result.expect_err(field);
+        assert!(err.to_string().contains(field), "{err} should name {field}");
+    }
+}
+
+#[test]
+fn limits_the_bucket_cannot_represent_are_refused_at_construction() {
+    let too_fine = Limit::per_minute(1009).unwrap();
+    let err = TokenBucket::with_clock(too_fine, ManualClock::new()).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            LimitError::Unsupported {
+                algorithm: "token bucket",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let long_burst = Limit::per_day(1).unwrap().with_burst(u64::MAX).unwrap();
+    assert!(TokenBucket::with_clock(long_burst, ManualClock::new()).is_err());
+}
+
+#[test]
+fn extreme_limits_decide_without_overflow() {
+    let extremes = [
+        Limit::from_nanos(u64::MAX, u64::MAX).unwrap(),
+        Limit::from_nanos(1, u64::MAX).unwrap(),
+        Limit::from_nanos(1, 1).unwrap(),
+        Limit::from_nanos(1, u64::MAX / 2)
+            .unwrap()
+            .with_burst(2)
+            .unwrap(),
+    ];
+    for limit in extremes {
+        let clock = ManualClock::new();
+        let Ok(bucket) = TokenBucket::with_clock(limit, clock.clone()) else {
+            continue;
+        };
+        let all = bucket.check_n(limit.burst()).unwrap();
+        assert!(all.is_allowed(), "{limit}");
+        let denied = bucket.check().unwrap();
+        assert!(
+            denied.is_denied() && denied.retry_after_nanos() > 0,
+            "{limit}: {denied:?}"
+        );
+        for now in [1, u64::MAX / 2, u64::MAX - 1, u64::MAX] {
+            clock.set(now);
+            match bucket.check_n(limit.burst()) {
+                Ok(d) => assert!(d.remaining() <= limit.burst()),
+                Err(DecisionError::ClockOutOfRange { now_ns, .. }) => assert_eq!(now_ns, now),
+                Err(e) => panic!("{limit} at {now}: {e}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn costs_above_the_burst_are_errors_on_every_form() {
+    let limit = Limit::per_second(10).unwrap().with_burst(4).unwrap();
+    let clock = ManualClock::new();
+    let bucket = TokenBucket::with_clock(limit, clock.clone()).unwrap();
+    let keyed = KeyedTokenBucket::<u64, _>::with_clock(limit, clock).unwrap();
+    let want = Err(DecisionError::CostExceedsBurst { cost: 5, burst: 4 });
+    assert_eq!(bucket.check_n(5), want);
+    assert_eq!(keyed.check_key_n(&1, 5), want);
+    assert!(keyed.is_empty(), "an erroring call inserted a key");
+    let msg = DecisionError::CostExceedsBurst { cost: 5, burst: 4 }.to_string();
+    assert!(msg.contains("split the request"), "{msg}");
+}
+
+#[test]
+fn denied_floods_of_new_keys_insert_nothing() {
+    let limit = Limit::per_second(1).unwrap();
+    let keyed = KeyedTokenBucket::<u64, _>::with_clock(limit, ManualClock::new()).unwrap();
+    for key in 0..1_000 {
+        assert!(keyed.check_key_n(&key, 2).is_err());
+        assert!(keyed.peek_key(&key).unwrap().is_allowed());
+    }
+    assert!(keyed.is_empty());
+}

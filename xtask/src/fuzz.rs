@@ -1,0 +1,49 @@
+//! `cargo xtask fuzz [--seconds N]`: every fuzz target for N seconds each, on stable
+//! (`cargo fuzz run -s none`, no sanitizer), after replaying the committed crashers.
+
+use crate::run::{cargo, cargo_in, root};
+
+/// Fuzz targets in `fuzz/fuzz_targets`.
+const TARGETS: &[&str] = &["token_bucket"];
+
+pub(crate) fn run(args: &[String]) -> Result<(), String> {
+    let seconds = match args {
+        [] => 60,
+        [flag, n] if flag == "--seconds" => n
+            .parse::<u64>()
+            .map_err(|_| format!("--seconds takes a whole number, not {n:?}"))?,
+        _ => {
+            return Err(format!(
+                "usage: cargo xtask fuzz [--seconds N], not {args:?}"
+            ));
+        }
+    };
+    if std::process::Command::new("cargo-fuzz")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        return Err("cargo-fuzz is not installed; run `cargo install cargo-fuzz --locked`".into());
+    }
+    // Saved crashers are replayed by a plain test first, so a regression fails fast.
+    cargo(
+        &[
+            "test",
+            "--package",
+            "limiter-testkit",
+            "--test",
+            "fuzz_regressions",
+        ],
+        &[],
+    )?;
+    let fuzz_dir = root().join("fuzz");
+    let max_time = format!("-max_total_time={seconds}");
+    for target in TARGETS {
+        cargo_in(
+            &fuzz_dir,
+            &["fuzz", "run", "-s", "none", target, "--", &max_time],
+            &[],
+        )?;
+    }
+    Ok(())
+}

@@ -1,0 +1,41 @@
+//! `cargo xtask TASK`: dispatches to one module per task. No dependencies, so it builds fast.
+
+mod bench;
+mod ci;
+mod fuzz;
+mod loom;
+mod run;
+
+use std::process::ExitCode;
+
+const USAGE: &str = "usage: cargo xtask <task> [options]
+
+tasks:
+  ci                     fmt --check, clippy -D warnings, tests, rustdoc with broken links denied
+  loom                   the loom models of every atomic protocol (release, --cfg limiter_loom)
+  fuzz [--seconds N]     every fuzz target for N seconds each (default 60)
+  bench [-- ARGS]        the criterion benchmarks; ARGS go to criterion (e.g. a name filter)";
+
+fn main() -> ExitCode {
+    let mut args = std::env::args().skip(1);
+    let task = args.next();
+    let rest: Vec<String> = args.collect();
+    let result = match task.as_deref() {
+        Some("ci") => ci::run(),
+        Some("loom") => loom::run(),
+        Some("fuzz") => fuzz::run(&rest),
+        Some("bench") => bench::run(&rest),
+        Some("help" | "--help" | "-h") => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        _ => Err(format!("unknown or missing task\n\n{USAGE}")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("xtask: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
