@@ -30,7 +30,7 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
         &[
             "test",
             "--package",
-            "limiter-testkit",
+            "limiter-token-bucket",
             "--test",
             "fuzz_regressions",
         ],

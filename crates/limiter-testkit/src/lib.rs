@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 pub mod conformance;
+pub mod fuzzing;
 pub mod harness;
 pub mod model;
 pub mod ops;

@@ -203,7 +203,7 @@ fn gcd(mut a: u64, mut b: u64) -> u64 {
 /// The largest count below `limit`'s (same period and burst) that the token bucket accepts,
 /// searching a bounded distance so an error stays cheap.
 fn nearest_supported_count(limit: Limit) -> Option<u64> {
-    const SEARCH: u64 = 100_000;
+    const SEARCH: u64 = 4_096;
     let lowest = limit.count().saturating_sub(SEARCH).max(1);
     (lowest..limit.count()).rev().find(|&count| {
         Limit::from_nanos(count, limit.period_nanos())
