@@ -8,7 +8,9 @@ use std::num::NonZeroU32;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main, measurement::WallTime};
+use criterion::{
+    BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main, measurement::WallTime,
+};
 use governor::{Quota, RateLimiter};
 use limiter_core::{Limit, ManualClock};
 use limiter_token_bucket::{KeyedTokenBucket, TokenBucket};
@@ -45,7 +47,9 @@ fn group<'a>(c: &'a mut Criterion, name: &str, elements: u64) -> BenchmarkGroup<
 fn direct_one_thread(c: &mut Criterion) {
     let mut g = group(c, "direct_allow_1_thread", 1);
     let ours = TokenBucket::new(always_limit()).expect("valid");
-    g.bench_function("limiter", |b| b.iter(|| black_box(ours.check().expect("valid").is_allowed())));
+    g.bench_function("limiter", |b| {
+        b.iter(|| black_box(ours.check().expect("valid").is_allowed()))
+    });
     let theirs = RateLimiter::direct(always_quota());
     g.bench_function("governor", |b| b.iter(|| black_box(theirs.check().is_ok())));
     g.finish();
@@ -53,7 +57,9 @@ fn direct_one_thread(c: &mut Criterion) {
     let mut g = group(c, "direct_deny_1_thread", 1);
     let ours = TokenBucket::new(never_limit()).expect("valid");
     let _ = ours.check();
-    g.bench_function("limiter", |b| b.iter(|| black_box(ours.check().expect("valid").is_allowed())));
+    g.bench_function("limiter", |b| {
+        b.iter(|| black_box(ours.check().expect("valid").is_allowed()))
+    });
     let theirs = RateLimiter::direct(never_quota());
     let _ = theirs.check();
     g.bench_function("governor", |b| b.iter(|| black_box(theirs.check().is_ok())));
@@ -77,7 +83,11 @@ fn on_threads(threads: usize, iters: u64, call: impl Fn() -> bool + Sync) -> Dur
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().expect("bench thread")).max().unwrap_or_default()
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("bench thread"))
+            .max()
+            .unwrap_or_default()
     })
 }
 
@@ -90,11 +100,15 @@ fn direct_two_threads(c: &mut Criterion) {
         let ours = TokenBucket::new(ours).expect("valid");
         let _ = ours.check();
         g.bench_function("limiter", |b| {
-            b.iter_custom(|iters| on_threads(2, iters, || ours.check().expect("valid").is_allowed()))
+            b.iter_custom(|iters| {
+                on_threads(2, iters, || ours.check().expect("valid").is_allowed())
+            })
         });
         let theirs = RateLimiter::direct(theirs);
         let _ = theirs.check();
-        g.bench_function("governor", |b| b.iter_custom(|iters| on_threads(2, iters, || theirs.check().is_ok())));
+        g.bench_function("governor", |b| {
+            b.iter_custom(|iters| on_threads(2, iters, || theirs.check().is_ok()))
+        });
         g.finish();
     }
 }
@@ -102,9 +116,13 @@ fn direct_two_threads(c: &mut Criterion) {
 fn keyed(c: &mut Criterion) {
     let mut g = group(c, "keyed_hot_key", 1);
     let ours = KeyedTokenBucket::<u64>::new(always_limit()).expect("valid");
-    g.bench_function("limiter", |b| b.iter(|| black_box(ours.check_key(&7).expect("valid").is_allowed())));
+    g.bench_function("limiter", |b| {
+        b.iter(|| black_box(ours.check_key(&7).expect("valid").is_allowed()))
+    });
     let theirs = RateLimiter::dashmap(always_quota());
-    g.bench_function("governor", |b| b.iter(|| black_box(theirs.check_key(&7u64).is_ok())));
+    g.bench_function("governor", |b| {
+        b.iter(|| black_box(theirs.check_key(&7u64).is_ok()))
+    });
     g.finish();
 
     let mut g = group(c, "keyed_1M_keys_warm", 1);
@@ -120,8 +138,12 @@ fn keyed(c: &mut Criterion) {
         key = (key + 611_953) % KEYS;
         key
     };
-    g.bench_function("limiter", |b| b.iter(|| black_box(ours.check_key(&next()).expect("valid").is_allowed())));
-    g.bench_function("governor", |b| b.iter(|| black_box(theirs.check_key(&next()).is_ok())));
+    g.bench_function("limiter", |b| {
+        b.iter(|| black_box(ours.check_key(&next()).expect("valid").is_allowed()))
+    });
+    g.bench_function("governor", |b| {
+        b.iter(|| black_box(theirs.check_key(&next()).is_ok()))
+    });
     g.finish();
 }
 
@@ -140,5 +162,11 @@ fn algorithm_only(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, direct_one_thread, direct_two_threads, keyed, algorithm_only);
+criterion_group!(
+    benches,
+    direct_one_thread,
+    direct_two_threads,
+    keyed,
+    algorithm_only
+);
 criterion_main!(benches);

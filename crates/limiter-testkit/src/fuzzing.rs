@@ -1,6 +1,6 @@
 //! The body of every algorithm's fuzz target, shared with the plain test that replays saved
 //! fuzz inputs: bytes become a limit, a start time and an operation sequence, run through the
-//! [harness](crate::harness) against the algorithm's reference model.
+//! [`harness`] against the algorithm's reference model.
 
 use limiter_core::{Algorithm, Limit, LimitError};
 
@@ -13,7 +13,9 @@ use crate::ops::decode;
 /// Layout: bytes 0..8 pick the period, 8..16 the count, 16..18 the burst, 18..26 the start
 /// reading; the rest are operations ([`decode`]). Short inputs are ignored.
 pub fn run_bytes<A: Algorithm, M: Model>(bytes: &[u8]) {
-    let Some((header, rest)) = bytes.split_first_chunk::<26>() else { return };
+    let Some((header, rest)) = bytes.split_first_chunk::<26>() else {
+        return;
+    };
     let word = |at: usize| {
         let mut b = [0u8; 8];
         b.copy_from_slice(&header[at..at + 8]);
@@ -21,7 +23,11 @@ pub fn run_bytes<A: Algorithm, M: Model>(bytes: &[u8]) {
     };
     let period_seed = word(0);
     // Half the inputs use a period within a day, the others any period at all.
-    let period = if period_seed & 1 == 0 { period_seed % 86_400_000_000_000 + 1 } else { period_seed };
+    let period = if period_seed & 1 == 0 {
+        period_seed % 86_400_000_000_000 + 1
+    } else {
+        period_seed
+    };
     let count = word(8) % period.min(1_000_000) + 1;
     let burst = u64::from(u16::from_le_bytes([header[16], header[17]]));
     let start = word(18);

@@ -34,7 +34,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         clock.set(Duration::from_millis(at_ms).as_nanos().try_into()?);
         let decision = per_key.check_key_n(&key, cost)?;
         allowed += u32::from(decision.is_allowed() && cost > 0);
-        let what = if cost == 0 { "peek".to_string() } else { format!("cost {cost}") };
+        let what = if cost == 0 {
+            "peek".to_string()
+        } else {
+            format!("cost {cost}")
+        };
         println!("t={at_ms:>5}ms  {key:<6} {what:<7} -> {decision}");
     }
     println!("\n{allowed} requests admitted; {} keys held", per_key.len());

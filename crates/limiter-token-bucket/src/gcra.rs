@@ -1,48 +1,49 @@
 //! [`Gcra`]: the token bucket's pure transition. The whole state is one `u64`, the `tat`.
-//!
-//! # Ticks and the tat
-//!
-//! The bucket is kept in GCRA form: instead of a token count and a timestamp, it stores the
-//! *theoretical arrival time* (`tat`): the instant at which the bucket would be full again.
-//! A bucket is full when `tat <= now`, and holds `(now + tau - tat) / unit` tokens otherwise,
-//! where `unit` is the time one token takes to refill and `tau = burst * unit`.
-//!
-//! One unit takes `period / count` nanoseconds, which is often not a whole number (7 per
-//! second). To keep refill exact, with no fractional credit lost or invented, time is counted in
-//! *ticks* of `1 / q` ns, where `q = count / gcd(count, period)`. One unit is then exactly
-//! `p = period / gcd(count, period)` ticks, and every quantity is an integer. For the common
-//! limits (10 per second, 100 per minute) `q` is 1 and a tick is a nanosecond.
-//!
-//! # Range
-//!
-//! The `tat` is absolute: ticks since the clock's epoch. A limit is accepted only if its clock
-//! range, `(u64::MAX - tau) / q` ns, is at least [`MIN_CLOCK_RANGE`] (2^56 ns, about 2.3 years
-//! of uptime on the default clock; 584 years when `q` is 1). Past that range a call is refused
-//! with [`DecisionError::ClockOutOfRange`] rather than decided wrongly.
-//!
-//! # A clock that goes backwards
-//!
-//! The state is read at the earlier instant: that can only show less capacity (a `tat` further
-//! ahead), never more, so it never admits more; when time catches up, decisions are as if the
-//! clock had never moved back. `retry_after` includes the time needed to catch up.
 #![deny(clippy::arithmetic_side_effects)]
 
+use core::num::NonZeroU64;
 use core::time::Duration;
 
 use limiter_core::{Algorithm, Decision, DecisionError, Limit, LimitError, Step};
 
 /// The smallest clock range, in nanoseconds, a token-bucket limit must leave (2^56 ns, about
-/// 2.3 years); see the [module docs](self).
+/// 2.3 years); see [`Gcra`].
 pub const MIN_CLOCK_RANGE: u64 = 1 << 56;
 
-/// The token bucket's parameters, derived once from its [`Limit`].
+/// The token bucket, in GCRA form: its parameters, derived once from its [`Limit`].
+///
+/// # Ticks and the tat
+///
+/// The bucket is kept in GCRA form: instead of a token count and a timestamp, it stores the
+/// *theoretical arrival time* (`tat`): the instant at which the bucket would be full again.
+/// A bucket is full when `tat <= now`, and holds `(now + tau - tat) / unit` tokens otherwise,
+/// where `unit` is the time one token takes to refill and `tau = burst * unit`.
+///
+/// One unit takes `period / count` nanoseconds, which is often not a whole number (7 per
+/// second). To keep refill exact, with no fractional credit lost or invented, time is counted in
+/// *ticks* of `1 / q` ns, where `q = count / gcd(count, period)`. One unit is then exactly
+/// `p = period / gcd(count, period)` ticks, and every quantity is an integer. For the common
+/// limits (10 per second, 100 per minute) `q` is 1 and a tick is a nanosecond.
+///
+/// # Range
+///
+/// The `tat` is absolute: ticks since the clock's epoch. A limit is accepted only if its clock
+/// range, `(u64::MAX - tau) / q` ns, is at least [`MIN_CLOCK_RANGE`] (2^56 ns, about 2.3 years
+/// of uptime on the default clock; 584 years when `q` is 1). Past that range a call is refused
+/// with [`DecisionError::ClockOutOfRange`] rather than decided wrongly.
+///
+/// # A clock that goes backwards
+///
+/// The state is read at the earlier instant: that can only show less capacity (a `tat` further
+/// ahead), never more, so it never admits more; when time catches up, decisions are as if the
+/// clock had never moved back. `retry_after` includes the time needed to catch up.
 #[derive(Clone, Debug)]
 pub struct Gcra {
     limit: Limit,
     /// `q`: ticks per nanosecond.
-    ticks_per_ns: u64,
+    ticks_per_ns: NonZeroU64,
     /// `p`: ticks one unit takes to refill.
-    unit_ticks: u64,
+    unit_ticks: NonZeroU64,
     /// `tau = burst * p`: how far ahead of `now` the tat may be; at `now + tau` the bucket is empty.
     tau_ticks: u64,
     /// The last clock reading, in ns, for which `now * q + tau` fits in a `u64`.
@@ -70,15 +71,23 @@ impl Gcra {
 
     /// The parameters, or the reason (without a suggestion) the limit cannot be represented.
     fn derive(limit: Limit) -> Result<Self, String> {
-        let (unit_ticks, ticks_per_ns) = reduce(limit.period_nanos(), limit.count());
-        let tau_ticks = limit.burst().checked_mul(unit_ticks).ok_or_else(|| {
+        let (Some(period), Some(count)) = (
+            NonZeroU64::new(limit.period_nanos()),
+            NonZeroU64::new(limit.count()),
+        ) else {
+            return Err(format!(
+                "{limit} has a zero count or period, which `Limit` never builds"
+            ));
+        };
+        let (unit_ticks, ticks_per_ns) = reduce(period, count);
+        let tau_ticks = limit.burst().checked_mul(unit_ticks.get()).ok_or_else(|| {
             format!(
                 "a burst of {} units at {:?} each spans more than u64::MAX ns (584 years); use a smaller burst",
                 limit.burst(),
                 limit.interval(),
             )
         })?;
-        let max_now_ns = (u64::MAX - tau_ticks) / ticks_per_ns;
+        let max_now_ns = u64::MAX.saturating_sub(tau_ticks) / ticks_per_ns;
         if max_now_ns < MIN_CLOCK_RANGE {
             return Err(format!(
                 "{limit} refills one unit every {unit_ticks}/{ticks_per_ns} ns; counting that exactly \
@@ -105,7 +114,7 @@ impl Gcra {
     /// The exact refill time of one unit as `(numerator, denominator)` nanoseconds, in lowest
     /// terms: `period / count`.
     pub fn unit_nanos(&self) -> (u64, u64) {
-        (self.unit_ticks, self.ticks_per_ns)
+        (self.unit_ticks.get(), self.ticks_per_ns.get())
     }
 
     /// `now` in ticks, if it is within range.
@@ -113,16 +122,17 @@ impl Gcra {
         if now_ns > self.max_now_ns {
             return None;
         }
-        now_ns.checked_mul(self.ticks_per_ns)
+        now_ns.checked_mul(self.ticks_per_ns.get())
     }
 
     /// Ticks rounded up to whole nanoseconds (waits never favour the caller).
     fn ceil_ns(&self, ticks: u64) -> u64 {
-        ticks.div_ceil(self.ticks_per_ns)
+        ticks.div_ceil(self.ticks_per_ns.get())
     }
 
     /// Whole units in `debt` ticks of headroom below `tau`, floored.
     fn whole_units(&self, headroom_ticks: u64) -> u64 {
+        // Division by `NonZeroU64` cannot fail.
         headroom_ticks / self.unit_ticks
     }
 }
@@ -150,7 +160,7 @@ impl Algorithm for Gcra {
             max_ns: self.max_now_ns,
         })?;
         // cost <= burst, so cost * p <= tau, which fit at construction.
-        let cost_ticks = cost.saturating_mul(self.unit_ticks);
+        let cost_ticks = cost.saturating_mul(self.unit_ticks.get());
         // A tat in the past means a full bucket: consumption starts from now.
         let start = tat.max(now);
         // Ticks of capacity consumed and not yet refilled (above tau only if the clock went back).
@@ -187,15 +197,16 @@ impl Algorithm for Gcra {
 }
 
 /// `period / count` in lowest terms: `(p, q)`.
-fn reduce(period_ns: u64, count: u64) -> (u64, u64) {
-    let divisor = gcd(period_ns, count);
-    // Both are non-zero (a `Limit` guarantees it), so the divisor is at least 1.
-    (period_ns / divisor, count / divisor)
+fn reduce(period_ns: NonZeroU64, count: NonZeroU64) -> (NonZeroU64, NonZeroU64) {
+    // The gcd of two non-zero numbers divides both, so the quotients are non-zero too.
+    let divisor = NonZeroU64::new(gcd(period_ns.get(), count.get())).unwrap_or(NonZeroU64::MIN);
+    let quotient = |n: NonZeroU64| NonZeroU64::new(n.get() / divisor).unwrap_or(NonZeroU64::MIN);
+    (quotient(period_ns), quotient(count))
 }
 
 fn gcd(mut a: u64, mut b: u64) -> u64 {
-    while b != 0 {
-        (a, b) = (b, a % b);
+    while let Some(rest) = a.checked_rem(b) {
+        (a, b) = (b, rest);
     }
     a
 }

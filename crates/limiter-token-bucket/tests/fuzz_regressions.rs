@@ -7,7 +7,10 @@ use limiter_token_bucket::Gcra;
 
 #[test]
 fn saved_fuzz_inputs_still_pass() {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fuzz/regressions/token_bucket");
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../fuzz/regressions/token_bucket"
+    );
     let mut replayed = 0;
     for entry in std::fs::read_dir(dir).expect("the regressions folder is committed") {
         let path = entry.expect("readable").path();
