@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use criterion::{
     BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main, measurement::WallTime,
 };
+use governor::clock::FakeRelativeClock;
 use governor::{Quota, RateLimiter};
 use limiter_core::{Limit, ManualClock};
 use limiter_token_bucket::{KeyedTokenBucket, TokenBucket};
@@ -147,8 +148,8 @@ fn keyed(c: &mut Criterion) {
     g.finish();
 }
 
-/// The algorithm and its compare-and-swap alone: the caller passes `now`, so no clock is read.
-/// One unit per ns and one more ns per call keeps every call admitted.
+/// The algorithm and its compare-and-swap alone, against governor on its fake clock (one
+/// atomic load): the caller passes `now`, and one more ns per call keeps every call admitted.
 fn algorithm_only(c: &mut Criterion) {
     let mut g = group(c, "algorithm_allow_no_clock", 1);
     let ours = TokenBucket::with_clock(always_limit(), ManualClock::new()).expect("valid");
@@ -159,6 +160,69 @@ fn algorithm_only(c: &mut Criterion) {
             black_box(ours.check_at(1, now).expect("valid").is_allowed())
         })
     });
+    let clock = FakeRelativeClock::default();
+    let theirs = RateLimiter::direct_with_clock(always_quota(), clock.clone());
+    g.bench_function("governor", |b| {
+        b.iter(|| {
+            clock.advance(Duration::from_nanos(1));
+            black_box(theirs.check().is_ok())
+        })
+    });
+    g.finish();
+}
+
+/// Our limiter on the same TSC clock source governor uses (quanta), so the ratio compares the
+/// limiters rather than `Instant::now` against `rdtsc`.
+#[derive(Clone, Debug)]
+struct TscClock {
+    clock: quanta::Clock,
+    epoch: quanta::Instant,
+}
+
+impl TscClock {
+    fn new() -> Self {
+        let clock = quanta::Clock::new();
+        let epoch = clock.now();
+        Self { clock, epoch }
+    }
+}
+
+impl limiter_core::Clock for TscClock {
+    fn now(&self) -> u64 {
+        u64::try_from(self.clock.now().duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
+fn same_clock(c: &mut Criterion) {
+    let mut g = group(c, "direct_allow_1_thread_tsc_clock", 1);
+    let ours = TokenBucket::with_clock(always_limit(), TscClock::new()).expect("valid");
+    g.bench_function("limiter", |b| {
+        b.iter(|| black_box(ours.check().expect("valid").is_allowed()))
+    });
+    let theirs = RateLimiter::direct(always_quota());
+    g.bench_function("governor", |b| b.iter(|| black_box(theirs.check().is_ok())));
+    g.finish();
+
+    let mut g = group(c, "direct_allow_2_threads_tsc_clock", 2);
+    let ours = TokenBucket::with_clock(always_limit(), TscClock::new()).expect("valid");
+    g.bench_function("limiter", |b| {
+        b.iter_custom(|iters| on_threads(2, iters, || ours.check().expect("valid").is_allowed()))
+    });
+    let theirs = RateLimiter::direct(always_quota());
+    g.bench_function("governor", |b| {
+        b.iter_custom(|iters| on_threads(2, iters, || theirs.check().is_ok()))
+    });
+    g.finish();
+
+    let mut g = group(c, "clock_read", 1);
+    let std_clock = limiter_core::MonotonicClock::new();
+    let tsc = TscClock::new();
+    g.bench_function("monotonic_clock_instant", |b| {
+        b.iter(|| black_box(limiter_core::Clock::now(&std_clock)))
+    });
+    g.bench_function("tsc_clock_quanta", |b| {
+        b.iter(|| black_box(limiter_core::Clock::now(&tsc)))
+    });
     g.finish();
 }
 
@@ -167,6 +231,7 @@ criterion_group!(
     direct_one_thread,
     direct_two_threads,
     keyed,
-    algorithm_only
+    algorithm_only,
+    same_clock
 );
 criterion_main!(benches);
