@@ -4,7 +4,7 @@
 use crate::run::{cargo, cargo_in, root};
 
 /// Fuzz targets in `fuzz/fuzz_targets`.
-const TARGETS: &[&str] = &["token_bucket"];
+const TARGETS: &[&str] = &["token_bucket", "sliding_window", "fixed_window"];
 
 pub(crate) fn run(args: &[String]) -> Result<(), String> {
     let seconds = match args {
@@ -26,16 +26,12 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
         return Err("cargo-fuzz is not installed; run `cargo install cargo-fuzz --locked`".into());
     }
     // Saved crashers are replayed by a plain test first, so a regression fails fast.
-    cargo(
-        &[
-            "test",
-            "--package",
-            "limiter-token-bucket",
-            "--test",
-            "fuzz_regressions",
-        ],
-        &[],
-    )?;
+    for package in ["limiter-token-bucket", "limiter-sliding-window"] {
+        cargo(
+            &["test", "--package", package, "--test", "fuzz_regressions"],
+            &[],
+        )?;
+    }
     let fuzz_dir = root().join("fuzz");
     let max_time = format!("-max_total_time={seconds}");
     for target in TARGETS {

@@ -8,6 +8,12 @@
 use crate::sync::{AtomicU64, Ordering};
 use crate::{Decision, DecisionError, Limit, LimitError};
 
+/// The least clock range, in nanoseconds after the clock's epoch, every algorithm must be able
+/// to decide in for a limit it accepts: 2^56 ns, about 2.3 years of uptime on the default clock.
+/// Algorithms whose state is absolute time refuse a limit that would leave less, and refuse a
+/// reading past their range with [`DecisionError::ClockOutOfRange`] rather than decide it wrongly.
+pub const MIN_CLOCK_RANGE: u64 = 1 << 56;
+
 /// A rate-limiting algorithm: `(old state, cost, now) -> (Decision, new state)`, with no IO and
 /// no interior mutability.
 pub trait Algorithm: Send + Sync + Sized {

@@ -2,7 +2,7 @@
 //! denials that change nothing, a clock that goes back, bad input, and real-thread races.
 //!
 //! Each check panics with a message naming the limit and the step that failed; [`run_all`]
-//! runs them all over [`sample_limits`].
+//! runs them all over the [`sample_limits`] an algorithm accepts.
 
 use std::sync::Barrier;
 use std::time::Duration;
@@ -15,8 +15,32 @@ use crate::model::Model;
 /// A start well past zero, so that going back has room and is not mistaken for a fresh start.
 pub const START_NS: u64 = 1 << 40;
 
-/// Limits that cover whole and fractional refill intervals, bursts below and above the count,
-/// and the extremes.
+/// How a limiter drained at [`START_NS`] comes back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refill {
+    /// After this wait, exactly one more unit is admitted (token bucket, sliding window).
+    OneUnit(Duration),
+    /// After this wait, the whole count is admitted again at once (fixed window).
+    Whole(Duration),
+}
+
+impl Refill {
+    fn wait(self) -> Duration {
+        match self {
+            Refill::OneUnit(wait) | Refill::Whole(wait) => wait,
+        }
+    }
+
+    fn units(self, limit: &Limit) -> u64 {
+        match self {
+            Refill::OneUnit(_) => 1,
+            Refill::Whole(_) => limit.burst(),
+        }
+    }
+}
+
+/// Limits that cover whole and fractional refill intervals, bursts below, equal to and above
+/// the count, and the extremes. Each algorithm runs the ones it accepts.
 pub fn sample_limits() -> Vec<Limit> {
     let limit = |count, period_ns, burst| {
         Limit::from_nanos(count, period_ns)
@@ -25,24 +49,38 @@ pub fn sample_limits() -> Vec<Limit> {
     };
     vec![
         limit(10, 1_000_000_000, 10),
+        limit(7, 1_000_000_000, 7),
         limit(7, 1_000_000_000, 3),
+        limit(100, 60_000_000_000, 100),
         limit(100, 60_000_000_000, 250),
+        limit(3, 10, 3),
         limit(3, 10, 1),
         limit(1, 1, 1),
+        limit(1_000, 1_000, 1_000),
         limit(1_000_000_000, 1_000_000_000, 1_000_000),
     ]
 }
 
-/// Runs every check over every sample limit. `refill_one(limit)` is the wait after which a
-/// drained limiter of this algorithm admits exactly one more unit.
-pub fn run_all<A: Algorithm, M: Model>(refill_one: fn(&Limit) -> Duration) {
-    for limit in sample_limits() {
+/// Runs every check over every sample limit the algorithm accepts (at least four).
+/// `refill(limit)` says how a limiter drained at [`START_NS`] comes back.
+pub fn run_all<A: Algorithm, M: Model>(refill: fn(&Limit) -> Refill) {
+    let limits: Vec<Limit> = sample_limits()
+        .into_iter()
+        .filter(|l| A::new(*l).is_ok())
+        .collect();
+    assert!(
+        limits.len() >= 4,
+        "{} accepts only {} sample limits",
+        A::NAME,
+        limits.len()
+    );
+    for limit in limits {
         full_admits_exactly_burst::<A>(limit);
-        one_unit_returns::<A>(limit, refill_one(&limit));
+        refill_returns_what_it_says::<A>(limit, refill(&limit));
         peek_changes_nothing::<A>(limit);
         denial_changes_nothing::<A>(limit);
         keys_are_isolated::<A>(limit);
-        clock_backwards_never_admits_more::<A>(limit, refill_one(&limit));
+        clock_backwards_never_admits_more::<A>(limit, refill(&limit));
         bad_input_is_an_error::<A>(limit);
         matches_model_on_a_drain_and_refill::<A, M>(limit);
     }
@@ -65,60 +103,78 @@ fn drain<A: Algorithm>(limiter: &DirectLimiter<A, ManualClock>) {
     );
 }
 
+/// Exactly `units` single-unit calls are admitted, then one is denied (one weighted call stands
+/// for the singles when there are very many).
+fn expect_exactly<A: Algorithm>(
+    limiter: &DirectLimiter<A, ManualClock>,
+    units: u64,
+    context: &str,
+) {
+    let singles = units.min(10_000);
+    for unit in 1..=singles {
+        let d = limiter.check().expect("valid");
+        assert!(
+            d.is_allowed(),
+            "{context}: only {} of {units} units admitted",
+            unit - 1
+        );
+        assert_eq!(
+            d.remaining(),
+            units - unit,
+            "{context}: remaining after {unit}"
+        );
+    }
+    if units > singles {
+        assert!(
+            limiter
+                .check_n(units - singles)
+                .expect("valid")
+                .is_allowed(),
+            "{context}: fewer than {units}"
+        );
+    }
+    let d = limiter.check().expect("valid");
+    assert!(
+        d.is_denied(),
+        "{context}: more than {units} units admitted: {d:?}"
+    );
+    assert!(
+        d.retry_after() > Duration::ZERO,
+        "{context}: denial without a wait"
+    );
+    assert_eq!(d.remaining(), 0, "{context}");
+}
+
 /// A full limiter admits exactly `burst` units one by one, counting down, then denies with a
 /// positive `retry_after`.
 pub fn full_admits_exactly_burst<A: Algorithm>(limit: Limit) {
     let (limiter, _) = direct::<A>(limit);
-    // Very large bursts are checked with one weighted call instead of a billion small ones.
-    let singles = limit.burst().min(10_000);
-    for taken in 1..=singles {
-        let d = limiter.check().expect("valid");
-        assert!(
-            d.is_allowed(),
-            "{limit}: unit {taken} of the burst denied: {d:?}"
-        );
-        assert_eq!(
-            d.remaining(),
-            limit.burst() - taken,
-            "{limit}: remaining after {taken}"
-        );
-    }
-    if limit.burst() > singles {
-        assert!(
-            limiter
-                .check_n(limit.burst() - singles)
-                .expect("valid")
-                .is_allowed()
-        );
-    }
-    let d = limiter.check().expect("valid");
-    assert!(d.is_denied(), "{limit}: admitted beyond the burst: {d:?}");
-    assert!(
-        d.retry_after() > Duration::ZERO,
-        "{limit}: denial without a wait"
-    );
-    assert_eq!(d.remaining(), 0);
+    expect_exactly(&limiter, limit.burst(), &format!("{limit}: a full limiter"));
 }
 
-/// After draining, waiting `wait` admits exactly one unit and no more.
-pub fn one_unit_returns<A: Algorithm>(limit: Limit, wait: Duration) {
+/// After draining, the first unit comes back exactly at `retry_after`, which is the refill's
+/// wait, and that wait brings back exactly the units it promises, no more.
+pub fn refill_returns_what_it_says<A: Algorithm>(limit: Limit, refill: Refill) {
     let (limiter, clock) = direct::<A>(limit);
     drain(&limiter);
     let denied = limiter.check().expect("valid");
     assert!(denied.is_denied(), "{limit}: drained limiter admitted");
-    assert!(
-        denied.retry_after() <= wait,
-        "{limit}: retry_after {:?} above {wait:?}",
-        denied.retry_after()
+    let wait = refill.wait();
+    assert_eq!(
+        denied.retry_after(),
+        wait,
+        "{limit}: retry_after is not the refill wait"
     );
-    clock.advance(wait);
-    assert!(
-        limiter.check().expect("valid").is_allowed(),
-        "{limit}: no unit back after {wait:?}"
-    );
+    clock.advance(wait - Duration::from_nanos(1));
     assert!(
         limiter.check().expect("valid").is_denied(),
-        "{limit}: two units back after {wait:?}"
+        "{limit}: a unit came back before {wait:?}"
+    );
+    clock.advance_nanos(1);
+    expect_exactly(
+        &limiter,
+        refill.units(&limit),
+        &format!("{limit}: after {wait:?}"),
     );
 }
 
@@ -199,7 +255,7 @@ pub fn keys_are_isolated<A: Algorithm>(limit: Limit) {
 
 /// A clock that goes back never admits more than the drained state allows, and once it is
 /// back where it was, decisions are as if it had never moved.
-pub fn clock_backwards_never_admits_more<A: Algorithm>(limit: Limit, wait: Duration) {
+pub fn clock_backwards_never_admits_more<A: Algorithm>(limit: Limit, refill: Refill) {
     let (limiter, clock) = direct::<A>(limit);
     drain(&limiter);
     for back in [1, 1_000, START_NS] {
@@ -210,14 +266,11 @@ pub fn clock_backwards_never_admits_more<A: Algorithm>(limit: Limit, wait: Durat
         );
     }
     clock.set(START_NS);
-    clock.advance(wait);
-    assert!(
-        limiter.check().expect("valid").is_allowed(),
-        "{limit}: did not recover"
-    );
-    assert!(
-        limiter.check().expect("valid").is_denied(),
-        "{limit}: recovered more than one unit"
+    clock.advance(refill.wait());
+    expect_exactly(
+        &limiter,
+        refill.units(&limit),
+        &format!("{limit}: after going back and returning"),
     );
 }
 

@@ -29,7 +29,12 @@ pub fn run_bytes<A: Algorithm, M: Model>(bytes: &[u8]) {
         period_seed
     };
     let count = word(8) % period.min(1_000_000) + 1;
-    let burst = u64::from(u16::from_le_bytes([header[16], header[17]]));
+    // An odd first burst byte keeps the default burst (= count), which window counters need.
+    let burst = if header[16] & 1 == 1 {
+        0
+    } else {
+        u64::from(u16::from_le_bytes([header[16], header[17]]))
+    };
     let start = word(18);
     let limit = match Limit::from_nanos(count, period) {
         Ok(limit) if burst == 0 => limit,

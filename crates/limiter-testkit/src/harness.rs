@@ -53,6 +53,8 @@ pub fn run<A: Algorithm, M: Model>(limit: Limit, start: u64, ops: &[Op]) -> Resu
             ));
         }
         let Ok(step) = got else { continue };
+        check_full_is_fresh(&algorithm, state, now, cost)
+            .map_err(|e| format!("{}: {e}", context()))?;
         check_decision(&step.decision, cost, limit).map_err(|e| format!("{}: {e}", context()))?;
         match step.next {
             Some(next) if step.decision.is_allowed() && cost > 0 => state = next,
@@ -67,6 +69,27 @@ pub fn run<A: Algorithm, M: Model>(limit: Limit, start: u64, ops: &[Op]) -> Resu
                 .record::<M>(&limit, now, cost)
                 .map_err(|e| format!("{}: {e}", context()))?;
         }
+    }
+    Ok(())
+}
+
+/// A state that `is_full` at `now` must decide exactly like a fresh one there: that is what
+/// lets a store forget it.
+pub fn check_full_is_fresh<A: Algorithm>(
+    algorithm: &A,
+    state: u64,
+    now: u64,
+    cost: u64,
+) -> Result<(), String> {
+    if !algorithm.is_full(state, now) {
+        return Ok(());
+    }
+    let as_is = algorithm.decide(state, cost, now).map(|s| s.decision);
+    let fresh = algorithm.decide(A::FRESH, cost, now).map(|s| s.decision);
+    if as_is != fresh {
+        return Err(format!(
+            "state {state:#x} is full but decides {as_is:?}, a fresh one {fresh:?}"
+        ));
     }
     Ok(())
 }

@@ -9,7 +9,7 @@
 //! use limiter_token_bucket::Gcra;
 //!
 //! // A drained token bucket admits one more unit after one interval.
-//! conformance::run_all::<Gcra, GcraModel>(|limit| limit.interval());
+//! conformance::run_all::<Gcra, GcraModel>(|limit| conformance::Refill::OneUnit(limit.interval()));
 //! ```
 #![forbid(unsafe_code)]
 

@@ -4,11 +4,7 @@
 use core::num::NonZeroU64;
 use core::time::Duration;
 
-use limiter_core::{Algorithm, Decision, DecisionError, Limit, LimitError, Step};
-
-/// The smallest clock range, in nanoseconds, a token-bucket limit must leave (2^56 ns, about
-/// 2.3 years); see [`Gcra`].
-pub const MIN_CLOCK_RANGE: u64 = 1 << 56;
+use limiter_core::{Algorithm, Decision, DecisionError, Limit, LimitError, MIN_CLOCK_RANGE, Step};
 
 /// The token bucket, in GCRA form: its parameters, derived once from its [`Limit`].
 ///

@@ -51,9 +51,10 @@
 
 mod gcra;
 
-pub use gcra::{Gcra, MIN_CLOCK_RANGE};
+pub use gcra::Gcra;
 pub use limiter_core::{
-    Clock, Decision, DecisionError, Limit, LimitError, Limiter, ManualClock, MonotonicClock,
+    Clock, Decision, DecisionError, Limit, LimitError, Limiter, MIN_CLOCK_RANGE, ManualClock,
+    MonotonicClock,
 };
 
 /// One token bucket: see [`DirectLimiter`](limiter_core::DirectLimiter) for its methods.

@@ -1,12 +1,12 @@
 //! The shared conformance suite, run on the token bucket against both reference models.
 
-use limiter_testkit::conformance::run_all;
+use limiter_testkit::conformance::{Refill, run_all};
 use limiter_testkit::model::{GcraModel, TokenModel};
 use limiter_token_bucket::{Gcra, Limit};
 
 /// A drained bucket admits exactly one more unit after one interval, rounded up to a whole ns.
-fn one_interval(limit: &Limit) -> std::time::Duration {
-    limit.interval()
+fn one_interval(limit: &Limit) -> Refill {
+    Refill::OneUnit(limit.interval())
 }
 
 #[test]

@@ -1,0 +1,390 @@
+//! [`WindowCounter`]: the pure transition of the sliding-window and fixed-window counters.
+#![deny(clippy::arithmetic_side_effects)]
+
+use core::time::Duration;
+
+use limiter_core::{Algorithm, Decision, DecisionError, Limit, LimitError, MIN_CLOCK_RANGE, Step};
+
+use crate::layout::{Layout, Windows};
+
+/// A window counter: at most `count` units per window of length `period`. Windows are numbered
+/// `now / period` from the clock's epoch.
+///
+/// - **Sliding** (`SLIDING = true`, [`SlidingCounter`]): a call is admitted if the current
+///   window's count plus the previous window's count, weighted by the fraction of the previous
+///   window that still overlaps the sliding window ending now, leaves room for its cost. The
+///   weighted count is rounded up, so rounding never favours the caller. This is the counter
+///   Cloudflare and unkey use: two counts instead of a log of every request.
+/// - **Fixed** (`SLIDING = false`, [`FixedCounter`]): only the current window counts, as in
+///   envoy's rate-limit service.
+///
+/// # Bounds
+///
+/// Each aligned window admits at most `count`, so any span of `T` ns admits at most
+/// `count * (floor(T / period) + 2)`: up to `2 * count` across a window boundary, for both
+/// counters. The sliding counter approximates a sliding log (see the crate docs for how often
+/// the two disagree); the fixed one does not try to.
+///
+/// # State and ranges
+///
+/// One `u64`: the window number, then the previous count (sliding only), then the current
+/// count, each count in just the bits `count` needs. The limit's burst must equal its count (a
+/// window has no separate burst). A limit is accepted only if the window number still covers
+/// [`MIN_CLOCK_RANGE`] ns of clock; for one-second windows that allows up to 262,143 per second
+/// sliding, and every valid limit (up to one unit per ns) fixed. Past its range a reading is refused with
+/// [`DecisionError::ClockOutOfRange`].
+///
+/// # A clock that goes backwards
+///
+/// A reading before the state's own window is decided as at the start of that window: no time
+/// has passed for the state, and the previous window weighs the most it can, so a backward step
+/// never admits more. Waits include the time for the clock to catch up.
+#[derive(Clone, Debug)]
+pub struct WindowCounter<const SLIDING: bool> {
+    limit: Limit,
+    /// `count`: units per window.
+    count: u64,
+    /// `period`: the window length.
+    window_ns: u64,
+    layout: Layout,
+    /// The last reading whose window number fits the layout.
+    max_now_ns: u64,
+}
+
+/// The sliding-window counter.
+pub type SlidingCounter = WindowCounter<true>;
+/// The fixed-window counter.
+pub type FixedCounter = WindowCounter<false>;
+
+impl<const SLIDING: bool> WindowCounter<SLIDING> {
+    const FIELDS: u32 = if SLIDING { 2 } else { 1 };
+
+    /// The counter for `limit`, or why it cannot be represented.
+    pub fn from_limit(limit: Limit) -> Result<Self, LimitError> {
+        let unsupported = |reason: String| LimitError::Unsupported {
+            algorithm: Self::NAME,
+            reason,
+        };
+        if limit.burst() != limit.count() {
+            return Err(unsupported(format!(
+                "{limit}: a window counter admits `count` per window and has no separate burst; \
+                 leave the burst unset, or use the token bucket for bursts"
+            )));
+        }
+        let (count, window_ns) = (limit.count(), limit.period_nanos());
+        let layout = Layout::for_count(count, Self::FIELDS);
+        let max_now_ns = last_reading(layout, window_ns);
+        if max_now_ns < MIN_CLOCK_RANGE {
+            let most = largest_supported_count(window_ns);
+            return Err(unsupported(format!(
+                "{limit}: counts up to {count} leave window numbers for only {:?} of clock, less than \
+                 the {:?} required; with {:?} windows the {} supports at most {most} per window \
+                 (use a longer period with a proportionally larger count)",
+                Duration::from_nanos(max_now_ns),
+                Duration::from_nanos(MIN_CLOCK_RANGE),
+                limit.period(),
+                Self::NAME,
+            )));
+        }
+        Ok(Self {
+            limit,
+            count,
+            window_ns,
+            layout,
+            max_now_ns,
+        })
+    }
+
+    /// The last clock reading, in nanoseconds since the epoch, this limit can decide at.
+    pub fn max_now_nanos(&self) -> u64 {
+        self.max_now_ns
+    }
+
+    /// The counts as of window `index`, which is not before `stored.index`.
+    fn roll(&self, stored: Windows, index: u64) -> Windows {
+        match index.saturating_sub(stored.index) {
+            0 => stored,
+            1 if SLIDING => Windows {
+                index,
+                previous: stored.current,
+                current: 0,
+            },
+            _ => Windows {
+                index,
+                previous: 0,
+                current: 0,
+            },
+        }
+    }
+
+    /// The previous window's count weighted by its overlap with the sliding window, rounded up.
+    fn weighted(&self, previous: u64, elapsed: u64) -> u64 {
+        if !SLIDING || previous == 0 {
+            return 0;
+        }
+        let overlap = u128::from(self.window_ns.saturating_sub(elapsed));
+        let weighted =
+            (u128::from(previous).saturating_mul(overlap)).div_ceil(u128::from(self.window_ns));
+        u64::try_from(weighted).unwrap_or(u64::MAX)
+    }
+
+    /// From `elapsed` into window `w.index`, the wait until `cost` fits, if nothing else consumes.
+    fn wait(&self, w: Windows, elapsed: u64, cost: u64) -> u64 {
+        let window = u128::from(self.window_ns);
+        // Later in this window, as the previous window's weight decays.
+        if SLIDING && w.previous > 0 && w.current.saturating_add(cost) <= self.count {
+            let allowance = u128::from(self.count.saturating_sub(w.current).saturating_sub(cost));
+            // The weight fits `allowance` once at most `keep` ns of overlap are left.
+            let keep = allowance.saturating_mul(window) / u128::from(w.previous);
+            if keep > 0 {
+                let at = u64::try_from(window.saturating_sub(keep)).unwrap_or(u64::MAX);
+                return at.saturating_sub(elapsed);
+            }
+        }
+        // In the next window, where this window's count becomes the previous one.
+        let to_next = self.window_ns.saturating_sub(elapsed);
+        let into_next = if SLIDING && w.current > 0 {
+            let allowance = u128::from(self.count.saturating_sub(cost));
+            let keep = (allowance.saturating_mul(window) / u128::from(w.current)).min(window);
+            u64::try_from(window.saturating_sub(keep)).unwrap_or(u64::MAX)
+        } else {
+            0
+        };
+        to_next.saturating_add(into_next)
+    }
+
+    /// From `now`, the wait until the counts are all back to zero.
+    fn reset_after(&self, w: Windows, now_ns: u64) -> u64 {
+        let windows_left: u64 = match (w.current > 0, SLIDING && w.previous > 0) {
+            (true, _) if SLIDING => 2,
+            (true, _) | (false, true) => 1,
+            (false, false) => return 0,
+        };
+        let end = u128::from(w.index.saturating_add(windows_left))
+            .saturating_mul(u128::from(self.window_ns));
+        u64::try_from(end.saturating_sub(u128::from(now_ns))).unwrap_or(u64::MAX)
+    }
+}
+
+impl<const SLIDING: bool> Algorithm for WindowCounter<SLIDING> {
+    const NAME: &'static str = if SLIDING {
+        "sliding window"
+    } else {
+        "fixed window"
+    };
+    /// Window 0 with no counts: empty in every window.
+    const FRESH: u64 = 0;
+
+    fn new(limit: Limit) -> Result<Self, LimitError> {
+        Self::from_limit(limit)
+    }
+
+    fn limit(&self) -> &Limit {
+        &self.limit
+    }
+
+    fn decide(&self, state: u64, cost: u64, now_ns: u64) -> Result<Step, DecisionError> {
+        let count = self.count;
+        if cost > count {
+            return Err(DecisionError::CostExceedsBurst { cost, burst: count });
+        }
+        if now_ns > self.max_now_ns {
+            return Err(DecisionError::ClockOutOfRange {
+                now_ns,
+                max_ns: self.max_now_ns,
+            });
+        }
+        let stored = self.layout.unpack(state);
+        let window = now_ns / self.window_ns.max(1);
+        // A reading before the state's window: no time has passed for the state, so decide at
+        // the start of its window (stored.index * period <= the reading that wrote it).
+        let (index, at) = if window < stored.index {
+            (stored.index, stored.index.saturating_mul(self.window_ns))
+        } else {
+            (window, now_ns)
+        };
+        let lag = at.saturating_sub(now_ns);
+        let w = self.roll(stored, index);
+        let elapsed = at.saturating_sub(index.saturating_mul(self.window_ns));
+        let used = self.weighted(w.previous, elapsed).saturating_add(w.current);
+        if used.saturating_add(cost) <= count {
+            let after = Windows {
+                current: w.current.saturating_add(cost),
+                ..w
+            };
+            let decision = Decision::allow(
+                count,
+                count.saturating_sub(used).saturating_sub(cost),
+                self.reset_after(after, now_ns),
+            );
+            Ok(Step {
+                decision,
+                next: (cost > 0).then(|| self.layout.pack(after)),
+            })
+        } else {
+            let retry = lag.saturating_add(self.wait(w, elapsed, cost));
+            let decision = Decision::deny(
+                count,
+                count.saturating_sub(used),
+                retry,
+                self.reset_after(w, now_ns),
+            );
+            Ok(Step {
+                decision,
+                next: None,
+            })
+        }
+    }
+
+    fn is_full(&self, state: u64, now_ns: u64) -> bool {
+        if now_ns > self.max_now_ns {
+            return true;
+        }
+        let stored = self.layout.unpack(state);
+        let window = now_ns / self.window_ns.max(1);
+        let w = if window < stored.index {
+            stored
+        } else {
+            self.roll(stored, window)
+        };
+        w.previous == 0 && w.current == 0
+    }
+}
+
+/// The last reading whose window number `layout` can hold.
+fn last_reading(layout: Layout, window_ns: u64) -> u64 {
+    let end = u128::from(layout.max_index())
+        .saturating_add(1)
+        .saturating_mul(u128::from(window_ns));
+    u64::try_from(end.saturating_sub(1)).unwrap_or(u64::MAX)
+}
+
+/// The largest `2^b - 1` a window of `window_ns` supports with at least [`MIN_CLOCK_RANGE`].
+fn largest_supported_count(window_ns: u64) -> u64 {
+    (1..u64::BITS)
+        .rev()
+        .map(|bits| u64::MAX >> (u64::BITS - bits))
+        .find(|&count| last_reading(Layout::for_count(count, 2), window_ns) >= MIN_CLOCK_RANGE)
+        .unwrap_or(1)
+}
+
+#[cfg(test)]
+#[allow(clippy::arithmetic_side_effects)] // tests compute expected values with plain operators
+mod tests {
+    use super::*;
+
+    const SECOND: u64 = 1_000_000_000;
+
+    fn sliding(count: u64, period_ns: u64) -> SlidingCounter {
+        SlidingCounter::from_limit(Limit::from_nanos(count, period_ns).unwrap()).unwrap()
+    }
+
+    /// Fills window 0 with `count` at its very end, so window 1 starts with all of it weighted.
+    fn full_previous(s: &SlidingCounter) -> u64 {
+        s.decide(SlidingCounter::FRESH, s.count, s.window_ns - 1)
+            .unwrap()
+            .next
+            .unwrap()
+    }
+
+    #[test]
+    fn the_previous_window_decays_linearly_and_rounds_against_the_caller() {
+        let s = sliding(10, SECOND);
+        let state = full_previous(&s);
+        // At 10% into window 1, 90% of window 0 overlaps: 9 weighted, 1 left.
+        let d = s.decide(state, 1, SECOND + SECOND / 10).unwrap().decision;
+        assert!(d.is_allowed() && d.remaining() == 0, "{d:?}");
+        // One ns earlier the weight is 9.00000001, rounded up to 10: nothing left.
+        let d = s
+            .decide(state, 1, SECOND + SECOND / 10 - 1)
+            .unwrap()
+            .decision;
+        assert!(d.is_denied(), "{d:?}");
+        assert_eq!(d.retry_after_nanos(), 1);
+    }
+
+    #[test]
+    fn retry_after_is_the_exact_first_admitting_instant() {
+        let s = sliding(10, SECOND);
+        let state = full_previous(&s);
+        for cost in 1..=10 {
+            let first = s.decide(state, cost, SECOND).unwrap().decision;
+            assert!(first.is_denied());
+            let at = SECOND + first.retry_after_nanos();
+            assert!(
+                s.decide(state, cost, at).unwrap().decision.is_allowed(),
+                "cost {cost} at {at}"
+            );
+            assert!(
+                s.decide(state, cost, at - 1).unwrap().decision.is_denied(),
+                "cost {cost} before {at}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_full_window_waits_for_the_next_and_a_burst_for_the_one_after() {
+        let s = sliding(4, SECOND);
+        let state = s.decide(SlidingCounter::FRESH, 4, 0).unwrap().next.unwrap();
+        // Window 0 is full from its start: in window 1 it weighs 4 * (1 - e), so one unit fits
+        // after a quarter of window 1, and all four only in window 2.
+        assert_eq!(
+            s.decide(state, 1, 0).unwrap().decision.retry_after_nanos(),
+            SECOND + SECOND / 4
+        );
+        assert_eq!(
+            s.decide(state, 4, 0).unwrap().decision.retry_after_nanos(),
+            2 * SECOND
+        );
+        let fixed = FixedCounter::from_limit(Limit::from_nanos(4, SECOND).unwrap()).unwrap();
+        let state = fixed
+            .decide(FixedCounter::FRESH, 4, 0)
+            .unwrap()
+            .next
+            .unwrap();
+        assert_eq!(
+            fixed
+                .decide(state, 4, SECOND / 2)
+                .unwrap()
+                .decision
+                .retry_after_nanos(),
+            SECOND / 2
+        );
+    }
+
+    #[test]
+    fn limits_out_of_range_are_refused_with_the_largest_count_that_fits() {
+        let err = SlidingCounter::from_limit(Limit::per_second(1_000_000).unwrap()).unwrap_err();
+        assert!(
+            err.to_string().contains("at most 262143 per window"),
+            "{err}"
+        );
+        assert!(SlidingCounter::from_limit(Limit::per_second(262_143).unwrap()).is_ok());
+        assert!(FixedCounter::from_limit(Limit::per_second(1_000_000_000).unwrap()).is_ok());
+        let sliding_max = SlidingCounter::from_limit(Limit::per_second(262_143).unwrap()).unwrap();
+        assert!(sliding_max.max_now_nanos() >= MIN_CLOCK_RANGE);
+        let burst = Limit::per_second(10).unwrap().with_burst(5).unwrap();
+        assert!(
+            SlidingCounter::from_limit(burst)
+                .unwrap_err()
+                .to_string()
+                .contains("no separate burst")
+        );
+    }
+
+    #[test]
+    fn a_reading_before_the_state_window_is_decided_at_its_start() {
+        let s = sliding(10, SECOND);
+        let state = s
+            .decide(SlidingCounter::FRESH, 10, 5 * SECOND)
+            .unwrap()
+            .next
+            .unwrap();
+        let d = s.decide(state, 1, 2 * SECOND).unwrap().decision;
+        // Denied: window 5 is full. The wait runs from the reading, through the catch-up.
+        assert!(d.is_denied());
+        assert_eq!(d.retry_after_nanos(), 3 * SECOND + SECOND + SECOND / 10);
+        assert!(!s.is_full(state, 2 * SECOND));
+        assert!(s.is_full(state, 7 * SECOND));
+    }
+}
