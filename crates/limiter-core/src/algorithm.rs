@@ -36,8 +36,9 @@ pub trait Algorithm: Send + Sync + Sized {
     /// peek never changes state.
     fn decide(&self, state: u64, cost: u64, now: u64) -> Result<Step, DecisionError>;
 
-    /// Whether `state` is full at `now`, so that it decides like [`FRESH`](Self::FRESH) from
-    /// now on and can be forgotten.
+    /// Whether `state` is full at `now`: it then decides exactly like [`FRESH`](Self::FRESH) at
+    /// `now` and at every later reading, so a store may forget it. (A reading earlier than `now`,
+    /// from a clock that went back, may still tell the two apart.)
     fn is_full(&self, state: u64, now: u64) -> bool;
 }
 

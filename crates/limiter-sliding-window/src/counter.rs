@@ -135,7 +135,10 @@ impl<const SLIDING: bool> WindowCounter<SLIDING> {
         if SLIDING && w.previous > 0 && w.current.saturating_add(cost) <= self.count {
             let allowance = u128::from(self.count.saturating_sub(w.current).saturating_sub(cost));
             // The weight fits `allowance` once at most `keep` ns of overlap are left.
-            let keep = allowance.saturating_mul(window) / u128::from(w.previous);
+            let keep = allowance
+                .saturating_mul(window)
+                .checked_div(u128::from(w.previous))
+                .unwrap_or(0);
             if keep > 0 {
                 let at = u64::try_from(window.saturating_sub(keep)).unwrap_or(u64::MAX);
                 return at.saturating_sub(elapsed);
@@ -145,7 +148,11 @@ impl<const SLIDING: bool> WindowCounter<SLIDING> {
         let to_next = self.window_ns.saturating_sub(elapsed);
         let into_next = if SLIDING && w.current > 0 {
             let allowance = u128::from(self.count.saturating_sub(cost));
-            let keep = (allowance.saturating_mul(window) / u128::from(w.current)).min(window);
+            let keep = allowance
+                .saturating_mul(window)
+                .checked_div(u128::from(w.current))
+                .unwrap_or(0)
+                .min(window);
             u64::try_from(window.saturating_sub(keep)).unwrap_or(u64::MAX)
         } else {
             0
@@ -195,7 +202,7 @@ impl<const SLIDING: bool> Algorithm for WindowCounter<SLIDING> {
             });
         }
         let stored = self.layout.unpack(state);
-        let window = now_ns / self.window_ns.max(1);
+        let window = now_ns.checked_div(self.window_ns).unwrap_or(0);
         // A reading before the state's window: no time has passed for the state, so decide at
         // the start of its window (stored.index * period <= the reading that wrote it).
         let (index, at) = if window < stored.index {
@@ -241,7 +248,7 @@ impl<const SLIDING: bool> Algorithm for WindowCounter<SLIDING> {
             return true;
         }
         let stored = self.layout.unpack(state);
-        let window = now_ns / self.window_ns.max(1);
+        let window = now_ns.checked_div(self.window_ns).unwrap_or(0);
         let w = if window < stored.index {
             stored
         } else {
@@ -263,7 +270,11 @@ fn last_reading(layout: Layout, window_ns: u64) -> u64 {
 fn largest_supported_count(window_ns: u64) -> u64 {
     (1..u64::BITS)
         .rev()
-        .map(|bits| u64::MAX >> (u64::BITS - bits))
+        .map(|bits| {
+            u64::MAX
+                .checked_shr(u64::BITS.saturating_sub(bits))
+                .unwrap_or(0)
+        })
         .find(|&count| last_reading(Layout::for_count(count, 2), window_ns) >= MIN_CLOCK_RANGE)
         .unwrap_or(1)
 }

@@ -1,0 +1,189 @@
+//! Direct (unkeyed) limiters: every algorithm beside governor in the same groups, so one run
+//! gives the ratios. Single thread allow and deny, 2 threads on one limiter, the algorithm alone
+//! on a caller-supplied `now`, the same on governor's TSC clock source, and the clocks alone.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{
+    BenchmarkGroup, Criterion, criterion_group, criterion_main, measurement::WallTime,
+};
+use governor::RateLimiter;
+use governor::clock::FakeRelativeClock;
+use limiter_benches::{
+    TscClock, allow_quota, deny_quota, group, never_limit, on_threads, token_bucket_allow,
+    window_allow,
+};
+use limiter_core::{Algorithm, Clock, DirectLimiter, Limit, ManualClock, MonotonicClock};
+use limiter_sliding_window::{FixedCounter, SlidingCounter};
+use limiter_token_bucket::Gcra;
+
+type Check = Box<dyn Fn() -> bool + Sync>;
+
+fn checker<A: Algorithm + 'static, C: Clock + 'static>(limit: Limit, clock: C) -> Check {
+    let limiter = DirectLimiter::<A, C>::with_clock(limit, clock).expect("valid");
+    Box::new(move || limiter.check().expect("valid").is_allowed())
+}
+
+/// Our three algorithms, each with a limit that admits every call of a bench loop.
+fn admitting<C: Clock + Clone + 'static>(clock: &C) -> [(&'static str, Check); 3] {
+    [
+        (
+            "token_bucket",
+            checker::<Gcra, C>(token_bucket_allow(), clock.clone()),
+        ),
+        (
+            "sliding_window",
+            checker::<SlidingCounter, C>(window_allow(), clock.clone()),
+        ),
+        (
+            "fixed_window",
+            checker::<FixedCounter, C>(window_allow(), clock.clone()),
+        ),
+    ]
+}
+
+/// Our three algorithms, drained so every call is denied.
+fn denying() -> [(&'static str, Check); 3] {
+    let drained = |check: Check| {
+        let _ = check();
+        check
+    };
+    [
+        (
+            "token_bucket",
+            drained(checker::<Gcra, _>(never_limit(), MonotonicClock::new())),
+        ),
+        (
+            "sliding_window",
+            drained(checker::<SlidingCounter, _>(
+                never_limit(),
+                MonotonicClock::new(),
+            )),
+        ),
+        (
+            "fixed_window",
+            drained(checker::<FixedCounter, _>(
+                never_limit(),
+                MonotonicClock::new(),
+            )),
+        ),
+    ]
+}
+
+fn one_thread(c: &mut Criterion) {
+    let mut g = group(c, "direct_allow_1_thread", 1);
+    for (name, check) in admitting(&MonotonicClock::new()) {
+        g.bench_function(name, |b| b.iter(|| black_box(check())));
+    }
+    let theirs = RateLimiter::direct(allow_quota());
+    g.bench_function("governor", |b| b.iter(|| black_box(theirs.check().is_ok())));
+    g.finish();
+
+    let mut g = group(c, "direct_deny_1_thread", 1);
+    for (name, check) in denying() {
+        g.bench_function(name, |b| b.iter(|| black_box(check())));
+    }
+    let theirs = RateLimiter::direct(deny_quota());
+    let _ = theirs.check();
+    g.bench_function("governor", |b| b.iter(|| black_box(theirs.check().is_ok())));
+    g.finish();
+}
+
+fn two_threads(c: &mut Criterion) {
+    let mut g = group(c, "direct_allow_2_threads", 2);
+    for (name, check) in admitting(&MonotonicClock::new()) {
+        g.bench_function(name, |b| {
+            b.iter_custom(|iters| on_threads(2, iters, &check))
+        });
+    }
+    let theirs = RateLimiter::direct(allow_quota());
+    g.bench_function("governor", |b| {
+        b.iter_custom(|iters| on_threads(2, iters, || theirs.check().is_ok()))
+    });
+    g.finish();
+
+    let mut g = group(c, "direct_deny_2_threads", 2);
+    for (name, check) in denying() {
+        g.bench_function(name, |b| {
+            b.iter_custom(|iters| on_threads(2, iters, &check))
+        });
+    }
+    let theirs = RateLimiter::direct(deny_quota());
+    let _ = theirs.check();
+    g.bench_function("governor", |b| {
+        b.iter_custom(|iters| on_threads(2, iters, || theirs.check().is_ok()))
+    });
+    g.finish();
+}
+
+fn bench_no_clock<A: Algorithm>(
+    g: &mut BenchmarkGroup<'_, WallTime>,
+    name: &str,
+    limit: Limit,
+    step: u64,
+) {
+    let limiter =
+        DirectLimiter::<A, ManualClock>::with_clock(limit, ManualClock::new()).expect("valid");
+    let mut now = 0u64;
+    g.bench_function(name, |b| {
+        b.iter(|| {
+            now += step;
+            black_box(limiter.check_at(1, now).expect("valid").is_allowed())
+        })
+    });
+}
+
+/// The algorithm and its compare-and-swap alone: `now` comes from the loop, not a clock.
+/// Governor runs on its fake clock (one atomic add and load per call).
+fn algorithm_only(c: &mut Criterion) {
+    let mut g = group(c, "algorithm_allow_no_clock", 1);
+    // One ns per call for the 1-per-ns bucket; 4 ns per call keeps 255-per-µs windows open.
+    bench_no_clock::<Gcra>(&mut g, "token_bucket", token_bucket_allow(), 1);
+    bench_no_clock::<SlidingCounter>(&mut g, "sliding_window", window_allow(), 4);
+    bench_no_clock::<FixedCounter>(&mut g, "fixed_window", window_allow(), 4);
+    let clock = FakeRelativeClock::default();
+    let theirs = RateLimiter::direct_with_clock(allow_quota(), clock.clone());
+    g.bench_function("governor", |b| {
+        b.iter(|| {
+            clock.advance(Duration::from_nanos(1));
+            black_box(theirs.check().is_ok())
+        })
+    });
+    g.finish();
+}
+
+/// On the TSC clock source governor uses by default (quanta), so the ratio compares limiters
+/// rather than `Instant::now` against `rdtsc`; and the two clocks alone.
+fn same_clock(c: &mut Criterion) {
+    let mut g = group(c, "direct_allow_1_thread_tsc_clock", 1);
+    for (name, check) in admitting(&TscClock::new()) {
+        g.bench_function(name, |b| b.iter(|| black_box(check())));
+    }
+    let theirs = RateLimiter::direct(allow_quota());
+    g.bench_function("governor", |b| b.iter(|| black_box(theirs.check().is_ok())));
+    g.finish();
+
+    let mut g = group(c, "direct_allow_2_threads_tsc_clock", 2);
+    for (name, check) in admitting(&TscClock::new()) {
+        g.bench_function(name, |b| {
+            b.iter_custom(|iters| on_threads(2, iters, &check))
+        });
+    }
+    let theirs = RateLimiter::direct(allow_quota());
+    g.bench_function("governor", |b| {
+        b.iter_custom(|iters| on_threads(2, iters, || theirs.check().is_ok()))
+    });
+    g.finish();
+
+    let mut g = group(c, "clock_read", 1);
+    let (monotonic, tsc) = (MonotonicClock::new(), TscClock::new());
+    g.bench_function("monotonic_clock_instant", |b| {
+        b.iter(|| black_box(monotonic.now()))
+    });
+    g.bench_function("tsc_clock_quanta", |b| b.iter(|| black_box(tsc.now())));
+    g.finish();
+}
+
+criterion_group!(benches, one_thread, two_threads, algorithm_only, same_clock);
+criterion_main!(benches);
