@@ -71,28 +71,19 @@ fn denying() -> [(&'static str, Check); 3] {
     ]
 }
 
-fn one_thread(c: &mut Criterion) {
-    let mut g = group(c, "direct_allow_1_thread", 1);
-    for (name, check) in admitting(&MonotonicClock::new()) {
+/// The allow groups, one thread and two threads on one limiter, for our algorithms on `clock`
+/// beside governor on its default clock. `suffix` names the clock in the group names.
+fn allow_groups<C: Clock + Clone + 'static>(c: &mut Criterion, suffix: &str, clock: &C) {
+    let mut g = group(c, &format!("direct_allow_1_thread{suffix}"), 1);
+    for (name, check) in admitting(clock) {
         g.bench_function(name, |b| b.iter(|| black_box(check())));
     }
     let theirs = RateLimiter::direct(allow_quota());
     g.bench_function("governor", |b| b.iter(|| black_box(theirs.check().is_ok())));
     g.finish();
 
-    let mut g = group(c, "direct_deny_1_thread", 1);
-    for (name, check) in denying() {
-        g.bench_function(name, |b| b.iter(|| black_box(check())));
-    }
-    let theirs = RateLimiter::direct(deny_quota());
-    let _ = theirs.check();
-    g.bench_function("governor", |b| b.iter(|| black_box(theirs.check().is_ok())));
-    g.finish();
-}
-
-fn two_threads(c: &mut Criterion) {
-    let mut g = group(c, "direct_allow_2_threads", 2);
-    for (name, check) in admitting(&MonotonicClock::new()) {
+    let mut g = group(c, &format!("direct_allow_2_threads{suffix}"), 2);
+    for (name, check) in admitting(clock) {
         g.bench_function(name, |b| {
             b.iter_custom(|iters| on_threads(2, iters, &check))
         });
@@ -101,6 +92,21 @@ fn two_threads(c: &mut Criterion) {
     g.bench_function("governor", |b| {
         b.iter_custom(|iters| on_threads(2, iters, || theirs.check().is_ok()))
     });
+    g.finish();
+}
+
+fn allow(c: &mut Criterion) {
+    allow_groups(c, "", &MonotonicClock::new());
+}
+
+fn deny(c: &mut Criterion) {
+    let mut g = group(c, "direct_deny_1_thread", 1);
+    for (name, check) in denying() {
+        g.bench_function(name, |b| b.iter(|| black_box(check())));
+    }
+    let theirs = RateLimiter::direct(deny_quota());
+    let _ = theirs.check();
+    g.bench_function("governor", |b| b.iter(|| black_box(theirs.check().is_ok())));
     g.finish();
 
     let mut g = group(c, "direct_deny_2_threads", 2);
@@ -156,26 +162,7 @@ fn algorithm_only(c: &mut Criterion) {
 /// On the TSC clock source governor uses by default (quanta), so the ratio compares limiters
 /// rather than `Instant::now` against `rdtsc`; and the two clocks alone.
 fn same_clock(c: &mut Criterion) {
-    let mut g = group(c, "direct_allow_1_thread_tsc_clock", 1);
-    for (name, check) in admitting(&TscClock::new()) {
-        g.bench_function(name, |b| b.iter(|| black_box(check())));
-    }
-    let theirs = RateLimiter::direct(allow_quota());
-    g.bench_function("governor", |b| b.iter(|| black_box(theirs.check().is_ok())));
-    g.finish();
-
-    let mut g = group(c, "direct_allow_2_threads_tsc_clock", 2);
-    for (name, check) in admitting(&TscClock::new()) {
-        g.bench_function(name, |b| {
-            b.iter_custom(|iters| on_threads(2, iters, &check))
-        });
-    }
-    let theirs = RateLimiter::direct(allow_quota());
-    g.bench_function("governor", |b| {
-        b.iter_custom(|iters| on_threads(2, iters, || theirs.check().is_ok()))
-    });
-    g.finish();
-
+    allow_groups(c, "_tsc_clock", &TscClock::new());
     let mut g = group(c, "clock_read", 1);
     let (monotonic, tsc) = (MonotonicClock::new(), TscClock::new());
     g.bench_function("monotonic_clock_instant", |b| {
@@ -185,5 +172,5 @@ fn same_clock(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, one_thread, two_threads, algorithm_only, same_clock);
+criterion_group!(benches, allow, deny, algorithm_only, same_clock);
 criterion_main!(benches);
