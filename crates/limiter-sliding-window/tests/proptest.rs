@@ -4,11 +4,10 @@
 
 use limiter_core::Algorithm;
 use limiter_sliding_window::{FixedCounter, Limit, SlidingCounter};
-use limiter_testkit::harness::run;
+use limiter_testkit::harness::{proptest_config, run};
 use limiter_testkit::model::{FixedWindowModel, SlidingWindowModel};
 use limiter_testkit::ops::{Op, ops};
 use proptest::prelude::*;
-use proptest::test_runner::FileFailurePersistence;
 
 /// Window limits: periods from a few ns to a day, counts from 1 to a few thousand.
 fn limits() -> impl Strategy<Value = Limit> {
@@ -38,11 +37,7 @@ fn scenario() -> impl Strategy<Value = (Limit, u64, Vec<Op>)> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: 1_500,
-        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("regressions"))),
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(proptest_config(1_500))]
 
     #[test]
     fn sliding_window_matches_its_model((limit, start, ops) in scenario()) {

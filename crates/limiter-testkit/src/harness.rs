@@ -56,19 +56,18 @@ pub fn run<A: Algorithm, M: Model>(limit: Limit, start: u64, ops: &[Op]) -> Resu
         check_full_is_fresh(&algorithm, state, now, cost)
             .map_err(|e| format!("{}: {e}", context()))?;
         check_decision(&step.decision, cost, limit).map_err(|e| format!("{}: {e}", context()))?;
-        match step.next {
-            Some(next) if step.decision.is_allowed() && cost > 0 => state = next,
-            Some(_) => return Err(format!("{}: a denial or a peek wrote state", context())),
-            None if step.decision.is_allowed() && cost > 0 => {
-                return Err(format!("{}: an admission wrote nothing", context()));
+        let consumed = step.decision.is_allowed() && cost > 0;
+        match (step.next, consumed) {
+            (Some(next), true) => state = next,
+            (Some(_), false) => {
+                return Err(format!("{}: a denial or a peek wrote state", context()));
             }
-            None => {}
+            (None, true) => return Err(format!("{}: an admission wrote nothing", context())),
+            (None, false) => continue,
         }
-        if step.decision.is_allowed() && cost > 0 {
-            admissions
-                .record::<M>(&limit, now, cost)
-                .map_err(|e| format!("{}: {e}", context()))?;
-        }
+        admissions
+            .record::<M>(&limit, now, cost)
+            .map_err(|e| format!("{}: {e}", context()))?;
     }
     Ok(())
 }
@@ -92,6 +91,18 @@ pub fn check_full_is_fresh<A: Algorithm>(
         ));
     }
     Ok(())
+}
+
+/// The proptest settings every algorithm's property tests use: `cases` cases, with failures saved
+/// beside the test file (`<test>.regressions`) and replayed first.
+pub fn proptest_config(cases: u32) -> proptest::test_runner::Config {
+    proptest::test_runner::Config {
+        cases,
+        failure_persistence: Some(Box::new(
+            proptest::test_runner::FileFailurePersistence::WithSource("regressions"),
+        )),
+        ..proptest::test_runner::Config::default()
+    }
 }
 
 /// The invariants every single decision keeps, whatever the algorithm.

@@ -2,9 +2,10 @@
 //! models, an operation-sequence harness that checks an algorithm against a model, and the
 //! conformance checks every algorithm must pass.
 //!
-//! An algorithm gets the whole battery by naming itself once:
+//! An algorithm gets the whole battery by naming itself once (the token bucket's own
+//! `tests/conformance.rs` runs this; here it is only compiled):
 //!
-//! ```
+//! ```no_run
 //! use limiter_testkit::{conformance, model::GcraModel};
 //! use limiter_token_bucket::Gcra;
 //!

@@ -2,12 +2,11 @@
 //! denial or peek, and never more admitted than `burst + floor(T * count / period)`.
 
 use limiter_core::Algorithm;
-use limiter_testkit::harness::run;
+use limiter_testkit::harness::{proptest_config, run};
 use limiter_testkit::model::{GcraModel, TokenModel};
 use limiter_testkit::ops::{Op, ops};
 use limiter_token_bucket::{Gcra, Limit};
 use proptest::prelude::*;
-use proptest::test_runner::FileFailurePersistence;
 
 /// Limits the token bucket accepts: small and large counts, periods from a few ns to a day,
 /// whole and fractional intervals, bursts below and above the count.
@@ -46,11 +45,7 @@ fn scenario() -> impl Strategy<Value = (Limit, u64, Vec<Op>)> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: 2_000,
-        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("regressions"))),
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(proptest_config(2_000))]
 
     #[test]
     fn matches_the_gcra_model_under_any_clock((limit, start, ops) in scenario()) {
