@@ -21,7 +21,7 @@ pub trait Algorithm: Send + Sync + Sized {
     const NAME: &'static str;
 
     /// The state of a key never seen. A state that [`is_full`](Self::is_full) decides exactly
-    /// like this one, so a store may drop it.
+    /// like this one, so a store may drop it. Never [`StateCell::RETIRED`].
     const FRESH: u64;
 
     /// The algorithm for `limit`, or an error saying why this algorithm cannot represent it.
@@ -33,7 +33,8 @@ pub trait Algorithm: Send + Sync + Sized {
     /// Decides a call of `cost` units at `now` (nanoseconds since the clock's epoch) on `state`.
     ///
     /// Cost 0 is a peek. [`Step::next`] is `None` when nothing must be written: a denial or a
-    /// peek never changes state.
+    /// peek never changes state. A written state is never [`StateCell::RETIRED`], which stores
+    /// reserve to mark a cell they are removing.
     fn decide(&self, state: u64, cost: u64, now: u64) -> Result<Step, DecisionError>;
 
     /// Whether `state` is full at `now`: it then decides exactly like [`FRESH`](Self::FRESH) at
@@ -53,12 +54,22 @@ pub struct Step {
 
 /// One limiter's state word, updated by compare-and-swap: lock-free, and a denial or a peek
 /// performs no write at all.
+///
+/// A store that removes cells while callers may still hold them (one whose lookups take no
+/// lock) first *retires* the cell: [`retire_if_full`](Self::retire_if_full) swaps a full state
+/// for [`RETIRED`](Self::RETIRED) by compare-and-swap, so either a caller's write lands first
+/// (and the cell is no longer full, so it stays) or the retirement does (and the caller's
+/// [`apply_live`](Self::apply_live) sees it and looks the key up again). No write is ever lost
+/// to a removal.
 #[derive(Debug)]
 pub struct StateCell {
     word: AtomicU64,
 }
 
 impl StateCell {
+    /// The word of a retired cell. No algorithm writes it (see [`Algorithm::decide`]).
+    pub const RETIRED: u64 = u64::MAX;
+
     /// A cell holding `word`.
     pub fn new(word: u64) -> Self {
         Self {
@@ -103,5 +114,71 @@ impl StateCell {
                 Err(actual) => current = actual,
             }
         }
+    }
+
+    /// Like [`apply`](Self::apply) for a cell a store may retire: `Ok(None)` means the cell was
+    /// retired before the call could be decided on it, and nothing was written; the caller must
+    /// find the key's live cell (or create it) and try again.
+    pub fn apply_live<A: Algorithm>(
+        &self,
+        algorithm: &A,
+        cost: u64,
+        now: u64,
+    ) -> Result<Option<Decision>, DecisionError> {
+        // Relaxed, as in `apply`: retirement is a value of the same word, so the word's single
+        // modification order alone decides whether a write or the retirement came first.
+        let mut current = self.word.load(Ordering::Relaxed);
+        loop {
+            if current == Self::RETIRED {
+                return Ok(None);
+            }
+            let step = algorithm.decide(current, cost, now)?;
+            let Some(next) = step.next else {
+                return Ok(Some(step.decision));
+            };
+            match self.word.compare_exchange_weak(
+                current,
+                next,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Ok(Some(step.decision)),
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// Retires the cell if its state is full at `now`, returning whether it is retired. A full
+    /// state decides like a fresh one, so a store that then removes the cell changes no decision.
+    pub fn retire_if_full<A: Algorithm>(&self, algorithm: &A, now: u64) -> bool {
+        let mut current = self.word.load(Ordering::Relaxed);
+        loop {
+            if current == Self::RETIRED {
+                return true;
+            }
+            if !algorithm.is_full(current, now) {
+                return false;
+            }
+            match self.word.compare_exchange_weak(
+                current,
+                Self::RETIRED,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return true,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// Retires the cell whatever its state and returns the state it held (the eviction a
+    /// bounded store makes under capacity pressure; that state is lost).
+    pub fn retire(&self) -> u64 {
+        self.word.swap(Self::RETIRED, Ordering::Relaxed)
+    }
+
+    /// Whether the cell has been retired.
+    pub fn is_retired(&self) -> bool {
+        self.load() == Self::RETIRED
     }
 }

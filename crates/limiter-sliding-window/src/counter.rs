@@ -260,9 +260,8 @@ impl<const SLIDING: bool> Algorithm for WindowCounter<SLIDING> {
 
 /// The last reading whose window number `layout` can hold.
 fn last_reading(layout: Layout, window_ns: u64) -> u64 {
-    let end = u128::from(layout.max_index())
-        .saturating_add(1)
-        .saturating_mul(u128::from(window_ns));
+    // The last window number is left unused, so no state is all ones (`StateCell::RETIRED`).
+    let end = u128::from(layout.max_index()).saturating_mul(u128::from(window_ns));
     u64::try_from(end.saturating_sub(1)).unwrap_or(u64::MAX)
 }
 
@@ -283,6 +282,7 @@ fn largest_supported_count(window_ns: u64) -> u64 {
 #[allow(clippy::arithmetic_side_effects)] // tests compute expected values with plain operators
 mod tests {
     use super::*;
+    use limiter_core::StateCell;
 
     const SECOND: u64 = 1_000_000_000;
 
@@ -398,4 +398,18 @@ mod tests {
         assert!(!s.is_full(state, 2 * SECOND));
         assert!(s.is_full(state, 7 * SECOND));
     }
+
+    #[test]
+    fn no_state_is_the_retired_word_even_at_the_last_reading() {
+        // 255 = 2^8 - 1 fills every count bit; the last window number is the one left unused.
+        let s = sliding(255, 1_000);
+        let full = s.decide(SlidingCounter::FRESH, 255, s.max_now_nanos()).unwrap();
+        assert_ne!(full.next, Some(StateCell::RETIRED));
+        let refilled = s.decide(full.next.unwrap(), 255, s.max_now_nanos());
+        assert!(refilled.unwrap().decision.is_denied());
+        let fixed = FixedCounter::from_limit(Limit::from_nanos(255, 1_000).unwrap()).unwrap();
+        let full = fixed.decide(FixedCounter::FRESH, 255, fixed.max_now_nanos()).unwrap();
+        assert_ne!(full.next, Some(StateCell::RETIRED));
+    }
+
 }

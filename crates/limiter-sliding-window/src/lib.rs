@@ -61,12 +61,12 @@ pub use limiter_core::{
 pub type SlidingWindow<C = MonotonicClock> = limiter_core::DirectLimiter<SlidingCounter, C>;
 
 /// A sliding-window counter per key: see [`KeyedLimiter`](limiter_store::KeyedLimiter).
-pub type KeyedSlidingWindow<K, C = MonotonicClock, S = std::hash::RandomState> =
-    limiter_store::KeyedLimiter<SlidingCounter, K, C, S>;
+pub type KeyedSlidingWindow<K, C = MonotonicClock, St = limiter_store::ShardedStore<K>> =
+    limiter_store::KeyedLimiter<SlidingCounter, K, C, St>;
 
 /// One fixed-window counter: see [`DirectLimiter`](limiter_core::DirectLimiter).
 pub type FixedWindow<C = MonotonicClock> = limiter_core::DirectLimiter<FixedCounter, C>;
 
 /// A fixed-window counter per key: see [`KeyedLimiter`](limiter_store::KeyedLimiter).
-pub type KeyedFixedWindow<K, C = MonotonicClock, S = std::hash::RandomState> =
-    limiter_store::KeyedLimiter<FixedCounter, K, C, S>;
+pub type KeyedFixedWindow<K, C = MonotonicClock, St = limiter_store::ShardedStore<K>> =
+    limiter_store::KeyedLimiter<FixedCounter, K, C, St>;

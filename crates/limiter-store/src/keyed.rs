@@ -1,56 +1,53 @@
-//! [`KeyedLimiter`]: one state word per key in a sharded concurrent map.
+//! [`KeyedLimiter`]: an algorithm, a clock and a [`Store`] of per-key states.
 
-use std::hash::{BuildHasher, Hash, RandomState};
+use std::hash::Hash;
 
-use dashmap::DashMap;
 use limiter_core::{
     Algorithm, Clock, Decision, DecisionError, Limit, LimitError, Limiter, MonotonicClock,
-    StateCell,
 };
 
-/// A limiter of algorithm `A` per key `K`, reading clock `C`, hashing with `S`.
-///
-/// Each key's state is one [`StateCell`] updated by compare-and-swap while a shard read lock
-/// is held, so calls on existing keys never wait for each other. Only the first admitted call for
-/// a key takes a shard's write lock, to insert it.
+use crate::sharded::ShardedStore;
+use crate::store::{Store, StoreStats};
+
+/// A limiter of algorithm `A` per key `K`, reading clock `C`, keeping states in store `St`
+/// ([`ShardedStore`] by default; [`BoundedStore`](crate::BoundedStore) caps the number of keys).
 #[derive(Debug)]
-pub struct KeyedLimiter<A, K, C = MonotonicClock, S = RandomState>
-where
-    K: Hash + Eq,
-    S: BuildHasher + Clone,
-{
+pub struct KeyedLimiter<A, K, C = MonotonicClock, St = ShardedStore<K>> {
     algorithm: A,
-    states: DashMap<K, StateCell, S>,
+    store: St,
     clock: C,
+    _key: std::marker::PhantomData<fn(&K)>,
 }
 
 impl<A: Algorithm, K: Hash + Eq + Clone + Send + Sync> KeyedLimiter<A, K> {
-    /// An empty keyed limiter for `limit` on a new [`MonotonicClock`].
+    /// A keyed limiter for `limit` on a new [`MonotonicClock`] and an empty [`ShardedStore`].
     pub fn new(limit: Limit) -> Result<Self, LimitError> {
         Self::with_clock(limit, MonotonicClock::new())
     }
 }
 
 impl<A: Algorithm, K: Hash + Eq + Clone + Send + Sync, C: Clock> KeyedLimiter<A, K, C> {
-    /// An empty keyed limiter for `limit` reading `clock`.
+    /// A keyed limiter for `limit` reading `clock`, on an empty [`ShardedStore`].
     pub fn with_clock(limit: Limit, clock: C) -> Result<Self, LimitError> {
-        Self::with_clock_and_hasher(limit, clock, RandomState::new())
+        Self::with_store(limit, clock, ShardedStore::new())
     }
 }
 
-impl<A, K, C, S> KeyedLimiter<A, K, C, S>
+impl<A, K, C, St> KeyedLimiter<A, K, C, St>
 where
     A: Algorithm,
-    K: Hash + Eq + Clone + Send + Sync,
+    K: Hash + Eq,
     C: Clock,
-    S: BuildHasher + Clone + Send + Sync,
+    St: Store<K>,
 {
-    /// An empty keyed limiter for `limit` reading `clock`, hashing keys with `hasher`.
-    pub fn with_clock_and_hasher(limit: Limit, clock: C, hasher: S) -> Result<Self, LimitError> {
+    /// A keyed limiter for `limit` reading `clock`, keeping its states in `store` (which should
+    /// be empty: a store's states are only meaningful to the limit that wrote them).
+    pub fn with_store(limit: Limit, clock: C, store: St) -> Result<Self, LimitError> {
         Ok(Self {
             algorithm: A::new(limit)?,
-            states: DashMap::with_hasher(hasher),
+            store,
             clock,
+            _key: std::marker::PhantomData,
         })
     }
 
@@ -71,44 +68,29 @@ where
 
     /// Decides `cost` units for `key` at `now`.
     pub fn check_key_at(&self, key: &K, cost: u64, now: u64) -> Result<Decision, DecisionError> {
-        if let Some(cell) = self.states.get(key) {
-            return cell.apply(&self.algorithm, cost, now);
-        }
-        // An absent key is a fresh state. A call that writes nothing (a denial or a peek) must
-        // not insert it: that is what keeps denied floods of new keys from growing the map.
-        let step = self.algorithm.decide(A::FRESH, cost, now)?;
-        if step.next.is_none() {
-            return Ok(step.decision);
-        }
-        // Another caller may insert the key between the lookup and here; `entry` then finds
-        // its cell and the CAS decides against that caller's state.
-        self.states
-            .entry(key.clone())
-            .or_insert_with(|| StateCell::new(A::FRESH))
-            .downgrade()
-            .apply(&self.algorithm, cost, now)
+        self.store.apply(&self.algorithm, key, cost, now)
     }
 
     /// Drops every key whose state is full now, returning how many were dropped. A full state
-    /// decides exactly like an absent key, so this never changes a decision.
-    pub fn reclaim_full(&self) -> usize {
-        let now = self.clock.now();
-        let before = self.states.len();
-        // `retain` holds each shard's write lock while it runs, so no CAS can change a cell
-        // between the fullness check and its removal.
-        self.states
-            .retain(|_, cell| !self.algorithm.is_full(cell.load(), now));
-        before.saturating_sub(self.states.len())
+    /// decides exactly like an absent key, so this never changes a decision. The stores also do
+    /// this on their own as new keys arrive; call it to return memory at once.
+    pub fn reclaim_full(&self) -> u64 {
+        self.store.reclaim(&self.algorithm, self.clock.now())
     }
 
-    /// The number of keys held.
-    pub fn len(&self) -> usize {
-        self.states.len()
+    /// How many keys are held, and how many have been reclaimed or evicted.
+    pub fn stats(&self) -> StoreStats {
+        self.store.stats()
+    }
+
+    /// The number of keys held (full ones not yet reclaimed included).
+    pub fn len(&self) -> u64 {
+        self.store.stats().keys
     }
 
     /// Whether no key is held.
     pub fn is_empty(&self) -> bool {
-        self.states.is_empty()
+        self.len() == 0
     }
 
     /// The algorithm, with its derived parameters.
@@ -120,14 +102,19 @@ where
     pub fn clock(&self) -> &C {
         &self.clock
     }
+
+    /// The store holding the per-key states.
+    pub fn store(&self) -> &St {
+        &self.store
+    }
 }
 
-impl<A, K, C, S> Limiter for KeyedLimiter<A, K, C, S>
+impl<A, K, C, St> Limiter for KeyedLimiter<A, K, C, St>
 where
     A: Algorithm,
-    K: Hash + Eq + Clone + Send + Sync,
+    K: Hash + Eq,
     C: Clock,
-    S: BuildHasher + Clone + Send + Sync,
+    St: Store<K>,
 {
     type Key = K;
 

@@ -8,7 +8,7 @@ use std::sync::Barrier;
 use std::time::Duration;
 
 use limiter_core::{Algorithm, DecisionError, DirectLimiter, Limit, ManualClock};
-use limiter_store::KeyedLimiter;
+use limiter_store::{BoundedStore, KeyedLimiter, ShardedStore, Store};
 
 use crate::model::Model;
 
@@ -79,10 +79,11 @@ pub fn run_all<A: Algorithm, M: Model>(refill: fn(&Limit) -> Refill) {
         refill_returns_what_it_says::<A>(limit, refill(&limit));
         peek_changes_nothing::<A>(limit);
         denial_changes_nothing::<A>(limit);
-        keys_are_isolated::<A>(limit);
         clock_backwards_never_admits_more::<A>(limit, refill(&limit));
         bad_input_is_an_error::<A>(limit);
         matches_model_on_a_drain_and_refill::<A, M>(limit);
+        keyed_checks::<A, _>(limit, ShardedStore::new);
+        keyed_checks::<A, _>(limit, bounded_store);
     }
     race_admits_exactly_burst::<A>(100, 50);
 }
@@ -199,10 +200,6 @@ pub fn peek_changes_nothing<A: Algorithm>(limit: Limit) {
         "{limit}: a peek changed state"
     );
 
-    let keyed = KeyedLimiter::<A, u32, _>::with_clock(limit, ManualClock::starting_at(START_NS))
-        .expect("valid");
-    assert!(keyed.peek_key(&1).expect("valid").is_allowed());
-    assert!(keyed.is_empty(), "{limit}: a peek inserted a key");
 }
 
 /// A denial writes nothing: repeating it gives the same answer, and waiting exactly its
@@ -232,25 +229,66 @@ pub fn denial_changes_nothing<A: Algorithm>(limit: Limit) {
     );
 }
 
-/// Draining one key leaves every other key full; denials of new keys insert nothing.
-pub fn keys_are_isolated<A: Algorithm>(limit: Limit) {
-    let keyed = KeyedLimiter::<A, &str, _>::with_clock(limit, ManualClock::starting_at(START_NS))
-        .expect("valid");
+/// A bounded store with room for every key the checks use.
+fn bounded_store() -> BoundedStore<u64> {
+    BoundedStore::new(1_000).expect("a non-zero capacity")
+}
+
+fn keyed_on<A: Algorithm, St: Store<u64>>(
+    limit: Limit,
+    store: St,
+) -> KeyedLimiter<A, u64, ManualClock, St> {
+    KeyedLimiter::with_store(limit, ManualClock::starting_at(START_NS), store)
+        .unwrap_or_else(|e| panic!("{} refused {limit}: {e}", A::NAME))
+}
+
+/// The keyed checks, on the store `new_store` builds: peeks and denials of new keys insert
+/// nothing, draining one key leaves every other key full, and a key that is full again is
+/// reclaimed without changing its next decision.
+pub fn keyed_checks<A: Algorithm, St: Store<u64>>(limit: Limit, new_store: impl Fn() -> St) {
+    let keyed = keyed_on::<A, St>(limit, new_store());
+    assert!(keyed.peek_key(&1).expect("valid").is_allowed());
+    assert!(keyed.is_empty(), "{limit}: a peek inserted a key");
     assert!(
         keyed
-            .check_key_n(&"a", limit.burst())
+            .check_key_n(&1, limit.burst())
             .expect("valid")
             .is_allowed()
     );
-    assert!(keyed.check_key(&"a").expect("valid").is_denied());
-    let b = keyed.check_key(&"b").expect("valid");
-    assert!(b.is_allowed(), "{limit}: key b affected by key a");
-    assert_eq!(b.remaining(), limit.burst() - 1);
+    assert!(keyed.check_key(&1).expect("valid").is_denied());
+    let other = keyed.check_key(&2).expect("valid");
+    assert!(other.is_allowed(), "{limit}: key 2 affected by key 1");
+    assert_eq!(other.remaining(), limit.burst() - 1);
     assert!(
-        keyed.check_key(&"a").expect("valid").is_denied(),
-        "{limit}: key a refilled by key b"
+        keyed.check_key(&1).expect("valid").is_denied(),
+        "{limit}: key 1 refilled by key 2"
     );
-    assert_eq!(keyed.len(), 2);
+    assert!(
+        keyed.check_key_n(&3, limit.burst() + 1).is_err(),
+        "{limit}: a cost over the burst was not an error"
+    );
+    assert_eq!(keyed.len(), 2, "{limit}: a denial or an error inserted a key");
+
+    // Nothing is full yet: reclaiming drops nothing.
+    assert_eq!(keyed.reclaim_full(), 0, "{limit}: reclaimed a key in use");
+    // After a refill of both, both are full: reclaimed, and decided as before.
+    let reference = keyed_on::<A, St>(limit, new_store());
+    let _ = reference.check_key_n(&1, limit.burst());
+    let refill_ns = u128::from(limit.burst()) * u128::from(limit.period_nanos())
+        / u128::from(limit.count());
+    let full_again = u64::try_from(refill_ns)
+        .unwrap_or(u64::MAX)
+        .saturating_add(limit.period_nanos().saturating_mul(2));
+    keyed.clock().advance_nanos(full_again);
+    reference.clock().advance_nanos(full_again);
+    assert_eq!(keyed.reclaim_full(), 2, "{limit}: full keys were kept");
+    assert!(keyed.is_empty());
+    assert_eq!(keyed.stats().reclaimed, 2);
+    assert_eq!(
+        keyed.check_key_n(&1, limit.burst()).expect("valid"),
+        reference.check_key_n(&1, limit.burst()).expect("valid"),
+        "{limit}: reclaiming a full key changed its decision"
+    );
 }
 
 /// A clock that goes back never admits more than the drained state allows, and once it is
@@ -333,16 +371,20 @@ pub fn race_admits_exactly_burst<A: Algorithm>(threads: usize, burst: u64) {
         A::NAME
     );
 
-    let keyed = KeyedLimiter::<A, &str, _>::with_clock(limit, ManualClock::starting_at(START_NS))
-        .expect("valid");
-    let admitted = race(threads, || {
-        keyed.check_key(&"shared").expect("valid").is_allowed()
-    });
+    race_on_store::<A, _>(limit, threads, ShardedStore::new());
+    race_on_store::<A, _>(limit, threads, bounded_store());
+}
+
+fn race_on_store<A: Algorithm, St: Store<u64>>(limit: Limit, threads: usize, store: St) {
+    let keyed = keyed_on::<A, St>(limit, store);
+    let admitted = race(threads, || keyed.check_key(&7).expect("valid").is_allowed());
     assert_eq!(
         admitted,
-        burst,
-        "{} keyed: {threads} racers on a {burst}-unit key",
-        A::NAME
+        limit.burst(),
+        "{} keyed on {}: {threads} racers on a {}-unit key",
+        A::NAME,
+        std::any::type_name::<St>(),
+        limit.burst()
     );
 }
 

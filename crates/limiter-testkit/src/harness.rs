@@ -1,7 +1,7 @@
 //! The operation-sequence harness: runs an algorithm's pure transition and a reference model
 //! side by side and checks every invariant the design promises.
 
-use limiter_core::{Algorithm, Decision, DecisionError, Limit};
+use limiter_core::{Algorithm, Decision, DecisionError, Limit, StateCell};
 
 use crate::model::Model;
 use crate::ops::Op;
@@ -58,6 +58,9 @@ pub fn run<A: Algorithm, M: Model>(limit: Limit, start: u64, ops: &[Op]) -> Resu
         check_decision(&step.decision, cost, limit).map_err(|e| format!("{}: {e}", context()))?;
         let consumed = step.decision.is_allowed() && cost > 0;
         match (step.next, consumed) {
+            (Some(next), true) if next == StateCell::RETIRED => {
+                return Err(format!("{}: wrote the reserved RETIRED word", context()));
+            }
             (Some(next), true) => state = next,
             (Some(_), false) => {
                 return Err(format!("{}: a denial or a peek wrote state", context()));

@@ -1,5 +1,5 @@
 //! Test support shared by every algorithm crate, the fuzz targets and the benches: reference
-//! models, an operation-sequence harness that checks an algorithm against a model, and the
+//! models, a reference store that never forgets, an operation-sequence harness that checks an algorithm against a model, and the
 //! conformance checks every algorithm must pass.
 //!
 //! An algorithm gets the whole battery by naming itself once (the token bucket's own
@@ -19,3 +19,4 @@ pub mod fuzzing;
 pub mod harness;
 pub mod model;
 pub mod ops;
+pub mod store;

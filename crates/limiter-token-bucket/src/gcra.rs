@@ -4,7 +4,9 @@
 use core::num::NonZeroU64;
 use core::time::Duration;
 
-use limiter_core::{Algorithm, Decision, DecisionError, Limit, LimitError, MIN_CLOCK_RANGE, Step};
+use limiter_core::{
+    Algorithm, Decision, DecisionError, Limit, LimitError, MIN_CLOCK_RANGE, StateCell, Step,
+};
 
 /// The token bucket, in GCRA form: its parameters, derived once from its [`Limit`].
 ///
@@ -83,7 +85,8 @@ impl Gcra {
                 limit.interval(),
             )
         })?;
-        let max_now_ns = u64::MAX.saturating_sub(tau_ticks) / ticks_per_ns;
+        // The largest tat written is now + tau, kept below `StateCell::RETIRED` (u64::MAX).
+        let max_now_ns = StateCell::RETIRED.saturating_sub(1).saturating_sub(tau_ticks) / ticks_per_ns;
         if max_now_ns < MIN_CLOCK_RANGE {
             return Err(format!(
                 "{limit} refills one unit every {unit_ticks}/{ticks_per_ns} ns; counting that exactly \
@@ -276,15 +279,18 @@ mod tests {
     #[test]
     fn readings_past_the_range_are_refused_and_count_as_full() {
         let g = gcra(1, 1, 1);
-        assert_eq!(g.max_now_nanos(), u64::MAX - 1);
+        // The last reading leaves room for a tat of now + tau below RETIRED.
+        assert_eq!(g.max_now_nanos(), u64::MAX - 2);
         assert_eq!(
-            g.decide(0, 1, u64::MAX),
+            g.decide(0, 1, u64::MAX - 1),
             Err(DecisionError::ClockOutOfRange {
-                now_ns: u64::MAX,
-                max_ns: u64::MAX - 1
+                now_ns: u64::MAX - 1,
+                max_ns: u64::MAX - 2
             })
         );
-        assert!(g.is_full(u64::MAX, u64::MAX));
-        assert!(g.decide(0, 1, u64::MAX - 1).unwrap().decision.is_allowed());
+        assert!(g.is_full(u64::MAX - 1, u64::MAX));
+        let last = g.decide(0, 1, u64::MAX - 2).unwrap();
+        assert!(last.decision.is_allowed());
+        assert_eq!(last.next, Some(StateCell::RETIRED - 1));
     }
 }

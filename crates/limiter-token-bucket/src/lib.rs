@@ -61,5 +61,5 @@ pub use limiter_core::{
 pub type TokenBucket<C = MonotonicClock> = limiter_core::DirectLimiter<Gcra, C>;
 
 /// A token bucket per key: see [`KeyedLimiter`](limiter_store::KeyedLimiter) for its methods.
-pub type KeyedTokenBucket<K, C = MonotonicClock, S = std::hash::RandomState> =
-    limiter_store::KeyedLimiter<Gcra, K, C, S>;
+pub type KeyedTokenBucket<K, C = MonotonicClock, St = limiter_store::ShardedStore<K>> =
+    limiter_store::KeyedLimiter<Gcra, K, C, St>;

@@ -1,0 +1,231 @@
+//! [`BoundedStore`]: at most `max_keys` keys, on moka with a least-recently-used policy, with full
+//! keys dropped losslessly as new keys arrive.
+//!
+//! # What it forgets, and when
+//!
+//! - **Idle keys, losslessly.** Once a key's state is full again (the time its limit needs to
+//!   refill completely after its last admission) it decides like an absent key, and the store
+//!   drops it. This is the idle expiry, per key and exactly as long as it can be without losing
+//!   anything: shorter would reset keys, longer would only hold memory. It is driven by the
+//!   limiter's own clock, so it follows a `ManualClock` in tests.
+//! - **Least recently used keys, under capacity pressure.** When more than `max_keys` keys are
+//!   not full at once, moka evicts the least recently used. An evicted key that was not full is
+//!   *reset*: its next call starts from a full state, so over time it may admit more than its
+//!   limit. This is the one lossy case; [`StoreStats::evicted`] counts every such eviction.
+//!
+//! # How idle keys are found without a background thread
+//!
+//! The store keeps its keys in insertion order in a ring. Each insert of a new key looks at the
+//! two oldest entries of the ring: a key that is full is retired and removed (under moka's
+//! per-key lock, by [`StateCell::retire_if_full`], so a concurrent write either lands first and
+//! keeps the key or finds the cell retired and starts over), and one that is not goes to the
+//! back. The ring holds a clone of each key; it is capped at twice `max_keys`.
+//!
+//! moka's own time-to-idle is not used: it reads moka's clock, not the limiter's, and it removes
+//! an entry before anything can retire its cell, so a caller that had just read the entry would
+//! write to a removed cell and lose that write.
+//!
+//! moka applies its capacity bound as its maintenance runs, on the call path every few hundred
+//! writes, so the number of keys can briefly exceed `max_keys` by that much.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::hash::{BuildHasher, Hash};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use limiter_core::{Algorithm, Decision, DecisionError, StateCell};
+use moka::ops::compute::{CompResult, Op};
+use moka::policy::EvictionPolicy;
+use moka::sync::Cache;
+
+use crate::sharded::DefaultHasher;
+use crate::store::{Store, StoreStats};
+
+/// A [`Store`] of at most `max_keys` keys: see the [module docs](self) for what it forgets.
+pub struct BoundedStore<K, S = DefaultHasher> {
+    cache: Cache<K, Arc<StateCell>, S>,
+    /// Keys in the order they were inserted, for the amortised sweep of full keys.
+    ring: Mutex<VecDeque<K>>,
+    max_keys: u64,
+    reclaimed: AtomicU64,
+    evicted: Arc<AtomicU64>,
+}
+
+/// Why a store could not be built.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// A bounded store was asked to hold no keys.
+    #[error("a bounded store needs room for at least one key; set max_keys to 1 or more")]
+    ZeroCapacity,
+}
+
+impl<K> BoundedStore<K>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+{
+    /// A store of at most `max_keys` keys, hashing with foldhash.
+    pub fn new(max_keys: u64) -> Result<Self, StoreError> {
+        Self::with_hasher(max_keys, DefaultHasher::default())
+    }
+}
+
+impl<K, S> BoundedStore<K, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: BuildHasher + Clone + Send + Sync + 'static,
+{
+    /// A store of at most `max_keys` keys, hashing with `hasher`.
+    pub fn with_hasher(max_keys: u64, hasher: S) -> Result<Self, StoreError> {
+        if max_keys == 0 {
+            return Err(StoreError::ZeroCapacity);
+        }
+        let evicted = Arc::new(AtomicU64::new(0));
+        let counter = Arc::clone(&evicted);
+        let cache = Cache::builder()
+            .max_capacity(max_keys)
+            .eviction_policy(EvictionPolicy::lru())
+            .eviction_listener(move |_key, cell: Arc<StateCell>, cause| {
+                if cause.was_evicted() {
+                    // A caller still holding the cell finds it retired and starts over on a
+                    // new one: the reset this eviction makes, counted here.
+                    cell.retire();
+                    counter.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+            .build_with_hasher(hasher);
+        Ok(Self {
+            cache,
+            ring: Mutex::new(VecDeque::new()),
+            max_keys,
+            reclaimed: AtomicU64::new(0),
+            evicted,
+        })
+    }
+
+    /// The most keys the store holds (after moka's maintenance has run).
+    pub fn max_keys(&self) -> u64 {
+        self.max_keys
+    }
+
+    /// After inserting `key`: queues it, and drops the two oldest queued keys if they are full.
+    fn sweep_after_insert<A: Algorithm>(&self, key: &K, algorithm: &A, now: u64) {
+        let oldest = {
+            let mut ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
+            ring.push_back(key.clone());
+            let cap = usize::try_from(self.max_keys.saturating_mul(2)).unwrap_or(usize::MAX);
+            while ring.len() > cap {
+                // Keys dropped from the ring untested are left to the capacity bound.
+                ring.pop_front();
+            }
+            [ring.pop_front(), ring.pop_front()]
+        };
+        let mut keep = Vec::new();
+        for key in oldest.into_iter().flatten() {
+            match self.drop_if_full(&key, algorithm, now) {
+                Some(true) => {}
+                Some(false) => keep.push(key),
+                None => {} // already evicted
+            }
+        }
+        if !keep.is_empty() {
+            let mut ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
+            ring.extend(keep);
+        }
+    }
+
+    /// Removes `key` if its state is full at `now`: `Some(true)` if it was removed,
+    /// `Some(false)` if it stays, `None` if it was absent.
+    fn drop_if_full<A: Algorithm>(&self, key: &K, algorithm: &A, now: u64) -> Option<bool> {
+        let result = self
+            .cache
+            .entry_by_ref(key)
+            .and_compute_with(|entry| match entry {
+                Some(entry) if entry.value().retire_if_full(algorithm, now) => Op::Remove,
+                _ => Op::Nop,
+            });
+        match result {
+            CompResult::Removed(_) => {
+                self.reclaimed.fetch_add(1, Ordering::Relaxed);
+                Some(true)
+            }
+            CompResult::StillNone(_) => None,
+            CompResult::Unchanged(_) | CompResult::Inserted(_) | CompResult::ReplacedWith(_) => {
+                Some(false)
+            }
+        }
+    }
+}
+
+impl<K, S> Store<K> for BoundedStore<K, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: BuildHasher + Clone + Send + Sync + 'static,
+{
+    fn apply<A: Algorithm>(
+        &self,
+        algorithm: &A,
+        key: &K,
+        cost: u64,
+        now: u64,
+    ) -> Result<Decision, DecisionError> {
+        loop {
+            let cell = match self.cache.get(key) {
+                Some(cell) => cell,
+                None => {
+                    // A call that writes nothing must not insert the key (see ShardedStore).
+                    let step = algorithm.decide(A::FRESH, cost, now)?;
+                    let Some(next) = step.next else {
+                        return Ok(step.decision);
+                    };
+                    let entry = self
+                        .cache
+                        .entry_by_ref(key)
+                        .or_insert_with(|| Arc::new(StateCell::new(next)));
+                    if entry.is_fresh() {
+                        // Inserted with this call's state: `step` is its answer.
+                        self.sweep_after_insert(key, algorithm, now);
+                        return Ok(step.decision);
+                    }
+                    entry.into_value()
+                }
+            };
+            if let Some(decision) = cell.apply_live(algorithm, cost, now)? {
+                return Ok(decision);
+            }
+            // The cell was retired: it is being, or has been, removed. Look the key up again.
+            std::hint::spin_loop();
+        }
+    }
+
+    fn reclaim<A: Algorithm>(&self, algorithm: &A, now: u64) -> u64 {
+        let keys: Vec<K> = self.cache.iter().map(|(key, _)| K::clone(&key)).collect();
+        let dropped = keys
+            .iter()
+            .filter(|key| self.drop_if_full(key, algorithm, now) == Some(true))
+            .count() as u64;
+        self.cache.run_pending_tasks();
+        dropped
+    }
+
+    fn stats(&self) -> StoreStats {
+        // Apply moka's pending writes and evictions so the count is current.
+        self.cache.run_pending_tasks();
+        StoreStats {
+            keys: self.cache.entry_count(),
+            reclaimed: self.reclaimed.load(Ordering::Relaxed),
+            evicted: self.evicted.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl<K, S> fmt::Debug for BoundedStore<K, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BoundedStore")
+            .field("max_keys", &self.max_keys)
+            .field("keys", &self.cache.entry_count())
+            .field("evicted", &self.evicted.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
