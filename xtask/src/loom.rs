@@ -3,7 +3,11 @@
 use crate::run::cargo;
 
 /// Crates with loom models in `tests/loom.rs`.
-const MODELLED: &[&str] = &["limiter-token-bucket", "limiter-sliding-window"];
+const MODELLED: &[&str] = &[
+    "limiter-token-bucket",
+    "limiter-sliding-window",
+    "limiter-store",
+];
 
 pub(crate) fn run() -> Result<(), String> {
     // A separate target directory keeps the cfg'd build from invalidating the normal one.

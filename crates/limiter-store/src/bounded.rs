@@ -15,11 +15,12 @@
 //!
 //! # How idle keys are found without a background thread
 //!
-//! The store keeps its keys in insertion order in a ring. Each insert of a new key looks at the
-//! two oldest entries of the ring: a key that is full is retired and removed (under moka's
-//! per-key lock, by [`StateCell::retire_if_full`], so a concurrent write either lands first and
-//! keeps the key or finds the cell retired and starts over), and one that is not goes to the
-//! back. The ring holds a clone of each key; it is capped at twice `max_keys`.
+//! The store keeps its keys and their cells in insertion order in a ring. Each insert of a new
+//! key looks at the two oldest entries of the ring: a key that is full is retired and removed
+//! (under moka's per-key lock, by [`StateCell::retire_if_full`], so a concurrent write either
+//! lands first and keeps the key or finds the cell retired and starts over), and one that is
+//! not goes to the back. The ring holds a clone of each key and of its `Arc`; it is capped at
+//! twice `max_keys`.
 //!
 //! moka's own time-to-idle is not used: it reads moka's clock, not the limiter's, and it removes
 //! an entry before anything can retire its cell, so a caller that had just read the entry would
@@ -45,8 +46,9 @@ use crate::store::{Store, StoreStats};
 /// A [`Store`] of at most `max_keys` keys: see the [module docs](self) for what it forgets.
 pub struct BoundedStore<K, S = DefaultHasher> {
     cache: Cache<K, Arc<StateCell>, S>,
-    /// Keys in the order they were inserted, for the amortised sweep of full keys.
-    ring: Mutex<VecDeque<K>>,
+    /// Keys in the order they were inserted, with their cells, for the amortised sweep of full
+    /// keys: holding the cell lets the sweep test a key with one load, not a cache lookup.
+    ring: Mutex<VecDeque<(K, Arc<StateCell>)>>,
     max_keys: u64,
     reclaimed: AtomicU64,
     evicted: Arc<AtomicU64>,
@@ -109,11 +111,18 @@ where
         self.max_keys
     }
 
-    /// After inserting `key`: queues it, and drops the two oldest queued keys if they are full.
-    fn sweep_after_insert<A: Algorithm>(&self, key: &K, algorithm: &A, now: u64) {
+    /// After inserting `key` with `cell`: queues it, and drops the two oldest queued keys if
+    /// they are full.
+    fn sweep_after_insert<A: Algorithm>(
+        &self,
+        key: &K,
+        cell: &Arc<StateCell>,
+        algorithm: &A,
+        now: u64,
+    ) {
         let oldest = {
             let mut ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
-            ring.push_back(key.clone());
+            ring.push_back((key.clone(), Arc::clone(cell)));
             let cap = usize::try_from(self.max_keys.saturating_mul(2)).unwrap_or(usize::MAX);
             while ring.len() > cap {
                 // Keys dropped from the ring untested are left to the capacity bound.
@@ -122,11 +131,13 @@ where
             [ring.pop_front(), ring.pop_front()]
         };
         let mut keep = Vec::new();
-        for key in oldest.into_iter().flatten() {
-            match self.drop_if_full(&key, algorithm, now) {
-                Some(true) => {}
-                Some(false) => keep.push(key),
-                None => {} // already evicted
+        for (key, cell) in oldest.into_iter().flatten() {
+            if cell.is_retired() {
+                continue; // evicted, or replaced by a newer cell with its own place in the ring
+            }
+            if !algorithm.is_full(cell.load(), now) || !self.drop_if_full(&key, &cell, algorithm, now)
+            {
+                keep.push((key, cell));
             }
         }
         if !keep.is_empty() {
@@ -135,26 +146,34 @@ where
         }
     }
 
-    /// Removes `key` if its state is full at `now`: `Some(true)` if it was removed,
-    /// `Some(false)` if it stays, `None` if it was absent.
-    fn drop_if_full<A: Algorithm>(&self, key: &K, algorithm: &A, now: u64) -> Option<bool> {
+    /// Removes `key` if `cell` is still its cell and is full at `now`, returning whether it
+    /// was removed.
+    fn drop_if_full<A: Algorithm>(
+        &self,
+        key: &K,
+        cell: &Arc<StateCell>,
+        algorithm: &A,
+        now: u64,
+    ) -> bool {
         let result = self
             .cache
             .entry_by_ref(key)
             .and_compute_with(|entry| match entry {
-                Some(entry) if entry.value().retire_if_full(algorithm, now) => Op::Remove,
+                // Under moka's per-key lock: no other removal or insert of this key can run, and
+                // a caller writing to the cell either lands before the retirement (and the key
+                // stays) or finds it retired (and starts over on a new cell).
+                Some(entry)
+                    if Arc::ptr_eq(entry.value(), cell) && cell.retire_if_full(algorithm, now) =>
+                {
+                    Op::Remove
+                }
                 _ => Op::Nop,
             });
-        match result {
-            CompResult::Removed(_) => {
-                self.reclaimed.fetch_add(1, Ordering::Relaxed);
-                Some(true)
-            }
-            CompResult::StillNone(_) => None,
-            CompResult::Unchanged(_) | CompResult::Inserted(_) | CompResult::ReplacedWith(_) => {
-                Some(false)
-            }
+        let removed = matches!(result, CompResult::Removed(_));
+        if removed {
+            self.reclaimed.fetch_add(1, Ordering::Relaxed);
         }
+        removed
     }
 }
 
@@ -185,7 +204,7 @@ where
                         .or_insert_with(|| Arc::new(StateCell::new(next)));
                     if entry.is_fresh() {
                         // Inserted with this call's state: `step` is its answer.
-                        self.sweep_after_insert(key, algorithm, now);
+                        self.sweep_after_insert(key, entry.value(), algorithm, now);
                         return Ok(step.decision);
                     }
                     entry.into_value()
@@ -200,10 +219,14 @@ where
     }
 
     fn reclaim<A: Algorithm>(&self, algorithm: &A, now: u64) -> u64 {
-        let keys: Vec<K> = self.cache.iter().map(|(key, _)| K::clone(&key)).collect();
-        let dropped = keys
+        let full: Vec<(Arc<K>, Arc<StateCell>)> = self
+            .cache
             .iter()
-            .filter(|key| self.drop_if_full(key, algorithm, now) == Some(true))
+            .filter(|(_, cell)| algorithm.is_full(cell.load(), now))
+            .collect();
+        let dropped = full
+            .iter()
+            .filter(|(key, cell)| self.drop_if_full(key, cell, algorithm, now))
             .count() as u64;
         self.cache.run_pending_tasks();
         dropped

@@ -5,11 +5,11 @@
 //! # Reclamation, amortised on the call path
 //!
 //! A full key decides like an absent one, so a shard drops its full keys whenever it is about to
-//! grow: an insert that finds its shard's table at capacity first sweeps it. After a sweep at
-//! least a quarter of the table is free (the table doubles when the sweep freed less, and halves
-//! when it freed more than three quarters), so each sweep of `c` slots is paid for by at least
-//! `c / 4` inserts before the next one, and a table's capacity stays within about 8/3 of the
-//! most keys that were not full at once. No thread runs in the background.
+//! grow: an insert that finds its shard's table with no room left first sweeps it, then rebuilds
+//! it with at least a quarter free (twice as large when the sweep freed less than a quarter,
+//! smaller when it freed more than three quarters). Each sweep of `c` slots is paid for by at
+//! least `c / 4` inserts before the next, and a shard's room stays within about 8/3 of the most
+//! keys in it that were not full at once. No thread runs in the background.
 //!
 //! # Why this map
 //!
@@ -43,6 +43,8 @@ pub struct ShardedStore<K, S = DefaultHasher> {
 
 struct Shard<K> {
     table: HashTable<(K, StateCell)>,
+    /// The table's capacity when it was last built, before any removal left a tombstone.
+    room: usize,
     reclaimed: u64,
 }
 
@@ -75,6 +77,7 @@ impl<K, S> ShardedStore<K, S> {
                 .map(|_| {
                     CachePadded::new(RwLock::new(Shard {
                         table: HashTable::new(),
+                        room: 0,
                         reclaimed: 0,
                     }))
                 })
@@ -148,16 +151,15 @@ where
     }
 
     fn reclaim<A: Algorithm>(&self, algorithm: &A, now: u64) -> u64 {
+        let rehash = |(k, _): &(K, StateCell)| self.hasher.hash_one(k);
         self.shards
             .iter()
             .map(|shard| {
                 let mut shard = write(shard);
                 let dropped = shard.drop_full(algorithm, now);
-                if shard.table.len() < shard.table.capacity() / 4 {
+                if shard.table.len() < shard.room / 4 {
                     let keep = shard.table.len().saturating_mul(2);
-                    shard
-                        .table
-                        .shrink_to(keep, |(k, _)| self.hasher.hash_one(k));
+                    shard.rebuild(keep, rehash);
                 }
                 dropped
             })
@@ -189,27 +191,39 @@ impl<K> Shard<K> {
         dropped
     }
 
-    /// Before an insert: if the table is at capacity, drops its full keys, then leaves at least
-    /// a quarter of it free by doubling it, or returns memory if most of it was freed.
+    /// Before an insert: if the table has no room left, drops its full keys, then rebuilds it
+    /// with at least a quarter free: twice as large if the sweep left it three quarters full,
+    /// smaller if it left less than a quarter, the same size (without the tombstones the
+    /// removals left) otherwise. Every change of size happens here, so `room` stays true.
     fn make_room<A: Algorithm>(
         &mut self,
         algorithm: &A,
         now: u64,
         rehash: impl Fn(&(K, StateCell)) -> u64,
     ) {
-        let capacity = self.table.capacity();
-        if self.table.len() < capacity {
+        if self.table.len() < self.table.capacity() {
             return;
         }
         self.drop_full(algorithm, now);
-        let left = self.table.len();
-        if left >= capacity.saturating_sub(capacity / 4) {
-            // hashbrown doubles when asked for more than its capacity.
-            self.table
-                .reserve(capacity.saturating_add(1).saturating_sub(left), rehash);
-        } else if left < capacity / 4 {
-            self.table.shrink_to(left.saturating_mul(2), rehash);
+        let (left, room) = (self.table.len(), self.room);
+        let target = if left >= room.saturating_sub(room / 4) {
+            room.saturating_mul(2).max(3)
+        } else if left < room / 4 {
+            left.saturating_mul(2).max(3)
+        } else {
+            room
+        };
+        self.rebuild(target, rehash);
+    }
+
+    /// Moves every entry into a new table with room for `target` keys.
+    fn rebuild(&mut self, target: usize, rehash: impl Fn(&(K, StateCell)) -> u64) {
+        let mut table = HashTable::with_capacity(target.max(self.table.len()));
+        for entry in self.table.drain() {
+            table.insert_unique(rehash(&entry), entry, &rehash);
         }
+        self.room = table.capacity();
+        self.table = table;
     }
 }
 
