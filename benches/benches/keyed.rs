@@ -1,66 +1,246 @@
-//! Keyed limiters: every algorithm beside governor's keyed limiter, with one hot key and with
-//! 1M distinct warm keys.
+//! Keyed limiters: every store beside governor's keyed limiter, with one hot key, with 1M
+//! distinct keys touched for the first time and warm, the resident bytes each key costs, the
+//! bounded store beside a bare moka `get_with` plus CAS, and the cost of churn through a bound.
+//!
+//! Hot keys run under limits that never deny; first-touch and warm runs under "sticky" limits
+//! that neither deny nor let a key become full (and so be dropped) while the run lasts.
 
 use std::hint::black_box;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use criterion::{Criterion, criterion_group, criterion_main};
-use governor::RateLimiter;
-use limiter_benches::{allow_quota, group, token_bucket_allow, window_allow};
-use limiter_core::{Algorithm, Limit};
+use criterion::{BenchmarkGroup, Criterion, measurement::WallTime};
+use governor::{DefaultKeyedRateLimiter, RateLimiter};
+use limiter_benches::{
+    Filler, MEMORY_KEYS, MemorySubject, TscClock, allow_quota, bytes_per_key, group, scattered,
+    sticky_quota, token_bucket_allow, token_bucket_sticky, window_allow, window_sticky,
+};
+use limiter_core::{Algorithm, Clock, Limit, MonotonicClock, StateCell};
 use limiter_sliding_window::{FixedCounter, SlidingCounter};
-use limiter_store::KeyedLimiter;
+use limiter_store::{BoundedStore, KeyedLimiter, ShardedStore, Store};
 use limiter_token_bucket::Gcra;
+use moka::policy::EvictionPolicy;
 
-const KEYS: u64 = 1_000_000;
+/// Room for every key of the warm runs: the bounded store never evicts there.
+const ROOMY: u64 = 2 * MEMORY_KEYS;
 
-/// Visits every key in an order the hardware prefetcher cannot follow.
-fn scattered() -> impl FnMut() -> u64 {
-    let mut key = 0u64;
-    move || {
-        key = (key + 611_953) % KEYS;
-        key
+type Keyed<A, C, St> = KeyedLimiter<A, u64, C, St>;
+
+fn keyed<A: Algorithm, C: Clock, St: Store<u64>>(
+    limit: Limit,
+    clock: C,
+    store: St,
+) -> Keyed<A, C, St> {
+    KeyedLimiter::with_store(limit, clock, store).expect("valid")
+}
+
+fn sharded<A: Algorithm>(limit: Limit) -> Keyed<A, TscClock, ShardedStore<u64>> {
+    keyed(limit, TscClock::new(), ShardedStore::new())
+}
+
+fn bounded(limit: Limit) -> Keyed<Gcra, TscClock, BoundedStore<u64>> {
+    keyed(
+        limit,
+        TscClock::new(),
+        BoundedStore::new(ROOMY).expect("valid"),
+    )
+}
+
+fn allowed<A: Algorithm, C: Clock, St: Store<u64>>(limiter: &Keyed<A, C, St>, key: u64) -> bool {
+    limiter.check_key(&key).is_ok_and(|d| d.is_allowed())
+}
+
+/// The bounded store's floor: moka configured the same way, `get_with` and the same CAS.
+struct BareMoka {
+    cache: moka::sync::Cache<u64, Arc<StateCell>, foldhash::fast::RandomState>,
+    gcra: Gcra,
+    clock: TscClock,
+}
+
+impl BareMoka {
+    fn new(limit: Limit) -> Self {
+        let cache = moka::sync::Cache::builder()
+            .max_capacity(ROOMY)
+            .eviction_policy(EvictionPolicy::lru())
+            .build_with_hasher(foldhash::fast::RandomState::default());
+        let gcra = Gcra::new(limit).expect("valid");
+        Self {
+            cache,
+            gcra,
+            clock: TscClock::new(),
+        }
+    }
+
+    fn check(&self, key: u64) -> bool {
+        self.cache
+            .get_with(key, || Arc::new(StateCell::new(Gcra::FRESH)))
+            .apply(&self.gcra, 1, self.clock.now())
+            .is_ok_and(|d| d.is_allowed())
     }
 }
 
-fn hot_and_warm<A: Algorithm>(c: &mut Criterion, name: &str, limit: Limit) {
-    let limiter = KeyedLimiter::<A, u64>::new(limit).expect("valid");
-    let mut g = group(c, "keyed_hot_key", 1);
+/// Times `iters` first touches of new keys on a limiter `new` builds for each sample.
+fn first_touch<L>(
+    g: &mut BenchmarkGroup<'_, WallTime>,
+    name: &str,
+    new: impl Fn() -> L,
+    check: impl Fn(&L, u64) -> bool,
+) {
     g.bench_function(name, |b| {
-        b.iter(|| black_box(limiter.check_key(&7).expect("valid").is_allowed()))
+        b.iter_custom(|iters| {
+            let limiter = new();
+            let began = Instant::now();
+            for key in 0..iters {
+                black_box(check(&limiter, key));
+            }
+            let took = began.elapsed();
+            drop(limiter);
+            took
+        })
     });
-    g.finish();
-    for key in 0..KEYS {
-        let _ = limiter.check_key(&key);
-    }
-    let mut next = scattered();
-    let mut g = group(c, "keyed_1M_keys_warm", 1);
-    g.bench_function(name, |b| {
-        b.iter(|| black_box(limiter.check_key(&next()).expect("valid").is_allowed()))
-    });
-    g.finish();
 }
 
-fn keyed(c: &mut Criterion) {
-    hot_and_warm::<Gcra>(c, "token_bucket", token_bucket_allow());
-    hot_and_warm::<SlidingCounter>(c, "sliding_window", window_allow());
-    hot_and_warm::<FixedCounter>(c, "fixed_window", window_allow());
-
-    let theirs = RateLimiter::dashmap(allow_quota());
+/// Hot key, first touch and 1M warm keys for one keyed limiter. `new(sticky)` builds it with
+/// the sticky limit or the never-denying one.
+fn subject<L>(
+    c: &mut Criterion,
+    name: &str,
+    new: impl Fn(bool) -> L,
+    check: impl Fn(&L, u64) -> bool,
+) {
+    let hot = new(false);
     let mut g = group(c, "keyed_hot_key", 1);
-    g.bench_function("governor", |b| {
-        b.iter(|| black_box(theirs.check_key(&7u64).is_ok()))
-    });
+    g.bench_function(name, |b| b.iter(|| black_box(check(&hot, black_box(7)))));
     g.finish();
-    for key in 0..KEYS {
-        let _ = theirs.check_key(&key);
+    drop(hot);
+
+    let mut g = group(c, "keyed_1M_keys_first_touch", 1);
+    first_touch(&mut g, name, || new(true), &check);
+    g.finish();
+
+    let warm = new(true);
+    for key in 0..MEMORY_KEYS {
+        check(&warm, key);
     }
-    let mut next = scattered();
+    let mut next = scattered(MEMORY_KEYS);
     let mut g = group(c, "keyed_1M_keys_warm", 1);
-    g.bench_function("governor", |b| {
-        b.iter(|| black_box(theirs.check_key(&next()).is_ok()))
-    });
+    g.bench_function(name, |b| b.iter(|| black_box(check(&warm, next()))));
     g.finish();
 }
 
-criterion_group!(benches, keyed);
-criterion_main!(benches);
+fn tb(sticky: bool) -> Limit {
+    if sticky {
+        token_bucket_sticky()
+    } else {
+        token_bucket_allow()
+    }
+}
+
+fn window(sticky: bool) -> Limit {
+    if sticky {
+        window_sticky()
+    } else {
+        window_allow()
+    }
+}
+
+fn governor(sticky: bool) -> DefaultKeyedRateLimiter<u64> {
+    RateLimiter::dashmap(if sticky {
+        sticky_quota()
+    } else {
+        allow_quota()
+    })
+}
+
+/// 1M keys cycling through a 100k-key bound: every call on the bounded store inserts a key and
+/// evicts one (the keys never refill within the run, so none goes idle first).
+fn churn(c: &mut Criterion) {
+    let limiter = keyed::<Gcra, _, _>(
+        token_bucket_sticky(),
+        TscClock::new(),
+        BoundedStore::new(MEMORY_KEYS / 10).expect("valid"),
+    );
+    let mut next = scattered(MEMORY_KEYS);
+    let mut g = group(c, "keyed_churn_1M_through_100k", 1);
+    g.measurement_time(Duration::from_secs(5));
+    g.bench_function("token_bucket_bounded_tsc", |b| {
+        b.iter(|| black_box(allowed(&limiter, next())))
+    });
+    g.finish();
+    println!("churn: {:?}", limiter.stats());
+}
+
+/// Builds `new` with the sticky limit now, and returns what adds [`MEMORY_KEYS`] keys to it.
+fn filled<L: 'static>(new: impl Fn(bool) -> L, check: fn(&L, u64) -> bool) -> Filler {
+    let limiter = new(true);
+    Box::new(move || {
+        for key in 0..MEMORY_KEYS {
+            check(&limiter, key);
+        }
+        Box::new(limiter)
+    })
+}
+
+const MEMORY: &[MemorySubject] = &[
+    ("keyed_token_bucket_sharded", || {
+        filled(|s| sharded::<Gcra>(tb(s)), allowed)
+    }),
+    ("keyed_sliding_window_sharded", || {
+        filled(|s| sharded::<SlidingCounter>(window(s)), allowed)
+    }),
+    ("keyed_fixed_window_sharded", || {
+        filled(|s| sharded::<FixedCounter>(window(s)), allowed)
+    }),
+    ("keyed_token_bucket_bounded", || {
+        filled(|s| bounded(tb(s)), allowed)
+    }),
+    ("keyed_governor", || {
+        filled(governor, |l, k| l.check_key(&k).is_ok())
+    }),
+];
+
+fn main() {
+    if bytes_per_key(MEMORY) {
+        return;
+    }
+    let mut c = Criterion::default().configure_from_args();
+    subject(
+        &mut c,
+        "token_bucket_sharded",
+        |s| keyed::<Gcra, _, _>(tb(s), MonotonicClock::new(), ShardedStore::new()),
+        allowed,
+    );
+    subject(
+        &mut c,
+        "token_bucket_sharded_tsc",
+        |s| sharded::<Gcra>(tb(s)),
+        allowed,
+    );
+    subject(
+        &mut c,
+        "token_bucket_bounded_tsc",
+        |s| bounded(tb(s)),
+        allowed,
+    );
+    subject(
+        &mut c,
+        "moka_get_with_cas_tsc",
+        |s| BareMoka::new(tb(s)),
+        BareMoka::check,
+    );
+    subject(
+        &mut c,
+        "sliding_window_sharded_tsc",
+        |s| sharded::<SlidingCounter>(window(s)),
+        allowed,
+    );
+    subject(
+        &mut c,
+        "fixed_window_sharded_tsc",
+        |s| sharded::<FixedCounter>(window(s)),
+        allowed,
+    );
+    subject(&mut c, "governor", governor, |l, k| l.check_key(&k).is_ok());
+    churn(&mut c);
+    c.final_summary();
+}

@@ -20,6 +20,24 @@ pub fn window_allow() -> Limit {
     Limit::from_nanos(255, 1_000).expect("valid")
 }
 
+/// One unit per hour in bursts of 1,000: a key visited a few dozen times in a run never runs
+/// out, and is never full again (so no store drops it) while the run lasts.
+pub fn token_bucket_sticky() -> Limit {
+    Limit::per_hour(1)
+        .and_then(|l| l.with_burst(1_000))
+        .expect("valid")
+}
+
+/// Governor's equivalent of [`token_bucket_sticky`].
+pub fn sticky_quota() -> Quota {
+    Quota::per_hour(NonZeroU32::MIN).allow_burst(NonZeroU32::new(1_000).expect("non-zero"))
+}
+
+/// 1,000 per hour-long window: as sticky as [`token_bucket_sticky`], for the window counters.
+pub fn window_sticky() -> Limit {
+    Limit::per_hour(1_000).expect("valid")
+}
+
 /// Drained by one call and drained for the rest of the run.
 pub fn never_limit() -> Limit {
     Limit::per_hour(1).expect("valid")
@@ -95,4 +113,84 @@ impl limiter_core::Clock for TscClock {
     fn now(&self) -> u64 {
         self.clock.delta_as_nanos(self.epoch, self.clock.raw())
     }
+}
+
+/// Visits every key below `keys` once per cycle, in an order the hardware prefetcher cannot
+/// follow (611,953 is prime and does not divide any power-of-ten key count used here).
+pub fn scattered(keys: u64) -> impl FnMut() -> u64 {
+    let mut key = 0u64;
+    move || {
+        key = (key + 611_953) % keys;
+        key
+    }
+}
+
+/// The process's resident memory in bytes, from `/proc/self/statm` (0 where that is missing).
+pub fn resident_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|statm| statm.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * 4096)
+}
+
+/// A structure to measure: its name, and a setup that builds it empty (clock, hasher, limiter)
+/// and returns what then adds [`MEMORY_KEYS`] keys to it. Only that second step is measured.
+pub type MemorySubject = (&'static str, fn() -> Filler);
+
+/// Adds the keys to a structure built empty, and returns it to keep its memory alive.
+pub type Filler = Box<dyn FnOnce() -> Box<dyn std::any::Any>>;
+
+/// How many keys each memory subject holds.
+pub const MEMORY_KEYS: u64 = 1_000_000;
+
+const MEMORY_ENV: &str = "LIMITER_BENCH_MEMORY";
+
+/// Resident bytes per key, each subject measured in a fresh child process of this bench binary
+/// (within one process, memory freed by an earlier subject is reused and hides the next one's
+/// cost). Call first thing in `main`: in the child it builds the named subject, prints its
+/// resident-memory delta and returns `true`, and `main` must then return. In the parent it
+/// measures every subject, prints `bytes_per_key/NAME` lines, appends them to
+/// `target/bench-bytes-per-key.csv` and returns `false`.
+pub fn bytes_per_key(subjects: &[MemorySubject]) -> bool {
+    if let Ok(name) = std::env::var(MEMORY_ENV) {
+        if let Some((_, setup)) = subjects.iter().find(|(n, _)| *n == name) {
+            let fill = setup();
+            let before = resident_bytes();
+            let built = fill();
+            println!("{}", resident_bytes().saturating_sub(before));
+            drop(built);
+        }
+        return true;
+    }
+    let Ok(me) = std::env::current_exe() else {
+        return false;
+    };
+    let csv =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench-bytes-per-key.csv");
+    for (name, _) in subjects {
+        let measured = std::process::Command::new(&me)
+            .env(MEMORY_ENV, name)
+            .output()
+            .ok()
+            .and_then(|out| {
+                String::from_utf8(out.stdout)
+                    .ok()?
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+            });
+        let Some(bytes) = measured else {
+            println!("bytes_per_key/{name}: measurement failed");
+            continue;
+        };
+        let per_key = bytes as f64 / MEMORY_KEYS as f64;
+        println!("bytes_per_key/{name}: {per_key:.1} B/key at {MEMORY_KEYS} keys (resident)");
+        let line = format!("{name},{MEMORY_KEYS},{per_key:.1}\n");
+        let _ = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&csv)
+            .and_then(|mut file| std::io::Write::write_all(&mut file, line.as_bytes()));
+    }
+    false
 }

@@ -403,13 +403,16 @@ mod tests {
     fn no_state_is_the_retired_word_even_at_the_last_reading() {
         // 255 = 2^8 - 1 fills every count bit; the last window number is the one left unused.
         let s = sliding(255, 1_000);
-        let full = s.decide(SlidingCounter::FRESH, 255, s.max_now_nanos()).unwrap();
+        let full = s
+            .decide(SlidingCounter::FRESH, 255, s.max_now_nanos())
+            .unwrap();
         assert_ne!(full.next, Some(StateCell::RETIRED));
         let refilled = s.decide(full.next.unwrap(), 255, s.max_now_nanos());
         assert!(refilled.unwrap().decision.is_denied());
         let fixed = FixedCounter::from_limit(Limit::from_nanos(255, 1_000).unwrap()).unwrap();
-        let full = fixed.decide(FixedCounter::FRESH, 255, fixed.max_now_nanos()).unwrap();
+        let full = fixed
+            .decide(FixedCounter::FRESH, 255, fixed.max_now_nanos())
+            .unwrap();
         assert_ne!(full.next, Some(StateCell::RETIRED));
     }
-
 }

@@ -135,7 +135,8 @@ where
             if cell.is_retired() {
                 continue; // evicted, or replaced by a newer cell with its own place in the ring
             }
-            if !algorithm.is_full(cell.load(), now) || !self.drop_if_full(&key, &cell, algorithm, now)
+            if !algorithm.is_full(cell.load(), now)
+                || !self.drop_if_full(&key, &cell, algorithm, now)
             {
                 keep.push((key, cell));
             }

@@ -57,3 +57,8 @@ pub use bounded::{BoundedStore, StoreError};
 pub use keyed::KeyedLimiter;
 pub use sharded::{DefaultHasher, ShardedStore};
 pub use store::{Store, StoreStats};
+
+/// The README's Rust examples, compiled and run as doctests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeExamples;

@@ -10,34 +10,39 @@ use limiter_store::{BoundedStore, KeyedLimiter, StoreError};
 use limiter_testkit::store::NeverForget;
 use limiter_token_bucket::Gcra;
 
-fn bounded(
-    limit: Limit,
-    max_keys: u64,
-) -> KeyedLimiter<Gcra, u64, ManualClock, BoundedStore<u64>> {
-    KeyedLimiter::with_store(limit, ManualClock::new(), BoundedStore::new(max_keys).expect("valid"))
-        .expect("valid")
+fn bounded(limit: Limit, max_keys: u64) -> KeyedLimiter<Gcra, u64, ManualClock, BoundedStore<u64>> {
+    KeyedLimiter::with_store(
+        limit,
+        ManualClock::new(),
+        BoundedStore::new(max_keys).expect("valid"),
+    )
+    .expect("valid")
 }
 
 #[test]
 fn zero_capacity_is_an_error_that_says_what_to_set() {
     let err = BoundedStore::<u64>::new(0).unwrap_err();
     assert_eq!(err, StoreError::ZeroCapacity);
-    assert!(err.to_string().contains("set max_keys to 1 or more"), "{err}");
+    assert!(
+        err.to_string().contains("set max_keys to 1 or more"),
+        "{err}"
+    );
 }
 
 #[test]
 fn idle_keys_are_dropped_without_loss_before_any_eviction() {
     let limit = Limit::per_second(4).expect("valid");
     let limiter = bounded(limit, 8);
-    let reference = KeyedLimiter::<Gcra, u64, _, _>::with_store(
-        limit,
-        ManualClock::new(),
-        NeverForget::new(),
-    )
-    .expect("valid");
+    let reference =
+        KeyedLimiter::<Gcra, u64, _, _>::with_store(limit, ManualClock::new(), NeverForget::new())
+            .expect("valid");
     let both = |key: u64, cost: u64| {
         let got = limiter.check_key_n(&key, cost).expect("valid");
-        assert_eq!(got, reference.check_key_n(&key, cost).expect("valid"), "key {key}");
+        assert_eq!(
+            got,
+            reference.check_key_n(&key, cost).expect("valid"),
+            "key {key}"
+        );
         got
     };
     for key in 0..8 {
@@ -79,11 +84,18 @@ fn capacity_eviction_is_counted_and_resets_the_evicted_key() {
     limiter.stats(); // let moka record the reads before the next insert
     assert!(limiter.check_key(&3).expect("valid").is_allowed());
     let stats = limiter.stats();
-    assert_eq!((stats.keys, stats.evicted, stats.reclaimed), (3, 1, 0), "{stats:?}");
+    assert_eq!(
+        (stats.keys, stats.evicted, stats.reclaimed),
+        (3, 1, 0),
+        "{stats:?}"
+    );
     // Key 0 was drained; evicted, it starts again from full: the documented lossy case.
     let reset = limiter.check_key_n(&0, 2).expect("valid");
     assert!(reset.is_allowed(), "{reset:?}");
-    assert!(limiter.check_key(&1).expect("valid").is_denied(), "a kept key was reset");
+    assert!(
+        limiter.check_key(&1).expect("valid").is_denied(),
+        "a kept key was reset"
+    );
     assert_eq!(limiter.stats().evicted, 2);
 }
 
@@ -104,7 +116,8 @@ fn racing_threads_never_exceed_a_burst_on_keys_that_stay() {
                     for round in 0..60 {
                         for key in 0..64u64 {
                             let key = (key + round) % 64;
-                            admitted += u64::from(limiter.check_key(&key).expect("valid").is_allowed());
+                            admitted +=
+                                u64::from(limiter.check_key(&key).expect("valid").is_allowed());
                         }
                     }
                     admitted
@@ -133,7 +146,9 @@ fn racing_threads_over_capacity_stay_bounded_and_count_evictions() {
             let limiter = &limiter;
             scope.spawn(move || {
                 for key in 0..20_000u64 {
-                    let decision = limiter.check_key(&(thread * 1_000_000 + key)).expect("valid");
+                    let decision = limiter
+                        .check_key(&(thread * 1_000_000 + key))
+                        .expect("valid");
                     assert!(decision.is_allowed());
                 }
             });

@@ -47,7 +47,10 @@ fn reclaiming_a_full_key_never_loses_a_racing_write() {
         limiter.reclaim_full();
         assert!(writer.join().unwrap(), "a full key denied its unit");
         // Whichever came first, the unit just taken is still taken.
-        assert!(limiter.check_key(&7).unwrap().is_denied(), "the write was lost");
+        assert!(
+            limiter.check_key(&7).unwrap().is_denied(),
+            "the write was lost"
+        );
     });
 }
 

@@ -36,8 +36,9 @@ fn limit() -> Limit {
 
 fn same_decisions<A: Algorithm, St: Store<u64>>(store: St, ops: &[Op]) -> Result<(), String> {
     let start = 1 << 20;
-    let limiter = KeyedLimiter::<A, u64, _, St>::with_store(limit(), ManualClock::starting_at(start), store)
-        .map_err(|e| e.to_string())?;
+    let limiter =
+        KeyedLimiter::<A, u64, _, St>::with_store(limit(), ManualClock::starting_at(start), store)
+            .map_err(|e| e.to_string())?;
     let reference = KeyedLimiter::<A, u64, _, _>::with_store(
         limit(),
         ManualClock::starting_at(start),
@@ -63,14 +64,19 @@ fn same_decisions<A: Algorithm, St: Store<u64>>(store: St, ops: &[Op]) -> Result
     }
     let stats = limiter.stats();
     if stats.reclaimed < reclaimed || stats.keys > reference.stats().keys || stats.evicted != 0 {
-        return Err(format!("inconsistent stats {stats:?} after reclaiming {reclaimed}"));
+        return Err(format!(
+            "inconsistent stats {stats:?} after reclaiming {reclaimed}"
+        ));
     }
     Ok(())
 }
 
 fn every_store<A: Algorithm>(ops: &[Op]) -> Result<(), String> {
-    same_decisions::<A, _>(ShardedStore::with_shards_and_hasher(1, DefaultHasher::default()), ops)
-        .map_err(|e| format!("one-shard ShardedStore: {e}"))?;
+    same_decisions::<A, _>(
+        ShardedStore::with_shards_and_hasher(1, DefaultHasher::default()),
+        ops,
+    )
+    .map_err(|e| format!("one-shard ShardedStore: {e}"))?;
     same_decisions::<A, _>(ShardedStore::new(), ops).map_err(|e| format!("ShardedStore: {e}"))?;
     let bounded = BoundedStore::new(64).map_err(|e| e.to_string())?;
     same_decisions::<A, _>(bounded, ops).map_err(|e| format!("BoundedStore: {e}"))
@@ -101,8 +107,8 @@ proptest! {
 fn a_filling_shard_drops_full_keys_instead_of_growing() {
     let clock = ManualClock::starting_at(1 << 20);
     let store = ShardedStore::with_shards_and_hasher(1, DefaultHasher::default());
-    let limiter = KeyedLimiter::<Gcra, u64, _, _>::with_store(limit(), clock.clone(), store)
-        .expect("valid");
+    let limiter =
+        KeyedLimiter::<Gcra, u64, _, _>::with_store(limit(), clock.clone(), store).expect("valid");
     for key in 0..10_000 {
         assert!(limiter.check_key(&key).expect("valid").is_allowed());
         clock.advance_nanos(10); // each key is full again 10 ns after its one unit
@@ -110,5 +116,9 @@ fn a_filling_shard_drops_full_keys_instead_of_growing() {
     let stats = limiter.stats();
     assert!(stats.keys <= 4, "{stats:?}");
     assert!(stats.reclaimed >= 9_996, "{stats:?}");
-    assert!(limiter.store().capacity() <= 7, "{}", limiter.store().capacity());
+    assert!(
+        limiter.store().capacity() <= 7,
+        "{}",
+        limiter.store().capacity()
+    );
 }

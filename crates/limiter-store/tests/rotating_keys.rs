@@ -34,8 +34,8 @@ fn rotate<St: Store<u64>>(
 
 #[test]
 fn sharded_store_stays_within_a_small_multiple_of_the_live_keys() {
-    let limiter =
-        KeyedLimiter::<Gcra, u64, _>::with_clock(ten_per_second(), ManualClock::new()).expect("valid");
+    let limiter = KeyedLimiter::<Gcra, u64, _>::with_clock(ten_per_second(), ManualClock::new())
+        .expect("valid");
     let mut most = 0;
     rotate(&limiter, KEYS, |key| {
         let stats = limiter.stats();
@@ -66,7 +66,11 @@ fn bounded_store_holds_at_most_max_keys_and_counts_every_eviction() {
     rotate(&limiter, KEYS, |key| {
         let stats = limiter.stats();
         assert!(stats.keys <= max_keys, "after key {key}: {stats:?}");
-        assert_eq!(stats.keys + stats.evicted, key + 1, "after key {key}: {stats:?}");
+        assert_eq!(
+            stats.keys + stats.evicted,
+            key + 1,
+            "after key {key}: {stats:?}"
+        );
     });
     let stats = limiter.stats();
     assert_eq!(stats.reclaimed, 0, "{stats:?}");

@@ -199,7 +199,6 @@ pub fn peek_changes_nothing<A: Algorithm>(limit: Limit) {
         empty,
         "{limit}: a peek changed state"
     );
-
 }
 
 /// A denial writes nothing: repeating it gives the same answer, and waiting exactly its
@@ -267,15 +266,19 @@ pub fn keyed_checks<A: Algorithm, St: Store<u64>>(limit: Limit, new_store: impl 
         keyed.check_key_n(&3, limit.burst() + 1).is_err(),
         "{limit}: a cost over the burst was not an error"
     );
-    assert_eq!(keyed.len(), 2, "{limit}: a denial or an error inserted a key");
+    assert_eq!(
+        keyed.len(),
+        2,
+        "{limit}: a denial or an error inserted a key"
+    );
 
     // Nothing is full yet: reclaiming drops nothing.
     assert_eq!(keyed.reclaim_full(), 0, "{limit}: reclaimed a key in use");
     // After a refill of both, both are full: reclaimed, and decided as before.
     let reference = keyed_on::<A, St>(limit, new_store());
     let _ = reference.check_key_n(&1, limit.burst());
-    let refill_ns = u128::from(limit.burst()) * u128::from(limit.period_nanos())
-        / u128::from(limit.count());
+    let refill_ns =
+        u128::from(limit.burst()) * u128::from(limit.period_nanos()) / u128::from(limit.count());
     let full_again = u64::try_from(refill_ns)
         .unwrap_or(u64::MAX)
         .saturating_add(limit.period_nanos().saturating_mul(2));

@@ -86,7 +86,10 @@ impl Gcra {
             )
         })?;
         // The largest tat written is now + tau, kept below `StateCell::RETIRED` (u64::MAX).
-        let max_now_ns = StateCell::RETIRED.saturating_sub(1).saturating_sub(tau_ticks) / ticks_per_ns;
+        let max_now_ns = StateCell::RETIRED
+            .saturating_sub(1)
+            .saturating_sub(tau_ticks)
+            / ticks_per_ns;
         if max_now_ns < MIN_CLOCK_RANGE {
             return Err(format!(
                 "{limit} refills one unit every {unit_ticks}/{ticks_per_ns} ns; counting that exactly \
