@@ -1,33 +1,4 @@
-//! [`BoundedStore`]: at most `max_keys` keys, on moka with a least-recently-used policy, with full
-//! keys dropped losslessly as new keys arrive.
-//!
-//! # What it forgets, and when
-//!
-//! - **Idle keys, losslessly.** Once a key's state is full again (the time its limit needs to
-//!   refill completely after its last admission) it decides like an absent key, and the store
-//!   drops it. This is the idle expiry, per key and exactly as long as it can be without losing
-//!   anything: shorter would reset keys, longer would only hold memory. It is driven by the
-//!   limiter's own clock, so it follows a `ManualClock` in tests.
-//! - **Least recently used keys, under capacity pressure.** When more than `max_keys` keys are
-//!   not full at once, moka evicts the least recently used. An evicted key that was not full is
-//!   *reset*: its next call starts from a full state, so over time it may admit more than its
-//!   limit. This is the one lossy case; [`StoreStats::evicted`] counts every such eviction.
-//!
-//! # How idle keys are found without a background thread
-//!
-//! The store keeps its keys and their cells in insertion order in a ring. Each insert of a new
-//! key looks at the two oldest entries of the ring: a key that is full is retired and removed
-//! (under moka's per-key lock, by [`StateCell::retire_if_full`], so a concurrent write either
-//! lands first and keeps the key or finds the cell retired and starts over), and one that is
-//! not goes to the back. The ring holds a clone of each key and of its `Arc`; it is capped at
-//! twice `max_keys`.
-//!
-//! moka's own time-to-idle is not used: it reads moka's clock, not the limiter's, and it removes
-//! an entry before anything can retire its cell, so a caller that had just read the entry would
-//! write to a removed cell and lose that write.
-//!
-//! moka applies its capacity bound as its maintenance runs, on the call path every few hundred
-//! writes, so the number of keys can briefly exceed `max_keys` by that much.
+//! [`BoundedStore`]: at most `max_keys` keys, on moka with a least-recently-used policy.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -43,7 +14,37 @@ use moka::sync::Cache;
 use crate::sharded::DefaultHasher;
 use crate::store::{Store, StoreStats};
 
-/// A [`Store`] of at most `max_keys` keys: see the [module docs](self) for what it forgets.
+/// A [`Store`] of at most `max_keys` keys, on moka with a least-recently-used policy, with full
+/// keys dropped losslessly as new keys arrive.
+///
+/// # What it forgets, and when
+///
+/// - **Idle keys, losslessly.** Once a key's state is full again (the time its limit needs to
+///   refill completely after its last admission) it decides like an absent key, and the store
+///   drops it. This is the idle expiry, per key and exactly as long as it can be without losing
+///   anything: shorter would reset keys, longer would only hold memory. It is driven by the
+///   limiter's own clock, so it follows a `ManualClock` in tests.
+/// - **Least recently used keys, under capacity pressure.** When more than `max_keys` keys are
+///   not full at once, moka evicts the least recently used. An evicted key that was not full is
+///   *reset*: its next call starts from a full state, so over time it may admit more than its
+///   limit. This is the one lossy case; [`StoreStats::evicted`] counts every capacity eviction
+///   (including any of a key that happened to be full, which loses nothing).
+///
+/// # How idle keys are found without a background thread
+///
+/// The store keeps its keys and their cells in insertion order in a ring. Each insert of a new
+/// key looks at the two oldest entries of the ring: a key that is full is retired and removed
+/// (under moka's per-key lock, by [`StateCell::retire_if_full`], so a concurrent write either
+/// lands first and keeps the key or finds the cell retired and starts over), and one that is
+/// not goes to the back. The ring holds a clone of each key and of its `Arc`; it is capped at
+/// twice `max_keys`.
+///
+/// moka's own time-to-idle is not used: it reads moka's clock, not the limiter's, and it removes
+/// an entry before anything can retire its cell, so a caller that had just read the entry would
+/// write to a removed cell and lose that write.
+///
+/// moka applies its capacity bound as its maintenance runs, on the call path every few hundred
+/// writes, so the number of keys can briefly exceed `max_keys` by that much.
 pub struct BoundedStore<K, S = DefaultHasher> {
     cache: Cache<K, Arc<StateCell>, S>,
     /// Keys in the order they were inserted, with their cells, for the amortised sweep of full

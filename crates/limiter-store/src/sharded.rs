@@ -1,24 +1,4 @@
-//! [`ShardedStore`]: the default store. Keys hash once (foldhash by default) to one of a power
-//! of two cache-padded shards, each a read-write lock over a hashbrown table of `(key, cell)`
-//! pairs stored inline: 17 bytes of table per `u64` key, before the table's spare room.
-//!
-//! # Reclamation, amortised on the call path
-//!
-//! A full key decides like an absent one, so a shard drops its full keys whenever it is about to
-//! grow: an insert that finds its shard's table with no room left first sweeps it, then rebuilds
-//! it with at least a quarter free (twice as large when the sweep freed less than a quarter,
-//! smaller when it freed more than three quarters). Each sweep of `c` slots is paid for by at
-//! least `c / 4` inserts before the next, and a shard's room stays within about 8/3 of the most
-//! keys in it that were not full at once. No thread runs in the background.
-//!
-//! # Why this map
-//!
-//! `benches/benches/stores.rs` compares it, in one run, with DashMap, papaya and scc, each with
-//! SipHash and foldhash. Lookups here hash once and take a shard read lock, so calls on existing
-//! keys never block each other; the inline entries are what keep a key near 36 bytes, where
-//! papaya boxes every entry. The hasher is a type parameter: pass `std::hash::RandomState` to
-//! [`ShardedStore::with_hasher`] for SipHash when keys come from an adversary who can observe
-//! timing closely.
+//! [`ShardedStore`]: the default store, an unbounded sharded map that drops full keys itself.
 
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
@@ -34,8 +14,27 @@ use crate::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 /// The default hasher: foldhash, randomly seeded per store.
 pub type DefaultHasher = foldhash::fast::RandomState;
 
-/// The default [`Store`]: an unbounded sharded map that drops full keys itself. See the
-/// [module docs](self) for how and why.
+/// The default [`Store`], unbounded and self-reclaiming. Keys hash once (foldhash by default) to one of a power
+/// of two cache-padded shards, each a read-write lock over a hashbrown table of `(key, cell)`
+/// pairs stored inline: 17 bytes of table per `u64` key, before the table's spare room.
+///
+/// # Reclamation, amortised on the call path
+///
+/// A full key decides like an absent one, so a shard drops its full keys whenever it is about to
+/// grow: an insert that finds its shard's table with no room left first sweeps it, then rebuilds
+/// it with at least a quarter free (twice as large when the sweep freed less than a quarter,
+/// smaller when it freed more than three quarters). Each sweep of `c` slots is paid for by at
+/// least `c / 4` inserts before the next, and a shard's room stays within about 8/3 of the most
+/// keys in it that were not full at once. No thread runs in the background.
+///
+/// # Why this map
+///
+/// `benches/benches/stores.rs` compares it, in one run, with DashMap, papaya and scc, each with
+/// SipHash and foldhash. Lookups here hash once and take a shard read lock, so calls on existing
+/// keys never block each other; the inline entries are what keep a key near 36 bytes, where
+/// papaya boxes every entry. The hasher is a type parameter: pass `std::hash::RandomState` to
+/// [`ShardedStore::with_hasher`] for SipHash when keys come from an adversary who can observe
+/// timing closely.
 pub struct ShardedStore<K, S = DefaultHasher> {
     shards: Box<[CachePadded<RwLock<Shard<K>>>]>,
     hasher: S,

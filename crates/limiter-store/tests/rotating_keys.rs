@@ -3,7 +3,7 @@
 //! keys that are not full, and a `BoundedStore` never holds more than `max_keys`.
 
 use limiter_core::{Limit, ManualClock};
-use limiter_store::{BoundedStore, KeyedLimiter, ShardedStore, Store};
+use limiter_store::{BoundedStore, KeyedLimiter, Store};
 use limiter_token_bucket::Gcra;
 
 const KEYS: u64 = 10_000_000;
