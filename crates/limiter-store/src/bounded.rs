@@ -94,6 +94,7 @@ where
                     // A caller still holding the cell finds it retired and starts over on a
                     // new one: the reset this eviction makes, counted here.
                     cell.retire();
+                    // Relaxed: a statistic; it orders no other memory.
                     counter.fetch_add(1, Ordering::Relaxed);
                 }
             })
@@ -173,6 +174,7 @@ where
             });
         let removed = matches!(result, CompResult::Removed(_));
         if removed {
+            // Relaxed: a statistic; it orders no other memory.
             self.reclaimed.fetch_add(1, Ordering::Relaxed);
         }
         removed
@@ -239,6 +241,7 @@ where
         self.cache.run_pending_tasks();
         StoreStats {
             keys: self.cache.entry_count(),
+            // Relaxed: statistics, read after moka's maintenance, ordering nothing else.
             reclaimed: self.reclaimed.load(Ordering::Relaxed),
             evicted: self.evicted.load(Ordering::Relaxed),
         }
@@ -250,7 +253,7 @@ impl<K, S> fmt::Debug for BoundedStore<K, S> {
         f.debug_struct("BoundedStore")
             .field("max_keys", &self.max_keys)
             .field("keys", &self.cache.entry_count())
-            .field("evicted", &self.evicted.load(Ordering::Relaxed))
+            .field("evicted", &self.evicted.load(Ordering::Relaxed)) // Relaxed: a statistic
             .finish_non_exhaustive()
     }
 }
