@@ -1,5 +1,7 @@
-//! Shared setup for the criterion benchmarks in `benches/`: limits and quotas that always admit
-//! or always deny, the benchmark group settings, a multi-threaded runner, and a TSC clock.
+//! Shared setup for the criterion benchmarks in `benches/`: limits and quotas that always admit,
+//! always deny, or keep keys from ever being full again (sticky), the benchmark group settings,
+//! a multi-threaded runner, a TSC clock, a scattered key order, and the resident bytes-per-key
+//! measurement run in child processes.
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
