@@ -41,6 +41,58 @@ pub trait Algorithm: Send + Sync + Sized {
     /// `now` and at every later reading, so a store may forget it. (A reading earlier than `now`,
     /// from a clock that went back, may still tell the two apart.)
     fn is_full(&self, state: u64, now: u64) -> bool;
+
+    /// How much of the limit's capacity `state` has in use at `now`, rounded up. A stack uses
+    /// it to carry a key's consumption over when the limit chosen for the key changes.
+    fn usage(&self, state: u64, now: u64) -> Usage;
+
+    /// A state with `usage` of this limit's capacity in use at `now` (the same fraction, rounded
+    /// up, so a change of limit never favours the caller).
+    fn with_usage(&self, usage: Usage, now: u64) -> Result<u64, DecisionError>;
+
+    /// `state` after `units` granted at `granted_at` are given back at `now`, or `None` when
+    /// nothing is left to give back (the units have already come back on their own). A refund
+    /// returns at most `units` and never takes the state above full.
+    fn refund(&self, state: u64, units: u64, granted_at: u64, now: u64) -> Option<u64>;
+}
+
+/// The part of a limit's capacity in use: `used` out of `capacity` (`used <= capacity`,
+/// `capacity >= 1`), in whatever unit the algorithm counts (ticks of debt, units in a window).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Usage {
+    used: u64,
+    capacity: u64,
+}
+
+impl Usage {
+    /// `used` out of `capacity`; `used` is capped at `capacity`, and a zero capacity counts as
+    /// one.
+    pub const fn new(used: u64, capacity: u64) -> Self {
+        let capacity = if capacity == 0 { 1 } else { capacity };
+        let used = if used > capacity { capacity } else { used };
+        Self { used, capacity }
+    }
+
+    /// Nothing in use.
+    pub const NONE: Self = Self::new(0, 1);
+
+    /// The part in use.
+    pub const fn used(&self) -> u64 {
+        self.used
+    }
+
+    /// The whole capacity.
+    pub const fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// The same fraction of `capacity`, rounded up.
+    pub fn scaled_to(&self, capacity: u64) -> u64 {
+        let scaled =
+            (u128::from(self.used) * u128::from(capacity)).div_ceil(u128::from(self.capacity));
+        // used <= self.capacity, so the result is at most `capacity`.
+        u64::try_from(scaled).unwrap_or(capacity)
+    }
 }
 
 /// The outcome of one pure transition.

@@ -47,7 +47,7 @@ mod limit;
 mod limiter;
 mod sync;
 
-pub use algorithm::{Algorithm, MIN_CLOCK_RANGE, StateCell, Step};
+pub use algorithm::{Algorithm, MIN_CLOCK_RANGE, StateCell, Step, Usage};
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use decision::Decision;
 pub use direct::DirectLimiter;

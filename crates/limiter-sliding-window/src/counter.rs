@@ -3,7 +3,9 @@
 
 use core::time::Duration;
 
-use limiter_core::{Algorithm, Decision, DecisionError, Limit, LimitError, MIN_CLOCK_RANGE, Step};
+use limiter_core::{
+    Algorithm, Decision, DecisionError, Limit, LimitError, MIN_CLOCK_RANGE, Step, Usage,
+};
 
 use crate::layout::{Layout, Windows};
 
@@ -255,6 +257,59 @@ impl<const SLIDING: bool> Algorithm for WindowCounter<SLIDING> {
             self.roll(stored, window)
         };
         w.previous == 0 && w.current == 0
+    }
+
+    fn usage(&self, state: u64, now_ns: u64) -> Usage {
+        if now_ns > self.max_now_ns {
+            return Usage::NONE; // past the range every call is refused
+        }
+        let stored = self.layout.unpack(state);
+        let window = now_ns.checked_div(self.window_ns).unwrap_or(0);
+        // As in `decide`: a reading before the state's window is taken at that window's start.
+        let (index, at) = if window < stored.index {
+            (stored.index, stored.index.saturating_mul(self.window_ns))
+        } else {
+            (window, now_ns)
+        };
+        let w = self.roll(stored, index);
+        let elapsed = at.saturating_sub(index.saturating_mul(self.window_ns));
+        let used = self.weighted(w.previous, elapsed).saturating_add(w.current);
+        Usage::new(used, self.count)
+    }
+
+    fn with_usage(&self, usage: Usage, now_ns: u64) -> Result<u64, DecisionError> {
+        if now_ns > self.max_now_ns {
+            return Err(DecisionError::ClockOutOfRange {
+                now_ns,
+                max_ns: self.max_now_ns,
+            });
+        }
+        // All of it in the current window: it then weighs at least as much, as long, as it
+        // did under the old limit's windows, never less.
+        Ok(self.layout.pack(Windows {
+            index: now_ns.checked_div(self.window_ns).unwrap_or(0),
+            previous: 0,
+            current: usage.scaled_to(self.count),
+        }))
+    }
+
+    fn refund(&self, state: u64, units: u64, granted_at: u64, _now_ns: u64) -> Option<u64> {
+        let mut w = self.layout.unpack(state);
+        let granted = granted_at.checked_div(self.window_ns).unwrap_or(0);
+        // The units were counted in the grant's window: take them back from that window's
+        // count if the state still holds it, and from nothing otherwise.
+        let count = if granted == w.index {
+            &mut w.current
+        } else if SLIDING && granted.checked_add(1) == Some(w.index) {
+            &mut w.previous
+        } else {
+            return None;
+        };
+        if *count == 0 {
+            return None;
+        }
+        *count = count.saturating_sub(units);
+        Some(self.layout.pack(w))
     }
 }
 

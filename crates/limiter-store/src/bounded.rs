@@ -11,8 +11,8 @@ use moka::ops::compute::{CompResult, Op};
 use moka::policy::EvictionPolicy;
 use moka::sync::Cache;
 
-use crate::sharded::DefaultHasher;
 use crate::store::{Store, StoreStats};
+use crate::table::DefaultHasher;
 
 /// A [`Store`] of at most `max_keys` keys, on moka with a least-recently-used policy, with full
 /// keys dropped losslessly as new keys arrive.

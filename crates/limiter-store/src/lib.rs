@@ -9,6 +9,9 @@
 //!   dropping full keys as new ones arrive; an eviction of a key that is not full resets it and
 //!   is counted in [`StoreStats::evicted`].
 //!
+//! - [`table::ShardedTable`]: the sharded, self-reclaiming table under `ShardedStore`, for
+//!   other per-key structures (a stack's entries).
+//!
 //! A key whose state is full decides exactly like a key never seen, so dropping it changes no
 //! decision; calls that write nothing (denials and peeks) never insert a key, so a flood of
 //! denied new keys costs no memory.
@@ -51,12 +54,14 @@ mod keyed;
 mod sharded;
 mod store;
 mod sync;
+pub mod table;
 
 #[cfg(feature = "bounded")]
 pub use bounded::{BoundedStore, StoreError};
 pub use keyed::KeyedLimiter;
-pub use sharded::{DefaultHasher, ShardedStore};
+pub use sharded::ShardedStore;
 pub use store::{Store, StoreStats};
+pub use table::DefaultHasher;
 
 /// The README's Rust examples, compiled and run as doctests so they stay true.
 #[cfg(doctest)]

@@ -5,7 +5,7 @@ use core::num::NonZeroU64;
 use core::time::Duration;
 
 use limiter_core::{
-    Algorithm, Decision, DecisionError, Limit, LimitError, MIN_CLOCK_RANGE, StateCell, Step,
+    Algorithm, Decision, DecisionError, Limit, LimitError, MIN_CLOCK_RANGE, StateCell, Step, Usage,
 };
 
 /// The token bucket, in GCRA form: its parameters, derived once from its [`Limit`].
@@ -195,6 +195,31 @@ impl Algorithm for Gcra {
     fn is_full(&self, tat: u64, now_ns: u64) -> bool {
         // Past the clock range every call is refused, so forgetting the state changes nothing.
         self.ticks(now_ns).is_none_or(|now| tat <= now)
+    }
+
+    fn usage(&self, tat: u64, now_ns: u64) -> Usage {
+        // Past the clock range every call is refused; report nothing in use.
+        let debt = self.ticks(now_ns).map_or(0, |now| tat.saturating_sub(now));
+        Usage::new(debt, self.tau_ticks)
+    }
+
+    fn with_usage(&self, usage: Usage, now_ns: u64) -> Result<u64, DecisionError> {
+        let now = self.ticks(now_ns).ok_or(DecisionError::ClockOutOfRange {
+            now_ns,
+            max_ns: self.max_now_ns,
+        })?;
+        // At most tau, so now + debt is in range by `ticks`.
+        Ok(now.saturating_add(usage.scaled_to(self.tau_ticks)))
+    }
+
+    fn refund(&self, tat: u64, units: u64, _granted_at: u64, now_ns: u64) -> Option<u64> {
+        let now = self.ticks(now_ns)?;
+        if tat <= now {
+            return None; // full: everything taken has already come back
+        }
+        // Never below now: a refund cannot lift the bucket above full.
+        let back = units.saturating_mul(self.unit_ticks.get());
+        Some(tat.saturating_sub(back).max(now))
     }
 }
 

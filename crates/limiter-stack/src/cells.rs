@@ -1,0 +1,150 @@
+//! [`Cells`]: one layer's state for one key: a word per limit, and a header that holds the plan
+//! the words were written under and the lock a committing call takes.
+//!
+//! # Protocol
+//!
+//! - Words are only written by a call that holds the entry's lock (the header's top bit).
+//!   Committing calls lock every entry they touch in ascending address order and never block
+//!   while holding one, so no order of layers or keys can deadlock.
+//! - Calls that only read (denials, peeks, the first look of every call) take no lock: each word
+//!   they read is a value some committed call wrote.
+//! - A change of plan rewrites every word in the new plan's terms. It bumps the header's
+//!   version to odd before and to even after (a sequence lock), so a reader never pairs words of
+//!   one plan with another plan's limits: it retries while the version is odd or has moved.
+
+use crate::sync::{AtomicU32, AtomicU64, Ordering, back_off};
+
+/// The most limits one layer holds (per key, per plan).
+pub const MAX_LIMITS_PER_LAYER: usize = 4;
+
+const LOCKED: u32 = 1 << 31;
+const PLAN_SHIFT: u32 = 16;
+/// The most plans one layer holds: the header keeps the plan in 15 bits.
+pub(crate) const MAX_PLANS: usize = 1 << 15;
+const VERSION_MASK: u32 = (1 << PLAN_SHIFT) - 1;
+
+/// The words of one layer for one key, and their header.
+#[derive(Debug)]
+pub(crate) struct Cells {
+    header: AtomicU32,
+    words: [AtomicU64; MAX_LIMITS_PER_LAYER],
+}
+
+/// What a reader saw: the plan and every word, consistent with each other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Snapshot {
+    pub(crate) plan: usize,
+    pub(crate) words: [u64; MAX_LIMITS_PER_LAYER],
+}
+
+/// Proof that the caller holds an entry's lock; gives it back on [`Cells::unlock`].
+#[derive(Debug)]
+#[must_use]
+pub(crate) struct Held {
+    header: u32,
+}
+
+impl Cells {
+    pub(crate) fn new(snapshot: Snapshot) -> Self {
+        Self {
+            header: AtomicU32::new(header(snapshot.plan, 0)),
+            words: snapshot.words.map(AtomicU64::new),
+        }
+    }
+
+    /// A consistent read without the lock.
+    pub(crate) fn read(&self) -> Snapshot {
+        let mut spins = 0;
+        loop {
+            // Acquire: pairs with the Release stores of the last writer, so the words read
+            // below are at least as new as the header read here.
+            let before = self.header.load(Ordering::Acquire);
+            if before & 1 == 0 {
+                // Acquire on each word: a word written under a plan change synchronises with
+                // that write, so the header read after it sees the odd (or later) version.
+                let words = self.words.each_ref().map(|w| w.load(Ordering::Acquire));
+                // Relaxed: ordered after the Acquire loads above.
+                let after = self.header.load(Ordering::Relaxed);
+                if (before & !LOCKED) == (after & !LOCKED) {
+                    return Snapshot {
+                        plan: plan_of(before),
+                        words,
+                    };
+                }
+            }
+            back_off(&mut spins);
+        }
+    }
+
+    /// Takes the entry's lock, waiting for its holder (who never blocks) to let go.
+    pub(crate) fn lock(&self) -> Held {
+        let mut spins = 0;
+        loop {
+            // Relaxed: only a guess at the unlocked value; the exchange below decides.
+            let current = self.header.load(Ordering::Relaxed);
+            if current & LOCKED == 0 {
+                // Acquire: pairs with the Release unlock of the last holder, so its word
+                // stores are visible to the reads made under this lock.
+                if self
+                    .header
+                    .compare_exchange_weak(
+                        current,
+                        current | LOCKED,
+                        Ordering::Acquire,
+                        Ordering::Relaxed,
+                    )
+                    .is_ok()
+                {
+                    return Held { header: current };
+                }
+            }
+            back_off(&mut spins);
+        }
+    }
+
+    /// The state, read under the lock (no other writer can run).
+    pub(crate) fn read_held(&self, held: &Held) -> Snapshot {
+        Snapshot {
+            plan: plan_of(held.header),
+            // Relaxed: the lock's Acquire already ordered the last holder's writes before us.
+            words: self.words.each_ref().map(|w| w.load(Ordering::Relaxed)),
+        }
+    }
+
+    /// Writes `next` under the lock and releases it. A change of plan goes through an odd
+    /// version, so lock-free readers retry instead of mixing the two plans.
+    pub(crate) fn write_and_unlock(&self, held: Held, next: &Snapshot) {
+        let old_plan = plan_of(held.header);
+        let mut version = held.header & VERSION_MASK;
+        if next.plan != old_plan {
+            version = (version + 1) & VERSION_MASK;
+            // Relaxed: readers see it through the Release word stores that follow.
+            self.header
+                .store(LOCKED | header(old_plan, version), Ordering::Relaxed);
+            version = (version + 1) & VERSION_MASK;
+        }
+        for (word, &value) in self.words.iter().zip(&next.words) {
+            // Release: a reader that Acquire-loads this value also sees the odd version above.
+            word.store(value, Ordering::Release);
+        }
+        // Release: pairs with the next locker's Acquire and with readers' Acquire header loads.
+        self.header
+            .store(header(next.plan, version), Ordering::Release);
+    }
+
+    /// Releases the lock without writing.
+    pub(crate) fn unlock(&self, held: Held) {
+        // Release: pairs with the next locker's Acquire (nothing was written, but the
+        // handover must still be ordered).
+        self.header.store(held.header, Ordering::Release);
+    }
+}
+
+fn header(plan: usize, version: u32) -> u32 {
+    // plan < MAX_PLANS, checked when the stack is built.
+    ((plan as u32) << PLAN_SHIFT) & !LOCKED | (version & VERSION_MASK)
+}
+
+fn plan_of(header: u32) -> usize {
+    ((header & !LOCKED) >> PLAN_SHIFT) as usize
+}

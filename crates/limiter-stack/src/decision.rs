@@ -1,0 +1,152 @@
+//! [`StackDecision`]: the answer of a whole stack, with the layer that bound it and each
+//! layer's own answer; [`Grant`]: the units an admitted call took, for a guarded refund.
+
+use limiter_core::Decision;
+
+/// The most layers a stack holds.
+pub const MAX_LAYERS: usize = 8;
+
+/// One layer's part in a stacked answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LayerDecision {
+    /// The layer's position in the stack.
+    pub layer: usize,
+    /// The plan the layer's plan function chose.
+    pub plan: usize,
+    /// Which of the plan's limits bound the layer's answer.
+    pub limit_index: usize,
+    /// The layer's answer: allowed iff all its limits allow; the least remaining and the
+    /// longest waits among them.
+    pub decision: Decision,
+}
+
+/// The answer to one stacked call: allowed only if every layer allowed.
+///
+/// `remaining` is the least across layers, `retry_after` the longest (the earliest instant at
+/// which every layer admits the same cost, if nothing else consumes), `reset_after` the longest.
+/// The *binding* layer is the one that set the answer: for a denial, the layer with the longest
+/// wait; for an admission, the layer with the fewest units left (the first listed on ties).
+/// Layers whose keyer returned `None` take no part.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StackDecision {
+    layers: [Option<LayerDecision>; MAX_LAYERS],
+    binding: Option<usize>,
+    allowed: bool,
+}
+
+impl StackDecision {
+    pub(crate) fn new() -> Self {
+        Self {
+            layers: [None; MAX_LAYERS],
+            binding: None,
+            allowed: true,
+        }
+    }
+
+    /// Adds a layer's answer, keeping the binding layer up to date.
+    pub(crate) fn push(&mut self, slot: usize, layer: LayerDecision) {
+        self.allowed &= layer.decision.is_allowed();
+        let binds = match self.binding.and_then(|b| self.layers[b]) {
+            None => true,
+            Some(current) => binds_over(&layer.decision, &current.decision),
+        };
+        self.layers[slot] = Some(layer);
+        if binds {
+            self.binding = Some(slot);
+        }
+    }
+
+    /// Whether every layer admitted the call.
+    pub fn is_allowed(&self) -> bool {
+        self.allowed
+    }
+
+    /// Whether some layer denied the call.
+    pub fn is_denied(&self) -> bool {
+        !self.allowed
+    }
+
+    /// The layer that bound the answer, or `None` if no layer applied to the request.
+    pub fn binding(&self) -> Option<&LayerDecision> {
+        self.binding.and_then(|b| self.layers[b].as_ref())
+    }
+
+    /// Every layer that took part, in stack order.
+    pub fn layers(&self) -> impl Iterator<Item = &LayerDecision> {
+        self.layers.iter().flatten()
+    }
+
+    /// The answer as one [`Decision`]: the binding layer's limit, the least `remaining`, the
+    /// longest `retry_after` and `reset_after`. With no layer applying, an admission with
+    /// `u64::MAX` remaining.
+    pub fn decision(&self) -> Decision {
+        let Some(binding) = self.binding() else {
+            return Decision::allow(u64::MAX, u64::MAX, 0);
+        };
+        combine(
+            self.allowed,
+            binding.decision.limit(),
+            self.layers().map(|l| l.decision),
+        )
+    }
+}
+
+/// Whether `candidate` binds over `current`: a longer wait, or (both allowed) fewer left.
+pub(crate) fn binds_over(candidate: &Decision, current: &Decision) -> bool {
+    match (candidate.is_denied(), current.is_denied()) {
+        (true, false) => true,
+        (false, true) => false,
+        (true, true) => candidate.retry_after_nanos() > current.retry_after_nanos(),
+        (false, false) => candidate.remaining() < current.remaining(),
+    }
+}
+
+/// Allowed iff `allowed`; the least remaining and the longest waits of `parts`.
+pub(crate) fn combine(
+    allowed: bool,
+    limit: u64,
+    parts: impl Iterator<Item = Decision>,
+) -> Decision {
+    let (remaining, retry, reset) = parts.fold((u64::MAX, 0, 0), |(rem, retry, reset), d| {
+        (
+            rem.min(d.remaining()),
+            retry.max(d.retry_after_nanos()),
+            reset.max(d.reset_after_nanos()),
+        )
+    });
+    if allowed {
+        Decision::allow(limit, remaining, reset)
+    } else {
+        Decision::deny(limit, remaining, retry.max(1), reset)
+    }
+}
+
+/// The units an admitted call took from a stack, which may be given back (a request that turned
+/// out cheap, or was cancelled) with [`Stack::refund`](crate::Stack::refund).
+///
+/// A grant cannot be cloned, and each refund takes its units off it, so no more than was taken
+/// is ever given back.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Grant {
+    pub(crate) stack: u64,
+    pub(crate) taken: u64,
+    pub(crate) left: u64,
+    pub(crate) at: u64,
+}
+
+impl Grant {
+    /// Units the call took.
+    pub fn taken(&self) -> u64 {
+        self.taken
+    }
+
+    /// Units that may still be given back.
+    pub fn left(&self) -> u64 {
+        self.left
+    }
+
+    /// The clock reading the units were taken at.
+    pub fn taken_at(&self) -> u64 {
+        self.at
+    }
+}

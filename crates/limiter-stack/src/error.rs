@@ -1,0 +1,136 @@
+//! The stack's errors: a stack that cannot be built, a call that can never be decided, and a
+//! refund that asks for too much.
+
+use limiter_core::{DecisionError, LimitError};
+
+/// Why a stack could not be built. Each message names the layer or plan and the fix.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// A limit the chosen algorithm cannot represent.
+    #[error("layer `{plan}`: {source}")]
+    Limit {
+        /// The layer or plan it was added to.
+        plan: String,
+        /// Why the algorithm refused it.
+        source: LimitError,
+    },
+    /// A stack with no layers would admit everything.
+    #[error(
+        "a stack needs at least one layer; add one with `.layer(Layer::keyed(..).limit::<A>(..)?)`"
+    )]
+    NoLayers,
+    /// More layers than a stack holds.
+    #[error(
+        "a stack holds at most {max} layers, not {layers}; put several limits on one layer (they share its key lookup) or split the stack"
+    )]
+    TooManyLayers {
+        /// Layers given.
+        layers: usize,
+        /// The most a stack holds.
+        max: usize,
+    },
+    /// A layer, or one of its plans, has no limit.
+    #[error("layer `{layer}` has a plan with no limit; add one with `.limit::<A>(limit)?`")]
+    NoLimits {
+        /// The layer.
+        layer: String,
+    },
+    /// More limits in one plan than a layer holds.
+    #[error(
+        "layer `{layer}` has a plan with {limits} limits; a layer holds at most {max}; move the others to another layer with the same keyer"
+    )]
+    TooManyLimits {
+        /// The layer.
+        layer: String,
+        /// Limits given.
+        limits: usize,
+        /// The most a layer holds.
+        max: usize,
+    },
+    /// Too many plans in one layer.
+    #[error("layer `{layer}` has {plans} plans; a layer holds at most {max}")]
+    TooManyPlans {
+        /// The layer.
+        layer: String,
+        /// Plans given.
+        plans: usize,
+        /// The most a layer holds.
+        max: usize,
+    },
+    /// Plans of one layer with different numbers of limits.
+    #[error(
+        "layer `{layer}`: plan `{plan}` has {limits} limits but the first plan has {expected}; every plan of a layer has the same number of limits, so consumption carries over from one to another"
+    )]
+    PlanShape {
+        /// The layer.
+        layer: String,
+        /// The plan that differs.
+        plan: String,
+        /// Its limits.
+        limits: usize,
+        /// The first plan's limits.
+        expected: usize,
+    },
+}
+
+impl BuildError {
+    pub(crate) fn in_layer(self, layer: &str) -> Self {
+        match self {
+            Self::Limit { source, .. } => Self::Limit {
+                plan: layer.to_owned(),
+                source,
+            },
+            other => other,
+        }
+    }
+}
+
+/// A stacked call that can never be decided. Nothing was written.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CallError {
+    /// One layer's limit can never decide the call (its cost exceeds that limit's burst, or
+    /// the clock is past the limit's range).
+    #[error("layer `{layer}`, limit {limit_index}: {source}")]
+    Decision {
+        /// The layer.
+        layer: String,
+        /// Which of the layer's limits (0-based).
+        limit_index: usize,
+        /// Why.
+        source: DecisionError,
+    },
+    /// The layer's plan function chose a plan that does not exist.
+    #[error("layer `{layer}`: the plan function chose plan {chosen}, but the layer has {plans} plans (0 to {}); fix the function passed to `Layer::plans`", plans.saturating_sub(1))]
+    NoSuchPlan {
+        /// The layer.
+        layer: String,
+        /// The index the function returned.
+        chosen: usize,
+        /// How many plans the layer has.
+        plans: usize,
+    },
+}
+
+/// A refund that was refused. Nothing was given back.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RefundError {
+    /// More units than the grant has left.
+    #[error("cannot refund {units} units: the grant has {left} left of the {taken} it took")]
+    ExceedsGrant {
+        /// Units asked back.
+        units: u64,
+        /// Units the grant can still give back.
+        left: u64,
+        /// Units the grant took.
+        taken: u64,
+    },
+    /// The grant came from another stack.
+    #[error("this grant was taken from another stack; refund it to the stack that granted it")]
+    WrongStack,
+    /// The layer's plan function chose a plan that does not exist.
+    #[error(transparent)]
+    Call(#[from] CallError),
+}

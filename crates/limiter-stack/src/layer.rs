@@ -1,0 +1,192 @@
+//! [`Layer`] and [`Plan`]: what a stack is built from. A layer derives a key from each request
+//! (or is global), and enforces one or more limits on it; with several plans, a function picks
+//! the plan (the limits) per request.
+
+use std::fmt;
+use std::sync::Arc;
+
+use limiter_core::{Algorithm, Limit};
+
+use crate::algorithms::DynAlgorithm;
+use crate::cells::MAX_LIMITS_PER_LAYER;
+use crate::error::BuildError;
+
+/// A named set of limits one layer enforces together on a key, such as `free: 10/s and 100/min`.
+pub struct Plan {
+    pub(crate) name: String,
+    pub(crate) limits: Vec<Box<dyn DynAlgorithm>>,
+}
+
+impl Plan {
+    /// An empty plan called `name`; add limits with [`limit`](Self::limit).
+    pub fn new(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            limits: Vec::new(),
+        }
+    }
+
+    /// Adds `limit`, enforced with algorithm `A` (such as the token bucket's `Gcra`).
+    pub fn limit<A: Algorithm + 'static>(mut self, limit: Limit) -> Result<Self, BuildError> {
+        let algorithm = A::new(limit).map_err(|source| BuildError::Limit {
+            plan: self.name.clone(),
+            source,
+        })?;
+        self.limits.push(Box::new(algorithm));
+        Ok(self)
+    }
+
+    /// The plan's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The limits, in the order they were added.
+    pub fn limits(&self) -> impl Iterator<Item = &Limit> {
+        self.limits.iter().map(|a| a.limit())
+    }
+}
+
+impl fmt::Debug for Plan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let limits: Vec<String> = self
+            .limits
+            .iter()
+            .map(|a| format!("{} ({})", a.limit(), a.name()))
+            .collect();
+        f.debug_struct("Plan")
+            .field("name", &self.name)
+            .field("limits", &limits)
+            .finish()
+    }
+}
+
+type KeyFn<R, K> = Arc<dyn Fn(&R) -> Option<K> + Send + Sync>;
+type PlanFn<R> = Arc<dyn Fn(&R) -> usize + Send + Sync>;
+
+/// How a layer finds the key a request is limited under.
+pub(crate) enum Keyer<R, K> {
+    /// One state for every request.
+    Global,
+    /// A state per key; `None` means the layer does not apply to the request.
+    Keyed(KeyFn<R, K>),
+}
+
+/// One layer of a stack: a keyer and the plans it chooses among.
+pub struct Layer<R, K> {
+    pub(crate) name: String,
+    pub(crate) keyer: Keyer<R, K>,
+    pub(crate) plans: Vec<Plan>,
+    pub(crate) choose: Option<PlanFn<R>>,
+}
+
+impl<R, K> Layer<R, K> {
+    /// A layer with one state per key, the key derived from each request by `keyer` (per user,
+    /// per IP, per API key). A request for which `keyer` returns `None` skips the layer.
+    pub fn keyed(
+        name: impl Into<String>,
+        keyer: impl Fn(&R) -> Option<K> + Send + Sync + 'static,
+    ) -> Self {
+        Self::with_keyer(name.into(), Keyer::Keyed(Arc::new(keyer)))
+    }
+
+    /// A layer with one state shared by every request: a global cap.
+    pub fn global(name: impl Into<String>) -> Self {
+        Self::with_keyer(name.into(), Keyer::Global)
+    }
+
+    fn with_keyer(name: String, keyer: Keyer<R, K>) -> Self {
+        Self {
+            name,
+            keyer,
+            plans: Vec::new(),
+            choose: None,
+        }
+    }
+
+    /// Adds `limit` (algorithm `A`) to the layer's single plan. Several limits on one layer
+    /// (10 per second and 100 per minute) are decided together, all or nothing.
+    pub fn limit<A: Algorithm + 'static>(mut self, limit: Limit) -> Result<Self, BuildError> {
+        let plan = match self.plans.pop() {
+            Some(plan) => plan,
+            None => Plan::new(self.name.clone()),
+        };
+        let plan = plan.limit::<A>(limit).map_err(|e| e.in_layer(&self.name))?;
+        self.plans.push(plan);
+        Ok(self)
+    }
+
+    /// Replaces the layer's limits with `plans`, one chosen per request by `choose` (an index
+    /// into `plans`: by customer tier, by HTTP method, by route). Every plan has the same number
+    /// of limits. When the plan chosen for a key changes, the key keeps its consumption, as
+    /// the same fraction of each new limit (rounded up).
+    pub fn plans(
+        mut self,
+        plans: impl IntoIterator<Item = Plan>,
+        choose: impl Fn(&R) -> usize + Send + Sync + 'static,
+    ) -> Self {
+        self.plans = plans.into_iter().collect();
+        self.choose = Some(Arc::new(choose));
+        self
+    }
+
+    /// The layer's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The layer's plans.
+    pub fn plan_list(&self) -> &[Plan] {
+        &self.plans
+    }
+
+    /// Whether the layer is global.
+    pub fn is_global(&self) -> bool {
+        matches!(self.keyer, Keyer::Global)
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), BuildError> {
+        let layer = || self.name.clone();
+        let Some(first) = self.plans.first() else {
+            return Err(BuildError::NoLimits { layer: layer() });
+        };
+        if self.plans.len() > crate::cells::MAX_PLANS {
+            return Err(BuildError::TooManyPlans {
+                layer: layer(),
+                plans: self.plans.len(),
+                max: crate::cells::MAX_PLANS,
+            });
+        }
+        for plan in &self.plans {
+            if plan.limits.is_empty() {
+                return Err(BuildError::NoLimits { layer: layer() });
+            }
+            if plan.limits.len() > MAX_LIMITS_PER_LAYER {
+                return Err(BuildError::TooManyLimits {
+                    layer: layer(),
+                    limits: plan.limits.len(),
+                    max: MAX_LIMITS_PER_LAYER,
+                });
+            }
+            if plan.limits.len() != first.limits.len() {
+                return Err(BuildError::PlanShape {
+                    layer: layer(),
+                    plan: plan.name.clone(),
+                    limits: plan.limits.len(),
+                    expected: first.limits.len(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<R, K> fmt::Debug for Layer<R, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Layer")
+            .field("name", &self.name)
+            .field("global", &self.is_global())
+            .field("plans", &self.plans)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,667 @@
+//! [`Stack`]: several layers decided as one call, at one `now`, all or nothing.
+//!
+//! # How a call is decided
+//!
+//! 1. Each layer derives its key (keyed layers) and its plan from the request. Keyed layers
+//!    share one [`ShardedTable`] of entries, one per `(layer, key)`, each holding a word per
+//!    limit; global layers each hold one entry of their own.
+//! 2. The shards the keys fall in are read-locked in ascending shard order (the locks prefer
+//!    waiting writers, so any other order could deadlock). Every entry is read without a lock
+//!    and every limit decided with the pure transition of its algorithm.
+//! 3. If any limit denies, or the call is a peek, that is the answer: nothing is written.
+//! 4. Otherwise the entries are locked in ascending address order, re-read, decided again if
+//!    they changed, and written (or, if some limit now denies, released unwritten). An entry is
+//!    only ever locked by a call that already holds all its shard locks, and that call then
+//!    never waits for anything but other entry locks further up the order, so no order of
+//!    layers or keys can deadlock and some call always completes.
+//! 5. A key not yet in the table is inserted under its shard's write lock (taken, with the
+//!    others, in shard order) and removed again if the call ends up denied, before anyone else
+//!    can see it: a denial leaves no trace, not even memory.
+
+use std::hash::Hash;
+use std::ops::Deref;
+use std::sync::atomic::{AtomicU64 as StdAtomicU64, Ordering as StdOrdering};
+
+use crossbeam_utils::CachePadded;
+use limiter_core::{Clock, MonotonicClock};
+use limiter_store::table::{Shard, ShardReadGuard, ShardWriteGuard, ShardedTable};
+
+use crate::cells::{Cells, Held, MAX_LIMITS_PER_LAYER, Snapshot};
+use crate::decision::{Grant, LayerDecision, MAX_LAYERS, StackDecision, binds_over, combine};
+use crate::error::{BuildError, CallError, RefundError};
+use crate::layer::{Keyer, Layer};
+
+/// Layers of limits over requests of type `R`, keyed layers keyed by `K`, decided as one
+/// call: admitted only if every layer admits, and a denied call changes nothing.
+///
+/// Build one with [`Stack::builder`]. See the crate docs for an example.
+pub struct Stack<R, K, C = MonotonicClock> {
+    layers: Box<[Layer<R, K>]>,
+    /// One entry per global layer, by layer position (`None` for keyed layers).
+    globals: Box<[Option<CachePadded<Cells>>]>,
+    table: ShardedTable<Entry<K>>,
+    clock: C,
+    id: u64,
+}
+
+/// A keyed layer's state for one key.
+#[derive(Debug)]
+pub(crate) struct Entry<K> {
+    layer: u32,
+    key: K,
+    cells: Cells,
+}
+
+/// Builds a [`Stack`].
+pub struct StackBuilder<R, K, C = MonotonicClock> {
+    layers: Vec<Layer<R, K>>,
+    clock: C,
+    shards: Option<usize>,
+}
+
+impl<R, K> Stack<R, K> {
+    /// A builder with no layers, on a new [`MonotonicClock`].
+    pub fn builder() -> StackBuilder<R, K> {
+        StackBuilder {
+            layers: Vec::new(),
+            clock: MonotonicClock::new(),
+            shards: None,
+        }
+    }
+}
+
+impl<R, K, C> StackBuilder<R, K, C> {
+    /// Adds a layer below those already added.
+    pub fn layer(mut self, layer: Layer<R, K>) -> Self {
+        self.layers.push(layer);
+        self
+    }
+
+    /// Reads time from `clock` (a `ManualClock` in tests).
+    pub fn clock<C2: Clock>(self, clock: C2) -> StackBuilder<R, K, C2> {
+        StackBuilder {
+            layers: self.layers,
+            clock,
+            shards: self.shards,
+        }
+    }
+
+    /// Spreads keyed entries over `shards` shards (rounded up to a power of two; by default
+    /// four per core).
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = Some(shards);
+        self
+    }
+
+    /// The stack, or what is wrong with its layers.
+    pub fn build(self) -> Result<Stack<R, K, C>, BuildError> {
+        static IDS: StdAtomicU64 = StdAtomicU64::new(1);
+        if self.layers.is_empty() {
+            return Err(BuildError::NoLayers);
+        }
+        if self.layers.len() > MAX_LAYERS {
+            return Err(BuildError::TooManyLayers {
+                layers: self.layers.len(),
+                max: MAX_LAYERS,
+            });
+        }
+        for layer in &self.layers {
+            layer.validate()?;
+        }
+        let globals = self
+            .layers
+            .iter()
+            .map(|layer| {
+                layer
+                    .is_global()
+                    .then(|| CachePadded::new(Cells::new(fresh(layer, 0))))
+            })
+            .collect();
+        let hasher = limiter_store::DefaultHasher::default();
+        let table = match self.shards {
+            Some(shards) => ShardedTable::with_shards_and_hasher(shards, hasher),
+            None => ShardedTable::with_hasher(hasher),
+        };
+        Ok(Stack {
+            layers: self.layers.into_boxed_slice(),
+            globals,
+            table,
+            clock: self.clock,
+            // Relaxed: a unique number, ordering nothing.
+            id: IDS.fetch_add(1, StdOrdering::Relaxed),
+        })
+    }
+}
+
+/// Where one layer's state for a call lives.
+enum Place<K> {
+    Global,
+    Keyed { key: K, hash: u64, shard: usize },
+}
+
+/// One layer's part in a call: its plan and where its state lives.
+struct Target<K> {
+    layer: usize,
+    plan: usize,
+    place: Place<K>,
+}
+
+type Targets<K> = [Option<Target<K>>; MAX_LAYERS];
+
+/// A shard lock held during a call.
+enum Guard<'a, K> {
+    Read(ShardReadGuard<'a, Entry<K>>),
+    Write(ShardWriteGuard<'a, Entry<K>>),
+}
+
+impl<K> Deref for Guard<'_, K> {
+    type Target = Shard<Entry<K>>;
+    fn deref(&self) -> &Self::Target {
+        match self {
+            Guard::Read(g) => g,
+            Guard::Write(g) => g,
+        }
+    }
+}
+
+/// The shards a call touches, ascending, with whether each needs its write lock.
+#[derive(Clone, Copy)]
+struct ShardOrder {
+    shards: [(usize, bool); MAX_LAYERS],
+    len: usize,
+}
+
+impl ShardOrder {
+    fn position(&self, shard: usize) -> usize {
+        self.shards[..self.len]
+            .iter()
+            .position(|&(s, _)| s == shard)
+            .unwrap_or(0)
+    }
+}
+
+/// What deciding every layer on some snapshots gave: the answer, and the states to write.
+struct Outcome {
+    decision: StackDecision,
+    next: [Option<Snapshot>; MAX_LAYERS],
+}
+
+impl<R, K, C> Stack<R, K, C>
+where
+    K: Hash + Eq + Clone,
+    C: Clock,
+{
+    /// Decides one unit for `request` now.
+    pub fn check(&self, request: &R) -> Result<StackDecision, CallError> {
+        self.check_n(request, 1)
+    }
+
+    /// Decides `cost` units for `request` now. Cost 0 is a peek: it reports every layer and
+    /// changes nothing.
+    pub fn check_n(&self, request: &R, cost: u64) -> Result<StackDecision, CallError> {
+        self.decide_at(request, cost, self.clock.now())
+            .map(|(decision, _)| decision)
+    }
+
+    /// Reports every layer for `request` without consuming or inserting anything.
+    pub fn peek(&self, request: &R) -> Result<StackDecision, CallError> {
+        self.check_n(request, 0)
+    }
+
+    /// Decides `cost` units for `request` now and, when admitted, returns a [`Grant`] of the
+    /// units taken, which [`refund`](Self::refund) can give back.
+    pub fn acquire(
+        &self,
+        request: &R,
+        cost: u64,
+    ) -> Result<(StackDecision, Option<Grant>), CallError> {
+        self.decide_at(request, cost, self.clock.now())
+    }
+
+    /// Decides `cost` units for `request` at `now` (nanoseconds since the clock's epoch).
+    pub fn decide_at(
+        &self,
+        request: &R,
+        cost: u64,
+        now: u64,
+    ) -> Result<(StackDecision, Option<Grant>), CallError> {
+        let targets = self.targets(request)?;
+        let mut order = self.shard_order(&targets);
+        {
+            let guards = self.lock_shards(&order);
+            let cells = self.find(&targets, &order, &guards);
+            let snapshots = cells.map(|c| c.map(Cells::read));
+            let outcome = self.decide_all(&targets, &snapshots, cost, now)?;
+            if outcome.decision.is_denied() || cost == 0 {
+                return Ok((outcome.decision, None));
+            }
+            let mut all_present = true;
+            for (target, cell) in targets.iter().zip(&cells) {
+                if let (
+                    Some(Target {
+                        place: Place::Keyed { shard, .. },
+                        ..
+                    }),
+                    None,
+                ) = (target, cell)
+                {
+                    order.shards[order.position(*shard)].1 = true;
+                    all_present = false;
+                }
+            }
+            if all_present {
+                let decision = self.commit(&targets, &cells, &snapshots, outcome, cost, now)?;
+                return Ok(self.granted(decision, cost, now));
+            }
+        }
+        // Some keys are new: take their shards' write locks and insert them.
+        loop {
+            let mut guards = self.lock_shards(&order);
+            let mut inserted = [false; MAX_LAYERS];
+            let mut retry = false;
+            for (slot, target) in targets.iter().enumerate() {
+                let Some(Target {
+                    layer,
+                    plan,
+                    place: Place::Keyed { key, hash, shard },
+                }) = target
+                else {
+                    continue;
+                };
+                let position = order.position(*shard);
+                let Some(guard) = guards[position].as_mut() else {
+                    continue;
+                };
+                if guard
+                    .find(*hash, |e| e.layer as usize == *layer && e.key == *key)
+                    .is_some()
+                {
+                    continue;
+                }
+                let Guard::Write(shard) = guard else {
+                    // Reclaimed since the first look: this shard needs its write lock too.
+                    order.shards[position].1 = true;
+                    retry = true;
+                    break;
+                };
+                let entry = Entry {
+                    layer: *layer as u32,
+                    key: key.clone(),
+                    cells: Cells::new(fresh(&self.layers[*layer], *plan)),
+                };
+                shard.insert(
+                    *hash,
+                    entry,
+                    |e| self.entry_is_full(e, now),
+                    |e| self.table.hash_one((e.layer, &e.key)),
+                );
+                inserted[slot] = true;
+            }
+            if retry {
+                continue;
+            }
+            let result = {
+                let cells = self.find(&targets, &order, &guards);
+                let snapshots = cells.map(|c| c.map(Cells::read));
+                self.decide_all(&targets, &snapshots, cost, now)
+                    .and_then(|outcome| {
+                        self.commit(&targets, &cells, &snapshots, outcome, cost, now)
+                    })
+            };
+            let admitted = result.as_ref().is_ok_and(StackDecision::is_allowed);
+            if !admitted {
+                // Nobody else has seen the new entries (their shards are write-locked): take
+                // them out again, so a denial leaves nothing behind.
+                for (slot, target) in targets.iter().enumerate() {
+                    if let (
+                        true,
+                        Some(Target {
+                            layer,
+                            place: Place::Keyed { key, hash, shard },
+                            ..
+                        }),
+                    ) = (inserted[slot], target)
+                    {
+                        if let Some(Guard::Write(g)) = &mut guards[order.position(*shard)] {
+                            g.remove(*hash, |e| e.layer as usize == *layer && e.key == *key);
+                        }
+                    }
+                }
+            }
+            return result.map(|decision| self.granted(decision, cost, now));
+        }
+    }
+
+    /// Gives back `units` of what `grant` took, on every layer the request touches, at the
+    /// clock's reading now. At most the grant's units come back in all, and no layer goes above
+    /// full: units that have already come back on their own are not returned twice.
+    pub fn refund(&self, request: &R, grant: &mut Grant, units: u64) -> Result<(), RefundError> {
+        if grant.stack != self.id {
+            return Err(RefundError::WrongStack);
+        }
+        if units > grant.left {
+            return Err(RefundError::ExceedsGrant {
+                units,
+                left: grant.left,
+                taken: grant.taken,
+            });
+        }
+        if units == 0 {
+            return Ok(());
+        }
+        let now = self.clock.now();
+        let targets = self.targets(request)?;
+        let order = self.shard_order(&targets);
+        let guards = self.lock_shards(&order);
+        // An absent key is full: nothing to give back there.
+        let cells = self.find(&targets, &order, &guards);
+        let held = lock_in_address_order(&cells);
+        for (target, (cell, held)) in targets.iter().zip(cells.iter().zip(held)) {
+            let (Some(target), Some(cell), Some(held)) = (target, cell, held) else {
+                continue;
+            };
+            let mut snapshot = cell.read_held(&held);
+            let limits = &self.layers[target.layer].plans[snapshot.plan].limits;
+            for (word, algorithm) in snapshot.words.iter_mut().zip(limits) {
+                if let Some(back) = algorithm.refund(*word, units, grant.at, now) {
+                    *word = back;
+                }
+            }
+            cell.write_and_unlock(held, &snapshot);
+        }
+        grant.left -= units;
+        Ok(())
+    }
+
+    /// Drops every keyed entry whose limits are all full now (they decide exactly like absent
+    /// keys), returning how many. The table also does this on its own as keys arrive.
+    pub fn reclaim_full(&self) -> u64 {
+        let now = self.clock.now();
+        self.table.reclaim(
+            |e| self.entry_is_full(e, now),
+            |e| self.table.hash_one((e.layer, &e.key)),
+        )
+    }
+
+    /// Keyed entries held (one per layer and key), full ones not yet reclaimed included.
+    pub fn len(&self) -> u64 {
+        self.table.counts().0
+    }
+
+    /// Whether no keyed entry is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The layers, in stack order ([`LayerDecision::layer`] indexes them).
+    pub fn layers(&self) -> &[Layer<R, K>] {
+        &self.layers
+    }
+
+    /// The name of layer `index`, for headers and metrics.
+    pub fn layer_name(&self, index: usize) -> Option<&str> {
+        self.layers.get(index).map(Layer::name)
+    }
+
+    /// The clock the stack reads.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    fn granted(
+        &self,
+        decision: StackDecision,
+        cost: u64,
+        now: u64,
+    ) -> (StackDecision, Option<Grant>) {
+        let grant = (decision.is_allowed() && cost > 0).then_some(Grant {
+            stack: self.id,
+            taken: cost,
+            left: cost,
+            at: now,
+        });
+        (decision, grant)
+    }
+
+    /// Each layer's key, hash, shard and plan for `request`.
+    fn targets(&self, request: &R) -> Result<Targets<K>, CallError> {
+        let mut targets: Targets<K> = Default::default();
+        for (index, layer) in self.layers.iter().enumerate() {
+            let place = match &layer.keyer {
+                Keyer::Global => Place::Global,
+                Keyer::Keyed(keyer) => {
+                    let Some(key) = keyer(request) else {
+                        continue;
+                    };
+                    let hash = self.table.hash_one((index as u32, &key));
+                    let shard = self.table.shard_index(hash);
+                    Place::Keyed { key, hash, shard }
+                }
+            };
+            let plan = match &layer.choose {
+                None => 0,
+                Some(choose) => choose(request),
+            };
+            if plan >= layer.plans.len() {
+                return Err(CallError::NoSuchPlan {
+                    layer: layer.name.clone(),
+                    chosen: plan,
+                    plans: layer.plans.len(),
+                });
+            }
+            targets[index] = Some(Target {
+                layer: index,
+                plan,
+                place,
+            });
+        }
+        Ok(targets)
+    }
+
+    fn shard_order(&self, targets: &Targets<K>) -> ShardOrder {
+        let mut order = ShardOrder {
+            shards: [(0, false); MAX_LAYERS],
+            len: 0,
+        };
+        for target in targets.iter().flatten() {
+            if let Place::Keyed { shard, .. } = target.place {
+                if !order.shards[..order.len].iter().any(|&(s, _)| s == shard) {
+                    order.shards[order.len] = (shard, false);
+                    order.len += 1;
+                }
+            }
+        }
+        order.shards[..order.len].sort_unstable();
+        order
+    }
+
+    /// Locks the shards in ascending order: write locks where `order` asks for them.
+    fn lock_shards(&self, order: &ShardOrder) -> [Option<Guard<'_, K>>; MAX_LAYERS] {
+        // `from_fn` fills the array in index order, so the locks are taken in `order`.
+        std::array::from_fn(|i| {
+            let &(shard, write) = order.shards[..order.len].get(i)?;
+            Some(if write {
+                Guard::Write(self.table.write(shard))
+            } else {
+                Guard::Read(self.table.read(shard))
+            })
+        })
+    }
+
+    /// Each target's entry, under the guards; `None` for a key not in the table.
+    fn find<'g>(
+        &'g self,
+        targets: &Targets<K>,
+        order: &ShardOrder,
+        guards: &'g [Option<Guard<'_, K>>; MAX_LAYERS],
+    ) -> [Option<&'g Cells>; MAX_LAYERS] {
+        std::array::from_fn(|slot| {
+            let target = targets[slot].as_ref()?;
+            match &target.place {
+                Place::Global => self.globals[target.layer].as_deref(),
+                Place::Keyed { key, hash, shard } => guards[order.position(*shard)]
+                    .as_ref()?
+                    .find(*hash, |e| e.layer as usize == target.layer && e.key == *key)
+                    .map(|e| &e.cells),
+            }
+        })
+    }
+
+    /// Decides every target on its snapshot (`None`: an absent key, fresh under the chosen
+    /// plan), carrying a key's consumption over to the chosen plan when it changed.
+    fn decide_all(
+        &self,
+        targets: &Targets<K>,
+        snapshots: &[Option<Snapshot>; MAX_LAYERS],
+        cost: u64,
+        now: u64,
+    ) -> Result<Outcome, CallError> {
+        let mut decision = StackDecision::new();
+        let mut next = [None; MAX_LAYERS];
+        for (slot, target) in targets.iter().enumerate() {
+            let Some(target) = target else { continue };
+            let layer = &self.layers[target.layer];
+            let limits = &layer.plans[target.plan].limits;
+            let error = |limit_index: usize| {
+                let layer = layer.name.clone();
+                move |source| CallError::Decision {
+                    layer,
+                    limit_index,
+                    source,
+                }
+            };
+            let mut state = snapshots[slot].unwrap_or_else(|| fresh(layer, target.plan));
+            if state.plan != target.plan {
+                let old = &layer.plans[state.plan].limits;
+                for (j, (word, (from, to))) in state
+                    .words
+                    .iter_mut()
+                    .zip(old.iter().zip(limits))
+                    .enumerate()
+                {
+                    *word = to
+                        .with_usage(from.usage(*word, now), now)
+                        .map_err(error(j))?;
+                }
+                state.plan = target.plan;
+            }
+            let mut binding = 0;
+            let mut parts = [None; MAX_LIMITS_PER_LAYER];
+            for (j, algorithm) in limits.iter().enumerate() {
+                let step = algorithm
+                    .decide(state.words[j], cost, now)
+                    .map_err(error(j))?;
+                if let Some(word) = step.next {
+                    state.words[j] = word;
+                }
+                if j > 0 && parts[binding].is_some_and(|c| binds_over(&step.decision, &c)) {
+                    binding = j;
+                }
+                parts[j] = Some(step.decision);
+            }
+            let allowed = parts.iter().flatten().all(|d| d.is_allowed());
+            let limit = parts[binding].map_or(0, |d| d.limit());
+            decision.push(
+                slot,
+                LayerDecision {
+                    layer: target.layer,
+                    plan: target.plan,
+                    limit_index: binding,
+                    decision: combine(allowed, limit, parts.into_iter().flatten()),
+                },
+            );
+            next[slot] = Some(state);
+        }
+        Ok(Outcome { decision, next })
+    }
+
+    /// Locks every entry, decides again if any changed since `snapshots`, and writes the
+    /// states if every layer still admits.
+    fn commit(
+        &self,
+        targets: &Targets<K>,
+        cells: &[Option<&Cells>; MAX_LAYERS],
+        snapshots: &[Option<Snapshot>; MAX_LAYERS],
+        outcome: Outcome,
+        cost: u64,
+        now: u64,
+    ) -> Result<StackDecision, CallError> {
+        let held = lock_in_address_order(cells);
+        let current: [Option<Snapshot>; MAX_LAYERS] =
+            std::array::from_fn(|slot| Some(cells[slot]?.read_held(held[slot].as_ref()?)));
+        let outcome = if current == *snapshots {
+            Ok(outcome)
+        } else {
+            self.decide_all(targets, &current, cost, now)
+        };
+        let outcome = match outcome {
+            Ok(outcome) if outcome.decision.is_allowed() => outcome,
+            other => {
+                for (cell, held) in cells.iter().zip(held) {
+                    if let (Some(cell), Some(held)) = (cell, held) {
+                        cell.unlock(held);
+                    }
+                }
+                return other.map(|o| o.decision);
+            }
+        };
+        for ((cell, held), next) in cells.iter().zip(held).zip(&outcome.next) {
+            if let (Some(cell), Some(held), Some(next)) = (cell, held, next) {
+                cell.write_and_unlock(held, next);
+            }
+        }
+        Ok(outcome.decision)
+    }
+
+    /// Whether every limit of `entry` is full at `now` under the plan it was written with.
+    fn entry_is_full(&self, entry: &Entry<K>, now: u64) -> bool {
+        let state = entry.cells.read();
+        self.layers[entry.layer as usize].plans[state.plan]
+            .limits
+            .iter()
+            .zip(state.words)
+            .all(|(algorithm, word)| algorithm.is_full(word, now))
+    }
+}
+
+/// Locks the present entries in ascending address order, returning each one's hold by slot.
+fn lock_in_address_order(cells: &[Option<&Cells>; MAX_LAYERS]) -> [Option<Held>; MAX_LAYERS] {
+    let mut slots: [usize; MAX_LAYERS] = std::array::from_fn(|i| i);
+    let address = |slot: &usize| cells[*slot].map_or(0, |c| std::ptr::from_ref(c) as usize);
+    slots.sort_unstable_by_key(address);
+    let mut held: [Option<Held>; MAX_LAYERS] = Default::default();
+    for slot in slots {
+        if let Some(cell) = cells[slot] {
+            held[slot] = Some(cell.lock());
+        }
+    }
+    held
+}
+
+/// The fresh state of `layer` under plan `plan`.
+fn fresh<R, K>(layer: &Layer<R, K>, plan: usize) -> Snapshot {
+    let mut words = [0; MAX_LIMITS_PER_LAYER];
+    for (word, algorithm) in words.iter_mut().zip(&layer.plans[plan].limits) {
+        *word = algorithm.fresh();
+    }
+    Snapshot { plan, words }
+}
+
+impl<R, K, C: std::fmt::Debug> std::fmt::Debug for Stack<R, K, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stack")
+            .field("layers", &self.layers)
+            .field("table", &self.table)
+            .field("clock", &self.clock)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<R, K, C: std::fmt::Debug> std::fmt::Debug for StackBuilder<R, K, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StackBuilder")
+            .field("layers", &self.layers)
+            .field("clock", &self.clock)
+            .finish_non_exhaustive()
+    }
+}
