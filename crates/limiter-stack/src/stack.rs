@@ -289,10 +289,20 @@ where
                     key: key.clone(),
                     cells: Cells::new(fresh(&self.layers[*layer], *plan)),
                 };
+                // The entries this call inserted are fresh, so full: the sweep an insert may
+                // run must spare them, or a second insert could drop the first.
+                let ours = |e: &Entry<K>| {
+                    targets.iter().zip(&inserted).any(|(t, &mine)| {
+                        mine && t.as_ref().is_some_and(|t| {
+                            t.layer == e.layer as usize
+                                && matches!(&t.place, Place::Keyed { key, .. } if *key == e.key)
+                        })
+                    })
+                };
                 shard.insert(
                     *hash,
                     entry,
-                    |e| self.entry_is_full(e, now),
+                    |e| !ours(e) && self.entry_is_full(e, now),
                     |e| self.table.hash_one((e.layer, &e.key)),
                 );
                 inserted[slot] = true;
@@ -302,6 +312,15 @@ where
             }
             let result = {
                 let cells = self.find(&targets, &order, &guards);
+                if targets
+                    .iter()
+                    .zip(&cells)
+                    .any(|(t, c)| t.is_some() && c.is_none())
+                {
+                    // Unreachable while the sweep spares this call's entries; never commit
+                    // without every layer's entry.
+                    continue;
+                }
                 let snapshots = cells.map(|c| c.map(Cells::read));
                 self.decide_all(&targets, &snapshots, cost, now)
                     .and_then(|outcome| {

@@ -1,0 +1,366 @@
+//! The stack against a sequential reference model of the whole stack: a plain `HashMap` from
+//! `(layer, key)` to `(plan, words)`, every layer decided in turn with the algorithms' pure
+//! transitions, and the words written only if every layer admits. Random sequences of checks
+//! (mixed plans, costs, skipped layers), peeks, refunds, reclaims and clock steps must give the
+//! same decisions, the same errors and the same refunds.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use limiter_core::{Algorithm, Clock, Decision, DecisionError, Limit, ManualClock, Step, Usage};
+use limiter_sliding_window::{FixedCounter, SlidingCounter};
+use limiter_stack::{CallError, Grant, Layer, Plan, Stack};
+use limiter_testkit::harness::proptest_config;
+use limiter_token_bucket::Gcra;
+use proptest::prelude::*;
+
+#[derive(Clone, Copy, Debug)]
+struct Request {
+    user: u64,
+    pro: bool,
+    write: bool,
+}
+
+/// The algorithms, by value, for the model.
+#[derive(Clone, Debug)]
+enum Alg {
+    Bucket(Gcra),
+    Sliding(SlidingCounter),
+    Fixed(FixedCounter),
+}
+
+macro_rules! each {
+    ($self:expr, $a:ident => $body:expr) => {
+        match $self {
+            Alg::Bucket($a) => $body,
+            Alg::Sliding($a) => $body,
+            Alg::Fixed($a) => $body,
+        }
+    };
+}
+
+impl Alg {
+    fn fresh(&self) -> u64 {
+        match self {
+            Alg::Bucket(_) => Gcra::FRESH,
+            Alg::Sliding(_) => SlidingCounter::FRESH,
+            Alg::Fixed(_) => FixedCounter::FRESH,
+        }
+    }
+    fn decide(&self, w: u64, cost: u64, now: u64) -> Result<Step, DecisionError> {
+        each!(self, a => a.decide(w, cost, now))
+    }
+    fn usage(&self, w: u64, now: u64) -> Usage {
+        each!(self, a => a.usage(w, now))
+    }
+    fn with_usage(&self, u: Usage, now: u64) -> Result<u64, DecisionError> {
+        each!(self, a => a.with_usage(u, now))
+    }
+    fn refund(&self, w: u64, units: u64, at: u64, now: u64) -> Option<u64> {
+        each!(self, a => a.refund(w, units, at, now))
+    }
+}
+
+fn limit(count: u64, ms: u64) -> Limit {
+    Limit::new(count, Duration::from_millis(ms)).unwrap()
+}
+
+/// The layers, as (name, keyer, plans), shared by the stack and the model.
+struct Spec {
+    name: &'static str,
+    key: fn(&Request) -> Option<u64>,
+    choose: fn(&Request) -> usize,
+    plans: Vec<Vec<Alg>>,
+}
+
+fn specs() -> Vec<Spec> {
+    vec![
+        Spec {
+            name: "user",
+            key: |r| Some(r.user),
+            choose: |_| 0,
+            plans: vec![vec![
+                Alg::Bucket(Gcra::new(limit(3, 1_000)).unwrap()),
+                Alg::Sliding(SlidingCounter::new(limit(5, 2_000)).unwrap()),
+            ]],
+        },
+        Spec {
+            name: "writes",
+            key: |r| r.write.then_some(r.user),
+            choose: |r| usize::from(r.pro),
+            plans: vec![
+                vec![Alg::Bucket(Gcra::new(limit(2, 1_000)).unwrap())],
+                vec![Alg::Sliding(SlidingCounter::new(limit(4, 1_000)).unwrap())],
+            ],
+        },
+        Spec {
+            name: "pair",
+            key: |r| Some(r.user % 2),
+            choose: |_| 0,
+            plans: vec![vec![Alg::Fixed(
+                FixedCounter::new(limit(4, 1_000)).unwrap(),
+            )]],
+        },
+        Spec {
+            name: "global",
+            key: |_| None, // global: see `build`
+            choose: |_| 0,
+            plans: vec![vec![Alg::Bucket(
+                Gcra::new(limit(6, 1_000).with_burst(4).unwrap()).unwrap(),
+            )]],
+        },
+    ]
+}
+
+fn add<R>(plan: Plan, alg: &Alg) -> Plan {
+    let _ = std::marker::PhantomData::<R>;
+    match alg {
+        Alg::Bucket(a) => plan.limit::<Gcra>(*a.limit()),
+        Alg::Sliding(a) => plan.limit::<SlidingCounter>(*a.limit()),
+        Alg::Fixed(a) => plan.limit::<FixedCounter>(*a.limit()),
+    }
+    .unwrap()
+}
+
+fn build(clock: &ManualClock) -> Stack<Request, u64, ManualClock> {
+    let mut builder = Stack::builder().clock(clock.clone()).shards(1);
+    for spec in specs() {
+        let plans: Vec<Plan> = spec
+            .plans
+            .iter()
+            .enumerate()
+            .map(|(i, algs)| {
+                algs.iter()
+                    .fold(Plan::new(format!("{i}")), |p, a| add::<Request>(p, a))
+            })
+            .collect();
+        let layer = if spec.name == "global" {
+            Layer::global(spec.name)
+        } else {
+            Layer::keyed(spec.name, spec.key)
+        };
+        builder = builder.layer(layer.plans(plans, spec.choose));
+    }
+    builder.build().unwrap()
+}
+
+/// One layer's expected part: (layer, plan, binding limit, decision).
+type Part = (usize, usize, usize, Decision);
+
+struct Model {
+    specs: Vec<Spec>,
+    states: HashMap<(usize, Option<u64>), (usize, Vec<u64>)>,
+}
+
+fn binds_over(a: &Decision, b: &Decision) -> bool {
+    match (a.is_denied(), b.is_denied()) {
+        (true, false) => true,
+        (false, true) => false,
+        (true, true) => a.retry_after_nanos() > b.retry_after_nanos(),
+        (false, false) => a.remaining() < b.remaining(),
+    }
+}
+
+fn combine(parts: &[Decision], limit: u64) -> Decision {
+    let allowed = parts.iter().all(Decision::is_allowed);
+    let remaining = parts
+        .iter()
+        .map(Decision::remaining)
+        .min()
+        .unwrap_or(u64::MAX);
+    let retry = parts
+        .iter()
+        .map(Decision::retry_after_nanos)
+        .max()
+        .unwrap_or(0);
+    let reset = parts
+        .iter()
+        .map(Decision::reset_after_nanos)
+        .max()
+        .unwrap_or(0);
+    if allowed {
+        Decision::allow(limit, remaining, reset)
+    } else {
+        Decision::deny(limit, remaining, retry.max(1), reset)
+    }
+}
+
+impl Model {
+    fn key(&self, layer: usize, r: &Request) -> Option<Option<u64>> {
+        if self.specs[layer].name == "global" {
+            Some(None)
+        } else {
+            (self.specs[layer].key)(r).map(Some)
+        }
+    }
+
+    fn check(&mut self, r: &Request, cost: u64, now: u64) -> Result<Vec<Part>, CallError> {
+        let mut parts = Vec::new();
+        let mut writes = Vec::new();
+        for (layer, spec) in self.specs.iter().enumerate() {
+            let Some(key) = self.key(layer, r) else {
+                continue;
+            };
+            let plan = (spec.choose)(r);
+            let algs = &spec.plans[plan];
+            let err = |j: usize| {
+                move |source| CallError::Decision {
+                    layer: spec.name.into(),
+                    limit_index: j,
+                    source,
+                }
+            };
+            let (old_plan, mut words) = self
+                .states
+                .get(&(layer, key))
+                .cloned()
+                .unwrap_or_else(|| (plan, algs.iter().map(Alg::fresh).collect()));
+            if old_plan != plan {
+                for (j, w) in words.iter_mut().enumerate() {
+                    let used = spec.plans[old_plan][j].usage(*w, now);
+                    *w = algs[j].with_usage(used, now).map_err(err(j))?;
+                }
+            }
+            let mut decisions = Vec::new();
+            for (j, a) in algs.iter().enumerate() {
+                let step = a.decide(words[j], cost, now).map_err(err(j))?;
+                if let Some(n) = step.next {
+                    words[j] = n;
+                }
+                decisions.push(step.decision);
+            }
+            let mut binding = 0;
+            for j in 1..decisions.len() {
+                if binds_over(&decisions[j], &decisions[binding]) {
+                    binding = j;
+                }
+            }
+            parts.push((
+                layer,
+                plan,
+                binding,
+                combine(&decisions, decisions[binding].limit()),
+            ));
+            writes.push(((layer, key), (plan, words)));
+        }
+        if cost > 0 && parts.iter().all(|p| p.3.is_allowed()) {
+            self.states.extend(writes);
+        }
+        Ok(parts)
+    }
+
+    fn refund(&mut self, r: &Request, units: u64, at: u64, now: u64) {
+        for layer in 0..self.specs.len() {
+            let Some(key) = self.key(layer, r) else {
+                continue;
+            };
+            if let Some((plan, words)) = self.states.get_mut(&(layer, key)) {
+                for (j, w) in words.iter_mut().enumerate() {
+                    if let Some(back) = self.specs[layer].plans[*plan][j].refund(*w, units, at, now)
+                    {
+                        *w = back;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Check {
+        user: u64,
+        pro: bool,
+        write: bool,
+        cost: u64,
+    },
+    Refund {
+        grant: usize,
+        units: u64,
+    },
+    Advance(u64),
+    Reclaim,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (0..4u64, any::<bool>(), any::<bool>(), prop_oneof![4 => Just(1u64), 1 => 0..4u64])
+            .prop_map(|(user, pro, write, cost)| Op::Check { user, pro, write, cost }),
+        1 => (0..8usize, 0..3u64).prop_map(|(grant, units)| Op::Refund { grant, units }),
+        2 => prop_oneof![0..400_000_000u64, Just(1_000_000_000)].prop_map(Op::Advance),
+        1 => Just(Op::Reclaim),
+    ]
+}
+
+fn run(ops: &[Op]) -> Result<(), TestCaseError> {
+    let clock = ManualClock::new();
+    let stack = build(&clock);
+    let mut model = Model {
+        specs: specs(),
+        states: HashMap::new(),
+    };
+    let mut grants: Vec<(Request, Grant, u64)> = Vec::new();
+    for (i, op) in ops.iter().enumerate() {
+        let now = clock.now();
+        match *op {
+            Op::Check {
+                user,
+                pro,
+                write,
+                cost,
+            } => {
+                let r = Request { user, pro, write };
+                let want = model.check(&r, cost, now);
+                let got = stack.acquire(&r, cost);
+                match (want, got) {
+                    (Err(w), Err(g)) => prop_assert_eq!(w, g, "op {}", i),
+                    (Ok(parts), Ok((d, grant))) => {
+                        let got: Vec<Part> = d
+                            .layers()
+                            .map(|l| (l.layer, l.plan, l.limit_index, l.decision))
+                            .collect();
+                        prop_assert_eq!(&parts, &got, "op {}: {:?}", i, op);
+                        let allowed = parts.iter().all(|p| p.3.is_allowed());
+                        prop_assert_eq!(d.is_allowed(), allowed);
+                        let mut binding = 0;
+                        for j in 1..parts.len() {
+                            if binds_over(&parts[j].3, &parts[binding].3) {
+                                binding = j;
+                            }
+                        }
+                        prop_assert_eq!(
+                            d.binding().map(|b| b.layer),
+                            parts.get(binding).map(|p| p.0)
+                        );
+                        if let Some(grant) = grant {
+                            grants.push((r, grant, now));
+                        }
+                    }
+                    (w, g) => prop_assert!(false, "op {}: model {:?}, stack {:?}", i, w, g),
+                }
+            }
+            Op::Refund { grant, units } => {
+                if let Some((r, g, at)) = grants.get_mut(grant) {
+                    let ok = units <= g.left();
+                    prop_assert_eq!(stack.refund(r, g, units).is_ok(), ok);
+                    if ok && units > 0 {
+                        model.refund(r, units, *at, now);
+                    }
+                }
+            }
+            Op::Advance(ns) => clock.advance_nanos(ns),
+            Op::Reclaim => {
+                stack.reclaim_full();
+            }
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(proptest_config(512))]
+    #[test]
+    fn the_stack_decides_like_the_sequential_model(ops in proptest::collection::vec(op(), 1..120)) {
+        run(&ops)?;
+    }
+}

@@ -1,0 +1,442 @@
+//! The stack's semantics, one at a time, on a `ManualClock`: all or nothing, several limits per
+//! key, plans that carry consumption over, the stacked decision, peeks, refunds and bad input.
+
+use std::time::Duration;
+
+use limiter_core::{DecisionError, Limit, ManualClock};
+use limiter_sliding_window::{FixedCounter, SlidingCounter};
+use limiter_stack::{BuildError, CallError, Layer, Plan, RefundError, Stack};
+use limiter_token_bucket::Gcra;
+
+#[derive(Clone, Copy, Debug)]
+struct Request {
+    user: u64,
+    ip: u64,
+    pro: bool,
+    write: bool,
+}
+
+fn req(user: u64) -> Request {
+    Request {
+        user,
+        ip: 100 + user,
+        pro: false,
+        write: false,
+    }
+}
+
+fn per_second(n: u64) -> Limit {
+    Limit::per_second(n).unwrap()
+}
+
+/// per-user 3/s, per-ip 5/s, global 4/s.
+fn three_layers(clock: &ManualClock) -> Stack<Request, u64, ManualClock> {
+    Stack::builder()
+        .layer(
+            Layer::keyed("per-user", |r: &Request| Some(r.user))
+                .limit::<Gcra>(per_second(3))
+                .unwrap(),
+        )
+        .layer(
+            Layer::keyed("per-ip", |r: &Request| Some(r.ip))
+                .limit::<Gcra>(per_second(5))
+                .unwrap(),
+        )
+        .layer(
+            Layer::global("global")
+                .limit::<Gcra>(per_second(4))
+                .unwrap(),
+        )
+        .clock(clock.clone())
+        .build()
+        .unwrap()
+}
+
+fn remaining(stack: &Stack<Request, u64, ManualClock>, r: &Request) -> Vec<u64> {
+    stack
+        .peek(r)
+        .unwrap()
+        .layers()
+        .map(|l| l.decision.remaining())
+        .collect()
+}
+
+#[test]
+fn a_call_is_admitted_only_if_every_layer_admits_and_a_denial_changes_nothing() {
+    let clock = ManualClock::new();
+    let stack = three_layers(&clock);
+    for _ in 0..3 {
+        assert!(stack.check(&req(1)).unwrap().is_allowed());
+    }
+    assert_eq!(remaining(&stack, &req(1)), [0, 2, 1]);
+    // User 1 is out: denied by its own layer, and neither per-ip nor global is touched.
+    let denied = stack.check(&req(1)).unwrap();
+    assert!(denied.is_denied());
+    assert_eq!(
+        stack.layer_name(denied.binding().unwrap().layer),
+        Some("per-user")
+    );
+    assert_eq!(remaining(&stack, &req(1)), [0, 2, 1]);
+    // User 2 takes the last global unit; user 3 is then denied by the global layer, and its
+    // own layers stay full (its keys are not even inserted).
+    assert!(stack.check(&req(2)).unwrap().is_allowed());
+    let entries = stack.len();
+    let denied = stack.check(&req(3)).unwrap();
+    assert_eq!(
+        stack.layer_name(denied.binding().unwrap().layer),
+        Some("global")
+    );
+    assert_eq!(remaining(&stack, &req(3)), [3, 5, 0]);
+    assert_eq!(stack.len(), entries, "a denied call inserted a key");
+}
+
+#[test]
+fn the_stacked_decision_takes_the_least_remaining_and_the_longest_wait() {
+    let clock = ManualClock::new();
+    let stack = three_layers(&clock);
+    let d = stack.check(&req(1)).unwrap();
+    // per-user 2 of 3, per-ip 4 of 5, global 3 of 4: the user's layer binds.
+    assert_eq!(d.decision().remaining(), 2);
+    assert_eq!(d.decision().limit(), 3);
+    assert_eq!(
+        stack.layer_name(d.binding().unwrap().layer),
+        Some("per-user")
+    );
+    for user in 2..5 {
+        stack.check(&req(user)).unwrap();
+    }
+    // Global empty since 4 calls at t=0: one unit back after 250 ms. User 1's own layer has 2.
+    let denied = stack.check(&req(1)).unwrap();
+    assert!(denied.is_denied());
+    assert_eq!(denied.decision().retry_after(), Duration::from_millis(250));
+    assert_eq!(denied.decision().remaining(), 0);
+    // The retry time is exact: admitted then, not a nanosecond before.
+    clock.advance(Duration::from_millis(250) - Duration::from_nanos(1));
+    assert!(stack.check(&req(1)).unwrap().is_denied());
+    clock.advance_nanos(1);
+    assert!(stack.check(&req(1)).unwrap().is_allowed());
+}
+
+#[test]
+fn retry_after_waits_for_every_layer_not_just_the_first_to_deny() {
+    let clock = ManualClock::new();
+    // 1 per second per user, 2 per 10 s global: after two users, the global layer binds for
+    // 5 s, and the user's own layer would have admitted after 1 s.
+    let stack: Stack<Request, u64, ManualClock> = Stack::builder()
+        .layer(
+            Layer::keyed("user", |r: &Request| Some(r.user))
+                .limit::<Gcra>(per_second(1))
+                .unwrap(),
+        )
+        .layer(
+            Layer::global("global")
+                .limit::<Gcra>(Limit::new(2, Duration::from_secs(10)).unwrap())
+                .unwrap(),
+        )
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    assert!(stack.check(&req(1)).unwrap().is_allowed());
+    assert!(stack.check(&req(2)).unwrap().is_allowed());
+    let d = stack.check(&req(1)).unwrap();
+    assert_eq!(d.decision().retry_after(), Duration::from_secs(5));
+    let parts: Vec<_> = d.layers().map(|l| l.decision.retry_after()).collect();
+    assert_eq!(parts, [Duration::from_secs(1), Duration::from_secs(5)]);
+}
+
+#[test]
+fn several_limits_on_one_key_are_all_or_nothing() {
+    let clock = ManualClock::new();
+    // 2 per second and 3 per 10 seconds on the same key.
+    let stack: Stack<Request, u64, ManualClock> = Stack::builder()
+        .layer(
+            Layer::keyed("user", |r: &Request| Some(r.user))
+                .limit::<Gcra>(per_second(2))
+                .unwrap()
+                .limit::<SlidingCounter>(Limit::new(3, Duration::from_secs(10)).unwrap())
+                .unwrap(),
+        )
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    assert!(stack.check(&req(1)).unwrap().is_allowed());
+    assert!(stack.check(&req(1)).unwrap().is_allowed());
+    let d = stack.check(&req(1)).unwrap();
+    assert!(d.is_denied());
+    assert_eq!(
+        d.binding().unwrap().limit_index,
+        0,
+        "the per-second limit binds"
+    );
+    clock.advance(Duration::from_secs(1));
+    assert!(stack.check(&req(1)).unwrap().is_allowed());
+    // Per second has 1 again, but the 10-second window is spent: denied, and the per-second
+    // limit keeps its unit.
+    clock.advance(Duration::from_secs(1));
+    let d = stack.check(&req(1)).unwrap();
+    assert!(d.is_denied());
+    assert_eq!(d.binding().unwrap().limit_index, 1);
+    let peek = stack.peek(&req(1)).unwrap();
+    assert_eq!(peek.decision().remaining(), 0);
+    assert_eq!(peek.binding().unwrap().limit_index, 1);
+    let layer = peek.binding().unwrap();
+    assert!(layer.decision.is_allowed(), "a peek is admitted");
+}
+
+fn by_plan(clock: &ManualClock) -> Stack<Request, u64, ManualClock> {
+    Stack::builder()
+        .layer(
+            Layer::keyed("writes", |r: &Request| r.write.then_some(r.user)).plans(
+                [
+                    Plan::new("free").limit::<Gcra>(per_second(10)).unwrap(),
+                    Plan::new("pro").limit::<Gcra>(per_second(100)).unwrap(),
+                    Plan::new("windowed")
+                        .limit::<FixedCounter>(per_second(4))
+                        .unwrap(),
+                ],
+                |r: &Request| usize::from(r.pro),
+            ),
+        )
+        .clock(clock.clone())
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn a_changed_plan_keeps_the_key_s_consumption_rescaled() {
+    let clock = ManualClock::new();
+    let stack = by_plan(&clock);
+    let free = Request {
+        write: true,
+        ..req(1)
+    };
+    let pro = Request { pro: true, ..free };
+    for _ in 0..5 {
+        assert!(stack.check(&free).unwrap().is_allowed());
+    }
+    // Half of free's 10 used: half of pro's 100 used, neither reset nor stuck at 10.
+    let d = stack.check(&pro).unwrap();
+    assert!(d.is_allowed());
+    assert_eq!(d.decision().remaining(), 49);
+    assert_eq!(d.decision().limit(), 100);
+    // Back to free: 51 of 100 used is 5.1 of 10, rounded up to 6; 4 left.
+    assert_eq!(stack.peek(&free).unwrap().decision().remaining(), 4);
+    // Reads skip the layer entirely.
+    assert!(stack.peek(&req(1)).unwrap().binding().is_none());
+}
+
+#[test]
+fn a_plan_function_out_of_range_is_an_error_naming_the_layer() {
+    let clock = ManualClock::new();
+    let stack: Stack<Request, u64, ManualClock> = Stack::builder()
+        .layer(Layer::keyed("writes", |r: &Request| Some(r.user)).plans(
+            [Plan::new("only").limit::<Gcra>(per_second(1)).unwrap()],
+            |r: &Request| r.user as usize,
+        ))
+        .clock(clock)
+        .build()
+        .unwrap();
+    let err = stack.check(&req(3)).unwrap_err();
+    assert_eq!(
+        err,
+        CallError::NoSuchPlan {
+            layer: "writes".into(),
+            chosen: 3,
+            plans: 1
+        }
+    );
+    assert!(err.to_string().contains("Layer::plans"), "{err}");
+}
+
+#[test]
+fn a_cost_above_one_layer_s_burst_is_an_error_and_changes_nothing() {
+    let clock = ManualClock::new();
+    let stack = three_layers(&clock);
+    let err = stack.check_n(&req(1), 4).unwrap_err();
+    assert_eq!(
+        err,
+        CallError::Decision {
+            layer: "per-user".into(),
+            limit_index: 0,
+            source: DecisionError::CostExceedsBurst { cost: 4, burst: 3 }
+        }
+    );
+    assert_eq!(remaining(&stack, &req(1)), [3, 5, 4]);
+    assert!(stack.is_empty());
+}
+
+#[test]
+fn peeks_and_denials_insert_nothing_and_full_keys_are_reclaimed() {
+    let clock = ManualClock::new();
+    let stack = three_layers(&clock);
+    for user in 0..100 {
+        stack.peek(&req(user)).unwrap();
+    }
+    assert!(stack.is_empty());
+    for user in 0..4 {
+        assert!(stack.check(&req(user)).unwrap().is_allowed());
+    }
+    assert_eq!(stack.len(), 8, "4 users, each in two keyed layers");
+    for user in 4..100 {
+        assert!(stack.check(&req(user)).unwrap().is_denied());
+    }
+    assert_eq!(stack.len(), 8, "denied new keys were inserted");
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(stack.reclaim_full(), 8);
+    assert!(stack.is_empty());
+    assert_eq!(remaining(&stack, &req(0)), [3, 5, 4]);
+}
+
+#[test]
+fn the_same_key_in_several_layers_and_any_order_of_layers() {
+    let clock = ManualClock::new();
+    let global = || {
+        Layer::global("global")
+            .limit::<Gcra>(per_second(3))
+            .unwrap()
+    };
+    let a = || {
+        Layer::keyed("a", |r: &Request| Some(r.user))
+            .limit::<Gcra>(per_second(2))
+            .unwrap()
+    };
+    let b = || {
+        Layer::keyed("b", |r: &Request| Some(r.user))
+            .limit::<FixedCounter>(per_second(5))
+            .unwrap()
+    };
+    let orders: [Stack<Request, u64, ManualClock>; 2] = [
+        Stack::builder()
+            .layer(a())
+            .layer(b())
+            .layer(global())
+            .clock(clock.clone())
+            .build()
+            .unwrap(),
+        Stack::builder()
+            .layer(global())
+            .layer(b())
+            .layer(a())
+            .clock(clock.clone())
+            .build()
+            .unwrap(),
+    ];
+    for stack in &orders {
+        let admitted: Vec<bool> = (0..4)
+            .map(|_| stack.check(&req(9)).unwrap().is_allowed())
+            .collect();
+        assert_eq!(admitted, [true, true, false, false]);
+        assert!(stack.check(&req(8)).unwrap().is_allowed());
+        assert!(stack.check(&req(7)).unwrap().is_denied(), "global holds 3");
+    }
+}
+
+#[test]
+fn a_refund_gives_back_at_most_what_was_taken_and_never_above_full() {
+    let clock = ManualClock::new();
+    let stack = three_layers(&clock);
+    let (d, grant) = stack.acquire(&req(1), 3).unwrap();
+    assert!(d.is_allowed());
+    let mut grant = grant.unwrap();
+    assert_eq!(remaining(&stack, &req(1)), [0, 2, 1]);
+    stack.refund(&req(1), &mut grant, 2).unwrap();
+    assert_eq!(remaining(&stack, &req(1)), [2, 4, 3]);
+    assert_eq!(
+        stack.refund(&req(1), &mut grant, 2),
+        Err(RefundError::ExceedsGrant {
+            units: 2,
+            left: 1,
+            taken: 3
+        })
+    );
+    // The last unit has come back on its own after 1/3 s on per-user (and sooner elsewhere):
+    // refunding it then must not lift any layer above full.
+    clock.advance(Duration::from_secs(1));
+    stack.refund(&req(1), &mut grant, 1).unwrap();
+    assert_eq!(remaining(&stack, &req(1)), [3, 5, 4]);
+    assert_eq!(grant.left(), 0);
+    let other = three_layers(&clock);
+    let (_, grant) = other.acquire(&req(1), 1).unwrap();
+    assert_eq!(
+        stack.refund(&req(1), &mut grant.unwrap(), 1),
+        Err(RefundError::WrongStack)
+    );
+    assert!(
+        stack.acquire(&req(1), 0).unwrap().1.is_none(),
+        "a peek grants nothing"
+    );
+}
+
+#[test]
+fn a_window_refund_returns_units_only_to_the_window_that_counted_them() {
+    let clock = ManualClock::new();
+    let stack: Stack<Request, u64, ManualClock> = Stack::builder()
+        .layer(
+            Layer::keyed("user", |r: &Request| Some(r.user))
+                .limit::<FixedCounter>(per_second(2))
+                .unwrap(),
+        )
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let (_, grant) = stack.acquire(&req(1), 2).unwrap();
+    let mut grant = grant.unwrap();
+    clock.advance(Duration::from_secs(1));
+    // A new window: a unit taken in the next window must not be wiped by the old refund.
+    assert!(stack.check(&req(1)).unwrap().is_allowed());
+    stack.refund(&req(1), &mut grant, 2).unwrap();
+    assert_eq!(stack.peek(&req(1)).unwrap().decision().remaining(), 1);
+}
+
+#[test]
+fn bad_stacks_are_refused_with_errors_that_name_the_fix() {
+    let none: Result<Stack<Request, u64>, _> = Stack::builder().build();
+    assert_eq!(none.unwrap_err(), BuildError::NoLayers);
+    let empty: Result<Stack<Request, u64>, _> = Stack::builder().layer(Layer::global("g")).build();
+    assert!(
+        empty
+            .unwrap_err()
+            .to_string()
+            .contains("`g` has a plan with no limit")
+    );
+    let shapes: Result<Stack<Request, u64>, _> = Stack::builder()
+        .layer(
+            Layer::global("g").plans(
+                [
+                    Plan::new("a").limit::<Gcra>(per_second(1)).unwrap(),
+                    Plan::new("b")
+                        .limit::<Gcra>(per_second(1))
+                        .unwrap()
+                        .limit::<Gcra>(per_second(2))
+                        .unwrap(),
+                ],
+                |_: &Request| 0,
+            ),
+        )
+        .build();
+    let msg = shapes.unwrap_err().to_string();
+    assert!(
+        msg.contains("plan `b` has 2 limits but the first plan has 1"),
+        "{msg}"
+    );
+    let window_burst = Layer::<Request, u64>::global("g")
+        .limit::<SlidingCounter>(per_second(10).with_burst(2).unwrap())
+        .unwrap_err();
+    assert!(
+        window_burst.to_string().starts_with("layer `g`: "),
+        "{window_burst}"
+    );
+    let mut many = Stack::builder();
+    for i in 0..9 {
+        many = many.layer(
+            Layer::global(format!("g{i}"))
+                .limit::<Gcra>(per_second(1))
+                .unwrap(),
+        );
+    }
+    let many: Result<Stack<Request, u64>, _> = many.build();
+    assert_eq!(
+        many.unwrap_err(),
+        BuildError::TooManyLayers { layers: 9, max: 8 }
+    );
+}
