@@ -7,6 +7,7 @@ const MODELLED: &[&str] = &[
     "limiter-token-bucket",
     "limiter-sliding-window",
     "limiter-store",
+    "limiter-stack",
 ];
 
 pub(crate) fn run() -> Result<(), String> {

@@ -30,6 +30,7 @@ use crate::cells::{Cells, Held, MAX_LIMITS_PER_LAYER, Snapshot};
 use crate::decision::{Grant, LayerDecision, MAX_LAYERS, StackDecision, binds_over, combine};
 use crate::error::{BuildError, CallError, RefundError};
 use crate::layer::{Keyer, Layer};
+use crate::sync::EntryHasher;
 
 /// Layers of limits over requests of type `R`, keyed layers keyed by `K`, decided as one
 /// call: admitted only if every layer admits, and a denied call changes nothing.
@@ -39,7 +40,7 @@ pub struct Stack<R, K, C = MonotonicClock> {
     layers: Box<[Layer<R, K>]>,
     /// One entry per global layer, by layer position (`None` for keyed layers).
     globals: Box<[Option<CachePadded<Cells>>]>,
-    table: ShardedTable<Entry<K>>,
+    table: ShardedTable<Entry<K>, EntryHasher>,
     clock: C,
     id: u64,
 }
@@ -117,7 +118,7 @@ impl<R, K, C> StackBuilder<R, K, C> {
                     .then(|| CachePadded::new(Cells::new(fresh(layer, 0))))
             })
             .collect();
-        let hasher = limiter_store::DefaultHasher::default();
+        let hasher = EntryHasher::default();
         let table = match self.shards {
             Some(shards) => ShardedTable::with_shards_and_hasher(shards, hasher),
             None => ShardedTable::with_hasher(hasher),

@@ -23,3 +23,11 @@ pub(crate) fn back_off(spins: &mut u32) {
         }
     }
 }
+
+/// The hasher keyed entries are placed with: foldhash, randomly seeded, or under loom a fixed
+/// seed, so every execution of a model walks the tables in the same order (loom replays each
+/// execution and requires the same operations every time).
+#[cfg(not(limiter_loom))]
+pub(crate) type EntryHasher = limiter_store::DefaultHasher;
+#[cfg(limiter_loom)]
+pub(crate) type EntryHasher = foldhash::fast::FixedState;
