@@ -182,9 +182,20 @@ impl ShardOrder {
 }
 
 /// What deciding every layer on some snapshots gave: the answer, and the states to write.
+/// One per call, filled in place: the arrays are large enough that moving them costs more than
+/// deciding.
 struct Outcome {
     decision: StackDecision,
     next: [Option<Snapshot>; MAX_LAYERS],
+}
+
+impl Outcome {
+    fn new() -> Self {
+        Self {
+            decision: StackDecision::new(),
+            next: [None; MAX_LAYERS],
+        }
+    }
 }
 
 impl<R, K, C> Stack<R, K, C>
@@ -228,11 +239,12 @@ where
     ) -> Result<(StackDecision, Option<Grant>), CallError> {
         let targets = self.targets(request)?;
         let mut order = self.shard_order(&targets);
+        let mut outcome = Outcome::new();
         {
             let guards = self.lock_shards(&order);
             let cells = self.find(&targets, &order, &guards);
-            let snapshots = cells.map(|c| c.map(Cells::read));
-            let outcome = self.decide_all(&targets, &snapshots, cost, now)?;
+            let snapshots = self.read_all(&cells);
+            self.decide_all(&targets, &snapshots, cost, now, &mut outcome)?;
             if outcome.decision.is_denied() || cost == 0 {
                 return Ok((outcome.decision, None));
             }
@@ -251,8 +263,8 @@ where
                 }
             }
             if all_present {
-                let decision = self.commit(&targets, &cells, &snapshots, outcome, cost, now)?;
-                return Ok(self.granted(decision, cost, now));
+                self.commit(&targets, &cells, &snapshots, &mut outcome, cost, now)?;
+                return Ok(self.granted(outcome.decision, cost, now));
             }
         }
         // Some keys are new: take their shards' write locks and insert them.
@@ -322,13 +334,13 @@ where
                     // without every layer's entry.
                     continue;
                 }
-                let snapshots = cells.map(|c| c.map(Cells::read));
-                self.decide_all(&targets, &snapshots, cost, now)
-                    .and_then(|outcome| {
-                        self.commit(&targets, &cells, &snapshots, outcome, cost, now)
+                let snapshots = self.read_all(&cells);
+                self.decide_all(&targets, &snapshots, cost, now, &mut outcome)
+                    .and_then(|()| {
+                        self.commit(&targets, &cells, &snapshots, &mut outcome, cost, now)
                     })
             };
-            let admitted = result.as_ref().is_ok_and(StackDecision::is_allowed);
+            let admitted = result.is_ok() && outcome.decision.is_allowed();
             if !admitted {
                 // Nobody else has seen the new entries (their shards are write-locked): take
                 // them out again, so a denial leaves nothing behind.
@@ -348,7 +360,7 @@ where
                     }
                 }
             }
-            return result.map(|decision| self.granted(decision, cost, now));
+            return result.map(|()| self.granted(outcome.decision, cost, now));
         }
     }
 
@@ -375,7 +387,7 @@ where
         let guards = self.lock_shards(&order);
         // An absent key is full: nothing to give back there.
         let cells = self.find(&targets, &order, &guards);
-        let held = lock_in_address_order(&cells);
+        let held = lock_in_address_order(&cells, self.layers.len());
         for (target, (cell, held)) in targets.iter().zip(cells.iter().zip(held)) {
             let (Some(target), Some(cell), Some(held)) = (target, cell, held) else {
                 continue;
@@ -497,15 +509,15 @@ where
 
     /// Locks the shards in ascending order: write locks where `order` asks for them.
     fn lock_shards(&self, order: &ShardOrder) -> [Option<Guard<'_, K>>; MAX_LAYERS] {
-        // `from_fn` fills the array in index order, so the locks are taken in `order`.
-        std::array::from_fn(|i| {
-            let &(shard, write) = order.shards[..order.len].get(i)?;
-            Some(if write {
+        let mut guards = [const { None }; MAX_LAYERS];
+        for (guard, &(shard, write)) in guards.iter_mut().zip(&order.shards[..order.len]) {
+            *guard = Some(if write {
                 Guard::Write(self.table.write(shard))
             } else {
                 Guard::Read(self.table.read(shard))
-            })
-        })
+            });
+        }
+        guards
     }
 
     /// Each target's entry, under the guards; `None` for a key not in the table.
@@ -515,16 +527,20 @@ where
         order: &ShardOrder,
         guards: &'g [Option<Guard<'_, K>>; MAX_LAYERS],
     ) -> [Option<&'g Cells>; MAX_LAYERS] {
-        std::array::from_fn(|slot| {
-            let target = targets[slot].as_ref()?;
-            match &target.place {
+        let mut cells = [None; MAX_LAYERS];
+        for (cell, target) in cells.iter_mut().zip(&targets[..self.layers.len()]) {
+            let Some(target) = target else { continue };
+            *cell = match &target.place {
                 Place::Global => self.globals[target.layer].as_deref(),
                 Place::Keyed { key, hash, shard } => guards[order.position(*shard)]
-                    .as_ref()?
-                    .find(*hash, |e| e.layer as usize == target.layer && e.key == *key)
+                    .as_ref()
+                    .and_then(|g| {
+                        g.find(*hash, |e| e.layer as usize == target.layer && e.key == *key)
+                    })
                     .map(|e| &e.cells),
-            }
-        })
+            };
+        }
+        cells
     }
 
     /// Decides every target on its snapshot (`None`: an absent key, fresh under the chosen
@@ -535,17 +551,17 @@ where
         snapshots: &[Option<Snapshot>; MAX_LAYERS],
         cost: u64,
         now: u64,
-    ) -> Result<Outcome, CallError> {
-        let mut decision = StackDecision::new();
-        let mut next = [None; MAX_LAYERS];
-        for (slot, target) in targets.iter().enumerate() {
+        out: &mut Outcome,
+    ) -> Result<(), CallError> {
+        out.decision = StackDecision::new();
+        for (slot, target) in targets[..self.layers.len()].iter().enumerate() {
             let Some(target) = target else { continue };
             let layer = &self.layers[target.layer];
             let limits = &layer.plans[target.plan].limits;
+            // Builds the error only when there is one: the name is cloned on that path alone.
             let error = |limit_index: usize| {
-                let layer = layer.name.clone();
                 move |source| CallError::Decision {
-                    layer,
+                    layer: layer.name.clone(),
                     limit_index,
                     source,
                 }
@@ -581,7 +597,7 @@ where
             }
             let allowed = parts.iter().flatten().all(|d| d.is_allowed());
             let limit = parts[binding].map_or(0, |d| d.limit());
-            decision.push(
+            out.decision.push(
                 slot,
                 LayerDecision {
                     layer: target.layer,
@@ -590,9 +606,18 @@ where
                     decision: combine(allowed, limit, parts.into_iter().flatten()),
                 },
             );
-            next[slot] = Some(state);
+            out.next[slot] = Some(state);
         }
-        Ok(Outcome { decision, next })
+        Ok(())
+    }
+
+    /// Each present entry's state, read without its lock.
+    fn read_all(&self, cells: &[Option<&Cells>; MAX_LAYERS]) -> [Option<Snapshot>; MAX_LAYERS] {
+        let mut snapshots = [None; MAX_LAYERS];
+        for (snapshot, cell) in snapshots.iter_mut().zip(&cells[..self.layers.len()]) {
+            *snapshot = cell.map(Cells::read);
+        }
+        snapshots
     }
 
     /// Locks every entry, decides again if any changed since `snapshots`, and writes the
@@ -602,35 +627,37 @@ where
         targets: &Targets<K>,
         cells: &[Option<&Cells>; MAX_LAYERS],
         snapshots: &[Option<Snapshot>; MAX_LAYERS],
-        outcome: Outcome,
+        outcome: &mut Outcome,
         cost: u64,
         now: u64,
-    ) -> Result<StackDecision, CallError> {
-        let held = lock_in_address_order(cells);
-        let current: [Option<Snapshot>; MAX_LAYERS] =
-            std::array::from_fn(|slot| Some(cells[slot]?.read_held(held[slot].as_ref()?)));
-        let outcome = if current == *snapshots {
-            Ok(outcome)
-        } else {
-            self.decide_all(targets, &current, cost, now)
-        };
-        let outcome = match outcome {
-            Ok(outcome) if outcome.decision.is_allowed() => outcome,
-            other => {
-                for (cell, held) in cells.iter().zip(held) {
-                    if let (Some(cell), Some(held)) = (cell, held) {
-                        cell.unlock(held);
-                    }
-                }
-                return other.map(|o| o.decision);
+    ) -> Result<(), CallError> {
+        let layers = self.layers.len();
+        let held = lock_in_address_order(cells, layers);
+        let mut current = [None; MAX_LAYERS];
+        for slot in 0..layers {
+            if let (Some(cell), Some(held)) = (cells[slot], &held[slot]) {
+                current[slot] = Some(cell.read_held(held));
             }
+        }
+        let decided = if current[..layers] == snapshots[..layers] {
+            Ok(())
+        } else {
+            self.decide_all(targets, &current, cost, now, outcome)
         };
+        if decided.is_err() || outcome.decision.is_denied() {
+            for (cell, held) in cells.iter().zip(held) {
+                if let (Some(cell), Some(held)) = (cell, held) {
+                    cell.unlock(held);
+                }
+            }
+            return decided;
+        }
         for ((cell, held), next) in cells.iter().zip(held).zip(&outcome.next) {
             if let (Some(cell), Some(held), Some(next)) = (cell, held, next) {
                 cell.write_and_unlock(held, next);
             }
         }
-        Ok(outcome.decision)
+        Ok(())
     }
 
     /// Whether every limit of `entry` is full at `now` under the plan it was written with.
@@ -645,12 +672,16 @@ where
 }
 
 /// Locks the present entries in ascending address order, returning each one's hold by slot.
-fn lock_in_address_order(cells: &[Option<&Cells>; MAX_LAYERS]) -> [Option<Held>; MAX_LAYERS] {
+fn lock_in_address_order(
+    cells: &[Option<&Cells>; MAX_LAYERS],
+    layers: usize,
+) -> [Option<Held>; MAX_LAYERS] {
     let mut slots: [usize; MAX_LAYERS] = std::array::from_fn(|i| i);
+    let slots = &mut slots[..layers];
     let address = |slot: &usize| cells[*slot].map_or(0, |c| std::ptr::from_ref(c) as usize);
     slots.sort_unstable_by_key(address);
     let mut held: [Option<Held>; MAX_LAYERS] = Default::default();
-    for slot in slots {
+    for &slot in slots.iter() {
         if let Some(cell) = cells[slot] {
             held[slot] = Some(cell.lock());
         }
