@@ -112,8 +112,7 @@ fn specs() -> Vec<Spec> {
     ]
 }
 
-fn add<R>(plan: Plan, alg: &Alg) -> Plan {
-    let _ = std::marker::PhantomData::<R>;
+fn add(plan: Plan, alg: &Alg) -> Plan {
     match alg {
         Alg::Bucket(a) => plan.limit::<Gcra>(*a.limit()),
         Alg::Sliding(a) => plan.limit::<SlidingCounter>(*a.limit()),
@@ -131,7 +130,7 @@ fn build(clock: &ManualClock) -> Stack<Request, u64, ManualClock> {
             .enumerate()
             .map(|(i, algs)| {
                 algs.iter()
-                    .fold(Plan::new(format!("{i}")), |p, a| add::<Request>(p, a))
+                    .fold(Plan::new(format!("{i}")), add)
             })
             .collect();
         let layer = if spec.name == "global" {

@@ -63,7 +63,3 @@ pub use sharded::ShardedStore;
 pub use store::{Store, StoreStats};
 pub use table::DefaultHasher;
 
-/// The README's Rust examples, compiled and run as doctests so they stay true.
-#[cfg(doctest)]
-#[doc = include_str!("../../../README.md")]
-struct ReadmeExamples;
