@@ -128,10 +128,7 @@ fn build(clock: &ManualClock) -> Stack<Request, u64, ManualClock> {
             .plans
             .iter()
             .enumerate()
-            .map(|(i, algs)| {
-                algs.iter()
-                    .fold(Plan::new(format!("{i}")), add)
-            })
+            .map(|(i, algs)| algs.iter().fold(Plan::new(format!("{i}")), add))
             .collect();
         let layer = if spec.name == "global" {
             Layer::global(spec.name)

@@ -62,4 +62,3 @@ pub use keyed::KeyedLimiter;
 pub use sharded::ShardedStore;
 pub use store::{Store, StoreStats};
 pub use table::DefaultHasher;
-
