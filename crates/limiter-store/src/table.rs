@@ -1,5 +1,6 @@
-//! [`ShardedTable`]: the sharded, self-reclaiming hash table under [`ShardedStore`]
-//! (crate::ShardedStore), public so other per-key structures (a stack's entries) reuse it.
+//! [`ShardedTable`]: the sharded, self-reclaiming hash table under
+//! [`ShardedStore`](crate::ShardedStore), public so other per-key structures (a stack's entries)
+//! reuse it.
 //!
 //! Entries are stored inline in one of a power of two cache-padded shards, each a read-write
 //! lock over a hashbrown table. An entry's place is fixed while its shard's lock is held, read
