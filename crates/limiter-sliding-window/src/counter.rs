@@ -102,6 +102,27 @@ impl<const SLIDING: bool> WindowCounter<SLIDING> {
         self.max_now_ns
     }
 
+    /// `state` as seen at `now_ns` (within range). A reading before the state's window: no time
+    /// has passed for the state, so it is read at the start of its window (`stored.index *
+    /// period` is at most the reading that wrote it).
+    fn read(&self, state: u64, now_ns: u64) -> Reading {
+        let stored = self.layout.unpack(state);
+        let window = now_ns.checked_div(self.window_ns).unwrap_or(0);
+        let (index, at) = if window < stored.index {
+            (stored.index, stored.index.saturating_mul(self.window_ns))
+        } else {
+            (window, now_ns)
+        };
+        let w = self.roll(stored, index);
+        let elapsed = at.saturating_sub(index.saturating_mul(self.window_ns));
+        Reading {
+            w,
+            elapsed,
+            lag: at.saturating_sub(now_ns),
+            used: self.weighted(w.previous, elapsed).saturating_add(w.current),
+        }
+    }
+
     /// The counts as of window `index`, which is not before `stored.index`.
     fn roll(&self, stored: Windows, index: u64) -> Windows {
         match index.saturating_sub(stored.index) {
@@ -203,19 +224,12 @@ impl<const SLIDING: bool> Algorithm for WindowCounter<SLIDING> {
                 max_ns: self.max_now_ns,
             });
         }
-        let stored = self.layout.unpack(state);
-        let window = now_ns.checked_div(self.window_ns).unwrap_or(0);
-        // A reading before the state's window: no time has passed for the state, so decide at
-        // the start of its window (stored.index * period <= the reading that wrote it).
-        let (index, at) = if window < stored.index {
-            (stored.index, stored.index.saturating_mul(self.window_ns))
-        } else {
-            (window, now_ns)
-        };
-        let lag = at.saturating_sub(now_ns);
-        let w = self.roll(stored, index);
-        let elapsed = at.saturating_sub(index.saturating_mul(self.window_ns));
-        let used = self.weighted(w.previous, elapsed).saturating_add(w.current);
+        let Reading {
+            w,
+            elapsed,
+            lag,
+            used,
+        } = self.read(state, now_ns);
         if used.saturating_add(cost) <= count {
             let after = Windows {
                 current: w.current.saturating_add(cost),
@@ -263,18 +277,7 @@ impl<const SLIDING: bool> Algorithm for WindowCounter<SLIDING> {
         if now_ns > self.max_now_ns {
             return Usage::NONE; // past the range every call is refused
         }
-        let stored = self.layout.unpack(state);
-        let window = now_ns.checked_div(self.window_ns).unwrap_or(0);
-        // As in `decide`: a reading before the state's window is taken at that window's start.
-        let (index, at) = if window < stored.index {
-            (stored.index, stored.index.saturating_mul(self.window_ns))
-        } else {
-            (window, now_ns)
-        };
-        let w = self.roll(stored, index);
-        let elapsed = at.saturating_sub(index.saturating_mul(self.window_ns));
-        let used = self.weighted(w.previous, elapsed).saturating_add(w.current);
-        Usage::new(used, self.count)
+        Usage::new(self.read(state, now_ns).used, self.count)
     }
 
     fn with_usage(&self, usage: Usage, now_ns: u64) -> Result<u64, DecisionError> {
@@ -311,6 +314,18 @@ impl<const SLIDING: bool> Algorithm for WindowCounter<SLIDING> {
         *count = count.saturating_sub(units);
         Some(self.layout.pack(w))
     }
+}
+
+/// A state as seen at one reading.
+struct Reading {
+    /// The counts, rolled to the reading's window (or the state's, if the reading is earlier).
+    w: Windows,
+    /// How far into that window the reading is taken.
+    elapsed: u64,
+    /// How far the reading is behind that window's start (0 unless the clock went back).
+    lag: u64,
+    /// Units in use: the current count plus the previous one weighted, rounded up.
+    used: u64,
 }
 
 /// The last reading whose window number `layout` can hold.
