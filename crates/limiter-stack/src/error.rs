@@ -8,10 +8,10 @@ use limiter_core::{DecisionError, LimitError};
 #[non_exhaustive]
 pub enum BuildError {
     /// A limit the chosen algorithm cannot represent.
-    #[error("layer `{plan}`: {source}")]
+    #[error("{owner}: {source}")]
     Limit {
-        /// The layer or plan it was added to.
-        plan: String,
+        /// What it was added to: "layer `name`" or "plan `name`".
+        owner: String,
         /// Why the algorithm refused it.
         source: LimitError,
     },
@@ -78,7 +78,7 @@ impl BuildError {
     pub(crate) fn in_layer(self, layer: &str) -> Self {
         match self {
             Self::Limit { source, .. } => Self::Limit {
-                plan: layer.to_owned(),
+                owner: format!("layer `{layer}`"),
                 source,
             },
             other => other,

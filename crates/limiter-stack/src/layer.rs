@@ -29,7 +29,7 @@ impl Plan {
     /// Adds `limit`, enforced with algorithm `A` (such as the token bucket's `Gcra`).
     pub fn limit<A: Algorithm + 'static>(mut self, limit: Limit) -> Result<Self, BuildError> {
         let algorithm = A::new(limit).map_err(|source| BuildError::Limit {
-            plan: self.name.clone(),
+            owner: format!("plan `{}`", self.name),
             source,
         })?;
         self.limits.push(Box::new(algorithm));

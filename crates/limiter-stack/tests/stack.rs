@@ -426,6 +426,13 @@ fn bad_stacks_are_refused_with_errors_that_name_the_fix() {
         window_burst.to_string().starts_with("layer `g`: "),
         "{window_burst}"
     );
+    let in_plan = Plan::new("free")
+        .limit::<SlidingCounter>(per_second(10).with_burst(2).unwrap())
+        .unwrap_err();
+    assert!(
+        in_plan.to_string().starts_with("plan `free`: "),
+        "{in_plan}"
+    );
     let mut many = Stack::builder();
     for i in 0..9 {
         many = many.layer(
