@@ -91,6 +91,47 @@ impl StackDecision {
     }
 }
 
+impl LayerDecision {
+    /// A layer's answer from its limits' answers, in limit order, by the stack's own rule:
+    /// allowed iff every limit allows; the least remaining and the longest waits; the binding
+    /// limit is the one with the longest wait (denied) or the fewest left (allowed), the first
+    /// on ties. `None` when `limits` is empty. For backends that decide layers elsewhere (the
+    /// Redis backend decides them in one script).
+    pub fn from_limits(layer: usize, plan: usize, limits: &[Decision]) -> Option<Self> {
+        let first = limits.first()?;
+        let mut binding = 0;
+        for (j, d) in limits.iter().enumerate().skip(1) {
+            if binds_over(d, &limits[binding]) {
+                binding = j;
+            }
+        }
+        let allowed = limits.iter().all(Decision::is_allowed);
+        let limit = limits.get(binding).unwrap_or(first).limit();
+        Some(Self {
+            layer,
+            plan,
+            limit_index: binding,
+            decision: combine(allowed, limit, limits.iter().copied()),
+        })
+    }
+}
+
+impl StackDecision {
+    /// A stacked answer from layers decided elsewhere, each kept at its `layer` position (those
+    /// at [`MAX_LAYERS`] or beyond are left out), with the same binding rule as a [`Stack`]'s.
+    ///
+    /// [`Stack`]: crate::Stack
+    pub fn from_layers(layers: impl IntoIterator<Item = LayerDecision>) -> Self {
+        let mut decision = Self::new();
+        for layer in layers {
+            if layer.layer < MAX_LAYERS {
+                decision.push(layer.layer, layer);
+            }
+        }
+        decision
+    }
+}
+
 /// Whether `candidate` binds over `current`: a longer wait, or (both allowed) fewer left.
 pub(crate) fn binds_over(candidate: &Decision, current: &Decision) -> bool {
     match (candidate.is_denied(), current.is_denied()) {

@@ -1,0 +1,333 @@
+//! [`RedisBackend`]: the connection to Redis (one server or a cluster), the script, the time
+//! source, the per-call timeout, the circuit breaker and the deny cache, shared by every
+//! limiter built on it.
+#![deny(clippy::arithmetic_side_effects)]
+
+use core::fmt;
+use core::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use limiter_core::{Clock, MonotonicClock};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::{Script, Value};
+
+use crate::breaker::{Breaker, BreakerConfig, Pass};
+use crate::deny_cache::DenyCache;
+use crate::error::BackendError;
+
+/// The Lua script that decides every call: the token bucket, the sliding window and the fixed
+/// window, for a whole stack or batch at once. Public so benchmarks can time a raw `EVALSHA`.
+pub const SCRIPT: &str = include_str!("decide.lua");
+
+/// The default per-call timeout.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(25);
+
+/// Where decisions read time.
+#[derive(Clone)]
+enum TimeSource {
+    /// Redis `TIME`, read inside the script, so nodes with skewed clocks agree.
+    Server,
+    /// A clock whose readings are nanoseconds since the Unix epoch (tests).
+    Clock(Arc<dyn Clock>),
+}
+
+enum Connection {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl Connection {
+    async fn eval(&self, script: &Script, keys: &[String], args: &[Vec<u8>]) -> redis::RedisResult<Value> {
+        let mut invocation = script.prepare_invoke();
+        for key in keys {
+            invocation.key(key.as_str());
+        }
+        for arg in args {
+            invocation.arg(arg.as_slice());
+        }
+        match self {
+            Connection::Single(c) => invocation.invoke_async(&mut c.clone()).await,
+            Connection::Cluster(c) => invocation.invoke_async(&mut c.clone()).await,
+        }
+    }
+}
+
+/// How to reach Redis and how calls behave; see [`RedisBackend::builder`].
+pub struct BackendBuilder {
+    nodes: Vec<String>,
+    cluster: bool,
+    timeout: Duration,
+    breaker: BreakerConfig,
+    deny_cache: usize,
+    expiry_slack: Duration,
+    time: TimeSource,
+    clock: Arc<dyn Clock>,
+}
+
+impl BackendBuilder {
+    fn new(nodes: Vec<String>, cluster: bool) -> Self {
+        Self {
+            nodes,
+            cluster,
+            timeout: DEFAULT_TIMEOUT,
+            breaker: BreakerConfig::default(),
+            deny_cache: 100_000,
+            expiry_slack: Duration::ZERO,
+            time: TimeSource::Server,
+            clock: Arc::new(MonotonicClock::new()),
+        }
+    }
+
+    /// The most a call waits for Redis before the failure policy answers (default 25 ms).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// When the circuit breaker opens and for how long (default: 5 outages in a row, 1 s).
+    pub fn breaker(mut self, breaker: BreakerConfig) -> Self {
+        self.breaker = breaker;
+        self
+    }
+
+    /// How many denied keys the deny cache holds (default 100,000; 0 turns it off).
+    pub fn deny_cache(mut self, keys: usize) -> Self {
+        self.deny_cache = keys;
+        self
+    }
+
+    /// Extra time keys are kept beyond the instant their state is full again (default none).
+    /// A state that is full is the same as no key, so any slack is safe; it only costs memory.
+    pub fn expiry_slack(mut self, slack: Duration) -> Self {
+        self.expiry_slack = slack;
+        self
+    }
+
+    /// The local clock the circuit breaker and the deny cache measure time on (default
+    /// [`MonotonicClock`]). Decisions do not read it.
+    pub fn clock(mut self, clock: impl Clock + 'static) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// Decides at `clock`'s readings, taken as nanoseconds since the Unix epoch, instead of Redis
+    /// `TIME`. For tests, with a [`ManualClock`](limiter_core::ManualClock); a fleet should keep
+    /// the default, so that nodes with skewed clocks agree.
+    pub fn time_from(mut self, clock: impl Clock + 'static) -> Self {
+        self.time = TimeSource::Clock(Arc::new(clock));
+        self
+    }
+
+    /// Connects. A single server is connected lazily, so a backend can be built while Redis is
+    /// down (calls then go to the failure policy until it is up); a cluster must be reachable to
+    /// learn its slots.
+    pub async fn connect(self) -> Result<RedisBackend, BackendError> {
+        let connect_error = |e: redis::RedisError| BackendError::Connect(e.to_string());
+        let connection = if self.cluster {
+            let client = redis::cluster::ClusterClient::builder(self.nodes.clone())
+                .connection_timeout(self.timeout)
+                .response_timeout(self.timeout)
+                .build()
+                .map_err(connect_error)?;
+            let connection = tokio::time::timeout(
+                self.timeout.saturating_mul(40),
+                client.get_async_connection(),
+            )
+            .await
+            .map_err(|_| BackendError::Connect("the cluster did not answer".to_owned()))?
+            .map_err(connect_error)?;
+            Connection::Cluster(connection)
+        } else {
+            let url = self.nodes.first().cloned().unwrap_or_default();
+            let client = redis::Client::open(url).map_err(connect_error)?;
+            let config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(self.timeout))
+                .set_response_timeout(Some(self.timeout))
+                .set_min_delay(Duration::from_millis(10))
+                .set_max_delay(Duration::from_millis(500));
+            Connection::Single(
+                ConnectionManager::new_lazy_with_config(client, config).map_err(connect_error)?,
+            )
+        };
+        Ok(RedisBackend {
+            inner: Arc::new(Inner {
+                connection,
+                script: Script::new(SCRIPT),
+                timeout: self.timeout,
+                expiry_slack_ms: u64::try_from(self.expiry_slack.as_millis()).unwrap_or(u64::MAX),
+                time: self.time,
+                clock: self.clock,
+                breaker: Breaker::new(self.breaker),
+                deny_cache: DenyCache::new(self.deny_cache),
+                counters: Counters::default(),
+            }),
+        })
+    }
+}
+
+impl fmt::Debug for BackendBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BackendBuilder")
+            .field("nodes", &self.nodes)
+            .field("cluster", &self.cluster)
+            .field("timeout", &self.timeout)
+            .field("breaker", &self.breaker)
+            .field("deny_cache", &self.deny_cache)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    round_trips: AtomicU64,
+    outages: AtomicU64,
+    refused_by_breaker: AtomicU64,
+    deny_cache_hits: AtomicU64,
+}
+
+/// What a backend has done so far.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BackendStats {
+    /// Script calls sent to Redis (one per decision, batch or stack).
+    pub round_trips: u64,
+    /// Calls that failed because Redis was down, slow or unreachable.
+    pub outages: u64,
+    /// Calls the open circuit breaker kept from Redis.
+    pub refused_by_breaker: u64,
+    /// Calls the deny cache answered without a round trip.
+    pub deny_cache_hits: u64,
+    /// Whether the circuit breaker is open now.
+    pub breaker_open: bool,
+    /// Keys the deny cache holds now.
+    pub deny_cache_keys: usize,
+}
+
+struct Inner {
+    connection: Connection,
+    script: Script,
+    timeout: Duration,
+    expiry_slack_ms: u64,
+    time: TimeSource,
+    clock: Arc<dyn Clock>,
+    breaker: Breaker,
+    deny_cache: DenyCache,
+    counters: Counters,
+}
+
+/// A connection to Redis shared by every limiter built on it. Cheap to clone.
+#[derive(Clone)]
+pub struct RedisBackend {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("cluster", &self.is_cluster())
+            .field("timeout", &self.inner.timeout)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisBackend {
+    /// A backend on the Redis server at `url` (`redis://127.0.0.1:6379`), with the defaults.
+    pub async fn connect(url: impl Into<String>) -> Result<Self, BackendError> {
+        Self::builder(url).connect().await
+    }
+
+    /// A backend on one Redis server, to configure before [`connect`](BackendBuilder::connect).
+    pub fn builder(url: impl Into<String>) -> BackendBuilder {
+        BackendBuilder::new(vec![url.into()], false)
+    }
+
+    /// A backend on a Redis Cluster, reached through any of `nodes`.
+    pub fn cluster_builder(nodes: impl IntoIterator<Item = impl Into<String>>) -> BackendBuilder {
+        BackendBuilder::new(nodes.into_iter().map(Into::into).collect(), true)
+    }
+
+    /// Whether this backend talks to a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.inner.connection, Connection::Cluster(_))
+    }
+
+    /// What the backend has done so far.
+    pub fn stats(&self) -> BackendStats {
+        let c = &self.inner.counters;
+        BackendStats {
+            round_trips: c.round_trips.load(Ordering::Relaxed),
+            outages: c.outages.load(Ordering::Relaxed),
+            refused_by_breaker: c.refused_by_breaker.load(Ordering::Relaxed),
+            deny_cache_hits: c.deny_cache_hits.load(Ordering::Relaxed),
+            breaker_open: self.inner.breaker.is_open(),
+            deny_cache_keys: self.inner.deny_cache.len(),
+        }
+    }
+
+    /// The local clock's reading (breaker and deny cache time).
+    pub(crate) fn local_now(&self) -> u64 {
+        self.inner.clock.now()
+    }
+
+    /// The local clock, shared with the in-memory fallback.
+    pub(crate) fn local_clock(&self) -> Arc<dyn Clock> {
+        Arc::clone(&self.inner.clock)
+    }
+
+    pub(crate) fn deny_cache(&self) -> &DenyCache {
+        &self.inner.deny_cache
+    }
+
+    pub(crate) fn count_deny_cache_hit(&self) {
+        self.inner.counters.deny_cache_hits.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The script's first two arguments: the time (empty for Redis `TIME`) and the expiry slack.
+    pub(crate) fn header(&self) -> [Vec<u8>; 2] {
+        let now = match &self.inner.time {
+            TimeSource::Server => Vec::new(),
+            TimeSource::Clock(clock) => (clock.now() / 1_000).to_string().into_bytes(),
+        };
+        [now, self.inner.expiry_slack_ms.to_string().into_bytes()]
+    }
+
+    /// Runs the script once on `keys` and `args`, within the timeout and past the breaker.
+    pub(crate) async fn eval(&self, keys: &[String], args: &[Vec<u8>]) -> Result<Value, BackendError> {
+        let inner = &*self.inner;
+        let now = self.local_now();
+        let pass = inner.breaker.pass(now);
+        if let Pass::Refuse(retry_in) = pass {
+            inner.counters.refused_by_breaker.fetch_add(1, Ordering::Relaxed);
+            return Err(BackendError::CircuitOpen { retry_in });
+        }
+        inner.counters.round_trips.fetch_add(1, Ordering::Relaxed);
+        let answer = tokio::time::timeout(
+            inner.timeout,
+            inner.connection.eval(&inner.script, keys, args),
+        )
+        .await;
+        let result = match answer {
+            Err(_) => Err(BackendError::Timeout {
+                after: inner.timeout,
+            }),
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) if e.to_string().contains("limiter:") => {
+                Err(BackendError::Script(e.to_string()))
+            }
+            Ok(Err(e)) => Err(BackendError::Redis(e.to_string())),
+        };
+        match &result {
+            Err(e) if e.is_outage() => {
+                inner.counters.outages.fetch_add(1, Ordering::Relaxed);
+                inner.breaker.failure(self.local_now(), pass);
+                // Redis may come back without its state: standing denials may no longer stand.
+                inner.deny_cache.clear();
+            }
+            _ => inner.breaker.success(),
+        }
+        result
+    }
+}

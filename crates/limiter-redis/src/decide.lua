@@ -1,0 +1,289 @@
+-- limiter-redis: every algorithm's pure transition, decided for a whole call in one script.
+--
+-- The same arithmetic as the Rust algorithms (limiter-token-bucket's Gcra, limiter-sliding-
+-- window's WindowCounter), with time in microseconds since the Unix epoch. Each key holds the
+-- same u64 state word as the Rust algorithm, in decimal. Lua numbers are doubles, so a word is
+-- handled as two 32-bit halves; every other quantity stays below 2^52, which the Rust side
+-- checks when a limit is built (tau below 2^52 ticks; count * window below 2^52 us).
+--
+-- ARGV: now_us ("" reads the server's TIME), the expiry slack in ms (kept on top of the time
+-- until a state is full again), the number of groups, then for each group:
+--   cost, number of limits, and per limit six fields: KEYS index, algorithm, a, b, c, d
+--   algorithm 1 (token bucket): a = q ticks per us, b = p ticks per unit, c = tau, d = burst
+--   algorithm 2 (sliding window) / 3 (fixed window): a = count, b = window us, c = count bits
+-- A group is all or nothing: its writes happen only if every limit admits. Groups are decided
+-- in order, each on the state the earlier ones left.
+-- Reply: now_us, then per group: admitted (0/1), or an error message for that group alone
+-- (which then writes nothing and has no more entries), then per limit: allowed (0/1), remaining,
+-- retry_after_us, reset_after_us. A value of 2^53 or more is sent as a decimal string.
+
+local TWO32 = 4294967296
+local LIMIT = 4503599627370496 -- 2^52: every plain number stays below it
+
+local function fail(msg)
+  return redis.error_reply('limiter: ' .. msg)
+end
+
+-- floor(a / b) and ceil(a / b), exact for 0 <= a, b < 2^52.
+local function fdiv(a, b)
+  local q = math.floor(a / b)
+  local r = a - q * b
+  if r < 0 then q = q - 1 elseif r >= b then q = q + 1 end
+  return q
+end
+local function cdiv(a, b)
+  local q = fdiv(a, b)
+  if q * b < a then q = q + 1 end
+  return q
+end
+
+-- A u64 as (hi, lo), each below 2^32.
+local function parse(s)
+  if not string.find(s, '^%d+$') or #s > 20 then return nil end
+  if #s <= 15 then
+    local n = tonumber(s)
+    local hi = math.floor(n / TWO32)
+    return hi, n - hi * TWO32
+  end
+  local hi, lo = 0, 0
+  for i = 1, #s do
+    lo = lo * 10 + (string.byte(s, i) - 48)
+    local carry = math.floor(lo / TWO32)
+    lo = lo - carry * TWO32
+    hi = hi * 10 + carry
+  end
+  if hi >= TWO32 then return nil end
+  return hi, lo
+end
+
+local function format(hi, lo)
+  if hi < 1048576 then return string.format('%.0f', hi * TWO32 + lo) end
+  local groups = {}
+  while hi >= 1048576 do
+    local hq = math.floor(hi / 10000)
+    local t = (hi - hq * 10000) * TWO32 + lo
+    local q = math.floor(t / 10000)
+    table.insert(groups, 1, string.format('%04d', t - q * 10000))
+    hi, lo = hq, q
+  end
+  return string.format('%.0f', hi * TWO32 + lo) .. table.concat(groups)
+end
+
+-- (hi, lo) from a plain integer below 2^64 held exactly in a double.
+local function split(x)
+  local hi = math.floor(x / TWO32)
+  return hi, x - hi * TWO32
+end
+
+local function add(ah, al, b) -- (ah, al) + b, b < 2^52
+  local bh, bl = split(b)
+  local lo = al + bl
+  local carry = 0
+  if lo >= TWO32 then lo = lo - TWO32; carry = 1 end
+  return ah + bh + carry, lo
+end
+
+local function out(x)
+  if x >= 9007199254740992 then return string.format('%.0f', x) end
+  return x
+end
+
+-- Token bucket (GCRA). The word is the tat in ticks of 1/q us; a unit is p ticks.
+local function token_bucket(hi, lo, cost, now, q, p, tau, burst)
+  if cost > burst then return nil, 'cost ' .. cost .. ' exceeds the burst of ' .. burst .. ', so it can never be admitted' end
+  -- now in ticks: now * q, with now < 2^52 and q <= 256.
+  local nh, nl = split(now)
+  nl = nl * q
+  local carry = math.floor(nl / TWO32)
+  nh, nl = nh * q + carry, nl - carry * TWO32
+  -- debt = max(tat, now) - now
+  local debt = 0
+  if hi > nh or (hi == nh and lo > nl) then
+    debt = (hi - nh) * TWO32 + (lo - nl)
+    if debt >= LIMIT then return nil, 'holds a tat ' .. format(hi, lo) .. ' far beyond its limit; delete it or change the prefix' end
+  end
+  local cost_ticks = cost * p
+  local budget = tau - cost_ticks
+  if debt <= budget then
+    local new_debt = debt + cost_ticks
+    local nxh, nxl = nil, nil
+    if cost > 0 then nxh, nxl = add(nh, nl, new_debt) end
+    return { 1, fdiv(tau - new_debt, p), 0, cdiv(new_debt, q) }, nil, nxh, nxl
+  end
+  local headroom = 0
+  if tau > debt then headroom = tau - debt end
+  return { 0, fdiv(headroom, p), cdiv(debt - budget, q), cdiv(debt, q) }
+end
+
+local function low_bits(hi, lo, k) -- value mod 2^k, k <= 52
+  if k <= 32 then return lo % (2 ^ k) end
+  return (hi % (2 ^ (k - 32))) * TWO32 + lo
+end
+
+local function shift_right(hi, lo, k) -- value >> k as a plain number (caller checks the range)
+  if k >= 32 then return math.floor(hi / 2 ^ (k - 32)) end
+  return math.floor(hi / 2 ^ k) * TWO32 + (hi % 2 ^ k) * 2 ^ (32 - k) + math.floor(lo / 2 ^ k)
+end
+
+-- Window counters. The word is [window index | previous count (sliding) | current count].
+local function window(hi, lo, cost, now, count, w, bits, sliding)
+  if cost > count then return nil, 'cost ' .. cost .. ' exceeds the burst of ' .. count .. ', so it can never be admitted' end
+  local shift = bits
+  if sliding then shift = 2 * bits end
+  if hi >= 2 ^ shift * 1048576 then return nil, 'holds a window index far beyond its limit; delete it or change the prefix' end
+  local index = shift_right(hi, lo, shift)
+  if index * w >= LIMIT then return nil, 'holds a window index far beyond its limit; delete it or change the prefix' end
+  local current = low_bits(hi, lo, bits)
+  local previous = 0
+  if sliding then previous = math.floor(low_bits(hi, lo, shift) / 2 ^ bits) end
+  -- read: a reading before the state's window is taken at the start of that window
+  local win = fdiv(now, w)
+  local at = now
+  if win < index then at = index * w else
+    local gap = win - index
+    if gap == 1 and sliding then previous, current = current, 0
+    elseif gap >= 1 then previous, current = 0, 0 end
+    index = win
+  end
+  local elapsed = at - index * w
+  local lag = at - now
+  local weighted = 0
+  if sliding and previous > 0 then weighted = cdiv(previous * (w - elapsed), w) end
+  local used = weighted + current
+  local function reset_after(cur)
+    local left
+    if cur > 0 then
+      if sliding then left = 2 else left = 1 end
+    elseif sliding and previous > 0 then left = 1
+    else return 0 end
+    local r = (index + left) * w - now
+    if r < 0 then return 0 end
+    return r
+  end
+  if used + cost <= count then
+    local after = current + cost
+    local nxh, nxl = nil, nil
+    if cost > 0 then
+      nxh, nxl = split(index * 2 ^ shift)
+      nxh, nxl = add(nxh, nxl, previous * 2 ^ bits + after)
+    end
+    return { 1, count - used - cost, 0, reset_after(after) }, nil, nxh, nxl
+  end
+  -- the wait until `cost` fits, from `elapsed` into window `index`
+  local wait = nil
+  if sliding and previous > 0 and current + cost <= count then
+    local keep = fdiv((count - current - cost) * w, previous)
+    if keep > 0 then
+      local until_at = w - keep
+      if until_at < 0 then until_at = 0 end
+      wait = until_at - elapsed
+      if wait < 0 then wait = 0 end
+    end
+  end
+  if wait == nil then
+    local into_next = 0
+    if sliding and current > 0 then
+      local keep = fdiv((count - cost) * w, current)
+      if keep > w then keep = w end
+      into_next = w - keep
+    end
+    wait = (w - elapsed) + into_next
+  end
+  local remaining = 0
+  if count > used then remaining = count - used end
+  return { 0, remaining, lag + wait, reset_after(current) }
+end
+
+local now
+if ARGV[1] == '' then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+else
+  now = tonumber(ARGV[1])
+  if now == nil or now < 0 or now ~= math.floor(now) then return fail('now_us must be a whole number of microseconds') end
+end
+if now >= LIMIT then return fail('the time ' .. out(now) .. ' us is past 2^52 us (year 2112)') end
+
+local slack = tonumber(ARGV[2])
+local groups = tonumber(ARGV[3])
+if slack == nil or groups == nil then return fail('ARGV[2] and ARGV[3] must be the expiry slack and the number of groups') end
+
+local states = {} -- key name -> {hi, lo}: the state as this script left it (a batch may
+-- name one key at several KEYS indexes)
+
+-- Decides one group; returns its answers and writes, or an error message.
+local function decide_group(cost, n, arg)
+  local admitted = 1
+  local writes = {}
+  local answers = {}
+  for i = 1, n do
+    local k = tonumber(ARGV[arg])
+    local algo = tonumber(ARGV[arg + 1])
+    local a, b, c, d = tonumber(ARGV[arg + 2]), tonumber(ARGV[arg + 3]), tonumber(ARGV[arg + 4]), tonumber(ARGV[arg + 5])
+    arg = arg + 6
+    if k == nil or KEYS[k] == nil or a == nil or b == nil or c == nil or d == nil then
+      return nil, 'limit ' .. i .. ' of the call is malformed'
+    end
+    local state = states[KEYS[k]]
+    if state == nil then
+      local raw = redis.pcall('GET', KEYS[k])
+      if type(raw) == 'table' and raw.err then
+        return nil, 'key ' .. KEYS[k] .. ' cannot be read (' .. raw.err .. '); delete it or change the prefix'
+      end
+      if raw then
+        local hi, lo = parse(raw)
+        if hi == nil then
+          return nil, 'key ' .. KEYS[k] .. ' holds "' .. string.sub(raw, 1, 40) .. '", not a limiter state; delete it or change the prefix'
+        end
+        state = { hi, lo }
+      else
+        state = { 0, 0 }
+      end
+      states[KEYS[k]] = state
+    end
+    local answer, err, nxh, nxl
+    if algo == 1 then
+      answer, err, nxh, nxl = token_bucket(state[1], state[2], cost, now, a, b, c, d)
+    elseif algo == 2 or algo == 3 then
+      answer, err, nxh, nxl = window(state[1], state[2], cost, now, a, b, c, algo == 2)
+    else
+      return nil, 'unknown algorithm ' .. tostring(algo)
+    end
+    if answer == nil then
+      return nil, 'key ' .. KEYS[k] .. ': ' .. err
+    end
+    if answer[1] == 0 then admitted = 0 end
+    if nxh ~= nil then writes[#writes + 1] = { k, nxh, nxl, answer[4] } end
+    answers[i] = answer
+  end
+  return { admitted, answers, writes }
+end
+
+local reply = { now }
+local arg = 4
+for _ = 1, groups do
+  local cost = tonumber(ARGV[arg])
+  local n = tonumber(ARGV[arg + 1])
+  if cost == nil or n == nil or cost < 0 then return fail('a group header is malformed') end
+  local result, err = decide_group(cost, n, arg + 2)
+  arg = arg + 2 + 6 * n
+  if result == nil then
+    reply[#reply + 1] = 'limiter: ' .. err
+  else
+    reply[#reply + 1] = result[1]
+    for _, answer in ipairs(result[2]) do
+      for j = 1, 4 do reply[#reply + 1] = out(answer[j]) end
+    end
+    if result[1] == 1 then
+      for _, wr in ipairs(result[3]) do
+        local k = wr[1]
+        states[KEYS[k]] = { wr[2], wr[3] }
+        -- the key expires when its state is full again: reset_after us, rounded up to ms
+        local ttl = cdiv(wr[4], 1000) + slack
+        if ttl < 1 then ttl = 1 end
+        redis.call('SET', KEYS[k], format(wr[2], wr[3]), 'PX', string.format('%.0f', ttl))
+      end
+    end
+  end
+end
+return reply

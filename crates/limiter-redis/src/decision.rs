@@ -1,0 +1,82 @@
+//! [`RedisDecision`]: a stacked answer plus where it came from, so a backend failure is never
+//! mistaken for "over the limit".
+
+use limiter_core::Decision;
+use limiter_stack::StackDecision;
+
+use crate::error::BackendError;
+
+/// Who answered a call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Source {
+    /// Redis decided it, in one script for every layer.
+    Redis,
+    /// The deny cache: Redis denied this key for this cost or less, and the wait has not passed.
+    DenyCache,
+    /// No layer applied to the request (every keyer returned `None`): admitted, nothing counted.
+    NoLayer,
+    /// Redis failed and the policy is to admit.
+    FailOpen(BackendError),
+    /// Redis failed and the policy is to refuse. This is not "over the limit": an HTTP layer
+    /// answers 503, not 429.
+    FailClosed(BackendError),
+    /// Redis failed and the local in-memory limiter decided, with the same limits on this node.
+    Fallback(BackendError),
+}
+
+/// The answer to one call on Redis.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RedisDecision {
+    allowed: bool,
+    stack: StackDecision,
+    source: Source,
+}
+
+impl RedisDecision {
+    pub(crate) fn new(allowed: bool, stack: StackDecision, source: Source) -> Self {
+        Self {
+            allowed,
+            stack,
+            source,
+        }
+    }
+
+    /// Whether the call was admitted (by the limits, or by a fail-open policy).
+    pub fn is_allowed(&self) -> bool {
+        self.allowed
+    }
+
+    /// Whether the call was refused (by the limits, or by a fail-closed policy).
+    pub fn is_denied(&self) -> bool {
+        !self.allowed
+    }
+
+    /// Who answered.
+    pub fn source(&self) -> &Source {
+        &self.source
+    }
+
+    /// The Redis failure behind a policy's answer, if there was one.
+    pub fn backend_error(&self) -> Option<&BackendError> {
+        match &self.source {
+            Source::FailOpen(e) | Source::FailClosed(e) | Source::Fallback(e) => Some(e),
+            Source::Redis | Source::DenyCache | Source::NoLayer => None,
+        }
+    }
+
+    /// Each layer's answer and the binding one. Empty when a fail-open or fail-closed policy
+    /// answered (no limit was consulted); only the binding layer's when the deny cache did.
+    pub fn stack(&self) -> &StackDecision {
+        &self.stack
+    }
+
+    /// The answer as one [`Decision`] (least remaining, longest waits), or `None` when a
+    /// fail-open or fail-closed policy answered without consulting any limit.
+    pub fn decision(&self) -> Option<Decision> {
+        match self.source {
+            Source::FailOpen(_) | Source::FailClosed(_) => None,
+            _ => Some(self.stack.decision()),
+        }
+    }
+}

@@ -1,0 +1,144 @@
+//! [`DenyCache`]: keys Redis recently denied, answered locally until they could be admitted.
+//!
+//! When Redis denies cost `c` on a key with `retry_after` `r`, no call of cost `c` or more on
+//! that key can be admitted before `r` has passed: time only restores capacity, and every other
+//! node can only consume more. The deadline is taken from the local clock reading *before* the
+//! request was sent, so it is never later than Redis's own. A call of a smaller cost, or after
+//! the deadline, goes to Redis. Two things break the premise, and both clear the cache: a
+//! backend failure (Redis may come back empty) and a refund (there is none on Redis today).
+#![deny(clippy::arithmetic_side_effects)]
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::{Mutex, PoisonError};
+
+use limiter_core::Decision;
+
+const SHARDS: usize = 16;
+
+/// What Redis said about one limit of one key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Denied {
+    /// Local clock reading (ns) before which the denial stands.
+    pub(crate) until: u64,
+    /// The smallest cost known to be denied until then.
+    pub(crate) cost: u64,
+    /// Redis's answer for that limit.
+    pub(crate) decision: Decision,
+}
+
+/// A bounded map from Redis key to its standing denial.
+#[derive(Debug)]
+pub(crate) struct DenyCache {
+    shards: Box<[Mutex<HashMap<String, Denied>>]>,
+    per_shard: usize,
+    hasher: RandomState,
+}
+
+impl DenyCache {
+    /// A cache of at most about `capacity` keys (0 disables it).
+    pub(crate) fn new(capacity: usize) -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            per_shard: capacity.div_ceil(SHARDS),
+            hasher: RandomState::new(),
+        }
+    }
+
+    fn shard(&self, key: &str) -> std::sync::MutexGuard<'_, HashMap<String, Denied>> {
+        let hash = self.hasher.hash_one(key);
+        // SHARDS is a power of two and the index is masked into range.
+        let index = usize::try_from(hash).unwrap_or(0) & (SHARDS - 1);
+        // A map is valid after any panic: entries are replaced whole.
+        self.shards[index]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The standing denial that covers `cost` on `key` at `now`, if any.
+    pub(crate) fn lookup(&self, key: &str, cost: u64, now: u64) -> Option<Denied> {
+        if self.per_shard == 0 || cost == 0 {
+            return None;
+        }
+        let mut shard = self.shard(key);
+        match shard.get(key) {
+            Some(denied) if now < denied.until && cost >= denied.cost => Some(*denied),
+            Some(denied) if now >= denied.until => {
+                shard.remove(key);
+                None
+            }
+            _ => None,
+        }
+    }
+
+    /// Records Redis's denial of `denied.cost` on `key`.
+    pub(crate) fn record(&self, key: &str, denied: Denied) {
+        if self.per_shard == 0 {
+            return;
+        }
+        let mut shard = self.shard(key);
+        if shard.len() >= self.per_shard && !shard.contains_key(key) {
+            let now = denied.until.saturating_sub(denied.decision.retry_after_nanos());
+            shard.retain(|_, d| d.until > now);
+            if shard.len() >= self.per_shard {
+                return; // full of live denials: not caching one only costs a round trip
+            }
+        }
+        shard.insert(key.to_owned(), denied);
+    }
+
+    /// Forgets everything (Redis failed, and may come back without its state).
+    pub(crate) fn clear(&self) {
+        for shard in &self.shards {
+            shard.lock().unwrap_or_else(PoisonError::into_inner).clear();
+        }
+    }
+
+    /// Keys held.
+    pub(crate) fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).len())
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn denied(until: u64, cost: u64) -> Denied {
+        Denied {
+            until,
+            cost,
+            decision: Decision::deny(10, 0, until, until),
+        }
+    }
+
+    #[test]
+    fn covers_only_equal_or_larger_costs_before_the_deadline() {
+        let cache = DenyCache::new(100);
+        cache.record("k", denied(100, 3));
+        assert_eq!(cache.lookup("k", 3, 99).map(|d| d.cost), Some(3));
+        assert_eq!(cache.lookup("k", 5, 0).map(|d| d.cost), Some(3));
+        assert_eq!(cache.lookup("k", 2, 0), None, "a smaller cost may fit");
+        assert_eq!(cache.lookup("k", 0, 0), None, "a peek always goes to Redis");
+        assert_eq!(cache.lookup("other", 3, 0), None);
+        assert_eq!(cache.lookup("k", 3, 100), None, "at the deadline it may be admitted");
+        assert_eq!(cache.len(), 0, "an expired denial is dropped when seen");
+    }
+
+    #[test]
+    fn stays_bounded_and_clears() {
+        let cache = DenyCache::new(32);
+        for i in 0..1_000 {
+            cache.record(&format!("k{i}"), denied(100, 1));
+        }
+        assert!(cache.len() <= 32, "{} keys held", cache.len());
+        cache.clear();
+        assert_eq!(cache.len(), 0);
+        let off = DenyCache::new(0);
+        off.record("k", denied(100, 1));
+        assert_eq!(off.lookup("k", 1, 0), None);
+    }
+}

@@ -1,0 +1,153 @@
+//! Errors: a limiter that cannot be built, a call that can never be decided, and what went
+//! wrong with Redis (reported inside a decision, by the failure policy, never as a denial).
+
+use core::time::Duration;
+
+use limiter_core::LimitError;
+
+/// A limiter or stack that cannot be built as described.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// A limit of the named layer cannot be decided on Redis.
+    #[error("layer `{layer}`: {source}")]
+    Limit {
+        /// The layer the limit was added to.
+        layer: String,
+        /// Why, and which limit would work.
+        source: LimitError,
+    },
+    /// The stack has no layer. Fix: add at least one with `.layer(...)`.
+    #[error("the Redis stack `{stack}` has no layers; add at least one with `.layer(...)`")]
+    NoLayers {
+        /// The stack's name.
+        stack: String,
+    },
+    /// More layers than a stack holds.
+    #[error(
+        "the Redis stack `{stack}` has {count} layers, more than the {max} a stack holds; merge layers or split the stack"
+    )]
+    TooManyLayers {
+        /// The stack's name.
+        stack: String,
+        /// Layers given.
+        count: usize,
+        /// The most a stack holds.
+        max: usize,
+    },
+    /// A layer without limits.
+    #[error("layer `{layer}` has no limits; add one with `.limit(kind, limit)`")]
+    NoLimits {
+        /// The layer.
+        layer: String,
+    },
+    /// A layer with more limits than one layer holds.
+    #[error(
+        "layer `{layer}` has {count} limits, more than the {max} one layer holds; split it into two layers"
+    )]
+    TooManyLimits {
+        /// The layer.
+        layer: String,
+        /// Limits given.
+        count: usize,
+        /// The most a layer holds.
+        max: usize,
+    },
+    /// Two layers share a name, so they would share Redis keys.
+    #[error("two layers are named `{layer}`; layer names name Redis keys, so give each its own")]
+    DuplicateLayer {
+        /// The repeated name.
+        layer: String,
+    },
+    /// A name that cannot be part of a Redis key as this crate lays keys out.
+    #[error("{what} `{name}` {reason}")]
+    BadName {
+        /// What was named: "stack", "prefix" or "layer".
+        what: &'static str,
+        /// The name given.
+        name: String,
+        /// What is wrong and how to fix it.
+        reason: &'static str,
+    },
+    /// The stack's keys would not all share one Redis Cluster slot, so no script could decide
+    /// them together.
+    #[error(
+        "the Redis stack `{stack}` tags keys by each layer's own key, but it has {layers} layers \
+         (or a global one), whose keys would land in different Redis Cluster slots; a stack is \
+         decided by one script, which Redis runs only on keys of one slot. Tag by the stack (the \
+         default) or by a request field every layer shares (`hash_tag_from`), or use one keyed layer"
+    )]
+    CrossSlot {
+        /// The stack's name.
+        stack: String,
+        /// How many layers it has.
+        layers: usize,
+    },
+}
+
+/// A call that can never be decided. Being over the limit is not an error, and neither is a
+/// Redis failure: those are decisions (see [`Source`](crate::Source)).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CallError {
+    /// The cost is larger than a limit's burst, so no amount of waiting admits it.
+    #[error(
+        "cost {cost} exceeds the burst of {burst} of limit {limit_index} in layer `{layer}`, so it can never be admitted; split the request into parts of at most {burst} units or raise the burst"
+    )]
+    CostExceedsBurst {
+        /// The layer.
+        layer: String,
+        /// Which of the layer's limits.
+        limit_index: usize,
+        /// The cost asked for.
+        cost: u64,
+        /// That limit's burst.
+        burst: u64,
+    },
+}
+
+/// What went wrong talking to Redis. It reaches callers inside a decision made by the failure
+/// policy, so a broken backend is never reported as "over the limit".
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BackendError {
+    /// Redis did not answer within the call's timeout.
+    #[error("Redis did not answer within {after:?}; it is down, overloaded or unreachable")]
+    Timeout {
+        /// The timeout.
+        after: Duration,
+    },
+    /// The circuit breaker is open after repeated failures; no call is sent until it probes.
+    #[error("the Redis circuit breaker is open after repeated failures; it probes again in {retry_in:?}")]
+    CircuitOpen {
+        /// Until the next probe.
+        retry_in: Duration,
+    },
+    /// The connection failed or Redis answered with an error.
+    #[error("Redis failed: {0}")]
+    Redis(String),
+    /// The script refused the call, naming the key (a key holding something that is not a
+    /// limiter state, for example).
+    #[error("the Redis script refused the call: {0}")]
+    Script(String),
+    /// Redis answered something the script never sends.
+    #[error("Redis sent a reply the limiter cannot read: {0}")]
+    BadReply(String),
+    /// The backend could not be set up.
+    #[error("cannot connect to Redis: {0}")]
+    Connect(String),
+}
+
+impl BackendError {
+    /// Whether the error says Redis is unhealthy (counted by the circuit breaker), rather than
+    /// something wrong with one call's keys.
+    pub fn is_outage(&self) -> bool {
+        matches!(
+            self,
+            BackendError::Timeout { .. }
+                | BackendError::Redis(_)
+                | BackendError::Connect(_)
+                | BackendError::CircuitOpen { .. }
+        )
+    }
+}

@@ -1,0 +1,72 @@
+//! The same limits across a fleet: the token bucket, the sliding window and the fixed window,
+//! and whole stacks of them, decided on Redis by one Lua script per call.
+//!
+//! - **One round trip, all or nothing.** A call's keys (every limit of every layer) go to one
+//!   `EVALSHA` (reloaded on `NOSCRIPT`); the script decides them all at one instant and writes
+//!   only if every limit admits. [`RedisStack::check_many`] decides many independent calls in
+//!   one round trip.
+//! - **The same arithmetic as in process.** The script reimplements each algorithm's pure
+//!   transition on the same `u64` state word, with time in microseconds since the Unix epoch
+//!   (Redis `TIME`, so nodes with skewed clocks agree). [`RedisLimit::in_micros`] gives the limit
+//!   the Rust algorithm must be built on to make exactly the script's decisions; the
+//!   differential tests check that they do. Limits Redis cannot decide exactly are refused
+//!   when built, with the largest count that would work.
+//! - **Keys expire** when their state would be full again, so idle keys cost nothing. Every key
+//!   of a call carries one hash tag, so a stack works on Redis Cluster; a stack whose keys
+//!   could not share a slot is refused when built ([`BuildError::CrossSlot`]).
+//! - **Failure is explicit.** Each call has a timeout (25 ms by default); a circuit breaker stops
+//!   a dead Redis from costing a timeout per call and probes for recovery; the policy
+//!   ([`OnFailure`]) fails open, fails closed, or falls back to an in-memory stack with the same
+//!   limits. The decision's [`Source`] says which answered, so an outage is never reported as
+//!   "over the limit".
+//! - **A deny cache** answers keys Redis has just denied, locally, until their `retry_after`
+//!   passes, for calls of at least the denied cost only, so it never refuses what Redis would
+//!   admit.
+//!
+//! ```no_run
+//! use limiter_core::Limit;
+//! use limiter_redis::{Kind, OnFailure, RedisBackend, RedisLayer, RedisLimiter, RedisStack};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let backend = RedisBackend::connect("redis://127.0.0.1:6379").await?;
+//!
+//! // 10 per second with bursts of 10, and 100 per minute, on every API key.
+//! let per_key = RedisLimiter::builder(&backend, "api")
+//!     .limit(Kind::TokenBucket, Limit::per_second(10))?
+//!     .limit(Kind::SlidingWindow, Limit::per_minute(100))?
+//!     .on_failure(OnFailure::Fallback)
+//!     .build()?;
+//! let decision = per_key.check("key-42").await?;
+//! println!("{:?} from {:?}", decision.decision(), decision.source());
+//!
+//! // Per user and a global cap, all or nothing, in one round trip.
+//! struct Request { user: String }
+//! let stack = RedisStack::builder(&backend, "checkout")
+//!     .layer(RedisLayer::keyed("user", |r: &Request| Some(r.user.clone()))
+//!         .limit(Kind::TokenBucket, Limit::per_second(5))?)
+//!     .layer(RedisLayer::global("all").limit(Kind::FixedWindow, Limit::per_second(1_000))?)
+//!     .build()?;
+//! let decision = stack.check(&Request { user: "ada".into() }).await?;
+//! if decision.is_denied() {
+//!     println!("retry in {:?}", decision.decision().map(|d| d.retry_after()));
+//! }
+//! # Ok(()) }
+//! ```
+
+mod backend;
+mod breaker;
+mod decision;
+mod deny_cache;
+mod error;
+mod reply;
+mod spec;
+mod stack;
+
+pub use backend::{BackendBuilder, BackendStats, DEFAULT_TIMEOUT, RedisBackend, SCRIPT};
+pub use breaker::BreakerConfig;
+pub use decision::{RedisDecision, Source};
+pub use error::{BackendError, BuildError, CallError};
+pub use spec::{Kind, RedisLimit};
+pub use stack::{
+    OnFailure, RedisLayer, RedisLimiter, RedisLimiterBuilder, RedisStack, RedisStackBuilder,
+};

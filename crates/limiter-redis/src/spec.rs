@@ -1,0 +1,243 @@
+//! [`RedisLimit`]: one limit as the Lua script decides it, checked once when a limiter is built.
+//!
+//! Redis time is whole microseconds since the Unix epoch (its `TIME` resolution), so each limit
+//! is decided by the same Rust algorithm built on the limit counted in microseconds: the "ns"
+//! of the algorithm are microseconds here. Every quantity the script handles as a plain Lua
+//! number (a double) must stay below 2^52; this module refuses limits that would not.
+#![deny(clippy::arithmetic_side_effects)]
+
+use core::fmt;
+use limiter_core::{Algorithm, Limit, LimitError, MIN_CLOCK_RANGE};
+use limiter_sliding_window::{FixedCounter, SlidingCounter};
+use limiter_token_bucket::Gcra;
+
+/// Every plain number in the script stays below this (2^52).
+pub(crate) const LUA_EXACT: u64 = 1 << 52;
+
+/// Which algorithm a Redis limit runs. Each is the same pure transition as its in-process
+/// counterpart, reimplemented in Lua.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// The token bucket (GCRA) of `limiter-token-bucket`.
+    TokenBucket,
+    /// The sliding-window counter of `limiter-sliding-window`.
+    SlidingWindow,
+    /// The fixed-window counter of `limiter-sliding-window`.
+    FixedWindow,
+}
+
+impl Kind {
+    /// The algorithm's name, as its Rust implementation gives it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::TokenBucket => Gcra::NAME,
+            Kind::SlidingWindow => SlidingCounter::NAME,
+            Kind::FixedWindow => FixedCounter::NAME,
+        }
+    }
+
+    /// The script's code for the algorithm.
+    fn code(self) -> u8 {
+        match self {
+            Kind::TokenBucket => 1,
+            Kind::SlidingWindow => 2,
+            Kind::FixedWindow => 3,
+        }
+    }
+
+    fn letter(self) -> char {
+        match self {
+            Kind::TokenBucket => 't',
+            Kind::SlidingWindow => 's',
+            Kind::FixedWindow => 'f',
+        }
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A limit the Redis script can decide exactly: the algorithm, the limit, and the parameters the
+/// script receives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RedisLimit {
+    kind: Kind,
+    limit: Limit,
+    micros: Limit,
+    /// The script's four parameters (see `decide.lua`).
+    params: [u64; 4],
+    /// Names the limit inside Redis keys, so a changed limit never reads another's state.
+    fingerprint: String,
+}
+
+impl RedisLimit {
+    /// Checks that `limit` can be decided on Redis by `kind`, exactly as in process.
+    ///
+    /// Beyond the algorithm's own checks, Redis needs: a period of whole microseconds (its
+    /// clock's resolution); at most one unit per microsecond; for the token bucket, a burst
+    /// whose refill time is below 2^52 ticks; for the window counters, `count` times the period
+    /// in microseconds below 2^52. The error names the largest count that would work.
+    pub fn new(kind: Kind, limit: Limit) -> Result<Self, LimitError> {
+        Self::derive(kind, limit).map_err(|reason| {
+            let hint = nearest_count(kind, limit)
+                .map(|count| {
+                    format!(
+                        "; {count} per {:?} is the largest count below it that works",
+                        limit.period()
+                    )
+                })
+                .unwrap_or_default();
+            LimitError::Unsupported {
+                algorithm: kind.name(),
+                reason: format!("{limit} cannot be decided on Redis: {reason}{hint}"),
+            }
+        })
+    }
+
+    fn derive(kind: Kind, limit: Limit) -> Result<Self, String> {
+        let period_ns = limit.period_nanos();
+        if period_ns % 1_000 != 0 {
+            return Err(format!(
+                "its period {:?} is not a whole number of microseconds, the resolution of Redis time; \
+                 round the period to whole microseconds",
+                limit.period()
+            ));
+        }
+        let period_us = period_ns / 1_000;
+        let micros = Limit::from_nanos(limit.count(), period_us)
+            .and_then(|l| l.with_burst(limit.burst()))
+            .map_err(|_| {
+                "it admits more than one unit per microsecond, finer than Redis time; count in \
+                 larger units or use a longer period"
+                    .to_owned()
+            })?;
+        let too_wide = |what: &str| {
+            format!(
+                "{what} reaches 2^52, beyond what the script computes exactly; use a shorter \
+                 period or a smaller count"
+            )
+        };
+        let params = match kind {
+            Kind::TokenBucket => {
+                let gcra = Gcra::new(micros).map_err(|_| range_reason(kind))?;
+                let (p, q) = gcra.unit_nanos();
+                let tau = limit.burst().checked_mul(p).filter(|&t| t < LUA_EXACT);
+                let Some(tau) = tau else {
+                    return Err(too_wide("the time to refill the whole burst, in ticks"));
+                };
+                [q, p, tau, limit.burst()]
+            }
+            Kind::SlidingWindow | Kind::FixedWindow => {
+                if kind == Kind::SlidingWindow {
+                    SlidingCounter::new(micros).map_err(|_| range_reason(kind))?;
+                } else {
+                    FixedCounter::new(micros).map_err(|_| range_reason(kind))?;
+                }
+                let count = limit.count();
+                if count.checked_mul(period_us).is_none_or(|w| w >= LUA_EXACT) {
+                    return Err(too_wide("count × window in microseconds"));
+                }
+                let bits = u64::from(u64::BITS.saturating_sub(count.leading_zeros()));
+                [count, period_us, bits, 0]
+            }
+        };
+        let fingerprint = if limit.burst() == limit.count() {
+            format!("{}{}/{}us", kind.letter(), limit.count(), period_us)
+        } else {
+            format!(
+                "{}{}/{}us/{}",
+                kind.letter(),
+                limit.count(),
+                period_us,
+                limit.burst()
+            )
+        };
+        Ok(Self {
+            kind,
+            limit,
+            micros,
+            params,
+            fingerprint,
+        })
+    }
+
+    /// The algorithm.
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    /// The limit, as given.
+    pub fn limit(&self) -> Limit {
+        self.limit
+    }
+
+    /// The limit counted in microseconds: the Rust algorithm built on it, with every "ns" read as
+    /// a microsecond, makes exactly the script's decisions. The differential tests rely on it.
+    pub fn in_micros(&self) -> Limit {
+        self.micros
+    }
+
+    /// The most units one call may ask for.
+    pub fn burst(&self) -> u64 {
+        self.limit.burst()
+    }
+
+    /// The part of Redis key names that identifies the limit, e.g. `t10/1000000us`.
+    pub fn fingerprint(&self) -> &str {
+        &self.fingerprint
+    }
+
+    /// The script's algorithm code and parameters.
+    pub(crate) fn script_fields(&self) -> (u8, [u64; 4]) {
+        (self.kind.code(), self.params)
+    }
+}
+
+/// Why the algorithm refused the limit counted in microseconds. Its own message would show
+/// microseconds as nanoseconds, so the reason is restated here.
+fn range_reason(kind: Kind) -> String {
+    let years = MIN_CLOCK_RANGE / 1_000_000 / 31_557_600;
+    let fix = match kind {
+        Kind::TokenBucket => "use a count that divides the period into fewer fractional parts",
+        Kind::SlidingWindow | Kind::FixedWindow => {
+            "use a smaller count, or a longer period with a proportionally larger count"
+        }
+    };
+    format!(
+        "counted in microseconds since the Unix epoch, its state cannot cover the 2^56 us          (about {years} years) of clock every limit must; {fix}"
+    )
+}
+
+/// The largest count below `limit`'s (same period) that `kind` accepts on Redis.
+fn nearest_count(kind: Kind, limit: Limit) -> Option<u64> {
+    let works = |count: u64| {
+        Limit::new(count, limit.period())
+            .and_then(|l| {
+                if limit.burst() == limit.count() {
+                    Ok(l)
+                } else {
+                    l.with_burst(limit.burst().min(count))
+                }
+            })
+            .is_ok_and(|l| RedisLimit::derive(kind, l).is_ok())
+    };
+    match kind {
+        // Window counters accept every count below one that works: binary search.
+        Kind::SlidingWindow | Kind::FixedWindow => {
+            let (mut lo, mut hi) = (0_u64, limit.count());
+            while hi.saturating_sub(lo) > 1 {
+                let mid = lo.saturating_add(hi.saturating_sub(lo) / 2);
+                if works(mid) { lo = mid } else { hi = mid }
+            }
+            (lo > 0 && works(lo)).then_some(lo)
+        }
+        Kind::TokenBucket => {
+            const SEARCH: u64 = 4_096;
+            let lowest = limit.count().saturating_sub(SEARCH).max(1);
+            (lowest..limit.count()).rev().find(|&count| works(count))
+        }
+    }
+}

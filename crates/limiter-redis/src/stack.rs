@@ -1,0 +1,742 @@
+//! [`RedisStack`]: layers of limits decided on Redis in one script per call, all or nothing;
+//! [`RedisLimiter`]: the one-layer case, keyed by a string.
+//!
+//! # Keys
+//!
+//! Each limit of each layer is one Redis string holding the algorithm's `u64` state word:
+//! `<prefix>:{<stack>}:<layer>:<limit>[:<key>]` when the stack is its own hash tag (the
+//! default), `<prefix>:<stack>:{<tag>}:<layer>:<limit>[:<key>]` with a tag from the request,
+//! and `<prefix>:<stack>:{<key>}:<layer>:<limit>` when a one-layer stack is tagged by its key.
+//! `<limit>` is the limit's fingerprint (`t10/1000000us`), so a changed limit starts from a
+//! fresh state rather than misreading the old one. Every key of one call carries the same hash
+//! tag, so they share a Redis Cluster slot and one script can decide them.
+
+use core::fmt;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use limiter_core::{Clock, Decision, Limit};
+use limiter_sliding_window::{FixedCounter, SlidingCounter};
+use limiter_stack::{LayerDecision, MAX_LAYERS, MAX_LIMITS_PER_LAYER, StackDecision};
+use limiter_token_bucket::Gcra;
+
+use crate::backend::RedisBackend;
+use crate::decision::{RedisDecision, Source};
+use crate::deny_cache::Denied;
+use crate::error::{BackendError, BuildError, CallError};
+use crate::reply::{self, GroupAnswer, LimitAnswer};
+use crate::spec::{Kind, RedisLimit};
+
+type Keyer<R> = Arc<dyn Fn(&R) -> Option<String> + Send + Sync>;
+type Tagger<R> = Arc<dyn Fn(&R) -> String + Send + Sync>;
+type Fallback<R> = limiter_stack::Stack<R, String, Arc<dyn Clock>>;
+
+/// What a limiter does when Redis fails, times out, or its circuit breaker is open.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnFailure {
+    /// Admit the call ([`Source::FailOpen`]).
+    Open,
+    /// Refuse the call ([`Source::FailClosed`]); not reported as over the limit.
+    Closed,
+    /// Decide on a local in-memory stack with the same limits ([`Source::Fallback`]). Each node
+    /// then enforces the whole limit on its own, so a fleet of `n` admits up to `n` times it
+    /// while Redis is out.
+    #[default]
+    Fallback,
+}
+
+/// One layer of a [`RedisStack`]: keyed (per user, IP, API key) or global, with up to
+/// [`MAX_LIMITS_PER_LAYER`] limits decided together.
+pub struct RedisLayer<R> {
+    name: String,
+    keyer: Option<Keyer<R>>,
+    limits: Vec<RedisLimit>,
+}
+
+impl<R> RedisLayer<R> {
+    /// A layer with one state per key; a request for which `keyer` returns `None` skips it.
+    pub fn keyed(
+        name: impl Into<String>,
+        keyer: impl Fn(&R) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            keyer: Some(Arc::new(keyer)),
+            limits: Vec::new(),
+        }
+    }
+
+    /// A layer with one state shared by every request.
+    pub fn global(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            keyer: None,
+            limits: Vec::new(),
+        }
+    }
+
+    /// Adds `limit`, decided by `kind`; refused if Redis cannot decide it exactly.
+    pub fn limit(mut self, kind: Kind, limit: Limit) -> Result<Self, BuildError> {
+        let limit = RedisLimit::new(kind, limit).map_err(|source| BuildError::Limit {
+            layer: self.name.clone(),
+            source,
+        })?;
+        self.limits.push(limit);
+        Ok(self)
+    }
+}
+
+impl<R> fmt::Debug for RedisLayer<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisLayer")
+            .field("name", &self.name)
+            .field("global", &self.keyer.is_none())
+            .field("limits", &self.limits)
+            .finish()
+    }
+}
+
+enum Tag<R> {
+    /// The stack's name: every key in one slot.
+    Stack,
+    /// A string from the request.
+    Request(Tagger<R>),
+    /// The one layer's key.
+    Key,
+}
+
+/// Builds a [`RedisStack`]; see [`RedisStack::builder`].
+pub struct RedisStackBuilder<R> {
+    backend: RedisBackend,
+    name: String,
+    prefix: String,
+    layers: Vec<RedisLayer<R>>,
+    tag: Tag<R>,
+    on_failure: OnFailure,
+}
+
+impl<R: 'static> RedisStackBuilder<R> {
+    /// Adds a layer; a call is admitted only if every layer admits it.
+    pub fn layer(mut self, layer: RedisLayer<R>) -> Self {
+        self.layers.push(layer);
+        self
+    }
+
+    /// The first part of every key (default `limiter`), to share one Redis between services.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// What a call does when Redis fails (default [`OnFailure::Fallback`]).
+    pub fn on_failure(mut self, on_failure: OnFailure) -> Self {
+        self.on_failure = on_failure;
+        self
+    }
+
+    /// Tags each call's keys with `tag(request)` (a tenant, say) instead of the stack's name,
+    /// spreading a stack's keys over a Redis Cluster while each call's keys share a slot.
+    pub fn hash_tag_from(mut self, tag: impl Fn(&R) -> String + Send + Sync + 'static) -> Self {
+        self.tag = Tag::Request(Arc::new(tag));
+        self
+    }
+
+    /// Tags each call's keys with its one layer's key, spreading keys over a Redis Cluster.
+    /// Only for a stack of one keyed layer: keys of several layers would land in different
+    /// slots, and [`build`](Self::build) refuses that.
+    pub fn tag_by_key(mut self) -> Self {
+        self.tag = Tag::Key;
+        self
+    }
+
+    /// Checks the stack and builds it, with its local fallback when the policy needs one.
+    pub fn build(self) -> Result<RedisStack<R>, BuildError> {
+        check_name("stack", &self.name, false)?;
+        check_name("prefix", &self.prefix, true)?;
+        if self.layers.is_empty() {
+            return Err(BuildError::NoLayers { stack: self.name });
+        }
+        if self.layers.len() > MAX_LAYERS {
+            return Err(BuildError::TooManyLayers {
+                stack: self.name,
+                count: self.layers.len(),
+                max: MAX_LAYERS,
+            });
+        }
+        let mut seen = std::collections::HashSet::new();
+        for layer in &self.layers {
+            check_name("layer", &layer.name, false)?;
+            if !seen.insert(layer.name.as_str()) {
+                return Err(BuildError::DuplicateLayer {
+                    layer: layer.name.clone(),
+                });
+            }
+            if layer.limits.is_empty() {
+                return Err(BuildError::NoLimits {
+                    layer: layer.name.clone(),
+                });
+            }
+            if layer.limits.len() > MAX_LIMITS_PER_LAYER {
+                return Err(BuildError::TooManyLimits {
+                    layer: layer.name.clone(),
+                    count: layer.limits.len(),
+                    max: MAX_LIMITS_PER_LAYER,
+                });
+            }
+        }
+        if matches!(self.tag, Tag::Key)
+            && (self.layers.len() != 1 || self.layers.iter().any(|l| l.keyer.is_none()))
+        {
+            return Err(BuildError::CrossSlot {
+                stack: self.name,
+                layers: self.layers.len(),
+            });
+        }
+        let fallback = match self.on_failure {
+            OnFailure::Fallback => Some(local_stack(&self.layers, &self.backend)?),
+            OnFailure::Open | OnFailure::Closed => None,
+        };
+        let layers = self
+            .layers
+            .into_iter()
+            .map(|layer| {
+                let fields = layer
+                    .limits
+                    .iter()
+                    .map(|limit| {
+                        let (code, params) = limit.script_fields();
+                        let mut fields = vec![code.to_string().into_bytes()];
+                        fields.extend(params.iter().map(|p| p.to_string().into_bytes()));
+                        fields
+                    })
+                    .collect();
+                LayerSpec {
+                    name: layer.name,
+                    keyer: layer.keyer,
+                    limits: layer.limits,
+                    fields,
+                }
+            })
+            .collect();
+        Ok(RedisStack {
+            backend: self.backend,
+            name: self.name,
+            prefix: self.prefix,
+            layers,
+            tag: self.tag,
+            on_failure: self.on_failure,
+            fallback,
+        })
+    }
+}
+
+impl<R> fmt::Debug for RedisStackBuilder<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStackBuilder")
+            .field("name", &self.name)
+            .field("prefix", &self.prefix)
+            .field("layers", &self.layers)
+            .field("on_failure", &self.on_failure)
+            .finish_non_exhaustive()
+    }
+}
+
+fn check_name(what: &'static str, name: &str, colons: bool) -> Result<(), BuildError> {
+    let reason = if name.is_empty() {
+        Some("is empty; give it a name")
+    } else if name.contains(['{', '}']) {
+        Some("contains `{` or `}`, which would change the Redis Cluster hash tag; remove them")
+    } else if !colons && name.contains(':') {
+        Some("contains `:`, which separates the parts of a Redis key; use another character")
+    } else {
+        None
+    };
+    reason.map_or(Ok(()), |reason| {
+        Err(BuildError::BadName {
+            what,
+            name: name.to_owned(),
+            reason,
+        })
+    })
+}
+
+/// The in-memory stack with the same layers and limits, on the backend's local clock.
+fn local_stack<R: 'static>(
+    layers: &[RedisLayer<R>],
+    backend: &RedisBackend,
+) -> Result<Fallback<R>, BuildError> {
+    let mut builder = limiter_stack::Stack::builder();
+    for layer in layers {
+        let mut local = match &layer.keyer {
+            Some(keyer) => {
+                let keyer = Arc::clone(keyer);
+                limiter_stack::Layer::keyed(layer.name.clone(), move |r: &R| keyer(r))
+            }
+            None => limiter_stack::Layer::global(layer.name.clone()),
+        };
+        for limit in &layer.limits {
+            let added = match limit.kind() {
+                Kind::TokenBucket => local.limit::<Gcra>(limit.limit()),
+                Kind::SlidingWindow => local.limit::<SlidingCounter>(limit.limit()),
+                Kind::FixedWindow => local.limit::<FixedCounter>(limit.limit()),
+            };
+            local = added.map_err(|e| BuildError::Limit {
+                layer: layer.name.clone(),
+                source: limiter_core::LimitError::Unsupported {
+                    algorithm: limit.kind().name(),
+                    reason: format!("the local fallback cannot hold it: {e}"),
+                },
+            })?;
+        }
+        builder = builder.layer(local);
+    }
+    builder
+        .clock(backend.local_clock())
+        .build()
+        .map_err(|e| BuildError::NoLimits {
+            layer: format!("(local fallback: {e})"),
+        })
+}
+
+struct LayerSpec<R> {
+    name: String,
+    keyer: Option<Keyer<R>>,
+    limits: Vec<RedisLimit>,
+    /// Per limit: the script's algorithm code and parameters, encoded once.
+    fields: Vec<Vec<Vec<u8>>>,
+}
+
+/// One limit a call touches.
+#[derive(Clone, Copy, Debug)]
+struct Target {
+    layer: usize,
+    limit: usize,
+}
+
+/// A call resolved to its keys: what the script needs, before any round trip.
+struct Prepared {
+    cost: u64,
+    tag: String,
+    keys: Vec<String>,
+    targets: Vec<Target>,
+}
+
+/// Layers of limits on Redis, decided in one script per call: admitted only if every limit of
+/// every layer admits, and a denied call writes nothing.
+pub struct RedisStack<R> {
+    backend: RedisBackend,
+    name: String,
+    prefix: String,
+    layers: Vec<LayerSpec<R>>,
+    tag: Tag<R>,
+    on_failure: OnFailure,
+    fallback: Option<Fallback<R>>,
+}
+
+impl<R> fmt::Debug for RedisStack<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStack")
+            .field("name", &self.name)
+            .field("prefix", &self.prefix)
+            .field("layers", &self.layers.iter().map(|l| &l.name).collect::<Vec<_>>())
+            .field("on_failure", &self.on_failure)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<R: 'static> RedisStack<R> {
+    /// A stack named `name` on `backend`; the name is part of every key.
+    pub fn builder(backend: &RedisBackend, name: impl Into<String>) -> RedisStackBuilder<R> {
+        RedisStackBuilder {
+            backend: backend.clone(),
+            name: name.into(),
+            prefix: "limiter".to_owned(),
+            layers: Vec::new(),
+            tag: Tag::Stack,
+            on_failure: OnFailure::default(),
+        }
+    }
+}
+
+impl<R> RedisStack<R> {
+    /// Decides one unit for `request`.
+    pub async fn check(&self, request: &R) -> Result<RedisDecision, CallError> {
+        self.check_n(request, 1).await
+    }
+
+    /// Decides `cost` units for `request` in one round trip. Cost 0 is a peek: every layer is
+    /// reported and nothing changes.
+    pub async fn check_n(&self, request: &R, cost: u64) -> Result<RedisDecision, CallError> {
+        let call = self.prepare(request, cost)?;
+        if let Some(early) = self.answer_locally(&call) {
+            return Ok(early);
+        }
+        let sent_at = self.backend.local_now();
+        let mut args = self.backend.header().to_vec();
+        args.push(b"1".to_vec());
+        let keys = self.encode(&call, 0, &mut args);
+        let answer = match self.backend.eval(&keys, &args).await {
+            Ok(value) => reply::parse(&value, &[call.targets.len()]),
+            Err(e) => Err(e),
+        };
+        let group = answer.map(|(_, mut groups)| groups.pop());
+        match group {
+            Ok(Some(answer)) => Ok(self.conclude(request, &call, answer, sent_at)),
+            Ok(None) => Ok(self.on_failure(request, cost, BackendError::BadReply("no group".into()))),
+            Err(e) => Ok(self.on_failure(request, cost, e)),
+        }
+    }
+
+    /// Decides many independent calls at once: each is all or nothing on its own, in order,
+    /// and all of them take one round trip (on a cluster, one per hash tag, sent together).
+    /// Each call gets its own result, in the order given.
+    pub async fn check_many(&self, calls: &[(&R, u64)]) -> Vec<Result<RedisDecision, CallError>> {
+        let mut results: Vec<Option<Result<RedisDecision, CallError>>> =
+            (0..calls.len()).map(|_| None).collect();
+        // Calls that need Redis, grouped by hash tag on a cluster (one group otherwise).
+        let mut rounds: HashMap<String, Vec<(usize, Prepared)>> = HashMap::new();
+        for (i, (request, cost)) in calls.iter().enumerate() {
+            match self.prepare(request, *cost) {
+                Err(e) => results[i] = Some(Err(e)),
+                Ok(call) => match self.answer_locally(&call) {
+                    Some(early) => results[i] = Some(Ok(early)),
+                    None => {
+                        let round = if self.backend.is_cluster() {
+                            call.tag.clone()
+                        } else {
+                            String::new()
+                        };
+                        rounds.entry(round).or_default().push((i, call));
+                    }
+                },
+            }
+        }
+        let sent_at = self.backend.local_now();
+        let trips = rounds.into_values().map(|round| async move {
+            let mut args = self.backend.header().to_vec();
+            args.push(round.len().to_string().into_bytes());
+            let mut keys = Vec::new();
+            for (_, call) in &round {
+                keys.extend(self.encode(call, keys.len(), &mut args));
+            }
+            let sizes: Vec<usize> = round.iter().map(|(_, c)| c.targets.len()).collect();
+            let answer = match self.backend.eval(&keys, &args).await {
+                Ok(value) => reply::parse(&value, &sizes),
+                Err(e) => Err(e),
+            };
+            (round, answer)
+        });
+        for (round, answer) in futures_util::future::join_all(trips).await {
+            match answer {
+                Ok((_, groups)) => {
+                    for ((i, call), group) in round.into_iter().zip(groups) {
+                        let (request, _) = calls[i];
+                        results[i] = Some(Ok(self.conclude(request, &call, group, sent_at)));
+                    }
+                }
+                Err(e) => {
+                    for (i, call) in round {
+                        let (request, _) = calls[i];
+                        results[i] = Some(Ok(self.on_failure(request, call.cost, e.clone())));
+                    }
+                }
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Ok(self.on_failure_without_request())))
+            .collect()
+    }
+
+    /// The Redis keys a call for `request` reads and writes, one per limit, in layer order.
+    pub fn redis_keys(&self, request: &R) -> Vec<String> {
+        self.prepare(request, 0).map(|c| c.keys).unwrap_or_default()
+    }
+
+    /// The stack's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The backend the stack decides on.
+    pub fn backend(&self) -> &RedisBackend {
+        &self.backend
+    }
+
+    /// Resolves a call's keys and checks its cost against every limit it touches.
+    fn prepare(&self, request: &R, cost: u64) -> Result<Prepared, CallError> {
+        let mut keys = Vec::new();
+        let mut targets = Vec::new();
+        let mut layer_keys: Vec<(usize, Option<String>)> = Vec::with_capacity(self.layers.len());
+        for (l, layer) in self.layers.iter().enumerate() {
+            let key = match &layer.keyer {
+                Some(keyer) => match keyer(request) {
+                    Some(key) => Some(key),
+                    None => continue,
+                },
+                None => None,
+            };
+            for (j, limit) in layer.limits.iter().enumerate() {
+                if cost > limit.burst() {
+                    return Err(CallError::CostExceedsBurst {
+                        layer: layer.name.clone(),
+                        limit_index: j,
+                        cost,
+                        burst: limit.burst(),
+                    });
+                }
+            }
+            layer_keys.push((l, key));
+        }
+        let tag = match &self.tag {
+            Tag::Stack => self.name.clone(),
+            Tag::Request(tagger) => escape_tag(&tagger(request)),
+            Tag::Key => layer_keys
+                .first()
+                .and_then(|(_, k)| k.clone())
+                .unwrap_or_default(),
+        };
+        for (l, key) in layer_keys {
+            let layer = &self.layers[l];
+            for (j, limit) in layer.limits.iter().enumerate() {
+                let head = match &self.tag {
+                    Tag::Stack => format!("{}:{{{}}}", self.prefix, tag),
+                    Tag::Request(_) | Tag::Key => {
+                        format!("{}:{}:{{{}}}", self.prefix, self.name, tag)
+                    }
+                };
+                let mut name = format!("{head}:{}:{}", layer.name, limit.fingerprint());
+                if let (Some(key), false) = (&key, matches!(self.tag, Tag::Key)) {
+                    name.push(':');
+                    name.push_str(key);
+                }
+                keys.push(name);
+                targets.push(Target { layer: l, limit: j });
+            }
+        }
+        Ok(Prepared {
+            cost,
+            tag,
+            keys,
+            targets,
+        })
+    }
+
+    /// An answer without a round trip: no layer applies, or the deny cache covers the call.
+    fn answer_locally(&self, call: &Prepared) -> Option<RedisDecision> {
+        if call.targets.is_empty() {
+            return Some(RedisDecision::new(
+                true,
+                StackDecision::from_layers([]),
+                Source::NoLayer,
+            ));
+        }
+        let now = self.backend.local_now();
+        let cache = self.backend.deny_cache();
+        for (key, target) in call.keys.iter().zip(&call.targets) {
+            if let Some(denied) = cache.lookup(key, call.cost, now) {
+                self.backend.count_deny_cache_hit();
+                let wait = denied.until.saturating_sub(now);
+                let d = denied.decision;
+                let decision =
+                    Decision::deny(d.limit(), d.remaining(), wait.max(1), d.reset_after_nanos());
+                let layer = LayerDecision {
+                    layer: target.layer,
+                    plan: 0,
+                    limit_index: target.limit,
+                    decision,
+                };
+                return Some(RedisDecision::new(
+                    false,
+                    StackDecision::from_layers([layer]),
+                    Source::DenyCache,
+                ));
+            }
+        }
+        None
+    }
+
+    /// Appends a call's group to `args` (cost, limit count, six fields per limit) and returns
+    /// its keys; `offset` keys precede them in the script's `KEYS`.
+    fn encode(&self, call: &Prepared, offset: usize, args: &mut Vec<Vec<u8>>) -> Vec<String> {
+        args.push(call.cost.to_string().into_bytes());
+        args.push(call.targets.len().to_string().into_bytes());
+        for (i, target) in call.targets.iter().enumerate() {
+            let index = offset.saturating_add(i).saturating_add(1);
+            args.push(index.to_string().into_bytes());
+            args.extend(self.layers[target.layer].fields[target.limit].iter().cloned());
+        }
+        call.keys.clone()
+    }
+
+    /// Turns the script's answer for one call into a decision, and remembers denials.
+    fn conclude(&self, request: &R, call: &Prepared, answer: GroupAnswer, sent_at: u64) -> RedisDecision {
+        let answers = match answer {
+            Ok(answers) if answers.len() == call.targets.len() => answers,
+            Ok(answers) => {
+                let e = BackendError::BadReply(format!(
+                    "{} answers for {} limits",
+                    answers.len(),
+                    call.targets.len()
+                ));
+                return self.on_failure(request, call.cost, e);
+            }
+            Err(reason) => return self.on_failure(request, call.cost, BackendError::Script(reason)),
+        };
+        let mut layers = Vec::with_capacity(self.layers.len());
+        let mut start = 0;
+        while start < call.targets.len() {
+            let layer = call.targets[start].layer;
+            let end = call.targets[start..]
+                .iter()
+                .position(|t| t.layer != layer)
+                .map_or(call.targets.len(), |n| start + n);
+            let decisions: Vec<Decision> = (start..end)
+                .map(|i| to_decision(&answers[i], &self.layers[layer].limits[call.targets[i].limit]))
+                .collect();
+            layers.extend(LayerDecision::from_limits(layer, 0, &decisions));
+            for (i, decision) in (start..end).zip(&decisions) {
+                if decision.is_denied() {
+                    let until = sent_at.saturating_add(decision.retry_after_nanos());
+                    let denied = Denied {
+                        until,
+                        cost: call.cost,
+                        decision: *decision,
+                    };
+                    self.backend.deny_cache().record(&call.keys[i], denied);
+                }
+            }
+            start = end;
+        }
+        let stack = StackDecision::from_layers(layers);
+        RedisDecision::new(stack.is_allowed(), stack, Source::Redis)
+    }
+
+    /// The failure policy's answer.
+    fn on_failure(&self, request: &R, cost: u64, error: BackendError) -> RedisDecision {
+        let empty = || StackDecision::from_layers([]);
+        match (&self.fallback, self.on_failure) {
+            (Some(local), OnFailure::Fallback) => match local.check_n(request, cost) {
+                Ok(stack) => RedisDecision::new(stack.is_allowed(), stack, Source::Fallback(error)),
+                Err(_) => RedisDecision::new(false, empty(), Source::FailClosed(error)),
+            },
+            (_, OnFailure::Open) => RedisDecision::new(true, empty(), Source::FailOpen(error)),
+            _ => RedisDecision::new(false, empty(), Source::FailClosed(error)),
+        }
+    }
+
+    fn on_failure_without_request(&self) -> RedisDecision {
+        let error = BackendError::BadReply("the batch lost a call".to_owned());
+        RedisDecision::new(false, StackDecision::from_layers([]), Source::FailClosed(error))
+    }
+}
+
+/// A limit's answer as a [`Decision`], times from microseconds to nanoseconds.
+fn to_decision(answer: &LimitAnswer, limit: &RedisLimit) -> Decision {
+    let ns = |us: u64| us.saturating_mul(1_000);
+    if answer.allowed {
+        Decision::allow(limit.burst(), answer.remaining, ns(answer.reset_after_us))
+    } else {
+        Decision::deny(
+            limit.burst(),
+            answer.remaining,
+            ns(answer.retry_after_us).max(1),
+            ns(answer.reset_after_us),
+        )
+    }
+}
+
+/// A request's tag with `{`, `}` and `%` percent-encoded: the tag then ends at the `}` this
+/// crate writes, and distinct tags stay distinct.
+fn escape_tag(tag: &str) -> String {
+    let mut out = String::with_capacity(tag.len());
+    for c in tag.chars() {
+        match c {
+            '{' => out.push_str("%7B"),
+            '}' => out.push_str("%7D"),
+            '%' => out.push_str("%25"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// A limiter of one layer keyed by a string, with up to four limits on each key (10 per second
+/// and 100 per minute, say), decided on Redis. Each key is its own hash tag, so keys spread over
+/// a Redis Cluster.
+#[derive(Debug)]
+pub struct RedisLimiter {
+    stack: RedisStack<String>,
+}
+
+/// Builds a [`RedisLimiter`]; see [`RedisLimiter::builder`].
+#[derive(Debug)]
+pub struct RedisLimiterBuilder {
+    stack: RedisStackBuilder<String>,
+    layer: RedisLayer<String>,
+}
+
+impl RedisLimiter {
+    /// A limiter named `name` (part of its keys) on `backend`.
+    pub fn builder(backend: &RedisBackend, name: impl Into<String>) -> RedisLimiterBuilder {
+        RedisLimiterBuilder {
+            stack: RedisStack::builder(backend, name).tag_by_key(),
+            layer: RedisLayer::keyed("key", |key: &String| Some(key.clone())),
+        }
+    }
+
+    /// Decides one unit for `key`.
+    pub async fn check(&self, key: &str) -> Result<RedisDecision, CallError> {
+        self.stack.check_n(&key.to_owned(), 1).await
+    }
+
+    /// Decides `cost` units for `key` (0 peeks).
+    pub async fn check_n(&self, key: &str, cost: u64) -> Result<RedisDecision, CallError> {
+        self.stack.check_n(&key.to_owned(), cost).await
+    }
+
+    /// Decides many independent `(key, cost)` calls in one round trip (one per key on a
+    /// cluster, sent together).
+    pub async fn check_many(&self, calls: &[(&str, u64)]) -> Vec<Result<RedisDecision, CallError>> {
+        let owned: Vec<(String, u64)> = calls.iter().map(|(k, c)| ((*k).to_owned(), *c)).collect();
+        let borrowed: Vec<(&String, u64)> = owned.iter().map(|(k, c)| (k, *c)).collect();
+        self.stack.check_many(&borrowed).await
+    }
+
+    /// The Redis keys `key`'s state lives in, one per limit.
+    pub fn redis_keys(&self, key: &str) -> Vec<String> {
+        self.stack.redis_keys(&key.to_owned())
+    }
+
+    /// The backend the limiter decides on.
+    pub fn backend(&self) -> &RedisBackend {
+        self.stack.backend()
+    }
+}
+
+impl RedisLimiterBuilder {
+    /// Adds `limit`, decided by `kind`, to every key.
+    pub fn limit(mut self, kind: Kind, limit: Limit) -> Result<Self, BuildError> {
+        self.layer = self.layer.limit(kind, limit)?;
+        Ok(self)
+    }
+
+    /// The first part of every key (default `limiter`).
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.stack = self.stack.prefix(prefix);
+        self
+    }
+
+    /// What a call does when Redis fails (default [`OnFailure::Fallback`]).
+    pub fn on_failure(mut self, on_failure: OnFailure) -> Self {
+        self.stack = self.stack.on_failure(on_failure);
+        self
+    }
+
+    /// Checks the limits and builds the limiter.
+    pub fn build(self) -> Result<RedisLimiter, BuildError> {
+        Ok(RedisLimiter {
+            stack: self.stack.layer(self.layer).build()?,
+        })
+    }
+}

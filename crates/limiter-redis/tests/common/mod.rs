@@ -1,0 +1,167 @@
+//! Real `redis-server` processes for the tests, each on a free loopback port, killed on drop.
+//!
+//! The server binary is `$REDIS_SERVER` if set, else `redis-server` on the `PATH` (Debian's
+//! `redis-server` package; `.ci/run` installs it when missing). Nothing here depends on a server
+//! already running.
+#![allow(dead_code, unreachable_pub)]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn server_binary() -> String {
+    std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".to_owned())
+}
+
+/// A port nothing listens on now.
+pub fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+    listener.local_addr().expect("local address").port()
+}
+
+/// Sends one inline command and returns the raw reply (enough for PING and CLUSTER INFO).
+pub fn raw_command(port: u16, command: &str) -> Option<String> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    stream.write_all(format!("{command}\r\n").as_bytes()).ok()?;
+    let mut buffer = vec![0; 8192];
+    let n = stream.read(&mut buffer).ok()?;
+    Some(String::from_utf8_lossy(&buffer[..n]).into_owned())
+}
+
+fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !ready() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// One `redis-server` process.
+pub struct RedisServer {
+    pub port: u16,
+    child: Option<Child>,
+    dir: PathBuf,
+    extra: Vec<String>,
+}
+
+impl RedisServer {
+    /// A fresh server on a free port, with nothing persisted.
+    pub fn start() -> Self {
+        Self::start_with(Vec::new())
+    }
+
+    fn start_with(extra: Vec<String>) -> Self {
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!("limiter-redis-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("create the server's directory");
+        let mut server = Self {
+            port,
+            child: None,
+            dir,
+            extra,
+        };
+        server.spawn();
+        server
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new(server_binary())
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .args(&self.extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot start `{}` ({e}); install Debian's redis-server package or set REDIS_SERVER to its path",
+                    server_binary()
+                )
+            });
+        self.child = Some(child);
+        let port = self.port;
+        wait_until("redis-server to answer PING", || {
+            raw_command(port, "PING").is_some_and(|r| r.starts_with("+PONG"))
+        });
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills the process (SIGKILL): connections drop, state is lost.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port, empty.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// A synchronous client for setting up and inspecting keys.
+    pub fn client(&self) -> redis::Connection {
+        redis::Client::open(self.url())
+            .and_then(|c| c.get_connection())
+            .expect("connect to the test server")
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A Redis Cluster of three masters, each slot range on its own process.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start() -> Self {
+        let nodes: Vec<RedisServer> = (0..3)
+            .map(|_| {
+                RedisServer::start_with(vec![
+                    "--cluster-enabled".into(),
+                    "yes".into(),
+                    "--cluster-node-timeout".into(),
+                    "2000".into(),
+                ])
+            })
+            .collect();
+        // Each master takes a third of the 16384 slots, then they meet.
+        let thirds = [(0, 5460), (5461, 10922), (10923, 16383)];
+        for (node, (first, last)) in nodes.iter().zip(thirds) {
+            let reply = raw_command(node.port, &format!("CLUSTER ADDSLOTSRANGE {first} {last}"));
+            assert!(reply.as_deref().is_some_and(|r| r.starts_with("+OK")), "{reply:?}");
+        }
+        for node in &nodes[1..] {
+            let reply = raw_command(nodes[0].port, &format!("CLUSTER MEET 127.0.0.1 {}", node.port));
+            assert!(reply.as_deref().is_some_and(|r| r.starts_with("+OK")), "{reply:?}");
+        }
+        for node in &nodes {
+            let port = node.port;
+            wait_until("the cluster to be ok", || {
+                raw_command(port, "CLUSTER INFO").is_some_and(|r| {
+                    r.contains("cluster_state:ok") && r.contains("cluster_known_nodes:3")
+                })
+            });
+        }
+        Self { nodes }
+    }
+
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+}
