@@ -314,6 +314,9 @@ impl RedisBackend {
                 after: inner.timeout,
             }),
             Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) if e.is_timeout() => Err(BackendError::Timeout {
+                after: inner.timeout,
+            }),
             Ok(Err(e)) if e.to_string().contains("limiter:") => {
                 Err(BackendError::Script(e.to_string()))
             }

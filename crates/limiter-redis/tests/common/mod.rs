@@ -53,7 +53,7 @@ impl RedisServer {
         Self::start_with(Vec::new())
     }
 
-    fn start_with(extra: Vec<String>) -> Self {
+    pub fn start_with(extra: Vec<String>) -> Self {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!("limiter-redis-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("create the server's directory");

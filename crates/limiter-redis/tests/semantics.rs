@@ -1,0 +1,320 @@
+//! What a Redis stack promises, checked on a real `redis-server`: all or nothing, a denial
+//! writes nothing, peeks write nothing, keys expire when full again, several limits per key,
+//! batches in one round trip, the deny cache, and clear errors for bad input and bad state.
+
+mod common;
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use limiter_core::{Limit, ManualClock};
+use limiter_redis::{
+    BackendError, BuildError, CallError, Kind, OnFailure, RedisBackend, RedisLayer, RedisLimiter,
+    RedisStack, Source,
+};
+use redis::Commands;
+
+const SECOND: u64 = 1_000_000_000;
+/// A fixed instant (Nov 2026) in ns since the Unix epoch: the injected clocks start here.
+const START: u64 = 1_795_000_000 * SECOND;
+
+fn server() -> &'static common::RedisServer {
+    static SERVER: OnceLock<common::RedisServer> = OnceLock::new();
+    SERVER.get_or_init(common::RedisServer::start)
+}
+
+/// A backend deciding at `clock`'s time, its breaker and deny cache on the same clock.
+async fn backend(clock: &ManualClock, deny_cache: usize) -> RedisBackend {
+    RedisBackend::builder(server().url())
+        .time_from(clock.clone())
+        .clock(clock.clone())
+        .timeout(Duration::from_secs(5))
+        .deny_cache(deny_cache)
+        .connect()
+        .await
+        .unwrap()
+}
+
+struct Request {
+    user: &'static str,
+}
+
+fn get(key: &str) -> Option<String> {
+    server().client().get(key).unwrap()
+}
+
+#[tokio::test]
+async fn a_denied_call_writes_nothing_and_names_the_binding_layer() {
+    let clock = ManualClock::starting_at(START);
+    let backend = backend(&clock, 0).await;
+    let stack = RedisStack::builder(&backend, "deny-writes-nothing")
+        .layer(
+            RedisLayer::keyed("user", |r: &Request| Some(r.user.to_owned()))
+                .limit(Kind::TokenBucket, Limit::per_second(5).unwrap())
+                .unwrap(),
+        )
+        .layer(
+            RedisLayer::global("all")
+                .limit(Kind::FixedWindow, Limit::per_minute(8).unwrap())
+                .unwrap(),
+        )
+        .on_failure(OnFailure::Closed)
+        .build()
+        .unwrap();
+    let ada = Request { user: "ada" };
+    let bob = Request { user: "bob" };
+    let [ada_key, global_key] = <[String; 2]>::try_from(stack.redis_keys(&ada)).unwrap();
+
+    for remaining in (0..5).rev() {
+        let d = stack.check(&ada).await.unwrap();
+        assert!(d.is_allowed(), "{d:?}");
+        assert_eq!(d.source(), &Source::Redis);
+        assert_eq!(d.decision().unwrap().remaining(), remaining);
+    }
+    let global_before = get(&global_key);
+    let d = stack.check(&ada).await.unwrap();
+    assert!(d.is_denied());
+    let binding = d.stack().binding().unwrap();
+    assert_eq!(binding.layer, 0, "the user layer binds: {d:?}");
+    assert_eq!(binding.decision.retry_after(), Duration::from_millis(200));
+    assert_eq!(get(&global_key), global_before, "a denial by one layer writes no other");
+
+    for _ in 0..3 {
+        assert!(stack.check(&bob).await.unwrap().is_allowed());
+    }
+    let [bob_key, _] = <[String; 2]>::try_from(stack.redis_keys(&bob)).unwrap();
+    let bob_before = get(&bob_key);
+    let d = stack.check(&bob).await.unwrap();
+    assert!(d.is_denied());
+    assert_eq!(d.stack().binding().unwrap().layer, 1, "the global layer binds: {d:?}");
+    assert_eq!(get(&bob_key), bob_before, "bob's own bucket is untouched by the denial");
+    assert_ne!(ada_key, bob_key);
+}
+
+#[tokio::test]
+async fn a_peek_reports_every_layer_and_creates_nothing() {
+    let clock = ManualClock::starting_at(START);
+    let backend = backend(&clock, 0).await;
+    let limiter = RedisLimiter::builder(&backend, "peek")
+        .limit(Kind::SlidingWindow, Limit::per_second(4).unwrap())
+        .unwrap()
+        .build()
+        .unwrap();
+    let d = limiter.check_n("nobody", 0).await.unwrap();
+    assert!(d.is_allowed());
+    assert_eq!(d.decision().unwrap().remaining(), 4);
+    let exists: bool = server().client().exists(&limiter.redis_keys("nobody")[0]).unwrap();
+    assert!(!exists, "a peek must not create a key");
+}
+
+#[tokio::test]
+async fn keys_expire_when_their_state_is_full_again() {
+    let clock = ManualClock::starting_at(START);
+    let backend = backend(&clock, 0).await;
+    let limiter = RedisLimiter::builder(&backend, "expiry")
+        .limit(Kind::TokenBucket, Limit::per_second(10).unwrap())
+        .unwrap()
+        .limit(Kind::FixedWindow, Limit::per_minute(100).unwrap())
+        .unwrap()
+        .build()
+        .unwrap();
+    let d = limiter.check_n("k", 3).await.unwrap();
+    let keys = limiter.redis_keys("k");
+    let mut conn = server().client();
+    let bucket_ttl: i64 = conn.pttl(&keys[0]).unwrap();
+    let window_ttl: i64 = conn.pttl(&keys[1]).unwrap();
+    // 3 tokens of 100 ms refill in 300 ms; the window ends at the next whole minute.
+    assert!((250..=300).contains(&bucket_ttl), "bucket ttl {bucket_ttl} ms");
+    let window_left = 60_000 - (START / 1_000_000) % 60_000;
+    assert!(window_ttl > 0 && window_ttl as u64 <= window_left, "window ttl {window_ttl} ms");
+    assert_eq!(d.decision().unwrap().reset_after(), Duration::from_millis(window_left));
+}
+
+#[tokio::test]
+async fn several_limits_on_one_key_bind_in_turn() {
+    let clock = ManualClock::starting_at(START);
+    let backend = backend(&clock, 0).await;
+    let limiter = RedisLimiter::builder(&backend, "two-limits")
+        .limit(Kind::TokenBucket, Limit::per_second(10).unwrap())
+        .unwrap()
+        .limit(Kind::SlidingWindow, Limit::per_minute(15).unwrap())
+        .unwrap()
+        .build()
+        .unwrap();
+    let mut admitted = 0;
+    for _ in 0..12 {
+        admitted += u32::from(limiter.check("k").await.unwrap().is_allowed());
+    }
+    assert_eq!(admitted, 10, "the bucket's burst binds first");
+    let d = limiter.check("k").await.unwrap();
+    assert_eq!(d.stack().binding().unwrap().limit_index, 0);
+    clock.advance(Duration::from_secs(1));
+    admitted = 0;
+    for _ in 0..10 {
+        admitted += u32::from(limiter.check("k").await.unwrap().is_allowed());
+    }
+    assert_eq!(admitted, 5, "then the 15 per minute window");
+    let d = limiter.check("k").await.unwrap();
+    assert!(d.is_denied());
+    assert_eq!(d.stack().binding().unwrap().limit_index, 1, "{d:?}");
+}
+
+#[tokio::test]
+async fn a_batch_is_one_round_trip_decided_in_order() {
+    let clock = ManualClock::starting_at(START);
+    let backend = backend(&clock, 0).await;
+    let limiter = RedisLimiter::builder(&backend, "batch")
+        .limit(Kind::FixedWindow, Limit::per_second(2).unwrap())
+        .unwrap()
+        .build()
+        .unwrap();
+    let before = backend.stats().round_trips;
+    let results = limiter
+        .check_many(&[("a", 1), ("a", 1), ("a", 1), ("b", 2), ("a", 0), ("c", 3)])
+        .await;
+    assert_eq!(backend.stats().round_trips, before + 1);
+    let allowed: Vec<Option<bool>> = results
+        .iter()
+        .map(|r| r.as_ref().ok().map(|d| d.is_allowed()))
+        .collect();
+    assert_eq!(
+        allowed,
+        [Some(true), Some(true), Some(false), Some(true), Some(true), None],
+        "{results:?}"
+    );
+    assert_eq!(results[4].as_ref().unwrap().decision().unwrap().remaining(), 0);
+    assert!(matches!(results[5], Err(CallError::CostExceedsBurst { cost: 3, burst: 2, .. })));
+}
+
+#[tokio::test]
+async fn the_deny_cache_spares_redis_and_never_denies_what_redis_admits() {
+    let clock = ManualClock::starting_at(START);
+    let cached = backend(&clock, 1_000).await;
+    let plain = backend(&clock, 0).await;
+    let build = |backend: &RedisBackend| {
+        RedisLimiter::builder(backend, "abuse")
+            .limit(Kind::TokenBucket, Limit::per_second(10).unwrap())
+            .unwrap()
+            .limit(Kind::SlidingWindow, Limit::per_minute(200).unwrap())
+            .unwrap()
+            .build()
+            .unwrap()
+    };
+    let (with_cache, without_cache) = (build(&cached), build(&plain));
+    // An abusive client: 100 calls every 10 ms for 5 s, far over 10 per second.
+    let mut calls = 0_u64;
+    let mut cache_answers = 0;
+    for tick in 0..500_u64 {
+        for i in 0..100 {
+            calls += 1;
+            let cost = 1 + (tick + i) % 3;
+            let d = with_cache.check_n("abuser", cost).await.unwrap();
+            if d.source() == &Source::DenyCache {
+                cache_answers += 1;
+                // Redis itself must deny the same cost at the same instant.
+                let truth = without_cache.check_n("abuser", cost).await.unwrap();
+                assert!(truth.is_denied(), "the cache denied what Redis admits: {truth:?}");
+            }
+        }
+        clock.advance(Duration::from_millis(10));
+    }
+    let trips = cached.stats().round_trips;
+    assert!(cache_answers > 0);
+    assert_eq!(cached.stats().deny_cache_hits, cache_answers);
+    assert!(
+        calls >= 10 * trips,
+        "{calls} calls took {trips} round trips: less than 10x fewer"
+    );
+}
+
+#[tokio::test]
+async fn bad_state_in_redis_is_a_clear_error_and_is_left_alone() {
+    let clock = ManualClock::starting_at(START);
+    let backend = backend(&clock, 0).await;
+    let limiter = RedisLimiter::builder(&backend, "corrupt")
+        .limit(Kind::TokenBucket, Limit::per_second(3).unwrap())
+        .unwrap()
+        .on_failure(OnFailure::Closed)
+        .build()
+        .unwrap();
+    let mut conn = server().client();
+    let junk_key = limiter.redis_keys("junk").remove(0);
+    let hash_key = limiter.redis_keys("hash").remove(0);
+    let _: () = conn.set(&junk_key, "not a number").unwrap();
+    let _: () = conn.hset(&hash_key, "field", "1").unwrap();
+
+    for key in ["junk", "hash"] {
+        let d = limiter.check(key).await.unwrap();
+        assert!(d.is_denied(), "fail closed");
+        let Source::FailClosed(BackendError::Script(message)) = d.source() else {
+            panic!("expected a script error, got {d:?}");
+        };
+        let redis_key = limiter.redis_keys(key).remove(0);
+        assert!(message.contains(&redis_key), "{message}");
+        assert!(message.contains("delete it or change the prefix"), "{message}");
+    }
+    let junk: String = conn.get(&junk_key).unwrap();
+    assert_eq!(junk, "not a number", "nothing overwritten");
+
+    // In a batch, only the call on the bad key fails.
+    let results = limiter.check_many(&[("junk", 1), ("fine", 1)]).await;
+    assert!(matches!(results[0].as_ref().unwrap().source(), Source::FailClosed(_)));
+    assert_eq!(results[1].as_ref().unwrap().source(), &Source::Redis);
+    assert!(!backend.stats().breaker_open, "a bad key is not an outage");
+}
+
+#[tokio::test]
+async fn bad_calls_and_bad_stacks_are_refused_with_the_fix() {
+    let clock = ManualClock::starting_at(START);
+    let backend = backend(&clock, 0).await;
+    let stack = RedisStack::builder(&backend, "costs")
+        .layer(
+            RedisLayer::keyed("user", |r: &Request| Some(r.user.to_owned()))
+                .limit(Kind::SlidingWindow, Limit::per_second(5).unwrap())
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let error = stack.check_n(&Request { user: "a" }, 6).await.unwrap_err();
+    assert!(error.to_string().contains("split the request"), "{error}");
+
+    let two_layers = RedisStack::builder(&backend, "cross")
+        .layer(RedisLayer::keyed("user", |r: &Request| Some(r.user.to_owned()))
+            .limit(Kind::TokenBucket, Limit::per_second(5).unwrap())
+            .unwrap())
+        .layer(RedisLayer::global("all")
+            .limit(Kind::TokenBucket, Limit::per_second(50).unwrap())
+            .unwrap())
+        .tag_by_key()
+        .build()
+        .unwrap_err();
+    assert!(matches!(two_layers, BuildError::CrossSlot { .. }), "{two_layers}");
+    assert!(two_layers.to_string().contains("different Redis Cluster slots"));
+
+    let bad_names: [(&str, &str); 3] = [("a{b", "hash tag"), ("a:b", "separates"), ("", "empty")];
+    for (name, says) in bad_names {
+        let e = RedisLimiter::builder(&backend, name)
+            .limit(Kind::TokenBucket, Limit::per_second(1).unwrap())
+            .unwrap()
+            .build()
+            .unwrap_err();
+        assert!(e.to_string().contains(says), "{name:?}: {e}");
+    }
+    let e = RedisLimiter::builder(&backend, "x").build().unwrap_err();
+    assert!(matches!(e, BuildError::NoLimits { .. }), "{e}");
+
+    let sub_micro = Limit::new(3, Duration::from_nanos(1_000_500)).unwrap();
+    let e = RedisLimiter::builder(&backend, "x")
+        .limit(Kind::TokenBucket, sub_micro)
+        .unwrap_err();
+    assert!(e.to_string().contains("whole microseconds"), "{e}");
+    let e = RedisLimiter::builder(&backend, "x")
+        .limit(Kind::SlidingWindow, Limit::per_second(100_000).unwrap())
+        .unwrap_err();
+    let message = e.to_string();
+    assert!(message.contains("is the largest count below it that works"), "{message}");
+    let e = RedisLimiter::builder(&backend, "x")
+        .limit(Kind::FixedWindow, Limit::per_day(100_000).unwrap())
+        .unwrap_err();
+    assert!(e.to_string().contains("2^52"), "{e}");
+}
