@@ -190,8 +190,9 @@ impl RedisLimit {
         &self.fingerprint
     }
 
-    /// The script's algorithm code and parameters.
-    pub(crate) fn script_fields(&self) -> (u8, [u64; 4]) {
+    /// The algorithm's code and the four parameters the script receives for this limit (see
+    /// [`SCRIPT`](crate::SCRIPT)), for calling the script directly, as the benchmarks do.
+    pub fn script_fields(&self) -> (u8, [u64; 4]) {
         (self.kind.code(), self.params)
     }
 }
@@ -207,7 +208,8 @@ fn range_reason(kind: Kind) -> String {
         }
     };
     format!(
-        "counted in microseconds since the Unix epoch, its state cannot cover the 2^56 us          (about {years} years) of clock every limit must; {fix}"
+        "counted in microseconds since the Unix epoch, its state cannot cover the 2^56 us \
+         (about {years} years) of clock every limit must; {fix}"
     )
 }
 

@@ -7,8 +7,6 @@
 
 mod common;
 
-use std::sync::OnceLock;
-
 use limiter_core::{Algorithm, Decision, Limit, ManualClock};
 use limiter_redis::{Kind, OnFailure, RedisBackend, RedisLimit, RedisLimiter, Source};
 use limiter_sliding_window::{FixedCounter, SlidingCounter};
@@ -23,9 +21,8 @@ struct Shared {
     backend: RedisBackend,
 }
 
-fn shared() -> &'static Shared {
-    static SHARED: OnceLock<Shared> = OnceLock::new();
-    SHARED.get_or_init(|| {
+impl Shared {
+    fn start() -> Self {
         let server = common::RedisServer::start();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -49,7 +46,7 @@ fn shared() -> &'static Shared {
             clock,
             backend,
         }
-    })
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -143,6 +140,7 @@ fn state_near(spec: &RedisLimit, rust: &Rust, now_us: u64, seed: u64) -> u64 {
 }
 
 fn run_case(
+    shared: &Shared,
     (kind, count, period_us, burst): (Kind, u64, u64, u64),
     start_us: u64,
     seed: u64,
@@ -156,10 +154,6 @@ fn run_case(
         return Ok(()); // refused when built: the bad-input tests cover the refusals
     };
     let rust = Rust::new(&spec);
-    // The tests share one injected clock: one sequence at a time.
-    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let shared = shared();
     let limiter = RedisLimiter::builder(&shared.backend, "diff")
         .limit(kind, limit)
         .unwrap()
@@ -207,19 +201,23 @@ fn run_case(
     Ok(())
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig { cases: 384, failure_persistence: None, ..ProptestConfig::default() })]
-
-    #[test]
-    fn lua_and_rust_decide_identically(
+#[test]
+fn lua_and_rust_decide_identically() {
+    let shared = Shared::start();
+    let case = std::cell::Cell::new(0);
+    let config = ProptestConfig {
+        cases: 384,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    };
+    proptest!(config, |(
         (limit, ops) in limits().prop_flat_map(|l| (Just(l), ops(l.2, l.3))),
         start in prop_oneof![0_u64..10_000_000, 1_700_000_000_000_000_u64..1_800_000_000_000_000],
         seed in any::<u64>(),
-    ) {
-        static CASE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let case = CASE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        run_case(limit, start, seed, ops, case)?;
-    }
+    )| {
+        case.set(case.get() + 1);
+        run_case(&shared, limit, start, seed, ops, case.get())?;
+    });
 }
 
 /// The u64 word crosses 2^53 (where doubles stop being exact) for a token bucket whose tick is
@@ -230,6 +228,6 @@ fn words_above_two_to_the_53_match() {
     let ops = (0..40)
         .map(|i| if i % 3 == 0 { Op::Step(90_001) } else { Op::Call(1 + i % 4) })
         .collect();
-    run_case((Kind::TokenBucket, 7, 1_000_000, 20), now, 3, ops, u64::MAX).unwrap();
+    run_case(&Shared::start(), (Kind::TokenBucket, 7, 1_000_000, 20), now, 3, ops, 0).unwrap();
     assert!(now * 7 > 1 << 53);
 }

@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use limiter_core::{Limit, ManualClock};
@@ -18,14 +17,9 @@ const SECOND: u64 = 1_000_000_000;
 /// A fixed instant (Nov 2026) in ns since the Unix epoch: the injected clocks start here.
 const START: u64 = 1_795_000_000 * SECOND;
 
-fn server() -> &'static common::RedisServer {
-    static SERVER: OnceLock<common::RedisServer> = OnceLock::new();
-    SERVER.get_or_init(common::RedisServer::start)
-}
-
 /// A backend deciding at `clock`'s time, its breaker and deny cache on the same clock.
-async fn backend(clock: &ManualClock, deny_cache: usize) -> RedisBackend {
-    RedisBackend::builder(server().url())
+async fn backend(server: &common::RedisServer, clock: &ManualClock, deny_cache: usize) -> RedisBackend {
+    RedisBackend::builder(server.url())
         .time_from(clock.clone())
         .clock(clock.clone())
         .timeout(Duration::from_secs(5))
@@ -39,14 +33,15 @@ struct Request {
     user: &'static str,
 }
 
-fn get(key: &str) -> Option<String> {
-    server().client().get(key).unwrap()
+fn get(server: &common::RedisServer, key: &str) -> Option<String> {
+    server.client().get(key).unwrap()
 }
 
 #[tokio::test]
 async fn a_denied_call_writes_nothing_and_names_the_binding_layer() {
+    let server = common::RedisServer::start();
     let clock = ManualClock::starting_at(START);
-    let backend = backend(&clock, 0).await;
+    let backend = backend(&server, &clock, 0).await;
     let stack = RedisStack::builder(&backend, "deny-writes-nothing")
         .layer(
             RedisLayer::keyed("user", |r: &Request| Some(r.user.to_owned()))
@@ -71,30 +66,31 @@ async fn a_denied_call_writes_nothing_and_names_the_binding_layer() {
         assert_eq!(d.source(), &Source::Redis);
         assert_eq!(d.decision().unwrap().remaining(), remaining);
     }
-    let global_before = get(&global_key);
+    let global_before = get(&server, &global_key);
     let d = stack.check(&ada).await.unwrap();
     assert!(d.is_denied());
     let binding = d.stack().binding().unwrap();
     assert_eq!(binding.layer, 0, "the user layer binds: {d:?}");
     assert_eq!(binding.decision.retry_after(), Duration::from_millis(200));
-    assert_eq!(get(&global_key), global_before, "a denial by one layer writes no other");
+    assert_eq!(get(&server, &global_key), global_before, "a denial by one layer writes no other");
 
     for _ in 0..3 {
         assert!(stack.check(&bob).await.unwrap().is_allowed());
     }
     let [bob_key, _] = <[String; 2]>::try_from(stack.redis_keys(&bob)).unwrap();
-    let bob_before = get(&bob_key);
+    let bob_before = get(&server, &bob_key);
     let d = stack.check(&bob).await.unwrap();
     assert!(d.is_denied());
     assert_eq!(d.stack().binding().unwrap().layer, 1, "the global layer binds: {d:?}");
-    assert_eq!(get(&bob_key), bob_before, "bob's own bucket is untouched by the denial");
+    assert_eq!(get(&server, &bob_key), bob_before, "bob's own bucket is untouched by the denial");
     assert_ne!(ada_key, bob_key);
 }
 
 #[tokio::test]
 async fn a_peek_reports_every_layer_and_creates_nothing() {
+    let server = common::RedisServer::start();
     let clock = ManualClock::starting_at(START);
-    let backend = backend(&clock, 0).await;
+    let backend = backend(&server, &clock, 0).await;
     let limiter = RedisLimiter::builder(&backend, "peek")
         .limit(Kind::SlidingWindow, Limit::per_second(4).unwrap())
         .unwrap()
@@ -103,14 +99,15 @@ async fn a_peek_reports_every_layer_and_creates_nothing() {
     let d = limiter.check_n("nobody", 0).await.unwrap();
     assert!(d.is_allowed());
     assert_eq!(d.decision().unwrap().remaining(), 4);
-    let exists: bool = server().client().exists(&limiter.redis_keys("nobody")[0]).unwrap();
+    let exists: bool = server.client().exists(&limiter.redis_keys("nobody")[0]).unwrap();
     assert!(!exists, "a peek must not create a key");
 }
 
 #[tokio::test]
 async fn keys_expire_when_their_state_is_full_again() {
+    let server = common::RedisServer::start();
     let clock = ManualClock::starting_at(START);
-    let backend = backend(&clock, 0).await;
+    let backend = backend(&server, &clock, 0).await;
     let limiter = RedisLimiter::builder(&backend, "expiry")
         .limit(Kind::TokenBucket, Limit::per_second(10).unwrap())
         .unwrap()
@@ -120,7 +117,7 @@ async fn keys_expire_when_their_state_is_full_again() {
         .unwrap();
     let d = limiter.check_n("k", 3).await.unwrap();
     let keys = limiter.redis_keys("k");
-    let mut conn = server().client();
+    let mut conn = server.client();
     let bucket_ttl: i64 = conn.pttl(&keys[0]).unwrap();
     let window_ttl: i64 = conn.pttl(&keys[1]).unwrap();
     // 3 tokens of 100 ms refill in 300 ms; the window ends at the next whole minute.
@@ -132,8 +129,9 @@ async fn keys_expire_when_their_state_is_full_again() {
 
 #[tokio::test]
 async fn several_limits_on_one_key_bind_in_turn() {
+    let server = common::RedisServer::start();
     let clock = ManualClock::starting_at(START);
-    let backend = backend(&clock, 0).await;
+    let backend = backend(&server, &clock, 0).await;
     let limiter = RedisLimiter::builder(&backend, "two-limits")
         .limit(Kind::TokenBucket, Limit::per_second(10).unwrap())
         .unwrap()
@@ -161,8 +159,9 @@ async fn several_limits_on_one_key_bind_in_turn() {
 
 #[tokio::test]
 async fn a_batch_is_one_round_trip_decided_in_order() {
+    let server = common::RedisServer::start();
     let clock = ManualClock::starting_at(START);
-    let backend = backend(&clock, 0).await;
+    let backend = backend(&server, &clock, 0).await;
     let limiter = RedisLimiter::builder(&backend, "batch")
         .limit(Kind::FixedWindow, Limit::per_second(2).unwrap())
         .unwrap()
@@ -188,9 +187,10 @@ async fn a_batch_is_one_round_trip_decided_in_order() {
 
 #[tokio::test]
 async fn the_deny_cache_spares_redis_and_never_denies_what_redis_admits() {
+    let server = common::RedisServer::start();
     let clock = ManualClock::starting_at(START);
-    let cached = backend(&clock, 1_000).await;
-    let plain = backend(&clock, 0).await;
+    let cached = backend(&server, &clock, 1_000).await;
+    let plain = backend(&server, &clock, 0).await;
     let build = |backend: &RedisBackend| {
         RedisLimiter::builder(backend, "abuse")
             .limit(Kind::TokenBucket, Limit::per_second(10).unwrap())
@@ -229,15 +229,16 @@ async fn the_deny_cache_spares_redis_and_never_denies_what_redis_admits() {
 
 #[tokio::test]
 async fn bad_state_in_redis_is_a_clear_error_and_is_left_alone() {
+    let server = common::RedisServer::start();
     let clock = ManualClock::starting_at(START);
-    let backend = backend(&clock, 0).await;
+    let backend = backend(&server, &clock, 0).await;
     let limiter = RedisLimiter::builder(&backend, "corrupt")
         .limit(Kind::TokenBucket, Limit::per_second(3).unwrap())
         .unwrap()
         .on_failure(OnFailure::Closed)
         .build()
         .unwrap();
-    let mut conn = server().client();
+    let mut conn = server.client();
     let junk_key = limiter.redis_keys("junk").remove(0);
     let hash_key = limiter.redis_keys("hash").remove(0);
     let _: () = conn.set(&junk_key, "not a number").unwrap();
@@ -265,8 +266,9 @@ async fn bad_state_in_redis_is_a_clear_error_and_is_left_alone() {
 
 #[tokio::test]
 async fn bad_calls_and_bad_stacks_are_refused_with_the_fix() {
+    let server = common::RedisServer::start();
     let clock = ManualClock::starting_at(START);
-    let backend = backend(&clock, 0).await;
+    let backend = backend(&server, &clock, 0).await;
     let stack = RedisStack::builder(&backend, "costs")
         .layer(
             RedisLayer::keyed("user", |r: &Request| Some(r.user.to_owned()))

@@ -1,0 +1,148 @@
+//! The Redis path against its floor: a raw `EVALSHA` of the same script with the same keys and
+//! arguments, through the same client and connection, in the same run.
+//!
+//! - `sequential`: one call at a time: the limiter against the raw script call.
+//! - `in_flight_50`: 50 calls multiplexed on one connection at once (throughput per call).
+//! - `stack`: a 3-layer stack (one round trip) against a 1-limit decision.
+//! - `deny_cache`: an abusive key answered locally against the round trip it replaces; the
+//!   ratio of calls to round trips is printed.
+//!
+//! Starts its own `redis-server` on a free loopback port (`$REDIS_SERVER` or the `PATH`), and
+//! skips every case if there is none.
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use futures_util::future::join_all;
+use limiter_core::Limit;
+use limiter_redis::{Kind, OnFailure, RedisBackend, RedisLayer, RedisLimit, RedisLimiter, RedisStack, SCRIPT};
+
+struct Server(Child, u16);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_server() -> Option<Server> {
+    let port = TcpListener::bind("127.0.0.1:0").ok()?.local_addr().ok()?.port();
+    let binary = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".to_owned());
+    let child = Command::new(binary)
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    let server = Server(child, port);
+    for _ in 0..200 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Some(server);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    None
+}
+
+/// A limit the benchmark never exhausts.
+fn roomy() -> Limit {
+    Limit::per_second(1_000_000).unwrap()
+}
+
+/// The exact arguments the limiter sends for one call of one limit, for the raw script call.
+fn raw_args(limit: &RedisLimit) -> Vec<Vec<u8>> {
+    let (code, params) = limit.script_fields();
+    let mut args: Vec<Vec<u8>> = ["", "0", "1", "1", "1", "1"].iter().map(|s| s.as_bytes().to_vec()).collect();
+    args.push(code.to_string().into_bytes());
+    args.extend(params.iter().map(|p| p.to_string().into_bytes()));
+    args
+}
+
+struct Req(u64);
+
+fn redis_benches(c: &mut Criterion) {
+    let Some(server) = start_server() else {
+        eprintln!("redis: no redis-server to start; skipping the Redis benchmarks");
+        return;
+    };
+    let url = format!("redis://127.0.0.1:{}", server.1);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let backend = rt.block_on(RedisBackend::builder(&url).timeout(Duration::from_secs(1)).connect()).unwrap();
+    let one = RedisLimiter::builder(&backend, "bench")
+        .limit(Kind::TokenBucket, roomy())
+        .unwrap()
+        .on_failure(OnFailure::Closed)
+        .build()
+        .unwrap();
+    let stack = RedisStack::builder(&backend, "bench-stack")
+        .layer(RedisLayer::keyed("user", |r: &Req| Some(r.0.to_string())).limit(Kind::TokenBucket, roomy()).unwrap())
+        .layer(RedisLayer::keyed("ip", |r: &Req| Some((r.0 % 7).to_string())).limit(Kind::SlidingWindow, Limit::per_second(5_000).unwrap()).unwrap())
+        .layer(RedisLayer::global("all").limit(Kind::FixedWindow, roomy()).unwrap())
+        .on_failure(OnFailure::Closed)
+        .build()
+        .unwrap();
+    // The raw floor: the same script through a connection of the same client.
+    let raw_conn = rt
+        .block_on(redis::aio::ConnectionManager::new(redis::Client::open(url.as_str()).unwrap()))
+        .unwrap();
+    let script = redis::Script::new(SCRIPT);
+    let key = one.redis_keys("k").remove(0);
+    let args = raw_args(&RedisLimit::new(Kind::TokenBucket, roomy()).unwrap());
+    let raw_call = || {
+        let mut conn = raw_conn.clone();
+        let mut invocation = script.prepare_invoke();
+        invocation.key(key.as_str());
+        for arg in &args {
+            invocation.arg(arg.as_slice());
+        }
+        async move { invocation.invoke_async::<redis::Value>(&mut conn).await.unwrap() }
+    };
+
+    let mut group = c.benchmark_group("redis/sequential");
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("raw_evalsha", |b| b.iter(|| rt.block_on(raw_call())));
+    group.bench_function("limiter_1_limit", |b| {
+        b.iter(|| rt.block_on(one.check("k")).unwrap())
+    });
+    group.bench_function("stack_3_layers", |b| {
+        b.iter(|| rt.block_on(stack.check(&Req(42))).unwrap())
+    });
+    group.finish();
+
+    let mut group = c.benchmark_group("redis/in_flight_50");
+    group.throughput(Throughput::Elements(50));
+    group.bench_function("raw_evalsha", |b| {
+        b.iter(|| rt.block_on(join_all((0..50).map(|_| raw_call()))))
+    });
+    group.bench_function("limiter_1_limit", |b| {
+        b.iter(|| rt.block_on(join_all((0..50).map(|_| one.check("k")))))
+    });
+    group.finish();
+
+    // An abusive key: far over a small limit, hammered.
+    let abuse_backend = rt.block_on(RedisBackend::builder(&url).connect()).unwrap();
+    let abused = RedisLimiter::builder(&abuse_backend, "abuse")
+        .limit(Kind::TokenBucket, Limit::per_minute(10).unwrap())
+        .unwrap()
+        .build()
+        .unwrap();
+    let mut group = c.benchmark_group("redis/deny_cache");
+    group.bench_function("abusive_key", |b| {
+        b.iter(|| rt.block_on(abused.check("abuser")).unwrap())
+    });
+    group.finish();
+    let stats = abuse_backend.stats();
+    println!(
+        "redis/deny_cache: {} calls on the abusive key took {} round trips ({}x fewer)",
+        stats.deny_cache_hits + stats.round_trips,
+        stats.round_trips,
+        (stats.deny_cache_hits + stats.round_trips) / stats.round_trips.max(1)
+    );
+    drop(server);
+}
+
+criterion_group!(benches, redis_benches);
+criterion_main!(benches);
