@@ -6,13 +6,16 @@
 //! - `stack`: a 3-layer stack (one round trip) against a 1-limit decision.
 //! - `deny_cache`: an abusive key answered locally against the round trip it replaces; the
 //!   ratio of calls to round trips is printed.
+//! - Paired medians, printed: on this noisy 2-core machine the loopback round trip drifts by tens
+//!   of microseconds between criterion groups, so the ratios the targets name are also measured
+//!   with the two subjects interleaved call by call, 20,000 samples each.
 //!
 //! Starts its own `redis-server` on a free loopback port (`$REDIS_SERVER` or the `PATH`), and
 //! skips every case if there is none.
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use futures_util::future::join_all;
@@ -101,6 +104,12 @@ fn redis_benches(c: &mut Criterion) {
         async move { invocation.invoke_async::<redis::Value>(&mut conn).await.unwrap() }
     };
 
+    paired(&rt, "limiter_1_limit / raw_evalsha", || one.check("k"), || async {
+        raw_call().await;
+        Ok::<(), limiter_redis::CallError>(())
+    });
+    paired(&rt, "stack_3_layers / limiter_1_limit", || stack.check(&Req(42)), || one.check("k"));
+
     let mut group = c.benchmark_group("redis/sequential");
     group.throughput(Throughput::Elements(1));
     group.bench_function("raw_evalsha", |b| b.iter(|| rt.block_on(raw_call())));
@@ -142,6 +151,34 @@ fn redis_benches(c: &mut Criterion) {
         (stats.deny_cache_hits + stats.round_trips) / stats.round_trips.max(1)
     );
     drop(server);
+}
+
+/// Median latency of `subject` over `baseline`, interleaved call by call.
+fn paired<A, B, FA, FB, TA, TB, E>(rt: &tokio::runtime::Runtime, name: &str, subject: FA, baseline: FB)
+where
+    FA: Fn() -> A,
+    FB: Fn() -> B,
+    A: std::future::Future<Output = Result<TA, E>>,
+    B: std::future::Future<Output = Result<TB, E>>,
+    E: std::fmt::Debug,
+{
+    const SAMPLES: usize = 20_000;
+    let (mut a, mut b) = (Vec::with_capacity(SAMPLES), Vec::with_capacity(SAMPLES));
+    for _ in 0..SAMPLES {
+        let started = Instant::now();
+        rt.block_on(subject()).unwrap();
+        a.push(started.elapsed());
+        let started = Instant::now();
+        rt.block_on(baseline()).unwrap();
+        b.push(started.elapsed());
+    }
+    a.sort();
+    b.sort();
+    let (ma, mb) = (a[SAMPLES / 2], b[SAMPLES / 2]);
+    println!(
+        "redis/paired {name}: {ma:?} / {mb:?} = {:.3}x (medians, interleaved)",
+        ma.as_secs_f64() / mb.as_secs_f64()
+    );
 }
 
 criterion_group!(benches, redis_benches);
