@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use futures_util::future::join_all;
 use limiter_core::Limit;
-use limiter_redis::{Kind, OnFailure, RedisBackend, RedisLayer, RedisLimit, RedisLimiter, RedisStack, SCRIPT};
+use limiter_redis::{
+    Kind, OnFailure, RedisBackend, RedisLayer, RedisLimit, RedisLimiter, RedisStack, SCRIPT,
+};
 
 struct Server(Child, u16);
 
@@ -32,10 +34,23 @@ impl Drop for Server {
 }
 
 fn start_server() -> Option<Server> {
-    let port = TcpListener::bind("127.0.0.1:0").ok()?.local_addr().ok()?.port();
+    let port = TcpListener::bind("127.0.0.1:0")
+        .ok()?
+        .local_addr()
+        .ok()?
+        .port();
     let binary = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".to_owned());
     let child = Command::new(binary)
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -58,7 +73,10 @@ fn roomy() -> Limit {
 /// The exact arguments the limiter sends for one call of one limit, for the raw script call.
 fn raw_args(limit: &RedisLimit) -> Vec<Vec<u8>> {
     let (code, params) = limit.script_fields();
-    let mut args: Vec<Vec<u8>> = ["", "0", "1", "1", "1", "1"].iter().map(|s| s.as_bytes().to_vec()).collect();
+    let mut args: Vec<Vec<u8>> = ["", "0", "1", "1", "1", "1"]
+        .iter()
+        .map(|s| s.as_bytes().to_vec())
+        .collect();
     args.push(code.to_string().into_bytes());
     args.extend(params.iter().map(|p| p.to_string().into_bytes()));
     args
@@ -72,8 +90,17 @@ fn redis_benches(c: &mut Criterion) {
         return;
     };
     let url = format!("redis://127.0.0.1:{}", server.1);
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let backend = rt.block_on(RedisBackend::builder(&url).timeout(Duration::from_secs(1)).connect()).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let backend = rt
+        .block_on(
+            RedisBackend::builder(&url)
+                .timeout(Duration::from_secs(1))
+                .connect(),
+        )
+        .unwrap();
     let one = RedisLimiter::builder(&backend, "bench")
         .limit(Kind::TokenBucket, roomy())
         .unwrap()
@@ -81,15 +108,29 @@ fn redis_benches(c: &mut Criterion) {
         .build()
         .unwrap();
     let stack = RedisStack::builder(&backend, "bench-stack")
-        .layer(RedisLayer::keyed("user", |r: &Req| Some(r.0.to_string())).limit(Kind::TokenBucket, roomy()).unwrap())
-        .layer(RedisLayer::keyed("ip", |r: &Req| Some((r.0 % 7).to_string())).limit(Kind::SlidingWindow, Limit::per_second(5_000).unwrap()).unwrap())
-        .layer(RedisLayer::global("all").limit(Kind::FixedWindow, roomy()).unwrap())
+        .layer(
+            RedisLayer::keyed("user", |r: &Req| Some(r.0.to_string()))
+                .limit(Kind::TokenBucket, roomy())
+                .unwrap(),
+        )
+        .layer(
+            RedisLayer::keyed("ip", |r: &Req| Some((r.0 % 7).to_string()))
+                .limit(Kind::SlidingWindow, Limit::per_second(5_000).unwrap())
+                .unwrap(),
+        )
+        .layer(
+            RedisLayer::global("all")
+                .limit(Kind::FixedWindow, roomy())
+                .unwrap(),
+        )
         .on_failure(OnFailure::Closed)
         .build()
         .unwrap();
     // The raw floor: the same script through a connection of the same client.
     let raw_conn = rt
-        .block_on(redis::aio::ConnectionManager::new(redis::Client::open(url.as_str()).unwrap()))
+        .block_on(redis::aio::ConnectionManager::new(
+            redis::Client::open(url.as_str()).unwrap(),
+        ))
         .unwrap();
     let script = redis::Script::new(SCRIPT);
     let key = one.redis_keys("k").remove(0);
@@ -101,14 +142,29 @@ fn redis_benches(c: &mut Criterion) {
         for arg in &args {
             invocation.arg(arg.as_slice());
         }
-        async move { invocation.invoke_async::<redis::Value>(&mut conn).await.unwrap() }
+        async move {
+            invocation
+                .invoke_async::<redis::Value>(&mut conn)
+                .await
+                .unwrap()
+        }
     };
 
-    paired(&rt, "limiter_1_limit / raw_evalsha", || one.check("k"), || async {
-        raw_call().await;
-        Ok::<(), limiter_redis::CallError>(())
-    });
-    paired(&rt, "stack_3_layers / limiter_1_limit", || stack.check(&Req(42)), || one.check("k"));
+    paired(
+        &rt,
+        "limiter_1_limit / raw_evalsha",
+        || one.check("k"),
+        || async {
+            raw_call().await;
+            Ok::<(), limiter_redis::CallError>(())
+        },
+    );
+    paired(
+        &rt,
+        "stack_3_layers / limiter_1_limit",
+        || stack.check(&Req(42)),
+        || one.check("k"),
+    );
 
     let mut group = c.benchmark_group("redis/sequential");
     group.throughput(Throughput::Elements(1));
@@ -154,8 +210,12 @@ fn redis_benches(c: &mut Criterion) {
 }
 
 /// Median latency of `subject` over `baseline`, interleaved call by call.
-fn paired<A, B, FA, FB, TA, TB, E>(rt: &tokio::runtime::Runtime, name: &str, subject: FA, baseline: FB)
-where
+fn paired<A, B, FA, FB, TA, TB, E>(
+    rt: &tokio::runtime::Runtime,
+    name: &str,
+    subject: FA,
+    baseline: FB,
+) where
     FA: Fn() -> A,
     FB: Fn() -> B,
     A: std::future::Future<Output = Result<TA, E>>,

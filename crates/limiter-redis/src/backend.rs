@@ -39,7 +39,12 @@ enum Connection {
 }
 
 impl Connection {
-    async fn eval(&self, script: &Script, keys: &[String], args: &[Vec<u8>]) -> redis::RedisResult<Value> {
+    async fn eval(
+        &self,
+        script: &Script,
+        keys: &[String],
+        args: &[Vec<u8>],
+    ) -> redis::RedisResult<Value> {
         let mut invocation = script.prepare_invoke();
         for key in keys {
             invocation.key(key.as_str());
@@ -282,7 +287,10 @@ impl RedisBackend {
     }
 
     pub(crate) fn count_deny_cache_hit(&self) {
-        self.inner.counters.deny_cache_hits.fetch_add(1, Ordering::Relaxed);
+        self.inner
+            .counters
+            .deny_cache_hits
+            .fetch_add(1, Ordering::Relaxed);
     }
 
     /// The script's first two arguments: the time (empty for Redis `TIME`) and the expiry slack.
@@ -295,12 +303,19 @@ impl RedisBackend {
     }
 
     /// Runs the script once on `keys` and `args`, within the timeout and past the breaker.
-    pub(crate) async fn eval(&self, keys: &[String], args: &[Vec<u8>]) -> Result<Value, BackendError> {
+    pub(crate) async fn eval(
+        &self,
+        keys: &[String],
+        args: &[Vec<u8>],
+    ) -> Result<Value, BackendError> {
         let inner = &*self.inner;
         let now = self.local_now();
         let pass = inner.breaker.pass(now);
         if let Pass::Refuse(retry_in) = pass {
-            inner.counters.refused_by_breaker.fetch_add(1, Ordering::Relaxed);
+            inner
+                .counters
+                .refused_by_breaker
+                .fetch_add(1, Ordering::Relaxed);
             return Err(BackendError::CircuitOpen { retry_in });
         }
         inner.counters.round_trips.fetch_add(1, Ordering::Relaxed);

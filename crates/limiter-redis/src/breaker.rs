@@ -78,7 +78,9 @@ impl Breaker {
         let mut state = self.state();
         match state.open_until {
             None => Pass::Call,
-            Some(until) if now < until => Pass::Refuse(Duration::from_nanos(until - now)),
+            Some(until) if now < until => {
+                Pass::Refuse(Duration::from_nanos(until.saturating_sub(now)))
+            }
             Some(_) if state.probing => Pass::Refuse(Duration::ZERO),
             Some(_) => {
                 state.probing = true;
@@ -139,14 +141,27 @@ mod tests {
             assert_eq!(breaker.pass(0), Pass::Call);
             breaker.failure(0, Pass::Call);
         }
-        assert!(!breaker.is_open(), "two failures stay under the threshold of three");
+        assert!(
+            !breaker.is_open(),
+            "two failures stay under the threshold of three"
+        );
         breaker.failure(10, Pass::Call);
         assert_eq!(breaker.pass(10), Pass::Refuse(Duration::from_nanos(SECOND)));
-        assert_eq!(breaker.pass(SECOND + 9), Pass::Refuse(Duration::from_nanos(1)));
+        assert_eq!(
+            breaker.pass(SECOND + 9),
+            Pass::Refuse(Duration::from_nanos(1))
+        );
         assert_eq!(breaker.pass(SECOND + 10), Pass::Probe);
-        assert_eq!(breaker.pass(SECOND + 10), Pass::Refuse(Duration::ZERO), "one probe at a time");
+        assert_eq!(
+            breaker.pass(SECOND + 10),
+            Pass::Refuse(Duration::ZERO),
+            "one probe at a time"
+        );
         breaker.failure(SECOND + 20, Pass::Probe);
-        assert_eq!(breaker.pass(SECOND + 21), Pass::Refuse(Duration::from_nanos(SECOND - 1)));
+        assert_eq!(
+            breaker.pass(SECOND + 21),
+            Pass::Refuse(Duration::from_nanos(SECOND - 1))
+        );
         assert_eq!(breaker.pass(2 * SECOND + 20), Pass::Probe);
         breaker.success();
         assert_eq!(breaker.pass(2 * SECOND + 20), Pass::Call);

@@ -78,7 +78,9 @@ impl DenyCache {
         }
         let mut shard = self.shard(key);
         if shard.len() >= self.per_shard && !shard.contains_key(key) {
-            let now = denied.until.saturating_sub(denied.decision.retry_after_nanos());
+            let now = denied
+                .until
+                .saturating_sub(denied.decision.retry_after_nanos());
             shard.retain(|_, d| d.until > now);
             if shard.len() >= self.per_shard {
                 return; // full of live denials: not caching one only costs a round trip
@@ -124,7 +126,11 @@ mod tests {
         assert_eq!(cache.lookup("k", 2, 0), None, "a smaller cost may fit");
         assert_eq!(cache.lookup("k", 0, 0), None, "a peek always goes to Redis");
         assert_eq!(cache.lookup("other", 3, 0), None);
-        assert_eq!(cache.lookup("k", 3, 100), None, "at the deadline it may be admitted");
+        assert_eq!(
+            cache.lookup("k", 3, 100),
+            None,
+            "at the deadline it may be admitted"
+        );
         assert_eq!(cache.len(), 0, "an expired denial is dropped when seen");
     }
 

@@ -118,7 +118,9 @@ pub enum BackendError {
         after: Duration,
     },
     /// The circuit breaker is open after repeated failures; no call is sent until it probes.
-    #[error("the Redis circuit breaker is open after repeated failures; it probes again in {retry_in:?}")]
+    #[error(
+        "the Redis circuit breaker is open after repeated failures; it probes again in {retry_in:?}"
+    )]
     CircuitOpen {
         /// Until the next probe.
         retry_in: Duration,

@@ -35,12 +35,18 @@ fn number(value: &Value, what: &str) -> Result<u64, BackendError> {
 
 /// The reply to a script call of groups with `sizes[i]` limits each: the time decided at (us)
 /// and each group's answer.
-pub(crate) fn parse(value: &Value, sizes: &[usize]) -> Result<(u64, Vec<GroupAnswer>), BackendError> {
+pub(crate) fn parse(
+    value: &Value,
+    sizes: &[usize],
+) -> Result<(u64, Vec<GroupAnswer>), BackendError> {
     let Value::Array(items) = value else {
         return Err(bad(format!("expected an array, got {value:?}")));
     };
     let mut items = items.iter();
-    let now = number(items.next().ok_or_else(|| bad("the reply is empty"))?, "the time")?;
+    let now = number(
+        items.next().ok_or_else(|| bad("the reply is empty"))?,
+        "the time",
+    )?;
     let mut groups = Vec::with_capacity(sizes.len());
     for (g, &size) in sizes.iter().enumerate() {
         let status = items

@@ -338,7 +338,10 @@ impl<R> fmt::Debug for RedisStack<R> {
         f.debug_struct("RedisStack")
             .field("name", &self.name)
             .field("prefix", &self.prefix)
-            .field("layers", &self.layers.iter().map(|l| &l.name).collect::<Vec<_>>())
+            .field(
+                "layers",
+                &self.layers.iter().map(|l| &l.name).collect::<Vec<_>>(),
+            )
             .field("on_failure", &self.on_failure)
             .finish_non_exhaustive()
     }
@@ -382,7 +385,9 @@ impl<R> RedisStack<R> {
         let group = answer.map(|(_, mut groups)| groups.pop());
         match group {
             Ok(Some(answer)) => Ok(self.conclude(request, &call, answer, sent_at)),
-            Ok(None) => Ok(self.on_failure(request, cost, BackendError::BadReply("no group".into()))),
+            Ok(None) => {
+                Ok(self.on_failure(request, cost, BackendError::BadReply("no group".into())))
+            }
             Err(e) => Ok(self.on_failure(request, cost, e)),
         }
     }
@@ -564,13 +569,23 @@ impl<R> RedisStack<R> {
         for (i, target) in call.targets.iter().enumerate() {
             let index = offset.saturating_add(i).saturating_add(1);
             args.push(index.to_string().into_bytes());
-            args.extend(self.layers[target.layer].fields[target.limit].iter().cloned());
+            args.extend(
+                self.layers[target.layer].fields[target.limit]
+                    .iter()
+                    .cloned(),
+            );
         }
         call.keys.clone()
     }
 
     /// Turns the script's answer for one call into a decision, and remembers denials.
-    fn conclude(&self, request: &R, call: &Prepared, answer: GroupAnswer, sent_at: u64) -> RedisDecision {
+    fn conclude(
+        &self,
+        request: &R,
+        call: &Prepared,
+        answer: GroupAnswer,
+        sent_at: u64,
+    ) -> RedisDecision {
         let answers = match answer {
             Ok(answers) if answers.len() == call.targets.len() => answers,
             Ok(answers) => {
@@ -581,7 +596,9 @@ impl<R> RedisStack<R> {
                 ));
                 return self.on_failure(request, call.cost, e);
             }
-            Err(reason) => return self.on_failure(request, call.cost, BackendError::Script(reason)),
+            Err(reason) => {
+                return self.on_failure(request, call.cost, BackendError::Script(reason));
+            }
         };
         let mut layers = Vec::with_capacity(self.layers.len());
         let mut start = 0;
@@ -592,7 +609,12 @@ impl<R> RedisStack<R> {
                 .position(|t| t.layer != layer)
                 .map_or(call.targets.len(), |n| start + n);
             let decisions: Vec<Decision> = (start..end)
-                .map(|i| to_decision(&answers[i], &self.layers[layer].limits[call.targets[i].limit]))
+                .map(|i| {
+                    to_decision(
+                        &answers[i],
+                        &self.layers[layer].limits[call.targets[i].limit],
+                    )
+                })
                 .collect();
             layers.extend(LayerDecision::from_limits(layer, 0, &decisions));
             for (i, decision) in (start..end).zip(&decisions) {
@@ -627,7 +649,11 @@ impl<R> RedisStack<R> {
 
     fn on_failure_without_request(&self) -> RedisDecision {
         let error = BackendError::BadReply("the batch lost a call".to_owned());
-        RedisDecision::new(false, StackDecision::from_layers([]), Source::FailClosed(error))
+        RedisDecision::new(
+            false,
+            StackDecision::from_layers([]),
+            Source::FailClosed(error),
+        )
     }
 }
 

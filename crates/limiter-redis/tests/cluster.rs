@@ -7,7 +7,9 @@ mod common;
 use std::collections::HashSet;
 
 use limiter_core::{Limit, ManualClock};
-use limiter_redis::{BuildError, Kind, OnFailure, RedisBackend, RedisLayer, RedisLimiter, RedisStack, Source};
+use limiter_redis::{
+    BuildError, Kind, OnFailure, RedisBackend, RedisLayer, RedisLimiter, RedisStack, Source,
+};
 
 const START: u64 = 1_795_000_000_000_000_000;
 
@@ -116,7 +118,13 @@ async fn a_stack_whose_keys_cannot_share_a_slot_is_refused_when_built() {
         .tag_by_key()
         .build()
         .unwrap_err();
-    assert!(matches!(error, BuildError::CrossSlot { layers: 2, .. }), "{error}");
+    assert!(
+        matches!(error, BuildError::CrossSlot { layers: 2, .. }),
+        "{error}"
+    );
     let message = error.to_string();
-    assert!(message.contains("`split`") && message.contains("hash_tag_from"), "{message}");
+    assert!(
+        message.contains("`split`") && message.contains("hash_tag_from"),
+        "{message}"
+    );
 }

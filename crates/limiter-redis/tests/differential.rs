@@ -129,7 +129,9 @@ fn state_near(spec: &RedisLimit, rust: &Rust, now_us: u64, seed: u64) -> u64 {
     let mut at = now_us.saturating_sub(period.saturating_mul(2));
     let mut s = seed;
     for _ in 0..(seed % 7) {
-        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         at = at.saturating_add((s >> 33) % (period / 2 + 1));
         let cost = (s >> 20) % (spec.burst() + 1);
         if let (_, Some(next)) = rust.decide(state, cost, at.min(now_us)) {
@@ -180,7 +182,11 @@ fn run_case(
                 prop_assert_eq!(got.source(), &Source::Redis, "{:?}", got);
                 let got = got.stack().layers().next().unwrap().decision;
                 let scaled = if want.is_allowed() {
-                    Decision::allow(want.limit(), want.remaining(), want.reset_after_nanos() * 1_000)
+                    Decision::allow(
+                        want.limit(),
+                        want.remaining(),
+                        want.reset_after_nanos() * 1_000,
+                    )
                 } else {
                     Decision::deny(
                         want.limit(),
@@ -189,12 +195,27 @@ fn run_case(
                         want.reset_after_nanos() * 1_000,
                     )
                 };
-                prop_assert_eq!(got, scaled, "{} {} at {} us, state {}, cost {}", kind, limit, now, state, cost);
+                prop_assert_eq!(
+                    got,
+                    scaled,
+                    "{} {} at {} us, state {}, cost {}",
+                    kind,
+                    limit,
+                    now,
+                    state,
+                    cost
+                );
                 if let Some(next) = next {
                     state = next;
                 }
                 let stored: Option<String> = conn.get(&redis_key).unwrap();
-                prop_assert_eq!(stored, Some(state.to_string()), "state after cost {} at {}", cost, now);
+                prop_assert_eq!(
+                    stored,
+                    Some(state.to_string()),
+                    "state after cost {} at {}",
+                    cost,
+                    now
+                );
             }
         }
     }
@@ -226,8 +247,22 @@ fn lua_and_rust_decide_identically() {
 fn words_above_two_to_the_53_match() {
     let now = 1_763_800_000_000_000; // Nov 2025 in us; now * 7 > 2^53
     let ops = (0..40)
-        .map(|i| if i % 3 == 0 { Op::Step(90_001) } else { Op::Call(1 + i % 4) })
+        .map(|i| {
+            if i % 3 == 0 {
+                Op::Step(90_001)
+            } else {
+                Op::Call(1 + i % 4)
+            }
+        })
         .collect();
-    run_case(&Shared::start(), (Kind::TokenBucket, 7, 1_000_000, 20), now, 3, ops, 0).unwrap();
+    run_case(
+        &Shared::start(),
+        (Kind::TokenBucket, 7, 1_000_000, 20),
+        now,
+        3,
+        ops,
+        0,
+    )
+    .unwrap();
     assert!(now * 7 > 1 << 53);
 }

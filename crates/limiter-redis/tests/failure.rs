@@ -11,8 +11,7 @@ use std::time::{Duration, Instant};
 
 use limiter_core::{Limit, ManualClock};
 use limiter_redis::{
-    BackendError, BreakerConfig, Kind, OnFailure, RedisBackend, RedisDecision, RedisLimiter,
-    Source,
+    BackendError, BreakerConfig, Kind, OnFailure, RedisBackend, RedisDecision, RedisLimiter, Source,
 };
 
 const TIMEOUT: Duration = Duration::from_millis(100);
@@ -88,7 +87,10 @@ async fn kill_and_restart_under_load(policy: OnFailure) {
         let started = Instant::now();
         let d = call(&limiter, "probe").await;
         assert!(from_policy(policy, &d), "{policy:?}: {d:?}");
-        assert!(d.backend_error().is_some_and(BackendError::is_outage), "{d:?}");
+        assert!(
+            d.backend_error().is_some_and(BackendError::is_outage),
+            "{d:?}"
+        );
         assert!(started.elapsed() < HANG);
     }
     // The breaker is open: calls no longer reach for Redis.
@@ -97,9 +99,16 @@ async fn kill_and_restart_under_load(policy: OnFailure) {
     let trips = stats.round_trips;
     for _ in 0..20 {
         let d = call(&limiter, "probe").await;
-        assert!(matches!(d.backend_error(), Some(BackendError::CircuitOpen { .. })), "{d:?}");
+        assert!(
+            matches!(d.backend_error(), Some(BackendError::CircuitOpen { .. })),
+            "{d:?}"
+        );
     }
-    assert_eq!(backend.stats().round_trips, trips, "an open breaker sends nothing");
+    assert_eq!(
+        backend.stats().round_trips,
+        trips,
+        "an open breaker sends nothing"
+    );
 
     // Up again: once the breaker's second has passed, a probe finds Redis and calls go back.
     server.restart();
@@ -122,7 +131,10 @@ async fn kill_and_restart_under_load(policy: OnFailure) {
         redis += r;
         policy_answers += p;
     }
-    assert!(redis > 0 && policy_answers > 0, "redis {redis}, policy {policy_answers}");
+    assert!(
+        redis > 0 && policy_answers > 0,
+        "redis {redis}, policy {policy_answers}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -166,12 +178,16 @@ async fn the_fallback_enforces_the_same_limits_locally() {
             assert!(d.decision().unwrap().retry_after() > Duration::ZERO);
         }
     }
-    assert_eq!(admitted, 5, "the local stack holds the same 5 per hour on its own");
+    assert_eq!(
+        admitted, 5,
+        "the local stack holds the same 5 per hour on its own"
+    );
 }
 
 #[tokio::test]
 async fn a_slow_redis_costs_one_timeout_not_a_hang() {
-    let server = common::RedisServer::start_with(vec!["--enable-debug-command".into(), "yes".into()]);
+    let server =
+        common::RedisServer::start_with(vec!["--enable-debug-command".into(), "yes".into()]);
     let backend = RedisBackend::builder(server.url())
         .timeout(Duration::from_millis(50))
         .connect()
@@ -200,7 +216,10 @@ async fn a_slow_redis_costs_one_timeout_not_a_hang() {
             after: Duration::from_millis(50)
         })
     );
-    assert!(took < Duration::from_millis(900), "waited {took:?}, past the timeout");
+    assert!(
+        took < Duration::from_millis(900),
+        "waited {took:?}, past the timeout"
+    );
     blocker.join().unwrap();
     let mut back = false;
     for _ in 0..50 {
@@ -229,5 +248,8 @@ async fn a_backend_can_start_while_redis_is_down() {
         .unwrap();
     let d = call(&limiter, "k").await;
     assert!(matches!(d.source(), Source::FailClosed(_)), "{d:?}");
-    assert!(d.decision().is_none(), "fail closed consults no limit: {d:?}");
+    assert!(
+        d.decision().is_none(),
+        "fail closed consults no limit: {d:?}"
+    );
 }

@@ -118,8 +118,15 @@ async fn a_shared_stack_keeps_every_layer_exact() {
             *total += n;
         }
     }
-    assert_eq!(per_user.iter().sum::<u64>(), 300, "the global cap binds exactly: {per_user:?}");
-    assert!(per_user.iter().all(|&n| n <= 40), "no user past 40: {per_user:?}");
+    assert_eq!(
+        per_user.iter().sum::<u64>(),
+        300,
+        "the global cap binds exactly: {per_user:?}"
+    );
+    assert!(
+        per_user.iter().all(|&n| n <= 40),
+        "no user past 40: {per_user:?}"
+    );
 }
 
 /// The entry point of the child processes `processes_sharing_one_redis_admit_exactly_the_limit`
@@ -143,7 +150,12 @@ fn processes_sharing_one_redis_admit_exactly_the_limit() {
     let children: Vec<_> = (0..3)
         .map(|_| {
             Command::new(&exe)
-                .args(["--exact", "child_process_entry_point", "--nocapture", "--test-threads=1"])
+                .args([
+                    "--exact",
+                    "child_process_entry_point",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
                 .env(CHILD_URL, server.url())
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
@@ -155,7 +167,11 @@ fn processes_sharing_one_redis_admit_exactly_the_limit() {
     for child in children {
         let output = child.wait_with_output().unwrap();
         let stdout = String::from_utf8_lossy(&output.stdout);
-        assert!(output.status.success(), "child failed: {stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+        assert!(
+            output.status.success(),
+            "child failed: {stdout}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
         let admitted: u64 = stdout
             .lines()
             .find_map(|l| l.split_once("admitted=").map(|(_, n)| n))

@@ -18,7 +18,11 @@ const SECOND: u64 = 1_000_000_000;
 const START: u64 = 1_795_000_000 * SECOND;
 
 /// A backend deciding at `clock`'s time, its breaker and deny cache on the same clock.
-async fn backend(server: &common::RedisServer, clock: &ManualClock, deny_cache: usize) -> RedisBackend {
+async fn backend(
+    server: &common::RedisServer,
+    clock: &ManualClock,
+    deny_cache: usize,
+) -> RedisBackend {
     RedisBackend::builder(server.url())
         .time_from(clock.clone())
         .clock(clock.clone())
@@ -72,7 +76,11 @@ async fn a_denied_call_writes_nothing_and_names_the_binding_layer() {
     let binding = d.stack().binding().unwrap();
     assert_eq!(binding.layer, 0, "the user layer binds: {d:?}");
     assert_eq!(binding.decision.retry_after(), Duration::from_millis(200));
-    assert_eq!(get(&server, &global_key), global_before, "a denial by one layer writes no other");
+    assert_eq!(
+        get(&server, &global_key),
+        global_before,
+        "a denial by one layer writes no other"
+    );
 
     for _ in 0..3 {
         assert!(stack.check(&bob).await.unwrap().is_allowed());
@@ -81,8 +89,16 @@ async fn a_denied_call_writes_nothing_and_names_the_binding_layer() {
     let bob_before = get(&server, &bob_key);
     let d = stack.check(&bob).await.unwrap();
     assert!(d.is_denied());
-    assert_eq!(d.stack().binding().unwrap().layer, 1, "the global layer binds: {d:?}");
-    assert_eq!(get(&server, &bob_key), bob_before, "bob's own bucket is untouched by the denial");
+    assert_eq!(
+        d.stack().binding().unwrap().layer,
+        1,
+        "the global layer binds: {d:?}"
+    );
+    assert_eq!(
+        get(&server, &bob_key),
+        bob_before,
+        "bob's own bucket is untouched by the denial"
+    );
     assert_ne!(ada_key, bob_key);
 }
 
@@ -99,7 +115,10 @@ async fn a_peek_reports_every_layer_and_creates_nothing() {
     let d = limiter.check_n("nobody", 0).await.unwrap();
     assert!(d.is_allowed());
     assert_eq!(d.decision().unwrap().remaining(), 4);
-    let exists: bool = server.client().exists(&limiter.redis_keys("nobody")[0]).unwrap();
+    let exists: bool = server
+        .client()
+        .exists(&limiter.redis_keys("nobody")[0])
+        .unwrap();
     assert!(!exists, "a peek must not create a key");
 }
 
@@ -121,10 +140,19 @@ async fn keys_expire_when_their_state_is_full_again() {
     let bucket_ttl: i64 = conn.pttl(&keys[0]).unwrap();
     let window_ttl: i64 = conn.pttl(&keys[1]).unwrap();
     // 3 tokens of 100 ms refill in 300 ms; the window ends at the next whole minute.
-    assert!((250..=300).contains(&bucket_ttl), "bucket ttl {bucket_ttl} ms");
+    assert!(
+        (250..=300).contains(&bucket_ttl),
+        "bucket ttl {bucket_ttl} ms"
+    );
     let window_left = 60_000 - (START / 1_000_000) % 60_000;
-    assert!(window_ttl > 0 && window_ttl as u64 <= window_left, "window ttl {window_ttl} ms");
-    assert_eq!(d.decision().unwrap().reset_after(), Duration::from_millis(window_left));
+    assert!(
+        window_ttl > 0 && window_ttl as u64 <= window_left,
+        "window ttl {window_ttl} ms"
+    );
+    assert_eq!(
+        d.decision().unwrap().reset_after(),
+        Duration::from_millis(window_left)
+    );
 }
 
 #[tokio::test]
@@ -178,11 +206,28 @@ async fn a_batch_is_one_round_trip_decided_in_order() {
         .collect();
     assert_eq!(
         allowed,
-        [Some(true), Some(true), Some(false), Some(true), Some(true), None],
+        [
+            Some(true),
+            Some(true),
+            Some(false),
+            Some(true),
+            Some(true),
+            None
+        ],
         "{results:?}"
     );
-    assert_eq!(results[4].as_ref().unwrap().decision().unwrap().remaining(), 0);
-    assert!(matches!(results[5], Err(CallError::CostExceedsBurst { cost: 3, burst: 2, .. })));
+    assert_eq!(
+        results[4].as_ref().unwrap().decision().unwrap().remaining(),
+        0
+    );
+    assert!(matches!(
+        results[5],
+        Err(CallError::CostExceedsBurst {
+            cost: 3,
+            burst: 2,
+            ..
+        })
+    ));
 }
 
 #[tokio::test]
@@ -213,7 +258,10 @@ async fn the_deny_cache_spares_redis_and_never_denies_what_redis_admits() {
                 cache_answers += 1;
                 // Redis itself must deny the same cost at the same instant.
                 let truth = without_cache.check_n("abuser", cost).await.unwrap();
-                assert!(truth.is_denied(), "the cache denied what Redis admits: {truth:?}");
+                assert!(
+                    truth.is_denied(),
+                    "the cache denied what Redis admits: {truth:?}"
+                );
             }
         }
         clock.advance(Duration::from_millis(10));
@@ -252,14 +300,20 @@ async fn bad_state_in_redis_is_a_clear_error_and_is_left_alone() {
         };
         let redis_key = limiter.redis_keys(key).remove(0);
         assert!(message.contains(&redis_key), "{message}");
-        assert!(message.contains("delete it or change the prefix"), "{message}");
+        assert!(
+            message.contains("delete it or change the prefix"),
+            "{message}"
+        );
     }
     let junk: String = conn.get(&junk_key).unwrap();
     assert_eq!(junk, "not a number", "nothing overwritten");
 
     // In a batch, only the call on the bad key fails.
     let results = limiter.check_many(&[("junk", 1), ("fine", 1)]).await;
-    assert!(matches!(results[0].as_ref().unwrap().source(), Source::FailClosed(_)));
+    assert!(matches!(
+        results[0].as_ref().unwrap().source(),
+        Source::FailClosed(_)
+    ));
     assert_eq!(results[1].as_ref().unwrap().source(), &Source::Redis);
     assert!(!backend.stats().breaker_open, "a bad key is not an outage");
 }
@@ -281,17 +335,28 @@ async fn bad_calls_and_bad_stacks_are_refused_with_the_fix() {
     assert!(error.to_string().contains("split the request"), "{error}");
 
     let two_layers = RedisStack::builder(&backend, "cross")
-        .layer(RedisLayer::keyed("user", |r: &Request| Some(r.user.to_owned()))
-            .limit(Kind::TokenBucket, Limit::per_second(5).unwrap())
-            .unwrap())
-        .layer(RedisLayer::global("all")
-            .limit(Kind::TokenBucket, Limit::per_second(50).unwrap())
-            .unwrap())
+        .layer(
+            RedisLayer::keyed("user", |r: &Request| Some(r.user.to_owned()))
+                .limit(Kind::TokenBucket, Limit::per_second(5).unwrap())
+                .unwrap(),
+        )
+        .layer(
+            RedisLayer::global("all")
+                .limit(Kind::TokenBucket, Limit::per_second(50).unwrap())
+                .unwrap(),
+        )
         .tag_by_key()
         .build()
         .unwrap_err();
-    assert!(matches!(two_layers, BuildError::CrossSlot { .. }), "{two_layers}");
-    assert!(two_layers.to_string().contains("different Redis Cluster slots"));
+    assert!(
+        matches!(two_layers, BuildError::CrossSlot { .. }),
+        "{two_layers}"
+    );
+    assert!(
+        two_layers
+            .to_string()
+            .contains("different Redis Cluster slots")
+    );
 
     let bad_names: [(&str, &str); 3] = [("a{b", "hash tag"), ("a:b", "separates"), ("", "empty")];
     for (name, says) in bad_names {
@@ -314,7 +379,10 @@ async fn bad_calls_and_bad_stacks_are_refused_with_the_fix() {
         .limit(Kind::SlidingWindow, Limit::per_second(100_000).unwrap())
         .unwrap_err();
     let message = e.to_string();
-    assert!(message.contains("is the largest count below it that works"), "{message}");
+    assert!(
+        message.contains("is the largest count below it that works"),
+        "{message}"
+    );
     let e = RedisLimiter::builder(&backend, "x")
         .limit(Kind::FixedWindow, Limit::per_day(100_000).unwrap())
         .unwrap_err();

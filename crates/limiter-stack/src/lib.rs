@@ -87,9 +87,3 @@ pub use decision::{Grant, LayerDecision, MAX_LAYERS, StackDecision};
 pub use error::{BuildError, CallError, RefundError};
 pub use layer::{Layer, Plan};
 pub use stack::{Stack, StackBuilder};
-
-/// The README's Rust examples, compiled and run as doctests so they stay true (this crate's
-/// dev-dependencies reach every crate the README uses).
-#[cfg(doctest)]
-#[doc = include_str!("../../../README.md")]
-struct ReadmeExamples;

@@ -144,11 +144,20 @@ impl RedisCluster {
         let thirds = [(0, 5460), (5461, 10922), (10923, 16383)];
         for (node, (first, last)) in nodes.iter().zip(thirds) {
             let reply = raw_command(node.port, &format!("CLUSTER ADDSLOTSRANGE {first} {last}"));
-            assert!(reply.as_deref().is_some_and(|r| r.starts_with("+OK")), "{reply:?}");
+            assert!(
+                reply.as_deref().is_some_and(|r| r.starts_with("+OK")),
+                "{reply:?}"
+            );
         }
         for node in &nodes[1..] {
-            let reply = raw_command(nodes[0].port, &format!("CLUSTER MEET 127.0.0.1 {}", node.port));
-            assert!(reply.as_deref().is_some_and(|r| r.starts_with("+OK")), "{reply:?}");
+            let reply = raw_command(
+                nodes[0].port,
+                &format!("CLUSTER MEET 127.0.0.1 {}", node.port),
+            );
+            assert!(
+                reply.as_deref().is_some_and(|r| r.starts_with("+OK")),
+                "{reply:?}"
+            );
         }
         for node in &nodes {
             let port = node.port;
