@@ -377,8 +377,8 @@ impl<R> RedisStack<R> {
         let sent_at = self.backend.local_now();
         let mut args = self.backend.header().to_vec();
         args.push(b"1".to_vec());
-        let keys = self.encode(&call, 0, &mut args);
-        let answer = match self.backend.eval(&keys, &args).await {
+        self.encode(&call, 0, &mut args);
+        let answer = match self.backend.eval(&call.keys, &args).await {
             Ok(value) => reply::parse(&value, &[call.targets.len()]),
             Err(e) => Err(e),
         };
@@ -422,7 +422,8 @@ impl<R> RedisStack<R> {
             args.push(round.len().to_string().into_bytes());
             let mut keys = Vec::new();
             for (_, call) in &round {
-                keys.extend(self.encode(call, keys.len(), &mut args));
+                self.encode(call, keys.len(), &mut args);
+                keys.extend(call.keys.iter().cloned());
             }
             let sizes: Vec<usize> = round.iter().map(|(_, c)| c.targets.len()).collect();
             let answer = match self.backend.eval(&keys, &args).await {
@@ -501,15 +502,13 @@ impl<R> RedisStack<R> {
                 .and_then(|(_, k)| k.clone())
                 .unwrap_or_default(),
         };
+        let head = match &self.tag {
+            Tag::Stack => format!("{}:{{{}}}", self.prefix, tag),
+            Tag::Request(_) | Tag::Key => format!("{}:{}:{{{}}}", self.prefix, self.name, tag),
+        };
         for (l, key) in layer_keys {
             let layer = &self.layers[l];
             for (j, limit) in layer.limits.iter().enumerate() {
-                let head = match &self.tag {
-                    Tag::Stack => format!("{}:{{{}}}", self.prefix, tag),
-                    Tag::Request(_) | Tag::Key => {
-                        format!("{}:{}:{{{}}}", self.prefix, self.name, tag)
-                    }
-                };
                 let mut name = format!("{head}:{}:{}", layer.name, limit.fingerprint());
                 if let (Some(key), false) = (&key, matches!(self.tag, Tag::Key)) {
                     name.push(':');
@@ -561,9 +560,9 @@ impl<R> RedisStack<R> {
         None
     }
 
-    /// Appends a call's group to `args` (cost, limit count, six fields per limit) and returns
-    /// its keys; `offset` keys precede them in the script's `KEYS`.
-    fn encode(&self, call: &Prepared, offset: usize, args: &mut Vec<Vec<u8>>) -> Vec<String> {
+    /// Appends a call's group to `args` (cost, limit count, six fields per limit); `offset`
+    /// keys precede the call's own in the script's `KEYS`.
+    fn encode(&self, call: &Prepared, offset: usize, args: &mut Vec<Vec<u8>>) {
         args.push(call.cost.to_string().into_bytes());
         args.push(call.targets.len().to_string().into_bytes());
         for (i, target) in call.targets.iter().enumerate() {
@@ -575,7 +574,6 @@ impl<R> RedisStack<R> {
                     .cloned(),
             );
         }
-        call.keys.clone()
     }
 
     /// Turns the script's answer for one call into a decision, and remembers denials.

@@ -23,11 +23,11 @@ use std::ops::Deref;
 use std::sync::atomic::{AtomicU64 as StdAtomicU64, Ordering as StdOrdering};
 
 use crossbeam_utils::CachePadded;
-use limiter_core::{Clock, MonotonicClock};
+use limiter_core::{Clock, Decision, MonotonicClock};
 use limiter_store::table::{Shard, ShardReadGuard, ShardWriteGuard, ShardedTable};
 
 use crate::cells::{Cells, Held, MAX_LIMITS_PER_LAYER, Snapshot};
-use crate::decision::{Grant, LayerDecision, MAX_LAYERS, StackDecision, binds_over, combine};
+use crate::decision::{Grant, LayerDecision, MAX_LAYERS, StackDecision};
 use crate::error::{BuildError, CallError, RefundError};
 use crate::layer::{Keyer, Layer};
 use crate::sync::EntryHasher;
@@ -581,8 +581,7 @@ where
                 }
                 state.plan = target.plan;
             }
-            let mut binding = 0;
-            let mut parts = [None; MAX_LIMITS_PER_LAYER];
+            let mut parts = [Decision::allow(0, 0, 0); MAX_LIMITS_PER_LAYER];
             for (j, algorithm) in limits.iter().enumerate() {
                 let step = algorithm
                     .decide(state.words[j], cost, now)
@@ -590,22 +589,12 @@ where
                 if let Some(word) = step.next {
                     state.words[j] = word;
                 }
-                if j > 0 && parts[binding].is_some_and(|c| binds_over(&step.decision, &c)) {
-                    binding = j;
-                }
-                parts[j] = Some(step.decision);
+                parts[j] = step.decision;
             }
-            let allowed = parts.iter().flatten().all(|d| d.is_allowed());
-            let limit = parts[binding].map_or(0, |d| d.limit());
-            out.decision.push(
-                slot,
-                LayerDecision {
-                    layer: target.layer,
-                    plan: target.plan,
-                    limit_index: binding,
-                    decision: combine(allowed, limit, parts.into_iter().flatten()),
-                },
-            );
+            let decided = &parts[..limits.len().min(MAX_LIMITS_PER_LAYER)];
+            if let Some(layer) = LayerDecision::from_limits(target.layer, target.plan, decided) {
+                out.decision.push(slot, layer);
+            }
             out.next[slot] = Some(state);
         }
         Ok(())
