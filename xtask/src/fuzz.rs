@@ -4,7 +4,14 @@
 use crate::run::{cargo, cargo_in, root};
 
 /// Fuzz targets in `fuzz/fuzz_targets`.
-const TARGETS: &[&str] = &["token_bucket", "sliding_window", "fixed_window"];
+const TARGETS: &[&str] = &[
+    "token_bucket",
+    "sliding_window",
+    "fixed_window",
+    "http_middleware",
+    "limiterd_request",
+    "limiterd_config",
+];
 
 pub(crate) fn run(args: &[String]) -> Result<(), String> {
     let seconds = match args {
@@ -26,7 +33,12 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
         return Err("cargo-fuzz is not installed; run `cargo install cargo-fuzz --locked`".into());
     }
     // Saved crashers are replayed by a plain test first, so a regression fails fast.
-    for package in ["limiter-token-bucket", "limiter-sliding-window"] {
+    for package in [
+        "limiter-token-bucket",
+        "limiter-sliding-window",
+        "limiter-tower",
+        "limiterd",
+    ] {
         cargo(
             &["test", "--package", package, "--test", "fuzz_regressions"],
             &[],

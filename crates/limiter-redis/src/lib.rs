@@ -70,9 +70,3 @@ pub use spec::{Kind, RedisLimit};
 pub use stack::{
     OnFailure, RedisLayer, RedisLimiter, RedisLimiterBuilder, RedisStack, RedisStackBuilder,
 };
-
-/// The README's Rust examples, compiled (and, but for the Redis one, run) as doctests so they
-/// stay true: this crate and its dev-dependencies reach every crate the README uses.
-#[cfg(doctest)]
-#[doc = include_str!("../../../README.md")]
-struct ReadmeExamples;

@@ -99,7 +99,7 @@ impl RedisLimit {
 
     fn derive(kind: Kind, limit: Limit) -> Result<Self, String> {
         let period_ns = limit.period_nanos();
-        if period_ns % 1_000 != 0 {
+        if !period_ns.is_multiple_of(1_000) {
             return Err(format!(
                 "its period {:?} is not a whole number of microseconds, the resolution of Redis time; \
                  round the period to whole microseconds",

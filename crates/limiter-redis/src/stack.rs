@@ -469,6 +469,14 @@ impl<R> RedisStack<R> {
         &self.backend
     }
 
+    /// Each layer's name and limits, in stack order (the positions a
+    /// [`LayerDecision`] names).
+    pub fn layers(&self) -> impl Iterator<Item = (&str, &[RedisLimit])> {
+        self.layers
+            .iter()
+            .map(|layer| (layer.name.as_str(), layer.limits.as_slice()))
+    }
+
     /// Resolves a call's keys and checks its cost against every limit it touches.
     fn prepare(&self, request: &R, cost: u64) -> Result<Prepared, CallError> {
         let mut keys = Vec::new();
@@ -549,6 +557,7 @@ impl<R> RedisStack<R> {
                     plan: 0,
                     limit_index: target.limit,
                     decision,
+                    limit_reset_after_nanos: decision.reset_after_nanos(),
                 };
                 return Some(RedisDecision::new(
                     false,

@@ -49,7 +49,7 @@ fn client_trace(rng: &mut Rng, profile: Profile) -> Vec<u64> {
         .map(|_| {
             let mean = match profile {
                 Profile::Bursty => {
-                    if rng.next() % 30 == 0 {
+                    if rng.next().is_multiple_of(30) {
                         bursting = !bursting;
                     }
                     if bursting { SECOND / 100 } else { SECOND / 2 }

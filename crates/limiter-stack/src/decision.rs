@@ -18,6 +18,10 @@ pub struct LayerDecision {
     /// The layer's answer: allowed iff all its limits allow; the least remaining and the
     /// longest waits among them.
     pub decision: Decision,
+    /// The binding limit's own `reset_after` in nanoseconds: when that limit alone is full
+    /// again (`decision`'s is the longest over the layer's limits). What a per-limit report,
+    /// such as the IETF `RateLimit` header, says of the binding limit.
+    pub limit_reset_after_nanos: u64,
 }
 
 /// The answer to one stacked call: allowed only if every layer allowed.
@@ -106,12 +110,13 @@ impl LayerDecision {
             }
         }
         let allowed = limits.iter().all(Decision::is_allowed);
-        let limit = limits.get(binding).unwrap_or(first).limit();
+        let bound = limits.get(binding).unwrap_or(first);
         Some(Self {
             layer,
             plan,
             limit_index: binding,
-            decision: combine(allowed, limit, limits.iter().copied()),
+            decision: combine(allowed, bound.limit(), limits.iter().copied()),
+            limit_reset_after_nanos: bound.reset_after_nanos(),
         })
     }
 }

@@ -353,10 +353,9 @@ where
                             ..
                         }),
                     ) = (inserted[slot], target)
+                        && let Some(Guard::Write(g)) = &mut guards[order.position(*shard)]
                     {
-                        if let Some(Guard::Write(g)) = &mut guards[order.position(*shard)] {
-                            g.remove(*hash, |e| e.layer as usize == *layer && e.key == *key);
-                        }
+                        g.remove(*hash, |e| e.layer as usize == *layer && e.key == *key);
                     }
                 }
             }
@@ -496,11 +495,11 @@ where
             len: 0,
         };
         for target in targets.iter().flatten() {
-            if let Place::Keyed { shard, .. } = target.place {
-                if !order.shards[..order.len].iter().any(|&(s, _)| s == shard) {
-                    order.shards[order.len] = (shard, false);
-                    order.len += 1;
-                }
+            if let Place::Keyed { shard, .. } = target.place
+                && !order.shards[..order.len].iter().any(|&(s, _)| s == shard)
+            {
+                order.shards[order.len] = (shard, false);
+                order.len += 1;
             }
         }
         order.shards[..order.len].sort_unstable();

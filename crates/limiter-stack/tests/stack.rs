@@ -159,7 +159,18 @@ fn several_limits_on_one_key_are_all_or_nothing() {
         .clock(clock.clone())
         .build()
         .unwrap();
-    assert!(stack.check(&req(1)).unwrap().is_allowed());
+    let first = stack.check(&req(1)).unwrap();
+    let layer = first.binding().unwrap();
+    assert!(first.is_allowed());
+    assert_eq!(layer.limit_index, 0, "the bucket has the fewest left");
+    assert_eq!(
+        layer.limit_reset_after_nanos, 500_000_000,
+        "the bucket's own reset"
+    );
+    assert!(
+        layer.decision.reset_after_nanos() > 500_000_000,
+        "the layer's reset is its latest limit's, the window's"
+    );
     assert!(stack.check(&req(1)).unwrap().is_allowed());
     let d = stack.check(&req(1)).unwrap();
     assert!(d.is_denied());

@@ -71,7 +71,7 @@ fn hammer(stack: &Users, refund_every: u64) -> (Vec<u64>, u64) {
                             any = true;
                             admitted[user as usize].fetch_add(1, Ordering::Relaxed);
                             calls += 1;
-                            if refund_every > 0 && calls % refund_every == 0 {
+                            if refund_every > 0 && calls.is_multiple_of(refund_every) {
                                 stack.refund(&user, &mut grant.unwrap(), 1).unwrap();
                                 refunded.fetch_add(1, Ordering::Relaxed);
                             }

@@ -17,6 +17,8 @@
 pub mod conformance;
 pub mod fuzzing;
 pub mod harness;
+#[cfg(feature = "http")]
+pub mod http;
 pub mod model;
 pub mod ops;
 pub mod store;

@@ -1,0 +1,296 @@
+//! Rate limit response headers: the IETF draft's `RateLimit-Policy` and `RateLimit`
+//! (draft-ietf-httpapi-ratelimit-headers, Structured Field lists, one item per stacked policy),
+//! the legacy `X-RateLimit-*` trio, or none; and `Retry-After`.
+//!
+//! Policies are described once, when the middleware is built: per layer and plan, the
+//! `RateLimit-Policy` items and the quoted names the `RateLimit` items reuse. A response only
+//! formats the numbers.
+
+use std::fmt::Write as _;
+
+use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
+use limiter_core::Limit;
+use limiter_stack::StackDecision;
+
+use crate::limiter::LayerInfo;
+
+/// Which rate limit headers responses carry (denied and allowed alike).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HeaderMode {
+    /// None (a 429 still carries `Retry-After`).
+    Off,
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset` (seconds from
+    /// now), for the binding layer.
+    Legacy,
+    /// The IETF draft: `RateLimit-Policy: "per-ip";q=10;w=1, "global";q=1000;w=1` and
+    /// `RateLimit: "per-ip";r=9;t=1, "global";r=999;t=1`, one item per layer that applied
+    /// (per limit in the policy; per layer, for its binding limit, in `RateLimit`).
+    #[default]
+    Ietf,
+}
+
+/// The largest Integer a Structured Field carries (RFC 8941, 15 digits).
+pub(crate) const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
+
+const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+const X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+const X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+const X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+/// Whole seconds in `nanos`, rounded up (a client told to wait never waits too little), capped
+/// at what a Structured Field Integer holds.
+pub(crate) fn ceil_seconds(nanos: u64) -> u64 {
+    nanos.div_ceil(1_000_000_000).min(SF_INTEGER_MAX)
+}
+
+/// Appends `n` in decimal (the hot path's `write!`, without the formatting machinery).
+fn push_u64(out: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for &d in &digits[i..] {
+        out.push(char::from(d));
+    }
+}
+
+/// `text` as a Structured Field String: quoted, `"` and `\` escaped, and every byte outside
+/// printable ASCII replaced by `?` (a String cannot carry it).
+pub(crate) fn sf_string(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            ' '..='~' => out.push(c),
+            _ => out.push('?'),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// One plan of one layer, described for the headers.
+#[derive(Debug)]
+struct PlanHeaders {
+    /// The `RateLimit-Policy` items for every limit of the plan, comma-separated.
+    policy: String,
+    /// Per limit, its quoted policy name.
+    names: Vec<String>,
+}
+
+/// Every layer's plans, described once.
+#[derive(Debug)]
+pub(crate) struct Policies {
+    /// Per layer: its name and its plans.
+    layers: Vec<(String, Vec<PlanHeaders>)>,
+}
+
+impl Policies {
+    /// Names each limit after its layer (`"per-ip"`), or, where a plan has several, after its
+    /// layer and position (`"per-ip.0"`, `"per-ip.1"`), so no two items share a name.
+    pub(crate) fn new(layers: &[LayerInfo]) -> Self {
+        let layers = layers
+            .iter()
+            .map(|layer| {
+                let plans = layer
+                    .plans
+                    .iter()
+                    .map(|limits| plan_headers(&layer.name, limits))
+                    .collect();
+                (layer.name.clone(), plans)
+            })
+            .collect();
+        Self { layers }
+    }
+
+    fn plan(&self, layer: usize, plan: usize) -> Option<&PlanHeaders> {
+        self.layers.get(layer)?.1.get(plan)
+    }
+
+    /// The name of the layer at `layer`.
+    pub(crate) fn layer_name(&self, layer: usize) -> Option<&str> {
+        self.layers.get(layer).map(|(name, _)| name.as_str())
+    }
+
+    /// `mode`'s headers for `decision`, rendered (so the decision itself need not be kept).
+    pub(crate) fn render(&self, mode: HeaderMode, decision: &StackDecision) -> RateHeaders {
+        let mut out = RateHeaders::default();
+        match mode {
+            HeaderMode::Off => {}
+            HeaderMode::Legacy => legacy(decision, &mut out),
+            HeaderMode::Ietf => self.ietf(decision, &mut out),
+        }
+        out
+    }
+
+    fn ietf(&self, decision: &StackDecision, out: &mut RateHeaders) {
+        let mut policy = String::new();
+        let mut state = String::new();
+        for layer in decision.layers() {
+            let Some(plan) = self.plan(layer.layer, layer.plan) else {
+                continue;
+            };
+            let Some(name) = plan.names.get(layer.limit_index) else {
+                continue;
+            };
+            // `t`: for a denial, the wait `Retry-After` gives; else when the binding limit
+            // (the one with the fewest left, which `r` reports) is full again.
+            let d = &layer.decision;
+            let wait = if d.is_allowed() {
+                layer.limit_reset_after_nanos
+            } else {
+                d.retry_after_nanos()
+            };
+            if !policy.is_empty() {
+                policy.push_str(", ");
+                state.push_str(", ");
+            }
+            policy.push_str(&plan.policy);
+            state.push_str(name);
+            state.push_str(";r=");
+            push_u64(&mut state, d.remaining().min(SF_INTEGER_MAX));
+            state.push_str(";t=");
+            push_u64(&mut state, ceil_seconds(wait));
+        }
+        if policy.is_empty() {
+            return;
+        }
+        // Both are printable ASCII by construction (`sf_string` and digits).
+        if let (Ok(policy), Ok(state)) =
+            (HeaderValue::try_from(policy), HeaderValue::try_from(state))
+        {
+            out.push(RATELIMIT_POLICY, policy);
+            out.push(RATELIMIT, state);
+        }
+    }
+}
+
+fn plan_headers(layer: &str, limits: &[Limit]) -> PlanHeaders {
+    let names: Vec<String> = if limits.len() == 1 {
+        vec![sf_string(layer)]
+    } else {
+        (0..limits.len())
+            .map(|i| sf_string(&format!("{layer}.{i}")))
+            .collect()
+    };
+    let mut policy = String::new();
+    for (name, limit) in names.iter().zip(limits) {
+        if !policy.is_empty() {
+            policy.push_str(", ");
+        }
+        let _ = write!(
+            policy,
+            "{name};q={};w={}",
+            limit.count().min(SF_INTEGER_MAX),
+            ceil_seconds(limit.period_nanos())
+        );
+        if limit.burst() != limit.count() {
+            // A vendor parameter: the draft's `q` is the quota per window, the burst is extra.
+            let _ = write!(policy, ";burst={}", limit.burst().min(SF_INTEGER_MAX));
+        }
+    }
+    PlanHeaders { policy, names }
+}
+
+fn legacy(decision: &StackDecision, out: &mut RateHeaders) {
+    if decision.binding().is_none() {
+        return;
+    }
+    let d = decision.decision();
+    out.push(X_LIMIT, HeaderValue::from(d.limit().min(SF_INTEGER_MAX)));
+    out.push(
+        X_REMAINING,
+        HeaderValue::from(d.remaining().min(SF_INTEGER_MAX)),
+    );
+    out.push(
+        X_RESET,
+        HeaderValue::from(ceil_seconds(d.reset_after_nanos())),
+    );
+}
+
+/// The rate limit headers of one response, rendered: at most three.
+#[derive(Debug, Default)]
+pub(crate) struct RateHeaders {
+    fields: [Option<(HeaderName, HeaderValue)>; 3],
+}
+
+impl RateHeaders {
+    fn push(&mut self, name: HeaderName, value: HeaderValue) {
+        if let Some(slot) = self.fields.iter_mut().find(|f| f.is_none()) {
+            *slot = Some((name, value));
+        }
+    }
+
+    /// Adds them to `headers`, replacing any the service set.
+    pub(crate) fn apply(self, headers: &mut HeaderMap) {
+        for (name, value) in self.fields.into_iter().flatten() {
+            headers.insert(name, value);
+        }
+    }
+}
+
+/// `Retry-After` in whole seconds, rounded up: the earliest a retry of the same cost can be
+/// admitted (never 0 for a denial: any positive wait rounds up to 1).
+pub(crate) fn retry_after(nanos: u64, headers: &mut HeaderMap) {
+    headers.insert(RETRY_AFTER, HeaderValue::from(ceil_seconds(nanos).max(1)));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strings_are_quoted_escaped_and_printable() {
+        assert_eq!(sf_string("per-ip"), r#""per-ip""#);
+        assert_eq!(sf_string(r#"a"b\c"#), r#""a\"b\\c""#);
+        assert_eq!(sf_string("café\n"), r#""caf??""#);
+    }
+
+    #[test]
+    fn integers_are_written_in_decimal() {
+        for n in [0, 7, 10, 999, 1_000_000_000_000, u64::MAX] {
+            let mut out = String::from("x");
+            push_u64(&mut out, n);
+            assert_eq!(out, format!("x{n}"));
+        }
+    }
+
+    #[test]
+    fn seconds_round_up_and_cap() {
+        assert_eq!(ceil_seconds(0), 0);
+        assert_eq!(ceil_seconds(1), 1);
+        assert_eq!(ceil_seconds(1_000_000_000), 1);
+        assert_eq!(ceil_seconds(1_000_000_001), 2);
+        assert_eq!(ceil_seconds(u64::MAX), 18_446_744_074);
+    }
+
+    #[test]
+    fn plans_with_several_limits_name_each() {
+        let limits = [
+            Limit::per_second(10).expect("valid"),
+            Limit::per_minute(100)
+                .expect("valid")
+                .with_burst(20)
+                .expect("valid"),
+        ];
+        let plan = plan_headers("api", &limits);
+        assert_eq!(plan.names, [r#""api.0""#, r#""api.1""#]);
+        assert_eq!(
+            plan.policy,
+            r#""api.0";q=10;w=1, "api.1";q=100;w=60;burst=20"#
+        );
+        let one = plan_headers("ip", &limits[..1]);
+        assert_eq!(one.policy, r#""ip";q=10;w=1"#);
+    }
+}

@@ -1,0 +1,81 @@
+//! [`HttpRequest`]: what a limiter under the middleware decides on, the request's head and the
+//! keys the middleware took from it; [`by_key`] and [`by_key_string`] turn a named key into a
+//! layer's keyer.
+
+use http::request::Parts;
+use http::{HeaderMap, Method, Uri};
+
+use crate::key::Key;
+
+/// A request as the limiter sees it: its head (method, URI, headers, extensions) and the keys
+/// the middleware extracted, by name. A key that is optional and was missing is `None`, and a
+/// layer keyed by it is skipped for this request.
+#[derive(Debug)]
+pub struct HttpRequest {
+    pub(crate) parts: Parts,
+    pub(crate) keys: Vec<(&'static str, Option<Key>)>,
+}
+
+impl HttpRequest {
+    /// A request with `keys` already extracted; for deciding outside the middleware (tests,
+    /// other transports).
+    pub fn new(parts: Parts, keys: impl IntoIterator<Item = (&'static str, Option<Key>)>) -> Self {
+        Self {
+            parts,
+            keys: keys.into_iter().collect(),
+        }
+    }
+
+    /// The key extracted under `name`, if the request had one.
+    pub fn key(&self, name: &str) -> Option<&Key> {
+        self.keys
+            .iter()
+            .find(|(n, _)| *n == name)
+            .and_then(|(_, key)| key.as_ref())
+    }
+
+    /// The method: choose a plan by it to limit reads and writes differently.
+    pub fn method(&self) -> &Method {
+        &self.parts.method
+    }
+
+    /// The URI; [`path`](Self::path) for per-route plans.
+    pub fn uri(&self) -> &Uri {
+        &self.parts.uri
+    }
+
+    /// The path of the URI.
+    pub fn path(&self) -> &str {
+        self.parts.uri.path()
+    }
+
+    /// The headers.
+    pub fn headers(&self) -> &HeaderMap {
+        &self.parts.headers
+    }
+
+    /// The whole head, extensions included (axum's `MatchedPath`, when the middleware is
+    /// added with `route_layer`).
+    pub fn parts(&self) -> &Parts {
+        &self.parts
+    }
+
+    /// Takes the head back.
+    pub fn into_parts(self) -> Parts {
+        self.parts
+    }
+}
+
+/// A keyer for an in-process stack layer: the key the middleware extracted as `name`
+/// (`Layer::keyed("per-ip", by_key("ip"))`).
+pub fn by_key(name: &'static str) -> impl Fn(&HttpRequest) -> Option<Key> + Send + Sync + 'static {
+    move |request: &HttpRequest| request.key(name).cloned()
+}
+
+/// A keyer for a Redis stack layer, whose keys are strings: the key extracted as `name`,
+/// written out (`RedisLayer::keyed("per-ip", by_key_string("ip"))`).
+pub fn by_key_string(
+    name: &'static str,
+) -> impl Fn(&HttpRequest) -> Option<String> + Send + Sync + 'static {
+    move |request: &HttpRequest| request.key(name).map(Key::to_string)
+}

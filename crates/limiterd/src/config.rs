@@ -1,0 +1,574 @@
+//! The configuration file (TOML): where to listen, the store (in memory, or Redis with its
+//! timeout and failure policy), and named policies, each a stack of limits with an algorithm
+//! and a keying. [`Config::parse`] checks everything and every error names the line, the field
+//! and the fix.
+//!
+//! ```toml
+//! listen = "127.0.0.1:8080"
+//!
+//! [store]
+//! kind = "memory"              # or "redis"
+//! # url = "redis://127.0.0.1:6379"
+//! # timeout_ms = 25
+//! # on_failure = "fallback"    # "open", "closed" or "fallback"
+//!
+//! [policies.api]
+//! limits = [
+//!   { algorithm = "token_bucket", count = 10, period = "1s", burst = 20 },
+//!   { algorithm = "sliding_window", count = 1000, period = "1h" },
+//!   { algorithm = "fixed_window", count = 10000, period = "1s", key = "global" },
+//! ]
+//! ```
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::time::Duration;
+
+use limiter_core::Limit;
+use limiter_redis::{Kind, OnFailure, RedisLimit};
+use serde::Deserialize;
+use toml::Spanned;
+
+/// The policies limiterd serves when started without a file: per-identifier API limits, a
+/// login limit, and a global cap.
+pub const BUILT_IN: &str = r#"# limiterd's built-in policies (used when no --config is given).
+listen = "127.0.0.1:8080"
+
+[store]
+kind = "memory"
+
+# 10 per second per identifier, bursts of 20, and at most 1000 per hour.
+[policies.api]
+limits = [
+  { algorithm = "token_bucket", count = 10, period = "1s", burst = 20 },
+  { algorithm = "sliding_window", count = 1000, period = "1h" },
+]
+
+# 5 attempts per minute per identifier.
+[policies.login]
+limits = [{ algorithm = "fixed_window", count = 5, period = "1m" }]
+
+# 10,000 per second across every identifier, and 100 per second per identifier.
+[policies.global]
+limits = [
+  { algorithm = "token_bucket", count = 100, period = "1s" },
+  { algorithm = "token_bucket", count = 10000, period = "1s", key = "global" },
+]
+"#;
+
+/// The most limits one keying of one policy holds (a stack layer's limit count).
+pub const MAX_LIMITS_PER_KEYING: usize = limiter_stack::MAX_LIMITS_PER_LAYER;
+
+/// A checked configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Where the HTTP API listens.
+    pub listen: SocketAddr,
+    /// Where state lives.
+    pub store: Store,
+    /// The policies, by name.
+    pub policies: BTreeMap<String, Policy>,
+}
+
+/// Where state lives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Store {
+    /// In this process: fast, and per process.
+    Memory,
+    /// On Redis: shared by every limiterd pointed at it.
+    Redis {
+        /// `redis://host:port`.
+        url: String,
+        /// Each call's timeout.
+        timeout: Duration,
+        /// What a policy does when Redis fails, unless it says otherwise.
+        on_failure: OnFailure,
+    },
+}
+
+/// How a limit is keyed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Keying {
+    /// A state per identifier.
+    Identifier,
+    /// One state for every identifier.
+    Global,
+}
+
+/// One limit of a policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PolicyLimit {
+    /// The algorithm.
+    pub kind: Kind,
+    /// Count per period, burst.
+    pub limit: Limit,
+    /// Per identifier or global.
+    pub keying: Keying,
+}
+
+/// A named stack of limits, all or nothing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Policy {
+    /// The limits, in the file's order.
+    pub limits: Vec<PolicyLimit>,
+    /// What the policy does when Redis fails (the store's unless set).
+    pub on_failure: OnFailure,
+}
+
+/// A configuration that cannot be used: where, what, and the fix.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    /// 1-based line, when the error has a place in the file.
+    pub line: Option<usize>,
+    /// 1-based column.
+    pub column: Option<usize>,
+    /// What is wrong and how to fix it.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.line, self.column) {
+            (Some(line), Some(column)) => {
+                write!(f, "line {line}, column {column}: {}", self.message)
+            }
+            (Some(line), None) => write!(f, "line {line}: {}", self.message),
+            _ => f.write_str(&self.message),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    listen: Option<Spanned<String>>,
+    store: Option<Spanned<RawStore>>,
+    #[serde(default)]
+    policies: BTreeMap<Spanned<String>, Spanned<RawPolicy>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStore {
+    kind: Spanned<String>,
+    url: Option<Spanned<String>>,
+    timeout_ms: Option<Spanned<u64>>,
+    on_failure: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPolicy {
+    limits: Spanned<Vec<Spanned<RawLimit>>>,
+    on_failure: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLimit {
+    algorithm: Spanned<String>,
+    count: Spanned<u64>,
+    period: Spanned<String>,
+    burst: Option<Spanned<u64>>,
+    key: Option<Spanned<String>>,
+}
+
+/// Turns byte offsets into lines and columns.
+struct Source<'a>(&'a str);
+
+impl Source<'_> {
+    fn error(&self, span: Option<Range<usize>>, message: impl Into<String>) -> ConfigError {
+        let (line, column) = match span {
+            Some(span) => {
+                let before = self.0.get(..span.start).unwrap_or(self.0);
+                let line = before.matches('\n').count() + 1;
+                let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+                (Some(line), Some(column))
+            }
+            None => (None, None),
+        };
+        ConfigError {
+            line,
+            column,
+            message: message.into(),
+        }
+    }
+
+    fn at<T>(&self, field: &Spanned<T>, message: impl Into<String>) -> ConfigError {
+        self.error(Some(field.span()), message)
+    }
+}
+
+impl Config {
+    /// Parses and checks `text`.
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        let source = Source(text);
+        let raw: RawConfig = toml::from_str(text).map_err(|e| {
+            let message = e.message().trim_end().to_owned();
+            source.error(
+                e.span(),
+                format!("{message} (see the example in `limiterd --help`)"),
+            )
+        })?;
+        let listen = match &raw.listen {
+            None => SocketAddr::from(([127, 0, 0, 1], 8080)),
+            Some(listen) => listen.get_ref().parse().map_err(|_| {
+                source.at(
+                    listen,
+                    format!(
+                        "`listen = {:?}` is not an address and port: write one like \"127.0.0.1:8080\"",
+                        listen.get_ref()
+                    ),
+                )
+            })?,
+        };
+        let store = match &raw.store {
+            None => Store::Memory,
+            Some(store) => parse_store(&source, store)?,
+        };
+        let default_failure = match &store {
+            Store::Redis { on_failure, .. } => *on_failure,
+            Store::Memory => OnFailure::default(),
+        };
+        if raw.policies.is_empty() {
+            return Err(source.error(
+                None,
+                "no policies: add at least one `[policies.NAME]` table with `limits = [...]`",
+            ));
+        }
+        let mut policies = BTreeMap::new();
+        for (name, policy) in &raw.policies {
+            check_name(&source, name)?;
+            let checked = parse_policy(&source, name.get_ref(), policy, default_failure, &store)?;
+            policies.insert(name.get_ref().clone(), checked);
+        }
+        Ok(Self {
+            listen,
+            store,
+            policies,
+        })
+    }
+}
+
+impl Config {
+    /// The same policies on the Redis at `url` (the `--redis` flag): the file's Redis timeout
+    /// and failure policy if it had a Redis store, else the defaults. Refused if a limit cannot
+    /// be decided exactly on Redis.
+    pub fn with_redis(mut self, url: &str) -> Result<Self, ConfigError> {
+        let plain = |message: String| ConfigError {
+            line: None,
+            column: None,
+            message,
+        };
+        if !url.starts_with("redis://") && !url.starts_with("rediss://") {
+            return Err(plain(format!(
+                "--redis {url:?}: write it as redis://host:port"
+            )));
+        }
+        let (timeout, on_failure) = match self.store {
+            Store::Redis {
+                timeout,
+                on_failure,
+                ..
+            } => (timeout, on_failure),
+            Store::Memory => (limiter_redis::DEFAULT_TIMEOUT, OnFailure::default()),
+        };
+        for (name, policy) in &self.policies {
+            for l in &policy.limits {
+                RedisLimit::new(l.kind, l.limit)
+                    .map_err(|e| plain(format!("policy `{name}` cannot run on Redis: {e}")))?;
+            }
+        }
+        self.store = Store::Redis {
+            url: url.to_owned(),
+            timeout,
+            on_failure,
+        };
+        Ok(self)
+    }
+}
+
+fn check_name(source: &Source<'_>, name: &Spanned<String>) -> Result<(), ConfigError> {
+    let ok = !name.get_ref().is_empty()
+        && name.get_ref().len() <= 64
+        && name
+            .get_ref()
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
+    if ok {
+        Ok(())
+    } else {
+        Err(source.at(
+            name,
+            format!(
+                "policy name {:?}: use 1 to 64 letters, digits, `-`, `_` or `.`",
+                name.get_ref()
+            ),
+        ))
+    }
+}
+
+fn parse_failure(source: &Source<'_>, value: &Spanned<String>) -> Result<OnFailure, ConfigError> {
+    match value.get_ref().as_str() {
+        "open" => Ok(OnFailure::Open),
+        "closed" => Ok(OnFailure::Closed),
+        "fallback" => Ok(OnFailure::Fallback),
+        other => Err(source.at(
+            value,
+            format!("`on_failure = {other:?}`: use \"open\", \"closed\" or \"fallback\""),
+        )),
+    }
+}
+
+fn parse_store(source: &Source<'_>, store: &Spanned<RawStore>) -> Result<Store, ConfigError> {
+    let raw = store.get_ref();
+    match raw.kind.get_ref().as_str() {
+        "memory" => {
+            for (present, field) in [
+                (raw.url.as_ref().map(Spanned::span), "url"),
+                (raw.timeout_ms.as_ref().map(Spanned::span), "timeout_ms"),
+                (raw.on_failure.as_ref().map(Spanned::span), "on_failure"),
+            ] {
+                if let Some(span) = present {
+                    return Err(source.error(
+                        Some(span),
+                        format!("`{field}` applies to `kind = \"redis\"` only: remove it or set the kind"),
+                    ));
+                }
+            }
+            Ok(Store::Memory)
+        }
+        "redis" => {
+            let url = raw.url.as_ref().ok_or_else(|| {
+                source.at(store, "a redis store needs `url = \"redis://host:port\"`")
+            })?;
+            if !url.get_ref().starts_with("redis://") && !url.get_ref().starts_with("rediss://") {
+                return Err(source.at(
+                    url,
+                    format!(
+                        "`url = {:?}`: write it as \"redis://host:port\"",
+                        url.get_ref()
+                    ),
+                ));
+            }
+            let timeout = match &raw.timeout_ms {
+                None => limiter_redis::DEFAULT_TIMEOUT,
+                Some(ms) if (1..=60_000).contains(ms.get_ref()) => {
+                    Duration::from_millis(*ms.get_ref())
+                }
+                Some(ms) => {
+                    return Err(source.at(
+                        ms,
+                        format!(
+                            "`timeout_ms = {}`: use 1 to 60000 milliseconds",
+                            ms.get_ref()
+                        ),
+                    ));
+                }
+            };
+            let on_failure = match &raw.on_failure {
+                None => OnFailure::default(),
+                Some(value) => parse_failure(source, value)?,
+            };
+            Ok(Store::Redis {
+                url: url.get_ref().clone(),
+                timeout,
+                on_failure,
+            })
+        }
+        other => Err(source.at(
+            &raw.kind,
+            format!("store `kind = {other:?}`: use \"memory\" or \"redis\""),
+        )),
+    }
+}
+
+fn parse_policy(
+    source: &Source<'_>,
+    name: &str,
+    policy: &Spanned<RawPolicy>,
+    default_failure: OnFailure,
+    store: &Store,
+) -> Result<Policy, ConfigError> {
+    let raw = policy.get_ref();
+    if raw.limits.get_ref().is_empty() {
+        return Err(source.at(
+            &raw.limits,
+            format!("policy `{name}` has no limits: add one such as {{ algorithm = \"token_bucket\", count = 10, period = \"1s\" }}"),
+        ));
+    }
+    let mut limits = Vec::new();
+    for entry in raw.limits.get_ref() {
+        let limit = parse_limit(source, name, entry, store)?;
+        let same = limits
+            .iter()
+            .filter(|l: &&PolicyLimit| l.keying == limit.keying)
+            .count();
+        if same == MAX_LIMITS_PER_KEYING {
+            return Err(source.at(
+                entry,
+                format!(
+                    "policy `{name}` has more than {MAX_LIMITS_PER_KEYING} limits keyed the same way: merge some or split the policy"
+                ),
+            ));
+        }
+        limits.push(limit);
+    }
+    let on_failure = match &raw.on_failure {
+        None => default_failure,
+        Some(value) => parse_failure(source, value)?,
+    };
+    Ok(Policy { limits, on_failure })
+}
+
+fn parse_limit(
+    source: &Source<'_>,
+    policy: &str,
+    entry: &Spanned<RawLimit>,
+    store: &Store,
+) -> Result<PolicyLimit, ConfigError> {
+    let raw = entry.get_ref();
+    let kind = match raw.algorithm.get_ref().as_str() {
+        "token_bucket" => Kind::TokenBucket,
+        "sliding_window" => Kind::SlidingWindow,
+        "fixed_window" => Kind::FixedWindow,
+        other => {
+            return Err(source.at(
+                &raw.algorithm,
+                format!("`algorithm = {other:?}`: use \"token_bucket\", \"sliding_window\" or \"fixed_window\""),
+            ));
+        }
+    };
+    let period = parse_period(raw.period.get_ref())
+        .ok_or_else(|| source.at(&raw.period, format!("`period = {:?}`: write a whole number with a unit, such as \"500ms\", \"1s\", \"1m\", \"1h\" or \"1d\"", raw.period.get_ref())))?;
+    let limit = Limit::new(*raw.count.get_ref(), period)
+        .map_err(|e| source.at(&raw.count, format!("policy `{policy}`: {e}")))?;
+    let limit = match &raw.burst {
+        None => limit,
+        Some(burst) => limit
+            .with_burst(*burst.get_ref())
+            .map_err(|e| source.at(burst, format!("policy `{policy}`: {e}")))?,
+    };
+    let keying = match raw.key.as_ref().map(|k| k.get_ref().as_str()) {
+        None | Some("identifier") => Keying::Identifier,
+        Some("global") => Keying::Global,
+        Some(other) => {
+            let key = raw.key.as_ref().map(Spanned::span);
+            return Err(source.error(
+                key,
+                format!("`key = {other:?}`: use \"identifier\" (the default) or \"global\""),
+            ));
+        }
+    };
+    // The algorithm must accept the limit here, in process and, for a Redis store, on Redis.
+    let check = match store {
+        Store::Memory => crate::engine::check_limit(kind, limit),
+        Store::Redis { .. } => RedisLimit::new(kind, limit).map(|_| ()),
+    };
+    check.map_err(|e| source.at(entry, format!("policy `{policy}`: {e}")))?;
+    Ok(PolicyLimit {
+        kind,
+        limit,
+        keying,
+    })
+}
+
+/// `"500ms"`, `"1s"`, `"15m"`, `"1h"`, `"1d"`: a whole number and a unit.
+pub fn parse_period(text: &str) -> Option<Duration> {
+    let digits = text.bytes().take_while(u8::is_ascii_digit).count();
+    let (number, unit) = text.split_at(digits);
+    let n: u64 = number.parse().ok()?;
+    let nanos_per = match unit {
+        "ns" => 1,
+        "us" => 1_000,
+        "ms" => 1_000_000,
+        "s" => 1_000_000_000,
+        "m" => 60_000_000_000,
+        "h" => 3_600_000_000_000,
+        "d" => 86_400_000_000_000,
+        _ => return None,
+    };
+    n.checked_mul(nanos_per).map(Duration::from_nanos)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_built_in_policies_parse() {
+        let config = Config::parse(BUILT_IN).expect("valid");
+        assert_eq!(config.listen, SocketAddr::from(([127, 0, 0, 1], 8080)));
+        assert_eq!(config.store, Store::Memory);
+        assert_eq!(
+            config.policies.keys().collect::<Vec<_>>(),
+            ["api", "global", "login"]
+        );
+        let api = &config.policies["api"];
+        assert_eq!(api.limits[0].limit.burst(), 20);
+        assert_eq!(api.limits[1].kind, Kind::SlidingWindow);
+        assert_eq!(config.policies["global"].limits[1].keying, Keying::Global);
+    }
+
+    fn error(text: &str) -> String {
+        Config::parse(text).expect_err("refused").to_string()
+    }
+
+    #[test]
+    fn every_error_names_the_line_and_the_fix() {
+        let policy = |limit: &str| format!("[policies.p]\nlimits = [\n  {limit},\n]\n");
+        for (text, want) in [
+            ("listen = 8080\n".to_owned(), "line 1, column 10: invalid type: integer `8080`, expected a string"),
+            ("listen = \"nowhere\"\n".to_owned(), "line 1, column 10: `listen = \"nowhere\"` is not an address"),
+            ("colour = 1\n".to_owned(), "line 1, column 1: unknown field `colour`"),
+            ("[store]\nkind = \"disk\"\n".to_owned(), "line 2, column 8: store `kind = \"disk\"`: use \"memory\" or \"redis\""),
+            ("[store]\nkind = \"redis\"\n".to_owned(), "line 1, column 1: a redis store needs `url"),
+            ("[store]\nkind = \"memory\"\ntimeout_ms = 5\n".to_owned(), "line 3, column 14: `timeout_ms` applies to `kind = \"redis\"` only"),
+            ("".to_owned(), "no policies"),
+            (policy("{ algorithm = \"leaky\", count = 1, period = \"1s\" }"), "line 3, column 17: `algorithm = \"leaky\"`"),
+            (policy("{ algorithm = \"token_bucket\", count = 0, period = \"1s\" }"), "line 3, column 41: policy `p`: invalid limit: `count` is 0"),
+            (policy("{ algorithm = \"token_bucket\", count = 1, period = \"1 sec\" }"), "line 3, column 53: `period = \"1 sec\"`: write a whole number with a unit"),
+            (policy("{ algorithm = \"token_bucket\", count = -1, period = \"1s\" }"), "line 3, column 41: invalid value: integer `-1`, expected u64"),
+            (policy("{ algorithm = \"fixed_window\", count = 10, period = \"1s\", burst = 20 }"), "line 3, column 3: policy `p`: invalid limit for the fixed window"),
+            (policy("{ algorithm = \"token_bucket\", count = 1, period = \"1s\", key = \"ip\" }"), "line 3, column 65: `key = \"ip\"`: use \"identifier\""),
+            ("[policies.\"bad name\"]\nlimits = []\n".to_owned(), "line 1, column 11: policy name \"bad name\""),
+            ("[policies.p]\nlimits = []\n".to_owned(), "line 2, column 10: policy `p` has no limits"),
+            ("[policies.p]\nlimits = [{ algorithm = \"token_bucket\", count = 1, period = \"1s\" }]\non_failure = \"maybe\"\n".to_owned(), "line 3, column 14: `on_failure = \"maybe\"`"),
+        ] {
+            let got = error(&text);
+            assert!(got.starts_with(want), "{text:?}\n got: {got}\nwant: {want}");
+        }
+    }
+
+    #[test]
+    fn too_many_limits_on_one_keying_are_refused() {
+        let limit = "{ algorithm = \"token_bucket\", count = 1, period = \"1s\" }";
+        let text = format!(
+            "[policies.p]\nlimits = [\n{}\n]\n",
+            [limit; 5].join(",\n")
+        );
+        assert!(error(&text).starts_with("line 7, column 1: policy `p` has more than 4 limits"));
+    }
+
+    #[test]
+    fn periods_have_units() {
+        assert_eq!(parse_period("500ms"), Some(Duration::from_millis(500)));
+        assert_eq!(parse_period("2h"), Some(Duration::from_secs(7200)));
+        for bad in [
+            "",
+            "s",
+            "1",
+            "1.5s",
+            "1 s",
+            "-1s",
+            "99999999999999999999d",
+            "1w",
+        ] {
+            assert_eq!(parse_period(bad), None, "{bad}");
+        }
+    }
+}

@@ -1,0 +1,559 @@
+//! The decision engine behind the API: one stack per configured policy (layers: the limits
+//! keyed by identifier, then the global ones), in process or on Redis, and stacks made on
+//! first use for ad-hoc limits (`limit` per `duration_ms`, a token bucket keyed by namespace
+//! and identifier).
+//!
+//! A batch is all or nothing: in process, its items are decided in order at one clock reading,
+//! each admitted item keeping a grant; if any item is denied, every grant is refunded at that
+//! same reading, so the batch leaves no trace. (A concurrent caller may be denied while the
+//! units are briefly held; none is ever admitted past a limit.) On Redis, which has no
+//! refunds, a batch is peeked first and taken only if every item would pass; a caller racing
+//! between the peek and the take can leave earlier items of a denied batch counted.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use limiter_core::{Algorithm, Clock, Decision, Limit, LimitError};
+use limiter_redis::{Kind, OnFailure, RedisBackend, RedisLayer, RedisStack, Source};
+use limiter_sliding_window::{FixedCounter, SlidingCounter};
+use limiter_stack::{Grant, Layer, Stack};
+use limiter_token_bucket::Gcra;
+
+use crate::config::{Config, Keying, Policy, PolicyLimit, Store};
+use crate::metrics::Metrics;
+
+/// The most distinct ad-hoc limit shapes (`limit` and `duration_ms` pairs) one process keeps a
+/// stack for; a request for another is refused and should become a configured policy.
+pub const MAX_AD_HOC_SHAPES: usize = 1_024;
+
+/// What a stack decides on: one identifier.
+#[derive(Debug)]
+pub struct Call {
+    identifier: Arc<str>,
+}
+
+/// What a request asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// A configured policy, by index into [`Engine::policy_names`].
+    Policy(usize),
+    /// `limit` per `duration_ms`, keyed by namespace and identifier.
+    AdHoc {
+        /// Units per duration (and the burst).
+        limit: u64,
+        /// The duration in milliseconds.
+        duration_ms: u64,
+        /// Keeps one caller's identifiers apart from another's.
+        namespace: String,
+    },
+}
+
+/// One decision asked for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Item {
+    /// Which limits.
+    pub target: Target,
+    /// Whose state.
+    pub identifier: String,
+    /// Units; 0 only reports.
+    pub cost: u64,
+}
+
+/// Who answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// This process's memory.
+    Memory,
+    /// Redis.
+    Redis,
+    /// The deny cache, for a key Redis had just denied.
+    DenyCache,
+    /// The local fallback while Redis is out.
+    Fallback,
+    /// Redis failed and the policy admits: nothing was counted.
+    FailOpen,
+}
+
+impl Origin {
+    /// The name the API reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Memory => "memory",
+            Self::Redis => "redis",
+            Self::DenyCache => "deny_cache",
+            Self::Fallback => "fallback",
+            Self::FailOpen => "fail_open",
+        }
+    }
+}
+
+/// The answer for one item.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Answer {
+    /// The decision (least remaining, longest waits across the stack's limits).
+    pub decision: Decision,
+    /// Who answered.
+    pub origin: Origin,
+}
+
+/// Why a request could not be decided.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DecideError {
+    /// The request is one no limit can ever decide (a cost above the burst).
+    #[error("{0}")]
+    Invalid(String),
+    /// Too many distinct ad-hoc limits.
+    #[error(
+        "this process already serves {MAX_AD_HOC_SHAPES} distinct ad-hoc limits: configure a \
+         policy for this one"
+    )]
+    TooManyShapes,
+    /// The backend failed and the policy refuses.
+    #[error("the store is unavailable ({0}); try again later")]
+    Unavailable(String),
+}
+
+type MemoryStack<C> = Stack<Call, Arc<str>, C>;
+
+/// An ad-hoc limit's shape: `limit` per `duration_ms`.
+type Shape = (u64, u64);
+
+enum Backend<C> {
+    Memory(MemoryStack<C>),
+    Redis(RedisStack<Call>),
+}
+
+enum StoreHandle {
+    Memory,
+    Redis(RedisBackend, OnFailure),
+}
+
+/// Every policy's stack, the ad-hoc stacks, and the clock they share.
+pub struct Engine<C> {
+    clock: C,
+    store: StoreHandle,
+    names: Vec<String>,
+    index: HashMap<String, usize>,
+    policies: Vec<Backend<C>>,
+    ad_hoc: RwLock<HashMap<Shape, Arc<Backend<C>>>>,
+    metrics: Arc<Metrics>,
+}
+
+impl<C> std::fmt::Debug for Engine<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("policies", &self.names)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether the in-process algorithm for `kind` accepts `limit`.
+pub fn check_limit(kind: Kind, limit: Limit) -> Result<(), LimitError> {
+    match kind {
+        Kind::TokenBucket => Gcra::new(limit).map(|_| ()),
+        Kind::SlidingWindow => SlidingCounter::new(limit).map(|_| ()),
+        Kind::FixedWindow => FixedCounter::new(limit).map(|_| ()),
+    }
+}
+
+fn memory_layer(name: &str, keying: Keying, limits: &[&PolicyLimit]) -> Layer<Call, Arc<str>> {
+    let mut layer = match keying {
+        Keying::Identifier => Layer::keyed(name, |c: &Call| Some(Arc::clone(&c.identifier))),
+        Keying::Global => Layer::global(name),
+    };
+    for l in limits {
+        // Checked when the configuration was parsed.
+        layer = match l.kind {
+            Kind::SlidingWindow => layer.limit::<SlidingCounter>(l.limit),
+            Kind::FixedWindow => layer.limit::<FixedCounter>(l.limit),
+            Kind::TokenBucket => layer.limit::<Gcra>(l.limit),
+        }
+        .expect("limits are checked when the configuration is parsed");
+    }
+    layer
+}
+
+fn redis_layer(name: &str, keying: Keying, limits: &[&PolicyLimit]) -> RedisLayer<Call> {
+    let mut layer = match keying {
+        Keying::Identifier => {
+            RedisLayer::keyed(name, |c: &Call| Some(c.identifier.as_ref().to_owned()))
+        }
+        Keying::Global => RedisLayer::global(name),
+    };
+    for l in limits {
+        layer = layer
+            .limit(l.kind, l.limit)
+            .expect("limits are checked for Redis when the configuration is parsed");
+    }
+    layer
+}
+
+/// The limits of `policy` grouped by keying, identifier first.
+fn groups(policy: &Policy) -> Vec<(Keying, Vec<&PolicyLimit>)> {
+    [Keying::Identifier, Keying::Global]
+        .into_iter()
+        .map(|k| {
+            (
+                k,
+                policy
+                    .limits
+                    .iter()
+                    .filter(|l| l.keying == k)
+                    .collect::<Vec<_>>(),
+            )
+        })
+        .filter(|(_, limits)| !limits.is_empty())
+        .collect()
+}
+
+impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
+    /// Builds every policy's stack on `clock` (and, for a Redis store, `backend`).
+    pub fn new(
+        config: &Config,
+        clock: C,
+        backend: Option<RedisBackend>,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, String> {
+        let store = match (&config.store, backend) {
+            (Store::Memory, _) => StoreHandle::Memory,
+            (Store::Redis { on_failure, .. }, Some(backend)) => {
+                StoreHandle::Redis(backend, *on_failure)
+            }
+            (Store::Redis { .. }, None) => return Err("a Redis store needs a backend".into()),
+        };
+        let mut engine = Self {
+            clock,
+            store,
+            names: Vec::new(),
+            index: HashMap::new(),
+            policies: Vec::new(),
+            ad_hoc: RwLock::new(HashMap::new()),
+            metrics,
+        };
+        for (name, policy) in &config.policies {
+            let backend = engine.build(name, policy)?;
+            engine.index.insert(name.clone(), engine.names.len());
+            engine.names.push(name.clone());
+            engine.policies.push(backend);
+        }
+        Ok(engine)
+    }
+
+    fn build(&self, name: &str, policy: &Policy) -> Result<Backend<C>, String> {
+        let groups = groups(policy);
+        let layer_name = |k: Keying| match k {
+            Keying::Identifier => "identifier",
+            Keying::Global => "global",
+        };
+        match &self.store {
+            StoreHandle::Memory => {
+                let mut builder = Stack::builder().clock(self.clock.clone());
+                for (keying, limits) in &groups {
+                    builder = builder.layer(memory_layer(layer_name(*keying), *keying, limits));
+                }
+                builder
+                    .build()
+                    .map(Backend::Memory)
+                    .map_err(|e| e.to_string())
+            }
+            StoreHandle::Redis(backend, _) => {
+                let mut builder = RedisStack::builder(backend, name)
+                    .prefix("limiterd")
+                    .on_failure(policy.on_failure);
+                for (keying, limits) in &groups {
+                    builder = builder.layer(redis_layer(layer_name(*keying), *keying, limits));
+                }
+                builder
+                    .build()
+                    .map(Backend::Redis)
+                    .map_err(|e| e.to_string())
+            }
+        }
+    }
+
+    /// The configured policies' names, in index order.
+    pub fn policy_names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// A policy's index.
+    pub fn policy_index(&self, name: &str) -> Option<usize> {
+        self.index.get(name).copied()
+    }
+
+    /// Keys held in memory (0 on Redis, whose keys expire there).
+    pub fn keys_held(&self) -> u64 {
+        let policies = self.policies.iter();
+        let ad_hoc = self
+            .ad_hoc
+            .read()
+            .map(|m| m.values().map(|b| held(b)).sum::<u64>());
+        policies.map(held).sum::<u64>() + ad_hoc.unwrap_or(0)
+    }
+
+    fn ad_hoc_backend(&self, limit: u64, duration_ms: u64) -> Result<Arc<Backend<C>>, DecideError> {
+        let shape = (limit, duration_ms);
+        if let Some(found) = self.ad_hoc.read().ok().and_then(|m| m.get(&shape).cloned()) {
+            return Ok(found);
+        }
+        let mut map = self
+            .ad_hoc
+            .write()
+            .map_err(|_| DecideError::Unavailable("a poisoned lock".into()))?;
+        if let Some(found) = map.get(&shape) {
+            return Ok(Arc::clone(found));
+        }
+        if map.len() >= MAX_AD_HOC_SHAPES {
+            return Err(DecideError::TooManyShapes);
+        }
+        let limit = Limit::new(limit, std::time::Duration::from_millis(duration_ms))
+            .map_err(|e| DecideError::Invalid(e.to_string()))?;
+        let policy = Policy {
+            limits: vec![PolicyLimit {
+                kind: Kind::TokenBucket,
+                limit,
+                keying: Keying::Identifier,
+            }],
+            on_failure: match &self.store {
+                StoreHandle::Redis(_, on_failure) => *on_failure,
+                StoreHandle::Memory => OnFailure::default(),
+            },
+        };
+        if let StoreHandle::Redis(..) = self.store {
+            limiter_redis::RedisLimit::new(Kind::TokenBucket, limit)
+                .map_err(|e| DecideError::Invalid(format!("`limit` per `duration_ms`: {e}")))?;
+        } else {
+            check_limit(Kind::TokenBucket, limit)
+                .map_err(|e| DecideError::Invalid(format!("`limit` per `duration_ms`: {e}")))?;
+        }
+        let name = format!("adhoc-{limit_count}-{duration_ms}", limit_count = shape.0);
+        let backend = Arc::new(self.build(&name, &policy).map_err(DecideError::Invalid)?);
+        map.insert(shape, Arc::clone(&backend));
+        Ok(backend)
+    }
+
+    fn resolve(&self, item: &Item) -> Result<(Resolved<'_, C>, Call), DecideError> {
+        match &item.target {
+            Target::Policy(index) => {
+                let backend = self
+                    .policies
+                    .get(*index)
+                    .ok_or_else(|| DecideError::Invalid(format!("no policy number {index}")))?;
+                let call = Call {
+                    identifier: item.identifier.as_str().into(),
+                };
+                Ok((Resolved::Configured(backend), call))
+            }
+            Target::AdHoc {
+                limit,
+                duration_ms,
+                namespace,
+            } => {
+                let backend = self.ad_hoc_backend(*limit, *duration_ms)?;
+                // The namespace keeps callers apart; its length is bounded, so the separator
+                // cannot be forged into another namespace's key.
+                let call = Call {
+                    identifier: format!("{}:{namespace}:{}", namespace.len(), item.identifier)
+                        .into(),
+                };
+                Ok((Resolved::AdHoc(backend), call))
+            }
+        }
+    }
+
+    /// Decides `items`, all or nothing (see the module docs); one answer per item, in order.
+    pub async fn decide(&self, items: &[Item]) -> Result<(bool, Vec<Answer>), DecideError> {
+        let resolved = items
+            .iter()
+            .map(|item| self.resolve(item))
+            .collect::<Result<Vec<_>, _>>()?;
+        let result = if resolved
+            .iter()
+            .all(|(r, _)| matches!(r.backend(), Backend::Memory(_)))
+        {
+            self.decide_in_memory(items, &resolved)
+        } else {
+            self.decide_on_redis(items, &resolved).await
+        };
+        if let Ok((_, answers)) = &result {
+            for (item, answer) in items.iter().zip(answers) {
+                self.metrics.count(self.metric_index(item), answer);
+            }
+        }
+        result
+    }
+
+    fn metric_index(&self, item: &Item) -> Option<usize> {
+        match item.target {
+            Target::Policy(index) => Some(index),
+            Target::AdHoc { .. } => None,
+        }
+    }
+
+    fn decide_in_memory(
+        &self,
+        items: &[Item],
+        resolved: &[(Resolved<'_, C>, Call)],
+    ) -> Result<(bool, Vec<Answer>), DecideError> {
+        let now = self.clock.now();
+        let mut answers = Vec::with_capacity(items.len());
+        let mut grants: Vec<(usize, Grant)> = Vec::new();
+        let mut all = true;
+        for (i, (item, (backend, call))) in items.iter().zip(resolved).enumerate() {
+            let Backend::Memory(stack) = backend.backend() else {
+                unreachable!("checked by the caller");
+            };
+            let outcome = stack.decide_at(call, item.cost, now);
+            let (decision, grant) = match outcome {
+                Ok(pair) => pair,
+                Err(e) => {
+                    self.refund_all(resolved, grants);
+                    return Err(DecideError::Invalid(e.to_string()));
+                }
+            };
+            all &= decision.is_allowed();
+            if let Some(grant) = grant {
+                grants.push((i, grant));
+            }
+            answers.push(Answer {
+                decision: decision.decision(),
+                origin: Origin::Memory,
+            });
+        }
+        if !all {
+            self.refund_all(resolved, grants);
+        }
+        Ok((all, answers))
+    }
+
+    fn refund_all(&self, resolved: &[(Resolved<'_, C>, Call)], grants: Vec<(usize, Grant)>) {
+        for (i, mut grant) in grants {
+            let (backend, call) = &resolved[i];
+            if let Backend::Memory(stack) = backend.backend() {
+                let units = grant.left();
+                // A grant from this stack, with its own units: a refund cannot fail.
+                let _ = stack.refund(call, &mut grant, units);
+            }
+        }
+    }
+
+    async fn decide_on_redis(
+        &self,
+        items: &[Item],
+        resolved: &[(Resolved<'_, C>, Call)],
+    ) -> Result<(bool, Vec<Answer>), DecideError> {
+        if let [item] = items {
+            let (backend, call) = &resolved[0];
+            let answer = self.redis_call(backend.backend(), call, item.cost).await?;
+            return Ok((answer.decision.is_allowed(), vec![answer]));
+        }
+        // Peek every item: if any would be denied, that is the answer, and nothing is taken.
+        let mut peeks = Vec::with_capacity(items.len());
+        for (item, (backend, call)) in items.iter().zip(resolved) {
+            let peek = self.redis_call(backend.backend(), call, 0).await?;
+            let fits = peek.decision.remaining() >= item.cost;
+            peeks.push((peek, fits));
+        }
+        if peeks.iter().any(|(_, fits)| !fits) {
+            let answers = peeks
+                .into_iter()
+                .map(|(peek, fits)| Answer {
+                    // A peek has no wait for a cost: the time until full bounds it from above.
+                    decision: if fits {
+                        peek.decision
+                    } else {
+                        Decision::deny(
+                            peek.decision.limit(),
+                            peek.decision.remaining(),
+                            peek.decision.reset_after_nanos().max(1),
+                            peek.decision.reset_after_nanos(),
+                        )
+                    },
+                    origin: peek.origin,
+                })
+                .collect();
+            return Ok((false, answers));
+        }
+        let mut answers = Vec::with_capacity(items.len());
+        let mut all = true;
+        for (item, (backend, call)) in items.iter().zip(resolved) {
+            let answer = self.redis_call(backend.backend(), call, item.cost).await?;
+            all &= answer.decision.is_allowed();
+            answers.push(answer);
+        }
+        Ok((all, answers))
+    }
+
+    async fn redis_call(
+        &self,
+        backend: &Backend<C>,
+        call: &Call,
+        cost: u64,
+    ) -> Result<Answer, DecideError> {
+        match backend {
+            Backend::Memory(stack) => stack
+                .check_n(call, cost)
+                .map(|d| Answer {
+                    decision: d.decision(),
+                    origin: Origin::Memory,
+                })
+                .map_err(|e| DecideError::Invalid(e.to_string())),
+            Backend::Redis(stack) => {
+                let answer = stack
+                    .check_n(call, cost)
+                    .await
+                    .map_err(|e| DecideError::Invalid(e.to_string()))?;
+                if answer.backend_error().is_some() {
+                    self.metrics.backend_error();
+                }
+                let origin = match answer.source() {
+                    Source::Redis | Source::NoLayer => Origin::Redis,
+                    Source::DenyCache => Origin::DenyCache,
+                    Source::Fallback(_) => {
+                        self.metrics.fallback();
+                        Origin::Fallback
+                    }
+                    Source::FailOpen(_) => {
+                        self.metrics.fallback();
+                        let decision = Decision::allow(0, 0, 0);
+                        return Ok(Answer {
+                            decision,
+                            origin: Origin::FailOpen,
+                        });
+                    }
+                    Source::FailClosed(e) => {
+                        self.metrics.fallback();
+                        return Err(DecideError::Unavailable(e.to_string()));
+                    }
+                    _ => Origin::Redis,
+                };
+                Ok(Answer {
+                    decision: answer.stack().decision(),
+                    origin,
+                })
+            }
+        }
+    }
+}
+
+fn held<C: Clock>(backend: &Backend<C>) -> u64 {
+    match backend {
+        Backend::Memory(stack) => stack.len(),
+        Backend::Redis(_) => 0,
+    }
+}
+
+/// A configured policy's backend, or a shared ad-hoc one.
+enum Resolved<'a, C> {
+    Configured(&'a Backend<C>),
+    AdHoc(Arc<Backend<C>>),
+}
+
+impl<C> Resolved<'_, C> {
+    fn backend(&self) -> &Backend<C> {
+        match self {
+            Self::Configured(b) => b,
+            Self::AdHoc(b) => b,
+        }
+    }
+}

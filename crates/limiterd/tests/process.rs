@@ -1,0 +1,440 @@
+//! limiterd as users run it: the binary started as a process on a free loopback port, driven
+//! by a real HTTP client (hyper, keep-alive). The limits used either never refill within a
+//! test (per hour, per minute) or are checked after a refund at the same instant, so the
+//! counts are exact without sleeping.
+
+#[path = "../../limiter-redis/tests/common/mod.rs"]
+mod redis_server;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+
+/// A running limiterd, killed on drop.
+struct Daemon {
+    child: Child,
+    addr: SocketAddr,
+    stdout: BufReader<std::process::ChildStdout>,
+}
+
+impl Daemon {
+    fn start(args: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_limiterd"))
+            .args(args)
+            .args(["--listen", "127.0.0.1:0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start limiterd");
+        let mut stdout = BufReader::new(child.stdout.take().expect("piped"));
+        let mut first = String::new();
+        stdout
+            .read_line(&mut first)
+            .expect("limiterd prints where it listens");
+        let addr = first
+            .trim()
+            .strip_prefix("limiterd listening on http://")
+            .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
+            .parse()
+            .expect("an address");
+        Self {
+            child,
+            addr,
+            stdout,
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A keep-alive HTTP/1.1 connection to a daemon.
+struct Client {
+    sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+}
+
+impl Client {
+    async fn connect(addr: SocketAddr) -> Self {
+        let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .expect("handshake");
+        tokio::spawn(connection);
+        Self { sender }
+    }
+
+    async fn send(&mut self, method: &str, path: &str, body: &str) -> (u16, String) {
+        let request = hyper::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", "limiterd")
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body.to_owned())))
+            .expect("request");
+        let response = self.sender.send_request(request).await.expect("response");
+        let status = response.status().as_u16();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .expect("body")
+            .to_bytes();
+        (status, String::from_utf8(body.to_vec()).expect("UTF-8"))
+    }
+
+    async fn post(&mut self, path: &str, body: &Value) -> (u16, Value) {
+        let (status, text) = self.send("POST", path, &body.to_string()).await;
+        let value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+        (status, value)
+    }
+
+    async fn decide(&mut self, body: Value) -> Value {
+        let (status, value) = self.post("/v1/ratelimit", &body).await;
+        assert_eq!(status, 200, "{value}");
+        value
+    }
+}
+
+fn temp_file(name: &str, text: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("limiterd-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("write");
+    path
+}
+
+#[tokio::test]
+async fn serves_the_built_in_policies_exactly() {
+    let daemon = Daemon::start(&[]);
+    let mut client = Client::connect(daemon.addr).await;
+
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis() as u64;
+    let first = client
+        .decide(json!({"policy": "api", "identifier": "u1"}))
+        .await;
+    assert_eq!(first["success"], true);
+    assert_eq!(first["limit"], 20);
+    assert_eq!(first["remaining"], 19);
+    assert_eq!(first["retry_after_ms"], 0);
+    assert_eq!(first["source"], "memory");
+    let reset = first["reset_at_ms"].as_u64().expect("a number");
+    // Full again when the slowest limit is: the hour's sliding window, up to two windows.
+    assert!(
+        reset > before && reset <= before + 2 * 3_600_000 + 1_000,
+        "{first}"
+    );
+
+    // 5 logins per minute: the sixth is denied with a wait, and a peek changes nothing.
+    for n in 1..=5 {
+        let d = client
+            .decide(json!({"policy": "login", "identifier": "u1"}))
+            .await;
+        assert_eq!(d["success"], true);
+        assert_eq!(d["remaining"], 5 - n);
+    }
+    let denied = client
+        .decide(json!({"policy": "login", "identifier": "u1"}))
+        .await;
+    assert_eq!(denied["success"], false);
+    let wait = denied["retry_after_ms"].as_u64().expect("a number");
+    assert!(wait > 0 && wait <= 60_000, "{denied}");
+    let peek = client
+        .decide(json!({"policy": "login", "identifier": "u2", "cost": 0}))
+        .await;
+    assert_eq!(
+        (peek["success"].clone(), peek["remaining"].clone()),
+        (json!(true), json!(5))
+    );
+    let peek = client
+        .decide(json!({"policy": "login", "identifier": "u2", "cost": 0}))
+        .await;
+    assert_eq!(peek["remaining"], 5, "a peek takes nothing");
+
+    // Ad-hoc limits, kept apart by namespace.
+    let adhoc = |ns: &str| json!({"namespace": ns, "identifier": "u1", "limit": 2, "duration_ms": 3_600_000});
+    assert_eq!(client.decide(adhoc("mail")).await["success"], true);
+    assert_eq!(client.decide(adhoc("mail")).await["success"], true);
+    assert_eq!(client.decide(adhoc("mail")).await["success"], false);
+    assert_eq!(client.decide(adhoc("sms")).await["success"], true);
+
+    let (status, health) = client.send("GET", "/healthz", "").await;
+    assert_eq!((status, health.as_str()), (200, "ok\n"));
+    let (status, metrics) = client.send("GET", "/metrics", "").await;
+    assert_eq!(status, 200);
+    for line in [
+        "limiterd_decisions_total{policy=\"login\",result=\"allowed\"} 7",
+        "limiterd_decisions_total{policy=\"login\",result=\"denied\"} 1",
+        "limiterd_decisions_total{policy=\"(ad hoc)\",result=\"denied\"} 1",
+        "limiterd_request_duration_seconds_count 13",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "{line} not in\n{metrics}"
+        );
+    }
+    assert!(metrics.contains("limiterd_store_keys "), "{metrics}");
+}
+
+#[tokio::test]
+async fn a_batch_is_all_or_nothing() {
+    let daemon = Daemon::start(&[]);
+    let mut client = Client::connect(daemon.addr).await;
+    let login = |id: &str, cost: u64| json!({"policy": "login", "identifier": id, "cost": cost});
+    let (status, ok) = client
+        .post(
+            "/v1/ratelimit/many",
+            &json!({"requests": [login("a", 3), login("b", 1)]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{ok}");
+    assert_eq!(ok["success"], true);
+    assert_eq!(ok["results"][0]["remaining"], 2);
+    assert_eq!(ok["results"][1]["remaining"], 4);
+    // `a` has 2 left: the batch is denied as a whole and `b` keeps its 4.
+    let (_, denied) = client
+        .post(
+            "/v1/ratelimit/many",
+            &json!({"requests": [login("b", 1), login("a", 3)]}),
+        )
+        .await;
+    assert_eq!(denied["success"], false, "{denied}");
+    assert_eq!(denied["results"][1]["success"], false);
+    assert!(
+        denied["results"][1]["retry_after_ms"]
+            .as_u64()
+            .expect("a number")
+            > 0
+    );
+    let peek = client.decide(login("b", 0)).await;
+    assert_eq!(peek["remaining"], 4, "the denied batch gave b's unit back");
+    let peek = client.decide(login("a", 0)).await;
+    assert_eq!(peek["remaining"], 2);
+}
+
+#[tokio::test]
+async fn invalid_requests_get_clear_400s_never_500s() {
+    let daemon = Daemon::start(&[]);
+    let mut client = Client::connect(daemon.addr).await;
+    for (body, code, field) in [
+        ("{not json", "invalid_json", None),
+        ("", "invalid_json", None),
+        (
+            r#"{"policy":"api","identifier":"u","cost":"two"}"#,
+            "invalid_json",
+            Some("cost"),
+        ),
+        (
+            r#"{"policy":"api","identifier":"u","cost":184467440737095516160}"#,
+            "invalid_json",
+            Some("cost"),
+        ),
+        (
+            r#"{"policy":"api","identifier":"u","cost":-3}"#,
+            "invalid_json",
+            Some("cost"),
+        ),
+        (
+            r#"{"policy":"api","identifier":""}"#,
+            "invalid_request",
+            Some("identifier"),
+        ),
+        (
+            r#"{"policy":"nope","identifier":"u"}"#,
+            "unknown_policy",
+            Some("policy"),
+        ),
+        (
+            r#"{"policy":"api","identifier":"u","cost":21}"#,
+            "invalid_request",
+            Some("cost"),
+        ),
+        (
+            r#"{"namespace":"n","identifier":"u","limit":18446744073709551615,"duration_ms":1}"#,
+            "invalid_request",
+            Some("cost"),
+        ),
+    ] {
+        let (status, text) = client.send("POST", "/v1/ratelimit", body).await;
+        assert_eq!(status, 400, "{body}: {text}");
+        let value: Value = serde_json::from_str(&text).expect("a JSON error");
+        assert_eq!(value["error"]["code"], code, "{body}: {text}");
+        assert_eq!(value["error"]["field"].as_str(), field, "{body}: {text}");
+        assert!(
+            !value["error"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .is_empty()
+        );
+    }
+    let (status, text) = client
+        .send(
+            "POST",
+            "/v1/ratelimit/many",
+            r#"{"requests":[{"policy":"api","identifier":"u","cost":"x"}]}"#,
+        )
+        .await;
+    assert_eq!(status, 400);
+    assert!(text.contains(r#""field":"requests[0].cost""#), "{text}");
+    let (status, text) = client.send("GET", "/v2/nothing", "").await;
+    assert_eq!(status, 404, "{text}");
+    let (status, _) = client.send("GET", "/v1/ratelimit", "").await;
+    assert_eq!(status, 405);
+    let huge = format!(
+        r#"{{"policy":"api","identifier":"{}"}}"#,
+        "x".repeat(100_000)
+    );
+    let (status, _) = client.send("POST", "/v1/ratelimit", &huge).await;
+    assert_eq!(status, 413);
+    // The service is still answering.
+    assert_eq!(
+        client
+            .decide(json!({"policy": "api", "identifier": "after"}))
+            .await["success"],
+        true
+    );
+}
+
+#[test]
+fn check_config_explains_errors_with_line_numbers() {
+    let bad = temp_file(
+        "bad.toml",
+        "[policies.api]\nlimits = [\n  { algorithm = \"token_bucket\", count = 10, period = \"1 second\" },\n]\n",
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_limiterd"))
+        .arg("check-config")
+        .arg(&bad)
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "bad.toml: line 3, column 54: `period = \"1 second\"`: write a whole number with a unit"
+        ),
+        "{stderr}"
+    );
+    let example = Command::new(env!("CARGO_BIN_EXE_limiterd"))
+        .arg("example-config")
+        .output()
+        .expect("run");
+    let good = temp_file("good.toml", &String::from_utf8_lossy(&example.stdout));
+    let out = Command::new(env!("CARGO_BIN_EXE_limiterd"))
+        .arg("check-config")
+        .arg(&good)
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout)
+            .contains("valid; 3 policies (api, global, login), store: memory")
+    );
+}
+
+#[test]
+fn sigterm_stops_it_after_answering() {
+    let mut daemon = Daemon::start(&[]);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let mut client = Client::connect(daemon.addr).await;
+        assert_eq!(
+            client
+                .decide(json!({"policy": "api", "identifier": "u"}))
+                .await["success"],
+            true
+        );
+    });
+    let status = Command::new("kill")
+        .args(["-TERM", &daemon.child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let exit = loop {
+        if let Some(exit) = daemon.child.try_wait().expect("wait") {
+            break exit;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "limiterd did not stop on SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(exit.success(), "{exit}");
+    let rest: Vec<String> = (&mut daemon.stdout).lines().map_while(Result::ok).collect();
+    assert!(rest.iter().any(|l| l == "limiterd stopped"), "{rest:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_on_one_redis_admit_exactly_the_limit() {
+    let server = redis_server::RedisServer::start();
+    let config = temp_file(
+        &format!("redis-{}.toml", server.port),
+        &format!(
+            "[store]\nkind = \"redis\"\nurl = \"{}\"\ntimeout_ms = 1000\non_failure = \"closed\"\n\n\
+             [policies.shared]\nlimits = [{{ algorithm = \"token_bucket\", count = 50, period = \"1h\" }}]\n",
+            server.url()
+        ),
+    );
+    let config = config.to_str().expect("UTF-8 path").to_owned();
+    let first = Daemon::start(&["--config", &config]);
+    // The second takes the same file's policies and is pointed at Redis by the flag.
+    let policies = temp_file(
+        "shared-memory.toml",
+        "[policies.shared]\nlimits = [{ algorithm = \"token_bucket\", count = 50, period = \"1h\" }]\n",
+    );
+    let second = Daemon::start(&[
+        "--config",
+        policies.to_str().expect("UTF-8 path"),
+        "--redis",
+        &server.url(),
+    ]);
+    let mut tasks = Vec::new();
+    for addr in [first.addr, second.addr, first.addr, second.addr] {
+        tasks.push(tokio::spawn(async move {
+            let mut client = Client::connect(addr).await;
+            let mut admitted = 0;
+            for _ in 0..30 {
+                let d = client
+                    .decide(json!({"policy": "shared", "identifier": "everyone"}))
+                    .await;
+                // Denials may come from the deny cache; every admission is Redis's.
+                let source = d["source"].as_str().expect("a source");
+                assert!(
+                    source == "redis" || (source == "deny_cache" && d["success"] == false),
+                    "{d}"
+                );
+                admitted += u32::from(d["success"] == true);
+            }
+            admitted
+        }));
+    }
+    let mut total = 0;
+    for task in tasks {
+        total += task.await.expect("task");
+    }
+    assert_eq!(
+        total, 50,
+        "120 calls through two processes admit exactly the shared 50"
+    );
+}
