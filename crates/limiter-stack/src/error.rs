@@ -72,6 +72,9 @@ pub enum BuildError {
         /// The first plan's limits.
         expected: usize,
     },
+    /// A bound of zero keys would refuse every keyed call.
+    #[error("`max_keys` must be at least 1; leave it unset for no bound")]
+    ZeroMaxKeys,
 }
 
 impl BuildError {
@@ -100,6 +103,21 @@ pub enum CallError {
         limit_index: usize,
         /// Why.
         source: DecisionError,
+    },
+    /// The stack holds as many keys as it was built for ([`max_keys`]) and none of them is
+    /// full, so a new key cannot be taken in without forgetting another's consumption. Calls
+    /// for keys already held go on; new keys get in as held ones become full again.
+    ///
+    /// [`max_keys`]: crate::StackBuilder::max_keys
+    #[error(
+        "layer `{layer}`: the stack already holds its {max_keys} keys and none is full again \
+         yet; raise `max_keys`, or retry once some keys have refilled"
+    )]
+    Full {
+        /// The layer whose new key did not fit.
+        layer: String,
+        /// The stack's bound.
+        max_keys: usize,
     },
     /// The layer's plan function chose a plan that does not exist.
     #[error("layer `{layer}`: the plan function chose plan {chosen}, but the layer has {plans} plans (0 to {}); fix the function passed to `Layer::plans`", plans.saturating_sub(1))]

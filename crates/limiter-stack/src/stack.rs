@@ -41,6 +41,9 @@ pub struct Stack<R, K, C = MonotonicClock> {
     /// One entry per global layer, by layer position (`None` for keyed layers).
     globals: Box<[Option<CachePadded<Cells>>]>,
     table: ShardedTable<Entry<K>, EntryHasher>,
+    /// With `max_keys`: the most entries one shard holds (its share of the bound).
+    per_shard: Option<usize>,
+    max_keys: Option<usize>,
     clock: C,
     id: u64,
 }
@@ -58,6 +61,7 @@ pub struct StackBuilder<R, K, C = MonotonicClock> {
     layers: Vec<Layer<R, K>>,
     clock: C,
     shards: Option<usize>,
+    max_keys: Option<usize>,
 }
 
 impl<R, K> Stack<R, K> {
@@ -67,6 +71,7 @@ impl<R, K> Stack<R, K> {
             layers: Vec::new(),
             clock: MonotonicClock::new(),
             shards: None,
+            max_keys: None,
         }
     }
 }
@@ -84,6 +89,7 @@ impl<R, K, C> StackBuilder<R, K, C> {
             layers: self.layers,
             clock,
             shards: self.shards,
+            max_keys: self.max_keys,
         }
     }
 
@@ -91,6 +97,17 @@ impl<R, K, C> StackBuilder<R, K, C> {
     /// four per core).
     pub fn shards(mut self, shards: usize) -> Self {
         self.shards = Some(shards);
+        self
+    }
+
+    /// Holds at most `max_keys` keyed entries (one per layer and key), each shard its share.
+    /// A new key that finds its shard at its share, after the shard's full entries are
+    /// dropped, is refused with [`CallError::Full`]: no held key is ever evicted, so no key's
+    /// consumption is forgotten and nothing is admitted past a limit; the price is that new
+    /// keys wait while every held key is still refilling. Without it the table is unbounded
+    /// but still drops full entries as it grows.
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = Some(max_keys);
         self
     }
 
@@ -118,15 +135,27 @@ impl<R, K, C> StackBuilder<R, K, C> {
                     .then(|| CachePadded::new(Cells::new(fresh(layer, 0))))
             })
             .collect();
-        let hasher = EntryHasher::default();
-        let table = match self.shards {
-            Some(shards) => ShardedTable::with_shards_and_hasher(shards, hasher),
-            None => ShardedTable::with_hasher(hasher),
-        };
+        if self.max_keys == Some(0) {
+            return Err(BuildError::ZeroMaxKeys);
+        }
+        let mut shards = self
+            .shards
+            .unwrap_or_else(ShardedTable::<Entry<K>>::default_shards)
+            .clamp(1, 4096)
+            .next_power_of_two();
+        if let Some(max) = self.max_keys {
+            // No more shards than keys (a power of two at most `max`), so every shard's share
+            // is at least one key and the shares together never exceed the bound.
+            shards = shards.min(1 << max.ilog2());
+        }
+        let table = ShardedTable::with_shards_and_hasher(shards, EntryHasher::default());
+        let per_shard = self.max_keys.map(|max| max / table.shards());
         Ok(Stack {
             layers: self.layers.into_boxed_slice(),
             globals,
             table,
+            per_shard,
+            max_keys: self.max_keys,
             clock: self.clock,
             // Relaxed: a unique number, ordering nothing.
             id: IDS.fetch_add(1, StdOrdering::Relaxed),
@@ -272,6 +301,7 @@ where
             let mut guards = self.lock_shards(&order);
             let mut inserted = [false; MAX_LAYERS];
             let mut retry = false;
+            let mut full = None;
             for (slot, target) in targets.iter().enumerate() {
                 let Some(Target {
                     layer,
@@ -312,6 +342,15 @@ where
                         })
                     })
                 };
+                if let Some(share) = self.per_shard
+                    && shard.len() >= share
+                {
+                    shard.sweep(|e| !ours(e) && self.entry_is_full(e, now));
+                    if shard.len() >= share {
+                        full = Some(*layer);
+                        break;
+                    }
+                }
                 shard.insert(
                     *hash,
                     entry,
@@ -323,7 +362,12 @@ where
             if retry {
                 continue;
             }
-            let result = {
+            let result = if let Some(layer) = full {
+                Err(CallError::Full {
+                    layer: self.layers[layer].name().to_owned(),
+                    max_keys: self.max_keys.unwrap_or(0),
+                })
+            } else {
                 let cells = self.find(&targets, &order, &guards);
                 if targets
                     .iter()

@@ -458,3 +458,64 @@ fn bad_stacks_are_refused_with_errors_that_name_the_fix() {
         BuildError::TooManyLayers { layers: 9, max: 8 }
     );
 }
+
+#[test]
+fn a_bounded_stack_refuses_new_keys_rather_than_forget_held_ones() {
+    let clock = ManualClock::new();
+    let bounded = |max_keys| {
+        Stack::builder()
+            .layer(
+                Layer::keyed("user", |r: &Request| Some(r.user))
+                    .limit::<Gcra>(per_second(2))
+                    .unwrap(),
+            )
+            .shards(1)
+            .max_keys(max_keys)
+            .clock(clock.clone())
+            .build()
+    };
+    assert_eq!(bounded(0).unwrap_err(), BuildError::ZeroMaxKeys);
+    let stack = bounded(2).unwrap();
+    assert!(stack.check_n(&req(1), 2).unwrap().is_allowed());
+    assert!(stack.check(&req(2)).unwrap().is_allowed());
+    let err = stack.check(&req(3)).unwrap_err();
+    assert_eq!(
+        err,
+        CallError::Full {
+            layer: "user".into(),
+            max_keys: 2
+        }
+    );
+    assert!(err.to_string().contains("raise `max_keys`"), "{err}");
+    assert_eq!(stack.len(), 2, "the refused key left nothing behind");
+    // Held keys go on with their consumption; a new key can still be peeked.
+    assert!(stack.check(&req(1)).unwrap().is_denied());
+    assert_eq!(stack.peek(&req(3)).unwrap().decision().remaining(), 2);
+    // Half a second on, key 2 is full again (1 of 2 used) and makes room; key 1 is not.
+    clock.advance(Duration::from_millis(500));
+    assert!(stack.check(&req(3)).unwrap().is_allowed());
+    assert_eq!(stack.len(), 2);
+    let one = stack.check(&req(1)).unwrap();
+    assert!(one.is_allowed());
+    assert_eq!(one.decision().remaining(), 0, "key 1 kept its consumption");
+    assert!(matches!(
+        stack.check(&req(4)).unwrap_err(),
+        CallError::Full { .. }
+    ));
+    // With the default shards too, the table never holds more than the bound.
+    let many = Stack::builder()
+        .layer(
+            Layer::keyed("user", |r: &Request| Some(r.user))
+                .limit::<Gcra>(per_second(2))
+                .unwrap(),
+        )
+        .max_keys(5)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let admitted = (0..100)
+        .filter(|&user| many.check(&req(user)).is_ok_and(|d| d.is_allowed()))
+        .count();
+    assert!((1..=5).contains(&admitted), "{admitted}");
+    assert_eq!(many.len(), admitted as u64);
+}

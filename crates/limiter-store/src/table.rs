@@ -43,10 +43,15 @@ pub struct Shard<E> {
 }
 
 impl<E, S> ShardedTable<E, S> {
-    /// An empty table with four shards per available core, hashing with `hasher`.
+    /// An empty table with [`default_shards`](Self::default_shards), hashing with `hasher`.
     pub fn with_hasher(hasher: S) -> Self {
+        Self::with_shards_and_hasher(Self::default_shards(), hasher)
+    }
+
+    /// Four shards per available core.
+    pub fn default_shards() -> usize {
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
-        Self::with_shards_and_hasher(cores.saturating_mul(4), hasher)
+        cores.saturating_mul(4)
     }
 
     /// An empty table with `shards` shards (rounded up to a power of two, between 1 and 4096).
@@ -166,6 +171,12 @@ impl<E> Shard<E> {
             self.rebuild(target, &rehash);
         }
         self.table.insert_unique(hash, entry, rehash).into_mut()
+    }
+
+    /// Drops the entries `is_full` accepts (without rebuilding), returning how many: for a
+    /// caller that caps a shard's entries and needs room before an insert.
+    pub fn sweep(&mut self, is_full: impl Fn(&E) -> bool) -> u64 {
+        self.drop_full(is_full)
     }
 
     /// Removes and returns the entry of hash `hash` that `eq` accepts.

@@ -291,6 +291,12 @@ fn decide_error(e: DecideError) -> ApiError {
             field: Some("limit".into()),
             message: e.to_string(),
         },
+        DecideError::Full(_) => ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            code: "store_full",
+            field: None,
+            message: e.to_string(),
+        },
         DecideError::Unavailable(_) => ApiError {
             status: StatusCode::SERVICE_UNAVAILABLE,
             code: "store_unavailable",

@@ -8,6 +8,7 @@
 //!
 //! [store]
 //! kind = "memory"              # or "redis"
+//! # max_keys = 1000000         # memory: at most this many keys per policy
 //! # url = "redis://127.0.0.1:6379"
 //! # timeout_ms = 25
 //! # on_failure = "fallback"    # "open", "closed" or "fallback"
@@ -75,8 +76,13 @@ pub struct Config {
 /// Where state lives.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Store {
-    /// In this process: fast, and per process.
-    Memory,
+    /// In this process: fast, and per process; each policy's stack holds at most `max_keys`
+    /// keys if set (new identifiers are refused, with a 503, while it is full of keys still
+    /// refilling; none is forgotten).
+    Memory {
+        /// The bound per policy, if any.
+        max_keys: Option<usize>,
+    },
     /// On Redis: shared by every limiterd pointed at it.
     Redis {
         /// `redis://host:port`.
@@ -155,6 +161,7 @@ struct RawConfig {
 #[serde(deny_unknown_fields)]
 struct RawStore {
     kind: Spanned<String>,
+    max_keys: Option<Spanned<u64>>,
     url: Option<Spanned<String>>,
     timeout_ms: Option<Spanned<u64>>,
     on_failure: Option<Spanned<String>>,
@@ -227,12 +234,12 @@ impl Config {
             })?,
         };
         let store = match &raw.store {
-            None => Store::Memory,
+            None => Store::Memory { max_keys: None },
             Some(store) => parse_store(&source, store)?,
         };
         let default_failure = match &store {
             Store::Redis { on_failure, .. } => *on_failure,
-            Store::Memory => OnFailure::default(),
+            Store::Memory { .. } => OnFailure::default(),
         };
         if raw.policies.is_empty() {
             return Err(source.error(
@@ -275,7 +282,7 @@ impl Config {
                 on_failure,
                 ..
             } => (timeout, on_failure),
-            Store::Memory => (limiter_redis::DEFAULT_TIMEOUT, OnFailure::default()),
+            Store::Memory { .. } => (limiter_redis::DEFAULT_TIMEOUT, OnFailure::default()),
         };
         for (name, policy) in &self.policies {
             for l in &policy.limits {
@@ -328,6 +335,21 @@ fn parse_store(source: &Source<'_>, store: &Spanned<RawStore>) -> Result<Store, 
     let raw = store.get_ref();
     match raw.kind.get_ref().as_str() {
         "memory" => {
+            let max_keys = match &raw.max_keys {
+                None => None,
+                Some(n) if (1..=1_000_000_000).contains(n.get_ref()) => {
+                    usize::try_from(*n.get_ref()).ok()
+                }
+                Some(n) => {
+                    return Err(source.at(
+                        n,
+                        format!(
+                            "`max_keys = {}`: use 1 to 1000000000, or leave it out for no bound",
+                            n.get_ref()
+                        ),
+                    ));
+                }
+            };
             for (present, field) in [
                 (raw.url.as_ref().map(Spanned::span), "url"),
                 (raw.timeout_ms.as_ref().map(Spanned::span), "timeout_ms"),
@@ -340,9 +362,15 @@ fn parse_store(source: &Source<'_>, store: &Spanned<RawStore>) -> Result<Store, 
                     ));
                 }
             }
-            Ok(Store::Memory)
+            Ok(Store::Memory { max_keys })
         }
         "redis" => {
+            if let Some(n) = &raw.max_keys {
+                return Err(source.at(
+                    n,
+                    "`max_keys` applies to `kind = \"memory\"`: Redis keys expire on their own",
+                ));
+            }
             let url = raw.url.as_ref().ok_or_else(|| {
                 source.at(store, "a redis store needs `url = \"redis://host:port\"`")
             })?;
@@ -466,7 +494,7 @@ fn parse_limit(
     };
     // The algorithm must accept the limit here, in process and, for a Redis store, on Redis.
     let check = match store {
-        Store::Memory => crate::engine::check_limit(kind, limit),
+        Store::Memory { .. } => crate::engine::check_limit(kind, limit),
         Store::Redis { .. } => RedisLimit::new(kind, limit).map(|_| ()),
     };
     check.map_err(|e| source.at(entry, format!("policy `{policy}`: {e}")))?;
@@ -503,7 +531,7 @@ mod tests {
     fn the_built_in_policies_parse() {
         let config = Config::parse(BUILT_IN).expect("valid");
         assert_eq!(config.listen, SocketAddr::from(([127, 0, 0, 1], 8080)));
-        assert_eq!(config.store, Store::Memory);
+        assert_eq!(config.store, Store::Memory { max_keys: None });
         assert_eq!(
             config.policies.keys().collect::<Vec<_>>(),
             ["api", "global", "login"]
@@ -528,6 +556,7 @@ mod tests {
             ("[store]\nkind = \"disk\"\n".to_owned(), "line 2, column 8: store `kind = \"disk\"`: use \"memory\" or \"redis\""),
             ("[store]\nkind = \"redis\"\n".to_owned(), "line 1, column 1: a redis store needs `url"),
             ("[store]\nkind = \"memory\"\ntimeout_ms = 5\n".to_owned(), "line 3, column 14: `timeout_ms` applies to `kind = \"redis\"` only"),
+            ("[store]\nkind = \"memory\"\nmax_keys = 0\n".to_owned(), "line 3, column 12: `max_keys = 0`: use 1 to 1000000000"),
             ("".to_owned(), "no policies"),
             (policy("{ algorithm = \"leaky\", count = 1, period = \"1s\" }"), "line 3, column 17: `algorithm = \"leaky\"`"),
             (policy("{ algorithm = \"token_bucket\", count = 0, period = \"1s\" }"), "line 3, column 41: policy `p`: invalid limit: `count` is 0"),
@@ -547,10 +576,7 @@ mod tests {
     #[test]
     fn too_many_limits_on_one_keying_are_refused() {
         let limit = "{ algorithm = \"token_bucket\", count = 1, period = \"1s\" }";
-        let text = format!(
-            "[policies.p]\nlimits = [\n{}\n]\n",
-            [limit; 5].join(",\n")
-        );
+        let text = format!("[policies.p]\nlimits = [\n{}\n]\n", [limit; 5].join(",\n"));
         assert!(error(&text).starts_with("line 7, column 1: policy `p` has more than 4 limits"));
     }
 

@@ -16,7 +16,7 @@ use std::sync::{Arc, RwLock};
 use limiter_core::{Algorithm, Clock, Decision, Limit, LimitError};
 use limiter_redis::{Kind, OnFailure, RedisBackend, RedisLayer, RedisStack, Source};
 use limiter_sliding_window::{FixedCounter, SlidingCounter};
-use limiter_stack::{Grant, Layer, Stack};
+use limiter_stack::{CallError, Grant, Layer, Stack};
 use limiter_token_bucket::Gcra;
 
 use crate::config::{Config, Keying, Policy, PolicyLimit, Store};
@@ -111,6 +111,10 @@ pub enum DecideError {
     /// The backend failed and the policy refuses.
     #[error("the store is unavailable ({0}); try again later")]
     Unavailable(String),
+    /// A bounded store holds its `max_keys` and none is full again yet: a new identifier
+    /// must wait (held ones go on).
+    #[error("{0}")]
+    Full(String),
 }
 
 type MemoryStack<C> = Stack<Call, Arc<str>, C>;
@@ -124,7 +128,7 @@ enum Backend<C> {
 }
 
 enum StoreHandle {
-    Memory,
+    Memory { max_keys: Option<usize> },
     Redis(RedisBackend, OnFailure),
 }
 
@@ -215,7 +219,9 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         metrics: Arc<Metrics>,
     ) -> Result<Self, String> {
         let store = match (&config.store, backend) {
-            (Store::Memory, _) => StoreHandle::Memory,
+            (Store::Memory { max_keys }, _) => StoreHandle::Memory {
+                max_keys: *max_keys,
+            },
             (Store::Redis { on_failure, .. }, Some(backend)) => {
                 StoreHandle::Redis(backend, *on_failure)
             }
@@ -246,8 +252,11 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             Keying::Global => "global",
         };
         match &self.store {
-            StoreHandle::Memory => {
+            StoreHandle::Memory { max_keys } => {
                 let mut builder = Stack::builder().clock(self.clock.clone());
+                if let Some(max_keys) = max_keys {
+                    builder = builder.max_keys(*max_keys);
+                }
                 for (keying, limits) in &groups {
                     builder = builder.layer(memory_layer(layer_name(*keying), *keying, limits));
                 }
@@ -316,7 +325,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             }],
             on_failure: match &self.store {
                 StoreHandle::Redis(_, on_failure) => *on_failure,
-                StoreHandle::Memory => OnFailure::default(),
+                StoreHandle::Memory { .. } => OnFailure::default(),
             },
         };
         if let StoreHandle::Redis(..) = self.store {
@@ -408,7 +417,10 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                 Ok(pair) => pair,
                 Err(e) => {
                     self.refund_all(resolved, grants);
-                    return Err(DecideError::Invalid(e.to_string()));
+                    return Err(match e {
+                        CallError::Full { .. } => DecideError::Full(e.to_string()),
+                        _ => DecideError::Invalid(e.to_string()),
+                    });
                 }
             };
             all &= decision.is_allowed();
@@ -555,5 +567,84 @@ impl<C> Resolved<'_, C> {
             Self::Configured(b) => b,
             Self::AdHoc(b) => b,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use limiter_core::ManualClock;
+
+    use super::*;
+
+    fn engine(text: &str) -> (Engine<ManualClock>, ManualClock) {
+        let config = Config::parse(text).expect("valid");
+        let clock = ManualClock::new();
+        let metrics = Arc::new(Metrics::new(config.policies.keys().cloned()));
+        let engine = Engine::new(&config, clock.clone(), None, metrics).expect("builds");
+        (engine, clock)
+    }
+
+    fn item(id: &str, cost: u64) -> Item {
+        Item {
+            target: Target::Policy(0),
+            identifier: id.into(),
+            cost,
+        }
+    }
+
+    fn run<T>(future: impl std::future::Future<Output = T>) -> T {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let mut future = std::pin::pin!(future);
+        match future.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(value) => value,
+            std::task::Poll::Pending => panic!("memory decides at once"),
+        }
+    }
+
+    #[test]
+    fn a_denied_batch_refunds_exactly_at_its_own_instant() {
+        let (engine, clock) = engine(
+            "[policies.p]\nlimits = [{ algorithm = \"token_bucket\", count = 4, period = \"1s\" }]\n",
+        );
+        clock.advance(Duration::from_millis(10));
+        let (ok, answers) =
+            run(engine.decide(&[item("a", 3), item("b", 4), item("a", 2)])).expect("valid");
+        assert!(!ok);
+        assert_eq!(
+            answers
+                .iter()
+                .map(|a| a.decision.is_allowed())
+                .collect::<Vec<_>>(),
+            [true, true, false]
+        );
+        // Everything came back: both keys are full at the same instant.
+        for id in ["a", "b"] {
+            let (_, peek) = run(engine.decide(&[item(id, 0)])).expect("valid");
+            assert_eq!(peek[0].decision.remaining(), 4, "{id}");
+        }
+    }
+
+    #[test]
+    fn a_bounded_memory_store_refuses_new_identifiers_until_one_refills() {
+        let (engine, clock) = engine(
+            "[store]\nkind = \"memory\"\nmax_keys = 1\n[policies.p]\nlimits = [{ algorithm = \"token_bucket\", count = 1, period = \"1s\" }]\n",
+        );
+        assert!(run(engine.decide(&[item("a", 1)])).expect("valid").0);
+        let err = run(engine.decide(&[item("b", 1)])).expect_err("full");
+        assert!(matches!(err, DecideError::Full(_)), "{err}");
+        assert!(
+            !run(engine.decide(&[item("a", 1)]))
+                .expect("held keys go on")
+                .0
+        );
+        clock.advance(Duration::from_secs(1));
+        assert!(
+            run(engine.decide(&[item("b", 1)]))
+                .expect("a refilled and made room")
+                .0
+        );
+        assert_eq!(engine.keys_held(), 1);
     }
 }

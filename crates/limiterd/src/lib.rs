@@ -37,7 +37,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), String> {
     let backend = match &config.store {
-        Store::Memory => None,
+        Store::Memory { .. } => None,
         Store::Redis { url, timeout, .. } => Some(
             RedisBackend::builder(url.clone())
                 .timeout(*timeout)

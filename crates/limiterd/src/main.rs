@@ -88,7 +88,8 @@ fn main() -> ExitCode {
 
 fn store_name(store: &Store) -> String {
     match store {
-        Store::Memory => "memory".to_owned(),
+        Store::Memory { max_keys: None } => "memory".to_owned(),
+        Store::Memory { max_keys: Some(n) } => format!("memory (at most {n} keys per policy)"),
         Store::Redis { url, .. } => format!("redis ({url})"),
     }
 }
