@@ -5,39 +5,17 @@
 //! decides without waiting, so nothing here measures a runtime or a socket. Building each
 //! request is setup, outside the timing.
 
-use std::convert::Infallible;
-use std::future::{Ready, ready};
 use std::hint::black_box;
-use std::pin::pin;
-use std::task::{Context, Poll, Waker};
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
-use http::{Request, Response};
+use http::Request;
 use limiter_benches::{group, never_limit, token_bucket_allow};
 use limiter_core::Limit;
 use limiter_stack::{Layer, Stack};
+use limiter_testkit::http::{Ok200, call};
 use limiter_token_bucket::Gcra;
 use limiter_tower::{HeaderMode, HttpRequest, Key, PeerAddr, PeerIp, RateLimitLayer, by_key};
 use tower_layer::Layer as _;
-use tower_service::Service;
-
-/// An inner service that answers 200 with no body, at once.
-#[derive(Clone, Copy)]
-struct Ok200;
-
-impl Service<Request<()>> for Ok200 {
-    type Response = Response<()>;
-    type Error = Infallible;
-    type Future = Ready<Result<Response<()>, Infallible>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _: Request<()>) -> Self::Future {
-        ready(Ok(Response::new(())))
-    }
-}
 
 fn per_ip(limit: Limit) -> Stack<HttpRequest, Key> {
     Stack::builder()
@@ -56,19 +34,6 @@ fn request() -> Request<()> {
         .extensions_mut()
         .insert(PeerAddr(([192, 0, 2, 1], 4000).into()));
     request
-}
-
-/// Calls `service` once and returns the status; the future must be ready at once.
-fn call<S>(service: &mut S, request: Request<()>) -> u16
-where
-    S: Service<Request<()>, Response = Response<limiter_tower::RateLimitBody<()>>>,
-{
-    let mut cx = Context::from_waker(Waker::noop());
-    let mut future = pin!(service.call(request));
-    match future.as_mut().poll(&mut cx) {
-        Poll::Ready(Ok(response)) => response.status().as_u16(),
-        _ => unreachable!("an in-memory stack decides at once"),
-    }
 }
 
 fn middleware(c: &mut Criterion) {
@@ -101,7 +66,7 @@ fn middleware(c: &mut Criterion) {
         g.bench_function(name, |b| {
             b.iter_batched(
                 request,
-                |r| call(&mut service, black_box(r)),
+                |r| call(&mut service, black_box(r)).status().as_u16(),
                 BatchSize::SmallInput,
             )
         });

@@ -51,3 +51,21 @@ pub fn run_bytes<A: Algorithm, M: Model>(bytes: &[u8]) {
         panic!("{violation}");
     }
 }
+
+/// Runs `body` on every input saved in `fuzz/regressions/<target>/` (crashers once found,
+/// and seeds), so a fixed crash stays fixed without cargo-fuzz. Panics if there is none.
+pub fn replay_saved(target: &str, body: impl Fn(&[u8])) {
+    let dir = format!(
+        "{}/../../fuzz/regressions/{target}",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let mut replayed = 0;
+    for entry in std::fs::read_dir(&dir).expect("the regressions folder is committed") {
+        let path = entry.expect("readable").path();
+        let bytes = std::fs::read(&path).expect("readable");
+        eprintln!("replaying {}", path.display());
+        body(&bytes);
+        replayed += 1;
+    }
+    assert!(replayed > 0, "no saved inputs in {dir}");
+}
