@@ -34,6 +34,17 @@ struct KeySpec {
     required: bool,
 }
 
+impl fmt::Debug for KeySpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = if self.required {
+            "required"
+        } else {
+            "optional"
+        };
+        write!(f, "{} ({kind})", self.name)
+    }
+}
+
 /// What every clone of the layer and its services shares.
 struct Shared<L> {
     limiter: L,
@@ -66,9 +77,8 @@ impl<L> fmt::Debug for RateLimitLayer<L> {
 
 impl<L> fmt::Debug for Shared<L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let keys: Vec<_> = self.keys.iter().map(|k| (k.name, k.required)).collect();
         f.debug_struct("RateLimitLayer")
-            .field("keys", &keys)
+            .field("keys", &self.keys)
             .field("headers", &self.mode)
             .field("body", &self.body)
             .finish_non_exhaustive()
@@ -86,9 +96,8 @@ pub struct RateLimitLayerBuilder<L> {
 
 impl<L> fmt::Debug for RateLimitLayerBuilder<L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let keys: Vec<_> = self.keys.iter().map(|k| (k.name, k.required)).collect();
         f.debug_struct("RateLimitLayerBuilder")
-            .field("keys", &keys)
+            .field("keys", &self.keys)
             .field("headers", &self.mode)
             .field("body", &self.body)
             .finish_non_exhaustive()
