@@ -36,6 +36,20 @@ impl Kind {
         }
     }
 
+    /// Adds `limit` to an in-process stack `layer`, decided by this kind's Rust algorithm
+    /// (the script's twin): for a local fallback, or any stack configured by kind.
+    pub fn add_to<R, K>(
+        self,
+        layer: limiter_stack::Layer<R, K>,
+        limit: Limit,
+    ) -> Result<limiter_stack::Layer<R, K>, limiter_stack::BuildError> {
+        match self {
+            Kind::TokenBucket => layer.limit::<Gcra>(limit),
+            Kind::SlidingWindow => layer.limit::<SlidingCounter>(limit),
+            Kind::FixedWindow => layer.limit::<FixedCounter>(limit),
+        }
+    }
+
     /// The script's code for the algorithm.
     fn code(self) -> u8 {
         match self {

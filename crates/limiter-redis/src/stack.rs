@@ -16,9 +16,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use limiter_core::{Clock, Decision, Limit};
-use limiter_sliding_window::{FixedCounter, SlidingCounter};
 use limiter_stack::{LayerDecision, MAX_LAYERS, MAX_LIMITS_PER_LAYER, StackDecision};
-use limiter_token_bucket::Gcra;
 
 use crate::backend::RedisBackend;
 use crate::decision::{RedisDecision, Source};
@@ -275,18 +273,16 @@ fn local_stack<R: 'static>(
             None => limiter_stack::Layer::global(layer.name.clone()),
         };
         for limit in &layer.limits {
-            let added = match limit.kind() {
-                Kind::TokenBucket => local.limit::<Gcra>(limit.limit()),
-                Kind::SlidingWindow => local.limit::<SlidingCounter>(limit.limit()),
-                Kind::FixedWindow => local.limit::<FixedCounter>(limit.limit()),
-            };
-            local = added.map_err(|e| BuildError::Limit {
-                layer: layer.name.clone(),
-                source: limiter_core::LimitError::Unsupported {
-                    algorithm: limit.kind().name(),
-                    reason: format!("the local fallback cannot hold it: {e}"),
-                },
-            })?;
+            local = limit
+                .kind()
+                .add_to(local, limit.limit())
+                .map_err(|e| BuildError::Limit {
+                    layer: layer.name.clone(),
+                    source: limiter_core::LimitError::Unsupported {
+                        algorithm: limit.kind().name(),
+                        reason: format!("the local fallback cannot hold it: {e}"),
+                    },
+                })?;
         }
         builder = builder.layer(local);
     }

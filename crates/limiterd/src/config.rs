@@ -495,7 +495,9 @@ fn parse_limit(
     // The algorithm must accept the limit here, in process and, for a Redis store, on Redis.
     let check = match store {
         Store::Memory { .. } => crate::engine::check_limit(kind, limit),
-        Store::Redis { .. } => RedisLimit::new(kind, limit).map(|_| ()),
+        Store::Redis { .. } => RedisLimit::new(kind, limit)
+            .map(|_| ())
+            .map_err(|e| e.to_string()),
     };
     check.map_err(|e| source.at(entry, format!("policy `{policy}`: {e}")))?;
     Ok(PolicyLimit {

@@ -13,11 +13,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
-use limiter_core::{Algorithm, Clock, Decision, Limit, LimitError};
+use limiter_core::{Clock, Decision, Limit};
 use limiter_redis::{Kind, OnFailure, RedisBackend, RedisLayer, RedisStack, Source};
-use limiter_sliding_window::{FixedCounter, SlidingCounter};
-use limiter_stack::{CallError, Grant, Layer, Stack};
-use limiter_token_bucket::Gcra;
+use limiter_stack::{BuildError, CallError, Grant, Layer, Stack};
 
 use crate::config::{Config, Keying, Policy, PolicyLimit, Store};
 use crate::metrics::Metrics;
@@ -151,13 +149,14 @@ impl<C> std::fmt::Debug for Engine<C> {
     }
 }
 
-/// Whether the in-process algorithm for `kind` accepts `limit`.
-pub fn check_limit(kind: Kind, limit: Limit) -> Result<(), LimitError> {
-    match kind {
-        Kind::TokenBucket => Gcra::new(limit).map(|_| ()),
-        Kind::SlidingWindow => SlidingCounter::new(limit).map(|_| ()),
-        Kind::FixedWindow => FixedCounter::new(limit).map(|_| ()),
-    }
+/// Whether the in-process algorithm for `kind` accepts `limit`, or why not.
+pub fn check_limit(kind: Kind, limit: Limit) -> Result<(), String> {
+    kind.add_to(Layer::<Call, Arc<str>>::global("check"), limit)
+        .map(|_| ())
+        .map_err(|e| match e {
+            BuildError::Limit { source, .. } => source.to_string(),
+            other => other.to_string(),
+        })
 }
 
 fn memory_layer(name: &str, keying: Keying, limits: &[&PolicyLimit]) -> Layer<Call, Arc<str>> {
@@ -166,13 +165,10 @@ fn memory_layer(name: &str, keying: Keying, limits: &[&PolicyLimit]) -> Layer<Ca
         Keying::Global => Layer::global(name),
     };
     for l in limits {
-        // Checked when the configuration was parsed.
-        layer = match l.kind {
-            Kind::SlidingWindow => layer.limit::<SlidingCounter>(l.limit),
-            Kind::FixedWindow => layer.limit::<FixedCounter>(l.limit),
-            Kind::TokenBucket => layer.limit::<Gcra>(l.limit),
-        }
-        .expect("limits are checked when the configuration is parsed");
+        layer = l
+            .kind
+            .add_to(layer, l.limit)
+            .expect("limits are checked when the configuration is parsed");
     }
     layer
 }
