@@ -11,6 +11,7 @@ const TARGETS: &[&str] = &[
     "http_middleware",
     "limiterd_request",
     "limiterd_config",
+    "envoy_rules",
 ];
 
 pub(crate) fn run(args: &[String]) -> Result<(), String> {

@@ -13,6 +13,10 @@
 //! # timeout_ms = 25
 //! # on_failure = "fallback"    # "open", "closed" or "fallback"
 //!
+//! [envoy]                      # envoy's rate-limit protocol over gRPC (optional)
+//! listen = "127.0.0.1:8081"
+//! files = ["ratelimit/web.yaml"] # descriptor files, relative to this file
+//!
 //! [policies.api]
 //! limits = [
 //!   { algorithm = "token_bucket", count = 10, period = "1s", burst = 20 },
@@ -25,6 +29,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::ops::Range;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use limiter_core::Limit;
@@ -71,6 +76,24 @@ pub struct Config {
     pub store: Store,
     /// The policies, by name.
     pub policies: BTreeMap<String, Policy>,
+    /// Envoy's rate-limit protocol, if configured.
+    pub envoy: Option<EnvoySettings>,
+}
+
+/// Where envoy's gRPC protocol listens, unless the file says.
+pub const DEFAULT_GRPC_LISTEN: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
+    std::net::Ipv4Addr::LOCALHOST,
+    8081,
+));
+
+/// Envoy's rate-limit protocol: where its gRPC service listens and the descriptor files it
+/// decides (see [`crate::envoy::rules`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EnvoySettings {
+    /// The gRPC address.
+    pub listen: SocketAddr,
+    /// The descriptor files, as written (relative to the configuration file).
+    pub files: Vec<PathBuf>,
 }
 
 /// Where state lives.
@@ -155,6 +178,14 @@ struct RawConfig {
     store: Option<Spanned<RawStore>>,
     #[serde(default)]
     policies: BTreeMap<Spanned<String>, Spanned<RawPolicy>>,
+    envoy: Option<Spanned<RawEnvoy>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEnvoy {
+    listen: Option<Spanned<String>>,
+    files: Spanned<Vec<Spanned<String>>>,
 }
 
 #[derive(Deserialize)]
@@ -223,15 +254,11 @@ impl Config {
         })?;
         let listen = match &raw.listen {
             None => SocketAddr::from(([127, 0, 0, 1], 8080)),
-            Some(listen) => listen.get_ref().parse().map_err(|_| {
-                source.at(
-                    listen,
-                    format!(
-                        "`listen = {:?}` is not an address and port: write one like \"127.0.0.1:8080\"",
-                        listen.get_ref()
-                    ),
-                )
-            })?,
+            Some(listen) => parse_listen(&source, "listen", listen)?,
+        };
+        let envoy = match &raw.envoy {
+            None => None,
+            Some(envoy) => Some(parse_envoy(&source, envoy)?),
         };
         let store = match &raw.store {
             None => Store::Memory { max_keys: None },
@@ -241,10 +268,11 @@ impl Config {
             Store::Redis { on_failure, .. } => *on_failure,
             Store::Memory { .. } => OnFailure::default(),
         };
-        if raw.policies.is_empty() {
+        if raw.policies.is_empty() && envoy.is_none() {
             return Err(source.error(
                 None,
-                "no policies: add at least one `[policies.NAME]` table with `limits = [...]`",
+                "no policies: add at least one `[policies.NAME]` table with `limits = [...]`, \
+                 or an `[envoy]` table with descriptor `files`",
             ));
         }
         let mut policies = BTreeMap::new();
@@ -257,6 +285,7 @@ impl Config {
             listen,
             store,
             policies,
+            envoy,
         })
     }
 }
@@ -297,6 +326,47 @@ impl Config {
         };
         Ok(self)
     }
+}
+
+fn parse_listen(
+    source: &Source<'_>,
+    field: &str,
+    listen: &Spanned<String>,
+) -> Result<SocketAddr, ConfigError> {
+    listen.get_ref().parse().map_err(|_| {
+        source.at(
+            listen,
+            format!(
+                "`{field} = {:?}` is not an address and port: write one like \"127.0.0.1:8080\"",
+                listen.get_ref()
+            ),
+        )
+    })
+}
+
+fn parse_envoy(
+    source: &Source<'_>,
+    envoy: &Spanned<RawEnvoy>,
+) -> Result<EnvoySettings, ConfigError> {
+    let raw = envoy.get_ref();
+    let listen = match &raw.listen {
+        None => DEFAULT_GRPC_LISTEN,
+        Some(listen) => parse_listen(source, "listen", listen)?,
+    };
+    if raw.files.get_ref().is_empty() {
+        return Err(source.at(
+            &raw.files,
+            "`files` is empty: list the descriptor files (YAML) envoy's domains are in",
+        ));
+    }
+    let mut files = Vec::new();
+    for file in raw.files.get_ref() {
+        if file.get_ref().is_empty() {
+            return Err(source.at(file, "an empty file name: write the path to a YAML file"));
+        }
+        files.push(PathBuf::from(file.get_ref()));
+    }
+    Ok(EnvoySettings { listen, files })
 }
 
 fn check_name(source: &Source<'_>, name: &Spanned<String>) -> Result<(), ConfigError> {

@@ -5,7 +5,8 @@
 //!
 //! A batch is all or nothing: in process, its items are decided in order at one clock reading,
 //! each admitted item keeping a grant; if any item is denied, every grant is refunded at that
-//! same reading, so the batch leaves no trace. (A concurrent caller may be denied while the
+//! same reading, so the batch leaves no trace, and the admitted items report what they hold
+//! after it. (A concurrent caller may be denied while the
 //! units are briefly held; none is ever admitted past a limit.) On Redis, which has no
 //! refunds, a batch is peeked first and taken only if every item would pass; a caller racing
 //! between the peek and the take can leave earlier items of a denied batch counted.
@@ -37,6 +38,8 @@ pub enum Target {
     Policy(usize),
     /// `limit` per `duration_ms`, keyed by namespace and identifier.
     AdHoc {
+        /// The algorithm.
+        kind: Kind,
         /// Units per duration (and the burst).
         limit: u64,
         /// The duration in milliseconds.
@@ -55,6 +58,9 @@ pub struct Item {
     pub identifier: String,
     /// Units; 0 only reports.
     pub cost: u64,
+    /// Evaluated and reported but never enforced: a denial of this item does not deny the
+    /// batch (envoy's `shadow_mode`).
+    pub shadow: bool,
 }
 
 /// Who answered.
@@ -117,8 +123,8 @@ pub enum DecideError {
 
 type MemoryStack<C> = Stack<Call, Arc<str>, C>;
 
-/// An ad-hoc limit's shape: `limit` per `duration_ms`.
-type Shape = (u64, u64);
+/// An ad-hoc limit's shape: the algorithm, `limit` per `duration_ms`.
+type Shape = (Kind, u64, u64);
 
 enum Backend<C> {
     Memory(MemoryStack<C>),
@@ -276,6 +282,23 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         }
     }
 
+    /// Adds a policy that requests reach by index only (not by name through the API), such
+    /// as an envoy descriptor's limit; returns its index.
+    pub fn add_policy(&mut self, name: &str, policy: &Policy) -> Result<usize, String> {
+        for l in &policy.limits {
+            match self.store {
+                StoreHandle::Redis(..) => limiter_redis::RedisLimit::new(l.kind, l.limit)
+                    .map(|_| ())
+                    .map_err(|e| format!("cannot run on Redis: {e}"))?,
+                StoreHandle::Memory { .. } => check_limit(l.kind, l.limit)?,
+            }
+        }
+        let backend = self.build(name, policy)?;
+        self.names.push(name.to_owned());
+        self.policies.push(backend);
+        Ok(self.policies.len() - 1)
+    }
+
     /// The configured policies' names, in index order.
     pub fn policy_names(&self) -> &[String] {
         &self.names
@@ -296,8 +319,13 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         policies.map(held).sum::<u64>() + ad_hoc.unwrap_or(0)
     }
 
-    fn ad_hoc_backend(&self, limit: u64, duration_ms: u64) -> Result<Arc<Backend<C>>, DecideError> {
-        let shape = (limit, duration_ms);
+    fn ad_hoc_backend(
+        &self,
+        kind: Kind,
+        limit: u64,
+        duration_ms: u64,
+    ) -> Result<Arc<Backend<C>>, DecideError> {
+        let shape = (kind, limit, duration_ms);
         if let Some(found) = self.ad_hoc.read().ok().and_then(|m| m.get(&shape).cloned()) {
             return Ok(found);
         }
@@ -315,7 +343,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             .map_err(|e| DecideError::Invalid(e.to_string()))?;
         let policy = Policy {
             limits: vec![PolicyLimit {
-                kind: Kind::TokenBucket,
+                kind,
                 limit,
                 keying: Keying::Identifier,
             }],
@@ -325,13 +353,17 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             },
         };
         if let StoreHandle::Redis(..) = self.store {
-            limiter_redis::RedisLimit::new(Kind::TokenBucket, limit)
+            limiter_redis::RedisLimit::new(kind, limit)
                 .map_err(|e| DecideError::Invalid(format!("`limit` per `duration_ms`: {e}")))?;
         } else {
-            check_limit(Kind::TokenBucket, limit)
+            check_limit(kind, limit)
                 .map_err(|e| DecideError::Invalid(format!("`limit` per `duration_ms`: {e}")))?;
         }
-        let name = format!("adhoc-{limit_count}-{duration_ms}", limit_count = shape.0);
+        let name = format!(
+            "adhoc-{}-{}-{duration_ms}",
+            kind.name().replace(['_', ' '], "-"),
+            shape.1
+        );
         let backend = Arc::new(self.build(&name, &policy).map_err(DecideError::Invalid)?);
         map.insert(shape, Arc::clone(&backend));
         Ok(backend)
@@ -350,11 +382,12 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                 Ok((Resolved::Configured(backend), call))
             }
             Target::AdHoc {
+                kind,
                 limit,
                 duration_ms,
                 namespace,
             } => {
-                let backend = self.ad_hoc_backend(*limit, *duration_ms)?;
+                let backend = self.ad_hoc_backend(*kind, *limit, *duration_ms)?;
                 // The namespace keeps callers apart; its length is bounded, so the separator
                 // cannot be forged into another namespace's key.
                 let call = Call {
@@ -382,7 +415,8 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         };
         if let Ok((_, answers)) = &result {
             for (item, answer) in items.iter().zip(answers) {
-                self.metrics.count(self.metric_index(item), answer);
+                self.metrics
+                    .count(self.metric_index(item), answer, item.shadow);
             }
         }
         result
@@ -419,7 +453,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                     });
                 }
             };
-            all &= decision.is_allowed();
+            all &= decision.is_allowed() || item.shadow;
             if let Some(grant) = grant {
                 grants.push((i, grant));
             }
@@ -430,6 +464,16 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         }
         if !all {
             self.refund_all(resolved, grants);
+            // Nothing was taken: admitted items report what they hold after the refund.
+            for ((item, (backend, call)), answer) in items.iter().zip(resolved).zip(&mut answers) {
+                if answer.decision.is_allowed()
+                    && item.cost > 0
+                    && let Backend::Memory(stack) = backend.backend()
+                    && let Ok((peek, _)) = stack.decide_at(call, 0, now)
+                {
+                    answer.decision = peek.decision();
+                }
+            }
         }
         Ok((all, answers))
     }
@@ -453,7 +497,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         if let [item] = items {
             let (backend, call) = &resolved[0];
             let answer = self.redis_call(backend.backend(), call, item.cost).await?;
-            return Ok((answer.decision.is_allowed(), vec![answer]));
+            return Ok((answer.decision.is_allowed() || item.shadow, vec![answer]));
         }
         // Peek every item: if any would be denied, that is the answer, and nothing is taken.
         let mut peeks = Vec::with_capacity(items.len());
@@ -462,7 +506,8 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             let fits = peek.decision.remaining() >= item.cost;
             peeks.push((peek, fits));
         }
-        if peeks.iter().any(|(_, fits)| !fits) {
+        let blocks = |(i, (_, fits)): (usize, &(Answer, bool))| !fits && !items[i].shadow;
+        if peeks.iter().enumerate().any(blocks) {
             let answers = peeks
                 .into_iter()
                 .map(|(peek, fits)| Answer {
@@ -486,7 +531,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         let mut all = true;
         for (item, (backend, call)) in items.iter().zip(resolved) {
             let answer = self.redis_call(backend.backend(), call, item.cost).await?;
-            all &= answer.decision.is_allowed();
+            all &= answer.decision.is_allowed() || item.shadow;
             answers.push(answer);
         }
         Ok((all, answers))
@@ -587,6 +632,7 @@ mod tests {
             target: Target::Policy(0),
             identifier: id.into(),
             cost,
+            shadow: false,
         }
     }
 

@@ -1,11 +1,18 @@
 //! The bodies of limiterd's fuzz targets, shared with the plain test that replays saved
-//! inputs: the request parser and the configuration parser must never panic, must refuse with
-//! a 400 and a message (or a line inside the file), and what they accept must hold the bounds
-//! the engine relies on.
+//! inputs: the request parsers (the API's and envoy's `POST /json`), the configuration parser
+//! and envoy's descriptor loader must never panic, must refuse with a 400 and a message (or a
+//! line inside the file), and what they accept must hold the bounds the engine relies on.
 
-use crate::api::{self, MAX_BATCH, MAX_DURATION_MS, MAX_IDENTIFIER, MAX_NAMESPACE};
 use crate::config::Config;
+use crate::engine::Engine;
 use crate::engine::{Item, Target, check_limit};
+use crate::envoy::Envoy;
+use crate::envoy::rules::{Domains, MAX_TEXT, Rule};
+use crate::envoy::service::{Code, EnvoyError};
+use crate::metrics::Metrics;
+use crate::request::{self as api, MAX_BATCH, MAX_DURATION_MS, MAX_IDENTIFIER, MAX_NAMESPACE};
+use limiter_core::ManualClock;
+use std::sync::{Arc, OnceLock};
 
 fn lookup(name: &str) -> Option<usize> {
     (name == "api").then_some(0)
@@ -14,6 +21,7 @@ fn lookup(name: &str) -> Option<usize> {
 fn accepted(item: &Item) {
     assert!(!item.identifier.is_empty() && item.identifier.len() <= MAX_IDENTIFIER);
     if let Target::AdHoc {
+        kind: _,
         limit,
         duration_ms,
         namespace,
@@ -27,6 +35,7 @@ fn accepted(item: &Item) {
 
 /// One request body through both endpoints' parsers.
 pub fn request(bytes: &[u8]) {
+    envoy_json(bytes);
     match api::parse_request(bytes, &lookup) {
         Ok(item) => accepted(&item),
         Err(e) => {
@@ -43,6 +52,105 @@ pub fn request(bytes: &[u8]) {
             assert_eq!(e.status().as_u16(), 400, "{e:?}");
             assert!(!e.message.is_empty());
         }
+    }
+}
+
+/// One envoy descriptor file; the first line of the input, if it parses as entries
+/// (`key=value,key=value`), is also matched against what loads.
+pub fn envoy_rules(bytes: &[u8]) {
+    let Ok(text) = std::str::from_utf8(bytes) else {
+        return;
+    };
+    match Domains::load([("fuzz.yaml", text)]) {
+        Ok(domains) => {
+            for domain in domains.iter() {
+                assert!(!domain.name.is_empty() && domain.name.len() <= MAX_TEXT);
+                for (i, limit) in domain.limits().enumerate() {
+                    assert_eq!(limit.id, i, "ids follow the walk");
+                    if let Some(l) = limit.limit() {
+                        assert!(check_limit(limit.kind, l).is_ok(), "{limit:?}");
+                    } else {
+                        assert_eq!(limit.requests_per_unit, 0);
+                    }
+                }
+                let entries: Vec<(String, String)> = text
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .split(',')
+                    .filter_map(|pair| pair.split_once('='))
+                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                    .collect();
+                if let Some(Rule::Limited(limit)) = domain.rule(&entries) {
+                    assert!(domain.limits().any(|l| l == limit));
+                }
+                assert_eq!(domain.rule(&[]), None);
+            }
+        }
+        Err(e) => {
+            assert!(!e.message.is_empty());
+            assert!(e.to_string().starts_with("fuzz.yaml"), "{e}");
+            if let Some(mark) = e.mark {
+                let lines = text.split('\n').count();
+                assert!(mark.line >= 1 && mark.line <= lines, "{e}");
+            }
+        }
+    }
+}
+
+/// A small domain on a memory engine, for [`envoy_json`].
+const FUZZ_DOMAIN: &str = "\
+domain: web
+descriptors:
+  - key: a
+    rate_limit: { unit: second, requests_per_unit: 2, algorithm: token_bucket }
+    descriptors:
+      - key: b
+        value: x*
+        rate_limit: { unit: minute, requests_per_unit: 3, name: ab }
+  - key: c
+    shadow_mode: true
+    rate_limit: { unit: hour, requests_per_unit: 1, replaces: [{ name: ab }] }
+  - key: d
+    rate_limit: { unit: day, requests_per_unit: 0 }
+";
+
+type FuzzEnvoy = (Envoy, Engine<ManualClock>);
+
+fn fuzz_envoy() -> &'static FuzzEnvoy {
+    static ENVOY: OnceLock<FuzzEnvoy> = OnceLock::new();
+    ENVOY.get_or_init(|| {
+        let config = Config::parse("[envoy]\nfiles = [\"web.yaml\"]\n").expect("valid");
+        let domains = Domains::load([("web.yaml", FUZZ_DOMAIN)]).expect("valid");
+        let metrics = Arc::new(Metrics::new(Envoy::policy_names(&domains)));
+        let mut engine = Engine::new(&config, ManualClock::new(), None, metrics).expect("builds");
+        let envoy = Envoy::attach(domains, &mut engine, Default::default()).expect("attaches");
+        (envoy, engine)
+    })
+}
+
+/// One envoy `POST /json` body: parsed, then decided on a memory engine, which answers every
+/// descriptor or refuses the request as invalid (never a store failure, never a panic).
+pub fn envoy_json(bytes: &[u8]) {
+    let request = match crate::envoy::json::parse(bytes) {
+        Ok(request) => request,
+        Err(EnvoyError::Invalid(message)) => return assert!(!message.is_empty()),
+        Err(e) => panic!("parsing never reports the store: {e}"),
+    };
+    let (envoy, engine) = fuzz_envoy();
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let mut future = std::pin::pin!(envoy.decide(engine, &request));
+    let std::task::Poll::Ready(result) = future.as_mut().poll(&mut cx) else {
+        panic!("memory decides at once");
+    };
+    match result {
+        Ok(response) => {
+            assert_eq!(response.statuses.len(), request.descriptors.len());
+            let over = response.statuses.iter().any(|s| s.code == Code::OverLimit);
+            assert!(!over || response.overall == Code::OverLimit);
+        }
+        Err(EnvoyError::Invalid(message)) => assert!(!message.is_empty()),
+        Err(e) => panic!("a memory engine without max_keys never fails: {e}"),
     }
 }
 

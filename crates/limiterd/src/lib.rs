@@ -1,56 +1,117 @@
 //! limiterd: a rate-limit service any language can call over HTTP, deciding named policies
 //! (stacks of token buckets, sliding and fixed windows, per identifier or global) and ad-hoc
-//! limits, in memory by default or on Redis for a fleet.
+//! limits, in memory by default or on Redis for a fleet; and a drop-in for envoy's reference
+//! rate-limit service over gRPC.
 //!
 //! - [`config`]: the TOML file, checked with line numbers ([`config::BUILT_IN`] when none).
 //! - [`engine`]: the stacks, batches all or nothing.
-//! - [`api`]: the HTTP JSON API and its request parser.
+//! - [`request`]: the HTTP API's request parser.
+//! - `api` (feature `server`): the HTTP JSON API.
+//! - [`envoy`]: envoy's descriptor files and `ShouldRateLimit`, over gRPC and `POST /json`.
 //! - [`metrics`]: the Prometheus counters.
 //!
-//! [`serve`] runs the API on a listener until a shutdown signal, letting requests in flight
-//! finish.
+//! `serve` (feature `server`) runs the HTTP API, and the gRPC service if envoy domains are
+//! configured, until a shutdown signal, letting requests in flight finish.
 
+#[cfg(feature = "server")]
 pub mod api;
 pub mod config;
 pub mod engine;
+pub mod envoy;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod metrics;
+pub mod request;
 
-use std::future::Future;
-use std::sync::Arc;
+#[cfg(feature = "server")]
+pub use server::{Listeners, serve};
 
-use limiter_core::MonotonicClock;
-use limiter_redis::RedisBackend;
-use tokio::net::TcpListener;
+#[cfg(feature = "server")]
+mod server {
+    use std::future::Future;
+    use std::sync::Arc;
 
-use crate::api::AppState;
-use crate::config::{Config, Store};
-use crate::engine::Engine;
-use crate::metrics::Metrics;
+    use limiter_core::MonotonicClock;
+    use limiter_redis::{OnFailure, RedisBackend};
+    use tokio::net::TcpListener;
 
-/// Builds the engine for `config` (connecting to Redis if it says so) and serves the API on
-/// `listener` until `shutdown` completes; requests in flight then finish.
-pub async fn serve(
-    config: &Config,
-    listener: TcpListener,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), String> {
-    let backend = match &config.store {
-        Store::Memory { .. } => None,
-        Store::Redis { url, timeout, .. } => Some(
-            RedisBackend::builder(url.clone())
-                .timeout(*timeout)
-                .connect()
-                .await
-                .map_err(|e| format!("cannot use Redis at {url}: {e}"))?,
-        ),
-    };
-    let metrics = Arc::new(Metrics::new(config.policies.keys().cloned()));
-    let engine = Engine::new(config, MonotonicClock::new(), backend, Arc::clone(&metrics))?;
-    let app = api::router(Arc::new(AppState { engine, metrics }));
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(|e| format!("the server stopped: {e}"))
+    use crate::api::{self, AppState};
+    use crate::config::{Config, Store};
+    use crate::engine::Engine;
+    use crate::envoy::grpc::Grpc;
+    use crate::envoy::{Domains, Envoy};
+    use crate::metrics::Metrics;
+
+    /// Where to serve: the HTTP API, and envoy's gRPC protocol if wanted.
+    #[derive(Debug)]
+    pub struct Listeners {
+        /// The HTTP API.
+        pub http: TcpListener,
+        /// `ShouldRateLimit`.
+        pub grpc: Option<TcpListener>,
+    }
+
+    /// Builds the engine for `config` and the envoy `domains` (connecting to Redis if the
+    /// store says so) and serves until `shutdown` completes; requests in flight then finish.
+    pub async fn serve(
+        config: &Config,
+        domains: Domains,
+        listeners: Listeners,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), String> {
+        let backend = match &config.store {
+            Store::Memory { .. } => None,
+            Store::Redis { url, timeout, .. } => Some(
+                RedisBackend::builder(url.clone())
+                    .timeout(*timeout)
+                    .connect()
+                    .await
+                    .map_err(|e| format!("cannot use Redis at {url}: {e}"))?,
+            ),
+        };
+        let on_failure = match &config.store {
+            Store::Redis { on_failure, .. } => *on_failure,
+            Store::Memory { .. } => OnFailure::default(),
+        };
+        let names = config
+            .policies
+            .keys()
+            .cloned()
+            .chain(Envoy::policy_names(&domains));
+        let metrics = Arc::new(Metrics::new(names));
+        let mut engine = Engine::new(config, MonotonicClock::new(), backend, Arc::clone(&metrics))?;
+        let envoy = Envoy::attach(domains, &mut engine, on_failure)?;
+        let state = Arc::new(AppState {
+            engine,
+            envoy,
+            metrics,
+        });
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let signal = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        };
+        let grpc = listeners.grpc.map(|listener| {
+            let service = Grpc::service(Arc::clone(&state));
+            let incoming = tonic::transport::server::TcpIncoming::from(listener);
+            tokio::spawn(
+                tonic::transport::Server::builder()
+                    .add_service(service)
+                    .serve_with_incoming_shutdown(incoming, signal(stopped.clone())),
+            )
+        });
+        tokio::spawn(async move {
+            shutdown.await;
+            let _ = stop.send(true);
+        });
+        let http = axum::serve(listeners.http, api::router(state))
+            .with_graceful_shutdown(signal(stopped))
+            .await
+            .map_err(|e| format!("the HTTP server stopped: {e}"));
+        if let Some(grpc) = grpc {
+            grpc.await
+                .map_err(|e| format!("the gRPC server failed: {e}"))?
+                .map_err(|e| format!("the gRPC server stopped: {e}"))?;
+        }
+        http
+    }
 }

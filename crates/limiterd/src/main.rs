@@ -1,19 +1,22 @@
-//! The `limiterd` command: serve the API (the default), check a configuration file, or print
-//! the built-in one.
+//! The `limiterd` command: serve the API (the default; with envoy's gRPC protocol when
+//! descriptor files are given), check a configuration or descriptor file, or print the
+//! built-in configuration.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use limiterd::config::{BUILT_IN, Config, Store};
+use limiterd::config::{BUILT_IN, Config, DEFAULT_GRPC_LISTEN, EnvoySettings, Store};
+use limiterd::envoy::Domains;
 
 const AFTER_HELP: &str = "\
 Examples:
   limiterd                                   serve the built-in policies in memory
   limiterd --config limiterd.toml            serve the policies in a file
   limiterd --redis redis://127.0.0.1:6379    share state with every limiterd on that Redis
-  limiterd check-config limiterd.toml        check a file, with line numbers
+  limiterd --envoy ratelimit/web.yaml        also serve envoy's rate-limit gRPC protocol (127.0.0.1:8081)
+  limiterd check-config limiterd.toml        check a file, with line numbers (or a descriptor .yaml)
   limiterd example-config                    print the built-in file, to start one from
 
 Call it:
@@ -35,11 +38,19 @@ struct Cli {
     /// Keep state on this Redis (redis://host:port), overriding the file's store.
     #[arg(long, value_name = "URL")]
     redis: Option<String>,
+    /// An envoy descriptor file (YAML, one domain) to serve over envoy's rate-limit gRPC
+    /// protocol; repeat for more domains.
+    #[arg(long = "envoy", value_name = "FILE")]
+    envoy: Vec<PathBuf>,
+    /// Where envoy's gRPC protocol listens, overriding the file (port 0 picks a free port).
+    #[arg(long, value_name = "ADDR")]
+    grpc_listen: Option<SocketAddr>,
 }
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Checks a configuration file and explains any error with its line.
+    /// Checks a configuration file (TOML) or an envoy descriptor file (.yaml) and explains any
+    /// error with its line.
     CheckConfig {
         /// The file.
         file: PathBuf,
@@ -48,29 +59,84 @@ enum Command {
     ExampleConfig,
 }
 
-fn load(path: &PathBuf) -> Result<Config, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("{}: cannot read it: {e}", path.display()))?;
-    Config::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+fn read(path: &Path) -> Result<String, String> {
+    std::fs::read_to_string(path).map_err(|e| format!("{}: cannot read it: {e}", path.display()))
+}
+
+/// The configuration in `path`, its envoy file names made relative to its directory.
+fn load(path: &Path) -> Result<Config, String> {
+    let mut config = Config::parse(&read(path)?).map_err(|e| format!("{}: {e}", path.display()))?;
+    if let Some(envoy) = &mut config.envoy {
+        let dir = path.parent().unwrap_or(Path::new(""));
+        for file in &mut envoy.files {
+            if file.is_relative() {
+                *file = dir.join(&*file);
+            }
+        }
+    }
+    Ok(config)
+}
+
+fn load_domains(config: &Config) -> Result<Domains, String> {
+    let Some(envoy) = &config.envoy else {
+        return Ok(Domains::default());
+    };
+    let texts = envoy
+        .files
+        .iter()
+        .map(|f| Ok((f.display().to_string(), read(f)?)))
+        .collect::<Result<Vec<_>, String>>()?;
+    Domains::load(texts.iter().map(|(n, t)| (n.as_str(), t.as_str()))).map_err(|e| e.to_string())
+}
+
+fn is_yaml(path: &Path) -> bool {
+    matches!(
+        path.extension().and_then(|e| e.to_str()),
+        Some("yaml" | "yml")
+    )
+}
+
+fn check(file: &Path) -> Result<(), String> {
+    if is_yaml(file) {
+        let name = file.display().to_string();
+        let domains =
+            Domains::load([(name.as_str(), read(file)?.as_str())]).map_err(|e| e.to_string())?;
+        for domain in domains.iter() {
+            println!(
+                "{name}: valid; domain `{}`, {} limits",
+                domain.name,
+                domain.limits().count()
+            );
+        }
+        return Ok(());
+    }
+    let config = load(file)?;
+    let domains = load_domains(&config)?;
+    let envoy: Vec<_> = domains.iter().map(|d| d.name.clone()).collect();
+    println!(
+        "{}: valid; {} policies ({}), store: {}{}",
+        file.display(),
+        config.policies.len(),
+        config
+            .policies
+            .keys()
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(", "),
+        store_name(&config.store),
+        if envoy.is_empty() {
+            String::new()
+        } else {
+            format!("; envoy domains: {}", envoy.join(", "))
+        }
+    );
+    Ok(())
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match &cli.command {
-        Some(Command::CheckConfig { file }) => load(file).map(|config| {
-            println!(
-                "{}: valid; {} policies ({}), store: {}",
-                file.display(),
-                config.policies.len(),
-                config
-                    .policies
-                    .keys()
-                    .cloned()
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                store_name(&config.store)
-            );
-        }),
+        Some(Command::CheckConfig { file }) => check(file),
         Some(Command::ExampleConfig) => {
             print!("{BUILT_IN}");
             Ok(())
@@ -105,6 +171,20 @@ fn run(cli: &Cli) -> Result<(), String> {
     if let Some(listen) = cli.listen {
         config.listen = listen;
     }
+    if !cli.envoy.is_empty() || cli.grpc_listen.is_some() {
+        let envoy = config.envoy.get_or_insert(EnvoySettings {
+            listen: DEFAULT_GRPC_LISTEN,
+            files: Vec::new(),
+        });
+        envoy.files.extend(cli.envoy.iter().cloned());
+        if let Some(listen) = cli.grpc_listen {
+            envoy.listen = listen;
+        }
+        if envoy.files.is_empty() {
+            return Err("--grpc-listen needs descriptor files: add --envoy FILE".into());
+        }
+    }
+    let domains = load_domains(&config)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -116,6 +196,14 @@ fn run(cli: &Cli) -> Result<(), String> {
         let addr = listener
             .local_addr()
             .map_err(|e| format!("no local address: {e}"))?;
+        let grpc = match &config.envoy {
+            Some(envoy) => Some(
+                tokio::net::TcpListener::bind(envoy.listen)
+                    .await
+                    .map_err(|e| format!("cannot listen on {}: {e}", envoy.listen))?,
+            ),
+            None => None,
+        };
         let policies: Vec<_> = config.policies.keys().cloned().collect();
         let first = policies.first().cloned().unwrap_or_default();
         println!("limiterd listening on http://{addr}");
@@ -123,8 +211,20 @@ fn run(cli: &Cli) -> Result<(), String> {
         println!(
             "try: curl -s -X POST http://{addr}/v1/ratelimit -d '{{\"policy\":\"{first}\",\"identifier\":\"user-1\"}}'"
         );
+        if let Some(grpc) = &grpc {
+            let grpc_addr = grpc
+                .local_addr()
+                .map_err(|e| format!("no local address: {e}"))?;
+            let names: Vec<_> = domains.iter().map(|d| d.name.clone()).collect();
+            println!("envoy rate-limit gRPC on {grpc_addr}; domains: {}", names.join(", "));
+            println!("debug: curl -s -X POST http://{addr}/json -d '{{\"domain\":\"...\",\"descriptors\":[{{\"entries\":[{{\"key\":\"...\",\"value\":\"...\"}}]}}]}}'");
+        }
         println!("metrics: http://{addr}/metrics; stop with Ctrl-C");
-        limiterd::serve(&config, listener, shutdown_signal()).await
+        let listeners = limiterd::Listeners {
+            http: listener,
+            grpc,
+        };
+        limiterd::serve(&config, domains, listeners, shutdown_signal()).await
     })?;
     println!("limiterd stopped");
     Ok(())

@@ -18,6 +18,7 @@ const BUCKETS_US: [u64; 12] = [
 struct Decisions {
     allowed: AtomicU64,
     denied: AtomicU64,
+    shadow_denied: AtomicU64,
 }
 
 /// Every counter. All are `Relaxed`: each is a statistic read on its own, never used to
@@ -52,14 +53,17 @@ impl Metrics {
         }
     }
 
-    /// Counts one answer for policy `index` (`None`: an ad-hoc limit).
-    pub(crate) fn count(&self, index: Option<usize>, answer: &Answer) {
+    /// Counts one answer for policy `index` (`None`: an ad-hoc limit); a `shadow` denial
+    /// (reported, not enforced) is counted apart.
+    pub(crate) fn count(&self, index: Option<usize>, answer: &Answer, shadow: bool) {
         let decisions = match index.and_then(|i| self.policies.get(i)) {
             Some((_, d)) => d,
             None => &self.ad_hoc,
         };
         let counter = if answer.decision.is_allowed() {
             &decisions.allowed
+        } else if shadow {
+            &decisions.shadow_denied
         } else {
             &decisions.denied
         };
@@ -95,7 +99,7 @@ impl Metrics {
     pub fn render(&self, keys: u64) -> String {
         let mut out = String::new();
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        out.push_str("# HELP limiterd_decisions_total Decisions made, by policy and result.\n");
+        out.push_str("# HELP limiterd_decisions_total Decisions made, by policy and result (shadow_denied: a shadow-mode limit over, not enforced).\n");
         out.push_str("# TYPE limiterd_decisions_total counter\n");
         let all = self
             .policies
@@ -103,7 +107,12 @@ impl Metrics {
             .map(|(name, d)| (name.as_str(), d))
             .chain([("(ad hoc)", &self.ad_hoc)]);
         for (name, d) in all {
-            for (result, counter) in [("allowed", &d.allowed), ("denied", &d.denied)] {
+            let name = label(name);
+            for (result, counter) in [
+                ("allowed", &d.allowed),
+                ("denied", &d.denied),
+                ("shadow_denied", &d.shadow_denied),
+            ] {
                 let _ = writeln!(
                     out,
                     "limiterd_decisions_total{{policy=\"{name}\",result=\"{result}\"}} {}",
@@ -162,6 +171,15 @@ impl Metrics {
         );
         out
     }
+}
+
+/// A Prometheus label value: backslash, quote and newline escaped (envoy descriptor keys may
+/// hold any of them).
+fn label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 /// Microseconds as decimal seconds, exactly (no float).

@@ -6,113 +6,15 @@
 #[path = "../../limiter-redis/tests/common/mod.rs"]
 mod redis_server;
 
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+#[allow(dead_code)]
+mod support;
+
+use std::io::BufRead;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use http_body_util::{BodyExt, Full};
-use hyper::body::Bytes;
-use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
-
-/// A running limiterd, killed on drop.
-struct Daemon {
-    child: Child,
-    addr: SocketAddr,
-    stdout: BufReader<std::process::ChildStdout>,
-}
-
-impl Daemon {
-    fn start(args: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_limiterd"))
-            .args(args)
-            .args(["--listen", "127.0.0.1:0"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start limiterd");
-        let mut stdout = BufReader::new(child.stdout.take().expect("piped"));
-        let mut first = String::new();
-        stdout
-            .read_line(&mut first)
-            .expect("limiterd prints where it listens");
-        let addr = first
-            .trim()
-            .strip_prefix("limiterd listening on http://")
-            .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
-            .parse()
-            .expect("an address");
-        Self {
-            child,
-            addr,
-            stdout,
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A keep-alive HTTP/1.1 connection to a daemon.
-struct Client {
-    sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
-}
-
-impl Client {
-    async fn connect(addr: SocketAddr) -> Self {
-        let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-        let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .expect("handshake");
-        tokio::spawn(connection);
-        Self { sender }
-    }
-
-    async fn send(&mut self, method: &str, path: &str, body: &str) -> (u16, String) {
-        let request = hyper::Request::builder()
-            .method(method)
-            .uri(path)
-            .header("host", "limiterd")
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(body.to_owned())))
-            .expect("request");
-        let response = self.sender.send_request(request).await.expect("response");
-        let status = response.status().as_u16();
-        let body = response
-            .into_body()
-            .collect()
-            .await
-            .expect("body")
-            .to_bytes();
-        (status, String::from_utf8(body.to_vec()).expect("UTF-8"))
-    }
-
-    async fn post(&mut self, path: &str, body: &Value) -> (u16, Value) {
-        let (status, text) = self.send("POST", path, &body.to_string()).await;
-        let value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
-        (status, value)
-    }
-
-    async fn decide(&mut self, body: Value) -> Value {
-        let (status, value) = self.post("/v1/ratelimit", &body).await;
-        assert_eq!(status, 200, "{value}");
-        value
-    }
-}
-
-fn temp_file(name: &str, text: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("limiterd-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let path = dir.join(name);
-    std::fs::write(&path, text).expect("write");
-    path
-}
+use support::{Client, Daemon, temp_file};
 
 #[tokio::test]
 async fn serves_the_built_in_policies_exactly() {

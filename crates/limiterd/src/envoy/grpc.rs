@@ -1,0 +1,116 @@
+//! The gRPC face: `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` (types from
+//! the `envoy-types` crate, so no protoc at build time), translated to and from
+//! [`super::service`]. A malformed request is `INVALID_ARGUMENT` naming the field; a store
+//! that fails closed is `UNAVAILABLE` (envoy then applies its own `failure_mode_deny`).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    DescriptorStatus, RateLimit as WireLimit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::Duration as WireDuration;
+use limiter_core::Clock;
+
+use super::service::{Descriptor, EnvoyError, Override, Request, Response};
+use crate::api::AppState;
+
+/// The largest request message accepted.
+pub const MAX_MESSAGE_BYTES: usize = 256 * 1024;
+
+/// The rate-limit service over the shared state.
+#[derive(Debug)]
+pub struct Grpc<C> {
+    state: Arc<AppState<C>>,
+}
+
+impl<C: Clock + Clone + Send + Sync + 'static> Grpc<C> {
+    /// The tonic service for `state`.
+    pub fn service(state: Arc<AppState<C>>) -> RateLimitServiceServer<Self> {
+        RateLimitServiceServer::new(Self { state }).max_decoding_message_size(MAX_MESSAGE_BYTES)
+    }
+}
+
+/// The protocol's request as [`Request`]; `Err` names a field limiterd does not support.
+pub fn from_wire(request: RateLimitRequest) -> Result<Request, EnvoyError> {
+    let descriptors = request
+        .descriptors
+        .into_iter()
+        .enumerate()
+        .map(|(i, d)| {
+            if d.is_negative_hits {
+                return Err(EnvoyError::Invalid(format!(
+                    "descriptors[{i}].is_negative_hits: returning hits is not supported; \
+                     send positive hits only"
+                )));
+            }
+            Ok(Descriptor {
+                entries: d.entries.into_iter().map(|e| (e.key, e.value)).collect(),
+                limit: d.limit.map(|l| Override {
+                    requests_per_unit: l.requests_per_unit,
+                    unit: l.unit,
+                }),
+                hits_addend: d.hits_addend.map(|h| h.value),
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(Request {
+        domain: request.domain,
+        descriptors,
+        hits_addend: request.hits_addend,
+    })
+}
+
+/// [`Response`] in the protocol's form.
+pub fn to_wire(response: &Response) -> RateLimitResponse {
+    RateLimitResponse {
+        overall_code: response.overall.number(),
+        statuses: response
+            .statuses
+            .iter()
+            .map(|s| DescriptorStatus {
+                code: s.code.number(),
+                current_limit: s.current_limit.as_ref().map(|l| WireLimit {
+                    name: l.name.clone(),
+                    requests_per_unit: l.requests_per_unit,
+                    unit: l.unit.number(),
+                }),
+                limit_remaining: s.limit_remaining,
+                duration_until_reset: s.duration_until_reset.map(|d| WireDuration {
+                    seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+                    nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
+                }),
+                quota: None,
+            })
+            .collect(),
+        ..RateLimitResponse::default()
+    }
+}
+
+#[tonic::async_trait]
+impl<C: Clock + Clone + Send + Sync + 'static> RateLimitService for Grpc<C> {
+    async fn should_rate_limit(
+        &self,
+        request: tonic::Request<RateLimitRequest>,
+    ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
+        let started = Instant::now();
+        let state = &self.state;
+        let result = match from_wire(request.into_inner()) {
+            Ok(request) => state.envoy.decide(&state.engine, &request).await,
+            Err(e) => Err(e),
+        };
+        state.metrics.observe(started.elapsed());
+        match result {
+            Ok(response) => Ok(tonic::Response::new(to_wire(&response))),
+            Err(EnvoyError::Invalid(message)) => {
+                state.metrics.invalid();
+                Err(tonic::Status::invalid_argument(message))
+            }
+            Err(EnvoyError::Unavailable(message)) => Err(tonic::Status::unavailable(message)),
+        }
+    }
+}

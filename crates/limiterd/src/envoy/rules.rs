@@ -1,0 +1,967 @@
+//! Descriptor files in the YAML shape envoy's reference rate-limit service reads, so an
+//! existing file can be pointed at limiterd: a `domain`, and nested `descriptors` with `key`,
+//! optional `value` (a trailing `*` matches by prefix), `rate_limit` (`unit`,
+//! `requests_per_unit`, `name`, `unlimited`, `replaces`), `shadow_mode` and `detailed_metric`.
+//!
+//! One addition: `rate_limit.algorithm` picks `fixed_window` (the default, as the reference
+//! server counts), `token_bucket` or `sliding_window`.
+//!
+//! ```yaml
+//! domain: web
+//! descriptors:
+//!   - key: remote_address          # every address, counted apart
+//!     rate_limit: { unit: second, requests_per_unit: 10, algorithm: token_bucket }
+//!   - key: path
+//!     value: /login
+//!     rate_limit: { unit: minute, requests_per_unit: 5, name: login }
+//!     descriptors:
+//!       - key: user
+//!         rate_limit: { unit: hour, requests_per_unit: 50 }
+//! ```
+//!
+//! Everything is checked when the file is loaded; an error names the file, the line and
+//! column, the field (`descriptors[1].rate_limit.unit`) and the fix.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::time::Duration;
+
+use limiter_core::Limit;
+use limiter_redis::Kind;
+
+use super::yaml::{self, Mark, Node, Value};
+use crate::engine::check_limit;
+
+/// Nested descriptor levels beyond this are refused.
+pub const MAX_LEVELS: usize = 16;
+/// The longest key or value, in bytes.
+pub const MAX_TEXT: usize = 256;
+
+/// A rate limit's unit, as envoy's protocol names them (a month is 30 days, a year 365).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Unit {
+    /// One second.
+    Second,
+    /// 60 seconds.
+    Minute,
+    /// 3,600 seconds.
+    Hour,
+    /// 86,400 seconds.
+    Day,
+    /// 7 days.
+    Week,
+    /// 30 days.
+    Month,
+    /// 365 days.
+    Year,
+}
+
+impl Unit {
+    const ALL: [Unit; 7] = [
+        Unit::Second,
+        Unit::Minute,
+        Unit::Hour,
+        Unit::Day,
+        Unit::Week,
+        Unit::Month,
+        Unit::Year,
+    ];
+
+    /// The unit's length.
+    pub fn duration(self) -> Duration {
+        Duration::from_secs(match self {
+            Unit::Second => 1,
+            Unit::Minute => 60,
+            Unit::Hour => 3_600,
+            Unit::Day => 86_400,
+            Unit::Week => 7 * 86_400,
+            Unit::Month => 30 * 86_400,
+            Unit::Year => 365 * 86_400,
+        })
+    }
+
+    /// The protocol's name (`SECOND`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Unit::Second => "SECOND",
+            Unit::Minute => "MINUTE",
+            Unit::Hour => "HOUR",
+            Unit::Day => "DAY",
+            Unit::Week => "WEEK",
+            Unit::Month => "MONTH",
+            Unit::Year => "YEAR",
+        }
+    }
+
+    /// The unit named `text`, in any case (`second`, `SECOND`).
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|u| u.name().eq_ignore_ascii_case(text))
+    }
+
+    /// The protocol's number for the unit (`RateLimitResponse.RateLimit.Unit`).
+    pub fn number(self) -> i32 {
+        match self {
+            Unit::Second => 1,
+            Unit::Minute => 2,
+            Unit::Hour => 3,
+            Unit::Day => 4,
+            Unit::Month => 5,
+            Unit::Year => 6,
+            Unit::Week => 7,
+        }
+    }
+
+    /// The unit numbered `number` in the protocol; `None` for `UNKNOWN` (0) or junk.
+    pub fn from_number(number: i32) -> Option<Self> {
+        Self::ALL.into_iter().find(|u| u.number() == number)
+    }
+}
+
+/// A configured limit at one node of the tree.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RateLimit {
+    /// `rate_limit.name` (empty if none): reported back, and what `replaces` names.
+    pub name: String,
+    /// Units per `unit`; 0 refuses everything.
+    pub requests_per_unit: u32,
+    /// The window.
+    pub unit: Unit,
+    /// The algorithm.
+    pub kind: Kind,
+    /// Evaluated and reported, never enforced.
+    pub shadow: bool,
+    /// The names of limits this one replaces when both match one request.
+    pub replaces: Vec<String>,
+    /// `domain.key_value.key`: the node's path, naming its counters and metrics.
+    pub full_key: String,
+    /// `file:line`, for errors found later (a limit Redis cannot decide exactly).
+    pub location: String,
+    /// The limit's number within its domain, from 0, in [`Domain::limits`] order.
+    pub id: usize,
+}
+
+impl RateLimit {
+    /// The limit the algorithm decides (`None` when `requests_per_unit` is 0).
+    pub fn limit(&self) -> Option<Limit> {
+        Limit::new(u64::from(self.requests_per_unit), self.unit.duration()).ok()
+    }
+}
+
+/// What a node says about the requests that end there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Rule {
+    /// Counted against a limit.
+    Limited(RateLimit),
+    /// Never limited (`unlimited: true`).
+    Unlimited,
+}
+
+/// One level of the tree: the descriptors under one parent.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Level {
+    nodes: Vec<Descriptor>,
+    exact: HashMap<(String, String), usize>,
+    prefix: Vec<(String, String, usize)>,
+    any: HashMap<String, usize>,
+}
+
+/// A configured descriptor.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Descriptor {
+    /// The entry's key.
+    pub key: String,
+    /// The entry's value (`None`: any value, each counted apart).
+    pub value: Option<String>,
+    /// The rule for requests whose last entry lands here.
+    pub rule: Option<Rule>,
+    /// The next entries.
+    pub children: Level,
+}
+
+impl Level {
+    /// The node for one entry: an exact value first, then a prefix (in the file's order), then
+    /// the key alone.
+    fn find(&self, key: &str, value: &str) -> Option<&Descriptor> {
+        let index = self
+            .exact
+            .get(&(key.to_owned(), value.to_owned()))
+            .or_else(|| {
+                self.prefix
+                    .iter()
+                    .find(|(k, p, _)| k == key && value.starts_with(p.as_str()))
+                    .map(|(_, _, i)| i)
+            })
+            .or_else(|| self.any.get(key))?;
+        self.nodes.get(*index)
+    }
+
+    /// Every node, depth first.
+    fn walk<'a>(&'a self, out: &mut Vec<&'a Descriptor>) {
+        for node in &self.nodes {
+            out.push(node);
+            node.children.walk(out);
+        }
+    }
+}
+
+/// One domain's descriptor tree.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Domain {
+    /// The domain.
+    pub name: String,
+    /// The file it came from.
+    pub file: String,
+    /// The top level.
+    pub root: Level,
+}
+
+impl Domain {
+    /// The rule for a request descriptor's entries, matched as envoy's reference server does:
+    /// level by level, the most specific node for each entry; the rule applies only if the
+    /// request's last entry lands on a node that has one.
+    pub fn rule(&self, entries: &[(String, String)]) -> Option<&Rule> {
+        let mut level = &self.root;
+        for (i, (key, value)) in entries.iter().enumerate() {
+            let node = level.find(key, value)?;
+            if i + 1 == entries.len() {
+                return node.rule.as_ref();
+            }
+            level = &node.children;
+        }
+        None
+    }
+
+    /// Every configured limit, depth first in the file's order.
+    pub fn limits(&self) -> impl Iterator<Item = &RateLimit> {
+        let mut nodes = Vec::new();
+        self.root.walk(&mut nodes);
+        nodes.into_iter().filter_map(|n| match &n.rule {
+            Some(Rule::Limited(limit)) => Some(limit),
+            _ => None,
+        })
+    }
+}
+
+/// Every loaded domain.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Domains {
+    domains: BTreeMap<String, Domain>,
+}
+
+impl Domains {
+    /// Loads `files` (name and text); a domain may appear in only one file.
+    pub fn load<'a>(
+        files: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Result<Self, RulesError> {
+        let mut domains = BTreeMap::new();
+        for (file, text) in files {
+            let domain = parse(file, text)?;
+            if let Some(first) = domains.get(&domain.name) {
+                let first: &Domain = first;
+                return Err(RulesError {
+                    file: file.to_owned(),
+                    mark: None,
+                    field: "domain".into(),
+                    message: format!(
+                        "domain `{}` is already defined in {}: put each domain in one file",
+                        domain.name, first.file
+                    ),
+                });
+            }
+            domains.insert(domain.name.clone(), domain);
+        }
+        Ok(Self { domains })
+    }
+
+    /// A domain by name.
+    pub fn get(&self, name: &str) -> Option<&Domain> {
+        self.domains.get(name)
+    }
+
+    /// Every domain, by name.
+    pub fn iter(&self) -> impl Iterator<Item = &Domain> {
+        self.domains.values()
+    }
+
+    /// Whether no file was loaded.
+    pub fn is_empty(&self) -> bool {
+        self.domains.is_empty()
+    }
+}
+
+/// A descriptor file that cannot be used.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RulesError {
+    /// The file.
+    pub file: String,
+    /// Where in it, when the error has a place.
+    pub mark: Option<Mark>,
+    /// The field (`descriptors[0].rate_limit.unit`), when one is at fault.
+    pub field: String,
+    /// What is wrong and how to fix it.
+    pub message: String,
+}
+
+impl fmt::Display for RulesError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file)?;
+        if let Some(mark) = self.mark {
+            write!(f, ":{}:{}", mark.line, mark.column)?;
+        }
+        if !self.field.is_empty() {
+            write!(f, ": {}", self.field)?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+impl std::error::Error for RulesError {}
+
+/// Parses one file.
+pub fn parse(file: &str, text: &str) -> Result<Domain, RulesError> {
+    let loader = Loader {
+        file,
+        limits: std::cell::Cell::new(0),
+    };
+    let root = yaml::parse(text)
+        .map_err(|e| RulesError {
+            file: file.to_owned(),
+            mark: Some(e.mark),
+            field: String::new(),
+            message: e.message,
+        })?
+        .ok_or_else(|| RulesError {
+            file: file.to_owned(),
+            mark: None,
+            field: String::new(),
+            message: "the file is empty: write `domain: NAME` and a `descriptors:` list".into(),
+        })?;
+    let fields = loader.mapping(&root, "", &["domain", "descriptors"])?;
+    let domain = match fields.get("domain") {
+        Some(node) => loader.text(node, "domain")?,
+        None => {
+            return Err(loader.error(
+                &root,
+                "domain",
+                "missing: every file needs `domain: NAME`, the domain envoy sends",
+            ));
+        }
+    };
+    if domain.is_empty() {
+        return Err(loader.error(&root, "domain", "is empty: name the domain envoy sends"));
+    }
+    let root_level = match fields.get("descriptors") {
+        Some(node) => loader.level(node, "descriptors", &domain, 1)?,
+        None => Level::default(),
+    };
+    Ok(Domain {
+        name: domain,
+        file: file.to_owned(),
+        root: root_level,
+    })
+}
+
+struct Loader<'a> {
+    file: &'a str,
+    limits: std::cell::Cell<usize>,
+}
+
+impl Loader<'_> {
+    fn error(&self, node: &Node, field: &str, message: impl Into<String>) -> RulesError {
+        RulesError {
+            file: self.file.to_owned(),
+            mark: Some(node.mark),
+            field: field.to_owned(),
+            message: message.into(),
+        }
+    }
+
+    /// A mapping's entries by key, refusing keys outside `allowed` and repeated keys.
+    fn mapping<'n>(
+        &self,
+        node: &'n Node,
+        field: &str,
+        allowed: &[&str],
+    ) -> Result<HashMap<&'n str, &'n Node>, RulesError> {
+        let Value::Mapping(entries) = &node.value else {
+            return Err(self.error(
+                node,
+                field,
+                format!(
+                    "is {}, not a mapping: write its fields ({}) as `name: value` lines",
+                    node.describe(),
+                    allowed.join(", ")
+                ),
+            ));
+        };
+        let mut out = HashMap::new();
+        for (key, value) in entries {
+            let Value::Scalar { text, .. } = &key.value else {
+                return Err(self.error(key, field, "a key must be plain text"));
+            };
+            let path = join(field, text);
+            if !allowed.contains(&text.as_str()) {
+                return Err(self.error(
+                    key,
+                    &path,
+                    format!("unknown field: the fields here are {}", allowed.join(", ")),
+                ));
+            }
+            if out.insert(text.as_str(), value).is_some() {
+                return Err(self.error(key, &path, "appears twice: keep one"));
+            }
+        }
+        Ok(out)
+    }
+
+    fn text(&self, node: &Node, field: &str) -> Result<String, RulesError> {
+        match &node.value {
+            _ if node.is_null() => Err(self.error(node, field, "is empty: give it a value")),
+            Value::Scalar { text, .. } if text.len() > MAX_TEXT => Err(self.error(
+                node,
+                field,
+                format!("is longer than {MAX_TEXT} bytes: shorten it"),
+            )),
+            Value::Scalar { text, .. } => Ok(text.clone()),
+            _ => Err(self.error(
+                node,
+                field,
+                format!("is {}, not text: write a single value", node.describe()),
+            )),
+        }
+    }
+
+    fn boolean(&self, node: &Node, field: &str) -> Result<bool, RulesError> {
+        if let Value::Scalar { text, plain: true } = &node.value {
+            match text.as_str() {
+                "true" | "True" | "TRUE" | "yes" | "Yes" | "YES" | "on" | "On" | "ON" => {
+                    return Ok(true);
+                }
+                "false" | "False" | "FALSE" | "no" | "No" | "NO" | "off" | "Off" | "OFF" => {
+                    return Ok(false);
+                }
+                _ => {}
+            }
+        }
+        Err(self.error(node, field, "is not a boolean: write true or false"))
+    }
+
+    fn count(&self, node: &Node, field: &str) -> Result<u32, RulesError> {
+        if let Value::Scalar { text, plain: true } = &node.value
+            && !text.is_empty()
+            && text.bytes().all(|b| b.is_ascii_digit())
+        {
+            return text.parse::<u32>().map_err(|_| {
+                self.error(
+                    node,
+                    field,
+                    format!("{text} is more than {} (the protocol's limit)", u32::MAX),
+                )
+            });
+        }
+        Err(self.error(
+            node,
+            field,
+            "is not a whole number: write how many requests each unit allows, such as 100",
+        ))
+    }
+
+    fn level(
+        &self,
+        node: &Node,
+        field: &str,
+        parent_key: &str,
+        depth: usize,
+    ) -> Result<Level, RulesError> {
+        if node.is_null() {
+            return Ok(Level::default());
+        }
+        let Value::Sequence(items) = &node.value else {
+            return Err(self.error(
+                node,
+                field,
+                format!(
+                    "is {}, not a list: write each descriptor as a `- key: ...` item",
+                    node.describe()
+                ),
+            ));
+        };
+        if depth > MAX_LEVELS {
+            return Err(self.error(
+                node,
+                field,
+                format!("descriptors nest deeper than {MAX_LEVELS} levels"),
+            ));
+        }
+        let mut level = Level::default();
+        let mut seen: HashMap<(String, Option<String>), usize> = HashMap::new();
+        for (i, item) in items.iter().enumerate() {
+            let path = format!("{field}[{i}]");
+            let descriptor = self.descriptor(item, &path, parent_key, depth)?;
+            let id = (descriptor.key.clone(), descriptor.value.clone());
+            if let Some(line) = seen.get(&id) {
+                let what = match &descriptor.value {
+                    Some(v) => format!("key `{}` with value `{v}`", descriptor.key),
+                    None => format!("key `{}` without a value", descriptor.key),
+                };
+                return Err(self.error(
+                    item,
+                    &path,
+                    format!(
+                        "{what} is already configured at line {line} of this level: merge the two"
+                    ),
+                ));
+            }
+            seen.insert(id, item.mark.line);
+            let index = level.nodes.len();
+            match &descriptor.value {
+                None => {
+                    level.any.insert(descriptor.key.clone(), index);
+                }
+                Some(v) if v.ends_with('*') => level.prefix.push((
+                    descriptor.key.clone(),
+                    v.trim_end_matches('*').to_owned(),
+                    index,
+                )),
+                Some(v) => {
+                    level
+                        .exact
+                        .insert((descriptor.key.clone(), v.clone()), index);
+                }
+            }
+            level.nodes.push(descriptor);
+        }
+        Ok(level)
+    }
+
+    fn descriptor(
+        &self,
+        node: &Node,
+        field: &str,
+        parent_key: &str,
+        depth: usize,
+    ) -> Result<Descriptor, RulesError> {
+        let fields = self.mapping(
+            node,
+            field,
+            &[
+                "key",
+                "value",
+                "rate_limit",
+                "descriptors",
+                "shadow_mode",
+                "detailed_metric",
+            ],
+        )?;
+        let key = match fields.get("key") {
+            Some(k) => self.text(k, &join(field, "key"))?,
+            None => {
+                return Err(self.error(
+                    node,
+                    &join(field, "key"),
+                    "missing: every descriptor needs the `key` envoy sends",
+                ));
+            }
+        };
+        let value = match fields.get("value") {
+            Some(v) if !v.is_null() => Some(self.text(v, &join(field, "value"))?),
+            _ => None,
+        };
+        let shadow = match fields.get("shadow_mode") {
+            Some(v) => self.boolean(v, &join(field, "shadow_mode"))?,
+            None => false,
+        };
+        if let Some(v) = fields.get("detailed_metric") {
+            // Accepted for compatibility; limiterd's metrics are per configured limit.
+            self.boolean(v, &join(field, "detailed_metric"))?;
+        }
+        let full_key = match &value {
+            Some(v) => format!("{parent_key}.{key}_{v}"),
+            None => format!("{parent_key}.{key}"),
+        };
+        let rule = match fields.get("rate_limit") {
+            Some(r) => Some(self.rule(r, &join(field, "rate_limit"), shadow, &full_key)?),
+            None => None,
+        };
+        let children = match fields.get("descriptors") {
+            Some(d) => self.level(d, &join(field, "descriptors"), &full_key, depth + 1)?,
+            None => Level::default(),
+        };
+        Ok(Descriptor {
+            key,
+            value,
+            rule,
+            children,
+        })
+    }
+
+    fn rule(
+        &self,
+        node: &Node,
+        field: &str,
+        shadow: bool,
+        full_key: &str,
+    ) -> Result<Rule, RulesError> {
+        let fields = self.mapping(
+            node,
+            field,
+            &[
+                "unit",
+                "requests_per_unit",
+                "name",
+                "unlimited",
+                "replaces",
+                "algorithm",
+            ],
+        )?;
+        let unlimited = match fields.get("unlimited") {
+            Some(v) => self.boolean(v, &join(field, "unlimited"))?,
+            None => false,
+        };
+        if unlimited {
+            for other in ["unit", "requests_per_unit", "algorithm", "replaces"] {
+                if let Some(v) = fields.get(other) {
+                    return Err(self.error(
+                        v,
+                        &join(field, other),
+                        "an unlimited rate limit has no limit: remove this field or `unlimited: true`",
+                    ));
+                }
+            }
+            return Ok(Rule::Unlimited);
+        }
+        let unit = match fields.get("unit") {
+            Some(u) => {
+                let text = self.text(u, &join(field, "unit"))?;
+                Unit::parse(&text).ok_or_else(|| {
+                    self.error(
+                        u,
+                        &join(field, "unit"),
+                        format!(
+                            "`{text}` is not a unit: use second, minute, hour, day, week, month or year"
+                        ),
+                    )
+                })?
+            }
+            None => {
+                return Err(self.error(
+                    node,
+                    &join(field, "unit"),
+                    "missing: say per what the requests count (second, minute, hour, day, week, month or year), or set `unlimited: true`",
+                ));
+            }
+        };
+        let requests_per_unit = match fields.get("requests_per_unit") {
+            Some(n) => self.count(n, &join(field, "requests_per_unit"))?,
+            None => {
+                return Err(self.error(
+                    node,
+                    &join(field, "requests_per_unit"),
+                    "missing: say how many requests each unit allows",
+                ));
+            }
+        };
+        let kind = match fields.get("algorithm") {
+            None => Kind::FixedWindow,
+            Some(a) => {
+                let text = self.text(a, &join(field, "algorithm"))?;
+                match text.as_str() {
+                    "fixed_window" => Kind::FixedWindow,
+                    "token_bucket" => Kind::TokenBucket,
+                    "sliding_window" => Kind::SlidingWindow,
+                    _ => {
+                        return Err(self.error(
+                            a,
+                            &join(field, "algorithm"),
+                            format!(
+                                "`{text}` is not an algorithm: use fixed_window (the default), token_bucket or sliding_window"
+                            ),
+                        ));
+                    }
+                }
+            }
+        };
+        let name = match fields.get("name") {
+            Some(n) => self.text(n, &join(field, "name"))?,
+            None => String::new(),
+        };
+        let mut replaces = Vec::new();
+        if let Some(list) = fields.get("replaces") {
+            let path = join(field, "replaces");
+            let Value::Sequence(items) = &list.value else {
+                return Err(self.error(
+                    list,
+                    &path,
+                    format!(
+                        "is {}, not a list: write `- name: OTHER` items",
+                        list.describe()
+                    ),
+                ));
+            };
+            for (i, item) in items.iter().enumerate() {
+                let item_path = format!("{path}[{i}]");
+                let entry = self.mapping(item, &item_path, &["name"])?;
+                let Some(replaced) = entry.get("name") else {
+                    return Err(self.error(
+                        item,
+                        &join(&item_path, "name"),
+                        "missing: name the limit this one replaces",
+                    ));
+                };
+                let replaced_name = self.text(replaced, &join(&item_path, "name"))?;
+                if replaced_name == name {
+                    return Err(self.error(
+                        replaced,
+                        &join(&item_path, "name"),
+                        "a limit cannot replace itself: name another limit",
+                    ));
+                }
+                replaces.push(replaced_name);
+            }
+        }
+        let limit = RateLimit {
+            name,
+            requests_per_unit,
+            unit,
+            kind,
+            shadow,
+            replaces,
+            full_key: full_key.to_owned(),
+            location: format!("{}:{}", self.file, node.mark.line),
+            id: self.limits.get(),
+        };
+        self.limits.set(limit.id + 1);
+        if let Some(l) = limit.limit() {
+            check_limit(kind, l).map_err(|e| {
+                self.error(
+                    node,
+                    field,
+                    format!(
+                        "{requests_per_unit} per {}: {e}",
+                        unit.name().to_lowercase()
+                    ),
+                )
+            })?;
+        }
+        Ok(Rule::Limited(limit))
+    }
+}
+
+fn join(field: &str, name: &str) -> String {
+    if field.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{field}.{name}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WEB: &str = "\
+domain: web
+descriptors:
+  - key: remote_address
+    rate_limit:
+      unit: second
+      requests_per_unit: 10
+      algorithm: token_bucket
+  - key: path
+    value: /login
+    rate_limit: { unit: minute, requests_per_unit: 5, name: login }
+    descriptors:
+      - key: user
+        rate_limit: { unit: hour, requests_per_unit: 50 }
+  - key: path
+    value: /api/*
+    rate_limit: { unit: second, requests_per_unit: 100 }
+  - key: path
+    rate_limit: { unit: second, requests_per_unit: 1000 }
+  - key: internal
+    rate_limit: { unlimited: true }
+";
+
+    fn entries(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    fn limit_of<'a>(domain: &'a Domain, pairs: &[(&str, &str)]) -> Option<&'a RateLimit> {
+        match domain.rule(&entries(pairs)) {
+            Some(Rule::Limited(l)) => Some(l),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn the_most_specific_node_wins_and_only_at_the_last_entry() {
+        let web = parse("web.yaml", WEB).expect("valid");
+        let by_ip = limit_of(&web, &[("remote_address", "10.0.0.1")]).expect("matched");
+        assert_eq!(
+            (by_ip.requests_per_unit, by_ip.kind),
+            (10, Kind::TokenBucket)
+        );
+        assert_eq!(by_ip.full_key, "web.remote_address");
+
+        let login = limit_of(&web, &[("path", "/login")]).expect("exact value");
+        assert_eq!((login.requests_per_unit, login.name.as_str()), (5, "login"));
+        assert_eq!(login.unit, Unit::Minute);
+        assert_eq!(
+            login.kind,
+            Kind::FixedWindow,
+            "the reference server's default"
+        );
+
+        let api = limit_of(&web, &[("path", "/api/users")]).expect("prefix");
+        assert_eq!(api.requests_per_unit, 100);
+        let other = limit_of(&web, &[("path", "/home")]).expect("key only");
+        assert_eq!(other.requests_per_unit, 1000);
+
+        let user = limit_of(&web, &[("path", "/login"), ("user", "alice")]).expect("nested");
+        assert_eq!(user.requests_per_unit, 50);
+        assert_eq!(user.full_key, "web.path_/login.user");
+        // A request deeper than the tree, or a nested key under the wrong parent: no limit.
+        assert_eq!(
+            web.rule(&entries(&[("remote_address", "1"), ("user", "a")])),
+            None
+        );
+        assert_eq!(
+            web.rule(&entries(&[("path", "/home"), ("user", "a")])),
+            None
+        );
+        assert_eq!(web.rule(&entries(&[("nothing", "x")])), None);
+        assert_eq!(
+            web.rule(&entries(&[("internal", "yes")])),
+            Some(&Rule::Unlimited)
+        );
+        assert_eq!(web.limits().count(), 5);
+    }
+
+    fn error(text: &str) -> RulesError {
+        parse("f.yaml", text).expect_err(text)
+    }
+
+    #[test]
+    fn every_mistake_names_the_file_line_field_and_fix() {
+        let cases: &[(&str, &str, usize, &str)] = &[
+            (
+                "domain: web\ndescriptors:\n  - key: a\n    rate_limit: { unit: fortnight, requests_per_unit: 1 }\n",
+                "descriptors[0].rate_limit.unit",
+                4,
+                "`fortnight` is not a unit",
+            ),
+            (
+                "domain: web\ndescriptors:\n  - key: a\n    rate_limt: { unit: second }\n",
+                "descriptors[0].rate_limt",
+                4,
+                "unknown field",
+            ),
+            (
+                "domain: web\ndescriptors:\n  - value: x\n",
+                "descriptors[0].key",
+                3,
+                "missing",
+            ),
+            (
+                "domain: web\ndescriptors:\n  - key: a\n    rate_limit: { unit: second, requests_per_unit: -3 }\n",
+                "descriptors[0].rate_limit.requests_per_unit",
+                4,
+                "not a whole number",
+            ),
+            (
+                "domain: web\ndescriptors:\n  - key: a\n    rate_limit: { unit: second, requests_per_unit: 99999999999 }\n",
+                "descriptors[0].rate_limit.requests_per_unit",
+                4,
+                "more than 4294967295",
+            ),
+            (
+                "domain: web\ndescriptors:\n  - key: a\n  - key: b\n  - key: a\n",
+                "descriptors[2]",
+                5,
+                "already configured at line 3",
+            ),
+            (
+                "domain: web\ndescriptors:\n  - key: a\n    rate_limit: { unlimited: true, unit: second }\n",
+                "descriptors[0].rate_limit.unit",
+                4,
+                "unlimited",
+            ),
+            (
+                "domain: web\ndescriptors:\n  - key: a\n    rate_limit: { unit: second, requests_per_unit: 1, name: x, replaces: [{ name: x }] }\n",
+                "descriptors[0].rate_limit.replaces[0].name",
+                4,
+                "cannot replace itself",
+            ),
+            (
+                "domain: web\ndescriptors:\n  - key: a\n    rate_limit: { unit: second, requests_per_unit: 1, algorithm: leaky }\n",
+                "descriptors[0].rate_limit.algorithm",
+                4,
+                "not an algorithm",
+            ),
+            (
+                "domain: web\ndescriptors:\n  - key: a\n    shadow_mode: maybe\n",
+                "descriptors[0].shadow_mode",
+                4,
+                "true or false",
+            ),
+            ("descriptors: []\n", "domain", 1, "missing"),
+            (
+                "domain: web\ndescriptors: {key: a}\n",
+                "descriptors",
+                2,
+                "not a list",
+            ),
+            (
+                "domain: web\ndescriptors:\n  - key: a\n    rate_limit: { unit: second }\n",
+                "descriptors[0].rate_limit.requests_per_unit",
+                4,
+                "missing",
+            ),
+        ];
+        for (text, field, line, message) in cases {
+            let e = error(text);
+            assert_eq!(e.field, *field, "{e}");
+            assert_eq!(e.mark.map(|m| m.line), Some(*line), "{e}");
+            assert!(e.message.contains(message), "{e}");
+            assert!(e.to_string().starts_with(&format!("f.yaml:{line}:")), "{e}");
+        }
+        let e = error("domain: web\ndescriptors:\n  - key: a\n    value: [1, 2]\n");
+        assert_eq!(
+            e.mark,
+            Some(Mark {
+                line: 4,
+                column: 12
+            }),
+            "{e}"
+        );
+        assert!(error("").message.contains("empty"));
+        assert!(error("domain: [web\n").message.contains("not valid YAML"));
+    }
+
+    #[test]
+    fn a_domain_lives_in_one_file_and_units_round_trip() {
+        let err = Domains::load([("a.yaml", "domain: web\n"), ("b.yaml", "domain: web\n")])
+            .expect_err("duplicate");
+        assert_eq!(err.file, "b.yaml");
+        assert!(err.message.contains("already defined in a.yaml"), "{err}");
+        for unit in Unit::ALL {
+            assert_eq!(Unit::from_number(unit.number()), Some(unit));
+            assert_eq!(Unit::parse(&unit.name().to_lowercase()), Some(unit));
+        }
+        assert_eq!(Unit::from_number(0), None);
+        // The protocol's numbering: MONTH is 5, YEAR 6, WEEK 7.
+        assert_eq!(
+            (
+                Unit::Month.number(),
+                Unit::Year.number(),
+                Unit::Week.number()
+            ),
+            (5, 6, 7)
+        );
+    }
+}

@@ -1,0 +1,382 @@
+//! The HTTP API's request bodies: [`parse_request`] and [`parse_many`] turn JSON into engine
+//! [`Item`]s, and anything invalid becomes an [`ApiError`]: a 400 whose JSON names the field
+//! and the fix, never a 500. No server here, so the fuzz targets build without one.
+
+use http::StatusCode;
+use limiter_redis::Kind;
+use serde::{Deserialize, Serialize};
+
+use crate::engine::{Item, Target};
+
+/// The largest request body accepted.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+/// The most requests in one batch.
+pub const MAX_BATCH: usize = 100;
+/// The longest identifier, in bytes.
+pub const MAX_IDENTIFIER: usize = 256;
+/// The longest namespace, in bytes.
+pub const MAX_NAMESPACE: usize = 64;
+/// The longest ad-hoc duration: a year.
+pub const MAX_DURATION_MS: u64 = 365 * 24 * 3_600_000;
+
+/// A request the API refuses: the status, a stable code, the field, and what to do.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ApiError {
+    #[serde(skip)]
+    pub(crate) status: StatusCode,
+    /// A stable, machine-readable code.
+    pub code: &'static str,
+    /// The field at fault (`requests[2].cost`), when one is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    /// What is wrong and how to fix it.
+    pub message: String,
+}
+
+impl ApiError {
+    pub(crate) fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            code: "invalid_request",
+            field: Some(field.into()),
+            message: message.into(),
+        }
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    fn at(mut self, prefix: &str) -> Self {
+        if !prefix.is_empty() {
+            self.field = Some(match self.field {
+                Some(f) => format!("{prefix}.{f}"),
+                None => prefix.to_owned(),
+            });
+        }
+        self
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRequest {
+    policy: Option<String>,
+    namespace: Option<String>,
+    identifier: String,
+    limit: Option<u64>,
+    duration_ms: Option<u64>,
+    cost: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMany {
+    requests: Vec<RawRequest>,
+}
+
+fn from_json<'de, T: Deserialize<'de>>(body: &'de [u8]) -> Result<T, ApiError> {
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    let value = serde_path_to_error::deserialize(&mut deserializer).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let field = if path == "." || path == "?" { String::new() } else { path };
+        let message = format!("{inner}: send a JSON object such as {{\"policy\": \"api\", \"identifier\": \"user-1\"}}");
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            code: "invalid_json",
+            field: (!field.is_empty()).then_some(field),
+            message,
+        }
+    })?;
+    deserializer.end().map_err(|e| ApiError {
+        status: StatusCode::BAD_REQUEST,
+        code: "invalid_json",
+        field: None,
+        message: format!("{e}: send one JSON object"),
+    })?;
+    Ok(value)
+}
+
+/// Parses one `POST /v1/ratelimit` body; `policy` finds a configured policy's index.
+pub fn parse_request(
+    body: &[u8],
+    policy: &dyn Fn(&str) -> Option<usize>,
+) -> Result<Item, ApiError> {
+    let raw: RawRequest = from_json(body)?;
+    check(raw, policy)
+}
+
+/// Parses one `POST /v1/ratelimit/many` body.
+pub fn parse_many(
+    body: &[u8],
+    policy: &dyn Fn(&str) -> Option<usize>,
+) -> Result<Vec<Item>, ApiError> {
+    let raw: RawMany = from_json(body)?;
+    if raw.requests.is_empty() || raw.requests.len() > MAX_BATCH {
+        return Err(ApiError::invalid(
+            "requests",
+            format!("send 1 to {MAX_BATCH} requests, not {}", raw.requests.len()),
+        ));
+    }
+    raw.requests
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| check(r, policy).map_err(|e| e.at(&format!("requests[{i}]"))))
+        .collect()
+}
+
+fn check(raw: RawRequest, policy: &dyn Fn(&str) -> Option<usize>) -> Result<Item, ApiError> {
+    if raw.identifier.is_empty() || raw.identifier.len() > MAX_IDENTIFIER {
+        return Err(ApiError::invalid(
+            "identifier",
+            format!("`identifier` must be 1 to {MAX_IDENTIFIER} bytes"),
+        ));
+    }
+    let cost = raw.cost.unwrap_or(1);
+    let target = match (raw.policy, raw.limit, raw.duration_ms) {
+        (Some(_), Some(_), _) | (Some(_), _, Some(_)) => {
+            return Err(ApiError::invalid(
+                "policy",
+                "give either `policy` or `limit` and `duration_ms`, not both",
+            ));
+        }
+        (Some(name), None, None) => {
+            if raw.namespace.is_some() {
+                return Err(ApiError::invalid(
+                    "namespace",
+                    "`namespace` goes with `limit` and `duration_ms`; a policy has its own",
+                ));
+            }
+            let index = policy(&name).ok_or_else(|| ApiError {
+                status: StatusCode::BAD_REQUEST,
+                code: "unknown_policy",
+                field: Some("policy".into()),
+                message: format!(
+                    "no policy is named {:?}: use one from the configuration, or give `limit` and `duration_ms`",
+                    name.chars().take(64).collect::<String>()
+                ),
+            })?;
+            Target::Policy(index)
+        }
+        (None, Some(limit), Some(duration_ms)) => {
+            let namespace = raw.namespace.ok_or_else(|| {
+                ApiError::invalid(
+                    "namespace",
+                    "an ad-hoc limit needs a `namespace` to keep callers apart",
+                )
+            })?;
+            if namespace.is_empty() || namespace.len() > MAX_NAMESPACE {
+                return Err(ApiError::invalid(
+                    "namespace",
+                    format!("`namespace` must be 1 to {MAX_NAMESPACE} bytes"),
+                ));
+            }
+            if limit == 0 {
+                return Err(ApiError::invalid("limit", "`limit` must be at least 1"));
+            }
+            if duration_ms == 0 || duration_ms > MAX_DURATION_MS {
+                return Err(ApiError::invalid(
+                    "duration_ms",
+                    format!("`duration_ms` must be 1 to {MAX_DURATION_MS} (a year)"),
+                ));
+            }
+            if cost > limit {
+                return Err(ApiError::invalid(
+                    "cost",
+                    format!(
+                        "`cost` {cost} is above `limit` {limit}, so it could never be admitted"
+                    ),
+                ));
+            }
+            Target::AdHoc {
+                kind: Kind::TokenBucket,
+                limit,
+                duration_ms,
+                namespace,
+            }
+        }
+        (None, Some(_), None) => {
+            return Err(ApiError::invalid(
+                "duration_ms",
+                "`limit` needs a `duration_ms`",
+            ));
+        }
+        (None, None, Some(_)) => {
+            return Err(ApiError::invalid("limit", "`duration_ms` needs a `limit`"));
+        }
+        (None, None, None) => {
+            return Err(ApiError::invalid(
+                "policy",
+                "say which limit: give `policy`, or `limit` and `duration_ms`",
+            ));
+        }
+    };
+    Ok(Item {
+        target,
+        identifier: raw.identifier,
+        cost,
+        shadow: false,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policies(name: &str) -> Option<usize> {
+        (name == "api").then_some(0)
+    }
+
+    fn refused(body: &str) -> ApiError {
+        parse_request(body.as_bytes(), &policies).expect_err(body)
+    }
+
+    #[test]
+    fn parses_policy_and_ad_hoc_requests() {
+        let item =
+            parse_request(br#"{"policy":"api","identifier":"u1"}"#, &policies).expect("valid");
+        assert_eq!(item.target, Target::Policy(0));
+        assert_eq!(item.cost, 1);
+        let item = parse_request(
+            br#"{"namespace":"mail","identifier":"u1","limit":10,"duration_ms":60000,"cost":0}"#,
+            &policies,
+        )
+        .expect("valid");
+        assert_eq!(
+            item.target,
+            Target::AdHoc {
+                kind: Kind::TokenBucket,
+                limit: 10,
+                duration_ms: 60_000,
+                namespace: "mail".into()
+            }
+        );
+        assert_eq!(item.cost, 0);
+    }
+
+    #[test]
+    fn every_refusal_names_the_field() {
+        for (body, code, field) in [
+            ("", "invalid_json", None),
+            ("{", "invalid_json", None),
+            ("[]", "invalid_json", None),
+            (r#"{"policy":"api"}"#, "invalid_json", None),
+            (
+                r#"{"policy":"api","identifier":"u"} {}"#,
+                "invalid_json",
+                None,
+            ),
+            (
+                r#"{"policy":"api","identifier":7}"#,
+                "invalid_json",
+                Some("identifier"),
+            ),
+            (
+                r#"{"policy":"api","identifier":"u","cost":"1"}"#,
+                "invalid_json",
+                Some("cost"),
+            ),
+            (
+                r#"{"policy":"api","identifier":"u","cost":-1}"#,
+                "invalid_json",
+                Some("cost"),
+            ),
+            (
+                r#"{"policy":"api","identifier":"u","cost":1.5}"#,
+                "invalid_json",
+                Some("cost"),
+            ),
+            (
+                r#"{"policy":"api","identifier":"u","cost":99999999999999999999999}"#,
+                "invalid_json",
+                Some("cost"),
+            ),
+            (
+                r#"{"policy":"api","identifier":"u","colour":1}"#,
+                "invalid_json",
+                Some("colour"),
+            ),
+            (
+                r#"{"policy":"api","identifier":""}"#,
+                "invalid_request",
+                Some("identifier"),
+            ),
+            (
+                r#"{"policy":"nope","identifier":"u"}"#,
+                "unknown_policy",
+                Some("policy"),
+            ),
+            (r#"{"identifier":"u"}"#, "invalid_request", Some("policy")),
+            (
+                r#"{"policy":"api","identifier":"u","limit":5}"#,
+                "invalid_request",
+                Some("policy"),
+            ),
+            (
+                r#"{"policy":"api","identifier":"u","namespace":"n"}"#,
+                "invalid_request",
+                Some("namespace"),
+            ),
+            (
+                r#"{"identifier":"u","limit":5,"duration_ms":1000}"#,
+                "invalid_request",
+                Some("namespace"),
+            ),
+            (
+                r#"{"namespace":"n","identifier":"u","limit":0,"duration_ms":1000}"#,
+                "invalid_request",
+                Some("limit"),
+            ),
+            (
+                r#"{"namespace":"n","identifier":"u","limit":5,"duration_ms":0}"#,
+                "invalid_request",
+                Some("duration_ms"),
+            ),
+            (
+                r#"{"namespace":"n","identifier":"u","limit":5}"#,
+                "invalid_request",
+                Some("duration_ms"),
+            ),
+            (
+                r#"{"namespace":"n","identifier":"u","limit":5,"duration_ms":1000,"cost":6}"#,
+                "invalid_request",
+                Some("cost"),
+            ),
+        ] {
+            let e = refused(body);
+            assert_eq!(
+                (e.code, e.field.as_deref()),
+                (code, field),
+                "{body}: {}",
+                e.message
+            );
+            assert_eq!(e.status, StatusCode::BAD_REQUEST);
+            assert!(!e.message.is_empty());
+        }
+        let long = format!(
+            r#"{{"policy":"api","identifier":"{}"}}"#,
+            "x".repeat(MAX_IDENTIFIER + 1)
+        );
+        assert_eq!(refused(&long).field.as_deref(), Some("identifier"));
+    }
+
+    #[test]
+    fn batch_errors_name_the_request() {
+        let e = parse_many(
+            br#"{"requests":[{"policy":"api","identifier":"u"},{"policy":"api","identifier":""}]}"#,
+            &policies,
+        )
+        .expect_err("refused");
+        assert_eq!(e.field.as_deref(), Some("requests[1].identifier"));
+        let e = parse_many(
+            br#"{"requests":[{"policy":"api","identifier":"u","cost":"x"}]}"#,
+            &policies,
+        )
+        .expect_err("refused");
+        assert_eq!(e.field.as_deref(), Some("requests[0].cost"));
+        let e = parse_many(br#"{"requests":[]}"#, &policies).expect_err("refused");
+        assert_eq!(e.field.as_deref(), Some("requests"));
+    }
+}
