@@ -91,6 +91,7 @@ pub fn parse(text: &str) -> Result<Option<Node>, YamlError> {
         anchors: HashMap::new(),
         nodes: 0,
         last: Mark::default(),
+        lines: text.split('\n').count(),
     };
     builder.document()
 }
@@ -100,6 +101,9 @@ struct Builder<'a> {
     anchors: HashMap<usize, Node>,
     nodes: usize,
     last: Mark,
+    /// Lines in the text: the scanner may place an error at the end of the input one line
+    /// past the last.
+    lines: usize,
 }
 
 impl<'a> Builder<'a> {
@@ -111,7 +115,7 @@ impl<'a> Builder<'a> {
             }
             Some(Err(e)) => Err(YamlError {
                 mark: Mark {
-                    line: e.marker().line(),
+                    line: e.marker().line().clamp(1, self.lines),
                     column: e.marker().col() + 1,
                 },
                 message: format!("not valid YAML: {}", e.info()),
