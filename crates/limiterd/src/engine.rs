@@ -589,6 +589,21 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
     }
 }
 
+/// Polls `future` once and returns its output: a memory engine decides at once, so its
+/// futures are ready on the first poll (for tests and fuzz bodies, which run no runtime).
+///
+/// # Panics
+/// If the future is not ready (a Redis store's would not be).
+#[doc(hidden)]
+pub fn decided_at_once<T>(future: impl std::future::Future<Output = T>) -> T {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let mut future = std::pin::pin!(future);
+    match future.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(value) => value,
+        std::task::Poll::Pending => panic!("a memory engine decides at once"),
+    }
+}
+
 fn held<C: Clock>(backend: &Backend<C>) -> u64 {
     match backend {
         Backend::Memory(stack) => stack.len(),
@@ -636,15 +651,6 @@ mod tests {
         }
     }
 
-    fn run<T>(future: impl std::future::Future<Output = T>) -> T {
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        let mut future = std::pin::pin!(future);
-        match future.as_mut().poll(&mut cx) {
-            std::task::Poll::Ready(value) => value,
-            std::task::Poll::Pending => panic!("memory decides at once"),
-        }
-    }
-
     #[test]
     fn a_denied_batch_refunds_exactly_at_its_own_instant() {
         let (engine, clock) = engine(
@@ -652,7 +658,8 @@ mod tests {
         );
         clock.advance(Duration::from_millis(10));
         let (ok, answers) =
-            run(engine.decide(&[item("a", 3), item("b", 4), item("a", 2)])).expect("valid");
+            decided_at_once(engine.decide(&[item("a", 3), item("b", 4), item("a", 2)]))
+                .expect("valid");
         assert!(!ok);
         assert_eq!(
             answers
@@ -663,7 +670,7 @@ mod tests {
         );
         // Everything came back: both keys are full at the same instant.
         for id in ["a", "b"] {
-            let (_, peek) = run(engine.decide(&[item(id, 0)])).expect("valid");
+            let (_, peek) = decided_at_once(engine.decide(&[item(id, 0)])).expect("valid");
             assert_eq!(peek[0].decision.remaining(), 4, "{id}");
         }
     }
@@ -673,17 +680,21 @@ mod tests {
         let (engine, clock) = engine(
             "[store]\nkind = \"memory\"\nmax_keys = 1\n[policies.p]\nlimits = [{ algorithm = \"token_bucket\", count = 1, period = \"1s\" }]\n",
         );
-        assert!(run(engine.decide(&[item("a", 1)])).expect("valid").0);
-        let err = run(engine.decide(&[item("b", 1)])).expect_err("full");
+        assert!(
+            decided_at_once(engine.decide(&[item("a", 1)]))
+                .expect("valid")
+                .0
+        );
+        let err = decided_at_once(engine.decide(&[item("b", 1)])).expect_err("full");
         assert!(matches!(err, DecideError::Full(_)), "{err}");
         assert!(
-            !run(engine.decide(&[item("a", 1)]))
+            !decided_at_once(engine.decide(&[item("a", 1)]))
                 .expect("held keys go on")
                 .0
         );
         clock.advance(Duration::from_secs(1));
         assert!(
-            run(engine.decide(&[item("b", 1)]))
+            decided_at_once(engine.decide(&[item("b", 1)]))
                 .expect("a refilled and made room")
                 .0
         );

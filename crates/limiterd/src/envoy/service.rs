@@ -496,6 +496,7 @@ mod tests {
 
     use super::*;
     use crate::config::Config;
+    use crate::engine::decided_at_once;
     use crate::metrics::Metrics;
 
     const WEB: &str = "\
@@ -561,18 +562,9 @@ descriptors:
         }
     }
 
-    fn run<T>(future: impl std::future::Future<Output = T>) -> T {
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        let mut future = std::pin::pin!(future);
-        match future.as_mut().poll(&mut cx) {
-            std::task::Poll::Ready(value) => value,
-            std::task::Poll::Pending => panic!("memory decides at once"),
-        }
-    }
-
     impl Fixture {
         fn decide(&self, descriptors: Vec<Descriptor>) -> Response {
-            run(self.envoy.decide(&self.engine, &request(descriptors))).expect("valid")
+            decided_at_once(self.envoy.decide(&self.engine, &request(descriptors))).expect("valid")
         }
 
         /// What `pairs` has left, without taking anything.
@@ -744,7 +736,7 @@ descriptors:
         );
         assert_eq!(f.remaining(&[("tenant", "z")]), 10);
 
-        let unknown = run(f.envoy.decide(
+        let unknown = decided_at_once(f.envoy.decide(
             &f.engine,
             &Request {
                 domain: "elsewhere".into(),
@@ -763,7 +755,7 @@ descriptors:
         // Request-level hits (0 means 1) and a descriptor's own.
         let mut r = request(vec![descriptor(&[("tenant", "h")])]);
         r.hits_addend = 4;
-        let answer = run(f.envoy.decide(&f.engine, &r)).expect("valid");
+        let answer = decided_at_once(f.envoy.decide(&f.engine, &r)).expect("valid");
         assert_eq!(answer.statuses[0].limit_remaining, 6);
         let mut d = descriptor(&[("tenant", "h")]);
         d.hits_addend = Some(7);
@@ -816,7 +808,7 @@ descriptors:
             ),
         ] {
             let EnvoyError::Invalid(message) =
-                run(f.envoy.decide(&f.engine, &req)).expect_err(field)
+                decided_at_once(f.envoy.decide(&f.engine, &req)).expect_err(field)
             else {
                 panic!("invalid")
             };

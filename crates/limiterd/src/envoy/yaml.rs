@@ -91,9 +91,14 @@ pub fn parse(text: &str) -> Result<Option<Node>, YamlError> {
         anchors: HashMap::new(),
         nodes: 0,
         last: Mark::default(),
-        lines: text.split('\n').count(),
+        lines: line_count(text),
     };
     builder.document()
+}
+
+/// Lines in `text` as YAML counts them: `\r\n`, `\r` and `\n` each end one.
+pub fn line_count(text: &str) -> usize {
+    text.replace("\r\n", "\n").matches(['\r', '\n']).count() + 1
 }
 
 struct Builder<'a> {
