@@ -160,6 +160,13 @@ impl<'a> Builder<'a> {
         }
     }
 
+    fn untagged<T>(&self, tag: Option<&T>, mark: Mark) -> Result<(), YamlError> {
+        match tag {
+            Some(_) => Err(self.error(mark, "YAML tags (`!name`) are not read here: remove it")),
+            None => Ok(()),
+        }
+    }
+
     fn count(&mut self, mark: Mark, nodes: usize) -> Result<(), YamlError> {
         self.nodes = self.nodes.saturating_add(nodes);
         if self.nodes > MAX_NODES {
@@ -178,11 +185,7 @@ impl<'a> Builder<'a> {
         self.count(mark, 1)?;
         let (node, anchor) = match event {
             Event::Scalar(text, style, anchor, tag) => {
-                if tag.is_some() {
-                    return Err(
-                        self.error(mark, "YAML tags (`!name`) are not read here: remove it")
-                    );
-                }
+                self.untagged(tag.as_ref(), mark)?;
                 let value = Value::Scalar {
                     text: text.into_owned(),
                     plain: style == ScalarStyle::Plain,
@@ -190,11 +193,7 @@ impl<'a> Builder<'a> {
                 (Node { value, mark }, anchor)
             }
             Event::SequenceStart(anchor, tag) => {
-                if tag.is_some() {
-                    return Err(
-                        self.error(mark, "YAML tags (`!name`) are not read here: remove it")
-                    );
-                }
+                self.untagged(tag.as_ref(), mark)?;
                 let mut items = Vec::new();
                 loop {
                     let (event, item_mark) = self.next()?;
@@ -207,11 +206,7 @@ impl<'a> Builder<'a> {
                 (Node { value, mark }, anchor)
             }
             Event::MappingStart(anchor, tag) => {
-                if tag.is_some() {
-                    return Err(
-                        self.error(mark, "YAML tags (`!name`) are not read here: remove it")
-                    );
-                }
+                self.untagged(tag.as_ref(), mark)?;
                 let mut entries = Vec::new();
                 loop {
                     let (event, key_mark) = self.next()?;
@@ -333,5 +328,10 @@ mod tests {
         let deep = "[".repeat(MAX_DEPTH + 2) + &"]".repeat(MAX_DEPTH + 2);
         assert!(parse(&deep).expect_err("deep").message.contains("nested"));
         assert_eq!(parse("# nothing\n").expect("valid"), None);
+        for tagged in ["a: !x 1\n", "a: !x [1]\n", "a: !x {b: 1}\n"] {
+            let err = parse(tagged).expect_err(tagged);
+            assert!(err.message.contains("tags"), "{err:?}");
+            assert_eq!(err.mark.line, 1);
+        }
     }
 }
