@@ -1,6 +1,8 @@
-//! Direct (unkeyed) limiters: every algorithm beside governor in the same groups, so one run
-//! gives the ratios. Single thread allow and deny, 2 threads on one limiter, the algorithm alone
-//! on a caller-supplied `now`, the same on governor's TSC clock source, and the clocks alone.
+//! Direct (unkeyed) limiters: every algorithm beside governor, a `Mutex` token bucket and the
+//! floor (clock, atomic load, compare-exchange) in the same groups, so one run gives the
+//! ratios. Single thread allow and deny, 2 threads on one limiter, the algorithm alone on a
+//! caller-supplied `now`, the same on governor's TSC clock source and on the coarse clock, and
+//! the clocks alone.
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -11,10 +13,12 @@ use criterion::{
 use governor::RateLimiter;
 use governor::clock::FakeRelativeClock;
 use limiter_benches::{
-    TscClock, allow_quota, deny_quota, group, never_limit, on_threads, token_bucket_allow,
-    window_allow,
+    Floor, MutexBucket, TscClock, allow_quota, deny_quota, group, never_limit, on_threads,
+    token_bucket_allow, window_allow,
 };
-use limiter_core::{Algorithm, Clock, DirectLimiter, Limit, ManualClock, MonotonicClock};
+use limiter_core::{
+    Algorithm, Clock, CoarseClock, DirectLimiter, Limit, ManualClock, MonotonicClock,
+};
 use limiter_sliding_window::{FixedCounter, SlidingCounter};
 use limiter_token_bucket::Gcra;
 
@@ -80,6 +84,12 @@ fn allow_groups<C: Clock + Clone + 'static>(c: &mut Criterion, suffix: &str, clo
     }
     let theirs = RateLimiter::direct(allow_quota());
     g.bench_function("governor", |b| b.iter(|| black_box(theirs.check().is_ok())));
+    let mutex = MutexBucket::new(clock.clone(), 1_000_000_000, 1_000_000_000);
+    g.bench_function("mutex_token_bucket", |b| {
+        b.iter(|| black_box(mutex.check()))
+    });
+    let floor = Floor::new(clock.clone());
+    g.bench_function("floor", |b| b.iter(|| black_box(floor.check())));
     g.finish();
 
     let mut g = group(c, &format!("direct_allow_2_threads{suffix}"), 2);
@@ -91,6 +101,14 @@ fn allow_groups<C: Clock + Clone + 'static>(c: &mut Criterion, suffix: &str, clo
     let theirs = RateLimiter::direct(allow_quota());
     g.bench_function("governor", |b| {
         b.iter_custom(|iters| on_threads(2, iters, || theirs.check().is_ok()))
+    });
+    let mutex = MutexBucket::new(clock.clone(), 1_000_000_000, 1_000_000_000);
+    g.bench_function("mutex_token_bucket", |b| {
+        b.iter_custom(|iters| on_threads(2, iters, || mutex.check()))
+    });
+    let floor = Floor::new(clock.clone());
+    g.bench_function("floor", |b| {
+        b.iter_custom(|iters| on_threads(2, iters, || floor.check()))
     });
     g.finish();
 }
@@ -107,6 +125,12 @@ fn deny(c: &mut Criterion) {
     let theirs = RateLimiter::direct(deny_quota());
     let _ = theirs.check();
     g.bench_function("governor", |b| b.iter(|| black_box(theirs.check().is_ok())));
+    let mutex = drained_mutex();
+    g.bench_function("mutex_token_bucket", |b| {
+        b.iter(|| black_box(mutex.check()))
+    });
+    let floor = Floor::new(MonotonicClock::new());
+    g.bench_function("floor", |b| b.iter(|| black_box(floor.read_only())));
     g.finish();
 
     let mut g = group(c, "direct_deny_2_threads", 2);
@@ -120,7 +144,22 @@ fn deny(c: &mut Criterion) {
     g.bench_function("governor", |b| {
         b.iter_custom(|iters| on_threads(2, iters, || theirs.check().is_ok()))
     });
+    let mutex = drained_mutex();
+    g.bench_function("mutex_token_bucket", |b| {
+        b.iter_custom(|iters| on_threads(2, iters, || mutex.check()))
+    });
+    let floor = Floor::new(MonotonicClock::new());
+    g.bench_function("floor", |b| {
+        b.iter_custom(|iters| on_threads(2, iters, || floor.read_only()))
+    });
     g.finish();
+}
+
+/// One per hour, taken: denies for the rest of the run.
+fn drained_mutex() -> MutexBucket<MonotonicClock> {
+    let mutex = MutexBucket::new(MonotonicClock::new(), 1, 1);
+    let _ = mutex.check();
+    mutex
 }
 
 fn bench_no_clock<A: Algorithm>(
@@ -160,15 +199,19 @@ fn algorithm_only(c: &mut Criterion) {
 }
 
 /// On the TSC clock source governor uses by default (quanta), so the ratio compares limiters
-/// rather than `Instant::now` against `rdtsc`; and the two clocks alone.
+/// rather than `Instant::now` against `rdtsc`; on the coarse clock (refreshed every
+/// millisecond by its thread); and the clocks alone.
 fn same_clock(c: &mut Criterion) {
     allow_groups(c, "_tsc_clock", &TscClock::new());
+    let coarse = CoarseClock::refreshed_every(Duration::from_millis(1)).expect("a thread");
+    allow_groups(c, "_coarse_clock", &coarse);
     let mut g = group(c, "clock_read", 1);
     let (monotonic, tsc) = (MonotonicClock::new(), TscClock::new());
     g.bench_function("monotonic_clock_instant", |b| {
         b.iter(|| black_box(monotonic.now()))
     });
     g.bench_function("tsc_clock_quanta", |b| b.iter(|| black_box(tsc.now())));
+    g.bench_function("coarse_clock", |b| b.iter(|| black_box(coarse.now())));
     g.finish();
 }
 

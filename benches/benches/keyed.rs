@@ -1,4 +1,5 @@
-//! Keyed limiters: every store beside governor's keyed limiter, with one hot key, with 1M
+//! Keyed limiters: every store beside governor's keyed limiter and the floor (a dashmap lookup,
+//! a clock reading and a compare-exchange), with one hot key, with 1M
 //! distinct keys touched for the first time and warm, the resident bytes each key costs, the
 //! bounded store beside a bare moka `get_with` plus CAS, and the cost of churn through a bound.
 //!
@@ -76,6 +77,36 @@ impl BareMoka {
             .get_with(key, || Arc::new(StateCell::new(Gcra::FRESH)))
             .apply(&self.gcra, 1, self.clock.now())
             .is_ok_and(|d| d.is_allowed())
+    }
+}
+
+/// The keyed floor: a concurrent-map lookup (dashmap, foldhash as our store hashes), a clock
+/// reading and one compare-exchange on the key's word; a missing key is inserted.
+struct KeyedFloor {
+    map: dashmap::DashMap<u64, std::sync::atomic::AtomicU64, foldhash::fast::RandomState>,
+    clock: MonotonicClock,
+}
+
+impl KeyedFloor {
+    fn new() -> Self {
+        Self {
+            map: dashmap::DashMap::with_hasher(foldhash::fast::RandomState::default()),
+            clock: MonotonicClock::new(),
+        }
+    }
+
+    fn check(&self, key: u64) -> bool {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let now = self.clock.now();
+        let cas = |word: &AtomicU64| {
+            let seen = word.load(Ordering::Acquire);
+            word.compare_exchange(seen, seen.max(now) + 1, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        };
+        if let Some(word) = self.map.get(&key) {
+            return cas(&word);
+        }
+        cas(&self.map.entry(key).or_insert_with(|| AtomicU64::new(0)))
     }
 }
 
@@ -162,7 +193,7 @@ fn churn(c: &mut Criterion) {
     );
     let mut next = scattered(MEMORY_KEYS);
     let mut g = group(c, "keyed_churn_1M_through_100k", 1);
-    g.measurement_time(Duration::from_secs(5));
+    g.measurement_time(limiter_benches::measuring(Duration::from_secs(5)));
     g.bench_function("token_bucket_bounded_tsc", |b| {
         b.iter(|| black_box(allowed(&limiter, next())))
     });
@@ -241,6 +272,7 @@ fn main() {
         allowed,
     );
     subject(&mut c, "governor", governor, |l, k| l.check_key(&k).is_ok());
+    subject(&mut c, "floor", |_| KeyedFloor::new(), KeyedFloor::check);
     churn(&mut c);
     c.final_summary();
 }

@@ -55,13 +55,104 @@ pub fn deny_quota() -> Quota {
     Quota::per_hour(NonZeroU32::MIN)
 }
 
+/// Set by `cargo xtask bench --quick`: every group measures briefly (the whole run in a few
+/// minutes, medians noisier).
+pub const QUICK_ENV: &str = "LIMITER_BENCH_QUICK";
+
+/// Whether this is a quick run.
+pub fn quick() -> bool {
+    std::env::var_os(QUICK_ENV).is_some()
+}
+
+/// `full` in a full run, a tenth of it (at least 100 ms) in a quick one.
+pub fn measuring(full: Duration) -> Duration {
+    if quick() {
+        (full / 10).max(Duration::from_millis(100))
+    } else {
+        full
+    }
+}
+
 /// A group with `elements` calls per iteration and short, fixed times so a run stays brief.
 pub fn group<'a>(c: &'a mut Criterion, name: &str, elements: u64) -> BenchmarkGroup<'a, WallTime> {
     let mut group = c.benchmark_group(name);
     group.throughput(Throughput::Elements(elements));
-    group.measurement_time(Duration::from_secs(3));
-    group.warm_up_time(Duration::from_secs(1));
+    group.measurement_time(measuring(Duration::from_secs(3)));
+    group.warm_up_time(measuring(Duration::from_secs(1)));
+    if quick() {
+        group.sample_size(10);
+    }
     group
+}
+
+/// The floor of a direct check: one clock reading, one atomic load and one compare-exchange
+/// (what any lock-free limiter must do); [`Floor::read_only`] is a denial's floor (no write).
+#[derive(Debug, Default)]
+pub struct Floor<C> {
+    clock: C,
+    state: std::sync::atomic::AtomicU64,
+}
+
+impl<C: limiter_core::Clock> Floor<C> {
+    /// A floor on `clock`.
+    pub fn new(clock: C) -> Self {
+        Self {
+            clock,
+            state: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// Clock, load, compare-exchange.
+    pub fn check(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        let now = self.clock.now();
+        let seen = self.state.load(Ordering::Acquire);
+        self.state
+            .compare_exchange(seen, seen.max(now) + 1, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Clock and load only.
+    pub fn read_only(&self) -> bool {
+        let now = self.clock.now();
+        self.state.load(std::sync::atomic::Ordering::Acquire) > now
+    }
+}
+
+/// The plain peer: a token bucket (GCRA) behind a `std::sync::Mutex`.
+#[derive(Debug)]
+pub struct MutexBucket<C> {
+    clock: C,
+    interval: u64,
+    tolerance: u64,
+    tat: std::sync::Mutex<u64>,
+}
+
+impl<C: limiter_core::Clock> MutexBucket<C> {
+    /// `per_second` units a second in bursts of `burst`.
+    pub fn new(clock: C, per_second: u64, burst: u64) -> Self {
+        let interval = (1_000_000_000 / per_second.max(1)).max(1);
+        Self {
+            clock,
+            interval,
+            tolerance: interval * burst.saturating_sub(1),
+            tat: std::sync::Mutex::new(0),
+        }
+    }
+
+    /// One unit, if there is one.
+    pub fn check(&self) -> bool {
+        let now = self.clock.now();
+        let Ok(mut tat) = self.tat.lock() else {
+            return false;
+        };
+        let start = (*tat).max(now);
+        if start - now > self.tolerance {
+            return false;
+        }
+        *tat = start + self.interval;
+        true
+    }
 }
 
 /// Runs `call` on `threads` threads, `iters` times each, and returns the slowest thread's wall

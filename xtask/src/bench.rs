@@ -1,17 +1,385 @@
-//! `cargo xtask bench [-- ARGS]`: the criterion benchmarks, with ARGS passed to criterion.
+//! `cargo xtask bench [--quick] [-- ARGS]`: the criterion benchmarks (ARGS go to criterion,
+//! e.g. a name filter), then `target/bench-report.md`: for every group measured in this run,
+//! each subject's median and throughput with its ratio to the peer (governor, or the raw
+//! `EVALSHA` for Redis) and to the floor measured in the same group; the resident bytes per
+//! key; and the performance targets, each met or missed.
+//!
+//! `--quick` measures every group briefly (the run takes a few minutes once built; the
+//! medians are noisier).
 
-use crate::run::cargo;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use crate::run::{cargo, root};
 
 pub(crate) fn run(args: &[String]) -> Result<(), String> {
+    let quick = args.iter().any(|a| a == "--quick");
     let mut command = vec!["bench", "--package", "limiter-benches"];
     let passthrough: Vec<&str> = args
         .iter()
         .map(String::as_str)
-        .filter(|a| *a != "--")
+        .filter(|a| *a != "--" && *a != "--quick")
         .collect();
-    if !passthrough.is_empty() {
-        command.push("--");
-        command.extend(passthrough);
+    let mut criterion_args = passthrough.clone();
+    if quick {
+        // Groups that set no times of their own (the Redis ones) take these.
+        criterion_args.extend(["--warm-up-time", "0.1", "--measurement-time", "0.3"]);
     }
-    cargo(&command, &[])
+    if !criterion_args.is_empty() {
+        command.push("--");
+        command.extend(criterion_args);
+    }
+    let started = SystemTime::now();
+    let env: &[(&str, &str)] = if quick {
+        &[("LIMITER_BENCH_QUICK", "1")]
+    } else {
+        &[]
+    };
+    cargo(&command, env)?;
+    let target = root().join("target");
+    let results = collect(&target.join("criterion"), started);
+    if results.is_empty() {
+        return Err("no criterion results from this run under target/criterion".into());
+    }
+    let memory = bytes_per_key(&target.join("bench-bytes-per-key.csv"), started);
+    let report = render(&results, &memory, quick);
+    let path = target.join("bench-report.md");
+    std::fs::write(&path, report).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    eprintln!("xtask: wrote {}", path.display());
+    Ok(())
+}
+
+/// One benchmark's median.
+#[derive(Debug, Clone)]
+struct Measured {
+    group: String,
+    function: String,
+    /// Nanoseconds per iteration.
+    median: f64,
+    /// Calls per iteration (2 for the two-thread groups).
+    elements: u64,
+}
+
+fn files_named(dir: &Path, name: &str, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            files_named(&path, name, out);
+        } else if path.file_name().is_some_and(|n| n == name)
+            && path
+                .parent()
+                .and_then(Path::file_name)
+                .is_some_and(|p| p == "new")
+        {
+            out.push(path);
+        }
+    }
+}
+
+/// The JSON string value after `"key":` in `text` (criterion's files; escapes kept simple).
+fn json_string(text: &str, key: &str) -> Option<String> {
+    let at = text.find(&format!("\"{key}\":"))? + key.len() + 3;
+    let rest = text[at..].trim_start().strip_prefix('"')?;
+    let mut out = String::new();
+    let mut chars = rest.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => return Some(out),
+            '\\' => out.push(chars.next()?),
+            c => out.push(c),
+        }
+    }
+    None
+}
+
+/// The number after `"key":`, searching from `from`.
+fn json_number(text: &str, key: &str) -> Option<f64> {
+    let at = text.find(&format!("\"{key}\":"))? + key.len() + 3;
+    let rest = text[at..].trim_start();
+    let end = rest
+        .find(|c: char| !(c.is_ascii_digit() || matches!(c, '.' | '-' | '+' | 'e' | 'E')))
+        .unwrap_or(rest.len());
+    rest[..end].parse().ok()
+}
+
+fn collect(dir: &Path, since: SystemTime) -> Vec<Measured> {
+    let mut found = Vec::new();
+    files_named(dir, "estimates.json", &mut found);
+    let mut out = Vec::new();
+    for estimates in found {
+        let fresh = std::fs::metadata(&estimates)
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t >= since);
+        if !fresh {
+            continue;
+        }
+        let (Ok(est), Ok(meta)) = (
+            std::fs::read_to_string(&estimates),
+            std::fs::read_to_string(estimates.with_file_name("benchmark.json")),
+        ) else {
+            continue;
+        };
+        let median = est
+            .find("\"median\":")
+            .and_then(|at| json_number(&est[at..], "point_estimate"));
+        let (Some(group), Some(median)) = (json_string(&meta, "group_id"), median) else {
+            continue;
+        };
+        let function = json_string(&meta, "function_id").unwrap_or_default();
+        let elements = meta
+            .find("\"Elements\":")
+            .and_then(|at| json_number(&meta[at..], "Elements"))
+            .map_or(1, |e| e as u64);
+        out.push(Measured {
+            group,
+            function,
+            median,
+            elements,
+        });
+    }
+    out.sort_by(|a, b| (&a.group, &a.function).cmp(&(&b.group, &b.function)));
+    out
+}
+
+/// `name -> bytes per key`, the last line for each name written during this run.
+fn bytes_per_key(csv: &Path, since: SystemTime) -> BTreeMap<String, f64> {
+    let fresh = std::fs::metadata(csv)
+        .and_then(|m| m.modified())
+        .is_ok_and(|t| t >= since);
+    let mut out = BTreeMap::new();
+    if !fresh {
+        return out;
+    }
+    let text = std::fs::read_to_string(csv).unwrap_or_default();
+    for line in text.lines() {
+        let mut parts = line.split(',');
+        if let (Some(name), Some(_), Some(per_key)) = (parts.next(), parts.next(), parts.next())
+            && let Ok(per_key) = per_key.parse::<f64>()
+        {
+            out.insert(name.to_owned(), per_key);
+        }
+    }
+    out
+}
+
+/// The subject a group's others are compared with, and its floor.
+fn peer_of(group: &[&Measured]) -> Option<&'static str> {
+    ["governor", "governor_1", "raw_evalsha"]
+        .into_iter()
+        .find(|p| group.iter().any(|m| m.function == *p))
+}
+
+fn find<'a>(results: &'a [Measured], group: &str, function: &str) -> Option<&'a Measured> {
+    results
+        .iter()
+        .find(|m| m.group == group && m.function == function)
+}
+
+fn machine() -> String {
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|l| l.trim_start_matches([' ', '\t', ':']).to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let rustc = std::process::Command::new("rustc")
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .unwrap_or_default();
+    format!("{cpus} CPUs ({model}), {}", rustc.trim())
+}
+
+fn time(ns: f64) -> String {
+    if ns >= 1_000_000.0 {
+        format!("{:.2} ms", ns / 1_000_000.0)
+    } else if ns >= 1_000.0 {
+        format!("{:.2} µs", ns / 1_000.0)
+    } else {
+        format!("{ns:.1} ns")
+    }
+}
+
+/// A target: its statement, the measured ratio (or value), and whether it holds.
+struct Target {
+    what: &'static str,
+    measured: Option<f64>,
+    holds: fn(f64) -> bool,
+    unit: &'static str,
+}
+
+fn targets(results: &[Measured], memory: &BTreeMap<String, f64>) -> Vec<Target> {
+    let ratio = |group: &str, ours: &str, theirs: &str| {
+        Some(find(results, group, ours)?.median / find(results, group, theirs)?.median)
+    };
+    let inverse = |r: Option<f64>| r.map(|r| 1.0 / r);
+    vec![
+        Target {
+            what: "Direct allow, 1 thread: token bucket time ≤ 1.0× governor's",
+            measured: ratio("direct_allow_1_thread", "token_bucket", "governor"),
+            holds: |r| r <= 1.0,
+            unit: "×",
+        },
+        Target {
+            what: "Direct allow, 2 threads: token bucket throughput ≥ 1.3× governor's",
+            measured: inverse(ratio("direct_allow_2_threads", "token_bucket", "governor")),
+            holds: |r| r >= 1.3,
+            unit: "×",
+        },
+        Target {
+            what: "Direct deny, 2 threads: token bucket throughput ≥ 1.0× governor's",
+            measured: inverse(ratio("direct_deny_2_threads", "token_bucket", "governor")),
+            holds: |r| r >= 1.0,
+            unit: "×",
+        },
+        Target {
+            what: "Keyed, 1M keys warm: default store time ≤ 0.6× governor's",
+            measured: ratio("keyed_1M_keys_warm", "token_bucket_sharded", "governor"),
+            holds: |r| r <= 0.6,
+            unit: "×",
+        },
+        Target {
+            what: "Keyed, hot key: default store time ≤ 1.0× governor's",
+            measured: ratio("keyed_hot_key", "token_bucket_sharded", "governor"),
+            holds: |r| r <= 1.0,
+            unit: "×",
+        },
+        Target {
+            what: "Memory: token bucket in the default store ≤ 36 B/key at 1M keys",
+            measured: memory.get("keyed_token_bucket_sharded").copied(),
+            holds: |b| b <= 36.0,
+            unit: " B",
+        },
+        Target {
+            what: "Stack of 3 layers: time ≤ 2.0× one check",
+            measured: ratio("stack", "stack_3", "one_check"),
+            holds: |r| r <= 2.0,
+            unit: "×",
+        },
+    ]
+}
+
+fn render(results: &[Measured], memory: &BTreeMap<String, f64>, quick: bool) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "# Benchmark report\n");
+    let _ = writeln!(
+        out,
+        "`cargo xtask bench{}` on {}. {}\n",
+        if quick { " --quick" } else { "" },
+        machine(),
+        if quick {
+            "Quick mode: short samples, noisier medians."
+        } else {
+            "Full mode."
+        }
+    );
+    let _ = writeln!(
+        out,
+        "Medians per iteration. An iteration is one call, except in the `2_threads` groups, \
+         where it is one call on each of two threads (the slower thread's time), so throughput \
+         there is the aggregate. Ratios divide this subject's time by the peer's or the floor's \
+         from the same group and run: below 1 is faster. The peer is governor (or the raw \
+         `EVALSHA` for Redis); the floor is the least any implementation must do (a clock \
+         reading, an atomic load and a compare-exchange; a map lookup first when keyed).\n"
+    );
+    out.push_str("## Targets\n\n| target | measured | met |\n| --- | --- | --- |\n");
+    for t in targets(results, memory) {
+        let (measured, met) = match t.measured {
+            Some(v) => (
+                format!("{v:.2}{}", t.unit),
+                if (t.holds)(v) { "yes" } else { "**no**" },
+            ),
+            None => ("not measured in this run".into(), "—"),
+        };
+        let _ = writeln!(out, "| {} | {measured} | {met} |", t.what);
+    }
+    let mut groups: BTreeMap<&str, Vec<&Measured>> = BTreeMap::new();
+    for m in results {
+        groups.entry(m.group.as_str()).or_default().push(m);
+    }
+    for (name, members) in &groups {
+        let peer = peer_of(members);
+        let median_of = |f: &str| members.iter().find(|m| m.function == f).map(|m| m.median);
+        let peer_median = peer.and_then(median_of);
+        let floor_median = median_of("floor");
+        let _ = writeln!(
+            out,
+            "\n## {name}\n\n| subject | median | throughput | × {} | × floor |\n| --- | --- | --- | --- | --- |",
+            peer.unwrap_or("peer")
+        );
+        for m in members {
+            let per_second = m.elements as f64 / m.median * 1e9;
+            let vs =
+                |other: Option<f64>| other.map_or("—".into(), |o| format!("{:.2}", m.median / o));
+            let _ = writeln!(
+                out,
+                "| {} | {} | {:.1} M/s | {} | {} |",
+                m.function,
+                time(m.median),
+                per_second / 1e6,
+                vs(peer_median),
+                vs(floor_median)
+            );
+        }
+    }
+    if !memory.is_empty() {
+        out.push_str("\n## Resident bytes per key at 1M keys\n\n| subject | B/key | × governor |\n| --- | --- | --- |\n");
+        let governor = memory.get("keyed_governor").copied();
+        for (name, per_key) in memory {
+            let vs = governor.map_or("—".into(), |g| format!("{:.2}", per_key / g));
+            let _ = writeln!(out, "| {name} | {per_key:.1} | {vs} |");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_criterion_json_and_renders_ratios() {
+        let meta = r#"{"group_id":"direct_allow_1_thread","function_id":"token_bucket","value_str":null,"throughput":{"Elements":2},"full_id":"x"}"#;
+        let est = r#"{"mean":{"point_estimate":99.0},"median":{"confidence_interval":{"lower_bound":1.0},"point_estimate":12.5,"standard_error":0.1}}"#;
+        assert_eq!(
+            json_string(meta, "group_id").as_deref(),
+            Some("direct_allow_1_thread")
+        );
+        assert_eq!(json_number(meta, "Elements"), Some(2.0));
+        let at = est.find("\"median\":").expect("median");
+        assert_eq!(json_number(&est[at..], "point_estimate"), Some(12.5));
+
+        let m = |f: &str, median: f64| Measured {
+            group: "direct_allow_1_thread".into(),
+            function: f.into(),
+            median,
+            elements: 1,
+        };
+        let results = [
+            m("floor", 10.0),
+            m("governor", 40.0),
+            m("token_bucket", 30.0),
+        ];
+        let report = render(&results, &BTreeMap::new(), true);
+        assert!(
+            report.contains("| token_bucket | 30.0 ns | 33.3 M/s | 0.75 | 3.00 |"),
+            "{report}"
+        );
+        assert!(
+            report.contains(
+                "| Direct allow, 1 thread: token bucket time ≤ 1.0× governor's | 0.75× | yes |"
+            ),
+            "{report}"
+        );
+        assert!(report.contains("Stack of 3 layers: time ≤ 2.0× one check | not measured"));
+    }
 }

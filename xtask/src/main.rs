@@ -14,7 +14,8 @@ tasks:
   ci                     fmt --check, clippy -D warnings, tests, rustdoc with broken links denied
   loom                   the loom models of every atomic protocol (release, --cfg limiter_loom)
   fuzz [--seconds N]     every fuzz target for N seconds each (default 60)
-  bench [-- ARGS]        the criterion benchmarks; ARGS go to criterion (e.g. a name filter)";
+  bench [--quick] [-- ARGS]  the criterion benchmarks and target/bench-report.md (ratios to governor
+                         and the floor, bytes per key, the targets); ARGS go to criterion";
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);

@@ -1,7 +1,8 @@
 //! [`Clock`]: where limiters read time, as integer nanoseconds since the clock's own epoch.
 //!
-//! [`MonotonicClock`] reads `std::time::Instant`; [`ManualClock`] is moved by hand in tests.
-//! Library code reads time only through this trait.
+//! [`MonotonicClock`] reads `std::time::Instant`; [`CoarseClock`] reads one shared atomic that
+//! the caller or a background thread refreshes (cheaper, and late by up to a refresh);
+//! [`ManualClock`] is moved by hand in tests. Library code reads time only through this trait.
 
 use core::time::Duration;
 use std::time::Instant;
@@ -132,8 +133,199 @@ impl Clock for ManualClock {
     }
 }
 
+/// A clock read from one shared atomic: a reading is a single relaxed load (about 1 ns),
+/// where [`MonotonicClock`] asks the OS's monotonic clock each time (tens of ns). The time is
+/// published by [`CoarseClock::refresh`] (call it from an event loop's tick) or by a background
+/// thread ([`CoarseClock::refreshed_every`]).
+///
+/// What it trades: a reading lags real time by up to one refresh. A limiter on it sees less
+/// time pass than has passed, so it refills late: it never admits more than the limit, but
+/// may deny a call that a fresh clock would admit, for at most one refresh interval's worth of
+/// refill. Pick an interval well below the shortest period you limit (1 ms for limits of a
+/// second or longer). Readings never go backwards, even when refreshes race.
+///
+/// ```
+/// use limiter_core::{Clock, CoarseClock, ManualClock};
+///
+/// let source = ManualClock::starting_at(5);
+/// let clock = CoarseClock::over(source.clone());
+/// assert_eq!(clock.now(), 5); // read once when built
+/// source.advance_nanos(10);
+/// assert_eq!(clock.now(), 5); // late until refreshed
+/// clock.refresh();
+/// assert_eq!(clock.now(), 15);
+/// ```
+#[cfg(not(limiter_loom))]
+#[derive(Clone, Debug)]
+pub struct CoarseClock<S = MonotonicClock> {
+    shared: Arc<Coarse<S>>,
+}
+
+#[cfg(not(limiter_loom))]
+#[derive(Debug)]
+struct Coarse<S> {
+    source: S,
+    nanos: AtomicU64,
+}
+
+#[cfg(not(limiter_loom))]
+impl<S: Clock> Coarse<S> {
+    fn refresh(&self) -> u64 {
+        let now = self.source.now();
+        // Relaxed: the value is the whole message; `fetch_max` keeps racing refreshes (and a
+        // source that steps back) from moving the reading backwards.
+        let before = self.nanos.fetch_max(now, Ordering::Relaxed);
+        before.max(now)
+    }
+}
+
+#[cfg(not(limiter_loom))]
+impl CoarseClock {
+    /// A coarse clock over a new [`MonotonicClock`], read once now; refresh it yourself.
+    pub fn new() -> Self {
+        Self::over(MonotonicClock::new())
+    }
+
+    /// A coarse clock over a new [`MonotonicClock`], refreshed every `interval` by a
+    /// background thread that ends (within one interval) once every clone is dropped.
+    ///
+    /// # Errors
+    /// `InvalidInput` for a zero interval; the OS's error if the thread cannot start.
+    pub fn refreshed_every(interval: Duration) -> std::io::Result<Self> {
+        Self::over(MonotonicClock::new()).refreshing_every(interval)
+    }
+}
+
+#[cfg(not(limiter_loom))]
+impl Default for CoarseClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(not(limiter_loom))]
+impl<S: Clock> CoarseClock<S> {
+    /// A coarse clock over `source`, read once now.
+    pub fn over(source: S) -> Self {
+        let shared = Coarse {
+            nanos: AtomicU64::new(source.now()),
+            source,
+        };
+        Self {
+            shared: Arc::new(shared),
+        }
+    }
+
+    /// Reads the source and publishes it; returns the reading now in force (never earlier
+    /// than one already published).
+    pub fn refresh(&self) -> u64 {
+        self.shared.refresh()
+    }
+
+    /// Starts a background thread that refreshes this clock every `interval`, until every
+    /// clone of it is dropped.
+    ///
+    /// # Errors
+    /// `InvalidInput` for a zero interval; the OS's error if the thread cannot start.
+    pub fn refreshing_every(self, interval: Duration) -> std::io::Result<Self>
+    where
+        S: 'static,
+    {
+        if interval.is_zero() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "a coarse clock's refresh interval must be above zero (1 ms suits limits of a second or more)",
+            ));
+        }
+        let weak = Arc::downgrade(&self.shared);
+        std::thread::Builder::new()
+            .name("coarse-clock".into())
+            .spawn(move || {
+                while let Some(shared) = weak.upgrade() {
+                    shared.refresh();
+                    drop(shared);
+                    std::thread::sleep(interval);
+                }
+            })?;
+        Ok(self)
+    }
+}
+
+#[cfg(not(limiter_loom))]
+impl<S: Clock> Clock for CoarseClock<S> {
+    fn now(&self) -> u64 {
+        // Relaxed: see `Coarse::refresh`.
+        self.shared.nanos.load(Ordering::Relaxed)
+    }
+}
+
 #[cfg(all(test, not(limiter_loom)))]
 mod tests {
+
+    #[test]
+    fn a_coarse_clock_lags_until_refreshed_and_never_goes_back() {
+        let source = ManualClock::starting_at(100);
+        let clock = CoarseClock::over(source.clone());
+        let copy = clock.clone();
+        source.advance_nanos(50);
+        assert_eq!(copy.now(), 100);
+        assert_eq!(clock.refresh(), 150);
+        assert_eq!(copy.now(), 150);
+        source.set(120);
+        assert_eq!(
+            clock.refresh(),
+            150,
+            "a source stepping back does not move it back"
+        );
+        assert_eq!(copy.now(), 150);
+        let err = CoarseClock::over(source.clone())
+            .refreshing_every(Duration::ZERO)
+            .expect_err("zero interval");
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+    }
+
+    #[test]
+    fn racing_refreshes_and_readers_see_time_only_move_forward() {
+        let source = ManualClock::new();
+        let clock = CoarseClock::over(source.clone());
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for _ in 0..20_000 {
+                    source.advance_nanos(3);
+                }
+            });
+            for _ in 0..2 {
+                s.spawn(|| {
+                    for _ in 0..20_000 {
+                        clock.refresh();
+                    }
+                });
+            }
+            s.spawn(|| {
+                let mut last = 0;
+                for _ in 0..50_000 {
+                    let now = clock.now();
+                    assert!(now >= last, "{now} after {last}");
+                    last = now;
+                }
+            });
+        });
+        assert_eq!(clock.refresh(), 60_000);
+    }
+
+    #[test]
+    fn the_background_thread_publishes_the_source() {
+        let source = ManualClock::new();
+        let clock = CoarseClock::over(source.clone())
+            .refreshing_every(Duration::from_micros(100))
+            .expect("a thread");
+        source.set(42);
+        // Waits for the thread to run, not for an amount of time.
+        while clock.now() != 42 {
+            std::thread::yield_now();
+        }
+        assert_eq!(clock.now(), 42);
+    }
     use super::*;
 
     #[test]

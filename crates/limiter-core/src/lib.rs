@@ -48,6 +48,8 @@ mod limiter;
 mod sync;
 
 pub use algorithm::{Algorithm, MIN_CLOCK_RANGE, StateCell, Step, Usage};
+#[cfg(not(limiter_loom))]
+pub use clock::CoarseClock;
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use decision::Decision;
 pub use direct::DirectLimiter;
