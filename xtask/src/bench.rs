@@ -209,6 +209,16 @@ fn time(ns: f64) -> String {
     }
 }
 
+fn rate(per_second: f64) -> String {
+    if per_second >= 1e6 {
+        format!("{:.1} M/s", per_second / 1e6)
+    } else if per_second >= 1e3 {
+        format!("{:.1} k/s", per_second / 1e3)
+    } else {
+        format!("{per_second:.0} /s")
+    }
+}
+
 /// A target: its statement, the measured ratio (or value), and whether it holds.
 struct Target {
     what: &'static str,
@@ -348,10 +358,10 @@ fn render(results: &[Measured], memory: &BTreeMap<String, f64>, quick: bool) -> 
                 |other: Option<f64>| other.map_or("—".into(), |o| format!("{:.2}", m.median / o));
             let _ = writeln!(
                 out,
-                "| {} | {} | {:.1} M/s | {} | {} |",
+                "| {} | {} | {} | {} | {} |",
                 m.function,
                 time(m.median),
-                per_second / 1e6,
+                rate(per_second),
                 vs(peer_median),
                 vs(floor_median)
             );
@@ -407,5 +417,6 @@ mod tests {
             "{report}"
         );
         assert!(report.contains("Stack of 3 layers: time ≤ 2.0× one check | not measured"));
+        assert_eq!(rate(5_236.0), "5.2 k/s");
     }
 }
