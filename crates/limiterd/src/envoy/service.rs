@@ -134,7 +134,8 @@ pub enum EnvoyError {
 pub struct Envoy {
     domains: Domains,
     /// Per domain, the engine policy of each limit, by [`RateLimit::id`].
-    policies: HashMap<String, Vec<usize>>,
+    /// `None` for a limit of `requests_per_unit: 0`, which refuses without a counter.
+    policies: HashMap<String, Vec<Option<usize>>>,
 }
 
 /// How a request descriptor is decided.
@@ -200,13 +201,14 @@ impl Envoy {
         for domain in domains.iter() {
             let mut ids = Vec::new();
             for limit in domain.limits() {
-                let index = match policy_for(limit, on_failure) {
-                    Some(policy) => engine
-                        .add_policy(&stack_name(&limit.full_key), &policy)
-                        .map_err(|e| format!("{}: {e}", limit.location))?,
-                    // `requests_per_unit: 0` refuses without a counter.
-                    None => usize::MAX,
-                };
+                // `requests_per_unit: 0` has no policy: it refuses without a counter.
+                let index = policy_for(limit, on_failure)
+                    .map(|policy| {
+                        engine
+                            .add_policy(&stack_name(&limit.full_key), &policy)
+                            .map_err(|e| format!("{}: {e}", limit.location))
+                    })
+                    .transpose()?;
                 ids.push(index);
             }
             policies.insert(domain.name.clone(), ids);
@@ -335,9 +337,7 @@ impl Envoy {
                 let policy = self
                     .policies
                     .get(&request.domain)
-                    .and_then(|ids| ids.get(limit.id))
-                    .copied()
-                    .filter(|&p| p != usize::MAX);
+                    .and_then(|ids| ids.get(limit.id).copied().flatten());
                 match policy {
                     Some(policy) if hits <= u64::from(limit.requests_per_unit) => {
                         Ok(Plan::Counted {
