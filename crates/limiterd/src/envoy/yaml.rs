@@ -106,8 +106,8 @@ struct Builder<'a> {
     anchors: HashMap<usize, Node>,
     nodes: usize,
     last: Mark,
-    /// Lines in the text: the scanner may place an error at the end of the input one line
-    /// past the last.
+    /// Lines in the text: the scanner may place an error or an empty node at the end of the
+    /// input one line past the last.
     lines: usize,
 }
 
@@ -115,8 +115,12 @@ impl<'a> Builder<'a> {
     fn next(&mut self) -> Result<(Event<'a>, Mark), YamlError> {
         match self.parser.next_event() {
             Some(Ok((event, span))) => {
-                self.last = Mark::of(span);
-                Ok((event, self.last))
+                let mut mark = Mark::of(span);
+                // An empty node at the end of the input (`?` with no key) may be placed a line
+                // past the last.
+                mark.line = mark.line.clamp(1, self.lines);
+                self.last = mark;
+                Ok((event, mark))
             }
             Some(Err(e)) => Err(YamlError {
                 mark: Mark {
