@@ -299,6 +299,14 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         Ok(self.policies.len() - 1)
     }
 
+    /// What a policy does when Redis fails unless it says otherwise: the store's choice.
+    pub fn default_failure(&self) -> OnFailure {
+        match &self.store {
+            StoreHandle::Redis(_, on_failure) => *on_failure,
+            StoreHandle::Memory { .. } => OnFailure::default(),
+        }
+    }
+
     /// The configured policies' names, in index order.
     pub fn policy_names(&self) -> &[String] {
         &self.names
@@ -347,10 +355,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                 limit,
                 keying: Keying::Identifier,
             }],
-            on_failure: match &self.store {
-                StoreHandle::Redis(_, on_failure) => *on_failure,
-                StoreHandle::Memory { .. } => OnFailure::default(),
-            },
+            on_failure: self.default_failure(),
         };
         if let StoreHandle::Redis(..) = self.store {
             limiter_redis::RedisLimit::new(kind, limit)

@@ -9,10 +9,9 @@ use crate::engine::{Item, Target, check_limit};
 use crate::envoy::Envoy;
 use crate::envoy::rules::{Domains, MAX_TEXT, Rule};
 use crate::envoy::service::{Code, EnvoyError};
-use crate::metrics::Metrics;
 use crate::request::{self as api, MAX_BATCH, MAX_DURATION_MS, MAX_IDENTIFIER, MAX_NAMESPACE};
 use limiter_core::ManualClock;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 fn lookup(name: &str) -> Option<usize> {
     (name == "api").then_some(0)
@@ -122,9 +121,8 @@ fn fuzz_envoy() -> &'static FuzzEnvoy {
     ENVOY.get_or_init(|| {
         let config = Config::parse("[envoy]\nfiles = [\"web.yaml\"]\n").expect("valid");
         let domains = Domains::load([("web.yaml", FUZZ_DOMAIN)]).expect("valid");
-        let metrics = Arc::new(Metrics::new(Envoy::policy_names(&domains)));
-        let mut engine = Engine::new(&config, ManualClock::new(), None, metrics).expect("builds");
-        let envoy = Envoy::attach(domains, &mut engine, Default::default()).expect("attaches");
+        let (engine, envoy, _) =
+            Envoy::build(&config, domains, ManualClock::new(), None).expect("builds");
         (envoy, engine)
     })
 }

@@ -32,15 +32,13 @@ mod server {
     use std::sync::Arc;
 
     use limiter_core::MonotonicClock;
-    use limiter_redis::{OnFailure, RedisBackend};
+    use limiter_redis::RedisBackend;
     use tokio::net::TcpListener;
 
     use crate::api::{self, AppState};
     use crate::config::{Config, Store};
-    use crate::engine::Engine;
     use crate::envoy::grpc::Grpc;
     use crate::envoy::{Domains, Envoy};
-    use crate::metrics::Metrics;
 
     /// Where to serve: the HTTP API, and envoy's gRPC protocol if wanted.
     #[derive(Debug)]
@@ -69,18 +67,8 @@ mod server {
                     .map_err(|e| format!("cannot use Redis at {url}: {e}"))?,
             ),
         };
-        let on_failure = match &config.store {
-            Store::Redis { on_failure, .. } => *on_failure,
-            Store::Memory { .. } => OnFailure::default(),
-        };
-        let names = config
-            .policies
-            .keys()
-            .cloned()
-            .chain(Envoy::policy_names(&domains));
-        let metrics = Arc::new(Metrics::new(names));
-        let mut engine = Engine::new(config, MonotonicClock::new(), backend, Arc::clone(&metrics))?;
-        let envoy = Envoy::attach(domains, &mut engine, on_failure)?;
+        let (engine, envoy, metrics) =
+            Envoy::build(config, domains, MonotonicClock::new(), backend)?;
         let state = Arc::new(AppState {
             engine,
             envoy,

@@ -11,14 +11,17 @@
 //! their wire forms to [`Request`] and from [`Response`].
 
 use std::collections::{HashMap, HashSet};
+use std::fmt::Write as _;
+use std::sync::Arc;
 use std::time::Duration;
 
 use limiter_core::{Clock, Decision};
-use limiter_redis::Kind;
+use limiter_redis::{Kind, RedisBackend};
 
 use super::rules::{Domains, RateLimit, Rule, Unit};
-use crate::config::{Keying, Policy, PolicyLimit};
+use crate::config::{Config, Keying, Policy, PolicyLimit};
 use crate::engine::{DecideError, Engine, Item, Target};
+use crate::metrics::Metrics;
 
 /// The most descriptors one request may carry.
 pub const MAX_DESCRIPTORS: usize = 64;
@@ -171,7 +174,7 @@ fn policy_for(limit: &RateLimit, on_failure: limiter_redis::OnFailure) -> Option
 fn identifier(entries: &[(String, String)]) -> String {
     let mut out = String::new();
     for (key, value) in entries {
-        out.push_str(&format!("{}:{key}{}:{value}", key.len(), value.len()));
+        let _ = write!(out, "{}:{key}{}:{value}", key.len(), value.len());
     }
     out
 }
@@ -191,17 +194,35 @@ fn invalid(field: &str, message: impl std::fmt::Display) -> EnvoyError {
 }
 
 impl Envoy {
-    /// Adds a policy to `engine` for every configured limit of `domains`.
-    pub fn attach<C: Clock + Clone + Send + Sync + 'static>(
+    /// The engine for `config`'s policies and every configured limit of `domains` (config
+    /// policies first, then the limits in [`Domains::iter`] and [`super::Domain::limits`]
+    /// order), the metrics counting them under the same indices, and the domains matched to
+    /// their policies. A limit's failure policy is the store's.
+    pub fn build<C: Clock + Clone + Send + Sync + 'static>(
+        config: &Config,
         domains: Domains,
-        engine: &mut Engine<C>,
-        on_failure: limiter_redis::OnFailure,
-    ) -> Result<Self, String> {
+        clock: C,
+        backend: Option<RedisBackend>,
+    ) -> Result<(Engine<C>, Self, Arc<Metrics>), String> {
+        // `requests_per_unit: 0` has no policy: it refuses without a counter.
+        let counted = || {
+            domains
+                .iter()
+                .flat_map(|d| d.limits())
+                .filter(|l| l.limit().is_some())
+        };
+        let names = config
+            .policies
+            .keys()
+            .cloned()
+            .chain(counted().map(|l| format!("envoy:{}", l.full_key)));
+        let metrics = Arc::new(Metrics::new(names));
+        let mut engine = Engine::new(config, clock, backend, Arc::clone(&metrics))?;
+        let on_failure = engine.default_failure();
         let mut policies = HashMap::new();
         for domain in domains.iter() {
             let mut ids = Vec::new();
             for limit in domain.limits() {
-                // `requests_per_unit: 0` has no policy: it refuses without a counter.
                 let index = policy_for(limit, on_failure)
                     .map(|policy| {
                         engine
@@ -213,16 +234,7 @@ impl Envoy {
             }
             policies.insert(domain.name.clone(), ids);
         }
-        Ok(Self { domains, policies })
-    }
-
-    /// The policy names [`Envoy::attach`] will add, in order (for the metrics).
-    pub fn policy_names(domains: &Domains) -> Vec<String> {
-        domains
-            .iter()
-            .flat_map(|d| d.limits().filter(|l| l.limit().is_some()))
-            .map(|l| format!("envoy:{}", l.full_key))
-            .collect()
+        Ok((engine, Self { domains, policies }, metrics))
     }
 
     /// The loaded domains.
@@ -490,14 +502,10 @@ fn status(shown: &CurrentLimit, decision: &Decision, shadow: bool) -> Status {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use limiter_core::ManualClock;
 
     use super::*;
-    use crate::config::Config;
     use crate::engine::decided_at_once;
-    use crate::metrics::Metrics;
 
     const WEB: &str = "\
 domain: web
@@ -531,11 +539,9 @@ descriptors:
     fn fixture() -> Fixture {
         let config = Config::parse("[envoy]\nfiles = [\"web.yaml\"]\n").expect("valid");
         let domains = Domains::load([("web.yaml", WEB)]).expect("valid");
-        let metrics = Arc::new(Metrics::new(Envoy::policy_names(&domains)));
         let clock = ManualClock::new();
-        let mut engine =
-            Engine::new(&config, clock.clone(), None, Arc::clone(&metrics)).expect("builds");
-        let envoy = Envoy::attach(domains, &mut engine, Default::default()).expect("attaches");
+        let (engine, envoy, metrics) =
+            Envoy::build(&config, domains, clock.clone(), None).expect("builds");
         Fixture {
             envoy,
             engine,
