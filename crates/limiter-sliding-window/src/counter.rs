@@ -213,6 +213,7 @@ impl<const SLIDING: bool> Algorithm for WindowCounter<SLIDING> {
         &self.limit
     }
 
+    #[inline]
     fn decide(&self, state: u64, cost: u64, now_ns: u64) -> Result<Step, DecisionError> {
         let count = self.count;
         if cost > count {
@@ -259,6 +260,7 @@ impl<const SLIDING: bool> Algorithm for WindowCounter<SLIDING> {
         }
     }
 
+    #[inline]
     fn is_full(&self, state: u64, now_ns: u64) -> bool {
         if now_ns > self.max_now_ns {
             return true;

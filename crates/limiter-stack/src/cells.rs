@@ -53,6 +53,7 @@ impl Cells {
     }
 
     /// A consistent read without the lock.
+    #[inline]
     pub(crate) fn read(&self) -> Snapshot {
         let mut spins = 0;
         loop {
@@ -77,6 +78,7 @@ impl Cells {
     }
 
     /// Takes the entry's lock, waiting for its holder (who never blocks) to let go.
+    #[inline]
     pub(crate) fn lock(&self) -> Held {
         let mut spins = 0;
         loop {
@@ -103,6 +105,7 @@ impl Cells {
     }
 
     /// The state, read under the lock (no other writer can run).
+    #[inline]
     pub(crate) fn read_held(&self, held: &Held) -> Snapshot {
         Snapshot {
             plan: plan_of(held.header),
@@ -111,8 +114,22 @@ impl Cells {
         }
     }
 
+    /// Whether the state under the lock is still `seen` (compared word by word, from the
+    /// atomics: no snapshot is built to compare).
+    #[inline]
+    pub(crate) fn still_holds(&self, held: &Held, seen: &Snapshot) -> bool {
+        plan_of(held.header) == seen.plan
+            && self
+                .words
+                .iter()
+                .zip(&seen.words)
+                // Relaxed: as in `read_held`.
+                .all(|(word, &value)| word.load(Ordering::Relaxed) == value)
+    }
+
     /// Writes `next` under the lock and releases it. A change of plan goes through an odd
     /// version, so lock-free readers retry instead of mixing the two plans.
+    #[inline]
     pub(crate) fn write_and_unlock(&self, held: Held, next: &Snapshot) {
         let old_plan = plan_of(held.header);
         let mut version = held.header & VERSION_MASK;
@@ -133,6 +150,7 @@ impl Cells {
     }
 
     /// Releases the lock without writing.
+    #[inline]
     pub(crate) fn unlock(&self, held: Held) {
         // Release: pairs with the next locker's Acquire (nothing was written, but the
         // handover must still be ordered).
@@ -140,11 +158,13 @@ impl Cells {
     }
 }
 
+#[inline]
 fn header(plan: usize, version: u32) -> u32 {
     // plan < MAX_PLANS, checked when the stack is built.
     ((plan as u32) << PLAN_SHIFT) & !LOCKED | (version & VERSION_MASK)
 }
 
+#[inline]
 fn plan_of(header: u32) -> usize {
     ((header & !LOCKED) >> PLAN_SHIFT) as usize
 }

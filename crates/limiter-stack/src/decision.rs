@@ -47,7 +47,23 @@ impl StackDecision {
         }
     }
 
+    /// Adds the answer of layer `layer` from its limits' answers (see
+    /// [`LayerDecision::from_limits`]), built in place.
+    #[inline]
+    pub(crate) fn push_limits(
+        &mut self,
+        slot: usize,
+        layer: usize,
+        plan: usize,
+        limits: &[Decision],
+    ) {
+        if let Some(decided) = LayerDecision::from_limits(layer, plan, limits) {
+            self.push(slot, decided);
+        }
+    }
+
     /// Adds a layer's answer, keeping the binding layer up to date.
+    #[inline]
     pub(crate) fn push(&mut self, slot: usize, layer: LayerDecision) {
         self.allowed &= layer.decision.is_allowed();
         let binds = match self.binding.and_then(|b| self.layers[b]) {
@@ -101,6 +117,7 @@ impl LayerDecision {
     /// limit is the one with the longest wait (denied) or the fewest left (allowed), the first
     /// on ties. `None` when `limits` is empty. For backends that decide layers elsewhere (the
     /// Redis backend decides them in one script).
+    #[inline]
     pub fn from_limits(layer: usize, plan: usize, limits: &[Decision]) -> Option<Self> {
         let first = limits.first()?;
         let mut binding = 0;
@@ -138,6 +155,7 @@ impl StackDecision {
 }
 
 /// Whether `candidate` binds over `current`: a longer wait, or (both allowed) fewer left.
+#[inline]
 pub(crate) fn binds_over(candidate: &Decision, current: &Decision) -> bool {
     match (candidate.is_denied(), current.is_denied()) {
         (true, false) => true,
@@ -148,6 +166,7 @@ pub(crate) fn binds_over(candidate: &Decision, current: &Decision) -> bool {
 }
 
 /// Allowed iff `allowed`; the least remaining and the longest waits of `parts`.
+#[inline]
 pub(crate) fn combine(
     allowed: bool,
     limit: u64,

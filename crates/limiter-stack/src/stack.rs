@@ -27,7 +27,7 @@ use limiter_core::{Clock, Decision, MonotonicClock};
 use limiter_store::table::{Shard, ShardReadGuard, ShardWriteGuard, ShardedTable};
 
 use crate::cells::{Cells, Held, MAX_LIMITS_PER_LAYER, Snapshot};
-use crate::decision::{Grant, LayerDecision, MAX_LAYERS, StackDecision};
+use crate::decision::{Grant, MAX_LAYERS, StackDecision};
 use crate::error::{BuildError, CallError, RefundError};
 use crate::layer::{Keyer, Layer};
 use crate::sync::EntryHasher;
@@ -194,10 +194,12 @@ impl<K> Deref for Guard<'_, K> {
     }
 }
 
+type Guards<'a, K> = [Option<Guard<'a, K>>; MAX_LAYERS];
+
 /// The shards a call touches, ascending, with whether each needs its write lock.
-#[derive(Clone, Copy)]
 struct ShardOrder {
-    shards: [(usize, bool); MAX_LAYERS],
+    shards: [u16; MAX_LAYERS],
+    write: [bool; MAX_LAYERS],
     len: usize,
 }
 
@@ -205,24 +207,41 @@ impl ShardOrder {
     fn position(&self, shard: usize) -> usize {
         self.shards[..self.len]
             .iter()
-            .position(|&(s, _)| s == shard)
+            .position(|&s| usize::from(s) == shard)
             .unwrap_or(0)
     }
 }
 
 /// What deciding every layer on some snapshots gave: the answer, and the states to write.
-/// One per call, filled in place: the arrays are large enough that moving them costs more than
-/// deciding.
 struct Outcome {
     decision: StackDecision,
     next: [Option<Snapshot>; MAX_LAYERS],
 }
 
-impl Outcome {
+/// One call's working state. It is built once per call and filled in place, never moved or
+/// returned: its arrays are large enough that copying them cost more than deciding did.
+struct Call<K> {
+    targets: Targets<K>,
+    order: ShardOrder,
+    /// Each present entry's state when first read (`None`: an absent key or a skipped layer).
+    seen: [Option<Snapshot>; MAX_LAYERS],
+    outcome: Outcome,
+}
+
+impl<K> Call<K> {
     fn new() -> Self {
         Self {
-            decision: StackDecision::new(),
-            next: [None; MAX_LAYERS],
+            targets: Default::default(),
+            order: ShardOrder {
+                shards: [0; MAX_LAYERS],
+                write: [false; MAX_LAYERS],
+                len: 0,
+            },
+            seen: [None; MAX_LAYERS],
+            outcome: Outcome {
+                decision: StackDecision::new(),
+                next: [None; MAX_LAYERS],
+            },
         }
     }
 }
@@ -233,24 +252,29 @@ where
     C: Clock,
 {
     /// Decides one unit for `request` now.
+    #[inline]
     pub fn check(&self, request: &R) -> Result<StackDecision, CallError> {
         self.check_n(request, 1)
     }
 
     /// Decides `cost` units for `request` now. Cost 0 is a peek: it reports every layer and
     /// changes nothing.
+    #[inline]
     pub fn check_n(&self, request: &R, cost: u64) -> Result<StackDecision, CallError> {
-        self.decide_at(request, cost, self.clock.now())
-            .map(|(decision, _)| decision)
+        let mut call = Call::new();
+        self.decide_into(request, cost, self.clock.now(), &mut call)?;
+        Ok(call.outcome.decision)
     }
 
     /// Reports every layer for `request` without consuming or inserting anything.
+    #[inline]
     pub fn peek(&self, request: &R) -> Result<StackDecision, CallError> {
         self.check_n(request, 0)
     }
 
     /// Decides `cost` units for `request` now and, when admitted, returns a [`Grant`] of the
     /// units taken, which [`refund`](Self::refund) can give back.
+    #[inline]
     pub fn acquire(
         &self,
         request: &R,
@@ -260,45 +284,94 @@ where
     }
 
     /// Decides `cost` units for `request` at `now` (nanoseconds since the clock's epoch).
+    #[inline]
     pub fn decide_at(
         &self,
         request: &R,
         cost: u64,
         now: u64,
     ) -> Result<(StackDecision, Option<Grant>), CallError> {
-        let targets = self.targets(request)?;
-        let mut order = self.shard_order(&targets);
-        let mut outcome = Outcome::new();
-        {
-            let guards = self.lock_shards(&order);
-            let cells = self.find(&targets, &order, &guards);
-            let snapshots = self.read_all(&cells);
-            self.decide_all(&targets, &snapshots, cost, now, &mut outcome)?;
-            if outcome.decision.is_denied() || cost == 0 {
-                return Ok((outcome.decision, None));
-            }
-            let mut all_present = true;
-            for (target, cell) in targets.iter().zip(&cells) {
-                if let (
-                    Some(Target {
-                        place: Place::Keyed { shard, .. },
-                        ..
-                    }),
-                    None,
-                ) = (target, cell)
-                {
-                    order.shards[order.position(*shard)].1 = true;
-                    all_present = false;
-                }
-            }
-            if all_present {
-                self.commit(&targets, &cells, &snapshots, &mut outcome, cost, now)?;
-                return Ok(self.granted(outcome.decision, cost, now));
+        let mut call = Call::new();
+        self.decide_into(request, cost, now, &mut call)?;
+        let decision = call.outcome.decision;
+        let grant = (decision.is_allowed() && cost > 0).then_some(Grant {
+            stack: self.id,
+            taken: cost,
+            left: cost,
+            at: now,
+        });
+        Ok((decision, grant))
+    }
+
+    /// Decides `call` (fresh) for `request`, leaving the answer in `call.outcome.decision`.
+    fn decide_into(
+        &self,
+        request: &R,
+        cost: u64,
+        now: u64,
+        call: &mut Call<K>,
+    ) -> Result<(), CallError> {
+        self.fill_targets(request, &mut call.targets)?;
+        fill_shard_order(&call.targets[..self.layers.len()], &mut call.order);
+        if self.decide_present(call, cost, now)? {
+            return Ok(());
+        }
+        self.decide_inserting(call, cost, now)
+    }
+
+    /// Decides under shard read locks, as every call whose keys are all held ends. Returns
+    /// `false`, with the shards of the absent keys marked for writing, when the call admits
+    /// and needs a key inserted.
+    fn decide_present(&self, call: &mut Call<K>, cost: u64, now: u64) -> Result<bool, CallError> {
+        let mut guards: Guards<'_, K> = [const { None }; MAX_LAYERS];
+        self.lock_shards(&call.order, &mut guards);
+        let mut cells = [None; MAX_LAYERS];
+        self.find(&call.targets, &call.order, &guards, &mut cells);
+        self.read_all(&cells, &mut call.seen);
+        self.decide_all(&call.targets, &call.seen, cost, now, &mut call.outcome)?;
+        if call.outcome.decision.is_denied() || cost == 0 {
+            return Ok(true);
+        }
+        let mut all_present = true;
+        for (target, cell) in call.targets[..self.layers.len()].iter().zip(&cells) {
+            if let (
+                Some(Target {
+                    place: Place::Keyed { shard, .. },
+                    ..
+                }),
+                None,
+            ) = (target, cell)
+            {
+                let position = call.order.position(*shard);
+                call.order.write[position] = true;
+                all_present = false;
             }
         }
-        // Some keys are new: take their shards' write locks and insert them.
+        if all_present {
+            self.commit(
+                &call.targets,
+                &cells,
+                &call.seen,
+                &mut call.outcome,
+                cost,
+                now,
+            )?;
+        }
+        Ok(all_present)
+    }
+
+    /// Decides a call that admits with some keys absent: takes their shards' write locks,
+    /// inserts the keys, decides again and commits, or takes the new keys out again.
+    fn decide_inserting(&self, call: &mut Call<K>, cost: u64, now: u64) -> Result<(), CallError> {
+        let Call {
+            targets,
+            order,
+            seen,
+            outcome,
+        } = call;
         loop {
-            let mut guards = self.lock_shards(&order);
+            let mut guards: Guards<'_, K> = [const { None }; MAX_LAYERS];
+            self.lock_shards(order, &mut guards);
             let mut inserted = [false; MAX_LAYERS];
             let mut retry = false;
             let mut full = None;
@@ -323,7 +396,7 @@ where
                 }
                 let Guard::Write(shard) = guard else {
                     // Reclaimed since the first look: this shard needs its write lock too.
-                    order.shards[position].1 = true;
+                    order.write[position] = true;
                     retry = true;
                     break;
                 };
@@ -368,7 +441,8 @@ where
                     max_keys: self.max_keys.unwrap_or(0),
                 })
             } else {
-                let cells = self.find(&targets, &order, &guards);
+                let mut cells = [None; MAX_LAYERS];
+                self.find(targets, order, &guards, &mut cells);
                 if targets
                     .iter()
                     .zip(&cells)
@@ -378,11 +452,10 @@ where
                     // without every layer's entry.
                     continue;
                 }
-                let snapshots = self.read_all(&cells);
-                self.decide_all(&targets, &snapshots, cost, now, &mut outcome)
-                    .and_then(|()| {
-                        self.commit(&targets, &cells, &snapshots, &mut outcome, cost, now)
-                    })
+                self.read_all(&cells, seen);
+                outcome.decision = StackDecision::new();
+                self.decide_all(targets, seen, cost, now, outcome)
+                    .and_then(|()| self.commit(targets, &cells, seen, outcome, cost, now))
             };
             let admitted = result.is_ok() && outcome.decision.is_allowed();
             if !admitted {
@@ -403,7 +476,7 @@ where
                     }
                 }
             }
-            return result.map(|()| self.granted(outcome.decision, cost, now));
+            return result;
         }
     }
 
@@ -425,11 +498,15 @@ where
             return Ok(());
         }
         let now = self.clock.now();
-        let targets = self.targets(request)?;
-        let order = self.shard_order(&targets);
-        let guards = self.lock_shards(&order);
+        let mut call = Call::new();
+        self.fill_targets(request, &mut call.targets)?;
+        fill_shard_order(&call.targets[..self.layers.len()], &mut call.order);
+        let mut guards: Guards<'_, K> = [const { None }; MAX_LAYERS];
+        self.lock_shards(&call.order, &mut guards);
         // An absent key is full: nothing to give back there.
-        let cells = self.find(&targets, &order, &guards);
+        let mut cells = [None; MAX_LAYERS];
+        self.find(&call.targets, &call.order, &guards, &mut cells);
+        let targets = &call.targets;
         let held = lock_in_address_order(&cells, self.layers.len());
         for (target, (cell, held)) in targets.iter().zip(cells.iter().zip(held)) {
             let (Some(target), Some(cell), Some(held)) = (target, cell, held) else {
@@ -483,24 +560,9 @@ where
         &self.clock
     }
 
-    fn granted(
-        &self,
-        decision: StackDecision,
-        cost: u64,
-        now: u64,
-    ) -> (StackDecision, Option<Grant>) {
-        let grant = (decision.is_allowed() && cost > 0).then_some(Grant {
-            stack: self.id,
-            taken: cost,
-            left: cost,
-            at: now,
-        });
-        (decision, grant)
-    }
-
-    /// Each layer's key, hash, shard and plan for `request`.
-    fn targets(&self, request: &R) -> Result<Targets<K>, CallError> {
-        let mut targets: Targets<K> = Default::default();
+    /// Each layer's key, hash, shard and plan for `request`, written into `targets` (all
+    /// `None` on entry).
+    fn fill_targets(&self, request: &R, targets: &mut Targets<K>) -> Result<(), CallError> {
         for (index, layer) in self.layers.iter().enumerate() {
             let place = match &layer.keyer {
                 Keyer::Global => Place::Global,
@@ -530,47 +592,29 @@ where
                 place,
             });
         }
-        Ok(targets)
+        Ok(())
     }
 
-    fn shard_order(&self, targets: &Targets<K>) -> ShardOrder {
-        let mut order = ShardOrder {
-            shards: [(0, false); MAX_LAYERS],
-            len: 0,
-        };
-        for target in targets.iter().flatten() {
-            if let Place::Keyed { shard, .. } = target.place
-                && !order.shards[..order.len].iter().any(|&(s, _)| s == shard)
-            {
-                order.shards[order.len] = (shard, false);
-                order.len += 1;
-            }
-        }
-        order.shards[..order.len].sort_unstable();
-        order
-    }
-
-    /// Locks the shards in ascending order: write locks where `order` asks for them.
-    fn lock_shards(&self, order: &ShardOrder) -> [Option<Guard<'_, K>>; MAX_LAYERS] {
-        let mut guards = [const { None }; MAX_LAYERS];
-        for (guard, &(shard, write)) in guards.iter_mut().zip(&order.shards[..order.len]) {
-            *guard = Some(if write {
+    /// Locks the shards in ascending order, write locks where `order` asks for them.
+    fn lock_shards<'s>(&'s self, order: &ShardOrder, guards: &mut Guards<'s, K>) {
+        for (position, guard) in guards[..order.len].iter_mut().enumerate() {
+            let shard = usize::from(order.shards[position]);
+            *guard = Some(if order.write[position] {
                 Guard::Write(self.table.write(shard))
             } else {
                 Guard::Read(self.table.read(shard))
             });
         }
-        guards
     }
 
-    /// Each target's entry, under the guards; `None` for a key not in the table.
+    /// Each target's entry, under the guards, into `cells`; `None` for a key not in the table.
     fn find<'g>(
         &'g self,
         targets: &Targets<K>,
         order: &ShardOrder,
-        guards: &'g [Option<Guard<'_, K>>; MAX_LAYERS],
-    ) -> [Option<&'g Cells>; MAX_LAYERS] {
-        let mut cells = [None; MAX_LAYERS];
+        guards: &'g Guards<'_, K>,
+        cells: &mut [Option<&'g Cells>; MAX_LAYERS],
+    ) {
         for (cell, target) in cells.iter_mut().zip(&targets[..self.layers.len()]) {
             let Some(target) = target else { continue };
             *cell = match &target.place {
@@ -583,11 +627,11 @@ where
                     .map(|e| &e.cells),
             };
         }
-        cells
     }
 
     /// Decides every target on its snapshot (`None`: an absent key, fresh under the chosen
-    /// plan), carrying a key's consumption over to the chosen plan when it changed.
+    /// plan), carrying a key's consumption over to the chosen plan when it changed. Adds each
+    /// layer's answer to `out.decision` (new, or reset by the caller).
     fn decide_all(
         &self,
         targets: &Targets<K>,
@@ -596,7 +640,6 @@ where
         now: u64,
         out: &mut Outcome,
     ) -> Result<(), CallError> {
-        out.decision = StackDecision::new();
         for (slot, target) in targets[..self.layers.len()].iter().enumerate() {
             let Some(target) = target else { continue };
             let layer = &self.layers[target.layer];
@@ -609,7 +652,11 @@ where
                     source,
                 }
             };
-            let mut state = snapshots[slot].unwrap_or_else(|| fresh(layer, target.plan));
+            // Decided in place, in the state to write: one copy of the snapshot, not two.
+            let state = out.next[slot].insert(match &snapshots[slot] {
+                Some(seen) => *seen,
+                None => fresh(layer, target.plan),
+            });
             if state.plan != target.plan {
                 let old = &layer.plans[state.plan].limits;
                 for (j, (word, (from, to))) in state
@@ -625,31 +672,28 @@ where
                 state.plan = target.plan;
             }
             let mut parts = [Decision::allow(0, 0, 0); MAX_LIMITS_PER_LAYER];
-            for (j, algorithm) in limits.iter().enumerate() {
-                let step = algorithm
-                    .decide(state.words[j], cost, now)
-                    .map_err(error(j))?;
-                if let Some(word) = step.next {
-                    state.words[j] = word;
-                }
-                parts[j] = step.decision;
+            for (j, (algorithm, (word, part))) in limits
+                .iter()
+                .zip(state.words.iter_mut().zip(&mut parts))
+                .enumerate()
+            {
+                algorithm.decide(word, cost, now, part).map_err(error(j))?;
             }
-            let decided = &parts[..limits.len().min(MAX_LIMITS_PER_LAYER)];
-            if let Some(layer) = LayerDecision::from_limits(target.layer, target.plan, decided) {
-                out.decision.push(slot, layer);
-            }
-            out.next[slot] = Some(state);
+            out.decision
+                .push_limits(slot, target.layer, target.plan, &parts[..limits.len()]);
         }
         Ok(())
     }
 
-    /// Each present entry's state, read without its lock.
-    fn read_all(&self, cells: &[Option<&Cells>; MAX_LAYERS]) -> [Option<Snapshot>; MAX_LAYERS] {
-        let mut snapshots = [None; MAX_LAYERS];
+    /// Each present entry's state, read without its lock, into `snapshots`.
+    fn read_all(
+        &self,
+        cells: &[Option<&Cells>; MAX_LAYERS],
+        snapshots: &mut [Option<Snapshot>; MAX_LAYERS],
+    ) {
         for (snapshot, cell) in snapshots.iter_mut().zip(&cells[..self.layers.len()]) {
             *snapshot = cell.map(Cells::read);
         }
-        snapshots
     }
 
     /// Locks every entry, decides again if any changed since `snapshots`, and writes the
@@ -665,16 +709,22 @@ where
     ) -> Result<(), CallError> {
         let layers = self.layers.len();
         let held = lock_in_address_order(cells, layers);
-        let mut current = [None; MAX_LAYERS];
-        for slot in 0..layers {
-            if let (Some(cell), Some(held)) = (cells[slot], &held[slot]) {
-                current[slot] = Some(cell.read_held(held));
+        let changed = (0..layers).any(|slot| match (cells[slot], &held[slot], &snapshots[slot]) {
+            (Some(cell), Some(held), Some(seen)) => !cell.still_holds(held, seen),
+            (Some(_), Some(_), None) => true,
+            _ => false,
+        });
+        let decided = if changed {
+            let mut current = [None; MAX_LAYERS];
+            for slot in 0..layers {
+                if let (Some(cell), Some(held)) = (cells[slot], &held[slot]) {
+                    current[slot] = Some(cell.read_held(held));
+                }
             }
-        }
-        let decided = if current[..layers] == snapshots[..layers] {
-            Ok(())
-        } else {
+            outcome.decision = StackDecision::new();
             self.decide_all(targets, &current, cost, now, outcome)
+        } else {
+            Ok(())
         };
         if decided.is_err() || outcome.decision.is_denied() {
             for (cell, held) in cells.iter().zip(held) {
@@ -703,17 +753,52 @@ where
     }
 }
 
+/// The shards `targets` fall in, ascending and once each, into `order` (empty on entry).
+fn fill_shard_order<K>(targets: &[Option<Target<K>>], order: &mut ShardOrder) {
+    for target in targets.iter().flatten() {
+        if let Place::Keyed { shard, .. } = target.place {
+            // At most 4096 shards: the builder clamps them.
+            let shard = shard as u16;
+            let len = order.len;
+            if order.shards[..len].contains(&shard) {
+                continue;
+            }
+            // Insertion in order: at most `MAX_LAYERS` shards.
+            let mut at = len;
+            while at > 0 && order.shards[at - 1] > shard {
+                order.shards[at] = order.shards[at - 1];
+                at -= 1;
+            }
+            order.shards[at] = shard;
+            order.len += 1;
+        }
+    }
+}
+
 /// Locks the present entries in ascending address order, returning each one's hold by slot.
 fn lock_in_address_order(
     cells: &[Option<&Cells>; MAX_LAYERS],
     layers: usize,
 ) -> [Option<Held>; MAX_LAYERS] {
-    let mut slots: [usize; MAX_LAYERS] = std::array::from_fn(|i| i);
-    let slots = &mut slots[..layers];
-    let address = |slot: &usize| cells[*slot].map_or(0, |c| std::ptr::from_ref(c) as usize);
-    slots.sort_unstable_by_key(address);
+    // Insertion sort of the present slots by address: at most `MAX_LAYERS`, usually one to
+    // three, where a general sort costs more than the locking.
+    let mut slots = [0; MAX_LAYERS];
+    let mut len = 0;
+    for (slot, cell) in cells[..layers].iter().enumerate() {
+        let Some(cell) = cell else { continue };
+        let mut at = len;
+        while at > 0
+            && cells[slots[at - 1]]
+                .is_some_and(|c| std::ptr::from_ref(c) > std::ptr::from_ref(*cell))
+        {
+            slots[at] = slots[at - 1];
+            at -= 1;
+        }
+        slots[at] = slot;
+        len += 1;
+    }
     let mut held: [Option<Held>; MAX_LAYERS] = Default::default();
-    for &slot in slots.iter() {
+    for &slot in &slots[..len] {
         if let Some(cell) = cells[slot] {
             held[slot] = Some(cell.lock());
         }

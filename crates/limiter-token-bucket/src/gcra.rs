@@ -152,6 +152,7 @@ impl Algorithm for Gcra {
         &self.limit
     }
 
+    #[inline]
     fn decide(&self, tat: u64, cost: u64, now_ns: u64) -> Result<Step, DecisionError> {
         let burst = self.limit.burst();
         if cost > burst {
@@ -192,6 +193,7 @@ impl Algorithm for Gcra {
         }
     }
 
+    #[inline]
     fn is_full(&self, tat: u64, now_ns: u64) -> bool {
         // Past the clock range every call is refused, so forgetting the state changes nothing.
         self.ticks(now_ns).is_none_or(|now| tat <= now)
