@@ -47,8 +47,8 @@ fn admitting<C: Clock + Clone + 'static>(clock: &C) -> [(&'static str, Check); 3
     ]
 }
 
-/// Our three algorithms, drained so every call is denied.
-fn denying() -> [(&'static str, Check); 3] {
+/// Our three algorithms on `clock`, drained so every call is denied.
+fn denying<C: Clock + Clone + 'static>(clock: &C) -> [(&'static str, Check); 3] {
     let drained = |check: Check| {
         let _ = check();
         check
@@ -56,21 +56,15 @@ fn denying() -> [(&'static str, Check); 3] {
     [
         (
             "token_bucket",
-            drained(checker::<Gcra, _>(never_limit(), MonotonicClock::new())),
+            drained(checker::<Gcra, _>(never_limit(), clock.clone())),
         ),
         (
             "sliding_window",
-            drained(checker::<SlidingCounter, _>(
-                never_limit(),
-                MonotonicClock::new(),
-            )),
+            drained(checker::<SlidingCounter, _>(never_limit(), clock.clone())),
         ),
         (
             "fixed_window",
-            drained(checker::<FixedCounter, _>(
-                never_limit(),
-                MonotonicClock::new(),
-            )),
+            drained(checker::<FixedCounter, _>(never_limit(), clock.clone())),
         ),
     ]
 }
@@ -118,23 +112,30 @@ fn allow(c: &mut Criterion) {
 }
 
 fn deny(c: &mut Criterion) {
+    let clock = MonotonicClock::new();
     let mut g = group(c, "direct_deny_1_thread", 1);
-    for (name, check) in denying() {
+    for (name, check) in denying(&clock) {
         g.bench_function(name, |b| b.iter(|| black_box(check())));
     }
     let theirs = RateLimiter::direct(deny_quota());
     let _ = theirs.check();
     g.bench_function("governor", |b| b.iter(|| black_box(theirs.check().is_ok())));
-    let mutex = drained_mutex();
+    let mutex = drained_mutex(clock);
     g.bench_function("mutex_token_bucket", |b| {
         b.iter(|| black_box(mutex.check()))
     });
-    let floor = Floor::new(MonotonicClock::new());
+    let floor = Floor::new(clock);
     g.bench_function("floor", |b| b.iter(|| black_box(floor.read_only())));
     g.finish();
 
-    let mut g = group(c, "direct_deny_2_threads", 2);
-    for (name, check) in denying() {
+    deny_2_threads(c, "", &clock);
+}
+
+/// Two threads denied by one limiter, ours on `clock` beside governor on its default clock.
+/// `suffix` names the clock in the group's name.
+fn deny_2_threads<C: Clock + Clone + 'static>(c: &mut Criterion, suffix: &str, clock: &C) {
+    let mut g = group(c, &format!("direct_deny_2_threads{suffix}"), 2);
+    for (name, check) in denying(clock) {
         g.bench_function(name, |b| {
             b.iter_custom(|iters| on_threads(2, iters, &check))
         });
@@ -144,11 +145,11 @@ fn deny(c: &mut Criterion) {
     g.bench_function("governor", |b| {
         b.iter_custom(|iters| on_threads(2, iters, || theirs.check().is_ok()))
     });
-    let mutex = drained_mutex();
+    let mutex = drained_mutex(clock.clone());
     g.bench_function("mutex_token_bucket", |b| {
         b.iter_custom(|iters| on_threads(2, iters, || mutex.check()))
     });
-    let floor = Floor::new(MonotonicClock::new());
+    let floor = Floor::new(clock.clone());
     g.bench_function("floor", |b| {
         b.iter_custom(|iters| on_threads(2, iters, || floor.read_only()))
     });
@@ -156,8 +157,8 @@ fn deny(c: &mut Criterion) {
 }
 
 /// One per hour, taken: denies for the rest of the run.
-fn drained_mutex() -> MutexBucket<MonotonicClock> {
-    let mutex = MutexBucket::new(MonotonicClock::new(), 1, 1);
+fn drained_mutex<C: Clock>(clock: C) -> MutexBucket<C> {
+    let mutex = MutexBucket::new(clock, 1, 1);
     let _ = mutex.check();
     mutex
 }
@@ -200,11 +201,12 @@ fn algorithm_only(c: &mut Criterion) {
 
 /// On the TSC clock source governor uses by default (quanta), so the ratio compares limiters
 /// rather than `Instant::now` against `rdtsc`; on the coarse clock (refreshed every
-/// millisecond by its thread); and the clocks alone.
+/// millisecond by its thread, also denying on two threads); and the clocks alone.
 fn same_clock(c: &mut Criterion) {
     allow_groups(c, "_tsc_clock", &TscClock::new());
     let coarse = CoarseClock::refreshed_every(Duration::from_millis(1)).expect("a thread");
     allow_groups(c, "_coarse_clock", &coarse);
+    deny_2_threads(c, "_coarse_clock", &coarse);
     let mut g = group(c, "clock_read", 1);
     let (monotonic, tsc) = (MonotonicClock::new(), TscClock::new());
     g.bench_function("monotonic_clock_instant", |b| {
