@@ -671,16 +671,30 @@ where
                 }
                 state.plan = target.plan;
             }
-            let mut parts = [Decision::allow(0, 0, 0); MAX_LIMITS_PER_LAYER];
-            for (j, (algorithm, (word, part))) in limits
-                .iter()
-                .zip(state.words.iter_mut().zip(&mut parts))
-                .enumerate()
-            {
-                algorithm.decide(word, cost, now, part).map_err(error(j))?;
-            }
+            // One limit, the usual layer: one part to fill, not an array of them.
+            let (mut one, mut parts);
+            let parts = match limits.as_slice() {
+                [algorithm] => {
+                    one = Decision::allow(0, 0, 0);
+                    algorithm
+                        .decide(&mut state.words[0], cost, now, &mut one)
+                        .map_err(error(0))?;
+                    std::slice::from_ref(&one)
+                }
+                _ => {
+                    parts = [Decision::allow(0, 0, 0); MAX_LIMITS_PER_LAYER];
+                    for (j, (algorithm, (word, part))) in limits
+                        .iter()
+                        .zip(state.words.iter_mut().zip(&mut parts))
+                        .enumerate()
+                    {
+                        algorithm.decide(word, cost, now, part).map_err(error(j))?;
+                    }
+                    &parts[..limits.len()]
+                }
+            };
             out.decision
-                .push_limits(slot, target.layer, target.plan, &parts[..limits.len()]);
+                .push_limits(slot, target.layer, target.plan, parts);
         }
         Ok(())
     }
