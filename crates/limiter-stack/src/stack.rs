@@ -545,7 +545,8 @@ where
         self.len() == 0
     }
 
-    /// The layers, in stack order ([`LayerDecision::layer`] indexes them).
+    /// The layers, in stack order ([`LayerDecision::layer`](crate::LayerDecision::layer)
+    /// indexes them).
     pub fn layers(&self) -> &[Layer<R, K>] {
         &self.layers
     }
