@@ -436,12 +436,13 @@ mod tests {
         let at = est.find("\"median\":").expect("median");
         assert_eq!(json_number(&est[at..], "point_estimate"), Some(12.5));
 
-        let m = |f: &str, median: f64| Measured {
-            group: "direct_allow_1_thread".into(),
-            function: f.into(),
+        let measured = |group: &str, function: &str, median: f64| Measured {
+            group: group.into(),
+            function: function.into(),
             median,
             elements: 1,
         };
+        let m = |f: &str, median: f64| measured("direct_allow_1_thread", f, median);
         let results = [
             m("floor", 10.0),
             m("governor", 40.0),
@@ -462,12 +463,7 @@ mod tests {
         assert!(!report.contains("What bounds the stack target"), "{report}");
         assert_eq!(rate(5_236.0), "5.2 k/s");
 
-        let s = |f: &str, median: f64| Measured {
-            group: "stack".into(),
-            function: f.into(),
-            median,
-            elements: 1,
-        };
+        let s = |f: &str, median: f64| measured("stack", f, median);
         let stacked = [
             s("one_check", 60.0),
             s("floor", 90.0),
