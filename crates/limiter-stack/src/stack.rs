@@ -311,8 +311,7 @@ where
         now: u64,
         call: &mut Call<K>,
     ) -> Result<(), CallError> {
-        self.fill_targets(request, &mut call.targets)?;
-        fill_shard_order(&call.targets[..self.layers.len()], &mut call.order);
+        self.prepare(request, call)?;
         if self.decide_present(call, cost, now)? {
             return Ok(());
         }
@@ -499,8 +498,7 @@ where
         }
         let now = self.clock.now();
         let mut call = Call::new();
-        self.fill_targets(request, &mut call.targets)?;
-        fill_shard_order(&call.targets[..self.layers.len()], &mut call.order);
+        self.prepare(request, &mut call)?;
         let mut guards: Guards<'_, K> = [const { None }; MAX_LAYERS];
         self.lock_shards(&call.order, &mut guards);
         // An absent key is full: nothing to give back there.
@@ -559,6 +557,13 @@ where
     /// The clock the stack reads.
     pub fn clock(&self) -> &C {
         &self.clock
+    }
+
+    /// Fills a fresh `call`'s targets and shard order for `request`.
+    fn prepare(&self, request: &R, call: &mut Call<K>) -> Result<(), CallError> {
+        self.fill_targets(request, &mut call.targets)?;
+        fill_shard_order(&call.targets[..self.layers.len()], &mut call.order);
+        Ok(())
     }
 
     /// Each layer's key, hash, shard and plan for `request`, written into `targets` (all
