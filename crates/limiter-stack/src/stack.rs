@@ -728,7 +728,7 @@ where
         now: u64,
     ) -> Result<(), CallError> {
         let layers = self.layers.len();
-        let held = lock_in_address_order(cells, layers);
+        let mut held = lock_in_address_order(cells, layers);
         let changed = (0..layers).any(|slot| match (cells[slot], &held[slot], &snapshots[slot]) {
             (Some(cell), Some(held), Some(seen)) => !cell.still_holds(held, seen),
             (Some(_), Some(_), None) => true,
@@ -746,20 +746,16 @@ where
         } else {
             Ok(())
         };
-        if decided.is_err() || outcome.decision.is_denied() {
-            for (cell, held) in cells.iter().zip(held) {
-                if let (Some(cell), Some(held)) = (cell, held) {
-                    cell.unlock(held);
+        let write = decided.is_ok() && outcome.decision.is_allowed();
+        for slot in 0..layers {
+            if let (Some(cell), Some(held)) = (cells[slot], held[slot].take()) {
+                match &outcome.next[slot] {
+                    Some(next) if write => cell.write_and_unlock(held, next),
+                    _ => cell.unlock(held),
                 }
             }
-            return decided;
         }
-        for ((cell, held), next) in cells.iter().zip(held).zip(&outcome.next) {
-            if let (Some(cell), Some(held), Some(next)) = (cell, held, next) {
-                cell.write_and_unlock(held, next);
-            }
-        }
-        Ok(())
+        decided
     }
 
     /// Whether every limit of `entry` is full at `now` under the plan it was written with.
