@@ -62,15 +62,47 @@ impl StackDecision {
         }
     }
 
+    /// Adds the answer of layer `layer`, whose plan has one limit, as `decide` writes it: the
+    /// limit's answer is the layer's. It is decided in its place, never copied there.
+    #[inline]
+    pub(crate) fn push_one<E>(
+        &mut self,
+        slot: usize,
+        layer: usize,
+        plan: usize,
+        decide: impl FnOnce(&mut Decision) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let entry = self.layers[slot].insert(LayerDecision {
+            layer,
+            plan,
+            limit_index: 0,
+            decision: Decision::allow(0, 0, 0),
+            limit_reset_after_nanos: 0,
+        });
+        decide(&mut entry.decision)?;
+        entry.limit_reset_after_nanos = entry.decision.reset_after_nanos();
+        self.bind(slot);
+        Ok(())
+    }
+
     /// Adds a layer's answer, keeping the binding layer up to date.
     #[inline]
     pub(crate) fn push(&mut self, slot: usize, layer: LayerDecision) {
-        self.allowed &= layer.decision.is_allowed();
-        let binds = match self.binding.and_then(|b| self.layers[b]) {
-            None => true,
-            Some(current) => binds_over(&layer.decision, &current.decision),
-        };
         self.layers[slot] = Some(layer);
+        self.bind(slot);
+    }
+
+    /// Takes the answer at `slot` into account: whether every layer allows, and which binds.
+    #[inline]
+    fn bind(&mut self, slot: usize) {
+        let Some(new) = &self.layers[slot] else {
+            return;
+        };
+        self.allowed &= new.decision.is_allowed();
+        let binds = match self.binding.and_then(|b| self.layers[b].as_ref()) {
+            None => true,
+            Some(current) => binds_over(&new.decision, &current.decision),
+        };
         if binds {
             self.binding = Some(slot);
         }
@@ -119,6 +151,17 @@ impl LayerDecision {
     /// Redis backend decides them in one script).
     #[inline]
     pub fn from_limits(layer: usize, plan: usize, limits: &[Decision]) -> Option<Self> {
+        if let [only] = limits {
+            // The usual layer: its one limit's answer is the layer's (a denial's wait is
+            // already at least 1 ns), with nothing to combine.
+            return Some(Self {
+                layer,
+                plan,
+                limit_index: 0,
+                decision: *only,
+                limit_reset_after_nanos: only.reset_after_nanos(),
+            });
+        }
         let first = limits.first()?;
         let mut binding = 0;
         for (j, d) in limits.iter().enumerate().skip(1) {

@@ -326,8 +326,8 @@ where
         self.lock_shards(&call.order, &mut guards);
         let mut cells = [None; MAX_LAYERS];
         self.find(&call.targets, &call.order, &guards, &mut cells);
-        self.read_all(&cells, &mut call.seen);
-        self.decide_all(&call.targets, &call.seen, cost, now, &mut call.outcome)?;
+        self.read_all(&cells, &mut call.seen, &mut call.outcome.next);
+        self.decide_all(&call.targets, cost, now, &mut call.outcome)?;
         if call.outcome.decision.is_denied() || cost == 0 {
             return Ok(true);
         }
@@ -451,9 +451,9 @@ where
                     // without every layer's entry.
                     continue;
                 }
-                self.read_all(&cells, seen);
+                self.read_all(&cells, seen, &mut outcome.next);
                 outcome.decision = StackDecision::new();
-                self.decide_all(targets, seen, cost, now, outcome)
+                self.decide_all(targets, cost, now, outcome)
                     .and_then(|()| self.commit(targets, &cells, seen, outcome, cost, now))
             };
             let admitted = result.is_ok() && outcome.decision.is_allowed();
@@ -635,13 +635,17 @@ where
         }
     }
 
-    /// Decides every target on its snapshot (`None`: an absent key, fresh under the chosen
-    /// plan), carrying a key's consumption over to the chosen plan when it changed. Adds each
-    /// layer's answer to `out.decision` (new, or reset by the caller).
+    /// Decides every target on its state in `out.next`, in place, leaving there the state to
+    /// write (`None`: an absent key, decided fresh under the chosen plan), carrying a key's
+    /// consumption over to the chosen plan when it changed. Adds each layer's answer to
+    /// `out.decision` (new, or reset by the caller).
+    ///
+    /// The states are read straight into `out.next` and each answer is decided straight into
+    /// its place in `out.decision`: copying a just-written struct as a whole stalls the copy
+    /// until the writes land, which cost more than the deciding.
     fn decide_all(
         &self,
         targets: &Targets<K>,
-        snapshots: &[Option<Snapshot>; MAX_LAYERS],
         cost: u64,
         now: u64,
         out: &mut Outcome,
@@ -658,11 +662,10 @@ where
                     source,
                 }
             };
-            // Decided in place, in the state to write: one copy of the snapshot, not two.
-            let state = out.next[slot].insert(match &snapshots[slot] {
-                Some(seen) => *seen,
-                None => fresh(layer, target.plan),
-            });
+            let state = match &mut out.next[slot] {
+                Some(state) => state,
+                absent => absent.insert(fresh(layer, target.plan)),
+            };
             if state.plan != target.plan {
                 let old = &layer.plans[state.plan].limits;
                 for (j, (word, (from, to))) in state
@@ -677,42 +680,41 @@ where
                 }
                 state.plan = target.plan;
             }
-            // One limit, the usual layer: one part to fill, not an array of them.
-            let (mut one, mut parts);
-            let parts = match limits.as_slice() {
-                [algorithm] => {
-                    one = Decision::allow(0, 0, 0);
-                    algorithm
-                        .decide(&mut state.words[0], cost, now, &mut one)
-                        .map_err(error(0))?;
-                    std::slice::from_ref(&one)
-                }
-                _ => {
-                    parts = [Decision::allow(0, 0, 0); MAX_LIMITS_PER_LAYER];
-                    for (j, (algorithm, (word, part))) in limits
-                        .iter()
-                        .zip(state.words.iter_mut().zip(&mut parts))
-                        .enumerate()
-                    {
-                        algorithm.decide(word, cost, now, part).map_err(error(j))?;
-                    }
-                    &parts[..limits.len()]
-                }
-            };
+            if let [algorithm] = limits.as_slice() {
+                // One limit, the usual layer: its answer is the layer's, decided in place.
+                out.decision
+                    .push_one(slot, target.layer, target.plan, |decision| {
+                        algorithm.decide(&mut state.words[0], cost, now, decision)
+                    })
+                    .map_err(error(0))?;
+                continue;
+            }
+            let mut parts = [Decision::allow(0, 0, 0); MAX_LIMITS_PER_LAYER];
+            for (j, (algorithm, (word, part))) in limits
+                .iter()
+                .zip(state.words.iter_mut().zip(&mut parts))
+                .enumerate()
+            {
+                algorithm.decide(word, cost, now, part).map_err(error(j))?;
+            }
             out.decision
-                .push_limits(slot, target.layer, target.plan, parts);
+                .push_limits(slot, target.layer, target.plan, &parts[..limits.len()]);
         }
         Ok(())
     }
 
-    /// Each present entry's state, read without its lock, into `snapshots`.
+    /// Each present entry's state, read without its lock, into `seen` (to check at commit)
+    /// and into `next` (to decide in place); `None` in both for an absent key.
     fn read_all(
         &self,
         cells: &[Option<&Cells>; MAX_LAYERS],
-        snapshots: &mut [Option<Snapshot>; MAX_LAYERS],
+        seen: &mut [Option<Snapshot>; MAX_LAYERS],
+        next: &mut [Option<Snapshot>; MAX_LAYERS],
     ) {
-        for (snapshot, cell) in snapshots.iter_mut().zip(&cells[..self.layers.len()]) {
-            *snapshot = cell.map(Cells::read);
+        for (slot, cell) in cells[..self.layers.len()].iter().enumerate() {
+            let snapshot = cell.map(Cells::read);
+            seen[slot] = snapshot;
+            next[slot] = snapshot;
         }
     }
 
@@ -735,14 +737,14 @@ where
             _ => false,
         });
         let decided = if changed {
-            let mut current = [None; MAX_LAYERS];
             for slot in 0..layers {
-                if let (Some(cell), Some(held)) = (cells[slot], &held[slot]) {
-                    current[slot] = Some(cell.read_held(held));
-                }
+                outcome.next[slot] = match (cells[slot], &held[slot]) {
+                    (Some(cell), Some(held)) => Some(cell.read_held(held)),
+                    _ => None,
+                };
             }
             outcome.decision = StackDecision::new();
-            self.decide_all(targets, &current, cost, now, outcome)
+            self.decide_all(targets, cost, now, outcome)
         } else {
             Ok(())
         };

@@ -1,6 +1,6 @@
 //! Loom models of the stack's protocol: stacked calls sharing a layer never over-admit, a denial
-//! changes no layer, racing first inserts admit once, and a reader never mixes one plan's
-//! words with another's limits. Run with `cargo xtask loom`.
+//! changes no layer, racing calls both land in full, racing first inserts admit once, and a
+//! reader never mixes one plan's words with another's limits. Run with `cargo xtask loom`.
 #![cfg(limiter_loom)]
 
 use limiter_core::{Limit, ManualClock};
@@ -119,6 +119,33 @@ fn calls_racing_on_a_global_layer_admit_once() {
         let racer = thread::spawn(move || call(&other, None, false));
         let here = call(&stack, None, false);
         assert!(here ^ racer.join().unwrap());
+    });
+}
+
+#[test]
+fn racing_calls_of_different_costs_both_land_in_full() {
+    loom::model(|| {
+        // 3 units: one call takes 1, the other 2. Both fit, and whichever commits second
+        // finds the entry changed and decides again on what the first left: deciding again on
+        // its own first read would lose the first call's units (or deny the second).
+        let stack: Arc<Users> = Arc::new(
+            Stack::builder()
+                .layer(Layer::global("global").limit::<Gcra>(per_hour(3)).unwrap())
+                .clock(ManualClock::new())
+                .build()
+                .unwrap(),
+        );
+        let request = Request {
+            user: None,
+            shared: false,
+            pro: false,
+        };
+        let other = Arc::clone(&stack);
+        let racer = thread::spawn(move || other.check_n(&request, 2).unwrap().is_allowed());
+        assert!(stack.check_n(&request, 1).unwrap().is_allowed());
+        assert!(racer.join().unwrap());
+        let left = stack.peek(&request).unwrap().decision().remaining();
+        assert_eq!(left, 0, "a racing call's units were lost");
     });
 }
 
