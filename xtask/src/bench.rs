@@ -314,23 +314,63 @@ fn targets(results: &[Measured], memory: &BTreeMap<String, f64>) -> Vec<Target> 
     ]
 }
 
-/// Ratios that explain the stack target: what a 3-layer transaction must do at least, and
-/// what the same three checks cost without one.
-fn stack_context(results: &[Measured]) -> Vec<(&'static str, Option<f64>)> {
-    let ratio = |ours: &str, theirs: &str| {
-        Some(find(results, "stack", ours)?.median / find(results, "stack", theirs)?.median)
+/// What explains the stack target: how much of one check and of a 3-layer transaction is
+/// synchronisation alone (a clock reading, shard read locks taken and released, uncontended
+/// compare-exchanges, each measured on its own in the same group), what the target leaves for
+/// everything else, and what the same three checks cost without a transaction. Each row is a
+/// label, its value (absent when a row it needs was not measured) and its unit.
+fn stack_context(results: &[Measured]) -> Vec<(&'static str, Option<f64>, &'static str)> {
+    let median = |f: &str| Some(find(results, "stack", f)?.median);
+    let ratio = |ours: &str, theirs: &str| Some(median(ours)? / median(theirs)?);
+    // A clock reading, `locks` shard read locks and `exchanges` compare-exchanges.
+    let sync = |locks: f64, exchanges: f64| {
+        Some(median("clock")? + locks * median("read_lock")? + exchanges * median("cas")?)
     };
+    let one_check = median("one_check");
+    let transaction_sync = sync(2.0, 3.0);
     vec![
+        (
+            "One check / its synchronisation alone (clock, 1 shard read lock, 1 compare-exchange)",
+            one_check.zip(sync(1.0, 1.0)).map(|(one, sync)| one / sync),
+            "×",
+        ),
         (
             "Floor of a 3-layer transaction (clock, 2 locked lookups, 3 entry locks) / one check",
             ratio("floor", "one_check"),
+            "×",
         ),
-        ("Stack of 3 / that floor", ratio("stack_3", "floor")),
+        (
+            "The floor's synchronisation alone (clock, 2 shard read locks, 3 compare-exchanges) / one check",
+            transaction_sync
+                .zip(one_check)
+                .map(|(sync, one)| sync / one),
+            "×",
+        ),
+        (
+            "Left at the target for hashing, lookups, deciding and the answer (2.0 × one check − that synchronisation)",
+            one_check
+                .zip(transaction_sync)
+                .map(|(one, sync)| 2.0 * one - sync),
+            " ns",
+        ),
+        (
+            "What a stack of 3 spends on them (stack of 3 − that synchronisation)",
+            median("stack_3")
+                .zip(transaction_sync)
+                .map(|(stack, sync)| stack - sync),
+            " ns",
+        ),
+        ("Stack of 3 / the floor", ratio("stack_3", "floor"), "×"),
         (
             "Stack of 3 / our three limiters checked in sequence, no transaction",
             ratio("stack_3", "ours_3_in_sequence"),
+            "×",
         ),
-        ("Stack of 3 / a stack of 1", ratio("stack_3", "stack_1")),
+        (
+            "Stack of 3 / a stack of 1",
+            ratio("stack_3", "stack_1"),
+            "×",
+        ),
     ]
 }
 
@@ -372,12 +412,12 @@ fn render(results: &[Measured], memory: &BTreeMap<String, f64>, quick: bool) -> 
     }
     let context: Vec<_> = stack_context(results)
         .into_iter()
-        .filter_map(|(what, r)| Some((what, r?)))
+        .filter_map(|(what, value, unit)| Some((what, value?, unit)))
         .collect();
     if !context.is_empty() {
-        out.push_str("\nWhat bounds the stack target:\n\n| ratio | measured |\n| --- | --- |\n");
-        for (what, r) in context {
-            let _ = writeln!(out, "| {what} | {r:.2}× |");
+        out.push_str("\nWhat bounds the stack target:\n\n| quantity | measured |\n| --- | --- |\n");
+        for (what, value, unit) in context {
+            let _ = writeln!(out, "| {what} | {value:.2}{unit} |");
         }
     }
     let mut groups: BTreeMap<&str, Vec<&Measured>> = BTreeMap::new();
@@ -477,7 +517,7 @@ mod tests {
         );
         assert!(report.contains("/ one check | 1.50× |"), "{report}");
         assert!(
-            report.contains("| Stack of 3 / that floor | 2.00× |"),
+            report.contains("| Stack of 3 / the floor | 2.00× |"),
             "{report}"
         );
         assert!(
@@ -486,5 +526,26 @@ mod tests {
         );
         // Not measured in this run: left out rather than shown empty.
         assert!(!report.contains("in sequence, no transaction"), "{report}");
+        assert!(!report.contains("synchronisation"), "{report}");
+
+        // With the parts measured: 20 + 10 + 5 = 35 ns of one check's 60 is synchronisation,
+        // 20 + 2 × 10 + 3 × 5 = 55 ns of a transaction's; 2 × 60 − 55 = 65 ns left at the
+        // target, where the stack spends 180 − 55 = 125.
+        let parts = [s("clock", 20.0), s("read_lock", 10.0), s("cas", 5.0)];
+        let report = render(
+            &[&stacked[..], &parts[..]].concat(),
+            &BTreeMap::new(),
+            false,
+        );
+        assert!(report.contains("1 compare-exchange) | 1.71× |"), "{report}");
+        assert!(
+            report.contains("3 compare-exchanges) / one check | 0.92× |"),
+            "{report}"
+        );
+        assert!(
+            report.contains("that synchronisation) | 65.00 ns |"),
+            "{report}"
+        );
+        assert!(report.contains("| 125.00 ns |"), "{report}");
     }
 }
