@@ -47,6 +47,17 @@ fn stack(user: u64, shared: u64) -> Arc<Users> {
     )
 }
 
+/// One global layer, `n` per hour.
+fn global(n: u64) -> Arc<Users> {
+    Arc::new(
+        Stack::builder()
+            .layer(Layer::global("global").limit::<Gcra>(per_hour(n)).unwrap())
+            .clock(ManualClock::new())
+            .build()
+            .unwrap(),
+    )
+}
+
 fn call(stack: &Users, user: Option<u64>, shared: bool) -> bool {
     let request = Request {
         user,
@@ -108,13 +119,7 @@ fn a_call_denied_by_one_layer_changes_no_other() {
 #[test]
 fn calls_racing_on_a_global_layer_admit_once() {
     loom::model(|| {
-        let stack: Arc<Users> = Arc::new(
-            Stack::builder()
-                .layer(Layer::global("global").limit::<Gcra>(per_hour(1)).unwrap())
-                .clock(ManualClock::new())
-                .build()
-                .unwrap(),
-        );
+        let stack = global(1);
         let other = Arc::clone(&stack);
         let racer = thread::spawn(move || call(&other, None, false));
         let here = call(&stack, None, false);
@@ -128,13 +133,7 @@ fn racing_calls_of_different_costs_both_land_in_full() {
         // 3 units: one call takes 1, the other 2. Both fit, and whichever commits second
         // finds the entry changed and decides again on what the first left: deciding again on
         // its own first read would lose the first call's units (or deny the second).
-        let stack: Arc<Users> = Arc::new(
-            Stack::builder()
-                .layer(Layer::global("global").limit::<Gcra>(per_hour(3)).unwrap())
-                .clock(ManualClock::new())
-                .build()
-                .unwrap(),
-        );
+        let stack = global(3);
         let request = Request {
             user: None,
             shared: false,
