@@ -7,6 +7,7 @@
 #![deny(clippy::arithmetic_side_effects)]
 
 use core::fmt;
+use core::time::Duration;
 use limiter_core::{Algorithm, Limit, LimitError, MIN_CLOCK_RANGE};
 use limiter_sliding_window::{FixedCounter, SlidingCounter};
 use limiter_token_bucket::Gcra;
@@ -104,9 +105,12 @@ impl RedisLimit {
                     )
                 })
                 .unwrap_or_default();
+            let shorter = same_rate_in_shorter_windows(kind, limit)
+                .map(|shorter| format!(", and {shorter} the same rate in shorter windows"))
+                .unwrap_or_default();
             LimitError::Unsupported {
                 algorithm: kind.name(),
-                reason: format!("{limit} cannot be decided on Redis: {reason}{hint}"),
+                reason: format!("{limit} cannot be decided on Redis: {reason}{hint}{shorter}"),
             }
         })
     }
@@ -217,14 +221,42 @@ fn range_reason(kind: Kind) -> String {
     let years = MIN_CLOCK_RANGE / 1_000_000 / 31_557_600;
     let fix = match kind {
         Kind::TokenBucket => "use a count that divides the period into fewer fractional parts",
+        // A longer window frees a bit of window number per doubling, but a count twice as
+        // large needs a bit more per count held: the same rate fits worse, not better.
         Kind::SlidingWindow | Kind::FixedWindow => {
-            "use a smaller count, or a longer period with a proportionally larger count"
+            "use a smaller count, or the same rate in shorter windows, which hold more per second"
         }
     };
     format!(
         "counted in microseconds since the Unix epoch, its state cannot cover the 2^56 us \
          (about {years} years) of clock every limit must; {fix}"
     )
+}
+
+/// For a window counter, `limit`'s rate (rounded down, never above it) in the longest window
+/// a half, a fifth, a tenth, a twentieth, ... as long (so a round period stays round), in
+/// whole microseconds, that `kind` accepts on Redis.
+fn same_rate_in_shorter_windows(kind: Kind, limit: Limit) -> Option<Limit> {
+    if kind == Kind::TokenBucket || limit.burst() != limit.count() {
+        return None;
+    }
+    let period_us = limit.period_nanos() / 1_000;
+    let divisors = (0..u64::MAX.ilog10())
+        .flat_map(|power| [2_u64, 5, 10].map(|m| 10_u64.checked_pow(power)?.checked_mul(m)))
+        .map_while(|divisor| divisor);
+    for divisor in divisors {
+        let shorter_us = period_us.checked_div(divisor).filter(|&us| us > 0)?;
+        // count * shorter / period <= count, so it fits in a u64.
+        let count = u128::from(limit.count())
+            .checked_mul(u128::from(shorter_us))?
+            .checked_div(u128::from(period_us))?;
+        let count = u64::try_from(count).ok().filter(|&c| c > 0)?;
+        let candidate = Limit::new(count, Duration::from_micros(shorter_us)).ok()?;
+        if RedisLimit::derive(kind, candidate).is_ok() {
+            return Some(candidate);
+        }
+    }
+    None
 }
 
 /// The largest count below `limit`'s (same period) that `kind` accepts on Redis.
@@ -255,5 +287,47 @@ fn nearest_count(kind: Kind, limit: Limit) -> Option<u64> {
             let lowest = limit.count().saturating_sub(SEARCH).max(1);
             (lowest..limit.count()).rev().find(|&count| works(count))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sliding_window_too_fine_for_redis_is_told_the_shorter_windows_that_fit() {
+        // 100k per second needs 17 bits per count; a 1 s window leaves room for 13.
+        let too_many = Limit::per_second(100_000).unwrap();
+        let message = RedisLimit::new(Kind::SlidingWindow, too_many)
+            .unwrap_err()
+            .to_string();
+        assert!(message.contains("shorter windows"), "{message}");
+        // The same rate in longer windows fits worse, as the error no longer suggests.
+        let longer = Limit::new(1_000_000, Duration::from_secs(10)).unwrap();
+        assert!(RedisLimit::new(Kind::SlidingWindow, longer).is_err());
+        // The suggested limit works and keeps the rate (rounded down).
+        let suggested = message
+            .split(", and ")
+            .nth(1)
+            .and_then(|rest| rest.strip_suffix(" the same rate in shorter windows"))
+            .unwrap_or_else(|| panic!("no suggestion in: {message}"));
+        let (count, period) = suggested.split_once(" per ").unwrap();
+        let (count, period_ms) = (
+            count.parse::<u64>().unwrap(),
+            period.strip_suffix("ms").unwrap().parse::<u64>().unwrap(),
+        );
+        let limit = Limit::new(count, Duration::from_millis(period_ms)).unwrap();
+        assert!(
+            RedisLimit::new(Kind::SlidingWindow, limit).is_ok(),
+            "{limit}"
+        );
+        assert!(
+            count * 1_000 <= 100_000 * period_ms,
+            "{limit} is faster than 100k/s"
+        );
+        assert!(
+            count * 1_000 * 2 > 100_000 * period_ms,
+            "{limit} lost half the rate"
+        );
     }
 }

@@ -77,11 +77,16 @@ impl<const SLIDING: bool> WindowCounter<SLIDING> {
         let layout = Layout::for_count(count, Self::FIELDS);
         let max_now_ns = last_reading(layout, window_ns);
         if max_now_ns < MIN_CLOCK_RANGE {
-            let most = largest_supported_count(window_ns);
+            let most = largest_supported_count(window_ns, Self::FIELDS);
+            // Longer windows do not help: each doubling of the window frees one bit of window
+            // number but a count twice as large needs one more bit per count held.
+            let instead = same_rate_in_shorter_windows(count, window_ns, Self::FIELDS)
+                .map(|shorter| format!(", or the same rate in shorter windows, such as {shorter}"))
+                .unwrap_or_default();
             return Err(unsupported(format!(
                 "{limit}: counts up to {count} leave window numbers for only {:?} of clock, less than \
-                 the {:?} required; with {:?} windows the {} supports at most {most} per window \
-                 (use a longer period with a proportionally larger count)",
+                 the {:?} required; with {:?} windows the {} supports at most {most} per window. \
+                 Use a smaller count{instead}: shorter windows hold more per second",
                 Duration::from_nanos(max_now_ns),
                 Duration::from_nanos(MIN_CLOCK_RANGE),
                 limit.period(),
@@ -337,8 +342,14 @@ fn last_reading(layout: Layout, window_ns: u64) -> u64 {
     u64::try_from(end.saturating_sub(1)).unwrap_or(u64::MAX)
 }
 
+/// Whether a counter of `fields` counts up to `count` in windows of `window_ns` covers
+/// [`MIN_CLOCK_RANGE`].
+fn fits(count: u64, window_ns: u64, fields: u32) -> bool {
+    last_reading(Layout::for_count(count, fields), window_ns) >= MIN_CLOCK_RANGE
+}
+
 /// The largest `2^b - 1` a window of `window_ns` supports with at least [`MIN_CLOCK_RANGE`].
-fn largest_supported_count(window_ns: u64) -> u64 {
+fn largest_supported_count(window_ns: u64, fields: u32) -> u64 {
     (1..u64::BITS)
         .rev()
         .map(|bits| {
@@ -346,8 +357,35 @@ fn largest_supported_count(window_ns: u64) -> u64 {
                 .checked_shr(u64::BITS.saturating_sub(bits))
                 .unwrap_or(0)
         })
-        .find(|&count| last_reading(Layout::for_count(count, 2), window_ns) >= MIN_CLOCK_RANGE)
+        .find(|&count| fits(count, window_ns, fields))
         .unwrap_or(1)
+}
+
+/// `count` per `window_ns` as the same rate (rounded down, never above it) in the longest
+/// window a half, a fifth, a tenth, a twentieth, ... as long that fits (so a round period
+/// stays round), or `None` if no window of at least 1 ns holds a unit.
+fn same_rate_in_shorter_windows(count: u64, window_ns: u64, fields: u32) -> Option<Limit> {
+    for divisor in window_divisors() {
+        let shorter = window_ns.checked_div(divisor).filter(|&w| w > 0)?;
+        // count * shorter / window_ns <= count, so it fits in a u64.
+        let scaled = u128::from(count)
+            .checked_mul(u128::from(shorter))?
+            .checked_div(u128::from(window_ns))?;
+        let scaled = u64::try_from(scaled).ok().filter(|&c| c > 0)?;
+        if fits(scaled, shorter, fields) {
+            return Limit::from_nanos(scaled, shorter).ok();
+        }
+    }
+    None
+}
+
+/// 2, 5, 10, 20, 50, 100, ...: what to divide a window by so a round period stays round.
+pub(crate) fn window_divisors() -> impl Iterator<Item = u64> {
+    (0..u64::MAX.ilog10())
+        .flat_map(|power| {
+            [2_u64, 5, 10].map(move |m| 10_u64.checked_pow(power).and_then(|p| m.checked_mul(p)))
+        })
+        .map_while(|divisor| divisor)
 }
 
 #[cfg(test)]
@@ -357,6 +395,34 @@ mod tests {
     use limiter_core::StateCell;
 
     const SECOND: u64 = 1_000_000_000;
+
+    #[test]
+    fn a_rate_too_high_for_its_windows_fits_in_the_shorter_windows_the_error_names() {
+        // A million per second does not fit a sliding window's state over 2^56 ns of clock
+        // (a 1 s window holds at most 262,143)...
+        let error = SlidingCounter::from_limit(Limit::per_second(1_000_000).unwrap())
+            .unwrap_err()
+            .to_string();
+        // ...nor does the same rate in longer windows, whatever one might guess...
+        for seconds in [2, 10, 60] {
+            let longer = Limit::new(1_000_000 * seconds, Duration::from_secs(seconds)).unwrap();
+            assert!(SlidingCounter::from_limit(longer).is_err(), "{longer}");
+        }
+        // ...but it does in the shorter windows the error names, at the same rate.
+        assert!(
+            error.contains("shorter windows, such as 100000 per 100ms"),
+            "{error}"
+        );
+        let named = Limit::new(100_000, Duration::from_millis(100)).unwrap();
+        let counter = SlidingCounter::from_limit(named).unwrap();
+        assert!(counter.max_now_nanos() >= MIN_CLOCK_RANGE);
+        // The suggestion never raises the rate: 3 per 7 ns becomes 1 per 3 ns, not 1.29.
+        let rounded = same_rate_in_shorter_windows(3, 7, 2).unwrap();
+        assert_eq!((rounded.count(), rounded.period_nanos()), (1, 3));
+        let divisors: Vec<u64> = window_divisors().take(7).collect();
+        assert_eq!(divisors, [2, 5, 10, 20, 50, 100, 200]);
+        assert_eq!(window_divisors().last(), Some(10_000_000_000_000_000_000));
+    }
 
     fn sliding(count: u64, period_ns: u64) -> SlidingCounter {
         SlidingCounter::from_limit(Limit::from_nanos(count, period_ns).unwrap()).unwrap()
