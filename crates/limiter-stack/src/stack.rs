@@ -212,9 +212,10 @@ impl ShardOrder {
     }
 }
 
-/// What deciding every layer on some snapshots gave: the answer, and the states to write.
+/// What deciding every layer gives: the answer, and the states to write.
 struct Outcome {
     decision: StackDecision,
+    /// Each layer's state: read into it, decided in place, written from it.
     next: [Option<Snapshot>; MAX_LAYERS],
 }
 
@@ -635,10 +636,10 @@ where
         }
     }
 
-    /// Decides every target on its state in `out.next`, in place, leaving there the state to
-    /// write (`None`: an absent key, decided fresh under the chosen plan), carrying a key's
-    /// consumption over to the chosen plan when it changed. Adds each layer's answer to
-    /// `out.decision` (new, or reset by the caller).
+    /// Decides every target on its state in `out.next` (`None` there: an absent key, which
+    /// starts fresh under the chosen plan), in place, leaving there the state to write, and
+    /// carrying a key's consumption over to the chosen plan when it changed. Adds each layer's
+    /// answer to `out.decision` (new, or reset by the caller).
     ///
     /// The states are read straight into `out.next` and each answer is decided straight into
     /// its place in `out.decision`: copying a just-written struct as a whole stalls the copy
