@@ -380,7 +380,7 @@ fn same_rate_in_shorter_windows(count: u64, window_ns: u64, fields: u32) -> Opti
 }
 
 /// 2, 5, 10, 20, 50, 100, ...: what to divide a window by so a round period stays round.
-pub(crate) fn window_divisors() -> impl Iterator<Item = u64> {
+fn window_divisors() -> impl Iterator<Item = u64> {
     (0..u64::MAX.ilog10())
         .flat_map(|power| {
             [2_u64, 5, 10].map(move |m| 10_u64.checked_pow(power).and_then(|p| m.checked_mul(p)))
