@@ -55,22 +55,39 @@ impl Cells {
     /// A consistent read without the lock.
     #[inline]
     pub(crate) fn read(&self) -> Snapshot {
+        let (plan, words) =
+            self.read_consistent(|words| words.each_ref().map(|w| w.load(Ordering::Acquire)));
+        Snapshot { plan, words }
+    }
+
+    /// A consistent read of the plan and the first word without the lock: [`read`](Self::read)
+    /// for a plan of one limit.
+    #[inline]
+    pub(crate) fn read_first(&self) -> (usize, u64) {
+        self.read_consistent(|words| words[0].load(Ordering::Acquire))
+    }
+
+    /// The plan and what `load` reads of the words, consistent with each other: retried while
+    /// a plan change is under way or has happened in between.
+    #[inline]
+    fn read_consistent<T>(
+        &self,
+        load: impl Fn(&[AtomicU64; MAX_LIMITS_PER_LAYER]) -> T,
+    ) -> (usize, T) {
         let mut spins = 0;
         loop {
             // Acquire: pairs with the Release stores of the last writer, so the words read
             // below are at least as new as the header read here.
             let before = self.header.load(Ordering::Acquire);
             if before & 1 == 0 {
-                // Acquire on each word: a word written under a plan change synchronises with
-                // that write, so the header read after it sees the odd (or later) version.
-                let words = self.words.each_ref().map(|w| w.load(Ordering::Acquire));
+                // `load` reads each word with Acquire: a word written under a plan change
+                // synchronises with that write, so the header read after it sees the odd (or
+                // later) version.
+                let words = load(&self.words);
                 // Relaxed: ordered after the Acquire loads above.
                 let after = self.header.load(Ordering::Relaxed);
                 if (before & !LOCKED) == (after & !LOCKED) {
-                    return Snapshot {
-                        plan: plan_of(before),
-                        words,
-                    };
+                    return (plan_of(before), words);
                 }
             }
             back_off(&mut spins);
@@ -125,6 +142,21 @@ impl Cells {
                 .zip(&seen.words)
                 // Relaxed: as in `read_held`.
                 .all(|(word, &value)| word.load(Ordering::Relaxed) == value)
+    }
+
+    /// Whether the plan and the first word under the lock are still `plan` and `word`.
+    #[inline]
+    pub(crate) fn first_still(&self, held: &Held, plan: usize, word: u64) -> bool {
+        // Relaxed: as in `read_held`.
+        plan_of(held.header) == plan && self.words[0].load(Ordering::Relaxed) == word
+    }
+
+    /// Writes the first word under the lock, keeping the plan, and releases it.
+    #[inline]
+    pub(crate) fn write_first_and_unlock(&self, held: Held, word: u64) {
+        // Release: as in `write_and_unlock` (the plan is unchanged: no odd version).
+        self.words[0].store(word, Ordering::Release);
+        self.header.store(held.header, Ordering::Release);
     }
 
     /// Writes `next` under the lock and releases it. A change of plan goes through an odd

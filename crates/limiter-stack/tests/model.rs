@@ -73,16 +73,22 @@ struct Spec {
     plans: Vec<Vec<Alg>>,
 }
 
-fn specs() -> Vec<Spec> {
+/// The layers; with `one_limit_each`, the user layer keeps only its first limit, so every
+/// plan has one limit and the stack decides on its lean path where it can.
+fn specs(one_limit_each: bool) -> Vec<Spec> {
+    let mut user = vec![
+        Alg::Bucket(Gcra::new(limit(3, 1_000)).unwrap()),
+        Alg::Sliding(SlidingCounter::new(limit(5, 2_000)).unwrap()),
+    ];
+    if one_limit_each {
+        user.truncate(1);
+    }
     vec![
         Spec {
             name: "user",
             key: |r| Some(r.user),
             choose: |_| 0,
-            plans: vec![vec![
-                Alg::Bucket(Gcra::new(limit(3, 1_000)).unwrap()),
-                Alg::Sliding(SlidingCounter::new(limit(5, 2_000)).unwrap()),
-            ]],
+            plans: vec![user],
         },
         Spec {
             name: "writes",
@@ -121,9 +127,9 @@ fn add(plan: Plan, alg: &Alg) -> Plan {
     .unwrap()
 }
 
-fn build(clock: &ManualClock) -> Stack<Request, u64, ManualClock> {
+fn build(clock: &ManualClock, one_limit_each: bool) -> Stack<Request, u64, ManualClock> {
     let mut builder = Stack::builder().clock(clock.clone()).shards(1);
-    for spec in specs() {
+    for spec in specs(one_limit_each) {
         let plans: Vec<Plan> = spec
             .plans
             .iter()
@@ -288,11 +294,11 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-fn run(ops: &[Op]) -> Result<(), TestCaseError> {
+fn run(ops: &[Op], one_limit_each: bool) -> Result<(), TestCaseError> {
     let clock = ManualClock::new();
-    let stack = build(&clock);
+    let stack = build(&clock, one_limit_each);
     let mut model = Model {
-        specs: specs(),
+        specs: specs(one_limit_each),
         states: HashMap::new(),
     };
     let mut grants: Vec<(Request, Grant, u64)> = Vec::new();
@@ -357,6 +363,13 @@ proptest! {
     #![proptest_config(proptest_config(512))]
     #[test]
     fn the_stack_decides_like_the_sequential_model(ops in proptest::collection::vec(op(), 1..120)) {
-        run(&ops)?;
+        run(&ops, false)?;
+    }
+
+    #[test]
+    fn a_stack_of_one_limit_layers_decides_like_the_sequential_model(
+        ops in proptest::collection::vec(op(), 1..120),
+    ) {
+        run(&ops, true)?;
     }
 }
