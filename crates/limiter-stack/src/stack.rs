@@ -23,8 +23,9 @@
 //! it admits (and the word after), locks the entries and writes them only if none changed
 //! since it read them, and works out every layer's full answer after releasing the locks, from
 //! the words it read. A call the lean path cannot finish as simply (a key to insert, a plan to
-//! change, an entry another call changed) it leaves unchanged to steps 2–5. Doing the least
-//! work between locked instructions is what it is for: a 3-layer call took 16% less time.
+//! change, an entry another call changed) it leaves unchanged to steps 2–5. It does less
+//! work around the locked instructions: a 3-layer call took 7% less time on average over
+//! three back-to-back benchmark pairs (2–14%), and 1,845 instructions instead of 2,074.
 
 use std::hash::Hash;
 use std::ops::Deref;
