@@ -180,33 +180,8 @@ pub fn on_threads(threads: usize, iters: u64, call: impl Fn() -> bool + Sync) ->
     })
 }
 
-/// A clock on the TSC through quanta, the source governor reads by default.
-#[derive(Clone, Debug)]
-pub struct TscClock {
-    clock: quanta::Clock,
-    epoch: u64,
-}
-
-impl TscClock {
-    /// A TSC clock whose epoch is now.
-    pub fn new() -> Self {
-        let clock = quanta::Clock::new();
-        let epoch = clock.raw();
-        Self { clock, epoch }
-    }
-}
-
-impl Default for TscClock {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl limiter_core::Clock for TscClock {
-    fn now(&self) -> u64 {
-        self.clock.delta_as_nanos(self.epoch, self.clock.raw())
-    }
-}
+/// The TSC clock governor reads by default, as the library offers it.
+pub use limiter_core::TscClock;
 
 /// Visits every key below `keys` once per cycle, in an order the hardware prefetcher cannot
 /// follow (611,953 is prime and does not divide any power-of-ten key count used here).

