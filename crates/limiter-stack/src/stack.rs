@@ -25,7 +25,7 @@
 //! the words it read. A call the lean path cannot finish as simply (a key to insert, a plan to
 //! change, an entry another call changed) it leaves unchanged to steps 2–5. It does less
 //! work around the locked instructions: a 3-layer call took 7% less time on average over
-//! three back-to-back benchmark pairs (2–14%), and 1,845 instructions instead of 2,074.
+//! three back-to-back benchmark pairs (2–14%), and 1,849 instructions instead of 2,074.
 
 use std::hash::Hash;
 use std::ops::Deref;
