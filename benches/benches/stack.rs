@@ -1,6 +1,6 @@
 //! Stacks of 1, 2 and 3 layers beside one single-layer check, beside our own limiters and
 //! governor's checked three times in sequence (no transaction), beside the floor of a 3-layer
-//! transaction and the parts floors are made of (a clock reading, a compare-exchange, a shard
+//! transaction (also deciding, with static dispatch) and the parts floors are made of (a clock reading, a compare-exchange, a shard
 //! read lock taken and released), in the same group, so one run gives the ratios the stack
 //! issue targets (three layers at most 2.0x one check) and what stands in their way.
 
@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use criterion::{Criterion, criterion_group, criterion_main};
 use governor::RateLimiter;
 use limiter_benches::{allow_quota, group, never_limit, token_bucket_allow};
-use limiter_core::{Clock, DirectLimiter, Limit, MonotonicClock};
-use limiter_stack::{Layer, Stack};
+use limiter_core::{Algorithm, Clock, Decision, DirectLimiter, Limit, MonotonicClock};
+use limiter_stack::{Layer, LayerDecision, Stack, StackDecision};
 use limiter_store::KeyedLimiter;
 use limiter_token_bucket::Gcra;
 
@@ -106,6 +106,59 @@ impl StackFloor {
     }
 }
 
+/// The floor, deciding: the same transaction with each entry's word decided by the token
+/// bucket (statically dispatched, under the entry locks), the three answers returned as they
+/// come. What a stack specialised at compile time to these three layers would cost before
+/// building its answer; the stack's distance from it is what run-time layers (keyers and
+/// algorithms behind `dyn`, plans, the general bookkeeping) and the answer cost.
+fn floor_deciding(floor: &StackFloor, gcra: &Gcra, user: u64, ip: u64) -> Option<[Decision; 3]> {
+    let now = floor.clock.now();
+    let (Ok(users), Ok(ips)) = (floor.shards[0].read(), floor.shards[1].read()) else {
+        return None;
+    };
+    let (Some(a), Some(b)) = (users.get(&user), ips.get(&ip)) else {
+        return None;
+    };
+    let entries = [a, b, &floor.global];
+    for entry in entries {
+        while entry
+            .lock
+            .compare_exchange_weak(0, 1, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            std::hint::spin_loop();
+        }
+    }
+    let mut answers = [Decision::allow(0, 0, 0); 3];
+    for (entry, answer) in entries.into_iter().zip(&mut answers) {
+        let word = entry.word.load(Ordering::Relaxed);
+        if let Ok(step) = gcra.decide(word, 1, now) {
+            *answer = step.decision;
+            entry
+                .word
+                .store(step.next.unwrap_or(word), Ordering::Relaxed);
+        }
+        entry.lock.store(0, Ordering::Release);
+    }
+    Some(answers)
+}
+
+/// Three layers' answers as the stack gives them: a `StackDecision`, returned by value.
+fn stacked(answers: [Decision; 3]) -> StackDecision {
+    StackDecision::from_layers(
+        answers
+            .iter()
+            .enumerate()
+            .map(|(layer, &decision)| LayerDecision {
+                layer,
+                plan: 0,
+                limit_index: 0,
+                decision,
+                limit_reset_after_nanos: decision.reset_after_nanos(),
+            }),
+    )
+}
+
 fn stacks(c: &mut Criterion) {
     let allow = token_bucket_allow();
     let request = Request { user: 7, ip: 9 };
@@ -155,6 +208,19 @@ fn stacks(c: &mut Criterion) {
     let floor = StackFloor::new(7, 9);
     g.bench_function("floor", |b| {
         b.iter(|| floor.check(black_box(7), black_box(9)))
+    });
+    let gcra = Gcra::new(allow).expect("valid");
+    g.bench_function("floor_deciding", |b| {
+        b.iter(|| {
+            floor_deciding(&floor, &gcra, black_box(7), black_box(9))
+                .is_some_and(|d| black_box(d).iter().all(Decision::is_allowed))
+        })
+    });
+    g.bench_function("floor_deciding_stacked", |b| {
+        b.iter(|| {
+            floor_deciding(&floor, &gcra, black_box(7), black_box(9))
+                .is_some_and(|d| black_box(stacked(d)).is_allowed())
+        })
     });
     // What the floors are made of, alone: a transaction's cost is mostly these, and the
     // processor runs no other work beside a locked instruction.

@@ -362,7 +362,22 @@ fn stack_context(results: &[Measured]) -> Vec<(&'static str, Option<f64>, &'stat
                 .map(|(stack, floor)| stack - floor),
             " ns",
         ),
+        (
+            "The floor deciding every limit (static dispatch), answers as they come / one check",
+            ratio("floor_deciding", "one_check"),
+            "×",
+        ),
+        (
+            "… and stacked into a `StackDecision` returned by value / one check",
+            ratio("floor_deciding_stacked", "one_check"),
+            "×",
+        ),
         ("Stack of 3 / the floor", ratio("stack_3", "floor"), "×"),
+        (
+            "Stack of 3 / the floor deciding and stacking (what run-time layers cost)",
+            ratio("stack_3", "floor_deciding_stacked"),
+            "×",
+        ),
         (
             "Stack of 3 / our three limiters checked in sequence, no transaction",
             ratio("stack_3", "ours_3_in_sequence"),
@@ -548,6 +563,27 @@ mod tests {
         assert!(report.contains("1 compare-exchange) | 1.71× |"), "{report}");
         assert!(
             report.contains("3 compare-exchanges) / one check | 0.92× |"),
+            "{report}"
+        );
+        assert!(!report.contains("floor deciding"), "{report}");
+
+        // With the deciding floors measured: 72 / 60, 96 / 60 and 180 / 96.
+        let deciding = [s("floor_deciding", 72.0), s("floor_deciding_stacked", 96.0)];
+        let report = render(
+            &[&stacked[..], &deciding[..]].concat(),
+            &BTreeMap::new(),
+            false,
+        );
+        assert!(
+            report.contains("as they come / one check | 1.20× |"),
+            "{report}"
+        );
+        assert!(
+            report.contains("returned by value / one check | 1.60× |"),
+            "{report}"
+        );
+        assert!(
+            report.contains("(what run-time layers cost) | 1.88× |"),
             "{report}"
         );
     }
