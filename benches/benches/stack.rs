@@ -79,7 +79,11 @@ impl StackFloor {
         }
     }
 
-    fn check(&self, user: u64, ip: u64) -> bool {
+    /// One transaction: a clock reading, both lookups under their shard read locks, the three
+    /// entries locked, then each entry's word replaced by what `write` makes of it (given its
+    /// position and the reading) and its lock released. `false` if a key is missing.
+    #[inline]
+    fn transact(&self, user: u64, ip: u64, mut write: impl FnMut(usize, u64, u64) -> u64) -> bool {
         let now = self.clock.now();
         let (Ok(users), Ok(ips)) = (self.shards[0].read(), self.shards[1].read()) else {
             return false;
@@ -97,12 +101,17 @@ impl StackFloor {
                 std::hint::spin_loop();
             }
         }
-        for entry in entries {
-            let next = entry.word.load(Ordering::Relaxed).max(now) + 1;
+        for (position, entry) in entries.into_iter().enumerate() {
+            let next = write(position, entry.word.load(Ordering::Relaxed), now);
             entry.word.store(next, Ordering::Relaxed);
             entry.lock.store(0, Ordering::Release);
         }
         true
+    }
+
+    /// The floor: each word moved on, nothing decided.
+    fn check(&self, user: u64, ip: u64) -> bool {
+        self.transact(user, ip, |_, word, now| word.max(now) + 1)
     }
 }
 
@@ -112,35 +121,18 @@ impl StackFloor {
 /// building its answer; the stack's distance from it is what run-time layers (keyers and
 /// algorithms behind `dyn`, plans, the general bookkeeping) and the answer cost.
 fn floor_deciding(floor: &StackFloor, gcra: &Gcra, user: u64, ip: u64) -> Option<[Decision; 3]> {
-    let now = floor.clock.now();
-    let (Ok(users), Ok(ips)) = (floor.shards[0].read(), floor.shards[1].read()) else {
-        return None;
-    };
-    let (Some(a), Some(b)) = (users.get(&user), ips.get(&ip)) else {
-        return None;
-    };
-    let entries = [a, b, &floor.global];
-    for entry in entries {
-        while entry
-            .lock
-            .compare_exchange_weak(0, 1, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            std::hint::spin_loop();
-        }
-    }
     let mut answers = [Decision::allow(0, 0, 0); 3];
-    for (entry, answer) in entries.into_iter().zip(&mut answers) {
-        let word = entry.word.load(Ordering::Relaxed);
-        if let Ok(step) = gcra.decide(word, 1, now) {
-            *answer = step.decision;
-            entry
-                .word
-                .store(step.next.unwrap_or(word), Ordering::Relaxed);
-        }
-        entry.lock.store(0, Ordering::Release);
-    }
-    Some(answers)
+    floor
+        .transact(user, ip, |position, word, now| {
+            match gcra.decide(word, 1, now) {
+                Ok(step) => {
+                    answers[position] = step.decision;
+                    step.next.unwrap_or(word)
+                }
+                Err(_) => word,
+            }
+        })
+        .then_some(answers)
 }
 
 /// Three layers' answers as the stack gives them: a `StackDecision`, returned by value.
