@@ -85,6 +85,24 @@ impl StackDecision {
         Ok(())
     }
 
+    /// Adds a layer's answer at `slot`, ranked against `binding` (the binding layer's answer so
+    /// far, kept by the caller) from the value in hand, before it is stored: reading it back
+    /// from the array stalls until the store lands, which cost more than building the answer.
+    #[inline]
+    pub(crate) fn push_ranked(
+        &mut self,
+        slot: usize,
+        layer: LayerDecision,
+        binding: &mut Option<Decision>,
+    ) {
+        self.allowed &= layer.decision.is_allowed();
+        if binding.is_none_or(|current| binds_over(&layer.decision, &current)) {
+            self.binding = Some(slot);
+            *binding = Some(layer.decision);
+        }
+        self.layers[slot] = Some(layer);
+    }
+
     /// Adds a layer's answer, keeping the binding layer up to date.
     #[inline]
     pub(crate) fn push(&mut self, slot: usize, layer: LayerDecision) {
@@ -183,14 +201,27 @@ impl LayerDecision {
 
 impl StackDecision {
     /// A stacked answer from layers decided elsewhere, each kept at its `layer` position (those
-    /// at [`MAX_LAYERS`] or beyond are left out), with the same binding rule as a [`Stack`]'s.
+    /// at [`MAX_LAYERS`] or beyond are left out; of two at one position, the later), with the
+    /// same binding rule as a [`Stack`]'s.
     ///
     /// [`Stack`]: crate::Stack
     pub fn from_layers(layers: impl IntoIterator<Item = LayerDecision>) -> Self {
         let mut decision = Self::new();
+        let mut binding = None;
+        let mut replaced = false;
         for layer in layers {
             if layer.layer < MAX_LAYERS {
-                decision.push(layer.layer, layer);
+                replaced |= decision.layers[layer.layer].is_some();
+                decision.push_ranked(layer.layer, layer, &mut binding);
+            }
+        }
+        if replaced {
+            // Two answers at one position: the later one stands, so work the verdict out again
+            // from what is stored.
+            decision.allowed = true;
+            decision.binding = None;
+            for slot in 0..MAX_LAYERS {
+                decision.bind(slot);
             }
         }
         decision
@@ -256,5 +287,53 @@ impl Grant {
     /// The clock reading the units were taken at.
     pub fn taken_at(&self) -> u64 {
         self.at
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layer(layer: usize, decision: Decision) -> LayerDecision {
+        LayerDecision {
+            layer,
+            plan: 0,
+            limit_index: 0,
+            decision,
+            limit_reset_after_nanos: decision.reset_after_nanos(),
+        }
+    }
+
+    #[test]
+    fn answers_from_elsewhere_bind_by_the_stacks_rule() {
+        // Admitted: the fewest left binds, the first listed on ties.
+        let allowed = StackDecision::from_layers([
+            layer(0, Decision::allow(10, 5, 0)),
+            layer(1, Decision::allow(10, 2, 0)),
+            layer(2, Decision::allow(10, 2, 0)),
+        ]);
+        assert!(allowed.is_allowed());
+        assert_eq!(allowed.binding().map(|b| b.layer), Some(1));
+
+        // Denied: any denial binds over an admission, the longest wait over a shorter one.
+        let denied = StackDecision::from_layers([
+            layer(0, Decision::deny(10, 0, 10, 10)),
+            layer(1, Decision::allow(10, 0, 0)),
+            layer(2, Decision::deny(10, 0, 30, 30)),
+        ]);
+        assert!(denied.is_denied());
+        assert_eq!(denied.binding().map(|b| b.layer), Some(2));
+    }
+
+    #[test]
+    fn of_two_answers_at_one_position_the_later_stands_and_binds_as_stored() {
+        let decision = StackDecision::from_layers([
+            layer(0, Decision::allow(10, 1, 0)),
+            layer(0, Decision::allow(10, 9, 0)),
+            layer(1, Decision::allow(10, 5, 0)),
+        ]);
+        assert_eq!(decision.layers().count(), 2);
+        assert_eq!(decision.binding().map(|b| b.decision.remaining()), Some(5));
+        assert_eq!(decision.decision().remaining(), 5);
     }
 }
