@@ -23,11 +23,6 @@ pub(crate) trait DynAlgorithm: Send + Sync {
         now: u64,
         decision: &mut Decision,
     ) -> Result<(), DecisionError>;
-    /// The state after admitting `cost` units at `now`, or `None` if the limit denies them
-    /// (or cannot decide them: [`decide`](Self::decide) says why). Only the admission is
-    /// computed, returned in registers: the answer's details are left to `decide`, after the
-    /// locks are released.
-    fn admit(&self, state: u64, cost: u64, now: u64) -> Option<u64>;
 }
 
 impl<A: Algorithm> DynAlgorithm for A {
@@ -65,12 +60,5 @@ impl<A: Algorithm> DynAlgorithm for A {
             *word = next;
         }
         Ok(())
-    }
-    #[inline]
-    fn admit(&self, state: u64, cost: u64, now: u64) -> Option<u64> {
-        match Algorithm::decide(self, state, cost, now) {
-            Ok(step) if step.decision.is_allowed() => Some(step.next.unwrap_or(state)),
-            _ => None,
-        }
     }
 }

@@ -329,8 +329,12 @@ where
         call: &mut Call<K>,
     ) -> Result<(), CallError> {
         self.prepare(request, call)?;
-        if self.lean && self.decide_lean(call, cost, now)? {
-            return Ok(());
+        if self.lean {
+            if self.decide_lean(call, cost, now)? {
+                return Ok(());
+            }
+            // The lean path may have answered some layers before it gave up.
+            call.outcome.decision = StackDecision::new();
         }
         if self.decide_present(call, cost, now)? {
             return Ok(());
@@ -339,12 +343,12 @@ where
     }
 
     /// Decides a call of a stack whose every plan has one limit, the usual stack, in the fewest
-    /// steps: under the shard read locks each entry's one word is read and admitted (only
-    /// whether, and the word after), every entry is locked and written only if none changed
-    /// since it was read, and every layer's full answer is worked out after the locks are
-    /// released, from the words read. Returns `false`, having changed nothing, when the call
-    /// needs more (a key to insert, a plan to change, an entry another call changed): the
-    /// general path then decides it from the start.
+    /// steps: under the shard read locks each entry's one word is read without its lock and
+    /// decided once, straight into the answer, before any entry is locked; if every layer
+    /// admits, the entries are locked and written only if none changed since it was read.
+    /// Returns `false`, having changed no entry, when the call needs more (a key to insert, a
+    /// plan to change, an entry another call changed): the general path then decides it from
+    /// the start, on a cleared answer.
     fn decide_lean(&self, call: &mut Call<K>, cost: u64, now: u64) -> Result<bool, CallError> {
         let layers = self.layers.len();
         let mut guards: [Option<ShardReadGuard<'_, Entry<K>>>; MAX_LAYERS] =
@@ -356,7 +360,6 @@ where
         // Each layer's word as read, and as the call would leave it.
         let mut seen = [0_u64; MAX_LAYERS];
         let mut next = [0_u64; MAX_LAYERS];
-        let mut admitted = true;
         for (slot, target) in call.targets[..layers].iter().enumerate() {
             let Some(target) = target else { continue };
             let cell = match &target.place {
@@ -377,12 +380,22 @@ where
             }
             cells[slot] = Some(cell);
             seen[slot] = word;
-            match self.layers[target.layer].plans[plan].limits[0].admit(word, cost, now) {
-                Some(after) => next[slot] = after,
-                None => admitted = false,
-            }
+            let layer = &self.layers[target.layer];
+            let algorithm = &layer.plans[plan].limits[0];
+            let mut after = word;
+            call.outcome
+                .decision
+                .push_one(slot, target.layer, plan, |decision| {
+                    algorithm.decide(&mut after, cost, now, decision)
+                })
+                .map_err(|source| CallError::Decision {
+                    layer: layer.name.clone(),
+                    limit_index: 0,
+                    source,
+                })?;
+            next[slot] = after;
         }
-        if admitted && cost > 0 {
+        if call.outcome.decision.is_allowed() && cost > 0 {
             let mut held = lock_in_address_order(&cells, layers);
             let unchanged = call.targets[..layers]
                 .iter()
@@ -408,24 +421,6 @@ where
             if !unchanged {
                 return Ok(false);
             }
-        }
-        drop(guards);
-        for (slot, target) in call.targets[..layers].iter().enumerate() {
-            let Some(target) = target else { continue };
-            let layer = &self.layers[target.layer];
-            let algorithm = &layer.plans[target.plan].limits[0];
-            // Decided again from the word read, to the same admission: the answer's details.
-            let mut word = seen[slot];
-            call.outcome
-                .decision
-                .push_one(slot, target.layer, target.plan, |decision| {
-                    algorithm.decide(&mut word, cost, now, decision)
-                })
-                .map_err(|source| CallError::Decision {
-                    layer: layer.name.clone(),
-                    limit_index: 0,
-                    source,
-                })?;
         }
         Ok(true)
     }

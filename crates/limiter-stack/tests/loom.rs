@@ -1,6 +1,7 @@
 //! Loom models of the stack's protocol: stacked calls sharing a layer never over-admit, a denial
-//! changes no layer, racing calls both land in full, racing first inserts admit once, and a
-//! reader never mixes one plan's words with another's limits. Run with `cargo xtask loom`.
+//! changes no layer, racing calls both land in full, racing first inserts admit once, a call
+//! decided again after a race answers from its last reading alone, and a reader never mixes one
+//! plan's words with another's limits. Run with `cargo xtask loom`.
 #![cfg(limiter_loom)]
 
 use limiter_core::{Limit, ManualClock};
@@ -159,6 +160,35 @@ fn racing_first_calls_on_a_new_key_admit_once() {
         assert!(here ^ there, "admitted {here} and {there}");
         assert_eq!(stack.len(), 1);
         assert_eq!(left(&stack, 7)[0], 0);
+    });
+}
+
+#[test]
+fn a_call_decided_again_after_a_race_binds_by_its_last_reading() {
+    loom::model(|| {
+        // User 1 has 3 of 4 left, the shared layer 2 of 3. Alone, the call leaves 2 and 1: the
+        // shared layer binds. If the racer takes one of user 1's units between the call's first
+        // reading and its commit, the call is decided again and leaves 1 and 1: a tie, which
+        // the first layer binds. An answer still holding the first reading's layers would keep
+        // the shared layer binding.
+        let stack = stack(4, 3);
+        assert!(call(&stack, Some(1), false) && call(&stack, None, true));
+        let other = Arc::clone(&stack);
+        let racer = thread::spawn(move || call(&other, Some(1), false));
+        let request = Request {
+            user: Some(1),
+            shared: true,
+            pro: false,
+        };
+        let answer = stack.check(&request).unwrap();
+        assert!(racer.join().unwrap() && answer.is_allowed());
+        let left: Vec<u64> = answer.layers().map(|l| l.decision.remaining()).collect();
+        let fewest_first = if left[0] <= left[1] { 0 } else { 1 };
+        assert_eq!(
+            answer.binding().map(|b| b.layer),
+            Some(fewest_first),
+            "{answer:?}"
+        );
     });
 }
 

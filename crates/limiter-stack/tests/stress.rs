@@ -1,12 +1,13 @@
 //! Real threads on one stack with the clock stopped, so every count is exact: concurrent
 //! stacked calls admit exactly what the binding layers allow (no over-admission, and no
-//! admission lost to a false denial), denials change nothing, and refunds are never lost.
+//! admission lost to a false denial), denials change nothing, refunds are never lost, and
+//! every answer, however its call raced, is consistent in itself.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 
 use limiter_core::{Limit, ManualClock};
-use limiter_stack::{Layer, Stack};
+use limiter_stack::{Layer, LayerDecision, Stack, StackDecision};
 use limiter_token_bucket::Gcra;
 
 const USERS: u64 = 16;
@@ -67,6 +68,7 @@ fn hammer(stack: &Users, refund_every: u64) -> (Vec<u64>, u64) {
                     for i in 0..USERS {
                         let user = (i + t as u64 * 3) % USERS;
                         let (decision, grant) = stack.acquire(&user, 1).unwrap();
+                        assert_consistent(&decision);
                         if decision.is_allowed() {
                             any = true;
                             admitted[user as usize].fetch_add(1, Ordering::Relaxed);
@@ -86,6 +88,33 @@ fn hammer(stack: &Users, refund_every: u64) -> (Vec<u64>, u64) {
     });
     let admitted = admitted.iter().map(|a| a.load(Ordering::Relaxed)).collect();
     (admitted, refunded.load(Ordering::Relaxed))
+}
+
+/// An answer is one reading of every layer: allowed iff each layer allowed, and bound by the
+/// layer the stack's rule names among its own layers (a denial's longest wait, else the
+/// fewest left; the first on ties), never by a layer's answer from an earlier attempt.
+fn assert_consistent(decision: &StackDecision) {
+    let layers: Vec<&LayerDecision> = decision.layers().collect();
+    assert_eq!(layers.len(), 3, "{decision:?}");
+    assert_eq!(
+        decision.is_allowed(),
+        layers.iter().all(|l| l.decision.is_allowed()),
+        "{decision:?}"
+    );
+    let rank = |l: &LayerDecision| {
+        let d = &l.decision;
+        // Denials first, by the longest wait; then admissions, by the fewest left.
+        if d.is_denied() {
+            (0, u64::MAX - d.retry_after_nanos())
+        } else {
+            (1, d.remaining())
+        }
+    };
+    let binding = layers
+        .iter()
+        .copied()
+        .reduce(|best, l| if rank(l) < rank(best) { l } else { best });
+    assert_eq!(decision.binding(), binding, "{decision:?}");
 }
 
 #[test]
