@@ -1,8 +1,9 @@
 //! Stacks of 1, 2 and 3 layers beside one single-layer check, beside our own limiters and
 //! governor's checked three times in sequence (no transaction), beside the floor of a 3-layer
-//! transaction (also deciding, with static dispatch) and the parts floors are made of (a clock reading, a compare-exchange, a shard
-//! read lock taken and released), in the same group, so one run gives the ratios the stack
-//! issue targets (three layers at most 2.0x one check) and what stands in their way.
+//! transaction (also deciding, with static dispatch) and the parts floors are made of (a clock
+//! reading, a compare-exchange, a shard read lock taken and released), in the same group, so
+//! one run gives the ratios the stack issue targets (three layers at most 2.0x one check) and
+//! what stands in their way.
 
 use std::collections::HashMap;
 use std::hint::black_box;
@@ -13,7 +14,7 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use governor::RateLimiter;
 use limiter_benches::{allow_quota, group, never_limit, token_bucket_allow};
 use limiter_core::{Algorithm, Clock, Decision, DirectLimiter, Limit, MonotonicClock};
-use limiter_stack::{Layer, LayerDecision, Stack, StackDecision};
+use limiter_stack::{Layer, Stack};
 use limiter_store::KeyedLimiter;
 use limiter_token_bucket::Gcra;
 
@@ -135,22 +136,6 @@ fn floor_deciding(floor: &StackFloor, gcra: &Gcra, user: u64, ip: u64) -> Option
         .then_some(answers)
 }
 
-/// Three layers' answers as the stack gives them: a `StackDecision`, returned by value.
-fn stacked(answers: [Decision; 3]) -> StackDecision {
-    StackDecision::from_layers(
-        answers
-            .iter()
-            .enumerate()
-            .map(|(layer, &decision)| LayerDecision {
-                layer,
-                plan: 0,
-                limit_index: 0,
-                decision,
-                limit_reset_after_nanos: decision.reset_after_nanos(),
-            }),
-    )
-}
-
 fn stacks(c: &mut Criterion) {
     let allow = token_bucket_allow();
     let request = Request { user: 7, ip: 9 };
@@ -206,12 +191,6 @@ fn stacks(c: &mut Criterion) {
         b.iter(|| {
             floor_deciding(&floor, &gcra, black_box(7), black_box(9))
                 .is_some_and(|d| black_box(d).iter().all(Decision::is_allowed))
-        })
-    });
-    g.bench_function("floor_deciding_stacked", |b| {
-        b.iter(|| {
-            floor_deciding(&floor, &gcra, black_box(7), black_box(9))
-                .is_some_and(|d| black_box(stacked(d)).is_allowed())
         })
     });
     // What the floors are made of, alone: a transaction's cost is mostly these, and the
