@@ -1,9 +1,9 @@
 //! Stacks of 1, 2 and 3 layers beside one single-layer check, beside our own limiters and
 //! governor's checked three times in sequence (no transaction), beside the floor of a 3-layer
-//! transaction (also deciding, with static dispatch) and the parts floors are made of (a clock
-//! reading, a compare-exchange, a shard read lock taken and released), in the same group, so
-//! one run gives the ratios the stack issue targets (three layers at most 2.0x one check) and
-//! what stands in their way.
+//! transaction (also deciding, with static dispatch), a sketch of the stack's lean path typed
+//! at compile time, and the parts floors are made of (a clock reading, a compare-exchange, a
+//! shard read lock taken and released), in the same group, so one run gives the ratios the
+//! stack issue targets (three layers at most 2.0x one check) and what stands in their way.
 
 use std::collections::HashMap;
 use std::hint::black_box;
@@ -136,6 +136,167 @@ fn floor_deciding(floor: &StackFloor, gcra: &Gcra, user: u64, ip: u64) -> Option
         .then_some(answers)
 }
 
+/// A sketch of the stack's lean path typed at compile time for these three layers: the same
+/// protocol as `Stack` (keys from the keyers, hashed into one sharded table of per-layer
+/// entries, each entry's word read under a sequence lock and decided before any entry is
+/// locked, the entries locked in address order and written only if none changed since it was
+/// read), with the keyers and the token bucket as type parameters instead of trait objects, and
+/// the answers as they come instead of a `StackDecision`. Not a stack users can have: no
+/// plans, no inserts, no fall-back. What a stack typed by its layers could cost.
+mod typed {
+    use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+    use limiter_core::{Algorithm, Clock, Decision, MonotonicClock};
+    use limiter_store::table::ShardedTable;
+    use limiter_token_bucket::Gcra;
+
+    use super::Request;
+
+    const LOCKED: u32 = 1 << 31;
+
+    /// An entry's header (version, lock bit) and word, as the stack's `Cells` keep them.
+    #[derive(Default)]
+    pub(crate) struct Cells {
+        header: AtomicU32,
+        word: AtomicU64,
+    }
+
+    impl Cells {
+        /// The header and word, consistent: retried while a writer's version is odd or moved.
+        fn read(&self) -> (u32, u64) {
+            loop {
+                let before = self.header.load(Ordering::Acquire);
+                if before & 1 == 0 {
+                    let word = self.word.load(Ordering::Acquire);
+                    let after = self.header.load(Ordering::Relaxed);
+                    if (before & !LOCKED) == (after & !LOCKED) {
+                        return (before & !LOCKED, word);
+                    }
+                }
+                std::hint::spin_loop();
+            }
+        }
+
+        fn lock(&self) -> u32 {
+            loop {
+                let current = self.header.load(Ordering::Relaxed);
+                if current & LOCKED == 0
+                    && self
+                        .header
+                        .compare_exchange_weak(
+                            current,
+                            current | LOCKED,
+                            Ordering::Acquire,
+                            Ordering::Relaxed,
+                        )
+                        .is_ok()
+                {
+                    return current;
+                }
+                std::hint::spin_loop();
+            }
+        }
+    }
+
+    pub(crate) struct Entry {
+        layer: u32,
+        key: u64,
+        cells: Cells,
+    }
+
+    /// Two keyed layers (`user`, `ip`) and a global one, each one token bucket.
+    pub(crate) struct TypedStack<U, I> {
+        clock: MonotonicClock,
+        table: ShardedTable<Entry>,
+        global: Cells,
+        user: U,
+        ip: I,
+        limit: Gcra,
+    }
+
+    impl<U: Fn(&Request) -> u64, I: Fn(&Request) -> u64> TypedStack<U, I> {
+        /// The sketch with the entries of `keys` (layer, key) already in the table.
+        pub(crate) fn new(user: U, ip: I, limit: Gcra, keys: [(u32, u64); 2]) -> Self {
+            let table = ShardedTable::with_hasher(Default::default());
+            for (layer, key) in keys {
+                let hash = table.hash_one((layer, &key));
+                table.write(table.shard_index(hash)).insert(
+                    hash,
+                    Entry {
+                        layer,
+                        key,
+                        cells: Cells::default(),
+                    },
+                    |_| false,
+                    |e: &Entry| table.hash_one((e.layer, &e.key)),
+                );
+            }
+            Self {
+                clock: MonotonicClock::new(),
+                table,
+                global: Cells::default(),
+                user,
+                ip,
+                limit,
+            }
+        }
+
+        /// One unit for `request` on every layer, all or nothing; `None` if a key is absent,
+        /// an entry changed under the call, or the limit cannot decide.
+        pub(crate) fn check(&self, request: &Request) -> Option<[Decision; 3]> {
+            let now = self.clock.now();
+            let (user, ip) = ((self.user)(request), (self.ip)(request));
+            let hashes = [
+                self.table.hash_one((0_u32, &user)),
+                self.table.hash_one((1_u32, &ip)),
+            ];
+            let shards = hashes.map(|h| self.table.shard_index(h));
+            let low = self.table.read(shards[0].min(shards[1]));
+            let high = (shards[0] != shards[1]).then(|| self.table.read(shards[0].max(shards[1])));
+            let guard = |shard: usize| match &high {
+                Some(high) if shard != shards[0].min(shards[1]) => high,
+                _ => &low,
+            };
+            let found = |layer: u32, key: u64| {
+                guard(shards[layer as usize])
+                    .find(hashes[layer as usize], |e| e.layer == layer && e.key == key)
+                    .map(|e| &e.cells)
+            };
+            let cells = [found(0, user)?, found(1, ip)?, &self.global];
+            let mut answers = [Decision::allow(0, 0, 0); 3];
+            let mut seen = [(0, 0); 3];
+            let mut next = [0; 3];
+            for (i, cell) in cells.iter().enumerate() {
+                seen[i] = cell.read();
+                let step = self.limit.decide(seen[i].1, 1, now).ok()?;
+                answers[i] = step.decision;
+                next[i] = step.next.unwrap_or(seen[i].1);
+            }
+            if answers.iter().all(Decision::is_allowed) {
+                let mut order = [0, 1, 2];
+                order.sort_unstable_by_key(|&i| std::ptr::from_ref(cells[i]) as usize);
+                let mut held = [0; 3];
+                for i in order {
+                    held[i] = cells[i].lock();
+                }
+                let unchanged = (0..3).all(|i| {
+                    held[i] == seen[i].0 && cells[i].word.load(Ordering::Relaxed) == seen[i].1
+                });
+                for i in 0..3 {
+                    if unchanged {
+                        cells[i].word.store(next[i], Ordering::Release);
+                    }
+                    cells[i].header.store(held[i], Ordering::Release);
+                }
+                if !unchanged {
+                    return None;
+                }
+            }
+            Some(answers)
+        }
+    }
+}
+
 fn stacks(c: &mut Criterion) {
     let allow = token_bucket_allow();
     let request = Request { user: 7, ip: 9 };
@@ -191,6 +352,19 @@ fn stacks(c: &mut Criterion) {
         b.iter(|| {
             floor_deciding(&floor, &gcra, black_box(7), black_box(9))
                 .is_some_and(|d| black_box(d).iter().all(Decision::is_allowed))
+        })
+    });
+    let typed = typed::TypedStack::new(
+        |r: &Request| r.user,
+        |r: &Request| r.ip,
+        Gcra::new(allow).expect("valid"),
+        [(0, 7), (1, 9)],
+    );
+    g.bench_function("typed_sketch", |b| {
+        b.iter(|| {
+            typed
+                .check(black_box(&request))
+                .is_some_and(|d| d.iter().all(Decision::is_allowed))
         })
     });
     // What the floors are made of, alone: a transaction's cost is mostly these, and the

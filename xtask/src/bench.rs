@@ -369,8 +369,13 @@ fn stack_context(results: &[Measured]) -> Vec<(&'static str, Option<f64>, &'stat
         ),
         ("Stack of 3 / the floor", ratio("stack_3", "floor"), "×"),
         (
-            "Stack of 3 / the floor deciding (what run-time layers and the answer cost)",
-            ratio("stack_3", "floor_deciding"),
+            "A sketch of the stack's lean path typed at compile time (same protocol; keyers and limits as type parameters; answers as they come) / one check",
+            ratio("typed_sketch", "one_check"),
+            "×",
+        ),
+        (
+            "Stack of 3 / the typed sketch (what run-time layers and the answer cost)",
+            ratio("stack_3", "typed_sketch"),
             "×",
         ),
         (
@@ -562,8 +567,8 @@ mod tests {
         );
         assert!(!report.contains("floor deciding"), "{report}");
 
-        // With the deciding floor measured: 72 / 60 and 180 / 72.
-        let deciding = [s("floor_deciding", 72.0)];
+        // With the deciding floor and the typed sketch measured: 72 / 60, 75 / 60, 180 / 75.
+        let deciding = [s("floor_deciding", 72.0), s("typed_sketch", 75.0)];
         let report = render(
             &[&stacked[..], &deciding[..]].concat(),
             &BTreeMap::new(),
@@ -574,7 +579,11 @@ mod tests {
             "{report}"
         );
         assert!(
-            report.contains("(what run-time layers and the answer cost) | 2.50× |"),
+            report.contains("answers as they come) / one check | 1.25× |"),
+            "{report}"
+        );
+        assert!(
+            report.contains("(what run-time layers and the answer cost) | 2.40× |"),
             "{report}"
         );
     }
