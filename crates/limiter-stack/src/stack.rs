@@ -19,13 +19,11 @@
 //!    can see it: a denial leaves no trace, not even memory.
 //!
 //! A stack whose every plan has one limit (the usual stack) first tries a lean path with the
-//! same locks in the same order: it reads each entry's one word, asks each limit only whether
-//! it admits (and the word after), locks the entries and writes them only if none changed
-//! since it read them, and works out every layer's full answer after releasing the locks, from
-//! the words it read. A call the lean path cannot finish as simply (a key to insert, a plan to
-//! change, an entry another call changed) it leaves unchanged to steps 2–5. It does less
-//! work around the locked instructions: a 3-layer call took 7% less time on average over
-//! three back-to-back benchmark pairs (2–14%), and 1,849 instructions instead of 2,074.
+//! same locks in the same order: it reads each entry's one word without its lock and decides
+//! it once, straight into the answer, then locks the entries and writes them only if none
+//! changed since it read them. A call the lean path cannot finish as simply (a key to insert, a
+//! plan to change, an entry another call changed) goes to steps 2–5 from the start, on a
+//! cleared answer.
 
 use std::hash::Hash;
 use std::ops::Deref;
