@@ -20,10 +20,13 @@
 //!
 //! A stack whose every plan has one limit (the usual stack) first tries a lean path with the
 //! same locks in the same order: it reads each entry's one word without its lock and decides
-//! it once, straight into the answer, then locks the entries and writes them only if none
-//! changed since it read them. A call the lean path cannot finish as simply (a key to insert, a
-//! plan to change, an entry another call changed) goes to steps 2–5 from the start, on a
-//! cleared answer.
+//! it once, then locks the entries and writes them only if none changed since it read them,
+//! and only then writes the answer. Its working arrays are as long as the stack is deep (one
+//! to four layers; eight beyond), and hold each target's key, hash, shard and plan apart, so a
+//! call stores little before its first locked instruction, each of which waits for the stores
+//! before it. A call the lean path cannot finish as simply (a key to insert, a plan to change,
+//! an entry another call changed) goes to steps 2–5 from the start, with the targets the lean
+//! path found and a new answer.
 
 use std::hash::Hash;
 use std::ops::Deref;
@@ -226,6 +229,57 @@ impl ShardOrder {
     }
 }
 
+/// In [`LeanTargets::plans`]: the layer takes no part in the call (its keyer returned `None`).
+const SKIPPED: usize = usize::MAX;
+/// In [`LeanTargets::shards`]: the layer is global (or takes no part).
+const GLOBAL: usize = usize::MAX;
+
+/// A lean call's targets, by layer: what a [`Target`] holds, one array per field, so the lean
+/// path writes no more than it reads before its first lock (each store before a locked
+/// instruction delays it).
+struct LeanTargets<K, const N: usize> {
+    /// Each keyed layer's key (`None` for a global layer or one that takes no part).
+    keys: [Option<K>; N],
+    hashes: [u64; N],
+    shards: [usize; N],
+    plans: [usize; N],
+}
+
+impl<K, const N: usize> LeanTargets<K, N> {
+    fn new() -> Self {
+        Self {
+            keys: [const { None }; N],
+            hashes: [0; N],
+            shards: [GLOBAL; N],
+            plans: [SKIPPED; N],
+        }
+    }
+
+    /// The same targets as the general path keeps them.
+    fn into_targets(self, targets: &mut Targets<K>) {
+        let Self {
+            keys,
+            hashes,
+            shards,
+            plans,
+        } = self;
+        for (layer, (key, ((hash, shard), plan))) in keys
+            .into_iter()
+            .zip(hashes.into_iter().zip(shards).zip(plans))
+            .enumerate()
+        {
+            if plan == SKIPPED {
+                continue;
+            }
+            let place = match key {
+                Some(key) => Place::Keyed { key, hash, shard },
+                None => Place::Global,
+            };
+            targets[layer] = Some(Target { layer, plan, place });
+        }
+    }
+}
+
 /// What deciding every layer gives: the answer, and the states to write.
 struct Outcome {
     decision: StackDecision,
@@ -276,9 +330,7 @@ where
     /// changes nothing.
     #[inline]
     pub fn check_n(&self, request: &R, cost: u64) -> Result<StackDecision, CallError> {
-        let mut call = Call::new();
-        self.decide_into(request, cost, self.clock.now(), &mut call)?;
-        Ok(call.outcome.decision)
+        self.decide(request, cost, self.clock.now())
     }
 
     /// Reports every layer for `request` without consuming or inserting anything.
@@ -306,9 +358,7 @@ where
         cost: u64,
         now: u64,
     ) -> Result<(StackDecision, Option<Grant>), CallError> {
-        let mut call = Call::new();
-        self.decide_into(request, cost, now, &mut call)?;
-        let decision = call.outcome.decision;
+        let decision = self.decide(request, cost, now)?;
         let grant = (decision.is_allowed() && cost > 0).then_some(Grant {
             stack: self.id,
             taken: cost,
@@ -318,74 +368,179 @@ where
         Ok((decision, grant))
     }
 
-    /// Decides `call` (fresh) for `request`, leaving the answer in `call.outcome.decision`.
+    /// The answer for `cost` units of `request` at `now`, built where the caller keeps it.
+    #[inline]
+    fn decide(&self, request: &R, cost: u64, now: u64) -> Result<StackDecision, CallError> {
+        let mut decision = StackDecision::new();
+        self.decide_into(request, cost, now, &mut decision)?;
+        Ok(decision)
+    }
+
+    /// Decides `cost` units for `request` at `now` into `decision` (new): a lean stack on the
+    /// lean path, with working arrays as long as the stack is deep; any other stack, and any
+    /// call the lean path cannot finish, on the general path.
     fn decide_into(
         &self,
         request: &R,
         cost: u64,
         now: u64,
-        call: &mut Call<K>,
+        decision: &mut StackDecision,
     ) -> Result<(), CallError> {
-        self.prepare(request, call)?;
         if self.lean {
-            if self.decide_lean(call, cost, now)? {
-                return Ok(());
-            }
-            // The lean path may have answered some layers before it gave up.
-            call.outcome.decision = StackDecision::new();
+            return match self.layers.len() {
+                1 => self.decide_sized::<1>(request, cost, now, decision),
+                2 => self.decide_sized::<2>(request, cost, now, decision),
+                3 => self.decide_sized::<3>(request, cost, now, decision),
+                4 => self.decide_sized::<4>(request, cost, now, decision),
+                _ => self.decide_sized::<MAX_LAYERS>(request, cost, now, decision),
+            };
         }
+        let mut call = Call::new();
+        self.prepare(request, &mut call)?;
+        self.decide_general(&mut call, cost, now)?;
+        *decision = call.outcome.decision;
+        Ok(())
+    }
+
+    /// Decides a call of a lean stack of at most `N` layers on the lean path or, if it cannot
+    /// finish there, on the general path with the targets it found (keyers and plan functions
+    /// run once per call).
+    #[inline(always)]
+    fn decide_sized<const N: usize>(
+        &self,
+        request: &R,
+        cost: u64,
+        now: u64,
+        decision: &mut StackDecision,
+    ) -> Result<(), CallError> {
+        let mut targets = LeanTargets::<K, N>::new();
+        self.fill_lean(request, &mut targets)?;
+        if self.decide_lean(&targets, cost, now, decision)? {
+            return Ok(());
+        }
+        let mut call = Call::new();
+        targets.into_targets(&mut call.targets);
+        fill_shard_order(&call.targets[..self.layers.len()], &mut call.order);
+        self.decide_general(&mut call, cost, now)?;
+        *decision = call.outcome.decision;
+        Ok(())
+    }
+
+    /// Decides `call` (targets and shard order filled, the rest fresh) on the general path,
+    /// leaving the answer in `call.outcome.decision`.
+    fn decide_general(&self, call: &mut Call<K>, cost: u64, now: u64) -> Result<(), CallError> {
         if self.decide_present(call, cost, now)? {
             return Ok(());
         }
         self.decide_inserting(call, cost, now)
     }
 
+    /// Each layer's key, hash, shard and plan for `request`, as
+    /// [`fill_targets`](Self::fill_targets) finds them, into `targets` (new).
+    #[inline(always)]
+    fn fill_lean<const N: usize>(
+        &self,
+        request: &R,
+        targets: &mut LeanTargets<K, N>,
+    ) -> Result<(), CallError> {
+        for (index, layer) in self.layers.iter().enumerate().take(N) {
+            if let Keyer::Keyed(keyer) = &layer.keyer {
+                let Some(key) = keyer(request) else {
+                    continue;
+                };
+                let hash = self.table.hash_one((index as u32, &key));
+                targets.hashes[index] = hash;
+                targets.shards[index] = self.table.shard_index(hash);
+                targets.keys[index] = Some(key);
+            }
+            let plan = match &layer.choose {
+                None => 0,
+                Some(choose) => choose(request),
+            };
+            if plan >= layer.plans.len() {
+                return Err(CallError::NoSuchPlan {
+                    layer: layer.name.clone(),
+                    chosen: plan,
+                    plans: layer.plans.len(),
+                });
+            }
+            targets.plans[index] = plan;
+        }
+        Ok(())
+    }
+
     /// Decides a call of a stack whose every plan has one limit, the usual stack, in the fewest
     /// steps: under the shard read locks each entry's one word is read without its lock and
-    /// decided once, straight into the answer, before any entry is locked; if every layer
-    /// admits, the entries are locked and written only if none changed since it was read.
-    /// Returns `false`, having changed no entry, when the call needs more (a key to insert, a
-    /// plan to change, an entry another call changed): the general path then decides it from
-    /// the start, on a cleared answer.
-    fn decide_lean(&self, call: &mut Call<K>, cost: u64, now: u64) -> Result<bool, CallError> {
-        let layers = self.layers.len();
-        let mut guards: [Option<ShardReadGuard<'_, Entry<K>>>; MAX_LAYERS] =
-            [const { None }; MAX_LAYERS];
-        for (position, guard) in guards[..call.order.len].iter_mut().enumerate() {
-            *guard = Some(self.table.read(usize::from(call.order.shards[position])));
+    /// decided once, before any entry is locked; if every layer admits, the entries are locked
+    /// and written only if none changed since it was read. The answer goes into `decision`
+    /// (new) once the entries are released, so no store of it delays their locks.
+    /// Returns `false`, having changed neither an entry nor `decision`, when the call needs
+    /// more (a key to insert, a plan to change, an entry another call changed): the general
+    /// path then decides it from the start.
+    #[inline(always)]
+    fn decide_lean<const N: usize>(
+        &self,
+        targets: &LeanTargets<K, N>,
+        cost: u64,
+        now: u64,
+        decision: &mut StackDecision,
+    ) -> Result<bool, CallError> {
+        // The shards of the keyed layers, ascending and once each.
+        let mut order = [GLOBAL; N];
+        let mut shards = 0;
+        for &shard in &targets.shards {
+            if shard == GLOBAL || order[..shards].contains(&shard) {
+                continue;
+            }
+            let mut at = shards;
+            while at > 0 && order[at - 1] > shard {
+                order[at] = order[at - 1];
+                at -= 1;
+            }
+            order[at] = shard;
+            shards += 1;
         }
-        let mut cells: [Option<&Cells>; MAX_LAYERS] = [None; MAX_LAYERS];
+        let mut guards: [Option<ShardReadGuard<'_, Entry<K>>>; N] = [const { None }; N];
+        for (guard, &shard) in guards.iter_mut().zip(&order[..shards]) {
+            *guard = Some(self.table.read(shard));
+        }
+        let mut cells: [Option<&Cells>; N] = [None; N];
+        let mut answers = [Decision::allow(0, 0, 0); N];
         // Each layer's word as read, and as the call would leave it.
-        let mut seen = [0_u64; MAX_LAYERS];
-        let mut next = [0_u64; MAX_LAYERS];
-        for (slot, target) in call.targets[..layers].iter().enumerate() {
-            let Some(target) = target else { continue };
-            let cell = match &target.place {
-                Place::Global => self.globals[target.layer].as_deref(),
-                Place::Keyed { key, hash, shard } => guards[call.order.position(*shard)]
-                    .as_ref()
+        let mut seen = [0_u64; N];
+        let mut next = [0_u64; N];
+        for slot in 0..N {
+            let plan = targets.plans[slot];
+            if plan == SKIPPED {
+                continue;
+            }
+            let shard = targets.shards[slot];
+            let cell = if shard == GLOBAL {
+                self.globals[slot].as_deref()
+            } else {
+                let position = order[..shards].iter().position(|&s| s == shard);
+                position
+                    .and_then(|p| guards[p].as_ref())
                     .and_then(|g| {
-                        g.find(*hash, |e| e.layer as usize == target.layer && e.key == *key)
+                        g.find(targets.hashes[slot], |e| {
+                            e.layer as usize == slot && Some(&e.key) == targets.keys[slot].as_ref()
+                        })
                     })
-                    .map(|e| &e.cells),
+                    .map(|e| &e.cells)
             };
             let Some(cell) = cell else {
                 return Ok(false);
             };
-            let (plan, word) = cell.read_first();
-            if plan != target.plan {
+            let (read_plan, word) = cell.read_first();
+            if read_plan != plan {
                 return Ok(false);
             }
             cells[slot] = Some(cell);
             seen[slot] = word;
-            let layer = &self.layers[target.layer];
-            let algorithm = &layer.plans[plan].limits[0];
+            let layer = &self.layers[slot];
             let mut after = word;
-            call.outcome
-                .decision
-                .push_one(slot, target.layer, plan, |decision| {
-                    algorithm.decide(&mut after, cost, now, decision)
-                })
+            layer.plans[plan].limits[0]
+                .decide(&mut after, cost, now, &mut answers[slot])
                 .map_err(|source| CallError::Decision {
                     layer: layer.name.clone(),
                     limit_index: 0,
@@ -393,24 +548,17 @@ where
                 })?;
             next[slot] = after;
         }
-        if call.outcome.decision.is_allowed() && cost > 0 {
-            let mut held = lock_in_address_order(&cells, layers);
-            let unchanged = call.targets[..layers]
-                .iter()
-                .zip(cells.iter().zip(&held))
-                .zip(&seen)
-                .all(
-                    |((target, (cell, held)), &word)| match (target, cell, held) {
-                        (Some(target), Some(cell), Some(held)) => {
-                            cell.first_still(held, target.plan, word)
-                        }
-                        _ => true,
-                    },
-                );
-            for ((cell, held), &word) in cells[..layers].iter().zip(&mut held).zip(&next) {
-                if let (Some(cell), Some(held)) = (cell, held.take()) {
+        // Layers that take no part keep the admission they started with.
+        if answers.iter().all(Decision::is_allowed) && cost > 0 {
+            let mut held = lock_in_address_order(&cells, N);
+            let unchanged = (0..N).all(|slot| match (cells[slot], &held[slot]) {
+                (Some(cell), Some(held)) => cell.first_still(held, targets.plans[slot], seen[slot]),
+                _ => true,
+            });
+            for slot in 0..N {
+                if let (Some(cell), Some(held)) = (cells[slot], held[slot].take()) {
                     if unchanged {
-                        cell.write_first_and_unlock(held, word);
+                        cell.write_first_and_unlock(held, next[slot]);
                     } else {
                         cell.unlock(held);
                     }
@@ -418,6 +566,13 @@ where
             }
             if !unchanged {
                 return Ok(false);
+            }
+        }
+        drop(guards);
+        for (slot, answer) in answers.iter().enumerate() {
+            let plan = targets.plans[slot];
+            if plan != SKIPPED {
+                decision.push_decided(slot, plan, answer);
             }
         }
         Ok(true)
@@ -899,13 +1054,13 @@ fn fill_shard_order<K>(targets: &[Option<Target<K>>], order: &mut ShardOrder) {
 }
 
 /// Locks the present entries in ascending address order, returning each one's hold by slot.
-fn lock_in_address_order(
-    cells: &[Option<&Cells>; MAX_LAYERS],
+fn lock_in_address_order<const N: usize>(
+    cells: &[Option<&Cells>; N],
     layers: usize,
-) -> [Option<Held>; MAX_LAYERS] {
+) -> [Option<Held>; N] {
     // Insertion sort of the present slots by address: at most `MAX_LAYERS`, usually one to
     // three, where a general sort costs more than the locking.
-    let mut slots = [0; MAX_LAYERS];
+    let mut slots = [0; N];
     let mut len = 0;
     for (slot, cell) in cells[..layers].iter().enumerate() {
         let Some(cell) = cell else { continue };
@@ -920,7 +1075,7 @@ fn lock_in_address_order(
         slots[at] = slot;
         len += 1;
     }
-    let mut held: [Option<Held>; MAX_LAYERS] = Default::default();
+    let mut held: [Option<Held>; N] = [const { None }; N];
     for &slot in &slots[..len] {
         if let Some(cell) = cells[slot] {
             held[slot] = Some(cell.lock());

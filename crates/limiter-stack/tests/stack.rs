@@ -519,3 +519,88 @@ fn a_bounded_stack_refuses_new_keys_rather_than_forget_held_ones() {
     assert!((1..=5).contains(&admitted), "{admitted}");
     assert_eq!(many.len(), admitted as u64);
 }
+
+/// Seven one-limit layers: five keyed on parts of the request (one of them skipped for reads),
+/// a global one, and one keyed by plan; deeper than the lean path's sized arms, so it runs on
+/// its widest one.
+fn seven_layers(clock: &ManualClock) -> Stack<Request, u64, ManualClock> {
+    let keyed = |name: &'static str, n: u64, key: fn(&Request) -> Option<u64>| {
+        Layer::keyed(name, key)
+            .limit::<Gcra>(per_second(n))
+            .unwrap()
+    };
+    Stack::builder()
+        .layer(keyed("user", 6, |r| Some(r.user)))
+        .layer(keyed("ip", 7, |r| Some(r.ip)))
+        .layer(keyed("user-pair", 8, |r| Some(r.user / 2)))
+        .layer(keyed("writes", 2, |r| r.write.then_some(r.user)))
+        .layer(
+            Layer::global("global")
+                .limit::<Gcra>(per_second(9))
+                .unwrap(),
+        )
+        .layer(keyed("ip-pair", 10, |r| Some(r.ip / 2)))
+        .layer(Layer::keyed("tier", |r: &Request| Some(r.user)).plans(
+            [
+                Plan::new("free").limit::<Gcra>(per_second(5)).unwrap(),
+                Plan::new("pro").limit::<Gcra>(per_second(11)).unwrap(),
+            ],
+            |r: &Request| usize::from(r.pro) + usize::from(r.user == 99) * 5,
+        ))
+        .clock(clock.clone())
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn a_deep_stack_is_all_or_nothing_and_reports_every_layer_that_applies() {
+    let clock = ManualClock::new();
+    let stack = seven_layers(&clock);
+    let read = req(4);
+    let write = Request {
+        write: true,
+        ..req(4)
+    };
+    // A read skips the writes layer: six layers answer, each at its own position.
+    let first = stack.check(&read).unwrap();
+    assert!(first.is_allowed());
+    let positions: Vec<usize> = first.layers().map(|l| l.layer).collect();
+    assert_eq!(positions, [0, 1, 2, 4, 5, 6]);
+    assert_eq!(remaining(&stack, &read), [5, 6, 7, 8, 9, 4]);
+    // Writes are bound by their 2/s: two pass, the third is denied and changes no layer.
+    for _ in 0..2 {
+        assert!(stack.check(&write).unwrap().is_allowed());
+    }
+    let before = remaining(&stack, &write);
+    assert_eq!(before, [3, 4, 5, 0, 6, 7, 2]);
+    let denied = stack.check(&write).unwrap();
+    assert_eq!(
+        stack.layer_name(denied.binding().unwrap().layer),
+        Some("writes")
+    );
+    assert_eq!(remaining(&stack, &write), before);
+    // The free tier (5/s) binds reads next: two more pass, then it denies.
+    for _ in 0..2 {
+        assert!(stack.check(&read).unwrap().is_allowed());
+    }
+    let denied = stack.check(&read).unwrap();
+    assert_eq!(
+        stack.layer_name(denied.binding().unwrap().layer),
+        Some("tier")
+    );
+    // Moving to the pro plan keeps the tier's consumption, rescaled: 5 of 5 used is 11 of 11.
+    let pro = Request { pro: true, ..read };
+    assert!(stack.check(&pro).unwrap().is_denied());
+    clock.advance(Duration::from_secs(1));
+    assert!(stack.check(&pro).unwrap().is_allowed());
+    // A plan out of range is an error naming the layer, on the widest arm too.
+    let err = stack.check(&req(99)).unwrap_err();
+    assert_eq!(
+        err,
+        CallError::NoSuchPlan {
+            layer: "tier".into(),
+            chosen: 5,
+            plans: 2
+        }
+    );
+}
