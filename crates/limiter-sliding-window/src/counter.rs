@@ -112,7 +112,7 @@ impl<const SLIDING: bool> WindowCounter<SLIDING> {
     /// period` is at most the reading that wrote it).
     fn read(&self, state: u64, now_ns: u64) -> Reading {
         let stored = self.layout.unpack(state);
-        let window = now_ns.checked_div(self.window_ns).unwrap_or(0);
+        let window = self.window_of(now_ns, stored.index);
         let (index, at) = if window < stored.index {
             (stored.index, stored.index.saturating_mul(self.window_ns))
         } else {
@@ -125,6 +125,22 @@ impl<const SLIDING: bool> WindowCounter<SLIDING> {
             elapsed,
             lag: at.saturating_sub(now_ns),
             used: self.weighted(w.previous, elapsed).saturating_add(w.current),
+        }
+    }
+
+    /// The window `now_ns` falls in, `now_ns / period`: found without dividing when it is the
+    /// window `stored` (the state's own) or the next one, as it is for all but the first call
+    /// of each window; a 64-bit division costs more than the rest of a decision.
+    fn window_of(&self, now_ns: u64, stored: u64) -> u64 {
+        let into = stored
+            .checked_mul(self.window_ns)
+            .and_then(|start| now_ns.checked_sub(start));
+        match into {
+            Some(into) if into < self.window_ns => stored,
+            Some(into) if into.saturating_sub(self.window_ns) < self.window_ns => {
+                stored.saturating_add(1)
+            }
+            _ => now_ns.checked_div(self.window_ns).unwrap_or(0),
         }
     }
 
@@ -150,9 +166,14 @@ impl<const SLIDING: bool> WindowCounter<SLIDING> {
         if !SLIDING || previous == 0 {
             return 0;
         }
-        let overlap = u128::from(self.window_ns.saturating_sub(elapsed));
-        let weighted =
-            (u128::from(previous).saturating_mul(overlap)).div_ceil(u128::from(self.window_ns));
+        let overlap = self.window_ns.saturating_sub(elapsed);
+        // In 64 bits whenever the product fits (counts below 2^32 in windows up to 4 s always
+        // do): a 128-bit division is a library call, several times the cost.
+        if let Some(product) = previous.checked_mul(overlap) {
+            return product.div_ceil(self.window_ns);
+        }
+        let weighted = (u128::from(previous).saturating_mul(u128::from(overlap)))
+            .div_ceil(u128::from(self.window_ns));
         u64::try_from(weighted).unwrap_or(u64::MAX)
     }
 
@@ -195,8 +216,12 @@ impl<const SLIDING: bool> WindowCounter<SLIDING> {
             (true, _) | (false, true) => 1,
             (false, false) => return 0,
         };
-        let end = u128::from(w.index.saturating_add(windows_left))
-            .saturating_mul(u128::from(self.window_ns));
+        let end_index = w.index.saturating_add(windows_left);
+        // In 64 bits whenever the end fits, as for any reading in range short of its last window.
+        if let Some(end) = end_index.checked_mul(self.window_ns) {
+            return end.saturating_sub(now_ns);
+        }
+        let end = u128::from(end_index).saturating_mul(u128::from(self.window_ns));
         u64::try_from(end.saturating_sub(u128::from(now_ns))).unwrap_or(u64::MAX)
     }
 }
@@ -535,6 +560,62 @@ mod tests {
         assert_eq!(d.retry_after_nanos(), 3 * SECOND + SECOND + SECOND / 10);
         assert!(!s.is_full(state, 2 * SECOND));
         assert!(s.is_full(state, 7 * SECOND));
+    }
+
+    #[test]
+    fn the_window_found_without_dividing_is_the_quotient() {
+        for window_ns in [1, 7, 1_000, SECOND, u64::MAX / 3] {
+            let s = WindowCounter::<true> {
+                window_ns,
+                ..sliding(1, 1)
+            };
+            for stored in [
+                0,
+                1,
+                5,
+                u64::MAX / window_ns,
+                u64::MAX / window_ns - 1,
+                u64::MAX,
+            ] {
+                let start = stored.saturating_mul(window_ns);
+                let readings = [0, 1, window_ns, 2 * window_ns + 1]
+                    .into_iter()
+                    .flat_map(|d| {
+                        let before = start.saturating_sub(d);
+                        let after = start.saturating_add(d);
+                        [before, after, after.saturating_add(window_ns - 1)]
+                    })
+                    .chain([u64::MAX, u64::MAX - 1]);
+                for now in readings {
+                    assert_eq!(
+                        s.window_of(now, stored),
+                        now / window_ns,
+                        "window {window_ns}, stored {stored}, now {now}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn counts_and_windows_too_large_for_64_bit_products_decide_in_128() {
+        // 2^20 per 2^45 ns: a full previous window weighs 2^20 * overlap, past u64 at any
+        // overlap above 2^44 ns.
+        let window = 1 << 45;
+        let s = sliding(1 << 20, window);
+        let state = full_previous(&s);
+        // A quarter into window 1, three quarters of window 0 overlap: 786,432 weighted.
+        let d = s.decide(state, 0, window + window / 4).unwrap().decision;
+        assert_eq!(d.remaining(), (1 << 20) - 786_432);
+        // The window's own end, as a multiple of the period, past u64: the reset comes out in
+        // 128 bits, from the last window a reading can be in.
+        let last = s.max_now_nanos();
+        let d = s.decide(SlidingCounter::FRESH, 1, last).unwrap().decision;
+        let end = (u128::from(last / window) + 2) * u128::from(window);
+        assert_eq!(
+            d.reset_after_nanos(),
+            u64::try_from(end - u128::from(last)).unwrap_or(u64::MAX)
+        );
     }
 
     #[test]
