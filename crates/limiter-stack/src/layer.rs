@@ -9,7 +9,7 @@ use limiter_core::{Algorithm, Limit};
 
 use crate::algorithms::DynAlgorithm;
 use crate::cells::MAX_LIMITS_PER_LAYER;
-use crate::error::BuildError;
+use crate::error::{BuildError, CallError};
 
 /// A named set of limits one layer enforces together on a key, such as `free: 10/s and 100/min`.
 pub struct Plan {
@@ -81,6 +81,24 @@ pub struct Layer<R, K> {
 }
 
 impl<R, K> Layer<R, K> {
+    /// The plan this layer's plan function chooses for `request` (the first with none), or the
+    /// error naming the layer when it chooses one that does not exist.
+    #[inline]
+    pub(crate) fn plan_for(&self, request: &R) -> Result<usize, CallError> {
+        let plan = match &self.choose {
+            None => 0,
+            Some(choose) => choose(request),
+        };
+        if plan >= self.plans.len() {
+            return Err(CallError::NoSuchPlan {
+                layer: self.name.clone(),
+                chosen: plan,
+                plans: self.plans.len(),
+            });
+        }
+        Ok(plan)
+    }
+
     /// A layer with one state per key, the key derived from each request by `keyer` (per user,
     /// per IP, per API key). A request for which `keyer` returns `None` skips the layer.
     pub fn keyed(

@@ -453,17 +453,7 @@ where
                 targets.shards[index] = self.table.shard_index(hash);
                 targets.keys[index] = Some(key);
             }
-            let plan = match &layer.choose {
-                None => 0,
-                Some(choose) => choose(request),
-            };
-            if plan >= layer.plans.len() {
-                return Err(CallError::NoSuchPlan {
-                    layer: layer.name.clone(),
-                    chosen: plan,
-                    plans: layer.plans.len(),
-                });
-            }
+            let plan = layer.plan_for(request)?;
             targets.plans[index] = plan;
         }
         Ok(())
@@ -841,17 +831,7 @@ where
                     Place::Keyed { key, hash, shard }
                 }
             };
-            let plan = match &layer.choose {
-                None => 0,
-                Some(choose) => choose(request),
-            };
-            if plan >= layer.plans.len() {
-                return Err(CallError::NoSuchPlan {
-                    layer: layer.name.clone(),
-                    chosen: plan,
-                    plans: layer.plans.len(),
-                });
-            }
+            let plan = layer.plan_for(request)?;
             targets[index] = Some(Target {
                 layer: index,
                 plan,
