@@ -214,13 +214,44 @@ impl<K> Deref for Guard<'_, K> {
 type Guards<'a, K> = [Option<Guard<'a, K>>; MAX_LAYERS];
 
 /// The shards a call touches, ascending, with whether each needs its write lock.
-struct ShardOrder {
-    shards: [u16; MAX_LAYERS],
-    write: [bool; MAX_LAYERS],
+struct ShardOrder<const N: usize = MAX_LAYERS> {
+    shards: [u16; N],
+    write: [bool; N],
     len: usize,
 }
 
-impl ShardOrder {
+impl<const N: usize> ShardOrder<N> {
+    fn new() -> Self {
+        Self {
+            shards: [0; N],
+            write: [false; N],
+            len: 0,
+        }
+    }
+
+    /// Adds `shard` in its place, unless it is already there.
+    fn insert(&mut self, shard: usize) {
+        // At most 4096 shards: the builder clamps them.
+        let shard = shard as u16;
+        let len = self.len;
+        if self.shards[..len].contains(&shard) {
+            return;
+        }
+        // Insertion in order: at most `N` shards.
+        let mut at = len;
+        while at > 0 && self.shards[at - 1] > shard {
+            self.shards[at] = self.shards[at - 1];
+            at -= 1;
+        }
+        self.shards[at] = shard;
+        self.len += 1;
+    }
+
+    /// The shards, ascending.
+    fn shards(&self) -> impl Iterator<Item = usize> + '_ {
+        self.shards[..self.len].iter().map(|&s| usize::from(s))
+    }
+
     fn position(&self, shard: usize) -> usize {
         self.shards[..self.len]
             .iter()
@@ -301,11 +332,7 @@ impl<K> Call<K> {
     fn new() -> Self {
         Self {
             targets: Default::default(),
-            order: ShardOrder {
-                shards: [0; MAX_LAYERS],
-                write: [false; MAX_LAYERS],
-                len: 0,
-            },
+            order: ShardOrder::new(),
             seen: [None; MAX_LAYERS],
             outcome: Outcome {
                 decision: StackDecision::new(),
@@ -475,23 +502,14 @@ where
         now: u64,
         decision: &mut StackDecision,
     ) -> Result<bool, CallError> {
-        // The shards of the keyed layers, ascending and once each.
-        let mut order = [GLOBAL; N];
-        let mut shards = 0;
+        let mut order = ShardOrder::<N>::new();
         for &shard in &targets.shards {
-            if shard == GLOBAL || order[..shards].contains(&shard) {
-                continue;
+            if shard != GLOBAL {
+                order.insert(shard);
             }
-            let mut at = shards;
-            while at > 0 && order[at - 1] > shard {
-                order[at] = order[at - 1];
-                at -= 1;
-            }
-            order[at] = shard;
-            shards += 1;
         }
         let mut guards: [Option<ShardReadGuard<'_, Entry<K>>>; N] = [const { None }; N];
-        for (guard, &shard) in guards.iter_mut().zip(&order[..shards]) {
+        for (guard, shard) in guards.iter_mut().zip(order.shards()) {
             *guard = Some(self.table.read(shard));
         }
         let mut cells: [Option<&Cells>; N] = [None; N];
@@ -508,9 +526,8 @@ where
             let cell = if shard == GLOBAL {
                 self.globals[slot].as_deref()
             } else {
-                let position = order[..shards].iter().position(|&s| s == shard);
-                position
-                    .and_then(|p| guards[p].as_ref())
+                guards[order.position(shard)]
+                    .as_ref()
                     .and_then(|g| {
                         g.find(targets.hashes[slot], |e| {
                             e.layer as usize == slot && Some(&e.key) == targets.keys[slot].as_ref()
@@ -1015,20 +1032,7 @@ where
 fn fill_shard_order<K>(targets: &[Option<Target<K>>], order: &mut ShardOrder) {
     for target in targets.iter().flatten() {
         if let Place::Keyed { shard, .. } = target.place {
-            // At most 4096 shards: the builder clamps them.
-            let shard = shard as u16;
-            let len = order.len;
-            if order.shards[..len].contains(&shard) {
-                continue;
-            }
-            // Insertion in order: at most `MAX_LAYERS` shards.
-            let mut at = len;
-            while at > 0 && order.shards[at - 1] > shard {
-                order.shards[at] = order.shards[at - 1];
-                at -= 1;
-            }
-            order.shards[at] = shard;
-            order.len += 1;
+            order.insert(shard);
         }
     }
 }
