@@ -215,7 +215,7 @@ type Guards<'a, K> = [Option<Guard<'a, K>>; MAX_LAYERS];
 
 /// The shards a call touches, ascending, with whether each needs its write lock.
 struct ShardOrder<const N: usize = MAX_LAYERS> {
-    shards: [u16; N],
+    shards: [usize; N],
     write: [bool; N],
     len: usize,
 }
@@ -231,8 +231,6 @@ impl<const N: usize> ShardOrder<N> {
 
     /// Adds `shard` in its place, unless it is already there.
     fn insert(&mut self, shard: usize) {
-        // At most 4096 shards: the builder clamps them.
-        let shard = shard as u16;
         let len = self.len;
         if self.shards[..len].contains(&shard) {
             return;
@@ -249,13 +247,13 @@ impl<const N: usize> ShardOrder<N> {
 
     /// The shards, ascending.
     fn shards(&self) -> impl Iterator<Item = usize> + '_ {
-        self.shards[..self.len].iter().map(|&s| usize::from(s))
+        self.shards[..self.len].iter().copied()
     }
 
     fn position(&self, shard: usize) -> usize {
         self.shards[..self.len]
             .iter()
-            .position(|&s| usize::from(s) == shard)
+            .position(|&s| s == shard)
             .unwrap_or(0)
     }
 }
@@ -861,7 +859,7 @@ where
     /// Locks the shards in ascending order, write locks where `order` asks for them.
     fn lock_shards<'s>(&'s self, order: &ShardOrder, guards: &mut Guards<'s, K>) {
         for (position, guard) in guards[..order.len].iter_mut().enumerate() {
-            let shard = usize::from(order.shards[position]);
+            let shard = order.shards[position];
             *guard = Some(if order.write[position] {
                 Guard::Write(self.table.write(shard))
             } else {
