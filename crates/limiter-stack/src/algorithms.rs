@@ -23,6 +23,11 @@ pub(crate) trait DynAlgorithm: Send + Sync {
         now: u64,
         decision: &mut Decision,
     ) -> Result<(), DecisionError>;
+    /// [`decide`](Self::decide) for the lean path: the answer into `decision`, and the state
+    /// to write (`word` itself when nothing changes) returned in registers, where a
+    /// `Result<(), DecisionError>` and the state go back through memory; `None` when the call
+    /// cannot be decided, which [`decide`](Self::decide) then explains.
+    fn decide_word(&self, word: u64, cost: u64, now: u64, decision: &mut Decision) -> Option<u64>;
 }
 
 impl<A: Algorithm> DynAlgorithm for A {
@@ -60,5 +65,10 @@ impl<A: Algorithm> DynAlgorithm for A {
             *word = next;
         }
         Ok(())
+    }
+    fn decide_word(&self, word: u64, cost: u64, now: u64, decision: &mut Decision) -> Option<u64> {
+        let step = Algorithm::decide(self, word, cost, now).ok()?;
+        *decision = step.decision;
+        Some(step.next.unwrap_or(word))
     }
 }

@@ -3,9 +3,16 @@
 //!
 //! # Protocol
 //!
-//! - Words are only written by a call that holds the entry's lock (the header's top bit).
-//!   Committing calls lock every entry they touch in ascending address order and never block
-//!   while holding one, so no order of layers or keys can deadlock.
+//! - Words are only written by a call that holds the entry's lock (the header's top bit), or
+//!   the stack's *commit lock*. Committing calls lock every entry they touch in ascending
+//!   address order and never block while holding one, so no order of layers or keys can
+//!   deadlock.
+//! - A stack with a global layer uses that layer's entry lock as its commit lock. Every call that
+//!   writes (commits, refunds) touches every global layer, so it takes that one lock instead of
+//!   one per entry, and holds its other entries through it ([`Cells::hold_under_commit_lock`]):
+//!   no call writes them without it, and none locks them on their own. Such calls were already
+//!   ordered by the global entry; they now take one locked instruction where they took one per
+//!   layer.
 //! - Calls that only read (denials, peeks, the first look of every call) take no lock: each word
 //!   they read is a value some committed call wrote.
 //! - A change of plan rewrites every word in the new plan's terms. It bumps the header's
@@ -118,6 +125,17 @@ impl Cells {
                 }
             }
             back_off(&mut spins);
+        }
+    }
+
+    /// Holds the entry through the stack's commit lock, which the caller holds: every writer of
+    /// the entry holds that lock too, and none takes the entry's own, so the header read here
+    /// stays until the caller lets go, and releasing the hold writes back the header as it was.
+    #[inline]
+    pub(crate) fn hold_under_commit_lock(&self) -> Held {
+        // Relaxed: the commit lock's Acquire already ordered the last writer's stores before us.
+        Held {
+            header: self.header.load(Ordering::Relaxed),
         }
     }
 

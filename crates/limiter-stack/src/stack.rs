@@ -13,7 +13,10 @@
 //!    they changed, and written (or, if some limit now denies, released unwritten). An entry is
 //!    only ever locked by a call that already holds all its shard locks, and that call then
 //!    never waits for anything but other entry locks further up the order, so no order of
-//!    layers or keys can deadlock and some call always completes.
+//!    layers or keys can deadlock and some call always completes. In a stack with a global
+//!    layer, the first global layer's entry lock is the *commit lock*: every call that writes
+//!    touches every global layer, so it takes that lock alone, holds its other entries through
+//!    it (none of them is locked on its own, none written without it) and releases it last.
 //! 5. A key not yet in the table is inserted under its shard's write lock (taken, with the
 //!    others, in shard order) and removed again if the call ends up denied, before anyone else
 //!    can see it: a denial leaves no trace, not even memory.
@@ -58,6 +61,9 @@ pub struct Stack<R, K, C = MonotonicClock> {
     id: u64,
     /// Whether every plan of every layer has one limit (the lean path's stacks).
     lean: bool,
+    /// The first global layer, whose entry lock is the stack's commit lock (see
+    /// [`Stack::hold`]); `None` when every layer is keyed.
+    commit_layer: Option<usize>,
 }
 
 /// A keyed layer's state for one key.
@@ -138,7 +144,7 @@ impl<R, K, C> StackBuilder<R, K, C> {
         for layer in &self.layers {
             layer.validate()?;
         }
-        let globals = self
+        let globals: Box<[Option<CachePadded<Cells>>]> = self
             .layers
             .iter()
             .map(|layer| {
@@ -162,6 +168,7 @@ impl<R, K, C> StackBuilder<R, K, C> {
         }
         let table = ShardedTable::with_shards_and_hasher(shards, EntryHasher::default());
         let per_shard = self.max_keys.map(|max| max / table.shards());
+        let commit_layer = globals.iter().position(Option::is_some);
         let lean = self
             .layers
             .iter()
@@ -176,6 +183,7 @@ impl<R, K, C> StackBuilder<R, K, C> {
             // Relaxed: a unique number, ordering nothing.
             id: IDS.fetch_add(1, StdOrdering::Relaxed),
             lean,
+            commit_layer,
         })
     }
 }
@@ -543,24 +551,30 @@ where
             cells[slot] = Some(cell);
             seen[slot] = word;
             let layer = &self.layers[slot];
-            let mut after = word;
-            layer.plans[plan].limits[0]
-                .decide(&mut after, cost, now, &mut answers[slot])
-                .map_err(|source| CallError::Decision {
-                    layer: layer.name.clone(),
-                    limit_index: 0,
-                    source,
-                })?;
-            next[slot] = after;
+            let algorithm = &layer.plans[plan].limits[0];
+            match algorithm.decide_word(word, cost, now, &mut answers[slot]) {
+                Some(after) => next[slot] = after,
+                None => {
+                    let mut after = word;
+                    return algorithm
+                        .decide(&mut after, cost, now, &mut answers[slot])
+                        .map_err(|source| CallError::Decision {
+                            layer: layer.name.clone(),
+                            limit_index: 0,
+                            source,
+                        })
+                        .map(|()| false);
+                }
+            }
         }
         // Layers that take no part keep the admission they started with.
         if answers.iter().all(Decision::is_allowed) && cost > 0 {
-            let mut held = lock_in_address_order(&cells, N);
+            let mut held = self.hold(&mut cells, N);
             let unchanged = (0..N).all(|slot| match (cells[slot], &held[slot]) {
                 (Some(cell), Some(held)) => cell.first_still(held, targets.plans[slot], seen[slot]),
                 _ => true,
             });
-            for slot in 0..N {
+            for slot in self.release_order(N) {
                 if let (Some(cell), Some(held)) = (cells[slot], held[slot].take()) {
                     if unchanged {
                         cell.write_first_and_unlock(held, next[slot]);
@@ -770,9 +784,12 @@ where
         let mut cells = [None; MAX_LAYERS];
         self.find(&call.targets, &call.order, &guards, &mut cells);
         let targets = &call.targets;
-        let held = lock_in_address_order(&cells, self.layers.len());
-        for (target, (cell, held)) in targets.iter().zip(cells.iter().zip(held)) {
-            let (Some(target), Some(cell), Some(held)) = (target, cell, held) else {
+        let layers = self.layers.len();
+        let mut held = self.hold(&mut cells, layers);
+        for slot in self.release_order(layers) {
+            let (Some(target), Some(cell), Some(held)) =
+                (&targets[slot], cells[slot], held[slot].take())
+            else {
                 continue;
             };
             let mut snapshot = cell.read_held(&held);
@@ -985,7 +1002,8 @@ where
         now: u64,
     ) -> Result<(), CallError> {
         let layers = self.layers.len();
-        let mut held = lock_in_address_order(cells, layers);
+        let mut cells = *cells;
+        let mut held = self.hold(&mut cells, layers);
         let changed = (0..layers).any(|slot| match (cells[slot], &held[slot], &snapshots[slot]) {
             (Some(cell), Some(held), Some(seen)) => !cell.still_holds(held, seen),
             (Some(_), Some(_), None) => true,
@@ -1004,7 +1022,7 @@ where
             Ok(())
         };
         let write = decided.is_ok() && outcome.decision.is_allowed();
-        for slot in 0..layers {
+        for slot in self.release_order(layers) {
             if let (Some(cell), Some(held)) = (cells[slot], held[slot].take()) {
                 match &outcome.next[slot] {
                     Some(next) if write => cell.write_and_unlock(held, next),
@@ -1013,6 +1031,48 @@ where
             }
         }
         decided
+    }
+
+    /// Holds every present entry of `cells` (the first `layers` slots) for a commit.
+    ///
+    /// In a stack with a global layer, that layer's entry lock is the commit lock: every call
+    /// that writes touches every global layer, so it takes that one lock, and holds its other
+    /// entries through it without locking them (no writer of them goes without it). The
+    /// calls were serialised by the global entry already; each now takes one locked
+    /// instruction instead of one per layer. A stack of keyed layers alone locks each entry,
+    /// in ascending address order. Release the holds in [`release_order`](Self::release_order).
+    #[inline]
+    fn hold<'c, const N: usize>(
+        &'c self,
+        cells: &mut [Option<&'c Cells>; N],
+        layers: usize,
+    ) -> [Option<Held>; N] {
+        let commit = self
+            .commit_layer
+            .and_then(|slot| Some((slot, self.globals.get(slot)?.as_deref()?)));
+        let Some((commit, lock)) = commit.filter(|&(slot, _)| slot < layers) else {
+            return lock_in_address_order(cells, layers);
+        };
+        // A global layer takes part in every call, so its slot holds this entry already.
+        cells[commit] = Some(lock);
+        let mut held: [Option<Held>; N] = [const { None }; N];
+        held[commit] = Some(lock.lock());
+        for (slot, (cell, held)) in cells[..layers].iter().zip(&mut held).enumerate() {
+            if let (false, Some(cell)) = (slot == commit, cell) {
+                *held = Some(cell.hold_under_commit_lock());
+            }
+        }
+        held
+    }
+
+    /// The first `layers` slots in the order their holds are released: the commit layer's last,
+    /// so the writes made under the commit lock are all published when it is let go.
+    #[inline]
+    fn release_order(&self, layers: usize) -> impl Iterator<Item = usize> + use<R, K, C> {
+        let commit = self.commit_layer.filter(|&slot| slot < layers);
+        (0..layers)
+            .filter(move |&slot| Some(slot) != commit)
+            .chain(commit)
     }
 
     /// Whether every limit of `entry` is full at `now` under the plan it was written with.

@@ -1,7 +1,11 @@
 //! Loom models of the stack's protocol: stacked calls sharing a layer never over-admit, a denial
 //! changes no layer, racing calls both land in full, racing first inserts admit once, a call
 //! decided again after a race answers from its last reading alone, and a reader never mixes one
-//! plan's words with another's limits. Run with `cargo xtask loom`.
+//! plan's words with another's limits; and, in a stack with a global layer (whose entry lock is
+//! the commit lock every writing call takes instead of one lock per entry), racing calls and
+//! refunds lose no update on the keyed entries the commit lock alone guards, a denial still
+//! changes nothing, and a plan change written under it never shows a reader mixed words. Run
+//! with `cargo xtask loom`.
 #![cfg(limiter_loom)]
 
 use limiter_core::{Limit, ManualClock};
@@ -54,6 +58,28 @@ fn global(n: u64) -> Arc<Users> {
         Stack::builder()
             .layer(Layer::global("global").limit::<Gcra>(per_hour(n)).unwrap())
             .clock(ManualClock::new())
+            .build()
+            .unwrap(),
+    )
+}
+
+/// A global layer of `global` per hour listed first (so its entry, the commit lock, is in the
+/// first slot: released last all the same), then per user `user` per hour; on one shard.
+fn global_then_user(global: u64, user: u64) -> Arc<Users> {
+    Arc::new(
+        Stack::builder()
+            .layer(
+                Layer::global("global")
+                    .limit::<Gcra>(per_hour(global))
+                    .unwrap(),
+            )
+            .layer(
+                Layer::keyed("user", |r: &Request| r.user)
+                    .limit::<Gcra>(per_hour(user))
+                    .unwrap(),
+            )
+            .clock(ManualClock::new())
+            .shards(1)
             .build()
             .unwrap(),
     )
@@ -231,5 +257,107 @@ fn a_reader_never_mixes_two_plans() {
         let seen = stack.peek(&free).unwrap().decision().remaining();
         assert!(writer.join().unwrap());
         assert!(seen == 1 || seen == 0, "a reader saw {seen} left");
+    });
+}
+
+#[test]
+fn racing_calls_under_the_commit_lock_lose_no_keyed_update() {
+    loom::model(|| {
+        // Both calls fit everywhere. Neither locks the user's entry: the global entry's lock
+        // guards it. Released before the user's word is written, or not taken, the second
+        // commit would decide on the first one's reading and write over its unit.
+        let stack = global_then_user(4, 3);
+        assert!(call(&stack, Some(1), false));
+        let other = Arc::clone(&stack);
+        let racer = thread::spawn(move || call(&other, Some(1), false));
+        assert!(call(&stack, Some(1), false));
+        assert!(racer.join().unwrap());
+        assert_eq!(left(&stack, 1), [1, 0], "a unit was lost");
+    });
+}
+
+#[test]
+fn under_the_commit_lock_a_denial_changes_nothing_and_the_last_unit_goes_once() {
+    loom::model(|| {
+        // User 1 is spent; the global layer has one unit left. User 1's call is denied and
+        // must not take it; user 2's racing call then must get it.
+        let stack = global_then_user(3, 1);
+        assert!(call(&stack, Some(1), false) && call(&stack, Some(3), false));
+        let other = Arc::clone(&stack);
+        let admitted = thread::spawn(move || call(&other, Some(2), false));
+        assert!(!call(&stack, Some(1), false));
+        assert!(admitted.join().unwrap(), "a denied call took the last unit");
+        assert_eq!(left(&stack, 2), [0, 0]);
+    });
+}
+
+#[test]
+fn a_refund_racing_a_call_under_the_commit_lock_is_never_lost() {
+    loom::model(|| {
+        // User 1 took one of 2 units and gives it back while another call for user 1 takes
+        // one: afterwards exactly one unit is taken, whatever the order.
+        let stack = global_then_user(4, 2);
+        let request = Request {
+            user: Some(1),
+            shared: false,
+            pro: false,
+        };
+        let (decision, grant) = stack.acquire(&request, 1).unwrap();
+        assert!(decision.is_allowed());
+        let mut grant = grant.unwrap();
+        let other = Arc::clone(&stack);
+        let racer = thread::spawn(move || call(&other, Some(1), false));
+        stack.refund(&request, &mut grant, 1).unwrap();
+        assert!(racer.join().unwrap());
+        assert_eq!(left(&stack, 1), [3, 1], "a refund or a call was lost");
+    });
+}
+
+#[test]
+fn a_reader_never_mixes_two_plans_changed_under_the_commit_lock() {
+    loom::model(|| {
+        // As `a_reader_never_mixes_two_plans`, in a stack with a global layer: the plan change
+        // is written under the commit lock, with the user's entry never locked on its own.
+        let stack: Arc<Users> = Arc::new(
+            Stack::builder()
+                .layer(
+                    Layer::keyed("user", |r: &Request| r.user).plans(
+                        [
+                            Plan::new("free")
+                                .limit::<FixedCounter>(per_hour(2))
+                                .unwrap(),
+                            Plan::new("pro").limit::<Gcra>(per_hour(4)).unwrap(),
+                        ],
+                        |r: &Request| usize::from(r.pro),
+                    ),
+                )
+                .layer(Layer::global("global").limit::<Gcra>(per_hour(10)).unwrap())
+                .clock(ManualClock::new())
+                .shards(1)
+                .build()
+                .unwrap(),
+        );
+        let free = Request {
+            user: Some(1),
+            shared: false,
+            pro: false,
+        };
+        assert!(stack.check(&free).unwrap().is_allowed()); // 1 of 2 used
+        let other = Arc::clone(&stack);
+        let writer = thread::spawn(move || {
+            let pro = Request { pro: true, ..free };
+            other.check(&pro).unwrap().is_allowed()
+        });
+        let seen = stack
+            .peek(&free)
+            .unwrap()
+            .layers()
+            .next()
+            .map(|l| l.decision.remaining());
+        assert!(writer.join().unwrap());
+        assert!(
+            seen == Some(1) || seen == Some(0),
+            "a reader saw {seen:?} left"
+        );
     });
 }

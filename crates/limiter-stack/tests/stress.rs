@@ -1,13 +1,15 @@
 //! Real threads on one stack with the clock stopped, so every count is exact: concurrent
 //! stacked calls admit exactly what the binding layers allow (no over-admission, and no
 //! admission lost to a false denial), denials change nothing, refunds are never lost, and
-//! every answer, however its call raced, is consistent in itself.
+//! every answer, however its call raced, is consistent in itself. Both commit protocols run:
+//! the stack with a global layer commits under that layer's lock alone, the stack of keyed
+//! layers locks each entry.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 
 use limiter_core::{Limit, ManualClock};
-use limiter_stack::{Layer, LayerDecision, Stack, StackDecision};
+use limiter_stack::{Layer, LayerDecision, Stack, StackBuilder, StackDecision};
 use limiter_token_bucket::Gcra;
 
 const USERS: u64 = 16;
@@ -21,6 +23,18 @@ type Users = Stack<u64, u64, ManualClock>;
 /// Per user 5,000, per group of four users 12,000, global 50,000, all per hour: with the clock
 /// stopped, the groups bind, so exactly 4 x 12,000 = 48,000 calls can be admitted.
 fn stack(clock: &ManualClock) -> Users {
+    keyed(clock)
+        .layer(
+            Layer::global("global")
+                .limit::<Gcra>(Limit::per_hour(GLOBAL).unwrap())
+                .unwrap(),
+        )
+        .build()
+        .unwrap()
+}
+
+/// The user and group layers of [`stack`] alone: no global layer, so no commit lock.
+fn keyed(clock: &ManualClock) -> StackBuilder<u64, u64, ManualClock> {
     let per_hour = |n| Limit::per_hour(n).unwrap();
     Stack::builder()
         .layer(
@@ -33,15 +47,8 @@ fn stack(clock: &ManualClock) -> Users {
                 .limit::<Gcra>(per_hour(PER_PAIR))
                 .unwrap(),
         )
-        .layer(
-            Layer::global("global")
-                .limit::<Gcra>(per_hour(GLOBAL))
-                .unwrap(),
-        )
         .clock(clock.clone())
         .shards(4)
-        .build()
-        .unwrap()
 }
 
 fn remaining(stack: &Users, user: u64) -> Vec<u64> {
@@ -68,7 +75,7 @@ fn hammer(stack: &Users, refund_every: u64) -> (Vec<u64>, u64) {
                     for i in 0..USERS {
                         let user = (i + t as u64 * 3) % USERS;
                         let (decision, grant) = stack.acquire(&user, 1).unwrap();
-                        assert_consistent(&decision);
+                        assert_consistent(&decision, stack.layers().len());
                         if decision.is_allowed() {
                             any = true;
                             admitted[user as usize].fetch_add(1, Ordering::Relaxed);
@@ -93,9 +100,9 @@ fn hammer(stack: &Users, refund_every: u64) -> (Vec<u64>, u64) {
 /// An answer is one reading of every layer: allowed iff each layer allowed, and bound by the
 /// layer the stack's rule names among its own layers (a denial's longest wait, else the
 /// fewest left; the first on ties), never by a layer's answer from an earlier attempt.
-fn assert_consistent(decision: &StackDecision) {
+fn assert_consistent(decision: &StackDecision, depth: usize) {
     let layers: Vec<&LayerDecision> = decision.layers().collect();
-    assert_eq!(layers.len(), 3, "{decision:?}");
+    assert_eq!(layers.len(), depth, "{decision:?}");
     assert_eq!(
         decision.is_allowed(),
         layers.iter().all(|l| l.decision.is_allowed()),
@@ -156,6 +163,21 @@ fn concurrent_refunds_are_never_lost() {
         let left = remaining(&stack, user);
         assert_eq!(left[1], 0);
         assert_eq!(left[2], GLOBAL - 4 * PER_PAIR);
+        assert!(left[0] <= PER_USER);
+    }
+}
+
+#[test]
+fn keyed_layers_alone_locking_each_entry_admit_exactly_what_binds_and_lose_no_refund() {
+    let clock = ManualClock::new();
+    let stack = keyed(&clock).build().unwrap();
+    let (admitted, refunded) = hammer(&stack, 7);
+    assert!(refunded > 0);
+    let total: u64 = admitted.iter().sum();
+    assert_eq!(total - refunded, 4 * PER_PAIR);
+    for user in 0..USERS {
+        let left = remaining(&stack, user);
+        assert_eq!(left[1], 0, "user {user}'s group");
         assert!(left[0] <= PER_USER);
     }
 }

@@ -129,6 +129,10 @@ impl Gcra {
 
     /// Ticks rounded up to whole nanoseconds (waits never favour the caller).
     fn ceil_ns(&self, ticks: u64) -> u64 {
+        // A tick is a nanosecond for the common limits: no division.
+        if self.ticks_per_ns == NonZeroU64::MIN {
+            return ticks;
+        }
         ticks.div_ceil(self.ticks_per_ns.get())
     }
 
