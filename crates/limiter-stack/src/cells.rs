@@ -169,6 +169,23 @@ impl Cells {
         plan_of(held.header) == plan && self.words[0].load(Ordering::Relaxed) == word
     }
 
+    /// Whether the plan and the first word are still `plan` and `word`, read under the stack's
+    /// commit lock (see [`hold_under_commit_lock`](Self::hold_under_commit_lock)).
+    #[inline]
+    pub(crate) fn first_still_under_commit_lock(&self, plan: usize, word: u64) -> bool {
+        // Relaxed: the commit lock's Acquire already ordered the last writer's stores before us.
+        plan_of(self.header.load(Ordering::Relaxed)) == plan
+            && self.words[0].load(Ordering::Relaxed) == word
+    }
+
+    /// Writes the first word under the stack's commit lock, keeping the plan (the header, which
+    /// no one else writes meanwhile, stays as it is).
+    #[inline]
+    pub(crate) fn write_first_under_commit_lock(&self, word: u64) {
+        // Release: as in `write_and_unlock`.
+        self.words[0].store(word, Ordering::Release);
+    }
+
     /// Writes the first word under the lock, keeping the plan, and releases it.
     #[inline]
     pub(crate) fn write_first_and_unlock(&self, held: Held, word: u64) {

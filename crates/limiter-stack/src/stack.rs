@@ -568,24 +568,11 @@ where
             }
         }
         // Layers that take no part keep the admission they started with.
-        if answers.iter().all(Decision::is_allowed) && cost > 0 {
-            let mut held = self.hold(&mut cells, N);
-            let unchanged = (0..N).all(|slot| match (cells[slot], &held[slot]) {
-                (Some(cell), Some(held)) => cell.first_still(held, targets.plans[slot], seen[slot]),
-                _ => true,
-            });
-            for slot in self.release_order(N) {
-                if let (Some(cell), Some(held)) = (cells[slot], held[slot].take()) {
-                    if unchanged {
-                        cell.write_first_and_unlock(held, next[slot]);
-                    } else {
-                        cell.unlock(held);
-                    }
-                }
-            }
-            if !unchanged {
-                return Ok(false);
-            }
+        if answers.iter().all(Decision::is_allowed)
+            && cost > 0
+            && !self.commit_lean(&cells, &targets.plans, &seen, &next)
+        {
+            return Ok(false);
         }
         drop(guards);
         for (slot, answer) in answers.iter().enumerate() {
@@ -595,6 +582,62 @@ where
             }
         }
         Ok(true)
+    }
+
+    /// Writes a lean call's `next` words into its `cells` (by slot; `plans` and `seen` what each
+    /// was decided under and on) if none changed since it was read; whether it did. Under the
+    /// commit lock where the stack has one (see [`hold`](Self::hold)), else with each entry
+    /// locked in address order.
+    #[inline(always)]
+    fn commit_lean<const N: usize>(
+        &self,
+        cells: &[Option<&Cells>; N],
+        plans: &[usize; N],
+        seen: &[u64; N],
+        next: &[u64; N],
+    ) -> bool {
+        let commit = self
+            .commit_layer
+            .filter(|&slot| slot < N)
+            .and_then(|slot| Some((slot, cells[slot]?)));
+        let Some((commit, lock)) = commit else {
+            let mut held = lock_in_address_order(cells, N);
+            let mut unchanged = true;
+            for slot in 0..N {
+                if let (Some(cell), Some(held)) = (cells[slot], &held[slot]) {
+                    unchanged &= cell.first_still(held, plans[slot], seen[slot]);
+                }
+            }
+            for slot in 0..N {
+                if let (Some(cell), Some(held)) = (cells[slot], held[slot].take()) {
+                    if unchanged {
+                        cell.write_first_and_unlock(held, next[slot]);
+                    } else {
+                        cell.unlock(held);
+                    }
+                }
+            }
+            return unchanged;
+        };
+        // The commit layer is global, so its slot always holds its entry.
+        let held = lock.lock();
+        let mut unchanged = lock.first_still(&held, plans[commit], seen[commit]);
+        for slot in 0..N {
+            if let (false, Some(cell)) = (slot == commit, cells[slot]) {
+                unchanged &= cell.first_still_under_commit_lock(plans[slot], seen[slot]);
+            }
+        }
+        if unchanged {
+            for slot in 0..N {
+                if let (false, Some(cell)) = (slot == commit, cells[slot]) {
+                    cell.write_first_under_commit_lock(next[slot]);
+                }
+            }
+            lock.write_first_and_unlock(held, next[commit]);
+        } else {
+            lock.unlock(held);
+        }
+        unchanged
     }
 
     /// Decides under shard read locks, as every call whose keys are all held ends. Returns
@@ -1041,7 +1084,7 @@ where
     /// calls were serialised by the global entry already; each now takes one locked
     /// instruction instead of one per layer. A stack of keyed layers alone locks each entry,
     /// in ascending address order. Release the holds in [`release_order`](Self::release_order).
-    #[inline]
+    #[inline(always)]
     fn hold<'c, const N: usize>(
         &'c self,
         cells: &mut [Option<&'c Cells>; N],
