@@ -62,22 +62,6 @@ impl StackDecision {
         }
     }
 
-    /// Adds the answer of the layer at `slot` (its position in the stack), whose plan has one
-    /// limit: that limit's answer is the layer's.
-    #[inline]
-    pub(crate) fn push_decided(&mut self, slot: usize, plan: usize, decision: &Decision) {
-        self.push(
-            slot,
-            LayerDecision {
-                layer: slot,
-                plan,
-                limit_index: 0,
-                decision: *decision,
-                limit_reset_after_nanos: decision.reset_after_nanos(),
-            },
-        );
-    }
-
     /// Adds the answer of layer `layer`, whose plan has one limit, as `decide` writes it: the
     /// limit's answer is the layer's. It is decided in its place, never copied there.
     #[inline]

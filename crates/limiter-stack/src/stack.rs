@@ -23,13 +23,13 @@
 //!
 //! A stack whose every plan has one limit (the usual stack) first tries a lean path with the
 //! same locks in the same order: it reads each entry's one word without its lock and decides
-//! it once, then locks the entries and writes them only if none changed since it read them,
-//! and only then writes the answer. Its working arrays are as long as the stack is deep (one
-//! to four layers; eight beyond), and hold each target's key, hash, shard and plan apart, so a
-//! call stores little before its first locked instruction, each of which waits for the stores
-//! before it. A call the lean path cannot finish as simply (a key to insert, a plan to change,
-//! an entry another call changed) goes to steps 2–5 from the start, with the targets the lean
-//! path found and a new answer.
+//! it once, straight into the answer, then locks the entries (or takes the commit lock) and
+//! writes them only if none changed since it read them. Its working arrays are as long as the
+//! stack is deep (one to four layers; eight beyond), and hold each target's key, hash, shard
+//! and plan apart, so a call stores little before its first locked instruction, each of which
+//! waits for the stores before it. A call the lean path cannot finish as simply (a key to
+//! insert, a plan to change, an entry another call changed) goes to steps 2–5 from the start,
+//! with the targets the lean path found and a new answer.
 
 use std::hash::Hash;
 use std::ops::Deref;
@@ -494,12 +494,11 @@ where
 
     /// Decides a call of a stack whose every plan has one limit, the usual stack, in the fewest
     /// steps: under the shard read locks each entry's one word is read without its lock and
-    /// decided once, before any entry is locked; if every layer admits, the entries are locked
-    /// and written only if none changed since it was read. The answer goes into `decision`
-    /// (new) once the entries are released, so no store of it delays their locks.
-    /// Returns `false`, having changed neither an entry nor `decision`, when the call needs
-    /// more (a key to insert, a plan to change, an entry another call changed): the general
-    /// path then decides it from the start.
+    /// decided once, straight into its slot of `decision` (new), before any entry is locked; if
+    /// every layer admits, the entries are held ([`commit_lean`](Self::commit_lean)) and
+    /// written only if none changed since it was read. Returns `false`, having changed no
+    /// entry, when the call needs more (a key to insert, a plan to change, an entry another
+    /// call changed): the general path then decides it from the start, into a new answer.
     #[inline(always)]
     fn decide_lean<const N: usize>(
         &self,
@@ -519,7 +518,6 @@ where
             *guard = Some(self.table.read(shard));
         }
         let mut cells: [Option<&Cells>; N] = [None; N];
-        let mut answers = [Decision::allow(0, 0, 0); N];
         // Each layer's word as read, and as the call would leave it.
         let mut seen = [0_u64; N];
         let mut next = [0_u64; N];
@@ -552,12 +550,19 @@ where
             seen[slot] = word;
             let layer = &self.layers[slot];
             let algorithm = &layer.plans[plan].limits[0];
-            match algorithm.decide_word(word, cost, now, &mut answers[slot]) {
-                Some(after) => next[slot] = after,
-                None => {
-                    let mut after = word;
+            let mut after = word;
+            let decided = decision.push_one(slot, slot, plan, |answer| {
+                algorithm
+                    .decide_word(word, cost, now, answer)
+                    .map(|next| after = next)
+                    .ok_or(())
+            });
+            match decided {
+                Ok(()) => next[slot] = after,
+                Err(()) => {
+                    let mut answer = Decision::allow(0, 0, 0);
                     return algorithm
-                        .decide(&mut after, cost, now, &mut answers[slot])
+                        .decide(&mut after, cost, now, &mut answer)
                         .map_err(|source| CallError::Decision {
                             layer: layer.name.clone(),
                             limit_index: 0,
@@ -568,19 +573,13 @@ where
             }
         }
         // Layers that take no part keep the admission they started with.
-        if answers.iter().all(Decision::is_allowed)
+        if decision.is_allowed()
             && cost > 0
             && !self.commit_lean(&cells, &targets.plans, &seen, &next)
         {
             return Ok(false);
         }
         drop(guards);
-        for (slot, answer) in answers.iter().enumerate() {
-            let plan = targets.plans[slot];
-            if plan != SKIPPED {
-                decision.push_decided(slot, plan, answer);
-            }
-        }
         Ok(true)
     }
 
