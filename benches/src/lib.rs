@@ -40,6 +40,21 @@ pub fn window_sticky() -> Limit {
     Limit::per_hour(1_000).expect("valid")
 }
 
+/// 1,000 per second in bursts of a billion: a key visited every few microseconds (a few dozen
+/// keys in rotation) runs a millisecond further into debt at each visit, so it is never full
+/// again (no store drops it) and, at the fastest loop's pace, runs out only after an hour.
+pub fn token_bucket_warm() -> Limit {
+    Limit::per_second(1_000)
+        .and_then(|l| l.with_burst(1_000_000_000))
+        .expect("valid")
+}
+
+/// Governor's equivalent of [`token_bucket_warm`].
+pub fn warm_quota() -> Quota {
+    Quota::per_second(NonZeroU32::new(1_000).expect("non-zero"))
+        .allow_burst(NonZeroU32::new(1_000_000_000).expect("non-zero"))
+}
+
 /// Drained by one call and drained for the rest of the run.
 pub fn never_limit() -> Limit {
     Limit::per_hour(1).expect("valid")
