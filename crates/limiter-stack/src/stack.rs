@@ -595,11 +595,7 @@ where
         seen: &[u64; N],
         next: &[u64; N],
     ) -> bool {
-        let commit = self
-            .commit_layer
-            .filter(|&slot| slot < N)
-            .and_then(|slot| Some((slot, cells[slot]?)));
-        let Some((commit, lock)) = commit else {
+        let Some(commit) = self.commit_layer else {
             let mut held = lock_in_address_order(cells, N);
             let mut unchanged = true;
             for slot in 0..N {
@@ -618,7 +614,11 @@ where
             }
             return unchanged;
         };
-        // The commit layer is global, so its slot always holds its entry.
+        // The commit layer is global: it takes part in every call, so its slot holds its entry
+        // (were it ever empty, the general path would decide the call).
+        let Some(lock) = cells.get(commit).copied().flatten() else {
+            return false;
+        };
         let held = lock.lock();
         let mut unchanged = lock.first_still(&held, plans[commit], seen[commit]);
         for slot in 0..N {
