@@ -67,7 +67,9 @@
 //! # Guarantees under concurrency
 //!
 //! Admissions are serialisable: every admitted call locks the entries it writes, in one global
-//! order, after checking them again. A denial takes no lock: it reads each layer once, and is
+//! order, after checking them again; in a stack with a global layer, it takes that layer's
+//! lock alone, which every writing call of the stack takes (one locked instruction per
+//! commit, where calls were serialised on the global entry already). A denial takes no lock: it reads each layer once, and is
 //! denied only if some limit, at the instant it was read, held a committed state that denies
 //! the call; the details of a denial (the other layers' `remaining`) may come from states a few
 //! nanoseconds apart. See `stack.rs` for the protocol and `tests/loom.rs` for its models.
