@@ -1083,7 +1083,6 @@ where
     /// calls were serialised by the global entry already; each now takes one locked
     /// instruction instead of one per layer. A stack of keyed layers alone locks each entry,
     /// in ascending address order. Release the holds in [`release_order`](Self::release_order).
-    #[inline(always)]
     fn hold<'c, const N: usize>(
         &'c self,
         cells: &mut [Option<&'c Cells>; N],
