@@ -6,7 +6,7 @@
 //! Lua) in Redis, with the two tested against each other.
 
 use crate::sync::{AtomicU64, Ordering};
-use crate::{Decision, DecisionError, Limit, LimitError};
+use crate::{Accuracy, Decision, DecisionError, Limit, LimitError};
 
 /// The least clock range, in nanoseconds after the clock's epoch, every algorithm must be able
 /// to decide in for a limit it accepts: 2^56 ns, about 2.3 years of uptime on the default clock.
@@ -29,6 +29,12 @@ pub trait Algorithm: Send + Sync + Sized {
 
     /// The limit this algorithm enforces.
     fn limit(&self) -> &Limit;
+
+    /// How far below the limit's exact rate this algorithm may admit for its limit (never
+    /// above it): [`Accuracy::EXACT`] unless the algorithm's docs state otherwise.
+    fn accuracy(&self) -> Accuracy {
+        Accuracy::EXACT
+    }
 
     /// Decides a call of `cost` units at `now` (nanoseconds since the clock's epoch) on `state`.
     ///
@@ -140,6 +146,9 @@ impl StateCell {
     /// Every admission is a successful compare-and-swap from the exact state it was decided on,
     /// so concurrent calls are serialised by the word's modification order and can never admit
     /// more than one caller alone could.
+    // Always inlined: the hot path of every direct check; inlined, a caller that reads only
+    // part of the decision computes only that part.
+    #[inline(always)]
     pub fn apply<A: Algorithm>(
         &self,
         algorithm: &A,

@@ -3,8 +3,7 @@
 use crossbeam_utils::CachePadded;
 
 use crate::{
-    Algorithm, Clock, Decision, DecisionError, Limit, LimitError, Limiter, MonotonicClock,
-    StateCell,
+    Algorithm, Clock, Decision, DecisionError, DefaultClock, Limit, LimitError, Limiter, StateCell,
 };
 
 /// A single limiter of algorithm `A` reading clock `C`: one `u64` of state updated by
@@ -12,7 +11,7 @@ use crate::{
 ///
 /// Algorithm crates name it for their algorithm, such as `limiter_token_bucket::TokenBucket`.
 #[derive(Debug)]
-pub struct DirectLimiter<A, C = MonotonicClock> {
+pub struct DirectLimiter<A, C = DefaultClock> {
     // Padded so the word written by every admission does not share a cache line with the
     // read-only algorithm parameters that every call reads.
     cell: CachePadded<StateCell>,
@@ -21,9 +20,9 @@ pub struct DirectLimiter<A, C = MonotonicClock> {
 }
 
 impl<A: Algorithm> DirectLimiter<A> {
-    /// A full limiter for `limit` on a new [`MonotonicClock`].
+    /// A full limiter for `limit` on a new [`DefaultClock`].
     pub fn new(limit: Limit) -> Result<Self, LimitError> {
-        Self::with_clock(limit, MonotonicClock::new())
+        Self::with_clock(limit, DefaultClock::new())
     }
 }
 
@@ -38,11 +37,13 @@ impl<A: Algorithm, C: Clock> DirectLimiter<A, C> {
     }
 
     /// Decides one unit now.
+    #[inline]
     pub fn check(&self) -> Result<Decision, DecisionError> {
         self.check_n(1)
     }
 
     /// Decides `cost` units now.
+    #[inline]
     pub fn check_n(&self, cost: u64) -> Result<Decision, DecisionError> {
         self.check_at(cost, self.clock.now())
     }
@@ -53,6 +54,7 @@ impl<A: Algorithm, C: Clock> DirectLimiter<A, C> {
     }
 
     /// Decides `cost` units at `now`, for callers that read the clock once for several limiters.
+    #[inline]
     pub fn check_at(&self, cost: u64, now: u64) -> Result<Decision, DecisionError> {
         self.cell.apply(&self.algorithm, cost, now)
     }

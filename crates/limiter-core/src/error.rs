@@ -32,17 +32,6 @@ pub enum LimitError {
         /// The period that was asked for.
         period: Duration,
     },
-    /// More than one unit per nanosecond: finer than the clock can represent.
-    /// Fix: count in larger units (KiB instead of bytes) or use a longer period.
-    #[error(
-        "invalid limit: {count} per {period_ns} ns is more than one unit per nanosecond, finer than the clock can represent; count in larger units or use a longer period"
-    )]
-    RateTooFine {
-        /// Units per period that were asked for.
-        count: u64,
-        /// The period, in nanoseconds.
-        period_ns: u64,
-    },
     /// The limit is valid, but the named algorithm cannot represent it; `reason` says why and
     /// what nearby limit would work.
     #[error("invalid limit for the {algorithm}: {reason}")]
@@ -70,7 +59,7 @@ pub enum DecisionError {
         burst: u64,
     },
     /// The clock reading is past the last instant this limit can represent.
-    /// Fix: build the limiter on a clock whose epoch is more recent (a new `MonotonicClock`).
+    /// Fix: build the limiter on a clock whose epoch is more recent (a new `DefaultClock`).
     #[error(
         "clock reading {now_ns} ns is past the last instant this limit can represent ({max_ns} ns after the clock's epoch); build the limiter on a clock with a more recent epoch"
     )]

@@ -1,6 +1,6 @@
 //! The small, stable core every limiter crate builds on: [`Limit`], [`Decision`], the
 //! [`Limiter`] trait, the [`Algorithm`] trait with its atomic [`StateCell`], [`Clock`] with
-//! [`MonotonicClock`] and [`ManualClock`], and the error types. It does no IO.
+//! [`DefaultClock`] (the time-stamp counter where it is invariant), [`MonotonicClock`] and [`ManualClock`], and the error types. It does no IO.
 //!
 //! # The model
 //!
@@ -38,6 +38,7 @@
 #![forbid(unsafe_code)]
 #![warn(clippy::unwrap_used)]
 
+mod accuracy;
 mod algorithm;
 mod clock;
 mod decision;
@@ -47,12 +48,11 @@ mod limit;
 mod limiter;
 mod sync;
 
+pub use accuracy::Accuracy;
 pub use algorithm::{Algorithm, MIN_CLOCK_RANGE, StateCell, Step, Usage};
 #[cfg(not(limiter_loom))]
 pub use clock::CoarseClock;
-#[cfg(feature = "tsc")]
-pub use clock::TscClock;
-pub use clock::{Clock, ManualClock, MonotonicClock};
+pub use clock::{Clock, ClockSource, DefaultClock, ManualClock, MonotonicClock, TscClock};
 pub use decision::Decision;
 pub use direct::DirectLimiter;
 pub use error::{DecisionError, LimitError};

@@ -10,9 +10,19 @@ const NANOS_PER_SECOND: u64 = 1_000_000_000;
 /// `count` units per `period`, with at most `burst` units at once.
 ///
 /// A limit is validated when it is built, so every `Limit` value is usable: the count, period
-/// and burst are non-zero, the period fits in `u64` nanoseconds, and the rate is at most one unit
-/// per nanosecond. An algorithm may still refuse a limit it cannot represent exactly; its
-/// constructor says so with [`LimitError::Unsupported`].
+/// and burst are non-zero and the period fits in `u64` nanoseconds (584 years). Nothing else is
+/// refused: every algorithm accepts every count and burst from 1 to `u32::MAX` with every
+/// period from 1 µs to 366 days, in memory and on Redis.
+///
+/// # Accuracy
+///
+/// No algorithm ever admits more than its limit allows: a token bucket admits at most
+/// `burst + floor(T * count / period)` units over any span `T`. Where an algorithm's one-word
+/// state cannot count a limit exactly (a token bucket's refill of 1009 per minute is not a whole
+/// number of nanoseconds, nor of any tick that leaves years of clock range), it rounds
+/// against the caller and admits slightly less: at most 1 unit in 10^5 fewer for every limit up
+/// to 10^6 per second. Each built algorithm reports its own bound through
+/// [`Algorithm::accuracy`](crate::Algorithm::accuracy), as an [`Accuracy`](crate::Accuracy).
 ///
 /// ```
 /// use limiter_core::Limit;
@@ -45,9 +55,6 @@ impl Limit {
         }
         if period_ns == 0 {
             return Err(LimitError::ZeroPeriod);
-        }
-        if count > period_ns {
-            return Err(LimitError::RateTooFine { count, period_ns });
         }
         Ok(Self {
             count,
@@ -126,7 +133,7 @@ mod tests {
 
     #[test]
     fn constructors_validate_every_field() {
-        let cases: [(Result<Limit, LimitError>, Option<LimitError>); 7] = [
+        let cases: [(Result<Limit, LimitError>, Option<LimitError>); 8] = [
             (Limit::per_second(0), Some(LimitError::ZeroCount)),
             (Limit::new(1, Duration::ZERO), Some(LimitError::ZeroPeriod)),
             (
@@ -139,12 +146,10 @@ mod tests {
                     period: Duration::MAX,
                 }),
             ),
+            (Limit::per_second(NANOS_PER_SECOND + 1), None),
             (
-                Limit::per_second(NANOS_PER_SECOND + 1),
-                Some(LimitError::RateTooFine {
-                    count: NANOS_PER_SECOND + 1,
-                    period_ns: NANOS_PER_SECOND,
-                }),
+                Limit::new(u64::from(u32::MAX), Duration::from_micros(1)),
+                None,
             ),
             (Limit::per_second(NANOS_PER_SECOND), None),
             (Limit::from_nanos(u64::MAX, u64::MAX), None),

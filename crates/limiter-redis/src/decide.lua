@@ -3,14 +3,19 @@
 -- The same arithmetic as the Rust algorithms (limiter-token-bucket's Gcra, limiter-sliding-
 -- window's WindowCounter), with time in microseconds since the Unix epoch. Each key holds the
 -- same u64 state word as the Rust algorithm, in decimal. Lua numbers are doubles, so a word is
--- handled as two 32-bit halves; every other quantity stays below 2^52, which the Rust side
--- checks when a limit is built (tau below 2^52 ticks; count * window below 2^52 us).
+-- handled as two 32-bit halves; every other quantity stays below 2^53: the Rust side keeps a
+-- token bucket's depth tau below 2^52 ticks, and products of a count and a window, which can
+-- reach 2^78, are computed exactly by muldiv below.
 --
 -- ARGV: now_us ("" reads the server's TIME), the expiry slack in ms (kept on top of the time
 -- until a state is full again), the number of groups, then for each group:
 --   cost, number of limits, and per limit six fields: KEYS index, algorithm, a, b, c, d
---   algorithm 1 (token bucket): a = q ticks per us, b = p ticks per unit, c = tau, d = burst
---   algorithm 2 (sliding window) / 3 (fixed window): a = count, b = window us, c = count bits
+--   algorithm 1 (token bucket): a = q ticks per us, b = p ticks per unit, c = tau (= burst * p),
+--     d = s: a tick is 2^s / q us (q is 1 when s > 0; readings are then floored to a tick)
+--   algorithm 2 (sliding window) / 3 (fixed window): a = count, b = window us,
+--     c = current bits + 64 * previous bits + 4096 * granule bits (the previous count is kept in
+--     units of 2^granule, rounded up), d = index bits + 64 * wrapping (the window number is kept
+--     modulo 2^index bits, read as the window nearest now with the same low bits)
 -- A group is all or nothing: its writes happen only if every limit admits. Groups are decided
 -- in order, each on the state the earlier ones left.
 -- Reply: now_us, then per group: admitted (0/1), or an error message for that group alone
@@ -88,14 +93,80 @@ local function out(x)
   return x
 end
 
--- Token bucket (GCRA). The word is the tat in ticks of 1/q us; a unit is p ticks.
-local function token_bucket(hi, lo, cost, now, q, p, tau, burst)
+-- (hi, lo) >> k as (hi, lo), 0 <= k < 64.
+local function shr(hi, lo, k)
+  if k == 0 then return hi, lo end
+  if k >= 32 then return 0, math.floor(hi / 2 ^ (k - 32)) end
+  local p = 2 ^ k
+  return math.floor(hi / p), math.floor(lo / p) + (hi % p) * 2 ^ (32 - k)
+end
+
+-- (hi, lo) << k as (hi, lo), for a value that still fits 64 bits.
+local function shl(hi, lo, k)
+  if k == 0 then return hi, lo end
+  if k >= 32 then return lo * 2 ^ (k - 32), 0 end
+  local p = 2 ^ k
+  local keep = 2 ^ (32 - k)
+  return hi * p + math.floor(lo / keep), (lo % keep) * p
+end
+
+-- (hi, lo) mod 2^k as a plain number, k <= 52.
+local function low_bits(hi, lo, k)
+  if k <= 32 then return lo % (2 ^ k) end
+  return (hi % (2 ^ (k - 32))) * TWO32 + lo
+end
+
+-- floor(a * b / c) (or its ceiling when up), exact for a, b < 2^52 and 0 < c < 2^51.
+local function muldiv(a, b, c, up)
+  local product = a * b
+  if product < 9007199254740992 then
+    if up then return cdiv(product, c) end
+    return fdiv(product, c)
+  end
+  -- Long multiplication in 26-bit digits, then long division one bit at a time.
+  local B = 67108864
+  local a1, b1 = math.floor(a / B), math.floor(b / B)
+  local a0, b0 = a - a1 * B, b - b1 * B
+  local d = { a0 * b0, a1 * b0 + a0 * b1, a1 * b1, 0 }
+  for i = 1, 3 do
+    local carry = math.floor(d[i] / B)
+    d[i] = d[i] - carry * B
+    d[i + 1] = d[i + 1] + carry
+  end
+  local q, r = 0, 0
+  for i = 4, 1, -1 do
+    for bit = 25, 0, -1 do
+      local digit = math.floor(d[i] / 2 ^ bit) % 2
+      r = r * 2 + digit
+      q = q * 2
+      if r >= c then r = r - c; q = q + 1 end
+    end
+  end
+  if up and r > 0 then q = q + 1 end
+  return q
+end
+
+-- Token bucket (GCRA). The word is the tat in ticks of 2^s / q us; a unit is p ticks.
+local function token_bucket(hi, lo, cost, now, q, p, tau, s)
+  local burst = tau / p
   if cost > burst then return nil, 'cost ' .. cost .. ' exceeds the burst of ' .. burst .. ', so it can never be admitted' end
-  -- now in ticks: now * q, with now < 2^52 and q <= 256.
-  local nh, nl = split(now)
-  nl = nl * q
-  local carry = math.floor(nl / TWO32)
-  nh, nl = nh * q + carry, nl - carry * TWO32
+  -- now in ticks: now * q (q <= 256, now < 2^52), or floor(now / 2^s)
+  local nh, nl
+  if s > 0 then
+    nh, nl = split(math.floor(now / 2 ^ s))
+  else
+    nh, nl = split(now)
+    nl = nl * q
+    local carry = math.floor(nl / TWO32)
+    nh, nl = nh * q + carry, nl - carry * TWO32
+  end
+  -- the first reading at which tick now + ticks is current, less now
+  local function until_tick(ticks)
+    if s == 0 then return cdiv(ticks, q) end
+    local w = ticks * 2 ^ s + ((nh * TWO32 + nl) * 2 ^ s - now)
+    if w < 0 then return 0 end
+    return w
+  end
   -- debt = max(tat, now) - now
   local debt = 0
   if hi > nh or (hi == nh and lo > nl) then
@@ -108,47 +179,57 @@ local function token_bucket(hi, lo, cost, now, q, p, tau, burst)
     local new_debt = debt + cost_ticks
     local nxh, nxl = nil, nil
     if cost > 0 then nxh, nxl = add(nh, nl, new_debt) end
-    return { 1, fdiv(tau - new_debt, p), 0, cdiv(new_debt, q) }, nil, nxh, nxl
+    return { 1, fdiv(tau - new_debt, p), 0, until_tick(new_debt) }, nil, nxh, nxl
   end
   local headroom = 0
   if tau > debt then headroom = tau - debt end
-  return { 0, fdiv(headroom, p), cdiv(debt - budget, q), cdiv(debt, q) }
+  return { 0, fdiv(headroom, p), until_tick(debt - budget), until_tick(debt) }
 end
 
-local function low_bits(hi, lo, k) -- value mod 2^k, k <= 52
-  if k <= 32 then return lo % (2 ^ k) end
-  return (hi % (2 ^ (k - 32))) * TWO32 + lo
-end
-
-local function shift_right(hi, lo, k) -- value >> k as a plain number (caller checks the range)
-  if k >= 32 then return math.floor(hi / 2 ^ (k - 32)) end
-  return math.floor(hi / 2 ^ k) * TWO32 + (hi % 2 ^ k) * 2 ^ (32 - k) + math.floor(lo / 2 ^ k)
-end
-
--- Window counters. The word is [window index | previous count (sliding) | current count].
-local function window(hi, lo, cost, now, count, w, bits, sliding)
+-- Window counters. The word is [window index | previous count / 2^g (sliding) | current count].
+local function window(hi, lo, cost, now, count, w, layout, indexing, sliding)
   if cost > count then return nil, 'cost ' .. cost .. ' exceeds the burst of ' .. count .. ', so it can never be admitted' end
-  local shift = bits
-  if sliding then shift = 2 * bits end
-  if hi >= 2 ^ shift * 1048576 then return nil, 'holds a window index far beyond its limit; delete it or change the prefix' end
-  local index = shift_right(hi, lo, shift)
-  if index * w >= LIMIT then return nil, 'holds a window index far beyond its limit; delete it or change the prefix' end
-  local current = low_bits(hi, lo, bits)
+  local cbits = layout % 64
+  local pbits = math.floor(layout / 64) % 64
+  local gbits = math.floor(layout / 4096)
+  local ibits = indexing % 64
+  local wrapping = indexing >= 64
+  local granule = 2 ^ gbits
+  local function round_previous(x)
+    if gbits == 0 then return x end
+    return cdiv(x, granule) * granule
+  end
+  local ih, il = shr(hi, lo, cbits + pbits)
+  if ih >= 1048576 then return nil, 'holds a window index far beyond its limit; delete it or change the prefix' end
+  local index = ih * TWO32 + il
+  local current = low_bits(hi, lo, cbits)
   local previous = 0
-  if sliding then previous = math.floor(low_bits(hi, lo, shift) / 2 ^ bits) end
-  -- read: a reading before the state's window is taken at the start of that window
+  if pbits > 0 then
+    local ph, pl = shr(hi, lo, cbits)
+    previous = low_bits(ph, pl, pbits) * granule
+  end
   local win = fdiv(now, w)
+  if wrapping then
+    -- the window nearest now with the index's low bits
+    local m = 2 ^ ibits
+    local behind = (win - index) % m
+    if behind < m / 2 then index = win - behind else index = win + (m - behind) end
+  end
+  -- an empty state is fresh, whatever its index
+  if current == 0 and previous == 0 and index > win then index = win end
+  if index * w >= LIMIT then return nil, 'holds a window index far beyond its limit; delete it or change the prefix' end
+  -- read: a reading before the state's window is taken at the start of that window
   local at = now
   if win < index then at = index * w else
     local gap = win - index
-    if gap == 1 and sliding then previous, current = current, 0
+    if gap == 1 and sliding then previous, current = round_previous(current), 0
     elseif gap >= 1 then previous, current = 0, 0 end
     index = win
   end
   local elapsed = at - index * w
   local lag = at - now
   local weighted = 0
-  if sliding and previous > 0 then weighted = cdiv(previous * (w - elapsed), w) end
+  if sliding and previous > 0 then weighted = muldiv(previous, w - elapsed, w, true) end
   local used = weighted + current
   local function reset_after(cur)
     local left
@@ -164,15 +245,22 @@ local function window(hi, lo, cost, now, count, w, bits, sliding)
     local after = current + cost
     local nxh, nxl = nil, nil
     if cost > 0 then
-      nxh, nxl = split(index * 2 ^ shift)
-      nxh, nxl = add(nxh, nxl, previous * 2 ^ bits + after)
+      local stored = index
+      if wrapping then stored = index % 2 ^ ibits end
+      local sh, sl = split(stored)
+      sh, sl = shl(sh, sl, cbits + pbits)
+      local ph, pl = split(previous / granule)
+      ph, pl = shl(ph, pl, cbits)
+      local ch, cl = split(after)
+      -- the fields do not overlap: their halves add without carries
+      nxh, nxl = sh + ph + ch, sl + pl + cl
     end
     return { 1, count - used - cost, 0, reset_after(after) }, nil, nxh, nxl
   end
   -- the wait until `cost` fits, from `elapsed` into window `index`
   local wait = nil
   if sliding and previous > 0 and current + cost <= count then
-    local keep = fdiv((count - current - cost) * w, previous)
+    local keep = muldiv(count - current - cost, w, previous, false)
     if keep > 0 then
       local until_at = w - keep
       if until_at < 0 then until_at = 0 end
@@ -183,7 +271,7 @@ local function window(hi, lo, cost, now, count, w, bits, sliding)
   if wait == nil then
     local into_next = 0
     if sliding and current > 0 then
-      local keep = fdiv((count - cost) * w, current)
+      local keep = muldiv(count - cost, w, round_previous(current), false)
       if keep > w then keep = w end
       into_next = w - keep
     end
@@ -245,7 +333,7 @@ local function decide_group(cost, n, arg)
     if algo == 1 then
       answer, err, nxh, nxl = token_bucket(state[1], state[2], cost, now, a, b, c, d)
     elseif algo == 2 or algo == 3 then
-      answer, err, nxh, nxl = window(state[1], state[2], cost, now, a, b, c, algo == 2)
+      answer, err, nxh, nxl = window(state[1], state[2], cost, now, a, b, c, d, algo == 2)
     else
       return nil, 'unknown algorithm ' .. tostring(algo)
     end

@@ -25,9 +25,11 @@ fn bad(what: impl Into<String>) -> BackendError {
 fn number(value: &Value, what: &str) -> Result<u64, BackendError> {
     match value {
         Value::Int(n) => u64::try_from(*n).map_err(|_| bad(format!("{what} is negative ({n})"))),
+        // Past u64::MAX (a wait of centuries, sent as digits) saturates, as the Rust twin does.
         Value::BulkString(bytes) => std::str::from_utf8(bytes)
             .ok()
-            .and_then(|s| s.parse().ok())
+            .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+            .map(|s| s.parse().unwrap_or(u64::MAX))
             .ok_or_else(|| bad(format!("{what} is not a whole number"))),
         other => Err(bad(format!("{what} is {other:?}, not a number"))),
     }

@@ -3,16 +3,17 @@
 //! Redis time is whole microseconds since the Unix epoch (its `TIME` resolution), so each limit
 //! is decided by the same Rust algorithm built on the limit counted in microseconds: the "ns"
 //! of the algorithm are microseconds here. Every quantity the script handles as a plain Lua
-//! number (a double) must stay below 2^52; this module refuses limits that would not.
+//! number (a double) stays below 2^53: the token bucket's depth is kept below 2^52 ticks, and
+//! the window counters' products are computed in pieces by the script.
 #![deny(clippy::arithmetic_side_effects)]
 
 use core::fmt;
-use core::time::Duration;
-use limiter_core::{Algorithm, Limit, LimitError, MIN_CLOCK_RANGE};
+use limiter_core::{Accuracy, Algorithm, DecisionError, Limit, LimitError, Step};
 use limiter_sliding_window::{FixedCounter, SlidingCounter};
 use limiter_token_bucket::Gcra;
 
-/// Every plain number in the script stays below this (2^52).
+/// Every plain number in the script stays below this (2^52), and so does Redis time in µs
+/// until 2112.
 pub(crate) const LUA_EXACT: u64 = 1 << 52;
 
 /// Which algorithm a Redis limit runs. Each is the same pure transition as its in-process
@@ -75,91 +76,72 @@ impl fmt::Display for Kind {
     }
 }
 
-/// A limit the Redis script can decide exactly: the algorithm, the limit, and the parameters the
-/// script receives.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A limit the Redis script decides: the algorithm, the limit, and the parameters the script
+/// receives, with the Rust algorithm the script reimplements (its twin, tested against it).
+#[derive(Clone, Debug)]
 pub struct RedisLimit {
     kind: Kind,
     limit: Limit,
     micros: Limit,
+    twin: Twin,
     /// The script's four parameters (see `decide.lua`).
     params: [u64; 4],
     /// Names the limit inside Redis keys, so a changed limit never reads another's state.
     fingerprint: String,
 }
 
-impl RedisLimit {
-    /// Checks that `limit` can be decided on Redis by `kind`, exactly as in process.
-    ///
-    /// Beyond the algorithm's own checks, Redis needs: a period of whole microseconds (its
-    /// clock's resolution); at most one unit per microsecond; for the token bucket, a burst
-    /// whose refill time is below 2^52 ticks; for the window counters, `count` times the period
-    /// in microseconds below 2^52. The error names the largest count that would work.
-    pub fn new(kind: Kind, limit: Limit) -> Result<Self, LimitError> {
-        Self::derive(kind, limit).map_err(|reason| {
-            let hint = nearest_count(kind, limit)
-                .map(|count| {
-                    format!(
-                        "; {count} per {:?} is the largest count below it that works",
-                        limit.period()
-                    )
-                })
-                .unwrap_or_default();
-            let shorter = same_rate_in_shorter_windows(kind, limit)
-                .map(|shorter| format!(", and {shorter} the same rate in shorter windows"))
-                .unwrap_or_default();
-            LimitError::Unsupported {
-                algorithm: kind.name(),
-                reason: format!("{limit} cannot be decided on Redis: {reason}{hint}{shorter}"),
-            }
-        })
-    }
+/// The Rust algorithm a Redis limit's script reimplements, built on the limit in microseconds.
+#[derive(Clone, Debug)]
+enum Twin {
+    TokenBucket(Gcra),
+    SlidingWindow(SlidingCounter),
+    FixedWindow(FixedCounter),
+}
 
-    fn derive(kind: Kind, limit: Limit) -> Result<Self, String> {
-        let period_ns = limit.period_nanos();
-        if !period_ns.is_multiple_of(1_000) {
-            return Err(format!(
-                "its period {:?} is not a whole number of microseconds, the resolution of Redis time; \
-                 round the period to whole microseconds",
-                limit.period()
-            ));
-        }
-        let period_us = period_ns / 1_000;
+impl RedisLimit {
+    /// Checks that `limit` can be decided on Redis by `kind`, as in process.
+    ///
+    /// Every limit in the supported range is accepted (counts and bursts from 1 to `u32::MAX`,
+    /// periods from 1 µs to 366 days). Redis time is whole microseconds, so a period with a
+    /// fraction of a microsecond is rounded up to the next one (slightly fewer units, never
+    /// more); every quantity the script handles as a double stays below 2^53, which for the
+    /// token bucket means a bucket depth below 2^52 ticks (deep buckets count in coarser ticks,
+    /// conservatively, as [`Gcra`] documents). Only a burst or a count no state can hold is
+    /// refused, in the algorithm's own words.
+    pub fn new(kind: Kind, limit: Limit) -> Result<Self, LimitError> {
+        let period_us = limit.period_nanos().div_ceil(1_000);
         let micros = Limit::from_nanos(limit.count(), period_us)
-            .and_then(|l| l.with_burst(limit.burst()))
-            .map_err(|_| {
-                "it admits more than one unit per microsecond, finer than Redis time; count in \
-                 larger units or use a longer period"
-                    .to_owned()
-            })?;
-        let too_wide = |what: &str| {
-            format!(
-                "{what} reaches 2^52, beyond what the script computes exactly; use a shorter \
-                 period or a smaller count"
-            )
+            .and_then(|l| l.with_burst(limit.burst()))?;
+        let restate = |error: LimitError| match error {
+            // The twin counts microseconds as its nanoseconds: restate the limit as given.
+            LimitError::Unsupported { algorithm, reason } => LimitError::Unsupported {
+                algorithm,
+                reason: format!(
+                    "{limit} cannot be decided on Redis: {}",
+                    reason
+                        .split_once(": ")
+                        .map_or(reason.as_str(), |(_, why)| why)
+                ),
+            },
+            other => other,
         };
-        let params = match kind {
+        let (twin, params) = match kind {
             Kind::TokenBucket => {
-                let gcra = Gcra::new(micros).map_err(|_| range_reason(kind))?;
-                let (p, q) = gcra.unit_nanos();
-                let tau = limit.burst().checked_mul(p).filter(|&t| t < LUA_EXACT);
-                let Some(tau) = tau else {
-                    return Err(too_wide("the time to refill the whole burst, in ticks"));
-                };
-                [q, p, tau, limit.burst()]
+                let gcra = Gcra::with_max_depth(micros, LUA_EXACT - 1).map_err(restate)?;
+                let (q, shift, p, tau) = gcra.ticks();
+                (Twin::TokenBucket(gcra), [q, p, tau, u64::from(shift)])
             }
-            Kind::SlidingWindow | Kind::FixedWindow => {
-                if kind == Kind::SlidingWindow {
-                    SlidingCounter::new(micros).map_err(|_| range_reason(kind))?;
-                } else {
-                    FixedCounter::new(micros).map_err(|_| range_reason(kind))?;
-                }
-                let count = limit.count();
-                if count.checked_mul(period_us).is_none_or(|w| w >= LUA_EXACT) {
-                    return Err(too_wide("count × window in microseconds"));
-                }
-                let bits = u64::from(u64::BITS.saturating_sub(count.leading_zeros()));
-                [count, period_us, bits, 0]
+            Kind::SlidingWindow => {
+                let counter =
+                    SlidingCounter::for_expiring_store(micros, LUA_EXACT).map_err(restate)?;
+                let params = window_params(micros, counter.layout());
+                (Twin::SlidingWindow(counter), params)
+            }
+            Kind::FixedWindow => {
+                let counter =
+                    FixedCounter::for_expiring_store(micros, LUA_EXACT).map_err(restate)?;
+                let params = window_params(micros, counter.layout());
+                (Twin::FixedWindow(counter), params)
             }
         };
         let fingerprint = if limit.burst() == limit.count() {
@@ -177,9 +159,49 @@ impl RedisLimit {
             kind,
             limit,
             micros,
+            twin,
             params,
             fingerprint,
         })
+    }
+
+    /// The script's twin decision: the Rust algorithm on `state` at `now_us` microseconds since
+    /// the Unix epoch, with every "ns" of the decision a microsecond. The script makes exactly
+    /// this decision and writes exactly this state; the differential tests hold it to that.
+    pub fn decide(&self, state: u64, cost: u64, now_us: u64) -> Result<Step, DecisionError> {
+        match &self.twin {
+            Twin::TokenBucket(a) => a.decide(state, cost, now_us),
+            Twin::SlidingWindow(a) => a.decide(state, cost, now_us),
+            Twin::FixedWindow(a) => a.decide(state, cost, now_us),
+        }
+    }
+
+    /// How far below the limit the script may admit (see [`Accuracy`]): the twin's own, which
+    /// also counts a period rounded up to whole microseconds.
+    pub fn accuracy(&self) -> Accuracy {
+        let twin = match &self.twin {
+            Twin::TokenBucket(a) => a.accuracy(),
+            Twin::SlidingWindow(a) => a.accuracy(),
+            Twin::FixedWindow(a) => a.accuracy(),
+        };
+        let (asked, counted) = (
+            u128::from(self.limit.period_nanos()),
+            u128::from(self.micros.period_nanos()).saturating_mul(1_000),
+        );
+        if asked == counted {
+            return twin;
+        }
+        // Both shortfalls together, rounded up: 1 - (1 - a)(asked / counted).
+        let billion = 1_000_000_000u128;
+        // The shortfall is at most a billion parts, and periods are below 2^64: no overflow.
+        let kept = billion.saturating_sub(u128::from(twin.shortfall_per_billion()));
+        let whole = counted.saturating_mul(billion);
+        let rounded =
+            Accuracy::from_shortfall(whole.saturating_sub(asked.saturating_mul(kept)), whole);
+        match twin.horizon_nanos() {
+            Some(horizon) => rounded.with_horizon(horizon.saturating_mul(1_000)),
+            None => rounded,
+        }
     }
 
     /// The algorithm.
@@ -215,119 +237,83 @@ impl RedisLimit {
     }
 }
 
-/// Why the algorithm refused the limit counted in microseconds. Its own message would show
-/// microseconds as nanoseconds, so the reason is restated here.
-fn range_reason(kind: Kind) -> String {
-    let years = MIN_CLOCK_RANGE / 1_000_000 / 31_557_600;
-    let fix = match kind {
-        Kind::TokenBucket => "use a count that divides the period into fewer fractional parts",
-        // A longer window frees a bit of window number per doubling, but a count twice as
-        // large needs a bit more per count held: the same rate fits worse, not better.
-        Kind::SlidingWindow | Kind::FixedWindow => {
-            "use a smaller count, or the same rate in shorter windows, which hold more per second"
-        }
-    };
-    format!(
-        "counted in microseconds since the Unix epoch, its state cannot cover the 2^56 us \
-         (about {years} years) of clock every limit must; {fix}"
-    )
-}
-
-/// For a window counter, `limit`'s rate (rounded down, never above it) in the longest window
-/// a half, a fifth, a tenth, a twentieth, ... as long (so a round period stays round), in
-/// whole microseconds, that `kind` accepts on Redis.
-fn same_rate_in_shorter_windows(kind: Kind, limit: Limit) -> Option<Limit> {
-    if kind == Kind::TokenBucket || limit.burst() != limit.count() {
-        return None;
-    }
-    let period_us = limit.period_nanos() / 1_000;
-    let divisors = (0..u64::MAX.ilog10())
-        .flat_map(|power| [2_u64, 5, 10].map(|m| 10_u64.checked_pow(power)?.checked_mul(m)))
-        .map_while(|divisor| divisor);
-    for divisor in divisors {
-        let shorter_us = period_us.checked_div(divisor).filter(|&us| us > 0)?;
-        // count * shorter / period <= count, so it fits in a u64.
-        let count = u128::from(limit.count())
-            .checked_mul(u128::from(shorter_us))?
-            .checked_div(u128::from(period_us))?;
-        let count = u64::try_from(count).ok().filter(|&c| c > 0)?;
-        let candidate = Limit::new(count, Duration::from_micros(shorter_us)).ok()?;
-        if RedisLimit::derive(kind, candidate).is_ok() {
-            return Some(candidate);
-        }
-    }
-    None
-}
-
-/// The largest count below `limit`'s (same period) that `kind` accepts on Redis.
-fn nearest_count(kind: Kind, limit: Limit) -> Option<u64> {
-    let works = |count: u64| {
-        Limit::new(count, limit.period())
-            .and_then(|l| {
-                if limit.burst() == limit.count() {
-                    Ok(l)
-                } else {
-                    l.with_burst(limit.burst().min(count))
-                }
-            })
-            .is_ok_and(|l| RedisLimit::derive(kind, l).is_ok())
-    };
-    match kind {
-        // Window counters accept every count below one that works: binary search.
-        Kind::SlidingWindow | Kind::FixedWindow => {
-            let (mut lo, mut hi) = (0_u64, limit.count());
-            while hi.saturating_sub(lo) > 1 {
-                let mid = lo.saturating_add(hi.saturating_sub(lo) / 2);
-                if works(mid) { lo = mid } else { hi = mid }
-            }
-            (lo > 0 && works(lo)).then_some(lo)
-        }
-        Kind::TokenBucket => {
-            const SEARCH: u64 = 4_096;
-            let lowest = limit.count().saturating_sub(SEARCH).max(1);
-            (lowest..limit.count()).rev().find(|&count| works(count))
-        }
-    }
+/// A window counter's script parameters: count, window in µs, then its layout packed as
+/// `current bits + 64 * previous bits + 4096 * granule bits` and `index bits + 64 * wrapping`.
+fn window_params(micros: Limit, layout: [u32; 5]) -> [u64; 4] {
+    // Every field is below 64, so the packing is exact.
+    let [current, previous, granule, index, wrapping] = layout.map(u64::from);
+    [
+        micros.count(),
+        micros.period_nanos(),
+        current | previous << 6 | granule << 12,
+        index | wrapping << 6,
+    ]
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use core::time::Duration;
 
     #[test]
-    fn a_sliding_window_too_fine_for_redis_is_told_the_shorter_windows_that_fit() {
-        // 100k per second needs 17 bits per count; a 1 s window leaves room for 13.
-        let too_many = Limit::per_second(100_000).unwrap();
-        let message = RedisLimit::new(Kind::SlidingWindow, too_many)
+    fn every_limit_of_the_supported_range_is_accepted_on_redis() {
+        let max = u64::from(u32::MAX);
+        for kind in [Kind::TokenBucket, Kind::SlidingWindow, Kind::FixedWindow] {
+            for count in [1, 1009, 1_000_000, max] {
+                for period in [
+                    Duration::from_micros(1),
+                    Duration::from_secs(1),
+                    Duration::from_secs(60),
+                    Duration::from_secs(366 * 86_400),
+                ] {
+                    let limit = Limit::new(count, period).unwrap();
+                    let spec = RedisLimit::new(kind, limit)
+                        .unwrap_or_else(|e| panic!("{kind} {limit}: {e}"));
+                    assert_eq!(spec.limit(), limit);
+                    if kind == Kind::TokenBucket {
+                        let deep = limit.with_burst(max).unwrap();
+                        assert!(RedisLimit::new(kind, deep).is_ok(), "{deep}");
+                    }
+                }
+            }
+        }
+        // A sliding window of 10^6 per second and 10^8 per minute: exact and not rounded.
+        for limit in [
+            Limit::per_second(1_000_000).unwrap(),
+            Limit::per_second(10_000).unwrap(),
+        ] {
+            let spec = RedisLimit::new(Kind::SlidingWindow, limit).unwrap();
+            assert_eq!(spec.accuracy().shortfall_per_billion(), 0, "{limit}");
+        }
+        let per_minute =
+            RedisLimit::new(Kind::SlidingWindow, Limit::per_minute(100_000_000).unwrap()).unwrap();
+        assert!(
+            per_minute.accuracy().shortfall_per_billion() <= 25_000,
+            "{}",
+            per_minute.accuracy()
+        );
+    }
+
+    #[test]
+    fn a_period_with_a_fraction_of_a_microsecond_is_rounded_up_and_says_so() {
+        let limit = Limit::from_nanos(10, 1_000_500).unwrap();
+        let spec = RedisLimit::new(Kind::TokenBucket, limit).unwrap();
+        assert_eq!(spec.in_micros().period_nanos(), 1_001);
+        assert!(!spec.accuracy().is_exact());
+        // 1000.5 us counted as 1001 us: 0.05% fewer.
+        assert_eq!(spec.accuracy().shortfall_per_billion(), 499_501);
+    }
+
+    #[test]
+    fn a_burst_no_bucket_can_hold_is_refused_in_the_users_terms() {
+        let limit = Limit::per_day(1).unwrap().with_burst(u64::MAX).unwrap();
+        let err = RedisLimit::new(Kind::TokenBucket, limit)
             .unwrap_err()
             .to_string();
-        assert!(message.contains("shorter windows"), "{message}");
-        // The same rate in longer windows fits worse, as the error no longer suggests.
-        let longer = Limit::new(1_000_000, Duration::from_secs(10)).unwrap();
-        assert!(RedisLimit::new(Kind::SlidingWindow, longer).is_err());
-        // The suggested limit works and keeps the rate (rounded down).
-        let suggested = message
-            .split(", and ")
-            .nth(1)
-            .and_then(|rest| rest.strip_suffix(" the same rate in shorter windows"))
-            .unwrap_or_else(|| panic!("no suggestion in: {message}"));
-        let (count, period) = suggested.split_once(" per ").unwrap();
-        let (count, period_ms) = (
-            count.parse::<u64>().unwrap(),
-            period.strip_suffix("ms").unwrap().parse::<u64>().unwrap(),
-        );
-        let limit = Limit::new(count, Duration::from_millis(period_ms)).unwrap();
         assert!(
-            RedisLimit::new(Kind::SlidingWindow, limit).is_ok(),
-            "{limit}"
+            err.contains("cannot be decided on Redis") && err.contains("burst"),
+            "{err}"
         );
-        assert!(
-            count * 1_000 <= 100_000 * period_ms,
-            "{limit} is faster than 100k/s"
-        );
-        assert!(
-            count * 1_000 * 2 > 100_000 * period_ms,
-            "{limit} lost half the rate"
-        );
+        assert!(err.contains("1 per 86400s"), "{err}");
     }
 }

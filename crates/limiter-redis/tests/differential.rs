@@ -7,10 +7,8 @@
 
 mod common;
 
-use limiter_core::{Algorithm, Decision, Limit, ManualClock};
+use limiter_core::{Decision, Limit, ManualClock};
 use limiter_redis::{Kind, OnFailure, RedisBackend, RedisLimit, RedisLimiter, Source};
-use limiter_sliding_window::{FixedCounter, SlidingCounter};
-use limiter_token_bucket::Gcra;
 use proptest::prelude::*;
 use redis::Commands;
 
@@ -93,30 +91,16 @@ fn ops(period_us: u64, burst: u64) -> impl Strategy<Value = Vec<Op>> {
     prop::collection::vec(prop_oneof![step, call], 1..60)
 }
 
-/// The Rust side: the algorithm built on the limit in microseconds.
-enum Rust {
-    Gcra(Gcra),
-    Sliding(SlidingCounter),
-    Fixed(FixedCounter),
-}
+/// The Rust side: the script's twin, the algorithm built on the limit in microseconds.
+struct Rust(RedisLimit);
 
 impl Rust {
     fn new(spec: &RedisLimit) -> Self {
-        let micros = spec.in_micros();
-        match spec.kind() {
-            Kind::TokenBucket => Rust::Gcra(Gcra::new(micros).unwrap()),
-            Kind::SlidingWindow => Rust::Sliding(SlidingCounter::new(micros).unwrap()),
-            Kind::FixedWindow => Rust::Fixed(FixedCounter::new(micros).unwrap()),
-        }
+        Rust(spec.clone())
     }
 
     fn decide(&self, state: u64, cost: u64, now_us: u64) -> (Decision, Option<u64>) {
-        let step = match self {
-            Rust::Gcra(a) => a.decide(state, cost, now_us),
-            Rust::Sliding(a) => a.decide(state, cost, now_us),
-            Rust::Fixed(a) => a.decide(state, cost, now_us),
-        }
-        .unwrap();
+        let step = self.0.decide(state, cost, now_us).unwrap();
         (step.decision, step.next)
     }
 }
@@ -152,9 +136,7 @@ fn run_case(
     let limit = Limit::from_nanos(count, period_us * 1_000)
         .and_then(|l| l.with_burst(burst))
         .unwrap();
-    let Ok(spec) = RedisLimit::new(kind, limit) else {
-        return Ok(()); // refused when built: the bad-input tests cover the refusals
-    };
+    let spec = RedisLimit::new(kind, limit).expect("every limit in range is accepted");
     let rust = Rust::new(&spec);
     let limiter = RedisLimiter::builder(&shared.backend, "diff")
         .limit(kind, limit)
@@ -181,18 +163,31 @@ fn run_case(
                     .unwrap();
                 prop_assert_eq!(got.source(), &Source::Redis, "{:?}", got);
                 let got = got.stack().layers().next().unwrap().decision;
+                // Microseconds to the nanoseconds a decision reports (saturating, as the
+                // limiter does); waits past 2^53 us (285 years) are the script's doubles.
+                let ns = |us: u64| us.min(1 << 53).saturating_mul(1_000);
                 let scaled = if want.is_allowed() {
-                    Decision::allow(
-                        want.limit(),
-                        want.remaining(),
-                        want.reset_after_nanos() * 1_000,
-                    )
+                    Decision::allow(want.limit(), want.remaining(), ns(want.reset_after_nanos()))
                 } else {
                     Decision::deny(
                         want.limit(),
                         want.remaining(),
-                        want.retry_after_nanos() * 1_000,
-                        want.reset_after_nanos() * 1_000,
+                        ns(want.retry_after_nanos()),
+                        ns(want.reset_after_nanos()),
+                    )
+                };
+                let got = if got.is_allowed() {
+                    Decision::allow(
+                        got.limit(),
+                        got.remaining(),
+                        got.reset_after_nanos().min(ns(1 << 53)),
+                    )
+                } else {
+                    Decision::deny(
+                        got.limit(),
+                        got.remaining(),
+                        got.retry_after_nanos().min(ns(1 << 53)),
+                        got.reset_after_nanos().min(ns(1 << 53)),
                     )
                 };
                 prop_assert_eq!(
@@ -265,4 +260,60 @@ fn words_above_two_to_the_53_match() {
     )
     .unwrap();
     assert!(now * 7 > 1 << 53);
+}
+
+/// Limits over the whole supported range (counts and bursts to `u32::MAX`, periods from 1 us
+/// to 366 days), at today's time: where the token bucket counts in coarse or fine ticks, where
+/// the window counters round their previous count or wrap their window number, and where the
+/// script's products of a count and a window pass 2^53.
+#[test]
+fn the_whole_range_of_limits_decides_identically() {
+    let shared = Shared::start();
+    let case = std::cell::Cell::new(10_000);
+    let config = ProptestConfig {
+        cases: 256,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    };
+    let max = u64::from(u32::MAX);
+    let kind = prop_oneof![
+        Just(Kind::TokenBucket),
+        Just(Kind::SlidingWindow),
+        Just(Kind::FixedWindow)
+    ];
+    let units = prop_oneof![
+        1_u64..=max,
+        Just(max),
+        Just(1_000_000),
+        Just(100_000_000),
+        Just(1009)
+    ];
+    let period_us = prop_oneof![
+        1_u64..=366 * 86_400_000_000,
+        prop::sample::select(vec![
+            1_u64,
+            1_000,
+            1_000_000,
+            60_000_000,
+            86_400_000_000,
+            366 * 86_400_000_000
+        ]),
+    ];
+    let limits = (kind, units.clone(), period_us, prop::option::of(units)).prop_map(
+        |(kind, count, period_us, burst)| {
+            let burst = match (kind, burst) {
+                (Kind::TokenBucket, Some(burst)) => burst,
+                _ => count,
+            };
+            (kind, count, period_us, burst)
+        },
+    );
+    proptest!(config, |(
+        (limit, ops) in limits.prop_flat_map(|l| (Just(l), ops(l.2.min(1 << 40), l.3))),
+        start in 1_700_000_000_000_000_u64..1_800_000_000_000_000,
+        seed in any::<u64>(),
+    )| {
+        case.set(case.get() + 1);
+        run_case(&shared, limit, start, seed, ops, case.get())?;
+    });
 }

@@ -1,13 +1,11 @@
 //! [`WindowCounter`]: the pure transition of the sliding-window and fixed-window counters.
 #![deny(clippy::arithmetic_side_effects)]
 
-use core::time::Duration;
-
 use limiter_core::{
-    Algorithm, Decision, DecisionError, Limit, LimitError, MIN_CLOCK_RANGE, Step, Usage,
+    Accuracy, Algorithm, Decision, DecisionError, Limit, LimitError, MIN_CLOCK_RANGE, Step, Usage,
 };
 
-use crate::layout::{Layout, Windows};
+use crate::layout::{Layout, MIN_WRAPPING_INDEX_BITS, Windows};
 
 /// A window counter: at most `count` units per window of length `period`. Windows are numbered
 /// `now / period` from the clock's epoch.
@@ -31,9 +29,28 @@ use crate::layout::{Layout, Windows};
 ///
 /// One `u64`: the window number, then the previous count (sliding only), then the current
 /// count, each count in just the bits `count` needs. The limit's burst must equal its count (a
-/// window has no separate burst). A limit is accepted only if the window number still covers
-/// [`MIN_CLOCK_RANGE`] ns of clock; for one-second windows that allows up to 262,143 per second
-/// sliding, and every valid limit (up to one unit per ns) fixed. Past its range a reading is refused with
+/// window has no separate burst). Every count from 1 to `u32::MAX` in every window from 1 ns
+/// to 584 years is accepted:
+///
+/// - Where the counts leave the window number room for [`MIN_CLOCK_RANGE`] ns of clock, both
+///   counts are exact (every fixed window up to `u32::MAX` per 17 ms or longer; sliding windows
+///   up to 262,143 per second, 16 million per minute).
+/// - Past that, a sliding window keeps the previous window's count rounded up to a granule of
+///   `2^g` units, so it can only weigh more: never more admitted, at most `2^g - 1` units fewer
+///   per window ([`accuracy`](Algorithm::accuracy) states it; 7 units in 10^6 per second,
+///   2,047 in 10^8 per minute).
+/// - Where even that leaves too few bits (over 134 million per one-second window sliding, over
+///   268 million per millisecond fixed), the window number wraps modulo `2^k` (`k >= 21`):
+///   exact for a state written within the last `2^(k-1)` windows, the horizon that
+///   [`accuracy`](Algorithm::accuracy) states. An older state (full, so normally dropped by its
+///   store, though not by a direct limiter) may be read as recent, or as written up to a
+///   horizon ahead, and then admits at most `count` until the clock reaches that window: it
+///   only ever denies more. A clock that steps back by more than the horizon reads a state as
+///   that old, and decides on it as on a fresh one.
+///
+/// Counts above `2^33 - 2` (sliding) or `2^43 - 2` (fixed) per window are refused.
+///
+/// Past its range ([`max_now_nanos`](Self::max_now_nanos)) a reading is refused with
 /// [`DecisionError::ClockOutOfRange`].
 ///
 /// # A clock that goes backwards
@@ -59,10 +76,21 @@ pub type SlidingCounter = WindowCounter<true>;
 pub type FixedCounter = WindowCounter<false>;
 
 impl<const SLIDING: bool> WindowCounter<SLIDING> {
-    const FIELDS: u32 = if SLIDING { 2 } else { 1 };
-
     /// The counter for `limit`, or why it cannot be represented.
     pub fn from_limit(limit: Limit) -> Result<Self, LimitError> {
+        Self::build(limit, MIN_CLOCK_RANGE, false)
+    }
+
+    /// The counter for a store that drops every state once it is full, as Redis expires its
+    /// keys, on a clock that must reach `min_range_ns` (Redis: `2^52` µs since the Unix epoch,
+    /// the script's limit). No state there outlives the horizon of a wrapping window number, so
+    /// one is preferred to rounding the previous count: a sliding window counts up to 2 million
+    /// per window exactly.
+    pub fn for_expiring_store(limit: Limit, min_range_ns: u64) -> Result<Self, LimitError> {
+        Self::build(limit, min_range_ns, true)
+    }
+
+    fn build(limit: Limit, min_range_ns: u64, expiring: bool) -> Result<Self, LimitError> {
         let unsupported = |reason: String| LimitError::Unsupported {
             algorithm: Self::NAME,
             reason,
@@ -74,25 +102,30 @@ impl<const SLIDING: bool> WindowCounter<SLIDING> {
             )));
         }
         let (count, window_ns) = (limit.count(), limit.period_nanos());
-        let layout = Layout::for_count(count, Self::FIELDS);
-        let max_now_ns = last_reading(layout, window_ns);
-        if max_now_ns < MIN_CLOCK_RANGE {
-            let most = largest_supported_count(window_ns, Self::FIELDS);
-            // Longer windows do not help: each doubling of the window frees one bit of window
-            // number but a count twice as large needs one more bit per count held.
-            let instead = same_rate_in_shorter_windows(count, window_ns, Self::FIELDS)
-                .map(|shorter| format!(", or the same rate in shorter windows, such as {shorter}"))
-                .unwrap_or_default();
+        let layout = Layout::choose(
+            count,
+            SLIDING,
+            needed_index_bits(window_ns, min_range_ns),
+            expiring,
+        );
+        if layout.is_wrapping() && layout.index_bits() < MIN_WRAPPING_INDEX_BITS {
+            let most = if SLIDING {
+                (1u64 << 33) - 2
+            } else {
+                (1u64 << 43) - 2
+            };
             return Err(unsupported(format!(
-                "{limit}: counts up to {count} leave window numbers for only {:?} of clock, less than \
-                 the {:?} required; with {:?} windows the {} supports at most {most} per window. \
-                 Use a smaller count{instead}: shorter windows hold more per second",
-                Duration::from_nanos(max_now_ns),
-                Duration::from_nanos(MIN_CLOCK_RANGE),
-                limit.period(),
-                Self::NAME,
+                "{limit}: a {} counts at most {most} units per window; use a smaller count \
+                 (in larger units), or the token bucket",
+                Self::NAME
             )));
         }
+        let max_now_ns = if layout.is_wrapping() {
+            u64::MAX
+        } else {
+            last_reading(layout, window_ns)
+        };
+        debug_assert!(max_now_ns >= min_range_ns);
         Ok(Self {
             limit,
             count,
@@ -107,12 +140,40 @@ impl<const SLIDING: bool> WindowCounter<SLIDING> {
         self.max_now_ns
     }
 
+    /// The state's layout as the Redis script receives it: bits of the current count, of the
+    /// previous count, of its granule (kept in units of `2^g`, rounded up), of the window
+    /// number, and 1 if the window number wraps (see the type's docs).
+    pub fn layout(&self) -> [u32; 5] {
+        self.layout.fields()
+    }
+
+    /// The window `stored` (as unpacked) stands for, seen from window `now`: for a wrapping
+    /// layout, the nearest with the same low bits; an empty state is fresh, wherever its index.
+    fn absolute(&self, stored: Windows, now: u64) -> u64 {
+        if stored.current == 0 && stored.previous == 0 {
+            return now.min(self.layout.absolute(stored.index, now));
+        }
+        self.layout.absolute(stored.index, now)
+    }
+
+    /// The window `now_ns` is in and the state as of its own (absolute) window.
+    #[inline]
+    fn locate(&self, state: u64, now_ns: u64) -> (u64, Windows) {
+        let mut stored = self.layout.unpack(state);
+        if self.layout.is_wrapping() {
+            let window = now_ns.checked_div(self.window_ns).unwrap_or(0);
+            stored.index = self.absolute(stored, window);
+            (window, stored)
+        } else {
+            (self.window_of(now_ns, stored.index), stored)
+        }
+    }
+
     /// `state` as seen at `now_ns` (within range). A reading before the state's window: no time
     /// has passed for the state, so it is read at the start of its window (`stored.index *
     /// period` is at most the reading that wrote it).
     fn read(&self, state: u64, now_ns: u64) -> Reading {
-        let stored = self.layout.unpack(state);
-        let window = self.window_of(now_ns, stored.index);
+        let (window, stored) = self.locate(state, now_ns);
         let (index, at) = if window < stored.index {
             (stored.index, stored.index.saturating_mul(self.window_ns))
         } else {
@@ -150,7 +211,7 @@ impl<const SLIDING: bool> WindowCounter<SLIDING> {
             0 => stored,
             1 if SLIDING => Windows {
                 index,
-                previous: stored.current,
+                previous: self.layout.round_previous(stored.current),
                 current: 0,
             },
             _ => Windows {
@@ -197,9 +258,11 @@ impl<const SLIDING: bool> WindowCounter<SLIDING> {
         let to_next = self.window_ns.saturating_sub(elapsed);
         let into_next = if SLIDING && w.current > 0 {
             let allowance = u128::from(self.count.saturating_sub(cost));
+            // This window's count, as the next window will weigh it (rounded up to a granule).
+            let previous = self.layout.round_previous(w.current);
             let keep = allowance
                 .saturating_mul(window)
-                .checked_div(u128::from(w.current))
+                .checked_div(u128::from(previous))
                 .unwrap_or(0)
                 .min(window);
             u64::try_from(window.saturating_sub(keep)).unwrap_or(u64::MAX)
@@ -241,6 +304,24 @@ impl<const SLIDING: bool> Algorithm for WindowCounter<SLIDING> {
 
     fn limit(&self) -> &Limit {
         &self.limit
+    }
+
+    /// Exact, except where the previous count is rounded up to a granule of `g` units (then up
+    /// to `g - 1` units fewer per window) and where the window number wraps (then exact for
+    /// states written within the last `2^(k-1)` windows).
+    fn accuracy(&self) -> Accuracy {
+        let granule = if SLIDING { self.layout.granule() } else { 1 };
+        let accuracy = Accuracy::from_shortfall(
+            u128::from(granule.saturating_sub(1)),
+            u128::from(self.count),
+        );
+        if !self.layout.is_wrapping() {
+            return accuracy;
+        }
+        let windows = 1u64
+            .checked_shl(self.layout.index_bits().saturating_sub(1))
+            .unwrap_or(u64::MAX);
+        accuracy.with_horizon(windows.saturating_mul(self.window_ns).max(1))
     }
 
     #[inline]
@@ -295,8 +376,9 @@ impl<const SLIDING: bool> Algorithm for WindowCounter<SLIDING> {
         if now_ns > self.max_now_ns {
             return true;
         }
-        let stored = self.layout.unpack(state);
         let window = now_ns.checked_div(self.window_ns).unwrap_or(0);
+        let mut stored = self.layout.unpack(state);
+        stored.index = self.absolute(stored, window);
         let w = if window < stored.index {
             stored
         } else {
@@ -329,8 +411,9 @@ impl<const SLIDING: bool> Algorithm for WindowCounter<SLIDING> {
     }
 
     fn refund(&self, state: u64, units: u64, granted_at: u64, _now_ns: u64) -> Option<u64> {
-        let mut w = self.layout.unpack(state);
         let granted = granted_at.checked_div(self.window_ns).unwrap_or(0);
+        let mut w = self.layout.unpack(state);
+        w.index = self.absolute(w, granted);
         // The units were counted in the grant's window: take them back from that window's
         // count if the state still holds it, and from nothing otherwise.
         let count = if granted == w.index {
@@ -344,6 +427,7 @@ impl<const SLIDING: bool> Algorithm for WindowCounter<SLIDING> {
             return None;
         }
         *count = count.saturating_sub(units);
+        w.previous = self.layout.round_previous(w.previous);
         Some(self.layout.pack(w))
     }
 }
@@ -367,50 +451,15 @@ fn last_reading(layout: Layout, window_ns: u64) -> u64 {
     u64::try_from(end.saturating_sub(1)).unwrap_or(u64::MAX)
 }
 
-/// Whether a counter of `fields` counts up to `count` in windows of `window_ns` covers
-/// [`MIN_CLOCK_RANGE`].
-fn fits(count: u64, window_ns: u64, fields: u32) -> bool {
-    last_reading(Layout::for_count(count, fields), window_ns) >= MIN_CLOCK_RANGE
-}
-
-/// The largest `2^b - 1` a window of `window_ns` supports with at least [`MIN_CLOCK_RANGE`].
-fn largest_supported_count(window_ns: u64, fields: u32) -> u64 {
+/// The fewest window-number bits whose absolute layout covers `min_range_ns` of windows of
+/// `window_ns` (the last number is left unused).
+fn needed_index_bits(window_ns: u64, min_range_ns: u64) -> u32 {
     (1..u64::BITS)
-        .rev()
-        .map(|bits| {
-            u64::MAX
-                .checked_shr(u64::BITS.saturating_sub(bits))
-                .unwrap_or(0)
+        .find(|&bits| {
+            let layout = Layout::exact(u64::BITS.saturating_sub(bits), false);
+            last_reading(layout, window_ns) >= min_range_ns
         })
-        .find(|&count| fits(count, window_ns, fields))
-        .unwrap_or(1)
-}
-
-/// `count` per `window_ns` as the same rate (rounded down, never above it) in the longest
-/// window a half, a fifth, a tenth, a twentieth, ... as long that fits (so a round period
-/// stays round), or `None` if no window of at least 1 ns holds a unit.
-fn same_rate_in_shorter_windows(count: u64, window_ns: u64, fields: u32) -> Option<Limit> {
-    for divisor in window_divisors() {
-        let shorter = window_ns.checked_div(divisor).filter(|&w| w > 0)?;
-        // count * shorter / window_ns <= count, so it fits in a u64.
-        let scaled = u128::from(count)
-            .checked_mul(u128::from(shorter))?
-            .checked_div(u128::from(window_ns))?;
-        let scaled = u64::try_from(scaled).ok().filter(|&c| c > 0)?;
-        if fits(scaled, shorter, fields) {
-            return Limit::from_nanos(scaled, shorter).ok();
-        }
-    }
-    None
-}
-
-/// 2, 5, 10, 20, 50, 100, ...: what to divide a window by so a round period stays round.
-fn window_divisors() -> impl Iterator<Item = u64> {
-    (0..u64::MAX.ilog10())
-        .flat_map(|power| {
-            [2_u64, 5, 10].map(move |m| 10_u64.checked_pow(power).and_then(|p| m.checked_mul(p)))
-        })
-        .map_while(|divisor| divisor)
+        .unwrap_or(u64::BITS)
 }
 
 #[cfg(test)]
@@ -422,31 +471,21 @@ mod tests {
     const SECOND: u64 = 1_000_000_000;
 
     #[test]
-    fn a_rate_too_high_for_its_windows_fits_in_the_shorter_windows_the_error_names() {
-        // A million per second does not fit a sliding window's state over 2^56 ns of clock
-        // (a 1 s window holds at most 262,143)...
-        let error = SlidingCounter::from_limit(Limit::per_second(1_000_000).unwrap())
-            .unwrap_err()
-            .to_string();
-        // ...nor does the same rate in longer windows, whatever one might guess...
-        for seconds in [2, 10, 60] {
-            let longer = Limit::new(1_000_000 * seconds, Duration::from_secs(seconds)).unwrap();
-            assert!(SlidingCounter::from_limit(longer).is_err(), "{longer}");
-        }
-        // ...but it does in the shorter windows the error names, at the same rate.
-        assert!(
-            error.contains("shorter windows, such as 100000 per 100ms"),
-            "{error}"
-        );
-        let named = Limit::new(100_000, Duration::from_millis(100)).unwrap();
-        let counter = SlidingCounter::from_limit(named).unwrap();
-        assert!(counter.max_now_nanos() >= MIN_CLOCK_RANGE);
-        // The suggestion never raises the rate: 3 per 7 ns becomes 1 per 3 ns, not 1.29.
-        let rounded = same_rate_in_shorter_windows(3, 7, 2).unwrap();
-        assert_eq!((rounded.count(), rounded.period_nanos()), (1, 3));
-        let divisors: Vec<u64> = window_divisors().take(7).collect();
-        assert_eq!(divisors, [2, 5, 10, 20, 50, 100, 200]);
-        assert_eq!(window_divisors().last(), Some(10_000_000_000_000_000_000));
+    fn a_million_per_second_is_kept_with_its_previous_count_rounded_to_8_units() {
+        let s = sliding(1_000_000, SECOND);
+        assert!(s.max_now_nanos() >= MIN_CLOCK_RANGE);
+        assert_eq!(s.accuracy().shortfall_per_billion(), 7_000);
+        // The previous window's 999,993 units weigh as 1,000,000: never less than they are.
+        let state = s
+            .decide(SlidingCounter::FRESH, 999_993, 0)
+            .unwrap()
+            .next
+            .unwrap();
+        let d = s.decide(state, 0, SECOND).unwrap().decision;
+        assert_eq!(d.remaining(), 0);
+        // The fixed window counts it exactly.
+        let f = FixedCounter::from_limit(Limit::per_second(1_000_000).unwrap()).unwrap();
+        assert!(f.accuracy().is_exact());
     }
 
     fn sliding(count: u64, period_ns: u64) -> SlidingCounter {
@@ -527,16 +566,22 @@ mod tests {
     }
 
     #[test]
-    fn limits_out_of_range_are_refused_with_the_largest_count_that_fits() {
-        let err = SlidingCounter::from_limit(Limit::per_second(1_000_000).unwrap()).unwrap_err();
-        assert!(
-            err.to_string().contains("at most 262143 per window"),
-            "{err}"
-        );
+    fn only_a_burst_or_a_count_no_word_can_hold_is_refused() {
         assert!(SlidingCounter::from_limit(Limit::per_second(262_143).unwrap()).is_ok());
-        assert!(FixedCounter::from_limit(Limit::per_second(1_000_000_000).unwrap()).is_ok());
         let sliding_max = SlidingCounter::from_limit(Limit::per_second(262_143).unwrap()).unwrap();
-        assert!(sliding_max.max_now_nanos() >= MIN_CLOCK_RANGE);
+        assert!(sliding_max.accuracy().is_exact());
+        for count in [1, 262_144, 1_000_000, u64::from(u32::MAX)] {
+            for window in [1_000, SECOND, 366 * 86_400 * SECOND] {
+                let limit = Limit::from_nanos(count, window).unwrap();
+                assert!(SlidingCounter::from_limit(limit).is_ok(), "{limit}");
+                assert!(FixedCounter::from_limit(limit).is_ok(), "{limit}");
+            }
+        }
+        let too_many = Limit::per_second(u64::MAX).unwrap();
+        let err = SlidingCounter::from_limit(too_many)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("at most 8589934590 units per window"), "{err}");
         let burst = Limit::per_second(10).unwrap().with_burst(5).unwrap();
         assert!(
             SlidingCounter::from_limit(burst)
@@ -544,6 +589,33 @@ mod tests {
                 .to_string()
                 .contains("no separate burst")
         );
+    }
+
+    #[test]
+    fn a_wrapping_counter_decides_like_the_exact_one_over_recent_windows() {
+        // u32::MAX per microsecond: the window number wraps.
+        let s = sliding(u64::from(u32::MAX), 1_000);
+        assert_eq!(s.max_now_nanos(), u64::MAX);
+        assert!(s.layout()[4] == 1, "{:?}", s.layout());
+        let start = 1_000 << 52; // the start of a window
+        let state = s
+            .decide(SlidingCounter::FRESH, 1 << 31, start)
+            .unwrap()
+            .next
+            .unwrap();
+        // Half a window on, the previous window (rounded up) weighs about half.
+        let d = s.decide(state, 0, start + 1_500).unwrap().decision;
+        // (the weight is rounded up: half of the rounded count, plus one if odd)
+        let previous = s.layout.round_previous(1 << 31);
+        assert_eq!(d.remaining(), u64::from(u32::MAX) - previous.div_ceil(2));
+        // Two windows on it is empty; a reading before its window sees it whole.
+        assert!(s.is_full(state, start + 2_000));
+        assert!(!s.is_full(state, start - 5_000));
+        let back = s
+            .decide(state, u64::from(u32::MAX), start - 5_000)
+            .unwrap()
+            .decision;
+        assert!(back.is_denied());
     }
 
     #[test]

@@ -54,19 +54,20 @@ mod layout;
 
 pub use counter::{FixedCounter, SlidingCounter, WindowCounter};
 pub use limiter_core::{
-    Clock, Decision, DecisionError, Limit, LimitError, Limiter, ManualClock, MonotonicClock,
+    Clock, Decision, DecisionError, DefaultClock, Limit, LimitError, Limiter, ManualClock,
+    MonotonicClock,
 };
 
 /// One sliding-window counter: see [`DirectLimiter`](limiter_core::DirectLimiter).
-pub type SlidingWindow<C = MonotonicClock> = limiter_core::DirectLimiter<SlidingCounter, C>;
+pub type SlidingWindow<C = DefaultClock> = limiter_core::DirectLimiter<SlidingCounter, C>;
 
 /// A sliding-window counter per key: see [`KeyedLimiter`](limiter_store::KeyedLimiter).
-pub type KeyedSlidingWindow<K, C = MonotonicClock, St = limiter_store::ShardedStore<K>> =
+pub type KeyedSlidingWindow<K, C = DefaultClock, St = limiter_store::ShardedStore<K>> =
     limiter_store::KeyedLimiter<SlidingCounter, K, C, St>;
 
 /// One fixed-window counter: see [`DirectLimiter`](limiter_core::DirectLimiter).
-pub type FixedWindow<C = MonotonicClock> = limiter_core::DirectLimiter<FixedCounter, C>;
+pub type FixedWindow<C = DefaultClock> = limiter_core::DirectLimiter<FixedCounter, C>;
 
 /// A fixed-window counter per key: see [`KeyedLimiter`](limiter_store::KeyedLimiter).
-pub type KeyedFixedWindow<K, C = MonotonicClock, St = limiter_store::ShardedStore<K>> =
+pub type KeyedFixedWindow<K, C = DefaultClock, St = limiter_store::ShardedStore<K>> =
     limiter_store::KeyedLimiter<FixedCounter, K, C, St>;

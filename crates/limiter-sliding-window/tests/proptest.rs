@@ -2,7 +2,7 @@
 //! identical decisions (the model finds `retry_after` by search, the counter in closed form), no
 //! write on denial or peek, full states deciding like fresh ones, and the admission bound.
 
-use limiter_core::Algorithm;
+use limiter_core::{Accuracy, Algorithm};
 use limiter_sliding_window::{FixedCounter, Limit, SlidingCounter};
 use limiter_testkit::harness::{proptest_config, run};
 use limiter_testkit::model::{FixedWindowModel, SlidingWindowModel};
@@ -20,7 +20,12 @@ fn limits() -> impl Strategy<Value = Limit> {
     let count = prop_oneof![1u64..=10, 1u64..=5_000];
     (period, count).prop_filter_map("counter refuses it", |(period, count)| {
         let limit = Limit::from_nanos(count.min(period), period).ok()?;
-        (SlidingCounter::new(limit).is_ok() && FixedCounter::new(limit).is_ok()).then_some(limit)
+        // Limits counted conservatively are checked in `every_limit.rs`; here every decision
+        // must equal the model's.
+        let exact = |accuracy: Accuracy| accuracy.is_exact();
+        (SlidingCounter::new(limit).is_ok_and(|c| exact(c.accuracy()))
+            && FixedCounter::new(limit).is_ok_and(|c| exact(c.accuracy())))
+        .then_some(limit)
     })
 }
 

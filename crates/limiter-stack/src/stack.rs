@@ -36,7 +36,7 @@ use std::ops::Deref;
 use std::sync::atomic::{AtomicU64 as StdAtomicU64, Ordering as StdOrdering};
 
 use crossbeam_utils::CachePadded;
-use limiter_core::{Clock, Decision, MonotonicClock};
+use limiter_core::{Clock, Decision, DefaultClock};
 use limiter_store::table::{Shard, ShardReadGuard, ShardWriteGuard, ShardedTable};
 
 use crate::cells::{Cells, Held, MAX_LIMITS_PER_LAYER, Snapshot};
@@ -49,7 +49,7 @@ use crate::sync::EntryHasher;
 /// call: admitted only if every layer admits, and a denied call changes nothing.
 ///
 /// Build one with [`Stack::builder`]. See the crate docs for an example.
-pub struct Stack<R, K, C = MonotonicClock> {
+pub struct Stack<R, K, C = DefaultClock> {
     layers: Box<[Layer<R, K>]>,
     /// One entry per global layer, by layer position (`None` for keyed layers).
     globals: Box<[Option<CachePadded<Cells>>]>,
@@ -75,7 +75,7 @@ pub(crate) struct Entry<K> {
 }
 
 /// Builds a [`Stack`].
-pub struct StackBuilder<R, K, C = MonotonicClock> {
+pub struct StackBuilder<R, K, C = DefaultClock> {
     layers: Vec<Layer<R, K>>,
     clock: C,
     shards: Option<usize>,
@@ -83,11 +83,11 @@ pub struct StackBuilder<R, K, C = MonotonicClock> {
 }
 
 impl<R, K> Stack<R, K> {
-    /// A builder with no layers, on a new [`MonotonicClock`].
+    /// A builder with no layers, on a new [`DefaultClock`].
     pub fn builder() -> StackBuilder<R, K> {
         StackBuilder {
             layers: Vec::new(),
-            clock: MonotonicClock::new(),
+            clock: DefaultClock::new(),
             shards: None,
             max_keys: None,
         }

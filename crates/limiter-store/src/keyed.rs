@@ -3,7 +3,7 @@
 use std::hash::Hash;
 
 use limiter_core::{
-    Algorithm, Clock, Decision, DecisionError, Limit, LimitError, Limiter, MonotonicClock,
+    Algorithm, Clock, Decision, DecisionError, DefaultClock, Limit, LimitError, Limiter,
 };
 
 use crate::sharded::ShardedStore;
@@ -12,7 +12,7 @@ use crate::store::{Store, StoreStats};
 /// A limiter of algorithm `A` per key `K`, reading clock `C`, keeping states in store `St`
 /// ([`ShardedStore`] by default; [`BoundedStore`](crate::BoundedStore) caps the number of keys).
 #[derive(Debug)]
-pub struct KeyedLimiter<A, K, C = MonotonicClock, St = ShardedStore<K>> {
+pub struct KeyedLimiter<A, K, C = DefaultClock, St = ShardedStore<K>> {
     algorithm: A,
     store: St,
     clock: C,
@@ -20,9 +20,9 @@ pub struct KeyedLimiter<A, K, C = MonotonicClock, St = ShardedStore<K>> {
 }
 
 impl<A: Algorithm, K: Hash + Eq + Clone + Send + Sync> KeyedLimiter<A, K> {
-    /// A keyed limiter for `limit` on a new [`MonotonicClock`] and an empty [`ShardedStore`].
+    /// A keyed limiter for `limit` on a new [`DefaultClock`] and an empty [`ShardedStore`].
     pub fn new(limit: Limit) -> Result<Self, LimitError> {
-        Self::with_clock(limit, MonotonicClock::new())
+        Self::with_clock(limit, DefaultClock::new())
     }
 }
 

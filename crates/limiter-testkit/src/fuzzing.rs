@@ -47,7 +47,7 @@ pub fn run_bytes<A: Algorithm, M: Model>(bytes: &[u8]) {
         Err(e) => panic!("{limit}: a valid limit was refused with the wrong error: {e}"),
     }
     let ops = decode(rest, limit.period_nanos() / limit.count(), limit.burst());
-    if let Err(violation) = harness::run::<A, M>(limit, start, &ops) {
+    if let Err(violation) = harness::run_conservative::<A, M>(limit, start, &ops) {
         panic!("{violation}");
     }
 }

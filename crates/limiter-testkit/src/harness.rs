@@ -75,6 +75,146 @@ pub fn run<A: Algorithm, M: Model>(limit: Limit, start: u64, ops: &[Op]) -> Resu
     Ok(())
 }
 
+/// Like [`run`], for a limit the algorithm counts conservatively (its
+/// [`accuracy`](Algorithm::accuracy) is not exact): decisions may differ from the exact model,
+/// but every other check holds, the admission bound is the *exact* model's, and every denial's
+/// `retry_after` is the algorithm's own exact first admitting instant (admitted then, denied one
+/// nanosecond before, when nothing else consumes). An exact algorithm must also match the model
+/// call for call, so this runs [`run`] for it.
+///
+/// Where the accuracy states a horizon (a wrapping window number), the claim holds for states
+/// read within the horizon of their writing, either way, so every reading is kept within a
+/// band of a quarter of the horizon around `start` (steps are cut short at its edges). Beyond
+/// it a state is read as one written a horizon earlier or later, as the algorithm documents.
+pub fn run_conservative<A: Algorithm, M: Model>(
+    limit: Limit,
+    start: u64,
+    ops: &[Op],
+) -> Result<(), String> {
+    let algorithm = A::new(limit).map_err(|e| format!("limit {limit} refused: {e}"))?;
+    let accuracy = algorithm.accuracy();
+    if accuracy.is_exact() {
+        return run::<A, M>(limit, start, ops);
+    }
+    let (low, high) = match accuracy.horizon_nanos() {
+        Some(horizon) => {
+            let low = start.min(u64::MAX - horizon / 4);
+            (low, low + horizon / 4)
+        }
+        None => (0, u64::MAX),
+    };
+    let mut state = A::FRESH;
+    let mut now = start;
+    let mut admissions = AdmissionLog::default();
+    for (index, op) in ops.iter().enumerate() {
+        let cost = match *op {
+            Op::Advance(by) => {
+                now = now.saturating_add(by).min(high);
+                continue;
+            }
+            Op::Back(by) => {
+                now = now.saturating_sub(by).max(low);
+                continue;
+            }
+            Op::Check(cost) => cost,
+        };
+        let context = || format!("step {index} ({op:?}) at {now} ns on {limit}");
+        let got = algorithm.decide(state, cost, now);
+        let step = match got {
+            Ok(step) => step,
+            Err(DecisionError::ClockOutOfRange { now_ns, max_ns })
+                if now_ns == now && now > max_ns =>
+            {
+                continue;
+            }
+            Err(DecisionError::CostExceedsBurst { cost: c, burst })
+                if c == cost && cost > limit.burst() && burst == limit.burst() =>
+            {
+                continue;
+            }
+            Err(e) => return Err(format!("{}: unexpected error {e}", context())),
+        };
+        check_full_is_fresh(&algorithm, state, now, cost)
+            .map_err(|e| format!("{}: {e}", context()))?;
+        check_decision(&step.decision, cost, limit).map_err(|e| format!("{}: {e}", context()))?;
+        // A retry instant past u64::MAX ns is reported saturated and not checked.
+        let retry_at = now
+            .checked_add(step.decision.retry_after_nanos())
+            .filter(|_| step.decision.retry_after_nanos() != u64::MAX);
+        if let Some(at) = retry_at.filter(|_| step.decision.is_denied()) {
+            let then = algorithm.decide(state, cost, at);
+            if at <= algorithm_max(&algorithm, at)
+                && !then.as_ref().is_ok_and(|s| s.decision.is_allowed())
+            {
+                return Err(format!(
+                    "{}: denied, but retrying after {} ns gives {then:?}",
+                    context(),
+                    step.decision.retry_after_nanos()
+                ));
+            }
+            let before = algorithm.decide(state, cost, at.saturating_sub(1));
+            if before.as_ref().is_ok_and(|s| s.decision.is_allowed()) {
+                return Err(format!(
+                    "{}: retry_after {} ns is later than the first admitting instant",
+                    context(),
+                    step.decision.retry_after_nanos()
+                ));
+            }
+        }
+        let consumed = step.decision.is_allowed() && cost > 0;
+        match (step.next, consumed) {
+            (Some(next), true) if next == StateCell::RETIRED => {
+                return Err(format!("{}: wrote the reserved RETIRED word", context()));
+            }
+            (Some(next), true) => state = next,
+            (Some(_), false) => {
+                return Err(format!("{}: a denial or a peek wrote state", context()));
+            }
+            (None, true) => return Err(format!("{}: an admission wrote nothing", context())),
+            (None, false) => continue,
+        }
+        admissions
+            .record::<M>(&limit, now, cost)
+            .map_err(|e| format!("{}: {e}", context()))?;
+    }
+    Ok(())
+}
+
+/// `at` if the algorithm can decide at `at`, else 0 (so the caller skips the retry check).
+fn algorithm_max<A: Algorithm>(algorithm: &A, at: u64) -> u64 {
+    match algorithm.decide(A::FRESH, 0, at) {
+        Err(DecisionError::ClockOutOfRange { .. }) => 0,
+        _ => at,
+    }
+}
+
+/// A greedy caller from `start`: takes the whole burst, then `units` more one at a time, each
+/// at once if admitted, else at the instant its `retry_after` names. Returns the nanoseconds the `units` took, or an error
+/// if a retry was not admitted. Over that span the exact limit admits at least `units`, so the
+/// span is at most `units / rate`, stretched by at most the algorithm's stated shortfall.
+pub fn greedy_span<A: Algorithm>(algorithm: &A, start: u64, units: u64) -> Result<u64, String> {
+    let burst = algorithm.limit().burst();
+    let mut state = algorithm
+        .decide(A::FRESH, burst, start)
+        .map_err(|e| e.to_string())?
+        .next
+        .ok_or("the full burst was not admitted")?;
+    let mut now = start;
+    for taken in 0..units {
+        // Several units a nanosecond come back at once: wait only when denied.
+        let first = algorithm.decide(state, 1, now).map_err(|e| e.to_string())?;
+        if first.decision.is_denied() {
+            now = now.saturating_add(first.decision.retry_after_nanos());
+        }
+        let step = algorithm.decide(state, 1, now).map_err(|e| e.to_string())?;
+        state = step
+            .next
+            .filter(|_| step.decision.is_allowed())
+            .ok_or_else(|| format!("unit {taken} denied at its retry instant {now}"))?;
+    }
+    Ok(now - start)
+}
+
 /// A state that `is_full` at `now` must decide exactly like a fresh one there: that is what
 /// lets a store forget it.
 pub fn check_full_is_fresh<A: Algorithm>(

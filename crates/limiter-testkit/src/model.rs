@@ -46,7 +46,8 @@ impl Model for GcraModel {
         let tau = burst * period;
         let start = self.tat.max(now);
         let after = start + u128::from(cost) * period;
-        let ns = |scaled: u128| u64::try_from(scaled.div_ceil(count)).expect("fits: below tau");
+        // Waits past u64::MAX ns saturate, as the algorithms report them.
+        let ns = |scaled: u128| u64::try_from(scaled.div_ceil(count)).unwrap_or(u64::MAX);
         let units = |headroom: u128| u64::try_from(headroom / period).expect("fits: at most burst");
         if after <= now + tau {
             if cost > 0 {

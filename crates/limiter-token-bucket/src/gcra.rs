@@ -2,11 +2,16 @@
 #![deny(clippy::arithmetic_side_effects)]
 
 use core::num::NonZeroU64;
-use core::time::Duration;
 
 use limiter_core::{
-    Algorithm, Decision, DecisionError, Limit, LimitError, MIN_CLOCK_RANGE, StateCell, Step, Usage,
+    Accuracy, Algorithm, Decision, DecisionError, Limit, LimitError, MIN_CLOCK_RANGE, StateCell,
+    Step, Usage,
 };
+
+/// The finest sub-nanosecond tick an inexact limit is counted in: 1/128 ns. Finer ticks would
+/// leave less than [`MIN_CLOCK_RANGE`] of clock (2^64 / 2^8 ticks is exactly 2^56 ns, with no
+/// room left for the bucket's depth).
+const FINEST_TICKS_PER_NS: u64 = 1 << 7;
 
 /// The token bucket, in GCRA form: its parameters, derived once from its [`Limit`].
 ///
@@ -17,18 +22,32 @@ use limiter_core::{
 /// A bucket is full when `tat <= now`, and holds `(now + tau - tat) / unit` tokens otherwise,
 /// where `unit` is the time one token takes to refill and `tau = burst * unit`.
 ///
-/// One unit takes `period / count` nanoseconds, which is often not a whole number (7 per
-/// second). To keep refill exact, with no fractional credit lost or invented, time is counted in
-/// *ticks* of `1 / q` ns, where `q = count / gcd(count, period)`. One unit is then exactly
-/// `p = period / gcd(count, period)` ticks, and every quantity is an integer. For the common
-/// limits (10 per second, 100 per minute) `q` is 1 and a tick is a nanosecond.
+/// Time is counted in *ticks*, chosen per limit so that one `u64` holds the tat for at least
+/// [`MIN_CLOCK_RANGE`] ns (2.3 years) of clock, whatever the limit:
+///
+/// 1. **Exact** (the common case): ticks of `1/q` ns with `q = count / gcd(count, period)`, so
+///    one unit is exactly `p = period / gcd(count, period)` ticks and no fractional credit is
+///    ever lost or invented. For round limits (10 per second, 100 per minute) `q` is 1 and a tick
+///    is a nanosecond.
+/// 2. **Conservative, fine**: where `q` would leave too little clock range (1009 per minute
+///    needs `q = 1009`), ticks of `1/2^k` ns (`2^k <= 128`, the finest that fits) and a unit of
+///    `ceil(period * 2^k / count)` ticks: rounded up, so the bucket refills slightly slower than
+///    the limit, never faster.
+/// 3. **Conservative, coarse**: where even nanosecond ticks cannot hold the bucket's depth (a
+///    burst of billions of units that each take hours), ticks of `2^s` ns, readings floored to a
+///    tick, and a unit of `ceil(period / (count * 2^s)) + 1` ticks; the extra tick pays for
+///    the flooring, so no span of real time ever refills more than the limit allows.
+///
+/// Over any span `T` the bucket admits at most `burst + floor(T * count / period)` units in every
+/// case; [`accuracy`](Algorithm::accuracy) states how much less a conservative limit may admit
+/// (under 1 unit in 10^5 for every limit up to 10^6 per second; about 1 in 10^10 for 1009 per
+/// minute).
 ///
 /// # Range
 ///
-/// The `tat` is absolute: ticks since the clock's epoch. A limit is accepted only if its clock
-/// range, `(u64::MAX - tau) / q` ns, is at least [`MIN_CLOCK_RANGE`] (2^56 ns, about 2.3 years
-/// of uptime on the default clock; 584 years when `q` is 1). Past that range a call is refused
-/// with [`DecisionError::ClockOutOfRange`] rather than decided wrongly.
+/// The `tat` is absolute: ticks since the clock's epoch. Every limit leaves at least
+/// [`MIN_CLOCK_RANGE`] ns of clock; past [`max_now_nanos`](Self::max_now_nanos) a call is
+/// refused with [`DecisionError::ClockOutOfRange`] rather than decided wrongly.
 ///
 /// # A clock that goes backwards
 ///
@@ -38,73 +57,107 @@ use limiter_core::{
 #[derive(Clone, Debug)]
 pub struct Gcra {
     limit: Limit,
-    /// `q`: ticks per nanosecond.
+    /// `q`: ticks per nanosecond (1 when `shift` is above 0).
     ticks_per_ns: NonZeroU64,
+    /// `s`: a tick is `2^s` ns (0 unless the bucket's depth needs ticks longer than 1 ns).
+    shift: u32,
     /// `p`: ticks one unit takes to refill.
     unit_ticks: NonZeroU64,
     /// `tau = burst * p`: how far ahead of `now` the tat may be; at `now + tau` the bucket is empty.
     tau_ticks: u64,
-    /// The last clock reading, in ns, for which `now * q + tau` fits in a `u64`.
+    /// The last clock reading, in ns, whose tick plus `tau` stays below `StateCell::RETIRED`.
     max_now_ns: u64,
+    accuracy: Accuracy,
 }
 
 impl Gcra {
-    /// Derives the tick parameters for `limit`, or says why the limit cannot be represented.
+    /// Derives the tick parameters for `limit`, or says why the limit cannot be represented
+    /// (only a burst beyond `u32::MAX` units can be: see [`Limit`]).
     pub fn from_limit(limit: Limit) -> Result<Self, LimitError> {
-        Self::derive(limit).map_err(|reason| {
-            let hint = nearest_supported_count(limit)
-                .map(|count| {
-                    format!(
-                        "; {count} per {:?} is the nearest lower count that is",
-                        limit.period()
-                    )
-                })
+        Self::with_max_depth(limit, StateCell::RETIRED.saturating_sub(1))
+    }
+
+    /// Like [`from_limit`](Self::from_limit), with the bucket's depth (`tau`, in ticks) kept at
+    /// or below `max_tau_ticks`: for a twin of this algorithm that computes in narrower numbers
+    /// (the Redis script's doubles hold integers below 2^53).
+    pub fn with_max_depth(limit: Limit, max_tau_ticks: u64) -> Result<Self, LimitError> {
+        Self::derive(limit, max_tau_ticks).ok_or_else(|| {
+            let most = largest_burst(limit, max_tau_ticks)
+                .map(|most| format!("; use a burst of at most {most}"))
                 .unwrap_or_default();
             LimitError::Unsupported {
                 algorithm: Gcra::NAME,
-                reason: format!("{reason}{hint}"),
+                reason: format!(
+                    "{limit}: a burst of {} units, each taking {:?} to come back, is more than one \
+                     bucket can count{most}",
+                    limit.burst(),
+                    limit.interval(),
+                ),
             }
         })
     }
 
-    /// The parameters, or the reason (without a suggestion) the limit cannot be represented.
-    fn derive(limit: Limit) -> Result<Self, String> {
-        let (Some(period), Some(count)) = (
-            NonZeroU64::new(limit.period_nanos()),
-            NonZeroU64::new(limit.count()),
-        ) else {
-            return Err(format!(
-                "{limit} has a zero count or period, which `Limit` never builds"
-            ));
+    /// The most precise ticks that hold `limit`'s bucket: exact if possible, else conservative.
+    // Construction only: every operation is on u128 values of at most 2^64 shifted by at most 63.
+    #[allow(clippy::arithmetic_side_effects)]
+    fn derive(limit: Limit, max_tau: u64) -> Option<Self> {
+        let (period, count) = (u128::from(limit.period_nanos()), u128::from(limit.count()));
+        let divisor = u128::from(gcd(limit.period_nanos(), limit.count())).max(1);
+        let exact = Self::build(limit, max_tau, count / divisor, 0, period / divisor);
+        let fine = || {
+            (0..=FINEST_TICKS_PER_NS.trailing_zeros())
+                .rev()
+                .find_map(|k| {
+                    let q = 1u128 << k;
+                    Self::build(limit, max_tau, q, 0, (period * q).div_ceil(count))
+                })
         };
-        let (unit_ticks, ticks_per_ns) = reduce(period, count);
-        let tau_ticks = limit.burst().checked_mul(unit_ticks.get()).ok_or_else(|| {
-            format!(
-                "a burst of {} units at {:?} each spans more than u64::MAX ns (584 years); use a smaller burst",
-                limit.burst(),
-                limit.interval(),
-            )
-        })?;
+        let coarse = || {
+            (1..u64::BITS).find_map(|shift| {
+                let unit = period.div_ceil(count << shift).saturating_add(1);
+                Self::build(limit, max_tau, 1, shift, unit)
+            })
+        };
+        exact.or_else(fine).or_else(coarse)
+    }
+
+    /// The bucket in ticks of `2^shift / q` ns with units of `unit` ticks, if its depth fits
+    /// `max_tau` and it leaves at least [`MIN_CLOCK_RANGE`] of clock.
+    // Construction only: every operation is on u128 values of at most 2^64 shifted by at most 63.
+    #[allow(clippy::arithmetic_side_effects)]
+    fn build(limit: Limit, max_tau: u64, q: u128, shift: u32, unit: u128) -> Option<Self> {
+        let ticks_per_ns = NonZeroU64::new(u64::try_from(q).ok()?)?;
+        let unit_ticks = NonZeroU64::new(u64::try_from(unit).ok()?)?;
+        let tau_ticks = limit.burst().checked_mul(unit_ticks.get())?;
         // The largest tat written is now + tau, kept below `StateCell::RETIRED` (u64::MAX).
-        let max_now_ns = StateCell::RETIRED
+        let last_tick = StateCell::RETIRED
             .saturating_sub(1)
-            .saturating_sub(tau_ticks)
-            / ticks_per_ns;
-        if max_now_ns < MIN_CLOCK_RANGE {
-            return Err(format!(
-                "{limit} refills one unit every {unit_ticks}/{ticks_per_ns} ns; counting that exactly \
-                 leaves a clock range of {:?}, less than the {:?} required. Use a count that divides \
-                 the period into fewer fractional parts",
-                Duration::from_nanos(max_now_ns),
-                Duration::from_nanos(MIN_CLOCK_RANGE),
-            ));
+            .checked_sub(tau_ticks)?;
+        if tau_ticks > max_tau {
+            return None;
         }
-        Ok(Self {
+        let max_now_ns = if shift == 0 {
+            last_tick / ticks_per_ns
+        } else {
+            // Every reading whose floored tick is at most `last_tick`.
+            let end = (u128::from(last_tick) << shift) | ((1u128 << shift) - 1);
+            u64::try_from(end).unwrap_or(u64::MAX)
+        };
+        if max_now_ns < MIN_CLOCK_RANGE {
+            return None;
+        }
+        // Shortfall: 1 - (period / count) / (unit * 2^shift / q).
+        let effective = (unit << shift).checked_mul(u128::from(limit.count()))?;
+        let wanted = u128::from(limit.period_nanos()).checked_mul(q)?;
+        let accuracy = Accuracy::from_shortfall(effective.saturating_sub(wanted), effective);
+        Some(Self {
             limit,
             ticks_per_ns,
+            shift,
             unit_ticks,
             tau_ticks,
             max_now_ns,
+            accuracy,
         })
     }
 
@@ -113,33 +166,70 @@ impl Gcra {
         self.max_now_ns
     }
 
-    /// The exact refill time of one unit as `(numerator, denominator)` nanoseconds, in lowest
-    /// terms: `period / count`.
-    pub fn unit_nanos(&self) -> (u64, u64) {
-        (self.unit_ticks.get(), self.ticks_per_ns.get())
+    /// The refill time of one unit as counted, `(numerator, denominator)` nanoseconds:
+    /// `period / count` in lowest terms when the bucket is exact, and slightly more (never less)
+    /// when it is not (see [`accuracy`](Algorithm::accuracy)).
+    pub fn unit_nanos(&self) -> (u128, u64) {
+        (
+            u128::from(self.unit_ticks.get()) << self.shift,
+            self.ticks_per_ns.get(),
+        )
     }
 
-    /// `now` in ticks, if it is within range.
-    fn ticks(&self, now_ns: u64) -> Option<u64> {
+    /// The tick parameters, as the Redis script receives them: ticks per ns `q`, the tick's
+    /// shift `s` (a tick is `2^s / q` ns; `q` is 1 when `s` is above 0), ticks per unit `p` and
+    /// the depth `tau`.
+    pub fn ticks(&self) -> (u64, u32, u64, u64) {
+        (
+            self.ticks_per_ns.get(),
+            self.shift,
+            self.unit_ticks.get(),
+            self.tau_ticks,
+        )
+    }
+
+    /// `now` in ticks (floored), if it is within range.
+    #[inline]
+    fn tick_of(&self, now_ns: u64) -> Option<u64> {
         if now_ns > self.max_now_ns {
             return None;
         }
-        now_ns.checked_mul(self.ticks_per_ns.get())
+        // now_ns <= max_now_ns, so the product fits (see `build`).
+        Some(
+            now_ns
+                .wrapping_mul(self.ticks_per_ns.get())
+                .wrapping_shr(self.shift),
+        )
     }
 
-    /// Ticks rounded up to whole nanoseconds (waits never favour the caller).
-    fn ceil_ns(&self, ticks: u64) -> u64 {
-        // A tick is a nanosecond for the common limits: no division.
-        if self.ticks_per_ns == NonZeroU64::MIN {
-            return ticks;
+    /// From reading `now_ns` (tick `now`), the nanoseconds until the clock reaches tick
+    /// `now + ticks`: the first reading at which that tick is current, so waits are exact and
+    /// never favour the caller.
+    #[inline]
+    fn ns_until(&self, now_ns: u64, now: u64, ticks: u64) -> u64 {
+        if self.shift == 0 {
+            // A tick is a nanosecond for the common limits: no division.
+            if self.ticks_per_ns == NonZeroU64::MIN {
+                return ticks;
+            }
+            return ticks.div_ceil(self.ticks_per_ns.get());
         }
-        ticks.div_ceil(self.ticks_per_ns.get())
+        // Below 2^65 shifted by at most 63: fits a u128.
+        let at = (u128::from(now).wrapping_add(u128::from(ticks))).wrapping_shl(self.shift);
+        u64::try_from(at.saturating_sub(u128::from(now_ns))).unwrap_or(u64::MAX)
     }
 
-    /// Whole units in `debt` ticks of headroom below `tau`, floored.
+    /// Whole units in `headroom` ticks below `tau`, floored.
     fn whole_units(&self, headroom_ticks: u64) -> u64 {
         // Division by `NonZeroU64` cannot fail.
         headroom_ticks / self.unit_ticks
+    }
+
+    fn out_of_range(&self, now_ns: u64) -> DecisionError {
+        DecisionError::ClockOutOfRange {
+            now_ns,
+            max_ns: self.max_now_ns,
+        }
     }
 }
 
@@ -156,39 +246,56 @@ impl Algorithm for Gcra {
         &self.limit
     }
 
+    fn accuracy(&self) -> Accuracy {
+        self.accuracy
+    }
+
     #[inline]
     fn decide(&self, tat: u64, cost: u64, now_ns: u64) -> Result<Step, DecisionError> {
         let burst = self.limit.burst();
         if cost > burst {
             return Err(DecisionError::CostExceedsBurst { cost, burst });
         }
-        let now = self.ticks(now_ns).ok_or(DecisionError::ClockOutOfRange {
-            now_ns,
-            max_ns: self.max_now_ns,
-        })?;
+        let now = self
+            .tick_of(now_ns)
+            .ok_or_else(|| self.out_of_range(now_ns))?;
+        // Wrapping arithmetic below never wraps; each line says why (saturating forms cost a
+        // compare and a conditional move each, on the path every call takes).
         // cost <= burst, so cost * p <= tau, which fit at construction.
-        let cost_ticks = cost.saturating_mul(self.unit_ticks.get());
+        let cost_ticks = cost.wrapping_mul(self.unit_ticks.get());
         // A tat in the past means a full bucket: consumption starts from now.
         let start = tat.max(now);
-        // Ticks of capacity consumed and not yet refilled (above tau only if the clock went back).
-        let debt = start.saturating_sub(now);
-        let budget = self.tau_ticks.saturating_sub(cost_ticks);
+        // Ticks of capacity consumed and not yet refilled (above tau only if the clock went
+        // back); start >= now.
+        let debt = start.wrapping_sub(now);
+        // cost_ticks <= tau.
+        let budget = self.tau_ticks.wrapping_sub(cost_ticks);
         if debt <= budget {
-            let new_debt = debt.saturating_add(cost_ticks);
-            let decision = Decision::allow(
-                burst,
-                self.whole_units(self.tau_ticks.saturating_sub(new_debt)),
-                self.ceil_ns(new_debt),
-            );
-            // now + new_debt <= now + tau, which is in range by `ticks`.
-            let next = (cost > 0).then(|| now.saturating_add(new_debt));
+            // debt + cost_ticks <= budget + cost_ticks = tau.
+            let new_debt = debt.wrapping_add(cost_ticks);
+            // A full bucket (the common case) leaves `burst - cost` whole units: no division.
+            let remaining = if debt == 0 {
+                burst.wrapping_sub(cost)
+            } else {
+                self.whole_units(self.tau_ticks.wrapping_sub(new_debt))
+            };
+            let decision = Decision::allow(burst, remaining, self.ns_until(now_ns, now, new_debt));
+            // now + new_debt <= now + tau, which is in range by `tick_of`.
+            let next = (cost > 0).then(|| now.wrapping_add(new_debt));
             Ok(Step { decision, next })
         } else {
+            // Denied: the headroom holds fewer than `cost` whole units, so one unit (or a peek,
+            // denied only past a clock that went back) leaves none, with no division.
+            let remaining = if cost <= 1 {
+                0
+            } else {
+                self.whole_units(self.tau_ticks.saturating_sub(debt))
+            };
             let decision = Decision::deny(
                 burst,
-                self.whole_units(self.tau_ticks.saturating_sub(debt)),
-                self.ceil_ns(debt.saturating_sub(budget)),
-                self.ceil_ns(debt),
+                remaining,
+                self.ns_until(now_ns, now, debt.saturating_sub(budget)),
+                self.ns_until(now_ns, now, debt),
             );
             Ok(Step {
                 decision,
@@ -200,26 +307,27 @@ impl Algorithm for Gcra {
     #[inline]
     fn is_full(&self, tat: u64, now_ns: u64) -> bool {
         // Past the clock range every call is refused, so forgetting the state changes nothing.
-        self.ticks(now_ns).is_none_or(|now| tat <= now)
+        self.tick_of(now_ns).is_none_or(|now| tat <= now)
     }
 
     fn usage(&self, tat: u64, now_ns: u64) -> Usage {
         // Past the clock range every call is refused; report nothing in use.
-        let debt = self.ticks(now_ns).map_or(0, |now| tat.saturating_sub(now));
+        let debt = self
+            .tick_of(now_ns)
+            .map_or(0, |now| tat.saturating_sub(now));
         Usage::new(debt, self.tau_ticks)
     }
 
     fn with_usage(&self, usage: Usage, now_ns: u64) -> Result<u64, DecisionError> {
-        let now = self.ticks(now_ns).ok_or(DecisionError::ClockOutOfRange {
-            now_ns,
-            max_ns: self.max_now_ns,
-        })?;
-        // At most tau, so now + debt is in range by `ticks`.
+        let now = self
+            .tick_of(now_ns)
+            .ok_or_else(|| self.out_of_range(now_ns))?;
+        // At most tau, so now + debt is in range by `tick_of`.
         Ok(now.saturating_add(usage.scaled_to(self.tau_ticks)))
     }
 
     fn refund(&self, tat: u64, units: u64, _granted_at: u64, now_ns: u64) -> Option<u64> {
-        let now = self.ticks(now_ns)?;
+        let now = self.tick_of(now_ns)?;
         if tat <= now {
             return None; // full: everything taken has already come back
         }
@@ -229,14 +337,6 @@ impl Algorithm for Gcra {
     }
 }
 
-/// `period / count` in lowest terms: `(p, q)`.
-fn reduce(period_ns: NonZeroU64, count: NonZeroU64) -> (NonZeroU64, NonZeroU64) {
-    // The gcd of two non-zero numbers divides both, so the quotients are non-zero too.
-    let divisor = NonZeroU64::new(gcd(period_ns.get(), count.get())).unwrap_or(NonZeroU64::MIN);
-    let quotient = |n: NonZeroU64| NonZeroU64::new(n.get() / divisor).unwrap_or(NonZeroU64::MIN);
-    (quotient(period_ns), quotient(count))
-}
-
 fn gcd(mut a: u64, mut b: u64) -> u64 {
     while let Some(rest) = a.checked_rem(b) {
         (a, b) = (b, rest);
@@ -244,16 +344,28 @@ fn gcd(mut a: u64, mut b: u64) -> u64 {
     a
 }
 
-/// The largest count below `limit`'s (same period and burst) that the token bucket accepts,
-/// searching a bounded distance so an error stays cheap.
-fn nearest_supported_count(limit: Limit) -> Option<u64> {
-    const SEARCH: u64 = 4_096;
-    let lowest = limit.count().saturating_sub(SEARCH).max(1);
-    (lowest..limit.count()).rev().find(|&count| {
-        Limit::from_nanos(count, limit.period_nanos())
-            .and_then(|candidate| candidate.with_burst(limit.burst()))
-            .is_ok_and(|candidate| Gcra::derive(candidate).is_ok())
-    })
+/// The largest burst (same count and period) whose bucket fits `max_tau`, for an error message.
+// Construction only: every operation is on u128 values of at most 2^64 shifted by at most 63.
+#[allow(clippy::arithmetic_side_effects)]
+fn largest_burst(limit: Limit, max_tau: u64) -> Option<u64> {
+    let fits = |burst: u64| {
+        limit
+            .with_burst(burst)
+            .is_ok_and(|candidate| Gcra::derive(candidate, max_tau).is_some())
+    };
+    if !fits(1) {
+        return None;
+    }
+    let (mut good, mut bad) = (1u64, limit.burst());
+    while bad.saturating_sub(good) > 1 {
+        let mid = good + (bad - good) / 2;
+        if fits(mid) {
+            good = mid;
+        } else {
+            bad = mid;
+        }
+    }
+    Some(good)
 }
 
 #[cfg(test)]
@@ -275,6 +387,9 @@ mod tests {
         assert_eq!(gcra(10, 1_000_000_000, 10).unit_nanos(), (100_000_000, 1));
         assert_eq!(gcra(7, 1_000_000_000, 7).unit_nanos(), (1_000_000_000, 7));
         assert_eq!(gcra(6, 9, 1).unit_nanos(), (3, 2));
+        for g in [gcra(10, 1_000_000_000, 10), gcra(7, 1_000_000_000, 7)] {
+            assert!(g.accuracy().is_exact(), "{g:?}");
+        }
     }
 
     #[test]
@@ -293,21 +408,55 @@ mod tests {
     }
 
     #[test]
-    fn limits_needing_too_fine_ticks_are_refused_with_a_nearby_count() {
-        // 1009 per minute: q = 1009, so the range would be 2^64 / 1009 ns, about 211 days.
-        let err = Gcra::from_limit(Limit::per_minute(1009).unwrap()).unwrap_err();
-        let msg = err.to_string();
-        assert!(msg.contains("1008 per 60s"), "{msg}");
-        assert!(Gcra::from_limit(Limit::per_minute(1008).unwrap()).is_ok());
+    fn limits_too_fine_for_exact_ticks_are_counted_in_128ths_of_a_ns_rounded_up() {
+        // 1009 per minute: exact ticks would be 1/1009 ns, leaving 211 days of clock.
+        let g = gcra(1009, 60_000_000_000, 1009);
+        assert_eq!(g.ticks().0, 128);
+        let (num, den) = g.unit_nanos();
+        // ceil(60e9 * 128 / 1009) = 7611496532 ticks: never shorter than the true interval.
+        assert_eq!((num, den), (7_611_496_532, 128));
+        assert!(num * 1009 >= 60_000_000_000 * 128);
+        assert!(!g.accuracy().is_exact());
+        assert!(
+            g.accuracy().shortfall_per_billion() <= 1,
+            "{}",
+            g.accuracy()
+        );
+        assert!(g.max_now_nanos() >= MIN_CLOCK_RANGE);
     }
 
     #[test]
-    fn a_burst_too_long_for_the_clock_is_refused() {
+    fn buckets_too_deep_for_nanosecond_ticks_count_in_coarser_ticks() {
+        // u32::MAX units, one a day: 371,000 billion seconds of depth.
+        let g = gcra(1, 86_400_000_000_000, u64::from(u32::MAX));
+        let (q, shift, unit, tau) = g.ticks();
+        assert_eq!(q, 1);
+        assert!(shift > 0);
+        assert!(u128::from(unit) << shift >= 86_400_000_000_000 + (1 << shift));
+        assert_eq!(tau, unit * u64::from(u32::MAX));
+        assert!(g.max_now_nanos() >= MIN_CLOCK_RANGE);
+        assert!(
+            g.accuracy().shortfall_per_billion() <= 1,
+            "{}",
+            g.accuracy()
+        );
+        // Drain the whole burst, then wait exactly as long as the answer says for one unit.
+        let drained = g.decide(Gcra::FRESH, u64::from(u32::MAX), 5).unwrap();
+        let tat = drained.next.unwrap();
+        let denied = g.decide(tat, 1, 7).unwrap().decision;
+        assert!(denied.is_denied());
+        let at = 7 + denied.retry_after_nanos();
+        assert!(g.decide(tat, 1, at).unwrap().decision.is_allowed());
+        assert!(g.decide(tat, 1, at - 1).unwrap().decision.is_denied());
+        assert!(at - 5 >= 86_400_000_000_000, "a unit came back early");
+    }
+
+    #[test]
+    fn only_a_burst_no_bucket_can_count_is_refused_and_the_error_names_the_largest() {
         let limit = Limit::per_day(1).unwrap().with_burst(u64::MAX).unwrap();
-        assert!(matches!(
-            Gcra::from_limit(limit),
-            Err(LimitError::Unsupported { .. })
-        ));
+        let err = Gcra::from_limit(limit).unwrap_err().to_string();
+        assert!(err.contains("use a burst of at most"), "{err}");
+        assert!(!err.contains("tick") && !err.contains("range"), "{err}");
     }
 
     #[test]

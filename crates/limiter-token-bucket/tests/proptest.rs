@@ -8,7 +8,7 @@ use limiter_testkit::ops::{Op, ops};
 use limiter_token_bucket::{Gcra, Limit};
 use proptest::prelude::*;
 
-/// Limits the token bucket accepts: small and large counts, periods from a few ns to a day,
+/// Limits the token bucket counts exactly: small and large counts, periods from a few ns to a day,
 /// whole and fractional intervals, bursts below and above the count.
 fn limits() -> impl Strategy<Value = Limit> {
     let period = prop_oneof![
@@ -22,14 +22,19 @@ fn limits() -> impl Strategy<Value = Limit> {
         any::<u64>(),
         prop_oneof![Just(None), (1u64..=1_000).prop_map(Some)],
     )
-        .prop_filter_map("token bucket refuses it", |(period, count_seed, burst)| {
+        .prop_filter_map("not counted exactly", |(period, count_seed, burst)| {
             let count = count_seed % period.min(10_000) + 1;
             let limit = Limit::from_nanos(count, period).ok()?;
             let limit = match burst {
                 Some(burst) => limit.with_burst(burst).ok()?,
                 None => limit,
             };
-            Gcra::new(limit).ok().map(|_| limit)
+            // Limits counted conservatively are checked against the same models in
+            // `every_limit.rs`; here every decision must equal the model's.
+            Gcra::new(limit)
+                .ok()
+                .filter(|gcra| gcra.accuracy().is_exact())
+                .map(|_| limit)
         })
 }
 

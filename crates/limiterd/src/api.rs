@@ -77,7 +77,7 @@ fn unix_ms() -> u64 {
 
 fn decide_error(e: DecideError) -> ApiError {
     match e {
-        DecideError::Invalid(message) => ApiError::invalid("cost", message),
+        DecideError::Invalid { field, message } => ApiError::invalid(field, message),
         DecideError::TooManyShapes => ApiError {
             status: StatusCode::BAD_REQUEST,
             code: "too_many_limits",

@@ -103,9 +103,15 @@ pub struct Answer {
 /// Why a request could not be decided.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum DecideError {
-    /// The request is one no limit can ever decide (a cost above the burst).
-    #[error("{0}")]
-    Invalid(String),
+    /// The request is one no limit can ever decide: a cost above the burst (`field` is
+    /// `cost`), or an ad-hoc limit no algorithm can count (`limit`).
+    #[error("{message}")]
+    Invalid {
+        /// The request field at fault.
+        field: &'static str,
+        /// What was wrong and how to fix it.
+        message: String,
+    },
     /// Too many distinct ad-hoc limits.
     #[error(
         "this process already serves {MAX_AD_HOC_SHAPES} distinct ad-hoc limits: configure a \
@@ -347,8 +353,12 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         if map.len() >= MAX_AD_HOC_SHAPES {
             return Err(DecideError::TooManyShapes);
         }
+        let invalid_limit = |message: String| DecideError::Invalid {
+            field: "limit",
+            message: format!("`limit` per `duration_ms`: {message}"),
+        };
         let limit = Limit::new(limit, std::time::Duration::from_millis(duration_ms))
-            .map_err(|e| DecideError::Invalid(e.to_string()))?;
+            .map_err(|e| invalid_limit(e.to_string()))?;
         let policy = Policy {
             limits: vec![PolicyLimit {
                 kind,
@@ -359,17 +369,16 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         };
         if let StoreHandle::Redis(..) = self.store {
             limiter_redis::RedisLimit::new(kind, limit)
-                .map_err(|e| DecideError::Invalid(format!("`limit` per `duration_ms`: {e}")))?;
+                .map_err(|e| invalid_limit(e.to_string()))?;
         } else {
-            check_limit(kind, limit)
-                .map_err(|e| DecideError::Invalid(format!("`limit` per `duration_ms`: {e}")))?;
+            check_limit(kind, limit).map_err(invalid_limit)?;
         }
         let name = format!(
             "adhoc-{}-{}-{duration_ms}",
             kind.name().replace(['_', ' '], "-"),
             shape.1
         );
-        let backend = Arc::new(self.build(&name, &policy).map_err(DecideError::Invalid)?);
+        let backend = Arc::new(self.build(&name, &policy).map_err(invalid_limit)?);
         map.insert(shape, Arc::clone(&backend));
         Ok(backend)
     }
@@ -380,7 +389,10 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                 let backend = self
                     .policies
                     .get(*index)
-                    .ok_or_else(|| DecideError::Invalid(format!("no policy number {index}")))?;
+                    .ok_or_else(|| DecideError::Invalid {
+                        field: "policy",
+                        message: format!("no policy number {index}"),
+                    })?;
                 let call = Call {
                     identifier: item.identifier.as_str().into(),
                 };
@@ -454,7 +466,10 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                     self.refund_all(resolved, grants);
                     return Err(match e {
                         CallError::Full { .. } => DecideError::Full(e.to_string()),
-                        _ => DecideError::Invalid(e.to_string()),
+                        _ => DecideError::Invalid {
+                            field: "cost",
+                            message: e.to_string(),
+                        },
                     });
                 }
             };
@@ -555,12 +570,18 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                     decision: d.decision(),
                     origin: Origin::Memory,
                 })
-                .map_err(|e| DecideError::Invalid(e.to_string())),
+                .map_err(|e| DecideError::Invalid {
+                    field: "cost",
+                    message: e.to_string(),
+                }),
             Backend::Redis(stack) => {
                 let answer = stack
                     .check_n(call, cost)
                     .await
-                    .map_err(|e| DecideError::Invalid(e.to_string()))?;
+                    .map_err(|e| DecideError::Invalid {
+                        field: "cost",
+                        message: e.to_string(),
+                    })?;
                 if answer.backend_error().is_some() {
                     self.metrics.backend_error();
                 }

@@ -31,7 +31,7 @@ mod server {
     use std::future::Future;
     use std::sync::Arc;
 
-    use limiter_core::MonotonicClock;
+    use limiter_core::DefaultClock;
     use limiter_redis::RedisBackend;
     use tokio::net::TcpListener;
 
@@ -67,8 +67,7 @@ mod server {
                     .map_err(|e| format!("cannot use Redis at {url}: {e}"))?,
             ),
         };
-        let (engine, envoy, metrics) =
-            Envoy::build(config, domains, MonotonicClock::new(), backend)?;
+        let (engine, envoy, metrics) = Envoy::build(config, domains, DefaultClock::new(), backend)?;
         let state = Arc::new(AppState {
             engine,
             envoy,

@@ -167,7 +167,7 @@ async fn invalid_requests_get_clear_400s_never_500s() {
         (
             r#"{"namespace":"n","identifier":"u","limit":18446744073709551615,"duration_ms":1}"#,
             "invalid_request",
-            Some("cost"),
+            Some("limit"),
         ),
     ] {
         let (status, text) = client.send("POST", "/v1/ratelimit", body).await;
@@ -181,6 +181,22 @@ async fn invalid_requests_get_clear_400s_never_500s() {
                 .unwrap_or_default()
                 .is_empty()
         );
+    }
+    // Limits users copy from pricing pages are admitted, not refused.
+    for (limit, duration_ms) in [
+        (1009, 60_000),
+        (617, 1_000),
+        (99_991, 3_600_000),
+        (4_294_967_295_u64, 86_400_000),
+    ] {
+        let body = format!(
+            r#"{{"namespace":"prices","identifier":"u","limit":{limit},"duration_ms":{duration_ms}}}"#
+        );
+        let (status, text) = client.send("POST", "/v1/ratelimit", &body).await;
+        assert_eq!(status, 200, "{body}: {text}");
+        let value: Value = serde_json::from_str(&text).expect("a JSON answer");
+        assert_eq!(value["success"], true, "{body}: {text}");
+        assert_eq!(value["remaining"], limit - 1, "{body}: {text}");
     }
     let (status, text) = client
         .send(

@@ -429,7 +429,7 @@ impl Envoy {
             (true, Vec::new())
         } else {
             engine.decide(&items).await.map_err(|e| match e {
-                DecideError::Invalid(_) | DecideError::TooManyShapes => {
+                DecideError::Invalid { .. } | DecideError::TooManyShapes => {
                     EnvoyError::Invalid(e.to_string())
                 }
                 DecideError::Full(_) | DecideError::Unavailable(_) => {
