@@ -1,8 +1,10 @@
-//! Direct (unkeyed) limiters: every algorithm beside governor, a `Mutex` token bucket and the
-//! floor (clock, atomic load, compare-exchange) in the same groups, so one run gives the
-//! ratios. Single thread allow and deny, 2 threads on one limiter, the algorithm alone on a
-//! caller-supplied `now`, the same on governor's TSC clock source and on the coarse clock, and
-//! the clocks alone.
+//! Direct (unkeyed) limiters: every algorithm beside its peers (governor, and the `ratelimit`
+//! crate's lock-free token bucket, each on its own default clock), a `Mutex` token bucket and
+//! the floor (clock, atomic load, compare-exchange) in the same groups, so one run gives the
+//! ratios. The unsuffixed groups run ours on the clock a user gets by naming none
+//! (`DefaultClock`); `_os_clock` and `_coarse_clock` groups show the other clocks. Also: the
+//! algorithm alone on a caller-supplied `now`, and the clocks alone. Every subject is called
+//! through static dispatch, as a user calls it.
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -13,154 +15,117 @@ use criterion::{
 use governor::RateLimiter;
 use governor::clock::FakeRelativeClock;
 use limiter_benches::{
-    Floor, MutexBucket, TscClock, allow_quota, deny_quota, group, never_limit, on_threads,
+    Floor, MutexBucket, allow_quota, deny_quota, group, never_limit, on_threads,
     token_bucket_allow, window_allow,
 };
 use limiter_core::{
-    Algorithm, Clock, CoarseClock, DirectLimiter, Limit, ManualClock, MonotonicClock,
+    Algorithm, Clock, CoarseClock, DefaultClock, DirectLimiter, Limit, ManualClock, MonotonicClock,
 };
 use limiter_sliding_window::{FixedCounter, SlidingCounter};
 use limiter_token_bucket::Gcra;
 
-type Check = Box<dyn Fn() -> bool + Sync>;
-
-fn checker<A: Algorithm + 'static, C: Clock + 'static>(limit: Limit, clock: C) -> Check {
-    let limiter = DirectLimiter::<A, C>::with_clock(limit, clock).expect("valid");
-    Box::new(move || limiter.check().expect("valid").is_allowed())
+/// The `ratelimit` crate's bucket: `rate` tokens a `period`, `burst` at most, full.
+fn ratelimit_bucket(rate: u64, period: Duration, burst: u64) -> ratelimit::Ratelimiter {
+    ratelimit::Ratelimiter::builder(rate)
+        .period(period)
+        .max_tokens(burst)
+        .initial_available(burst)
+        .build()
+        .expect("valid")
 }
 
-/// Our three algorithms, each with a limit that admits every call of a bench loop.
-fn admitting<C: Clock + Clone + 'static>(clock: &C) -> [(&'static str, Check); 3] {
-    [
-        (
-            "token_bucket",
-            checker::<Gcra, C>(token_bucket_allow(), clock.clone()),
-        ),
-        (
-            "sliding_window",
-            checker::<SlidingCounter, C>(window_allow(), clock.clone()),
-        ),
-        (
-            "fixed_window",
-            checker::<FixedCounter, C>(window_allow(), clock.clone()),
-        ),
-    ]
-}
-
-/// Our three algorithms on `clock`, drained so every call is denied.
-fn denying<C: Clock + Clone + 'static>(clock: &C) -> [(&'static str, Check); 3] {
-    let drained = |check: Check| {
-        let _ = check();
-        check
-    };
-    [
-        (
-            "token_bucket",
-            drained(checker::<Gcra, _>(never_limit(), clock.clone())),
-        ),
-        (
-            "sliding_window",
-            drained(checker::<SlidingCounter, _>(never_limit(), clock.clone())),
-        ),
-        (
-            "fixed_window",
-            drained(checker::<FixedCounter, _>(never_limit(), clock.clone())),
-        ),
-    ]
-}
-
-/// The allow groups, one thread and two threads on one limiter, for our algorithms on `clock`
-/// beside governor on its default clock. `suffix` names the clock in the group names.
-fn allow_groups<C: Clock + Clone + 'static>(c: &mut Criterion, suffix: &str, clock: &C) {
-    let mut g = group(c, &format!("direct_allow_1_thread{suffix}"), 1);
-    for (name, check) in admitting(clock) {
+/// One of our limiters, on one thread and on two.
+fn ours<A: Algorithm, C: Clock>(
+    g: &mut BenchmarkGroup<'_, WallTime>,
+    name: &str,
+    limiter: &DirectLimiter<A, C>,
+    threads: usize,
+) {
+    let check = || limiter.check().expect("valid").is_allowed();
+    if threads == 1 {
         g.bench_function(name, |b| b.iter(|| black_box(check())));
-    }
-    let theirs = RateLimiter::direct(allow_quota());
-    g.bench_function("governor", |b| b.iter(|| black_box(theirs.check().is_ok())));
-    let mutex = MutexBucket::new(clock.clone(), 1_000_000_000, 1_000_000_000);
-    g.bench_function("mutex_token_bucket", |b| {
-        b.iter(|| black_box(mutex.check()))
-    });
-    let floor = Floor::new(clock.clone());
-    g.bench_function("floor", |b| b.iter(|| black_box(floor.check())));
-    g.finish();
-
-    let mut g = group(c, &format!("direct_allow_2_threads{suffix}"), 2);
-    for (name, check) in admitting(clock) {
+    } else {
         g.bench_function(name, |b| {
-            b.iter_custom(|iters| on_threads(2, iters, &check))
+            b.iter_custom(|iters| on_threads(threads, iters, check))
         });
     }
-    let theirs = RateLimiter::direct(allow_quota());
-    g.bench_function("governor", |b| {
-        b.iter_custom(|iters| on_threads(2, iters, || theirs.check().is_ok()))
-    });
-    let mutex = MutexBucket::new(clock.clone(), 1_000_000_000, 1_000_000_000);
-    g.bench_function("mutex_token_bucket", |b| {
-        b.iter_custom(|iters| on_threads(2, iters, || mutex.check()))
-    });
-    let floor = Floor::new(clock.clone());
-    g.bench_function("floor", |b| {
-        b.iter_custom(|iters| on_threads(2, iters, || floor.check()))
-    });
-    g.finish();
 }
 
-fn allow(c: &mut Criterion) {
-    allow_groups(c, "", &MonotonicClock::new());
-}
-
-fn deny(c: &mut Criterion) {
-    let clock = MonotonicClock::new();
-    let mut g = group(c, "direct_deny_1_thread", 1);
-    for (name, check) in denying(&clock) {
-        g.bench_function(name, |b| b.iter(|| black_box(check())));
-    }
-    let theirs = RateLimiter::direct(deny_quota());
-    let _ = theirs.check();
-    g.bench_function("governor", |b| b.iter(|| black_box(theirs.check().is_ok())));
-    let mutex = drained_mutex(clock);
-    g.bench_function("mutex_token_bucket", |b| {
-        b.iter(|| black_box(mutex.check()))
-    });
-    let floor = Floor::new(clock);
-    g.bench_function("floor", |b| b.iter(|| black_box(floor.read_only())));
-    g.finish();
-
-    deny_2_threads(c, "", &clock);
-}
-
-/// Two threads denied by one limiter, ours on `clock` beside governor on its default clock.
-/// `suffix` names the clock in the group's name.
-fn deny_2_threads<C: Clock + Clone + 'static>(c: &mut Criterion, suffix: &str, clock: &C) {
-    let mut g = group(c, &format!("direct_deny_2_threads{suffix}"), 2);
-    for (name, check) in denying(clock) {
+/// `call` as a subject of `g`, on one thread or on `threads`.
+fn subject(
+    g: &mut BenchmarkGroup<'_, WallTime>,
+    name: &str,
+    threads: usize,
+    call: impl Fn() -> bool + Sync,
+) {
+    if threads == 1 {
+        g.bench_function(name, |b| b.iter(|| black_box(call())));
+    } else {
         g.bench_function(name, |b| {
-            b.iter_custom(|iters| on_threads(2, iters, &check))
+            b.iter_custom(|iters| on_threads(threads, iters, &call))
         });
     }
-    let theirs = RateLimiter::direct(deny_quota());
-    let _ = theirs.check();
-    g.bench_function("governor", |b| {
-        b.iter_custom(|iters| on_threads(2, iters, || theirs.check().is_ok()))
-    });
-    let mutex = drained_mutex(clock.clone());
-    g.bench_function("mutex_token_bucket", |b| {
-        b.iter_custom(|iters| on_threads(2, iters, || mutex.check()))
-    });
+}
+
+/// Our three algorithms on `clock` (admitting every call) beside the peers, on `threads`.
+fn allow_group<C: Clock + Clone>(c: &mut Criterion, name: &str, clock: &C, threads: usize) {
+    let mut g = group(c, name, threads as u64);
+    let limiter = |limit| DirectLimiter::<Gcra, C>::with_clock(limit, clock.clone());
+    ours(
+        &mut g,
+        "token_bucket",
+        &limiter(token_bucket_allow()).expect("valid"),
+        threads,
+    );
+    let sliding = DirectLimiter::<SlidingCounter, C>::with_clock(window_allow(), clock.clone());
+    ours(&mut g, "sliding_window", &sliding.expect("valid"), threads);
+    let fixed = DirectLimiter::<FixedCounter, C>::with_clock(window_allow(), clock.clone());
+    ours(&mut g, "fixed_window", &fixed.expect("valid"), threads);
+    let governor = RateLimiter::direct(allow_quota());
+    subject(&mut g, "governor", threads, || governor.check().is_ok());
+    let bucket = ratelimit_bucket(1_000_000_000, Duration::from_secs(1), 1_000_000_000);
+    subject(&mut g, "ratelimit", threads, || bucket.try_wait().is_ok());
+    let mutex = MutexBucket::new(clock.clone(), 1_000_000_000, 1_000_000_000);
+    subject(&mut g, "mutex_token_bucket", threads, || mutex.check());
     let floor = Floor::new(clock.clone());
-    g.bench_function("floor", |b| {
-        b.iter_custom(|iters| on_threads(2, iters, || floor.read_only()))
-    });
+    subject(&mut g, "floor", threads, || floor.check());
     g.finish();
 }
 
-/// One per hour, taken: denies for the rest of the run.
-fn drained_mutex<C: Clock>(clock: C) -> MutexBucket<C> {
-    let mutex = MutexBucket::new(clock, 1, 1);
+/// Our three algorithms on `clock`, drained so every call is denied, beside the peers.
+fn deny_group<C: Clock + Clone>(c: &mut Criterion, name: &str, clock: &C, threads: usize) {
+    let mut g = group(c, name, threads as u64);
+    let tb = DirectLimiter::<Gcra, C>::with_clock(never_limit(), clock.clone()).expect("valid");
+    let sw = DirectLimiter::<SlidingCounter, C>::with_clock(never_limit(), clock.clone())
+        .expect("valid");
+    let fw =
+        DirectLimiter::<FixedCounter, C>::with_clock(never_limit(), clock.clone()).expect("valid");
+    let _ = (tb.check(), sw.check(), fw.check());
+    ours(&mut g, "token_bucket", &tb, threads);
+    ours(&mut g, "sliding_window", &sw, threads);
+    ours(&mut g, "fixed_window", &fw, threads);
+    let governor = RateLimiter::direct(deny_quota());
+    let _ = governor.check();
+    subject(&mut g, "governor", threads, || governor.check().is_ok());
+    // One an hour, taken: the `ratelimit` bucket's refill never reaches a whole token.
+    let bucket = ratelimit_bucket(1, Duration::from_secs(3_600), 1);
+    let _ = bucket.try_wait();
+    subject(&mut g, "ratelimit", threads, || bucket.try_wait().is_ok());
+    let mutex = MutexBucket::new(clock.clone(), 1, 1);
     let _ = mutex.check();
-    mutex
+    subject(&mut g, "mutex_token_bucket", threads, || mutex.check());
+    let floor = Floor::new(clock.clone());
+    subject(&mut g, "floor", threads, || floor.read_only());
+    g.finish();
+}
+
+/// On the clock a user gets: the targets' groups.
+fn default_clock(c: &mut Criterion) {
+    let clock = DefaultClock::new();
+    allow_group(c, "direct_allow_1_thread", &clock, 1);
+    allow_group(c, "direct_allow_2_threads", &clock, 2);
+    deny_group(c, "direct_deny_1_thread", &clock, 1);
+    deny_group(c, "direct_deny_2_threads", &clock, 2);
 }
 
 fn bench_no_clock<A: Algorithm>(
@@ -199,23 +164,25 @@ fn algorithm_only(c: &mut Criterion) {
     g.finish();
 }
 
-/// On the TSC clock source governor uses by default (quanta), so the ratio compares limiters
-/// rather than `Instant::now` against `rdtsc`; on the coarse clock (refreshed every
-/// millisecond by its thread, also denying on two threads); and the clocks alone.
-fn same_clock(c: &mut Criterion) {
-    allow_groups(c, "_tsc_clock", &TscClock::new());
+/// On the OS clock (`MonotonicClock`, `Instant`) and on the coarse clock (refreshed every
+/// millisecond by its thread); and the clocks alone.
+fn other_clocks(c: &mut Criterion) {
+    let os = MonotonicClock::new();
+    allow_group(c, "direct_allow_1_thread_os_clock", &os, 1);
+    allow_group(c, "direct_allow_2_threads_os_clock", &os, 2);
     let coarse = CoarseClock::refreshed_every(Duration::from_millis(1)).expect("a thread");
-    allow_groups(c, "_coarse_clock", &coarse);
-    deny_2_threads(c, "_coarse_clock", &coarse);
+    allow_group(c, "direct_allow_1_thread_coarse_clock", &coarse, 1);
+    allow_group(c, "direct_allow_2_threads_coarse_clock", &coarse, 2);
+    deny_group(c, "direct_deny_2_threads_coarse_clock", &coarse, 2);
     let mut g = group(c, "clock_read", 1);
-    let (monotonic, tsc) = (MonotonicClock::new(), TscClock::new());
+    let default = DefaultClock::new();
+    g.bench_function("default_clock", |b| b.iter(|| black_box(default.now())));
     g.bench_function("monotonic_clock_instant", |b| {
-        b.iter(|| black_box(monotonic.now()))
+        b.iter(|| black_box(os.now()))
     });
-    g.bench_function("tsc_clock_quanta", |b| b.iter(|| black_box(tsc.now())));
     g.bench_function("coarse_clock", |b| b.iter(|| black_box(coarse.now())));
     g.finish();
 }
 
-criterion_group!(benches, allow, deny, algorithm_only, same_clock);
+criterion_group!(benches, default_clock, algorithm_only, other_clocks);
 criterion_main!(benches);

@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 use criterion::{BenchmarkGroup, Criterion, measurement::WallTime};
 use governor::{DefaultKeyedRateLimiter, RateLimiter};
 use limiter_benches::{
-    Filler, MEMORY_KEYS, MemorySubject, TscClock, allow_quota, bytes_per_key, group, scattered,
-    sticky_quota, token_bucket_allow, token_bucket_sticky, window_allow, window_sticky,
+    Filler, MEMORY_KEYS, MemorySubject, allow_quota, bytes_per_key, group, scattered, sticky_quota,
+    token_bucket_allow, token_bucket_sticky, window_allow, window_sticky,
 };
-use limiter_core::{Algorithm, Clock, Limit, MonotonicClock, StateCell};
+use limiter_core::{Algorithm, Clock, DefaultClock, Limit, MonotonicClock, StateCell};
 use limiter_sliding_window::{FixedCounter, SlidingCounter};
 use limiter_store::{BoundedStore, KeyedLimiter, ShardedStore, Store};
 use limiter_token_bucket::Gcra;
@@ -35,14 +35,14 @@ fn keyed<A: Algorithm, C: Clock, St: Store<u64>>(
     KeyedLimiter::with_store(limit, clock, store).expect("valid")
 }
 
-fn sharded<A: Algorithm>(limit: Limit) -> Keyed<A, TscClock, ShardedStore<u64>> {
-    keyed(limit, TscClock::new(), ShardedStore::new())
+fn sharded<A: Algorithm>(limit: Limit) -> Keyed<A, DefaultClock, ShardedStore<u64>> {
+    keyed(limit, DefaultClock::new(), ShardedStore::new())
 }
 
-fn bounded(limit: Limit) -> Keyed<Gcra, TscClock, BoundedStore<u64>> {
+fn bounded(limit: Limit) -> Keyed<Gcra, DefaultClock, BoundedStore<u64>> {
     keyed(
         limit,
-        TscClock::new(),
+        DefaultClock::new(),
         BoundedStore::new(ROOMY).expect("valid"),
     )
 }
@@ -55,7 +55,7 @@ fn allowed<A: Algorithm, C: Clock, St: Store<u64>>(limiter: &Keyed<A, C, St>, ke
 struct BareMoka {
     cache: moka::sync::Cache<u64, Arc<StateCell>, foldhash::fast::RandomState>,
     gcra: Gcra,
-    clock: TscClock,
+    clock: DefaultClock,
 }
 
 impl BareMoka {
@@ -68,7 +68,7 @@ impl BareMoka {
         Self {
             cache,
             gcra,
-            clock: TscClock::new(),
+            clock: DefaultClock::new(),
         }
     }
 
@@ -84,14 +84,14 @@ impl BareMoka {
 /// reading and one compare-exchange on the key's word; a missing key is inserted.
 struct KeyedFloor {
     map: dashmap::DashMap<u64, std::sync::atomic::AtomicU64, foldhash::fast::RandomState>,
-    clock: MonotonicClock,
+    clock: DefaultClock,
 }
 
 impl KeyedFloor {
     fn new() -> Self {
         Self {
             map: dashmap::DashMap::with_hasher(foldhash::fast::RandomState::default()),
-            clock: MonotonicClock::new(),
+            clock: DefaultClock::new(),
         }
     }
 
@@ -188,13 +188,13 @@ fn governor(sticky: bool) -> DefaultKeyedRateLimiter<u64> {
 fn churn(c: &mut Criterion) {
     let limiter = keyed::<Gcra, _, _>(
         token_bucket_sticky(),
-        TscClock::new(),
+        DefaultClock::new(),
         BoundedStore::new(MEMORY_KEYS / 10).expect("valid"),
     );
     let mut next = scattered(MEMORY_KEYS);
     let mut g = group(c, "keyed_churn_1M_through_100k", 1);
     g.measurement_time(limiter_benches::measuring(Duration::from_secs(5)));
-    g.bench_function("token_bucket_bounded_tsc", |b| {
+    g.bench_function("token_bucket_bounded", |b| {
         b.iter(|| black_box(allowed(&limiter, next())))
     });
     g.finish();
@@ -235,39 +235,35 @@ fn main() {
         return;
     }
     let mut c = Criterion::default().configure_from_args();
+    // What a user gets from `KeyedTokenBucket::new(limit)`: the default clock and store.
     subject(
         &mut c,
         "token_bucket_sharded",
+        |s| limiter_token_bucket::KeyedTokenBucket::<u64>::new(tb(s)).expect("valid"),
+        allowed,
+    );
+    subject(
+        &mut c,
+        "token_bucket_sharded_os_clock",
         |s| keyed::<Gcra, _, _>(tb(s), MonotonicClock::new(), ShardedStore::new()),
         allowed,
     );
+    subject(&mut c, "token_bucket_bounded", |s| bounded(tb(s)), allowed);
     subject(
         &mut c,
-        "token_bucket_sharded_tsc",
-        |s| sharded::<Gcra>(tb(s)),
-        allowed,
-    );
-    subject(
-        &mut c,
-        "token_bucket_bounded_tsc",
-        |s| bounded(tb(s)),
-        allowed,
-    );
-    subject(
-        &mut c,
-        "moka_get_with_cas_tsc",
+        "moka_get_with_cas",
         |s| BareMoka::new(tb(s)),
         BareMoka::check,
     );
     subject(
         &mut c,
-        "sliding_window_sharded_tsc",
+        "sliding_window_sharded",
         |s| sharded::<SlidingCounter>(window(s)),
         allowed,
     );
     subject(
         &mut c,
-        "fixed_window_sharded_tsc",
+        "fixed_window_sharded",
         |s| sharded::<FixedCounter>(window(s)),
         allowed,
     );

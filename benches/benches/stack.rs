@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use criterion::{Bencher, Criterion, criterion_group, criterion_main};
 use governor::RateLimiter;
 use limiter_benches::{group, token_bucket_warm, warm_quota};
-use limiter_core::{Algorithm, Clock, Decision, DirectLimiter, Limit, MonotonicClock};
+use limiter_core::{Algorithm, Clock, Decision, DefaultClock, DirectLimiter, Limit};
 use limiter_stack::{Layer, Stack};
 use limiter_store::KeyedLimiter;
 use limiter_token_bucket::Gcra;
@@ -84,7 +84,7 @@ fn build(layers: Vec<Layer<Request, u64>>) -> Requests {
 /// that layer's lock alone, one compare-exchange instead of three, so it can beat this floor's
 /// commit; the floor still bounds the reading, the lookups and the shard locks.)
 struct StackFloor {
-    clock: MonotonicClock,
+    clock: DefaultClock,
     shards: [RwLock<HashMap<u64, FloorEntry, foldhash::fast::RandomState>>; 2],
     global: FloorEntry,
 }
@@ -106,7 +106,7 @@ impl StackFloor {
             RwLock::new(map)
         };
         Self {
-            clock: MonotonicClock::new(),
+            clock: DefaultClock::new(),
             shards: [
                 shard(&mut requests.iter().map(|r| r.user)),
                 shard(&mut requests.iter().map(|r| r.ip)),
@@ -182,7 +182,7 @@ fn floor_deciding(floor: &StackFloor, gcra: &Gcra, user: u64, ip: u64) -> Option
 mod typed {
     use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-    use limiter_core::{Algorithm, Clock, Decision, MonotonicClock};
+    use limiter_core::{Algorithm, Clock, Decision, DefaultClock};
     use limiter_store::table::ShardedTable;
     use limiter_token_bucket::Gcra;
 
@@ -242,7 +242,7 @@ mod typed {
 
     /// Two keyed layers (`user`, `ip`) and a global one, each one token bucket.
     pub(crate) struct TypedStack<U, I> {
-        clock: MonotonicClock,
+        clock: DefaultClock,
         table: ShardedTable<Entry>,
         global: Cells,
         user: U,
@@ -268,7 +268,7 @@ mod typed {
                 );
             }
             Self {
-                clock: MonotonicClock::new(),
+                clock: DefaultClock::new(),
                 table,
                 global: Cells::default(),
                 user,
@@ -412,7 +412,7 @@ fn stacks(c: &mut Criterion) {
     });
     // What the floors are made of, alone: a transaction's cost is mostly these, and the
     // processor runs no other work beside a locked instruction.
-    let clock = MonotonicClock::new();
+    let clock = DefaultClock::new();
     g.bench_function("clock", |b| b.iter(|| black_box(&clock).now()));
     let word = AtomicU64::new(0);
     g.bench_function("cas", |b| {

@@ -9,10 +9,10 @@ use std::hint::black_box;
 use criterion::Criterion;
 use dashmap::DashMap;
 use limiter_benches::{
-    Filler, MEMORY_KEYS, MemorySubject, TscClock, bytes_per_key, group, scattered,
-    token_bucket_allow, token_bucket_sticky,
+    Filler, MEMORY_KEYS, MemorySubject, bytes_per_key, group, scattered, token_bucket_allow,
+    token_bucket_sticky,
 };
-use limiter_core::{Algorithm, Clock, StateCell};
+use limiter_core::{Algorithm, Clock, DefaultClock, StateCell};
 use limiter_store::{ShardedStore, Store};
 use limiter_token_bucket::Gcra;
 
@@ -99,7 +99,7 @@ fn sticky() -> Gcra {
 
 /// A map holding [`MEMORY_KEYS`] keys, each with one unit taken.
 fn filled<M: Candidate>() -> M {
-    let (gcra, clock) = (sticky(), TscClock::new());
+    let (gcra, clock) = (sticky(), DefaultClock::new());
     let map = M::new();
     for key in 0..MEMORY_KEYS {
         map.insert(&gcra, key, clock.now());
@@ -108,7 +108,7 @@ fn filled<M: Candidate>() -> M {
 }
 
 fn boxed<M: Candidate>() -> Filler {
-    let (gcra, clock, map) = (sticky(), TscClock::new(), M::new());
+    let (gcra, clock, map) = (sticky(), DefaultClock::new(), M::new());
     Box::new(move || {
         for key in 0..MEMORY_KEYS {
             map.insert(&gcra, key, clock.now());
@@ -142,7 +142,7 @@ const CANDIDATES: &[MemorySubject] = &[
 
 /// The hot key runs with a limit that never denies; the warm keys with the sticky one.
 fn candidate<M: Candidate>(c: &mut Criterion, name: &str) {
-    let clock = TscClock::new();
+    let clock = DefaultClock::new();
     let hot = Gcra::new(token_bucket_allow()).expect("valid");
     let map = filled::<M>();
     // The hot key is one more key, outside the warm set, under the never-denying limit.

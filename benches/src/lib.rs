@@ -1,6 +1,6 @@
 //! Shared setup for the criterion benchmarks in `benches/`: limits and quotas that always admit,
 //! always deny, or keep keys from ever being full again (sticky), the benchmark group settings,
-//! a multi-threaded runner, a TSC clock, a scattered key order, and the resident bytes-per-key
+//! a multi-threaded runner, a scattered key order, and the resident bytes-per-key
 //! measurement run in child processes.
 
 use std::hint::black_box;
@@ -194,9 +194,6 @@ pub fn on_threads(threads: usize, iters: u64, call: impl Fn() -> bool + Sync) ->
             .unwrap_or_default()
     })
 }
-
-/// The TSC clock governor reads by default, as the library offers it.
-pub use limiter_core::TscClock;
 
 /// Visits every key below `keys` once per cycle, in an order the hardware prefetcher cannot
 /// follow (611,953 is prime and does not divide any power-of-ten key count used here).

@@ -12,6 +12,7 @@ const USAGE: &str = "usage: cargo xtask <task> [options]
 
 tasks:
   ci                     fmt --check, clippy -D warnings, tests, rustdoc with broken links denied
+  lint                   the same without the tests (.ci/run runs README's test command itself)
   loom                   the loom models of every atomic protocol (release, --cfg limiter_loom)
   fuzz [--seconds N]     every fuzz target for N seconds each (default 60)
   bench [--quick] [-- ARGS]  the criterion benchmarks and target/bench-report.md (ratios to governor
@@ -23,6 +24,7 @@ fn main() -> ExitCode {
     let rest: Vec<String> = args.collect();
     let result = match task.as_deref() {
         Some("ci") => ci::run(),
+        Some("lint") => ci::lint(),
         Some("loom") => loom::run(),
         Some("fuzz") => fuzz::run(&rest),
         Some("bench") => bench::run(&rest),
