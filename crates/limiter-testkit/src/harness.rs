@@ -1,7 +1,7 @@
 //! The operation-sequence harness: runs an algorithm's pure transition and a reference model
 //! side by side and checks every invariant the design promises.
 
-use limiter_core::{Algorithm, Decision, DecisionError, Limit, StateCell};
+use limiter_core::{Algorithm, Decision, DecisionError, Limit, StateCell, Step};
 
 use crate::model::Model;
 use crate::ops::Op;
@@ -56,18 +56,10 @@ pub fn run<A: Algorithm, M: Model>(limit: Limit, start: u64, ops: &[Op]) -> Resu
         check_full_is_fresh(&algorithm, state, now, cost)
             .map_err(|e| format!("{}: {e}", context()))?;
         check_decision(&step.decision, cost, limit).map_err(|e| format!("{}: {e}", context()))?;
-        let consumed = step.decision.is_allowed() && cost > 0;
-        match (step.next, consumed) {
-            (Some(next), true) if next == StateCell::RETIRED => {
-                return Err(format!("{}: wrote the reserved RETIRED word", context()));
-            }
-            (Some(next), true) => state = next,
-            (Some(_), false) => {
-                return Err(format!("{}: a denial or a peek wrote state", context()));
-            }
-            (None, true) => return Err(format!("{}: an admission wrote nothing", context())),
-            (None, false) => continue,
-        }
+        let Some(next) = written(&step, cost).map_err(|e| format!("{}: {e}", context()))? else {
+            continue;
+        };
+        state = next;
         admissions
             .record::<M>(&limit, now, cost)
             .map_err(|e| format!("{}: {e}", context()))?;
@@ -161,23 +153,28 @@ pub fn run_conservative<A: Algorithm, M: Model>(
                 ));
             }
         }
-        let consumed = step.decision.is_allowed() && cost > 0;
-        match (step.next, consumed) {
-            (Some(next), true) if next == StateCell::RETIRED => {
-                return Err(format!("{}: wrote the reserved RETIRED word", context()));
-            }
-            (Some(next), true) => state = next,
-            (Some(_), false) => {
-                return Err(format!("{}: a denial or a peek wrote state", context()));
-            }
-            (None, true) => return Err(format!("{}: an admission wrote nothing", context())),
-            (None, false) => continue,
-        }
+        let Some(next) = written(&step, cost).map_err(|e| format!("{}: {e}", context()))? else {
+            continue;
+        };
+        state = next;
         admissions
             .record::<M>(&limit, now, cost)
             .map_err(|e| format!("{}: {e}", context()))?;
     }
     Ok(())
+}
+
+/// The word `step` writes, checking that exactly an admission of a positive cost writes one,
+/// and never the reserved [`StateCell::RETIRED`] word.
+fn written(step: &Step, cost: u64) -> Result<Option<u64>, &'static str> {
+    let consumed = step.decision.is_allowed() && cost > 0;
+    match (step.next, consumed) {
+        (Some(next), true) if next == StateCell::RETIRED => Err("wrote the reserved RETIRED word"),
+        (Some(next), true) => Ok(Some(next)),
+        (Some(_), false) => Err("a denial or a peek wrote state"),
+        (None, true) => Err("an admission wrote nothing"),
+        (None, false) => Ok(None),
+    }
 }
 
 /// `at` if the algorithm can decide at `at`, else 0 (so the caller skips the retry check).
