@@ -85,9 +85,3 @@ pub use layer::{RateLimit, RateLimitBody, RateLimitLayer, RateLimitLayerBuilder}
 pub use limiter::{HttpLimiter, LayerInfo, Verdict};
 pub use request::{HttpRequest, by_key, by_key_string};
 pub use response::{Rejection, RejectionBody, RejectionKind};
-
-/// The README's Rust examples, compiled (and, but for the Redis one, run) as doctests so they
-/// stay true: this crate and its dev-dependencies reach every crate the README uses.
-#[cfg(doctest)]
-#[doc = include_str!("../../../README.md")]
-struct ReadmeExamples;

@@ -1,0 +1,76 @@
+//! Rate limiting in one dependency: the lock-free token bucket and window counters, per-key
+//! stores bounded in memory, transactional stacks of limits; the tower middleware (feature
+//! `tower`, or `axum`) and the Redis backend for a fleet (feature `redis`).
+//!
+//! This crate only re-exports the workspace's crates, so every type here is the one those
+//! crates document: the algorithms and limiters at the top level, and one module per part.
+//!
+//! | path | crate | what |
+//! | --- | --- | --- |
+//! | [`Limit`], [`Decision`], clocks, errors | `limiter-core` | the vocabulary |
+//! | [`TokenBucket`], [`KeyedTokenBucket`], [`Gcra`] | `limiter-token-bucket` | the token bucket |
+//! | [`SlidingWindow`], [`FixedWindow`], keyed forms | `limiter-sliding-window` | window counters |
+//! | [`store`] | `limiter-store` | key stores: sharded (default), bounded |
+//! | [`stack`] | `limiter-stack` | several limits decided all or nothing |
+//! | `tower` (feature `tower`) | `limiter-tower` | the HTTP/gRPC middleware |
+//! | `redis` (feature `redis`) | `limiter-redis` | the same limits on Redis |
+//!
+//! # Example
+//!
+//! ```
+//! use limiter::{Algorithm, KeyedTokenBucket, Limit, ManualClock, TokenBucket};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // 1009 per minute, copied from a pricing page: accepted, and counted exactly or slightly
+//! // under, never over (`accuracy` says which).
+//! let limit = Limit::per_minute(1009)?;
+//! let bucket = TokenBucket::with_clock(limit, ManualClock::new())?;
+//! assert!(bucket.check()?.is_allowed());
+//! println!("{}", bucket.algorithm().accuracy());
+//!
+//! // Per key, on the default clock and store.
+//! let per_key = KeyedTokenBucket::<u64>::new(Limit::per_second(10)?)?;
+//! assert!(per_key.check_key(&7)?.is_allowed());
+//! # Ok(()) }
+//! ```
+
+pub use limiter_core::{
+    Accuracy, Algorithm, Clock, ClockSource, CoarseClock, Decision, DecisionError, DefaultClock,
+    DirectLimiter, Limit, LimitError, Limiter, MIN_CLOCK_RANGE, ManualClock, MonotonicClock,
+    StateCell, Step, TscClock, Usage,
+};
+pub use limiter_sliding_window::{
+    FixedCounter, FixedWindow, KeyedFixedWindow, KeyedSlidingWindow, SlidingCounter, SlidingWindow,
+    WindowCounter,
+};
+pub use limiter_store::KeyedLimiter;
+pub use limiter_token_bucket::{Gcra, KeyedTokenBucket, TokenBucket};
+
+/// Key stores: where a keyed limiter keeps one state word per key (`limiter-store`).
+pub mod store {
+    pub use limiter_store::*;
+}
+
+/// Stacks: several limits, per key or global, decided at one instant and all or nothing
+/// (`limiter-stack`).
+pub mod stack {
+    pub use limiter_stack::*;
+}
+
+/// The tower middleware for axum, hyper and tonic (`limiter-tower`).
+#[cfg(feature = "tower")]
+pub mod tower {
+    pub use limiter_tower::*;
+}
+
+/// The same limits and stacks decided on Redis, for a fleet (`limiter-redis`).
+#[cfg(feature = "redis")]
+pub mod redis {
+    pub use limiter_redis::*;
+}
+
+/// The README's Rust examples, compiled (and, but for the Redis and server ones, run) as
+/// doctests so they stay true; they import this crate alone (and axum, tokio).
+#[cfg(all(doctest, feature = "axum", feature = "redis"))]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeExamples;
