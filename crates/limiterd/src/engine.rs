@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
-use limiter_core::{Clock, Decision, Limit};
+use limiter_core::{Clock, Decision, Limit, LimitError};
 use limiter_redis::{Kind, OnFailure, RedisBackend, RedisLayer, RedisStack, Source};
 use limiter_stack::{BuildError, CallError, Grant, Layer, Stack};
 
@@ -353,12 +353,19 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         if map.len() >= MAX_AD_HOC_SHAPES {
             return Err(DecideError::TooManyShapes);
         }
-        let invalid_limit = |message: String| DecideError::Invalid {
-            field: "limit",
+        let invalid = |field: &'static str, message: String| DecideError::Invalid {
+            field,
             message: format!("`limit` per `duration_ms`: {message}"),
         };
-        let limit = Limit::new(limit, std::time::Duration::from_millis(duration_ms))
-            .map_err(|e| invalid_limit(e.to_string()))?;
+        let invalid_limit = |message: String| invalid("limit", message);
+        let limit = Limit::new(limit, std::time::Duration::from_millis(duration_ms)).map_err(
+            |e| match e {
+                LimitError::ZeroPeriod | LimitError::PeriodTooLong { .. } => {
+                    invalid("duration_ms", e.to_string())
+                }
+                _ => invalid_limit(e.to_string()),
+            },
+        )?;
         let policy = Policy {
             limits: vec![PolicyLimit {
                 kind,

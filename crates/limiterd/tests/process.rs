@@ -169,6 +169,21 @@ async fn invalid_requests_get_clear_400s_never_500s() {
             "invalid_request",
             Some("limit"),
         ),
+        (
+            r#"{"namespace":"n","identifier":"u","limit":0,"duration_ms":1000}"#,
+            "invalid_request",
+            Some("limit"),
+        ),
+        (
+            r#"{"namespace":"n","identifier":"u","limit":10,"duration_ms":0}"#,
+            "invalid_request",
+            Some("duration_ms"),
+        ),
+        (
+            r#"{"namespace":"n","identifier":"u","limit":10,"duration_ms":18446744073709551615}"#,
+            "invalid_request",
+            Some("duration_ms"),
+        ),
     ] {
         let (status, text) = client.send("POST", "/v1/ratelimit", body).await;
         assert_eq!(status, 400, "{body}: {text}");
