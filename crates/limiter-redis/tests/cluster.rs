@@ -2,7 +2,7 @@
 //! keyed limiters spread over the masters, batches span slots, and a stack whose keys could not
 //! share a slot is refused when built.
 
-mod common;
+use limiter_testkit::redis_server as common;
 
 use std::collections::HashSet;
 

@@ -5,7 +5,7 @@
 //! steps the clock forward (and sometimes back) between calls of random cost. Redis decides at
 //! the injected time; the Rust algorithm is built on [`RedisLimit::in_micros`].
 
-mod common;
+use limiter_testkit::redis_server as common;
 
 use limiter_core::{Decision, Limit, ManualClock};
 use limiter_redis::{Kind, OnFailure, RedisBackend, RedisLimit, RedisLimiter, Source};

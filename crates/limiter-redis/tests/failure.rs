@@ -3,7 +3,7 @@
 //! timeout), be answered by the configured policy while Redis is out, and go back to Redis
 //! once it is up again.
 
-mod common;
+use limiter_testkit::redis_server as common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -3,7 +3,7 @@
 //!
 //! Time is frozen (injected), so nothing refills during the run and the total is exact.
 
-mod common;
+use limiter_testkit::redis_server as common;
 
 use std::process::Command;
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! writes nothing, peeks write nothing, keys expire when full again, several limits per key,
 //! batches in one round trip, the deny cache, and clear errors for bad input and bad state.
 
-mod common;
+use limiter_testkit::redis_server as common;
 
 use std::time::Duration;
 

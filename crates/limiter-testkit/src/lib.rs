@@ -21,4 +21,6 @@ pub mod harness;
 pub mod http;
 pub mod model;
 pub mod ops;
+#[cfg(feature = "redis-server")]
+pub mod redis_server;
 pub mod store;

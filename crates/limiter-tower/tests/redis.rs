@@ -3,8 +3,7 @@
 //! each failure policy: fail closed answers 503 (never 429), fail open passes with no headers,
 //! the fallback decides locally with the same headers.
 
-#[path = "../../limiter-redis/tests/common/mod.rs"]
-mod redis_server;
+use limiter_testkit::redis_server;
 mod support;
 
 use std::time::Duration;

@@ -5,8 +5,7 @@
 //! repetition). Every limit is per hour or per day and the fixed windows
 //! start with the process, so no window turns during a test.
 
-#[path = "../../limiter-redis/tests/common/mod.rs"]
-mod redis_server;
+use limiter_testkit::redis_server;
 #[allow(dead_code)]
 mod support;
 

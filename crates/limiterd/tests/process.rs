@@ -3,8 +3,7 @@
 //! test (per hour, per minute) or are checked after a refund at the same instant, so the
 //! counts are exact without sleeping.
 
-#[path = "../../limiter-redis/tests/common/mod.rs"]
-mod redis_server;
+use limiter_testkit::redis_server;
 
 #[allow(dead_code)]
 mod support;

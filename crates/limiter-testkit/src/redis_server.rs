@@ -1,9 +1,9 @@
-//! Real `redis-server` processes for the tests, each on a free loopback port, killed on drop.
+//! Real `redis-server` processes for the tests (feature `redis-server`), each on a free
+//! loopback port, killed on drop: the Redis backend's, the middleware's and limiterd's tests.
 //!
 //! The server binary is `$REDIS_SERVER` if set, else `redis-server` on the `PATH` (Debian's
 //! `redis-server` package; `.ci/run` installs it when missing). Nothing here depends on a server
 //! already running.
-#![allow(dead_code, unreachable_pub)]
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -40,7 +40,9 @@ fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
 }
 
 /// One `redis-server` process.
+#[derive(Debug)]
 pub struct RedisServer {
+    /// The loopback port the server listens on; kept across [`RedisServer::restart`].
     pub port: u16,
     child: Option<Child>,
     dir: PathBuf,
@@ -53,6 +55,8 @@ impl RedisServer {
         Self::start_with(Vec::new())
     }
 
+    /// A fresh server on a free port, with `extra` command-line arguments after the defaults
+    /// (for example `--cluster-enabled yes`).
     pub fn start_with(extra: Vec<String>) -> Self {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!("limiter-redis-{}-{port}", std::process::id()));
@@ -90,6 +94,7 @@ impl RedisServer {
         });
     }
 
+    /// The `redis://` URL a client connects with.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
@@ -124,11 +129,14 @@ impl Drop for RedisServer {
 }
 
 /// A Redis Cluster of three masters, each slot range on its own process.
+#[derive(Debug)]
 pub struct RedisCluster {
+    /// The three masters, in slot order.
     pub nodes: Vec<RedisServer>,
 }
 
 impl RedisCluster {
+    /// Starts three masters, assigns each a third of the slots and waits for `cluster_state:ok`.
     pub fn start() -> Self {
         let nodes: Vec<RedisServer> = (0..3)
             .map(|_| {
@@ -170,6 +178,7 @@ impl RedisCluster {
         Self { nodes }
     }
 
+    /// Every node's URL, the seed list a cluster client takes.
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()
     }
