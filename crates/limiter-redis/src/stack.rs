@@ -25,7 +25,7 @@ use crate::error::{BackendError, BuildError, CallError};
 use crate::reply::{self, GroupAnswer, LimitAnswer};
 use crate::spec::{Kind, RedisLimit};
 
-type Keyer<R> = Arc<dyn Fn(&R) -> Option<String> + Send + Sync>;
+type Keyer<R> = Arc<dyn limiter_stack::Keyer<R, String>>;
 type Tagger<R> = Arc<dyn Fn(&R) -> String + Send + Sync>;
 type Fallback<R> = limiter_stack::Stack<R, String, Arc<dyn Clock>>;
 
@@ -53,9 +53,12 @@ pub struct RedisLayer<R> {
 
 impl<R> RedisLayer<R> {
     /// A layer with one state per key; a request for which `keyer` returns `None` skips it.
+    /// `keyer` is a closure `|r: &Request| Some(r.user.to_string())` or a
+    /// [`Keyer`](limiter_stack::Keyer) that reads a named key (the middleware's
+    /// `by_key_string("ip")`).
     pub fn keyed(
         name: impl Into<String>,
-        keyer: impl Fn(&R) -> Option<String> + Send + Sync + 'static,
+        keyer: impl limiter_stack::Keyer<R, String> + 'static,
     ) -> Self {
         Self {
             name: name.into(),
@@ -258,6 +261,19 @@ fn check_name(what: &'static str, name: &str, colons: bool) -> Result<(), BuildE
     })
 }
 
+/// A Redis layer's keyer, shared with its local fallback layer.
+struct SharedKeyer<R>(Keyer<R>);
+
+impl<R> limiter_stack::Keyer<R, String> for SharedKeyer<R> {
+    fn key(&self, request: &R) -> Option<String> {
+        self.0.key(request)
+    }
+
+    fn key_name(&self) -> Option<&'static str> {
+        self.0.key_name()
+    }
+}
+
 /// The in-memory stack with the same layers and limits, on the backend's local clock.
 fn local_stack<R: 'static>(
     layers: &[RedisLayer<R>],
@@ -268,7 +284,7 @@ fn local_stack<R: 'static>(
         let mut local = match &layer.keyer {
             Some(keyer) => {
                 let keyer = Arc::clone(keyer);
-                limiter_stack::Layer::keyed(layer.name.clone(), move |r: &R| keyer(r))
+                limiter_stack::Layer::keyed(layer.name.clone(), SharedKeyer(keyer))
             }
             None => limiter_stack::Layer::global(layer.name.clone()),
         };
@@ -473,6 +489,15 @@ impl<R> RedisStack<R> {
             .map(|layer| (layer.name.as_str(), layer.limits.as_slice()))
     }
 
+    /// Per layer in stack order, the name of the request key its keyer reads
+    /// ([`Keyer::key_name`](limiter_stack::Keyer::key_name)); `None` for global layers and
+    /// closures.
+    pub fn key_names(&self) -> impl Iterator<Item = Option<&'static str>> {
+        self.layers
+            .iter()
+            .map(|layer| layer.keyer.as_ref().and_then(|k| k.key_name()))
+    }
+
     /// Resolves a call's keys and checks its cost against every limit it touches.
     fn prepare(&self, request: &R, cost: u64) -> Result<Prepared, CallError> {
         let mut keys = Vec::new();
@@ -480,7 +505,7 @@ impl<R> RedisStack<R> {
         let mut layer_keys: Vec<(usize, Option<String>)> = Vec::with_capacity(self.layers.len());
         for (l, layer) in self.layers.iter().enumerate() {
             let key = match &layer.keyer {
-                Some(keyer) => match keyer(request) {
+                Some(keyer) => match keyer.key(request) {
                     Some(key) => Some(key),
                     None => continue,
                 },

@@ -10,6 +10,7 @@ use limiter_core::{Algorithm, Limit};
 use crate::algorithms::DynAlgorithm;
 use crate::cells::MAX_LIMITS_PER_LAYER;
 use crate::error::{BuildError, CallError};
+use crate::keyer::Keyer;
 
 /// A named set of limits one layer enforces together on a key, such as `free: 10/s and 100/min`.
 pub struct Plan {
@@ -61,21 +62,20 @@ impl fmt::Debug for Plan {
     }
 }
 
-type KeyFn<R, K> = Arc<dyn Fn(&R) -> Option<K> + Send + Sync>;
 type PlanFn<R> = Arc<dyn Fn(&R) -> usize + Send + Sync>;
 
 /// How a layer finds the key a request is limited under.
-pub(crate) enum Keyer<R, K> {
+pub(crate) enum KeySource<R, K> {
     /// One state for every request.
     Global,
     /// A state per key; `None` means the layer does not apply to the request.
-    Keyed(KeyFn<R, K>),
+    Keyed(Arc<dyn Keyer<R, K>>),
 }
 
 /// One layer of a stack: a keyer and the plans it chooses among.
 pub struct Layer<R, K> {
     pub(crate) name: String,
-    pub(crate) keyer: Keyer<R, K>,
+    pub(crate) keyer: KeySource<R, K>,
     pub(crate) plans: Vec<Plan>,
     pub(crate) choose: Option<PlanFn<R>>,
 }
@@ -100,20 +100,19 @@ impl<R, K> Layer<R, K> {
     }
 
     /// A layer with one state per key, the key derived from each request by `keyer` (per user,
-    /// per IP, per API key). A request for which `keyer` returns `None` skips the layer.
-    pub fn keyed(
-        name: impl Into<String>,
-        keyer: impl Fn(&R) -> Option<K> + Send + Sync + 'static,
-    ) -> Self {
-        Self::with_keyer(name.into(), Keyer::Keyed(Arc::new(keyer)))
+    /// per IP, per API key): a closure `|r: &Request| Some(r.user)`, or a [`Keyer`] that reads
+    /// a named key (the middleware's `by_key("ip")`). A request for which `keyer` returns
+    /// `None` skips the layer.
+    pub fn keyed(name: impl Into<String>, keyer: impl Keyer<R, K> + 'static) -> Self {
+        Self::with_keyer(name.into(), KeySource::Keyed(Arc::new(keyer)))
     }
 
     /// A layer with one state shared by every request: a global cap.
     pub fn global(name: impl Into<String>) -> Self {
-        Self::with_keyer(name.into(), Keyer::Global)
+        Self::with_keyer(name.into(), KeySource::Global)
     }
 
-    fn with_keyer(name: String, keyer: Keyer<R, K>) -> Self {
+    fn with_keyer(name: String, keyer: KeySource<R, K>) -> Self {
         Self {
             name,
             keyer,
@@ -160,7 +159,16 @@ impl<R, K> Layer<R, K> {
 
     /// Whether the layer is global.
     pub fn is_global(&self) -> bool {
-        matches!(self.keyer, Keyer::Global)
+        matches!(self.keyer, KeySource::Global)
+    }
+
+    /// The name of the request key the layer's keyer reads, when it reads one by name
+    /// ([`Keyer::key_name`]); `None` for global layers and closures.
+    pub fn key_name(&self) -> Option<&'static str> {
+        match &self.keyer {
+            KeySource::Global => None,
+            KeySource::Keyed(keyer) => keyer.key_name(),
+        }
     }
 
     pub(crate) fn validate(&self) -> Result<(), BuildError> {

@@ -42,7 +42,7 @@ use limiter_store::table::{Shard, ShardReadGuard, ShardWriteGuard, ShardedTable}
 use crate::cells::{Cells, Held, MAX_LIMITS_PER_LAYER, Snapshot};
 use crate::decision::{Grant, MAX_LAYERS, StackDecision};
 use crate::error::{BuildError, CallError, RefundError};
-use crate::layer::{Keyer, Layer};
+use crate::layer::{KeySource, Layer};
 use crate::sync::EntryHasher;
 
 /// Layers of limits over requests of type `R`, keyed layers keyed by `K`, decided as one
@@ -477,8 +477,8 @@ where
         targets: &mut LeanTargets<K, N>,
     ) -> Result<(), CallError> {
         for (index, layer) in self.layers.iter().enumerate().take(N) {
-            if let Keyer::Keyed(keyer) = &layer.keyer {
-                let Some(key) = keyer(request) else {
+            if let KeySource::Keyed(keyer) = &layer.keyer {
+                let Some(key) = keyer.key(request) else {
                     continue;
                 };
                 let hash = self.table.hash_one((index as u32, &key));
@@ -895,9 +895,9 @@ where
     fn fill_targets(&self, request: &R, targets: &mut Targets<K>) -> Result<(), CallError> {
         for (index, layer) in self.layers.iter().enumerate() {
             let place = match &layer.keyer {
-                Keyer::Global => Place::Global,
-                Keyer::Keyed(keyer) => {
-                    let Some(key) = keyer(request) else {
+                KeySource::Global => Place::Global,
+                KeySource::Keyed(keyer) => {
+                    let Some(key) = keyer.key(request) else {
                         continue;
                     };
                     let hash = self.table.hash_one((index as u32, &key));

@@ -135,7 +135,7 @@ pub fn run_bytes(bytes: &[u8]) {
         .headers(mode)
         .body(body)
         .build()
-        .expect("distinct key names");
+        .expect("distinct key names, each layer's key registered");
     let mut service = layer.layer(Ok200);
     for _ in 0..=(calls % 8) {
         let mut request = Request::get("/").body(()).expect("valid");
@@ -153,7 +153,7 @@ fn limit(count: u64) -> Limit {
 
 fn single(
     name: &str,
-    keyer: impl Fn(&HttpRequest) -> Option<Key> + Send + Sync + 'static,
+    keyer: impl limiter_stack::Keyer<HttpRequest, Key> + 'static,
 ) -> Layer<HttpRequest, Key> {
     Layer::keyed(name, keyer)
         .limit::<Gcra>(limit(5))

@@ -108,6 +108,19 @@ pub enum ConfigError {
         /// The name.
         name: &'static str,
     },
+    /// A layer reads a key (`by_key(name)`) the middleware never extracts: every request
+    /// would skip the layer, so its limit would never apply.
+    #[error(
+        "layer `{layer}` reads the key `{name}`, which the middleware never extracts ({known}): register it with `.key(\"{name}\", extractor)` or `.optional_key(…)`, or fix the name"
+    )]
+    UnknownKey {
+        /// The layer's name.
+        layer: String,
+        /// The key name it reads.
+        name: &'static str,
+        /// The names the middleware does extract, for the message.
+        known: String,
+    },
     /// A prefix length beyond 128 bits.
     #[error("an IPv6 prefix of /{prefix} is longer than an address: use 0 to 128 (64 is usual)")]
     Ipv6Prefix {

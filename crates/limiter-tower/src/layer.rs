@@ -166,13 +166,33 @@ impl<L: HttpLimiter> RateLimitLayerBuilder<L> {
     }
 
     /// Checks the keys and builds the layer, describing every policy for the headers once.
+    /// Refused when two keys share a name, or when a layer reads a key
+    /// ([`by_key`](crate::by_key)`(name)`) that no [`key`](Self::key) or
+    /// [`optional_key`](Self::optional_key) extracts: such a layer would never apply.
     pub fn build(self) -> Result<RateLimitLayer<L>, ConfigError> {
         for (i, key) in self.keys.iter().enumerate() {
             if self.keys[..i].iter().any(|k| k.name == key.name) {
                 return Err(ConfigError::DuplicateKey { name: key.name });
             }
         }
-        let policies = Policies::new(&self.limiter.layers());
+        let layers = self.limiter.layers();
+        for layer in &layers {
+            let Some(name) = layer.key else { continue };
+            if !self.keys.iter().any(|k| k.name == name) {
+                let known: Vec<String> =
+                    self.keys.iter().map(|k| format!("`{}`", k.name)).collect();
+                return Err(ConfigError::UnknownKey {
+                    layer: layer.name.clone(),
+                    name,
+                    known: if known.is_empty() {
+                        "it extracts none".to_owned()
+                    } else {
+                        format!("it extracts {}", known.join(", "))
+                    },
+                });
+            }
+        }
+        let policies = Policies::new(&layers);
         Ok(RateLimitLayer {
             shared: Arc::new(Shared {
                 limiter: self.limiter,

@@ -63,6 +63,12 @@
 //! # Ok(()) }
 //! ```
 //!
+//! A layer keyed by [`by_key`]`(name)` reads the key registered under `name`; `build()`
+//! refuses a layer whose name no [`key`](RateLimitLayerBuilder::key) or
+//! [`optional_key`](RateLimitLayerBuilder::optional_key) registers
+//! ([`ConfigError::UnknownKey`]), so a typo cannot switch a limit off. A closure keyer is not
+//! checked.
+//!
 //! On Redis, build a `limiter_redis::RedisStack<HttpRequest>` with
 //! `RedisLayer::keyed("per-ip", by_key_string("ip"))` and hand it to the same builder.
 #![forbid(unsafe_code)]
@@ -83,5 +89,5 @@ pub use ip::{ForwardedHeader, IpNet};
 pub use key::{ClientIp, DEFAULT_IPV6_PREFIX, HeaderKey, Key, KeyExtractor, PeerAddr, PeerIp};
 pub use layer::{RateLimit, RateLimitBody, RateLimitLayer, RateLimitLayerBuilder};
 pub use limiter::{HttpLimiter, LayerInfo, Verdict};
-pub use request::{HttpRequest, by_key, by_key_string};
+pub use request::{ByKey, ByKeyString, HttpRequest, by_key, by_key_string};
 pub use response::{Rejection, RejectionBody, RejectionKind};

@@ -42,6 +42,9 @@ pub enum Verdict {
 pub struct LayerInfo {
     /// The layer's name (the policy name in `RateLimit-Policy`).
     pub name: String,
+    /// The name of the request key the layer reads (`by_key(name)`), checked against the
+    /// middleware's keys when it is built; `None` for global layers and closures.
+    pub key: Option<&'static str>,
     /// Per plan (in plan order), the plan's limits (in limit order).
     pub plans: Vec<Vec<Limit>>,
 }
@@ -76,6 +79,7 @@ where
             .iter()
             .map(|layer| LayerInfo {
                 name: layer.name().to_owned(),
+                key: layer.key_name(),
                 plans: layer
                     .plan_list()
                     .iter()
@@ -106,8 +110,10 @@ impl HttpLimiter for limiter_redis::RedisStack<HttpRequest> {
 
     fn layers(&self) -> Vec<LayerInfo> {
         limiter_redis::RedisStack::layers(self)
-            .map(|(name, limits)| LayerInfo {
+            .zip(self.key_names())
+            .map(|((name, limits), key)| LayerInfo {
                 name: name.to_owned(),
+                key,
                 plans: vec![limits.iter().map(|l| l.limit()).collect()],
             })
             .collect()

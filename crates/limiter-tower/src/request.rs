@@ -5,6 +5,8 @@
 use http::request::Parts;
 use http::{HeaderMap, Method, Uri};
 
+use limiter_stack::Keyer;
+
 use crate::key::Key;
 
 /// A request as the limiter sees it: its head (method, URI, headers, extensions) and the keys
@@ -67,15 +69,48 @@ impl HttpRequest {
 }
 
 /// A keyer for an in-process stack layer: the key the middleware extracted as `name`
-/// (`Layer::keyed("per-ip", by_key("ip"))`).
-pub fn by_key(name: &'static str) -> impl Fn(&HttpRequest) -> Option<Key> + Send + Sync + 'static {
-    move |request: &HttpRequest| request.key(name).cloned()
+/// (`Layer::keyed("per-ip", by_key("ip"))`). The middleware refuses to build when no key is
+/// registered under `name`, so a typo cannot switch a limit off.
+pub fn by_key(name: &'static str) -> ByKey {
+    ByKey { name }
 }
 
 /// A keyer for a Redis stack layer, whose keys are strings: the key extracted as `name`,
-/// written out (`RedisLayer::keyed("per-ip", by_key_string("ip"))`).
-pub fn by_key_string(
+/// written out (`RedisLayer::keyed("per-ip", by_key_string("ip"))`). Checked at build like
+/// [`by_key`].
+pub fn by_key_string(name: &'static str) -> ByKeyString {
+    ByKeyString { name }
+}
+
+/// The keyer [`by_key`] returns: reads the key extracted under its name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ByKey {
     name: &'static str,
-) -> impl Fn(&HttpRequest) -> Option<String> + Send + Sync + 'static {
-    move |request: &HttpRequest| request.key(name).map(Key::to_string)
+}
+
+impl Keyer<HttpRequest, Key> for ByKey {
+    #[inline]
+    fn key(&self, request: &HttpRequest) -> Option<Key> {
+        request.key(self.name).cloned()
+    }
+
+    fn key_name(&self) -> Option<&'static str> {
+        Some(self.name)
+    }
+}
+
+/// The keyer [`by_key_string`] returns: the key extracted under its name, as a string.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ByKeyString {
+    name: &'static str,
+}
+
+impl Keyer<HttpRequest, String> for ByKeyString {
+    fn key(&self, request: &HttpRequest) -> Option<String> {
+        request.key(self.name).map(Key::to_string)
+    }
+
+    fn key_name(&self) -> Option<&'static str> {
+        Some(self.name)
+    }
 }

@@ -460,3 +460,92 @@ fn duplicate_key_names_are_refused() {
         "two keys are named `ip`: give each key its own name"
     );
 }
+
+/// A layer reading a key the middleware never extracts would never apply: a typo must not
+/// switch a limit off, so the middleware refuses to build, naming the layer, the key and the
+/// keys it does extract. Keys registered as optional count; closures cannot be checked.
+#[test]
+fn a_layer_reading_an_unregistered_key_is_refused_at_build() {
+    let clock = ManualClock::new();
+    let typo = RateLimitLayer::builder(per_ip(&clock, 1))
+        .key("client-ip", PeerIp::new())
+        .key(
+            "api-key",
+            HeaderKey::new(HeaderName::from_static("x-api-key")),
+        )
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        typo,
+        limiter_tower::ConfigError::UnknownKey {
+            layer: "per-ip".to_owned(),
+            name: "ip",
+            known: "it extracts `client-ip`, `api-key`".to_owned(),
+        }
+    );
+    assert!(
+        typo.to_string().contains(r#".key("ip", extractor)"#),
+        "{typo}"
+    );
+
+    let none = RateLimitLayer::builder(per_ip(&clock, 1))
+        .build()
+        .unwrap_err();
+    assert!(none.to_string().contains("it extracts none"), "{none}");
+
+    // The second of several layers, with plans, is checked too.
+    let plans = Stack::builder()
+        .layer(
+            Layer::keyed("per-ip", by_key("ip"))
+                .limit::<Gcra>(Limit::per_second(5).unwrap())
+                .unwrap(),
+        )
+        .layer(
+            Layer::keyed("per-key", by_key("api_key")).plans(
+                [
+                    limiter_stack::Plan::new("read")
+                        .limit::<Gcra>(Limit::per_second(2).unwrap())
+                        .unwrap(),
+                    limiter_stack::Plan::new("write")
+                        .limit::<Gcra>(Limit::per_second(1).unwrap())
+                        .unwrap(),
+                ],
+                |r: &HttpRequest| usize::from(r.method() != Method::GET),
+            ),
+        )
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let err = RateLimitLayer::builder(plans)
+        .key("ip", PeerIp::new())
+        .optional_key(
+            "api-key",
+            HeaderKey::new(HeaderName::from_static("x-api-key")),
+        )
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(&err, limiter_tower::ConfigError::UnknownKey { layer, name: "api_key", .. } if layer == "per-key"),
+        "{err:?}"
+    );
+
+    // Registered, optional or not, it builds; a closure keyer is the user's to check.
+    RateLimitLayer::builder(per_ip(&clock, 1))
+        .optional_key("ip", PeerIp::new())
+        .build()
+        .unwrap();
+    let closure = Stack::builder()
+        .layer(
+            Layer::keyed("by-host", |r: &HttpRequest| {
+                r.headers()
+                    .get("host")
+                    .map(|h| Key::from(h.to_str().unwrap_or("")))
+            })
+            .limit::<Gcra>(Limit::per_second(5).unwrap())
+            .unwrap(),
+        )
+        .clock(clock)
+        .build()
+        .unwrap();
+    RateLimitLayer::builder(closure).build().unwrap();
+}

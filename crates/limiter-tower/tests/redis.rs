@@ -141,3 +141,27 @@ async fn a_failing_backend_is_answered_by_its_policy_never_as_over_the_limit() {
         "the local fallback enforces the same limit"
     );
 }
+
+/// A Redis layer reading a key the middleware never extracts is refused at build, as in
+/// process: a typo would otherwise switch the limit off for every request.
+#[tokio::test]
+async fn a_redis_layer_reading_an_unregistered_key_is_refused_at_build() {
+    let port = redis_server::free_port();
+    let backend = RedisBackend::builder(format!("redis://127.0.0.1:{port}"))
+        .timeout(Duration::from_millis(200))
+        .connect()
+        .await
+        .unwrap();
+    let err = RateLimitLayer::builder(stack(&backend, OnFailure::Closed))
+        .key("peer-ip", PeerIp::new())
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "layer `per-ip` reads the key `ip`, which the middleware never extracts (it extracts `peer-ip`): register it with `.key(\"ip\", extractor)` or `.optional_key(…)`, or fix the name"
+    );
+    RateLimitLayer::builder(stack(&backend, OnFailure::Closed))
+        .key("ip", PeerIp::new())
+        .build()
+        .unwrap();
+}
