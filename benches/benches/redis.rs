@@ -67,7 +67,7 @@ fn start_server() -> Option<Server> {
 
 /// A limit the benchmark never exhausts.
 fn roomy() -> Limit {
-    Limit::per_second(1_000_000).unwrap()
+    Limit::per_second(1_000_000)
 }
 
 /// The exact arguments the limiter sends for one call of one limit, for the raw script call.
@@ -103,15 +103,13 @@ fn redis_benches(c: &mut Criterion) {
         .unwrap();
     let one = RedisLimiter::builder(&backend, "bench")
         .limit(Kind::TokenBucket, roomy())
-        .unwrap()
         .on_failure(OnFailure::Closed)
         .build()
         .unwrap();
     let stack = RedisStack::builder(&backend, "bench-stack")
         .layer(
             RedisLayer::keyed("user", |r: &Req| Some(r.0.to_string()))
-                .limit(Kind::TokenBucket, roomy())
-                .unwrap(),
+                .limit(Kind::TokenBucket, roomy()),
         )
         .layer(
             RedisLayer::keyed("ip", |r: &Req| Some((r.0 % 7).to_string()))
@@ -121,15 +119,10 @@ fn redis_benches(c: &mut Criterion) {
                 // per second.
                 .limit(
                     Kind::SlidingWindow,
-                    Limit::new(4_000, Duration::from_millis(100)).unwrap(),
-                )
-                .unwrap(),
+                    Limit::new(4_000, Duration::from_millis(100)),
+                ),
         )
-        .layer(
-            RedisLayer::global("all")
-                .limit(Kind::FixedWindow, roomy())
-                .unwrap(),
-        )
+        .layer(RedisLayer::global("all").limit(Kind::FixedWindow, roomy()))
         .on_failure(OnFailure::Closed)
         .build()
         .unwrap();
@@ -197,8 +190,7 @@ fn redis_benches(c: &mut Criterion) {
     // An abusive key: far over a small limit, hammered.
     let abuse_backend = rt.block_on(RedisBackend::builder(&url).connect()).unwrap();
     let abused = RedisLimiter::builder(&abuse_backend, "abuse")
-        .limit(Kind::TokenBucket, Limit::per_minute(10).unwrap())
-        .unwrap()
+        .limit(Kind::TokenBucket, Limit::per_minute(10))
         .build()
         .unwrap();
     let mut group = c.benchmark_group("redis/deny_cache");

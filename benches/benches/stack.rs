@@ -53,19 +53,15 @@ fn rotating<T>(b: &mut Bencher<'_>, items: &[T], mut call: impl FnMut(&T) -> boo
 type Requests = Stack<Request, u64>;
 
 fn user(limit: Limit) -> Layer<Request, u64> {
-    Layer::keyed("user", |r: &Request| Some(r.user))
-        .limit::<Gcra>(limit)
-        .expect("valid")
+    Layer::keyed("user", |r: &Request| Some(r.user)).limit::<Gcra>(limit)
 }
 
 fn ip(limit: Limit) -> Layer<Request, u64> {
-    Layer::keyed("ip", |r: &Request| Some(r.ip))
-        .limit::<Gcra>(limit)
-        .expect("valid")
+    Layer::keyed("ip", |r: &Request| Some(r.ip)).limit::<Gcra>(limit)
 }
 
 fn global(limit: Limit) -> Layer<Request, u64> {
-    Layer::global("global").limit::<Gcra>(limit).expect("valid")
+    Layer::global("global").limit::<Gcra>(limit)
 }
 
 fn build(layers: Vec<Layer<Request, u64>>) -> Requests {
@@ -356,10 +352,7 @@ fn stacks(c: &mut Criterion) {
         (
             // Two limits on the user's key (one lookup) and a global cap.
             "stack_3_limits_2_keys",
-            build(vec![
-                user(allow).limit::<Gcra>(allow).expect("valid"),
-                global(allow),
-            ]),
+            build(vec![user(allow).limit::<Gcra>(allow), global(allow)]),
         ),
     ];
     for (name, stack) in &cases {
@@ -371,7 +364,7 @@ fn stacks(c: &mut Criterion) {
     }
     // The global layer admits each pair once, so every key is in the table, then denies for
     // the rest of the run (its next unit comes back after 56 s, longer than this subject runs).
-    let once_each = Limit::per_hour(PAIRS as u64).expect("valid");
+    let once_each = Limit::per_hour(PAIRS as u64);
     let denied = build(vec![user(allow), ip(allow), global(once_each)]);
     for request in &requests {
         assert!(denied.check(request).expect("valid").is_allowed());

@@ -19,11 +19,7 @@ use tower_layer::Layer as _;
 
 fn per_ip(limit: Limit) -> Stack<HttpRequest, Key> {
     Stack::builder()
-        .layer(
-            Layer::keyed("per-ip", by_key("ip"))
-                .limit::<Gcra>(limit)
-                .expect("valid"),
-        )
+        .layer(Layer::keyed("per-ip", by_key("ip")).limit::<Gcra>(limit))
         .build()
         .expect("valid")
 }

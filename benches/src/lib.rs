@@ -14,20 +14,18 @@ use limiter_core::Limit;
 
 /// One unit per ns: a token bucket never runs out in a bench loop.
 pub fn token_bucket_allow() -> Limit {
-    Limit::per_second(1_000_000_000).expect("valid")
+    Limit::per_second(1_000_000_000)
 }
 
 /// 255 per µs: the most a sliding window of 1 µs supports, far above any loop's rate.
 pub fn window_allow() -> Limit {
-    Limit::from_nanos(255, 1_000).expect("valid")
+    Limit::from_nanos(255, 1_000)
 }
 
 /// One unit per hour in bursts of 1,000: a key visited a few dozen times in a run never runs
 /// out, and is never full again (so no store drops it) while the run lasts.
 pub fn token_bucket_sticky() -> Limit {
-    Limit::per_hour(1)
-        .and_then(|l| l.with_burst(1_000))
-        .expect("valid")
+    Limit::per_hour(1).with_burst(1_000)
 }
 
 /// Governor's equivalent of [`token_bucket_sticky`].
@@ -37,16 +35,14 @@ pub fn sticky_quota() -> Quota {
 
 /// 1,000 per hour-long window: as sticky as [`token_bucket_sticky`], for the window counters.
 pub fn window_sticky() -> Limit {
-    Limit::per_hour(1_000).expect("valid")
+    Limit::per_hour(1_000)
 }
 
 /// 1,000 per second in bursts of a billion: a key visited every few microseconds (a few dozen
 /// keys in rotation) runs a millisecond further into debt at each visit, so it is never full
 /// again (no store drops it) and, at the fastest loop's pace, runs out only after an hour.
 pub fn token_bucket_warm() -> Limit {
-    Limit::per_second(1_000)
-        .and_then(|l| l.with_burst(1_000_000_000))
-        .expect("valid")
+    Limit::per_second(1_000).with_burst(1_000_000_000)
 }
 
 /// Governor's equivalent of [`token_bucket_warm`].
@@ -57,7 +53,7 @@ pub fn warm_quota() -> Quota {
 
 /// Drained by one call and drained for the rest of the run.
 pub fn never_limit() -> Limit {
-    Limit::per_hour(1).expect("valid")
+    Limit::per_hour(1)
 }
 
 /// Governor's equivalent of [`token_bucket_allow`].

@@ -24,7 +24,7 @@
 //! use limiter_core::{Clock, Decision, Limit, ManualClock};
 //!
 //! # fn main() -> Result<(), limiter_core::LimitError> {
-//! let limit = Limit::per_second(10)?.with_burst(5)?;
+//! let limit = Limit::per_second(10).with_burst(5);
 //! assert_eq!(limit.interval(), Duration::from_millis(100));
 //!
 //! let clock = ManualClock::new();

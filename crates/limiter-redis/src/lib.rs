@@ -32,8 +32,8 @@
 //!
 //! // 10 per second with bursts of 10, and 100 per minute, on every API key.
 //! let per_key = RedisLimiter::builder(&backend, "api")
-//!     .limit(Kind::TokenBucket, Limit::per_second(10)?)?
-//!     .limit(Kind::SlidingWindow, Limit::per_minute(100)?)?
+//!     .limit(Kind::TokenBucket, Limit::per_second(10))
+//!     .limit(Kind::SlidingWindow, Limit::per_minute(100))
 //!     .on_failure(OnFailure::Fallback)
 //!     .build()?;
 //! let decision = per_key.check("key-42").await?;
@@ -43,8 +43,8 @@
 //! struct Request { user: String }
 //! let stack = RedisStack::builder(&backend, "checkout")
 //!     .layer(RedisLayer::keyed("user", |r: &Request| Some(r.user.clone()))
-//!         .limit(Kind::TokenBucket, Limit::per_second(5)?)?)
-//!     .layer(RedisLayer::global("all").limit(Kind::FixedWindow, Limit::per_second(1_000)?)?)
+//!         .limit(Kind::TokenBucket, Limit::per_second(5)))
+//!     .layer(RedisLayer::global("all").limit(Kind::FixedWindow, Limit::per_second(1_000)))
 //!     .build()?;
 //! let decision = stack.check(&Request { user: "ada".into() }).await?;
 //! if decision.is_denied() {

@@ -39,16 +39,27 @@ impl Kind {
     }
 
     /// Adds `limit` to an in-process stack `layer`, decided by this kind's Rust algorithm
-    /// (the script's twin): for a local fallback, or any stack configured by kind.
+    /// (the script's twin): for a local fallback, or any stack configured by kind. A limit the
+    /// algorithm refuses is reported by the stack's `build()`; [`check`](Self::check) asks
+    /// first.
     pub fn add_to<R, K>(
         self,
         layer: limiter_stack::Layer<R, K>,
         limit: Limit,
-    ) -> Result<limiter_stack::Layer<R, K>, limiter_stack::BuildError> {
+    ) -> limiter_stack::Layer<R, K> {
         match self {
             Kind::TokenBucket => layer.limit::<Gcra>(limit),
             Kind::SlidingWindow => layer.limit::<SlidingCounter>(limit),
             Kind::FixedWindow => layer.limit::<FixedCounter>(limit),
+        }
+    }
+
+    /// Whether this kind's in-process algorithm accepts `limit`, or why not.
+    pub fn check(self, limit: Limit) -> Result<(), LimitError> {
+        match self {
+            Kind::TokenBucket => Gcra::new(limit).map(drop),
+            Kind::SlidingWindow => SlidingCounter::new(limit).map(drop),
+            Kind::FixedWindow => FixedCounter::new(limit).map(drop),
         }
     }
 
@@ -109,9 +120,9 @@ impl RedisLimit {
     /// conservatively, as [`Gcra`] documents). Only a burst or a count no state can hold is
     /// refused, in the algorithm's own words.
     pub fn new(kind: Kind, limit: Limit) -> Result<Self, LimitError> {
+        limit.check()?;
         let period_us = limit.period_nanos().div_ceil(1_000);
-        let micros = Limit::from_nanos(limit.count(), period_us)
-            .and_then(|l| l.with_burst(limit.burst()))?;
+        let micros = Limit::from_nanos(limit.count(), period_us).with_burst(limit.burst());
         let restate = |error: LimitError| match error {
             // The twin counts microseconds as its nanoseconds: restate the limit as given.
             LimitError::Unsupported { algorithm, reason } => LimitError::Unsupported {
@@ -266,27 +277,24 @@ mod tests {
                     Duration::from_secs(60),
                     Duration::from_secs(366 * 86_400),
                 ] {
-                    let limit = Limit::new(count, period).unwrap();
+                    let limit = Limit::new(count, period);
                     let spec = RedisLimit::new(kind, limit)
                         .unwrap_or_else(|e| panic!("{kind} {limit}: {e}"));
                     assert_eq!(spec.limit(), limit);
                     if kind == Kind::TokenBucket {
-                        let deep = limit.with_burst(max).unwrap();
+                        let deep = limit.with_burst(max);
                         assert!(RedisLimit::new(kind, deep).is_ok(), "{deep}");
                     }
                 }
             }
         }
         // A sliding window of 10^6 per second and 10^8 per minute: exact and not rounded.
-        for limit in [
-            Limit::per_second(1_000_000).unwrap(),
-            Limit::per_second(10_000).unwrap(),
-        ] {
+        for limit in [Limit::per_second(1_000_000), Limit::per_second(10_000)] {
             let spec = RedisLimit::new(Kind::SlidingWindow, limit).unwrap();
             assert_eq!(spec.accuracy().shortfall_per_billion(), 0, "{limit}");
         }
         let per_minute =
-            RedisLimit::new(Kind::SlidingWindow, Limit::per_minute(100_000_000).unwrap()).unwrap();
+            RedisLimit::new(Kind::SlidingWindow, Limit::per_minute(100_000_000)).unwrap();
         assert!(
             per_minute.accuracy().shortfall_per_billion() <= 25_000,
             "{}",
@@ -296,7 +304,7 @@ mod tests {
 
     #[test]
     fn a_period_with_a_fraction_of_a_microsecond_is_rounded_up_and_says_so() {
-        let limit = Limit::from_nanos(10, 1_000_500).unwrap();
+        let limit = Limit::from_nanos(10, 1_000_500);
         let spec = RedisLimit::new(Kind::TokenBucket, limit).unwrap();
         assert_eq!(spec.in_micros().period_nanos(), 1_001);
         assert!(!spec.accuracy().is_exact());
@@ -306,7 +314,7 @@ mod tests {
 
     #[test]
     fn a_burst_no_bucket_can_hold_is_refused_in_the_users_terms() {
-        let limit = Limit::per_day(1).unwrap().with_burst(u64::MAX).unwrap();
+        let limit = Limit::per_day(1).with_burst(u64::MAX);
         let err = RedisLimit::new(Kind::TokenBucket, limit)
             .unwrap_err()
             .to_string();

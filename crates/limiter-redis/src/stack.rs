@@ -49,6 +49,8 @@ pub struct RedisLayer<R> {
     name: String,
     keyer: Option<Keyer<R>>,
     limits: Vec<RedisLimit>,
+    /// The first limit refused, reported by the stack's `build()`.
+    refused: Option<BuildError>,
 }
 
 impl<R> RedisLayer<R> {
@@ -64,6 +66,7 @@ impl<R> RedisLayer<R> {
             name: name.into(),
             keyer: Some(Arc::new(keyer)),
             limits: Vec::new(),
+            refused: None,
         }
     }
 
@@ -73,17 +76,23 @@ impl<R> RedisLayer<R> {
             name: name.into(),
             keyer: None,
             limits: Vec::new(),
+            refused: None,
         }
     }
 
-    /// Adds `limit`, decided by `kind`; refused if Redis cannot decide it exactly.
-    pub fn limit(mut self, kind: Kind, limit: Limit) -> Result<Self, BuildError> {
-        let limit = RedisLimit::new(kind, limit).map_err(|source| BuildError::Limit {
-            layer: self.name.clone(),
-            source,
-        })?;
-        self.limits.push(limit);
-        Ok(self)
+    /// Adds `limit`, decided by `kind`. A limit that cannot be counted is reported once, by
+    /// the stack's [`build`](RedisStackBuilder::build), naming the layer.
+    pub fn limit(mut self, kind: Kind, limit: Limit) -> Self {
+        match RedisLimit::new(kind, limit) {
+            Ok(limit) => self.limits.push(limit),
+            Err(source) => {
+                self.refused.get_or_insert(BuildError::Limit {
+                    layer: self.name.clone(),
+                    source,
+                });
+            }
+        }
+        self
     }
 }
 
@@ -171,6 +180,9 @@ impl<R: 'static> RedisStackBuilder<R> {
                 return Err(BuildError::DuplicateLayer {
                     layer: layer.name.clone(),
                 });
+            }
+            if let Some(refused) = &layer.refused {
+                return Err(refused.clone());
             }
             if layer.limits.is_empty() {
                 return Err(BuildError::NoLimits {
@@ -289,9 +301,9 @@ fn local_stack<R: 'static>(
             None => limiter_stack::Layer::global(layer.name.clone()),
         };
         for limit in &layer.limits {
-            local = limit
+            limit
                 .kind()
-                .add_to(local, limit.limit())
+                .check(limit.limit())
                 .map_err(|e| BuildError::Limit {
                     layer: layer.name.clone(),
                     source: limiter_core::LimitError::Unsupported {
@@ -299,6 +311,7 @@ fn local_stack<R: 'static>(
                         reason: format!("the local fallback cannot hold it: {e}"),
                     },
                 })?;
+            local = limit.kind().add_to(local, limit.limit());
         }
         builder = builder.layer(local);
     }
@@ -769,10 +782,11 @@ impl RedisLimiter {
 }
 
 impl RedisLimiterBuilder {
-    /// Adds `limit`, decided by `kind`, to every key.
-    pub fn limit(mut self, kind: Kind, limit: Limit) -> Result<Self, BuildError> {
-        self.layer = self.layer.limit(kind, limit)?;
-        Ok(self)
+    /// Adds `limit`, decided by `kind`, to every key. A limit that cannot be counted is
+    /// reported once, by [`build`](Self::build).
+    pub fn limit(mut self, kind: Kind, limit: Limit) -> Self {
+        self.layer = self.layer.limit(kind, limit);
+        self
     }
 
     /// The first part of every key (default `limiter`).

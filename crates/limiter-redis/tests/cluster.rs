@@ -33,13 +33,11 @@ async fn stacks_and_limiters_work_on_a_three_master_cluster() {
     let stack = RedisStack::builder(&backend, "cluster-stack")
         .layer(
             RedisLayer::keyed("user", |r: &Req| Some(r.user.clone()))
-                .limit(Kind::TokenBucket, Limit::per_hour(3).unwrap())
-                .unwrap(),
+                .limit(Kind::TokenBucket, Limit::per_hour(3)),
         )
         .layer(
             RedisLayer::keyed("tenant", |r: &Req| Some(r.tenant.to_owned()))
-                .limit(Kind::SlidingWindow, Limit::per_hour(5).unwrap())
-                .unwrap(),
+                .limit(Kind::SlidingWindow, Limit::per_hour(5)),
         )
         .hash_tag_from(|r: &Req| r.tenant.to_owned())
         .on_failure(OnFailure::Closed)
@@ -64,8 +62,7 @@ async fn stacks_and_limiters_work_on_a_three_master_cluster() {
 
     // A keyed limiter tags by key: keys spread over the masters.
     let limiter = RedisLimiter::builder(&backend, "cluster-keys")
-        .limit(Kind::FixedWindow, Limit::per_hour(2).unwrap())
-        .unwrap()
+        .limit(Kind::FixedWindow, Limit::per_hour(2))
         .on_failure(OnFailure::Closed)
         .build()
         .unwrap();
@@ -107,13 +104,11 @@ async fn a_stack_whose_keys_cannot_share_a_slot_is_refused_when_built() {
     let error = RedisStack::builder(&backend, "split")
         .layer(
             RedisLayer::keyed("user", |r: &Req| Some(r.user.clone()))
-                .limit(Kind::TokenBucket, Limit::per_second(3).unwrap())
-                .unwrap(),
+                .limit(Kind::TokenBucket, Limit::per_second(3)),
         )
         .layer(
             RedisLayer::keyed("tenant", |r: &Req| Some(r.tenant.to_owned()))
-                .limit(Kind::TokenBucket, Limit::per_second(30).unwrap())
-                .unwrap(),
+                .limit(Kind::TokenBucket, Limit::per_second(30)),
         )
         .tag_by_key()
         .build()

@@ -133,14 +133,11 @@ fn run_case(
     ops: Vec<Op>,
     case: u64,
 ) -> Result<(), TestCaseError> {
-    let limit = Limit::from_nanos(count, period_us * 1_000)
-        .and_then(|l| l.with_burst(burst))
-        .unwrap();
+    let limit = Limit::from_nanos(count, period_us * 1_000).with_burst(burst);
     let spec = RedisLimit::new(kind, limit).expect("every limit in range is accepted");
     let rust = Rust::new(&spec);
     let limiter = RedisLimiter::builder(&shared.backend, "diff")
         .limit(kind, limit)
-        .unwrap()
         .on_failure(OnFailure::Closed)
         .build()
         .unwrap();

@@ -50,8 +50,7 @@ async fn kill_and_restart_under_load(policy: OnFailure) {
         .unwrap();
     let limiter = Arc::new(
         RedisLimiter::builder(&backend, "outage")
-            .limit(Kind::TokenBucket, Limit::per_hour(1_000_000).unwrap())
-            .unwrap()
+            .limit(Kind::TokenBucket, Limit::per_hour(1_000_000))
             .on_failure(policy)
             .build()
             .unwrap(),
@@ -163,8 +162,7 @@ async fn the_fallback_enforces_the_same_limits_locally() {
         .await
         .unwrap();
     let limiter = RedisLimiter::builder(&backend, "local")
-        .limit(Kind::FixedWindow, Limit::per_hour(5).unwrap())
-        .unwrap()
+        .limit(Kind::FixedWindow, Limit::per_hour(5))
         .build()
         .unwrap();
     assert_eq!(call(&limiter, "k").await.source(), &Source::Redis);
@@ -194,8 +192,7 @@ async fn a_slow_redis_costs_one_timeout_not_a_hang() {
         .await
         .unwrap();
     let limiter = RedisLimiter::builder(&backend, "slow")
-        .limit(Kind::SlidingWindow, Limit::per_second(10).unwrap())
-        .unwrap()
+        .limit(Kind::SlidingWindow, Limit::per_second(10))
         .on_failure(OnFailure::Open)
         .build()
         .unwrap();
@@ -241,8 +238,7 @@ async fn a_backend_can_start_while_redis_is_down() {
         .await
         .expect("a single server is connected lazily");
     let limiter = RedisLimiter::builder(&backend, "early")
-        .limit(Kind::TokenBucket, Limit::per_second(1).unwrap())
-        .unwrap()
+        .limit(Kind::TokenBucket, Limit::per_second(1))
         .on_failure(OnFailure::Closed)
         .build()
         .unwrap();

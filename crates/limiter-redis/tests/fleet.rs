@@ -26,10 +26,8 @@ async fn frozen_backend(url: &str) -> RedisBackend {
 
 async fn bucket(backend: &RedisBackend) -> RedisLimiter {
     RedisLimiter::builder(backend, "fleet")
-        .limit(Kind::TokenBucket, Limit::per_hour(500).unwrap())
-        .unwrap()
-        .limit(Kind::SlidingWindow, Limit::per_day(10_000).unwrap())
-        .unwrap()
+        .limit(Kind::TokenBucket, Limit::per_hour(500))
+        .limit(Kind::SlidingWindow, Limit::per_day(10_000))
         .on_failure(OnFailure::Closed)
         .build()
         .unwrap()
@@ -87,14 +85,9 @@ async fn a_shared_stack_keeps_every_layer_exact() {
             RedisStack::builder(&backend, "fleet-stack")
                 .layer(
                     RedisLayer::keyed("user", |r: &Req| Some(r.user.to_string()))
-                        .limit(Kind::FixedWindow, Limit::per_hour(40).unwrap())
-                        .unwrap(),
+                        .limit(Kind::FixedWindow, Limit::per_hour(40)),
                 )
-                .layer(
-                    RedisLayer::global("all")
-                        .limit(Kind::TokenBucket, Limit::per_hour(300).unwrap())
-                        .unwrap(),
-                )
+                .layer(RedisLayer::global("all").limit(Kind::TokenBucket, Limit::per_hour(300)))
                 .on_failure(OnFailure::Closed)
                 .build()
                 .unwrap(),

@@ -49,14 +49,9 @@ async fn a_denied_call_writes_nothing_and_names_the_binding_layer() {
     let stack = RedisStack::builder(&backend, "deny-writes-nothing")
         .layer(
             RedisLayer::keyed("user", |r: &Request| Some(r.user.to_owned()))
-                .limit(Kind::TokenBucket, Limit::per_second(5).unwrap())
-                .unwrap(),
+                .limit(Kind::TokenBucket, Limit::per_second(5)),
         )
-        .layer(
-            RedisLayer::global("all")
-                .limit(Kind::FixedWindow, Limit::per_minute(8).unwrap())
-                .unwrap(),
-        )
+        .layer(RedisLayer::global("all").limit(Kind::FixedWindow, Limit::per_minute(8)))
         .on_failure(OnFailure::Closed)
         .build()
         .unwrap();
@@ -108,8 +103,7 @@ async fn a_peek_reports_every_layer_and_creates_nothing() {
     let clock = ManualClock::starting_at(START);
     let backend = backend(&server, &clock, 0).await;
     let limiter = RedisLimiter::builder(&backend, "peek")
-        .limit(Kind::SlidingWindow, Limit::per_second(4).unwrap())
-        .unwrap()
+        .limit(Kind::SlidingWindow, Limit::per_second(4))
         .build()
         .unwrap();
     let d = limiter.check_n("nobody", 0).await.unwrap();
@@ -128,10 +122,8 @@ async fn keys_expire_when_their_state_is_full_again() {
     let clock = ManualClock::starting_at(START);
     let backend = backend(&server, &clock, 0).await;
     let limiter = RedisLimiter::builder(&backend, "expiry")
-        .limit(Kind::TokenBucket, Limit::per_second(10).unwrap())
-        .unwrap()
-        .limit(Kind::FixedWindow, Limit::per_minute(100).unwrap())
-        .unwrap()
+        .limit(Kind::TokenBucket, Limit::per_second(10))
+        .limit(Kind::FixedWindow, Limit::per_minute(100))
         .build()
         .unwrap();
     let d = limiter.check_n("k", 3).await.unwrap();
@@ -161,10 +153,8 @@ async fn several_limits_on_one_key_bind_in_turn() {
     let clock = ManualClock::starting_at(START);
     let backend = backend(&server, &clock, 0).await;
     let limiter = RedisLimiter::builder(&backend, "two-limits")
-        .limit(Kind::TokenBucket, Limit::per_second(10).unwrap())
-        .unwrap()
-        .limit(Kind::SlidingWindow, Limit::per_minute(15).unwrap())
-        .unwrap()
+        .limit(Kind::TokenBucket, Limit::per_second(10))
+        .limit(Kind::SlidingWindow, Limit::per_minute(15))
         .build()
         .unwrap();
     let mut admitted = 0;
@@ -191,8 +181,7 @@ async fn a_batch_is_one_round_trip_decided_in_order() {
     let clock = ManualClock::starting_at(START);
     let backend = backend(&server, &clock, 0).await;
     let limiter = RedisLimiter::builder(&backend, "batch")
-        .limit(Kind::FixedWindow, Limit::per_second(2).unwrap())
-        .unwrap()
+        .limit(Kind::FixedWindow, Limit::per_second(2))
         .build()
         .unwrap();
     let before = backend.stats().round_trips;
@@ -238,10 +227,8 @@ async fn the_deny_cache_spares_redis_and_never_denies_what_redis_admits() {
     let plain = backend(&server, &clock, 0).await;
     let build = |backend: &RedisBackend| {
         RedisLimiter::builder(backend, "abuse")
-            .limit(Kind::TokenBucket, Limit::per_second(10).unwrap())
-            .unwrap()
-            .limit(Kind::SlidingWindow, Limit::per_minute(200).unwrap())
-            .unwrap()
+            .limit(Kind::TokenBucket, Limit::per_second(10))
+            .limit(Kind::SlidingWindow, Limit::per_minute(200))
             .build()
             .unwrap()
     };
@@ -281,8 +268,7 @@ async fn bad_state_in_redis_is_a_clear_error_and_is_left_alone() {
     let clock = ManualClock::starting_at(START);
     let backend = backend(&server, &clock, 0).await;
     let limiter = RedisLimiter::builder(&backend, "corrupt")
-        .limit(Kind::TokenBucket, Limit::per_second(3).unwrap())
-        .unwrap()
+        .limit(Kind::TokenBucket, Limit::per_second(3))
         .on_failure(OnFailure::Closed)
         .build()
         .unwrap();
@@ -326,8 +312,7 @@ async fn bad_calls_and_bad_stacks_are_refused_with_the_fix() {
     let stack = RedisStack::builder(&backend, "costs")
         .layer(
             RedisLayer::keyed("user", |r: &Request| Some(r.user.to_owned()))
-                .limit(Kind::SlidingWindow, Limit::per_second(5).unwrap())
-                .unwrap(),
+                .limit(Kind::SlidingWindow, Limit::per_second(5)),
         )
         .build()
         .unwrap();
@@ -337,14 +322,9 @@ async fn bad_calls_and_bad_stacks_are_refused_with_the_fix() {
     let two_layers = RedisStack::builder(&backend, "cross")
         .layer(
             RedisLayer::keyed("user", |r: &Request| Some(r.user.to_owned()))
-                .limit(Kind::TokenBucket, Limit::per_second(5).unwrap())
-                .unwrap(),
+                .limit(Kind::TokenBucket, Limit::per_second(5)),
         )
-        .layer(
-            RedisLayer::global("all")
-                .limit(Kind::TokenBucket, Limit::per_second(50).unwrap())
-                .unwrap(),
-        )
+        .layer(RedisLayer::global("all").limit(Kind::TokenBucket, Limit::per_second(50)))
         .tag_by_key()
         .build()
         .unwrap_err();
@@ -361,8 +341,7 @@ async fn bad_calls_and_bad_stacks_are_refused_with_the_fix() {
     let bad_names: [(&str, &str); 3] = [("a{b", "hash tag"), ("a:b", "separates"), ("", "empty")];
     for (name, says) in bad_names {
         let e = RedisLimiter::builder(&backend, name)
-            .limit(Kind::TokenBucket, Limit::per_second(1).unwrap())
-            .unwrap()
+            .limit(Kind::TokenBucket, Limit::per_second(1))
             .build()
             .unwrap_err();
         assert!(e.to_string().contains(says), "{name:?}: {e}");
@@ -375,28 +354,42 @@ async fn bad_calls_and_bad_stacks_are_refused_with_the_fix() {
     for (kind, limit) in [
         (
             Kind::TokenBucket,
-            Limit::new(3, Duration::from_nanos(1_000_500)).unwrap(),
+            Limit::new(3, Duration::from_nanos(1_000_500)),
         ),
-        (Kind::SlidingWindow, Limit::per_second(100_000).unwrap()),
-        (Kind::FixedWindow, Limit::per_day(100_000).unwrap()),
-        (
-            Kind::TokenBucket,
-            Limit::per_day(u64::from(u32::MAX)).unwrap(),
-        ),
+        (Kind::SlidingWindow, Limit::per_second(100_000)),
+        (Kind::FixedWindow, Limit::per_day(100_000)),
+        (Kind::TokenBucket, Limit::per_day(u64::from(u32::MAX))),
     ] {
-        assert!(
-            RedisLimiter::builder(&backend, "x")
-                .limit(kind, limit)
-                .is_ok(),
-            "{kind} {limit}"
-        );
+        let built = RedisLimiter::builder(&backend, "x")
+            .limit(kind, limit)
+            .build();
+        assert!(built.is_ok(), "{kind} {limit}: {:?}", built.err());
     }
-    // Only a burst no bucket can hold is refused, in the user's terms.
+    // Only a burst no bucket can hold is refused, in the user's terms, once, at build.
     let e = RedisLimiter::builder(&backend, "x")
-        .limit(
-            Kind::TokenBucket,
-            Limit::per_day(1).unwrap().with_burst(u64::MAX).unwrap(),
-        )
+        .limit(Kind::TokenBucket, Limit::per_day(1).with_burst(u64::MAX))
+        .build()
         .unwrap_err();
     assert!(e.to_string().contains("burst"), "{e}");
+    // A limit that cannot be counted at all is named by its field, with its layer.
+    for (limit, field) in [
+        (Limit::per_second(0), "`count`"),
+        (Limit::per_second(5).with_burst(0), "`burst`"),
+        (Limit::new(5, Duration::ZERO), "`period`"),
+    ] {
+        let e = RedisStack::builder(&backend, "zero")
+            .layer(RedisLayer::global("ok").limit(Kind::FixedWindow, Limit::per_second(5)))
+            .layer(
+                RedisLayer::keyed("user", |r: &Request| Some(r.user.to_owned()))
+                    .limit(Kind::SlidingWindow, Limit::per_second(5))
+                    .limit(Kind::TokenBucket, limit),
+            )
+            .build()
+            .unwrap_err();
+        assert!(
+            matches!(&e, BuildError::Limit { layer, .. } if layer == "user"),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains(field), "{e} should name {field}");
+    }
 }

@@ -91,6 +91,7 @@ impl<const SLIDING: bool> WindowCounter<SLIDING> {
     }
 
     fn build(limit: Limit, min_range_ns: u64, expiring: bool) -> Result<Self, LimitError> {
+        limit.check()?;
         let unsupported = |reason: String| LimitError::Unsupported {
             algorithm: Self::NAME,
             reason,
@@ -484,12 +485,12 @@ mod tests {
         let d = s.decide(state, 0, SECOND).unwrap().decision;
         assert_eq!(d.remaining(), 0);
         // The fixed window counts it exactly.
-        let f = FixedCounter::from_limit(Limit::per_second(1_000_000).unwrap()).unwrap();
+        let f = FixedCounter::from_limit(Limit::per_second(1_000_000)).unwrap();
         assert!(f.accuracy().is_exact());
     }
 
     fn sliding(count: u64, period_ns: u64) -> SlidingCounter {
-        SlidingCounter::from_limit(Limit::from_nanos(count, period_ns).unwrap()).unwrap()
+        SlidingCounter::from_limit(Limit::from_nanos(count, period_ns)).unwrap()
     }
 
     /// Fills window 0 with `count` at its very end, so window 1 starts with all of it weighted.
@@ -549,7 +550,7 @@ mod tests {
             s.decide(state, 4, 0).unwrap().decision.retry_after_nanos(),
             2 * SECOND
         );
-        let fixed = FixedCounter::from_limit(Limit::from_nanos(4, SECOND).unwrap()).unwrap();
+        let fixed = FixedCounter::from_limit(Limit::from_nanos(4, SECOND)).unwrap();
         let state = fixed
             .decide(FixedCounter::FRESH, 4, 0)
             .unwrap()
@@ -567,22 +568,22 @@ mod tests {
 
     #[test]
     fn only_a_burst_or_a_count_no_word_can_hold_is_refused() {
-        assert!(SlidingCounter::from_limit(Limit::per_second(262_143).unwrap()).is_ok());
-        let sliding_max = SlidingCounter::from_limit(Limit::per_second(262_143).unwrap()).unwrap();
+        assert!(SlidingCounter::from_limit(Limit::per_second(262_143)).is_ok());
+        let sliding_max = SlidingCounter::from_limit(Limit::per_second(262_143)).unwrap();
         assert!(sliding_max.accuracy().is_exact());
         for count in [1, 262_144, 1_000_000, u64::from(u32::MAX)] {
             for window in [1_000, SECOND, 366 * 86_400 * SECOND] {
-                let limit = Limit::from_nanos(count, window).unwrap();
+                let limit = Limit::from_nanos(count, window);
                 assert!(SlidingCounter::from_limit(limit).is_ok(), "{limit}");
                 assert!(FixedCounter::from_limit(limit).is_ok(), "{limit}");
             }
         }
-        let too_many = Limit::per_second(u64::MAX).unwrap();
+        let too_many = Limit::per_second(u64::MAX);
         let err = SlidingCounter::from_limit(too_many)
             .unwrap_err()
             .to_string();
         assert!(err.contains("at most 8589934590 units per window"), "{err}");
-        let burst = Limit::per_second(10).unwrap().with_burst(5).unwrap();
+        let burst = Limit::per_second(10).with_burst(5);
         assert!(
             SlidingCounter::from_limit(burst)
                 .unwrap_err()
@@ -700,7 +701,7 @@ mod tests {
         assert_ne!(full.next, Some(StateCell::RETIRED));
         let refilled = s.decide(full.next.unwrap(), 255, s.max_now_nanos());
         assert!(refilled.unwrap().decision.is_denied());
-        let fixed = FixedCounter::from_limit(Limit::from_nanos(255, 1_000).unwrap()).unwrap();
+        let fixed = FixedCounter::from_limit(Limit::from_nanos(255, 1_000)).unwrap();
         let full = fixed
             .decide(FixedCounter::FRESH, 255, fixed.max_now_nanos())
             .unwrap();

@@ -35,7 +35,7 @@
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let clock = ManualClock::new();
-//! let window = SlidingWindow::with_clock(Limit::per_second(4)?, clock.clone())?;
+//! let window = SlidingWindow::with_clock(Limit::per_second(4), clock.clone())?;
 //! assert!(window.check_n(4)?.is_allowed());
 //!
 //! // Half way through the next second, half of the full previous window still counts.

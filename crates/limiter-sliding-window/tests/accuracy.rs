@@ -103,7 +103,7 @@ impl Tally {
 /// Replays `CLIENTS` clients, `profile(i)` choosing each one's profile, through the sliding
 /// counter and the exact log, checking each side's bound on the way.
 fn replay(profile: impl Fn(u64) -> Profile) -> Tally {
-    let limit = Limit::per_second(LIMIT_PER_SECOND).unwrap();
+    let limit = Limit::per_second(LIMIT_PER_SECOND);
     let counter = SlidingCounter::new(limit).unwrap();
     let mut rng = Rng(0x5EED);
     let mut tally = Tally::default();
@@ -178,7 +178,7 @@ fn sliding_counter_against_an_exact_log_on_a_mixed_trace() {
 fn the_trace_is_adversarial_enough_to_matter() {
     // Without the previous window (a fixed window), disagreement with the log is much higher:
     // this is what the sliding counter's second count buys.
-    let limit = Limit::per_second(LIMIT_PER_SECOND).unwrap();
+    let limit = Limit::per_second(LIMIT_PER_SECOND);
     let fixed = limiter_sliding_window::FixedCounter::new(limit).unwrap();
     let sliding = SlidingCounter::new(limit).unwrap();
     let mut rng = Rng(0x5EED);

@@ -9,7 +9,7 @@ use loom::sync::Arc;
 use loom::thread;
 
 fn limiter<A: Algorithm>(count: u64, clock: &ManualClock) -> Arc<DirectLimiter<A, ManualClock>> {
-    Arc::new(DirectLimiter::with_clock(Limit::per_second(count).unwrap(), clock.clone()).unwrap())
+    Arc::new(DirectLimiter::with_clock(Limit::per_second(count), clock.clone()).unwrap())
 }
 
 fn race<A: Algorithm + 'static>(

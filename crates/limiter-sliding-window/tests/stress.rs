@@ -40,7 +40,7 @@ fn per_window(clock: &ManualClock, check: impl Fn() -> bool + Sync) -> Vec<u64> 
 }
 
 fn limit() -> Limit {
-    Limit::from_nanos(COUNT, PERIOD_NS).unwrap()
+    Limit::from_nanos(COUNT, PERIOD_NS)
 }
 
 #[test]

@@ -16,6 +16,8 @@ use crate::keyer::Keyer;
 pub struct Plan {
     pub(crate) name: String,
     pub(crate) limits: Vec<Box<dyn DynAlgorithm>>,
+    /// The first limit its algorithm refused, reported by the stack's `build()`.
+    pub(crate) refused: Option<BuildError>,
 }
 
 impl Plan {
@@ -24,17 +26,23 @@ impl Plan {
         Self {
             name: name.into(),
             limits: Vec::new(),
+            refused: None,
         }
     }
 
-    /// Adds `limit`, enforced with algorithm `A` (such as the token bucket's `Gcra`).
-    pub fn limit<A: Algorithm + 'static>(mut self, limit: Limit) -> Result<Self, BuildError> {
-        let algorithm = A::new(limit).map_err(|source| BuildError::Limit {
-            owner: format!("plan `{}`", self.name),
-            source,
-        })?;
-        self.limits.push(Box::new(algorithm));
-        Ok(self)
+    /// Adds `limit`, enforced with algorithm `A` (such as the token bucket's `Gcra`). A limit
+    /// `A` refuses is reported once, by the stack's [`build`](crate::StackBuilder::build).
+    pub fn limit<A: Algorithm + 'static>(mut self, limit: Limit) -> Self {
+        match A::new(limit) {
+            Ok(algorithm) => self.limits.push(Box::new(algorithm)),
+            Err(source) => {
+                self.refused.get_or_insert(BuildError::Limit {
+                    owner: format!("plan `{}`", self.name),
+                    source,
+                });
+            }
+        }
+        self
     }
 
     /// The plan's name.
@@ -123,14 +131,17 @@ impl<R, K> Layer<R, K> {
 
     /// Adds `limit` (algorithm `A`) to the layer's single plan. Several limits on one layer
     /// (10 per second and 100 per minute) are decided together, all or nothing.
-    pub fn limit<A: Algorithm + 'static>(mut self, limit: Limit) -> Result<Self, BuildError> {
+    /// A limit `A` refuses is reported once, by the stack's
+    /// [`build`](crate::StackBuilder::build), naming the layer.
+    pub fn limit<A: Algorithm + 'static>(mut self, limit: Limit) -> Self {
         let plan = match self.plans.pop() {
             Some(plan) => plan,
             None => Plan::new(self.name.clone()),
         };
-        let plan = plan.limit::<A>(limit).map_err(|e| e.in_layer(&self.name))?;
+        let mut plan = plan.limit::<A>(limit);
+        plan.refused = plan.refused.map(|e| e.in_layer(&self.name));
         self.plans.push(plan);
-        Ok(self)
+        self
     }
 
     /// Replaces the layer's limits with `plans`, one chosen per request by `choose` (an index
@@ -184,6 +195,9 @@ impl<R, K> Layer<R, K> {
             });
         }
         for plan in &self.plans {
+            if let Some(refused) = &plan.refused {
+                return Err(refused.clone());
+            }
             if plan.limits.is_empty() {
                 return Err(BuildError::NoLimits { layer: layer() });
             }

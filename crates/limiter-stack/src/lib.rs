@@ -31,20 +31,20 @@
 //! let stack = Stack::builder()
 //!     .layer(
 //!         Layer::keyed("per-customer", |r: &Request| Some(r.customer))
-//!             .limit::<Gcra>(Limit::per_second(10)?)?
-//!             .limit::<SlidingCounter>(Limit::per_minute(100)?)?,
+//!             .limit::<Gcra>(Limit::per_second(10))
+//!             .limit::<SlidingCounter>(Limit::per_minute(100)),
 //!     )
 //!     .layer(
 //!         // Writes are limited by plan; reads skip this layer.
 //!         Layer::keyed("writes", |r: &Request| r.write.then_some(r.customer)).plans(
 //!             [
-//!                 Plan::new("free").limit::<Gcra>(Limit::per_second(2)?)?,
-//!                 Plan::new("pro").limit::<Gcra>(Limit::per_second(20)?)?,
+//!                 Plan::new("free").limit::<Gcra>(Limit::per_second(2)),
+//!                 Plan::new("pro").limit::<Gcra>(Limit::per_second(20)),
 //!             ],
 //!             |r: &Request| usize::from(r.pro),
 //!         ),
 //!     )
-//!     .layer(Layer::global("global").limit::<Gcra>(Limit::per_second(1_000)?)?)
+//!     .layer(Layer::global("global").limit::<Gcra>(Limit::per_second(1_000)))
 //!     .clock(clock.clone())
 //!     .build()?;
 //!

@@ -25,7 +25,7 @@ struct Request {
 type Users = Stack<Request, u64, ManualClock>;
 
 fn per_hour(n: u64) -> Limit {
-    Limit::per_hour(n).unwrap()
+    Limit::per_hour(n)
 }
 
 /// Per user `user` per hour, and a layer shared by every request that sets `shared` (one key),
@@ -35,15 +35,10 @@ fn per_hour(n: u64) -> Limit {
 fn stack(user: u64, shared: u64) -> Arc<Users> {
     Arc::new(
         Stack::builder()
-            .layer(
-                Layer::keyed("user", |r: &Request| r.user)
-                    .limit::<Gcra>(per_hour(user))
-                    .unwrap(),
-            )
+            .layer(Layer::keyed("user", |r: &Request| r.user).limit::<Gcra>(per_hour(user)))
             .layer(
                 Layer::keyed("shared", |r: &Request| r.shared.then_some(0))
-                    .limit::<Gcra>(per_hour(shared))
-                    .unwrap(),
+                    .limit::<Gcra>(per_hour(shared)),
             )
             .clock(ManualClock::new())
             .shards(1)
@@ -56,7 +51,7 @@ fn stack(user: u64, shared: u64) -> Arc<Users> {
 fn global(n: u64) -> Arc<Users> {
     Arc::new(
         Stack::builder()
-            .layer(Layer::global("global").limit::<Gcra>(per_hour(n)).unwrap())
+            .layer(Layer::global("global").limit::<Gcra>(per_hour(n)))
             .clock(ManualClock::new())
             .build()
             .unwrap(),
@@ -68,16 +63,8 @@ fn global(n: u64) -> Arc<Users> {
 fn global_then_user(global: u64, user: u64) -> Arc<Users> {
     Arc::new(
         Stack::builder()
-            .layer(
-                Layer::global("global")
-                    .limit::<Gcra>(per_hour(global))
-                    .unwrap(),
-            )
-            .layer(
-                Layer::keyed("user", |r: &Request| r.user)
-                    .limit::<Gcra>(per_hour(user))
-                    .unwrap(),
-            )
+            .layer(Layer::global("global").limit::<Gcra>(per_hour(global)))
+            .layer(Layer::keyed("user", |r: &Request| r.user).limit::<Gcra>(per_hour(user)))
             .clock(ManualClock::new())
             .shards(1)
             .build()
@@ -236,19 +223,15 @@ fn reader_of_a_plan_change(global: bool) {
     // Free: a fixed window of 2; pro: a token bucket of 4. The words mean different things:
     // read as a window, pro's word (a tat of 2,700 s) is a far-future window with nothing
     // counted, so a reader pairing it with free's limit would see 2 left.
-    let builder = Stack::builder().layer(
-        Layer::keyed("user", |r: &Request| r.user).plans(
-            [
-                Plan::new("free")
-                    .limit::<FixedCounter>(per_hour(2))
-                    .unwrap(),
-                Plan::new("pro").limit::<Gcra>(per_hour(4)).unwrap(),
-            ],
-            |r: &Request| usize::from(r.pro),
-        ),
-    );
+    let builder = Stack::builder().layer(Layer::keyed("user", |r: &Request| r.user).plans(
+        [
+            Plan::new("free").limit::<FixedCounter>(per_hour(2)),
+            Plan::new("pro").limit::<Gcra>(per_hour(4)),
+        ],
+        |r: &Request| usize::from(r.pro),
+    ));
     let builder = if global {
-        builder.layer(Layer::global("global").limit::<Gcra>(per_hour(10)).unwrap())
+        builder.layer(Layer::global("global").limit::<Gcra>(per_hour(10)))
     } else {
         builder
     };

@@ -62,7 +62,7 @@ impl Alg {
 }
 
 fn limit(count: u64, ms: u64) -> Limit {
-    Limit::new(count, Duration::from_millis(ms)).unwrap()
+    Limit::new(count, Duration::from_millis(ms))
 }
 
 /// The layers, as (name, keyer, plans), shared by the stack and the model.
@@ -112,7 +112,7 @@ fn specs(one_limit_each: bool) -> Vec<Spec> {
             key: |_| None, // global: see `build`
             choose: |_| 0,
             plans: vec![vec![Alg::Bucket(
-                Gcra::new(limit(6, 1_000).with_burst(4).unwrap()).unwrap(),
+                Gcra::new(limit(6, 1_000).with_burst(4)).unwrap(),
             )]],
         },
     ]
@@ -124,7 +124,6 @@ fn add(plan: Plan, alg: &Alg) -> Plan {
         Alg::Sliding(a) => plan.limit::<SlidingCounter>(*a.limit()),
         Alg::Fixed(a) => plan.limit::<FixedCounter>(*a.limit()),
     }
-    .unwrap()
 }
 
 fn build(clock: &ManualClock, one_limit_each: bool) -> Stack<Request, u64, ManualClock> {

@@ -24,29 +24,17 @@ type Users = Stack<u64, u64, ManualClock>;
 /// stopped, the groups bind, so exactly 4 x 12,000 = 48,000 calls can be admitted.
 fn stack(clock: &ManualClock) -> Users {
     keyed(clock)
-        .layer(
-            Layer::global("global")
-                .limit::<Gcra>(Limit::per_hour(GLOBAL).unwrap())
-                .unwrap(),
-        )
+        .layer(Layer::global("global").limit::<Gcra>(Limit::per_hour(GLOBAL)))
         .build()
         .unwrap()
 }
 
 /// The user and group layers of [`stack`] alone: no global layer, so no commit lock.
 fn keyed(clock: &ManualClock) -> StackBuilder<u64, u64, ManualClock> {
-    let per_hour = |n| Limit::per_hour(n).unwrap();
+    let per_hour = |n| Limit::per_hour(n);
     Stack::builder()
-        .layer(
-            Layer::keyed("user", |u: &u64| Some(*u))
-                .limit::<Gcra>(per_hour(PER_USER))
-                .unwrap(),
-        )
-        .layer(
-            Layer::keyed("group", |u: &u64| Some(u % 4))
-                .limit::<Gcra>(per_hour(PER_PAIR))
-                .unwrap(),
-        )
+        .layer(Layer::keyed("user", |u: &u64| Some(*u)).limit::<Gcra>(per_hour(PER_USER)))
+        .layer(Layer::keyed("group", |u: &u64| Some(u % 4)).limit::<Gcra>(per_hour(PER_PAIR)))
         .clock(clock.clone())
         .shards(4)
 }

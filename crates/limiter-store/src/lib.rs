@@ -25,7 +25,7 @@
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let clock = ManualClock::new();
-//! let per_ip = KeyedLimiter::<Gcra, &str, _>::with_clock(Limit::per_second(2)?, clock.clone())?;
+//! let per_ip = KeyedLimiter::<Gcra, &str, _>::with_clock(Limit::per_second(2), clock.clone())?;
 //! assert!(per_ip.check_key(&"10.0.0.1")?.is_allowed());
 //! assert!(per_ip.check_key(&"10.0.0.1")?.is_allowed());
 //! assert!(per_ip.check_key(&"10.0.0.1")?.is_denied());
@@ -37,7 +37,7 @@
 //!
 //! // At most 100,000 keys, whatever the traffic.
 //! let bounded = KeyedLimiter::<Gcra, u64, _, _>::with_store(
-//!     Limit::per_second(2)?,
+//!     Limit::per_second(2),
 //!     clock.clone(),
 //!     BoundedStore::new(100_000)?,
 //! )?;

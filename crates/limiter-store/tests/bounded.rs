@@ -31,7 +31,7 @@ fn zero_capacity_is_an_error_that_says_what_to_set() {
 
 #[test]
 fn idle_keys_are_dropped_without_loss_before_any_eviction() {
-    let limit = Limit::per_second(4).expect("valid");
+    let limit = Limit::per_second(4);
     let limiter = bounded(limit, 8);
     let reference =
         KeyedLimiter::<Gcra, u64, _, _>::with_store(limit, ManualClock::new(), NeverForget::new())
@@ -72,7 +72,7 @@ fn idle_keys_are_dropped_without_loss_before_any_eviction() {
 
 #[test]
 fn capacity_eviction_is_counted_and_resets_the_evicted_key() {
-    let limit = Limit::per_hour(2).expect("valid");
+    let limit = Limit::per_hour(2);
     let limiter = bounded(limit, 3);
     for key in 0..3 {
         assert!(limiter.check_key_n(&key, 2).expect("valid").is_allowed());
@@ -103,7 +103,7 @@ fn capacity_eviction_is_counted_and_resets_the_evicted_key() {
 fn racing_threads_never_exceed_a_burst_on_keys_that_stay() {
     // 64 keys of 50 units, room for all of them: 4 threads race for every unit on every key
     // while a fifth reclaims (nothing is ever full: the clock stands still).
-    let limit = Limit::per_hour(50).expect("valid");
+    let limit = Limit::per_hour(50);
     let limiter = bounded(limit, 64);
     let threads = 4;
     let start = Barrier::new(threads + 1);
@@ -139,7 +139,7 @@ fn racing_threads_never_exceed_a_burst_on_keys_that_stay() {
 
 #[test]
 fn racing_threads_over_capacity_stay_bounded_and_count_evictions() {
-    let limit = Limit::per_hour(1_000).expect("valid");
+    let limit = Limit::per_hour(1_000);
     let limiter = bounded(limit, 1_000);
     std::thread::scope(|scope| {
         for thread in 0..4u64 {

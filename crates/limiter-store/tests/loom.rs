@@ -13,7 +13,7 @@ type Keyed = KeyedLimiter<Gcra, u64, ManualClock, ShardedStore<u64>>;
 
 /// One unit per second, burst 1: full again one second after each admission.
 fn one_per_second() -> Limit {
-    Limit::per_second(1).unwrap()
+    Limit::per_second(1)
 }
 
 fn keyed(clock: &ManualClock) -> Arc<Keyed> {

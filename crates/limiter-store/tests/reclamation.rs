@@ -31,7 +31,7 @@ fn ops() -> impl Strategy<Value = Vec<Op>> {
 }
 
 fn limit() -> Limit {
-    Limit::from_nanos(3, 30).expect("valid")
+    Limit::from_nanos(3, 30)
 }
 
 fn same_decisions<A: Algorithm, St: Store<u64>>(store: St, ops: &[Op]) -> Result<(), String> {

@@ -12,7 +12,7 @@ const CHECK_EVERY: u64 = 500_000;
 /// 10/s with a burst of 10: one unit taken is back 100 ms later. With a new key every µs, at
 /// most 100,000 keys are ever not full at once.
 fn ten_per_second() -> Limit {
-    Limit::per_second(10).expect("valid")
+    Limit::per_second(10)
 }
 const LIVE: u64 = 100_000;
 
@@ -58,7 +58,7 @@ fn bounded_store_holds_at_most_max_keys_and_counts_every_eviction() {
     // An hour-long limit: no key is ever full again, so only evictions make room.
     let max_keys = 100_000;
     let limiter = KeyedLimiter::<Gcra, u64, _, _>::with_store(
-        Limit::per_hour(10).expect("valid"),
+        Limit::per_hour(10),
         ManualClock::new(),
         BoundedStore::new(max_keys).expect("valid"),
     )

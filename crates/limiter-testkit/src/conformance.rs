@@ -42,11 +42,7 @@ impl Refill {
 /// Limits that cover whole and fractional refill intervals, bursts below, equal to and above
 /// the count, and the extremes. Each algorithm runs the ones it accepts.
 pub fn sample_limits() -> Vec<Limit> {
-    let limit = |count, period_ns, burst| {
-        Limit::from_nanos(count, period_ns)
-            .and_then(|l| l.with_burst(burst))
-            .expect("sample limits are valid")
-    };
+    let limit = |count, period_ns, burst| Limit::from_nanos(count, period_ns).with_burst(burst);
     vec![
         limit(10, 1_000_000_000, 10),
         limit(7, 1_000_000_000, 7),
@@ -364,7 +360,7 @@ pub fn matches_model_on_a_drain_and_refill<A: Algorithm, M: Model>(limit: Limit)
 /// `threads` real threads each ask once, at one instant, for a unit of a `burst`-unit limit,
 /// directly and on one shared key: exactly `burst` are admitted.
 pub fn race_admits_exactly_burst<A: Algorithm>(threads: usize, burst: u64) {
-    let limit = Limit::per_hour(burst).expect("valid");
+    let limit = Limit::per_hour(burst);
     let (limiter, _) = direct::<A>(limit);
     let admitted = race(threads, || limiter.check().expect("valid").is_allowed());
     assert_eq!(

@@ -36,11 +36,13 @@ pub fn run_bytes<A: Algorithm, M: Model>(bytes: &[u8]) {
         u64::from(u16::from_le_bytes([header[16], header[17]]))
     };
     let start = word(18);
-    let limit = match Limit::from_nanos(count, period) {
-        Ok(limit) if burst == 0 => limit,
-        Ok(limit) => limit.with_burst(burst).expect("burst is non-zero"),
-        Err(e) => panic!("count {count} per {period} ns was built to be valid: {e}"),
+    let limit = match burst {
+        0 => Limit::from_nanos(count, period),
+        burst => Limit::from_nanos(count, period).with_burst(burst),
     };
+    if let Err(e) = limit.check() {
+        panic!("count {count} per {period} ns was built to be valid: {e}");
+    }
     match A::new(limit) {
         Ok(_) => {}
         Err(LimitError::Unsupported { .. }) => return,

@@ -110,11 +110,7 @@ pub fn run_bytes(bytes: &[u8]) {
     let Ok(stack) = Stack::builder()
         .layer(single(&name, by_key("client")))
         .layer(single("per-key", by_key("api-key")))
-        .layer(
-            Layer::global("global")
-                .limit::<Gcra>(limit(50))
-                .expect("valid"),
-        )
+        .layer(Layer::global("global").limit::<Gcra>(limit(50)))
         .clock(ManualClock::new())
         .build()
     else {
@@ -148,16 +144,14 @@ pub fn run_bytes(bytes: &[u8]) {
 }
 
 fn limit(count: u64) -> Limit {
-    Limit::per_second(count).expect("valid")
+    Limit::per_second(count)
 }
 
 fn single(
     name: &str,
     keyer: impl limiter_stack::Keyer<HttpRequest, Key> + 'static,
 ) -> Layer<HttpRequest, Key> {
-    Layer::keyed(name, keyer)
-        .limit::<Gcra>(limit(5))
-        .expect("valid")
+    Layer::keyed(name, keyer).limit::<Gcra>(limit(5))
 }
 
 /// Calls `service` once and polls the future once: an in-memory stack decides at once, so

@@ -9,7 +9,7 @@ use std::time::Duration;
 use limiter_token_bucket::{KeyedTokenBucket, Limit, ManualClock};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let limit = Limit::per_second(5)?.with_burst(3)?;
+    let limit = Limit::per_second(5).with_burst(3);
     let clock = ManualClock::new();
     let per_key = KeyedTokenBucket::<&str, _>::with_clock(limit, clock.clone())?;
     println!("limit: {limit} per API key\n");

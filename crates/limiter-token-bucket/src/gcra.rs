@@ -81,6 +81,7 @@ impl Gcra {
     /// or below `max_tau_ticks`: for a twin of this algorithm that computes in narrower numbers
     /// (the Redis script's doubles hold integers below 2^53).
     pub fn with_max_depth(limit: Limit, max_tau_ticks: u64) -> Result<Self, LimitError> {
+        limit.check()?;
         Self::derive(limit, max_tau_ticks).ok_or_else(|| {
             let most = largest_burst(limit, max_tau_ticks)
                 .map(|most| format!("; use a burst of at most {most}"))
@@ -348,11 +349,7 @@ fn gcd(mut a: u64, mut b: u64) -> u64 {
 // Construction only: every operation is on u128 values of at most 2^64 shifted by at most 63.
 #[allow(clippy::arithmetic_side_effects)]
 fn largest_burst(limit: Limit, max_tau: u64) -> Option<u64> {
-    let fits = |burst: u64| {
-        limit
-            .with_burst(burst)
-            .is_ok_and(|candidate| Gcra::derive(candidate, max_tau).is_some())
-    };
+    let fits = |burst: u64| burst > 0 && Gcra::derive(limit.with_burst(burst), max_tau).is_some();
     if !fits(1) {
         return None;
     }
@@ -373,13 +370,7 @@ mod tests {
     use super::*;
 
     fn gcra(count: u64, period_ns: u64, burst: u64) -> Gcra {
-        Gcra::from_limit(
-            Limit::from_nanos(count, period_ns)
-                .unwrap()
-                .with_burst(burst)
-                .unwrap(),
-        )
-        .unwrap()
+        Gcra::from_limit(Limit::from_nanos(count, period_ns).with_burst(burst)).unwrap()
     }
 
     #[test]
@@ -453,7 +444,7 @@ mod tests {
 
     #[test]
     fn only_a_burst_no_bucket_can_count_is_refused_and_the_error_names_the_largest() {
-        let limit = Limit::per_day(1).unwrap().with_burst(u64::MAX).unwrap();
+        let limit = Limit::per_day(1).with_burst(u64::MAX);
         let err = Gcra::from_limit(limit).unwrap_err().to_string();
         assert!(err.contains("use a burst of at most"), "{err}");
         assert!(!err.contains("tick") && !err.contains("range"), "{err}");

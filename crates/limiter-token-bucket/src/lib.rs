@@ -15,9 +15,9 @@
 //! use limiter_token_bucket::TokenBucket;
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let exact = TokenBucket::new(Limit::per_minute(1000)?)?;
+//! let exact = TokenBucket::new(Limit::per_minute(1000))?;
 //! assert!(exact.algorithm().accuracy().is_exact());
-//! let from_a_price_list = TokenBucket::new(Limit::per_minute(1009)?)?;
+//! let from_a_price_list = TokenBucket::new(Limit::per_minute(1009))?;
 //! let accuracy = from_a_price_list.algorithm().accuracy();
 //! assert!(accuracy.shortfall_per_billion() <= 1, "{accuracy}");
 //! # Ok(()) }
@@ -35,7 +35,7 @@
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let clock = ManualClock::new();
-//! let bucket = TokenBucket::with_clock(Limit::per_second(10)?.with_burst(3)?, clock.clone())?;
+//! let bucket = TokenBucket::with_clock(Limit::per_second(10).with_burst(3), clock.clone())?;
 //!
 //! for _ in 0..3 {
 //!     assert!(bucket.check()?.is_allowed());
@@ -56,7 +56,7 @@
 //! use limiter_token_bucket::KeyedTokenBucket;
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let per_user = KeyedTokenBucket::<String>::new(Limit::per_minute(100)?)?;
+//! let per_user = KeyedTokenBucket::<String>::new(Limit::per_minute(100))?;
 //! let decision = per_user.check_key(&"alice".to_string())?;
 //! assert!(decision.is_allowed());
 //! assert_eq!(decision.remaining(), 99);

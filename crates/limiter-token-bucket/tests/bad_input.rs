@@ -7,34 +7,54 @@ use limiter_token_bucket::{
     DecisionError, KeyedTokenBucket, Limit, LimitError, ManualClock, TokenBucket,
 };
 
+/// A limit is written without `?`; one that cannot be counted is refused where a limiter is
+/// built from it, direct or keyed, naming the field.
 #[test]
-fn invalid_limits_are_refused_with_the_field_named() {
-    let cases: Vec<(Result<Limit, LimitError>, &str)> = vec![
-        (Limit::per_second(0), "`count`"),
-        (Limit::new(5, Duration::ZERO), "`period`"),
+fn invalid_limits_are_refused_at_construction_with_the_field_named() {
+    let cases = [
+        (Limit::per_second(0), LimitError::ZeroCount, "`count`"),
         (
-            Limit::per_minute(5).and_then(|l| l.with_burst(0)),
+            Limit::new(5, Duration::ZERO),
+            LimitError::ZeroPeriod,
+            "`period`",
+        ),
+        (
+            Limit::per_minute(5).with_burst(0),
+            LimitError::ZeroBurst,
             "`burst`",
         ),
-        (Limit::new(1, Duration::MAX), "`period`"),
+        (
+            Limit::new(1, Duration::MAX),
+            LimitError::PeriodTooLong {
+                period: Duration::MAX,
+            },
+            "`period`",
+        ),
     ];
-    for (result, field) in cases {
-        let err = result.expect_err(field);
-        assert!(err.to_string().contains(field), "{err} should name {field}");
+    for (limit, want, field) in cases {
+        assert_eq!(limit.check(), Err(want.clone()), "{limit:?}");
+        let direct = TokenBucket::with_clock(limit, ManualClock::new()).unwrap_err();
+        assert_eq!(direct, want, "{limit:?}");
+        assert!(
+            direct.to_string().contains(field),
+            "{direct} should name {field}"
+        );
+        let keyed = KeyedTokenBucket::<u64, _>::with_clock(limit, ManualClock::new()).unwrap_err();
+        assert_eq!(keyed, want, "{limit:?}");
+        assert_eq!(TokenBucket::new(limit).unwrap_err(), want);
     }
 }
 
 #[test]
 fn only_bursts_beyond_any_bucket_are_refused_and_in_the_users_terms() {
     // Once refused for needing too fine a tick: now counted, conservatively.
-    for ordinary in [Limit::per_minute(1009), Limit::per_second(1 << 40)] {
-        let limit = ordinary.unwrap();
+    for limit in [Limit::per_minute(1009), Limit::per_second(1 << 40)] {
         assert!(
             TokenBucket::with_clock(limit, ManualClock::new()).is_ok(),
             "{limit}"
         );
     }
-    let long_burst = Limit::per_day(1).unwrap().with_burst(u64::MAX).unwrap();
+    let long_burst = Limit::per_day(1).with_burst(u64::MAX);
     let err = TokenBucket::with_clock(long_burst, ManualClock::new()).unwrap_err();
     assert!(
         matches!(
@@ -56,13 +76,10 @@ fn only_bursts_beyond_any_bucket_are_refused_and_in_the_users_terms() {
 #[test]
 fn extreme_limits_decide_without_overflow() {
     let extremes = [
-        Limit::from_nanos(u64::MAX, u64::MAX).unwrap(),
-        Limit::from_nanos(1, u64::MAX).unwrap(),
-        Limit::from_nanos(1, 1).unwrap(),
-        Limit::from_nanos(1, u64::MAX / 2)
-            .unwrap()
-            .with_burst(2)
-            .unwrap(),
+        Limit::from_nanos(u64::MAX, u64::MAX),
+        Limit::from_nanos(1, u64::MAX),
+        Limit::from_nanos(1, 1),
+        Limit::from_nanos(1, u64::MAX / 2).with_burst(2),
     ];
     for limit in extremes {
         let clock = ManualClock::new();
@@ -89,7 +106,7 @@ fn extreme_limits_decide_without_overflow() {
 
 #[test]
 fn costs_above_the_burst_are_errors_on_every_form() {
-    let limit = Limit::per_second(10).unwrap().with_burst(4).unwrap();
+    let limit = Limit::per_second(10).with_burst(4);
     let clock = ManualClock::new();
     let bucket = TokenBucket::with_clock(limit, clock.clone()).unwrap();
     let keyed = KeyedTokenBucket::<u64, _>::with_clock(limit, clock).unwrap();
@@ -103,7 +120,7 @@ fn costs_above_the_burst_are_errors_on_every_form() {
 
 #[test]
 fn denied_floods_of_new_keys_insert_nothing() {
-    let limit = Limit::per_second(1).unwrap();
+    let limit = Limit::per_second(1);
     let keyed = KeyedTokenBucket::<u64, _>::with_clock(limit, ManualClock::new()).unwrap();
     for key in 0..1_000 {
         assert!(keyed.check_key_n(&key, 2).is_err());

@@ -20,20 +20,20 @@ const MAX_UNITS: u64 = u32::MAX as u64;
 /// The limits named in the issue that reported them refused, and the corners of the range.
 fn ordinary_and_extreme() -> Vec<Limit> {
     let mut limits = vec![
-        Limit::per_minute(1009).unwrap(),
-        Limit::per_second(617).unwrap(),
-        Limit::per_second(1234).unwrap(),
-        Limit::new(99_991, Duration::from_secs(3_600)).unwrap(),
-        Limit::per_minute(257).unwrap(),
-        Limit::per_day(MAX_UNITS).unwrap(),
-        Limit::per_second(1_000_000).unwrap(),
-        Limit::per_second(999_983).unwrap(),
+        Limit::per_minute(1009),
+        Limit::per_second(617),
+        Limit::per_second(1234),
+        Limit::new(99_991, Duration::from_secs(3_600)),
+        Limit::per_minute(257),
+        Limit::per_day(MAX_UNITS),
+        Limit::per_second(1_000_000),
+        Limit::per_second(999_983),
     ];
     for count in [1, 7, 1009, MAX_UNITS] {
         for period in [MICRO, 1_000_003, 60_000_000_000, MAX_PERIOD] {
             for burst in [None, Some(1), Some(MAX_UNITS)] {
-                let limit = Limit::from_nanos(count, period).unwrap();
-                limits.push(burst.map_or(limit, |b| limit.with_burst(b).unwrap()));
+                let limit = Limit::from_nanos(count, period);
+                limits.push(burst.map_or(limit, |b| limit.with_burst(b)));
             }
         }
     }
@@ -119,8 +119,8 @@ fn any_limit() -> impl Strategy<Value = Limit> {
         prop_oneof![Just(None), units().prop_map(Some)],
     )
         .prop_map(|(count, period, burst)| {
-            let limit = Limit::from_nanos(count, period).expect("a valid limit");
-            burst.map_or(limit, |b| limit.with_burst(b).expect("a valid burst"))
+            let limit = Limit::from_nanos(count, period);
+            burst.map_or(limit, |b| limit.with_burst(b))
         })
 }
 

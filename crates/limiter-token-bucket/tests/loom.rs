@@ -8,7 +8,7 @@ use loom::sync::Arc;
 use loom::thread;
 
 fn bucket(burst: u64, clock: &ManualClock) -> Arc<TokenBucket<ManualClock>> {
-    let limit = Limit::per_second(10).unwrap().with_burst(burst).unwrap();
+    let limit = Limit::per_second(10).with_burst(burst);
     Arc::new(TokenBucket::with_clock(limit, clock.clone()).unwrap())
 }
 

@@ -50,10 +50,7 @@ fn exact_total(elapsed_ns: u64) -> u64 {
 
 #[test]
 fn threads_on_one_bucket_admit_exactly_what_time_refilled() {
-    let limit = Limit::from_nanos(COUNT, PERIOD_NS)
-        .unwrap()
-        .with_burst(BURST)
-        .unwrap();
+    let limit = Limit::from_nanos(COUNT, PERIOD_NS).with_burst(BURST);
     let clock = ManualClock::new();
     let bucket = TokenBucket::with_clock(limit, clock.clone()).unwrap();
     let end = 2_000_000 * 1_000; // two million units of refill
@@ -69,10 +66,7 @@ fn threads_on_one_bucket_admit_exactly_what_time_refilled() {
 
 #[test]
 fn threads_on_one_key_admit_exactly_what_time_refilled() {
-    let limit = Limit::from_nanos(COUNT, PERIOD_NS)
-        .unwrap()
-        .with_burst(BURST)
-        .unwrap();
+    let limit = Limit::from_nanos(COUNT, PERIOD_NS).with_burst(BURST);
     let clock = ManualClock::new();
     let keyed = KeyedTokenBucket::<u32, _>::with_clock(limit, clock.clone()).unwrap();
     let end = 500_000 * 1_000;

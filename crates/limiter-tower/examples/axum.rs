@@ -23,16 +23,16 @@ use limiter_tower::{HttpRequest, PeerIp, RateLimitLayer, by_key};
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let stack = Stack::builder()
-        .layer(Layer::keyed("per-ip", by_key("ip")).limit::<Gcra>(Limit::per_second(5)?)?)
+        .layer(Layer::keyed("per-ip", by_key("ip")).limit::<Gcra>(Limit::per_second(5)))
         .layer(
             Layer::keyed("writes", |r: &HttpRequest| {
                 (r.method() != Method::GET)
                     .then(|| r.key("ip").cloned())
                     .flatten()
             })
-            .limit::<Gcra>(Limit::per_second(1)?)?,
+            .limit::<Gcra>(Limit::per_second(1)),
         )
-        .layer(Layer::global("global").limit::<Gcra>(Limit::per_second(10_000)?)?)
+        .layer(Layer::global("global").limit::<Gcra>(Limit::per_second(10_000)))
         .build()?;
     let limits = RateLimitLayer::builder(stack)
         .key("ip", PeerIp::new())

@@ -21,7 +21,7 @@ use tonic_health::pb::health_client::HealthClient;
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let stack = Stack::builder()
-        .layer(Layer::keyed("per-key", by_key("api-key")).limit::<Gcra>(Limit::per_second(2)?)?)
+        .layer(Layer::keyed("per-key", by_key("api-key")).limit::<Gcra>(Limit::per_second(2)))
         .build()?;
     let limits = RateLimitLayer::builder(stack)
         .key(

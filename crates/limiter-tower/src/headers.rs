@@ -277,13 +277,7 @@ mod tests {
 
     #[test]
     fn plans_with_several_limits_name_each() {
-        let limits = [
-            Limit::per_second(10).expect("valid"),
-            Limit::per_minute(100)
-                .expect("valid")
-                .with_burst(20)
-                .expect("valid"),
-        ];
+        let limits = [Limit::per_second(10), Limit::per_minute(100).with_burst(20)];
         let plan = plan_headers("api", &limits);
         assert_eq!(plan.names, [r#""api.0""#, r#""api.1""#]);
         assert_eq!(

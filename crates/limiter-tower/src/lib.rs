@@ -37,15 +37,15 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let stack = Stack::builder()
-//!     .layer(Layer::keyed("per-ip", by_key("ip")).limit::<Gcra>(Limit::per_second(10)?)?)
+//!     .layer(Layer::keyed("per-ip", by_key("ip")).limit::<Gcra>(Limit::per_second(10)))
 //!     .layer(
 //!         // Reads skip this layer: a keyer returning `None` leaves the request out.
 //!         Layer::keyed("writes", |r: &HttpRequest| {
 //!             (r.method() != Method::GET).then(|| r.key("ip").cloned()).flatten()
 //!         })
-//!         .limit::<Gcra>(Limit::per_second(2)?)?,
+//!         .limit::<Gcra>(Limit::per_second(2)),
 //!     )
-//!     .layer(Layer::global("global").limit::<Gcra>(Limit::per_second(10_000)?)?)
+//!     .layer(Layer::global("global").limit::<Gcra>(Limit::per_second(10_000)))
 //!     .build()?;
 //! let limits = RateLimitLayer::builder(stack).key("ip", PeerIp::new()).build()?;
 //! let mut app = Router::new().route("/", get(|| async { "hello" })).layer(limits);

@@ -50,11 +50,7 @@ fn check(api_key: Option<&'static str>) -> tonic::Request<HealthCheckRequest> {
 async fn a_denial_is_resource_exhausted_for_a_tonic_client() {
     let clock = ManualClock::new();
     let stack = Stack::builder()
-        .layer(
-            Layer::keyed("per-key", by_key("api-key"))
-                .limit::<Gcra>(Limit::per_second(2).unwrap())
-                .unwrap(),
-        )
+        .layer(Layer::keyed("per-key", by_key("api-key")).limit::<Gcra>(Limit::per_second(2)))
         .clock(clock.clone())
         .build()
         .unwrap();

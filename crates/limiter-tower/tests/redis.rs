@@ -17,16 +17,10 @@ fn stack(backend: &RedisBackend, policy: OnFailure) -> RedisStack<HttpRequest> {
     RedisStack::builder(backend, "http")
         .layer(
             RedisLayer::keyed("per-ip", by_key_string("ip"))
-                .limit(Kind::TokenBucket, Limit::per_second(2).unwrap())
-                .unwrap()
-                .limit(Kind::SlidingWindow, Limit::per_minute(50).unwrap())
-                .unwrap(),
+                .limit(Kind::TokenBucket, Limit::per_second(2))
+                .limit(Kind::SlidingWindow, Limit::per_minute(50)),
         )
-        .layer(
-            RedisLayer::global("global")
-                .limit(Kind::FixedWindow, Limit::per_second(1_000).unwrap())
-                .unwrap(),
-        )
+        .layer(RedisLayer::global("global").limit(Kind::FixedWindow, Limit::per_second(1_000)))
         .on_failure(policy)
         .build()
         .unwrap()

@@ -23,13 +23,13 @@
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! // 1009 per minute, copied from a pricing page: accepted, and counted exactly or slightly
 //! // under, never over (`accuracy` says which).
-//! let limit = Limit::per_minute(1009)?;
+//! let limit = Limit::per_minute(1009);
 //! let bucket = TokenBucket::with_clock(limit, ManualClock::new())?;
 //! assert!(bucket.check()?.is_allowed());
 //! println!("{}", bucket.algorithm().accuracy());
 //!
 //! // Per key, on the default clock and store.
-//! let per_key = KeyedTokenBucket::<u64>::new(Limit::per_second(10)?)?;
+//! let per_key = KeyedTokenBucket::<u64>::new(Limit::per_second(10))?;
 //! assert!(per_key.check_key(&7)?.is_allowed());
 //! # Ok(()) }
 //! ```

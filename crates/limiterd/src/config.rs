@@ -32,7 +32,7 @@ use std::ops::Range;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use limiter_core::Limit;
+use limiter_core::{Limit, LimitError};
 use limiter_redis::{Kind, OnFailure, RedisLimit};
 use serde::Deserialize;
 use toml::Spanned;
@@ -543,14 +543,20 @@ fn parse_limit(
     };
     let period = parse_period(raw.period.get_ref())
         .ok_or_else(|| source.at(&raw.period, format!("`period = {:?}`: write a whole number with a unit, such as \"500ms\", \"1s\", \"1m\", \"1h\" or \"1d\"", raw.period.get_ref())))?;
-    let limit = Limit::new(*raw.count.get_ref(), period)
-        .map_err(|e| source.at(&raw.count, format!("policy `{policy}`: {e}")))?;
+    let limit = Limit::new(*raw.count.get_ref(), period);
     let limit = match &raw.burst {
         None => limit,
-        Some(burst) => limit
-            .with_burst(*burst.get_ref())
-            .map_err(|e| source.at(burst, format!("policy `{policy}`: {e}")))?,
+        Some(burst) => {
+            let with_burst = limit.with_burst(*burst.get_ref());
+            if let Err(e @ LimitError::ZeroBurst) = with_burst.check() {
+                return Err(source.at(burst, format!("policy `{policy}`: {e}")));
+            }
+            with_burst
+        }
     };
+    limit
+        .check()
+        .map_err(|e| source.at(&raw.count, format!("policy `{policy}`: {e}")))?;
     let keying = match raw.key.as_ref().map(|k| k.get_ref().as_str()) {
         None | Some("identifier") => Keying::Identifier,
         Some("global") => Keying::Global,
@@ -632,6 +638,7 @@ mod tests {
             ("".to_owned(), "no policies"),
             (policy("{ algorithm = \"leaky\", count = 1, period = \"1s\" }"), "line 3, column 17: `algorithm = \"leaky\"`"),
             (policy("{ algorithm = \"token_bucket\", count = 0, period = \"1s\" }"), "line 3, column 41: policy `p`: invalid limit: `count` is 0"),
+            (policy("{ algorithm = \"token_bucket\", count = 5, period = \"1s\", burst = 0 }"), "line 3, column 67: policy `p`: invalid limit: `burst` is 0"),
             (policy("{ algorithm = \"token_bucket\", count = 1, period = \"1 sec\" }"), "line 3, column 53: `period = \"1 sec\"`: write a whole number with a unit"),
             (policy("{ algorithm = \"token_bucket\", count = -1, period = \"1s\" }"), "line 3, column 41: invalid value: integer `-1`, expected u64"),
             (policy("{ algorithm = \"fixed_window\", count = 10, period = \"1s\", burst = 20 }"), "line 3, column 3: policy `p`: invalid limit for the fixed window"),

@@ -16,7 +16,7 @@ use std::sync::{Arc, RwLock};
 
 use limiter_core::{Clock, Decision, Limit, LimitError};
 use limiter_redis::{Kind, OnFailure, RedisBackend, RedisLayer, RedisStack, Source};
-use limiter_stack::{BuildError, CallError, Grant, Layer, Stack};
+use limiter_stack::{CallError, Grant, Layer, Stack};
 
 use crate::config::{Config, Keying, Policy, PolicyLimit, Store};
 use crate::metrics::Metrics;
@@ -163,12 +163,7 @@ impl<C> std::fmt::Debug for Engine<C> {
 
 /// Whether the in-process algorithm for `kind` accepts `limit`, or why not.
 pub fn check_limit(kind: Kind, limit: Limit) -> Result<(), String> {
-    kind.add_to(Layer::<Call, Arc<str>>::global("check"), limit)
-        .map(|_| ())
-        .map_err(|e| match e {
-            BuildError::Limit { source, .. } => source.to_string(),
-            other => other.to_string(),
-        })
+    kind.check(limit).map_err(|e| e.to_string())
 }
 
 fn memory_layer(name: &str, keying: Keying, limits: &[&PolicyLimit]) -> Layer<Call, Arc<str>> {
@@ -177,10 +172,7 @@ fn memory_layer(name: &str, keying: Keying, limits: &[&PolicyLimit]) -> Layer<Ca
         Keying::Global => Layer::global(name),
     };
     for l in limits {
-        layer = l
-            .kind
-            .add_to(layer, l.limit)
-            .expect("limits are checked when the configuration is parsed");
+        layer = l.kind.add_to(layer, l.limit);
     }
     layer
 }
@@ -193,9 +185,7 @@ fn redis_layer(name: &str, keying: Keying, limits: &[&PolicyLimit]) -> RedisLaye
         Keying::Global => RedisLayer::global(name),
     };
     for l in limits {
-        layer = layer
-            .limit(l.kind, l.limit)
-            .expect("limits are checked for Redis when the configuration is parsed");
+        layer = layer.limit(l.kind, l.limit);
     }
     layer
 }
@@ -358,14 +348,13 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             message: format!("`limit` per `duration_ms`: {message}"),
         };
         let invalid_limit = |message: String| invalid("limit", message);
-        let limit = Limit::new(limit, std::time::Duration::from_millis(duration_ms)).map_err(
-            |e| match e {
-                LimitError::ZeroPeriod | LimitError::PeriodTooLong { .. } => {
-                    invalid("duration_ms", e.to_string())
-                }
-                _ => invalid_limit(e.to_string()),
-            },
-        )?;
+        let limit = Limit::new(limit, std::time::Duration::from_millis(duration_ms));
+        limit.check().map_err(|e| match e {
+            LimitError::ZeroPeriod | LimitError::PeriodTooLong { .. } => {
+                invalid("duration_ms", e.to_string())
+            }
+            _ => invalid_limit(e.to_string()),
+        })?;
         let policy = Policy {
             limits: vec![PolicyLimit {
                 kind,

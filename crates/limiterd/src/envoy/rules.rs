@@ -145,7 +145,8 @@ pub struct RateLimit {
 impl RateLimit {
     /// The limit the algorithm decides (`None` when `requests_per_unit` is 0).
     pub fn limit(&self) -> Option<Limit> {
-        Limit::new(u64::from(self.requests_per_unit), self.unit.duration()).ok()
+        let limit = Limit::new(u64::from(self.requests_per_unit), self.unit.duration());
+        limit.check().is_ok().then_some(limit)
     }
 }
 
