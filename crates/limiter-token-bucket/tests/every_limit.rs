@@ -164,12 +164,27 @@ proptest! {
         // fraction of one that a mid-interval start may already hold.
         prop_assert!(u128::from(span) * count + period >= u128::from(units) * period, "{} took {}", limit, span);
         // Not slower than stated: span * rate * (1 - shortfall) <= units + 1, plus a tick of
-        // flooring for coarse ticks (at most 2^s ns, tiny against these intervals).
+        // flooring for coarse ticks (at most 2^s ns, tiny against these intervals). With a
+        // burst of 1 the bucket holds no fraction of a unit across readings, so each unit also
+        // waits for the next whole nanosecond the clock can read (up to 1 ns a unit: 999,983
+        // per ms, an interval of 1.0078 ns in ticks, is taken every 2 ns).
         let (_, shift, _, _) = gcra.ticks();
-        let slack = (1u128 << shift) * count * kept;
+        let per_unit_reading = if limit.burst() == 1 { u128::from(units) } else { 0 };
+        let slack = ((1u128 << shift) + per_unit_reading) * count * kept;
         prop_assert!(
             u128::from(span) * count * kept <= (u128::from(units) + 1) * period * billion + slack,
             "{} took {} ns for {} units ({})", limit, span, units, gcra.accuracy()
         );
     }
+}
+
+/// The case the greedy-rate property found: near one unit a nanosecond with a burst of 1,
+/// a caller reading a nanosecond clock is admitted every other nanosecond, never faster than
+/// the limit and within the per-reading slack above.
+#[test]
+fn near_one_unit_a_nanosecond_with_burst_one_is_admitted_every_other_reading() {
+    let limit = Limit::from_nanos(999_983, 1_000_000).with_burst(1);
+    let gcra = Gcra::new(limit).expect("accepted");
+    let span = greedy_span(&gcra, 0, 32).expect("admits");
+    assert!((32..=64).contains(&span), "{span} ns for 32 units");
 }
