@@ -1,5 +1,6 @@
 //! [`BoundedStore`]: at most `max_keys` keys, on moka with a least-recently-used policy.
 
+use std::borrow::Borrow;
 use std::collections::VecDeque;
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
@@ -117,14 +118,14 @@ where
     /// they are full.
     fn sweep_after_insert<A: Algorithm>(
         &self,
-        key: &K,
+        key: K,
         cell: &Arc<StateCell>,
         algorithm: &A,
         now: u64,
     ) {
         let oldest = {
             let mut ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
-            ring.push_back((key.clone(), Arc::clone(cell)));
+            ring.push_back((key, Arc::clone(cell)));
             let cap = usize::try_from(self.max_keys.saturating_mul(2)).unwrap_or(usize::MAX);
             while ring.len() > cap {
                 // Keys dropped from the ring untested are left to the capacity bound.
@@ -186,13 +187,18 @@ where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     S: BuildHasher + Clone + Send + Sync + 'static,
 {
-    fn apply<A: Algorithm>(
+    fn apply<A, Q>(
         &self,
         algorithm: &A,
-        key: &K,
+        key: &Q,
         cost: u64,
         now: u64,
-    ) -> Result<Decision, DecisionError> {
+    ) -> Result<Decision, DecisionError>
+    where
+        A: Algorithm,
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         loop {
             let cell = match self.cache.get(key) {
                 Some(cell) => cell,
@@ -208,7 +214,7 @@ where
                         .or_insert_with(|| Arc::new(StateCell::new(next)));
                     if entry.is_fresh() {
                         // Inserted with this call's state: `step` is its answer.
-                        self.sweep_after_insert(key, entry.value(), algorithm, now);
+                        self.sweep_after_insert(key.to_owned(), entry.value(), algorithm, now);
                         return Ok(step.decision);
                     }
                     entry.into_value()

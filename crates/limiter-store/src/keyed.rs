@@ -1,5 +1,6 @@
 //! [`KeyedLimiter`]: an algorithm, a clock and a [`Store`] of per-key states.
 
+use std::borrow::Borrow;
 use std::hash::Hash;
 
 use limiter_core::{
@@ -52,22 +53,38 @@ where
     }
 
     /// Decides one unit for `key` now.
-    pub fn check_key(&self, key: &K) -> Result<Decision, DecisionError> {
+    pub fn check_key<Q>(&self, key: &Q) -> Result<Decision, DecisionError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         self.check_key_n(key, 1)
     }
 
     /// Decides `cost` units for `key` now.
-    pub fn check_key_n(&self, key: &K, cost: u64) -> Result<Decision, DecisionError> {
+    pub fn check_key_n<Q>(&self, key: &Q, cost: u64) -> Result<Decision, DecisionError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         self.check_key_at(key, cost, self.clock.now())
     }
 
     /// Reports `key`'s state without consuming anything or inserting the key.
-    pub fn peek_key(&self, key: &K) -> Result<Decision, DecisionError> {
+    pub fn peek_key<Q>(&self, key: &Q) -> Result<Decision, DecisionError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         self.check_key_n(key, 0)
     }
 
     /// Decides `cost` units for `key` at `now`.
-    pub fn check_key_at(&self, key: &K, cost: u64, now: u64) -> Result<Decision, DecisionError> {
+    pub fn check_key_at<Q>(&self, key: &Q, cost: u64, now: u64) -> Result<Decision, DecisionError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         self.store.apply(&self.algorithm, key, cost, now)
     }
 
@@ -112,7 +129,7 @@ where
 impl<A, K, C, St> Limiter for KeyedLimiter<A, K, C, St>
 where
     A: Algorithm,
-    K: Hash + Eq,
+    K: Hash + Eq + Clone,
     C: Clock,
     St: Store<K>,
 {

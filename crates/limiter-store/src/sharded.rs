@@ -1,5 +1,6 @@
 //! [`ShardedStore`]: the default store, an unbounded sharded map that drops full keys itself.
 
+use std::borrow::Borrow;
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
 
@@ -79,20 +80,25 @@ where
     K: Hash + Eq + Clone + Send + Sync,
     S: BuildHasher + Send + Sync,
 {
-    fn apply<A: Algorithm>(
+    fn apply<A, Q>(
         &self,
         algorithm: &A,
-        key: &K,
+        key: &Q,
         cost: u64,
         now: u64,
-    ) -> Result<Decision, DecisionError> {
+    ) -> Result<Decision, DecisionError>
+    where
+        A: Algorithm,
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         let hash = self.table.hash_one(key);
         let shard = self.table.shard_index(hash);
         {
             // Calls on a present key hold the read lock across the CAS, so a sweep (which takes
             // the write lock) never removes a cell between a caller's lookup and its write.
             let shard = self.table.read(shard);
-            if let Some((_, cell)) = shard.find(hash, |(k, _)| k == key) {
+            if let Some((_, cell)) = shard.find(hash, |(k, _)| k.borrow() == key) {
                 return cell.apply(algorithm, cost, now);
             }
         }
@@ -104,13 +110,13 @@ where
         };
         let mut shard = self.table.write(shard);
         // Another caller may have inserted the key since the lookup: decide against its state.
-        if let Some((_, cell)) = shard.find(hash, |(k, _)| k == key) {
+        if let Some((_, cell)) = shard.find(hash, |(k, _)| k.borrow() == key) {
             return cell.apply(algorithm, cost, now);
         }
         // Still absent under the write lock: the state is FRESH, so `step` is this call's answer.
         shard.insert(
             hash,
-            (key.clone(), StateCell::new(next)),
+            (key.to_owned(), StateCell::new(next)),
             |(_, cell)| algorithm.is_full(cell.load(), now),
             |(k, _)| self.table.hash_one(k),
         );

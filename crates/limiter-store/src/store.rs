@@ -1,6 +1,9 @@
 //! [`Store`]: where a keyed limiter keeps one state word per key, and [`StoreStats`], what a
 //! store reports about its size and what it has forgotten.
 
+use std::borrow::Borrow;
+use std::hash::Hash;
+
 use limiter_core::{Algorithm, Decision, DecisionError};
 
 /// Per-key state for a keyed limiter: one [`StateCell`](limiter_core::StateCell) word per key,
@@ -19,14 +22,19 @@ use limiter_core::{Algorithm, Decision, DecisionError};
 ///   clock that goes back, an earlier reading can tell the two apart.
 pub trait Store<K>: Send + Sync {
     /// Decides `cost` units for `key` at `now` with `algorithm`, inserting the key only if the
-    /// call writes.
-    fn apply<A: Algorithm>(
+    /// call writes. `key` may be borrowed (`&str` for a `String` key): it is turned into an
+    /// owned key only when it is inserted.
+    fn apply<A, Q>(
         &self,
         algorithm: &A,
-        key: &K,
+        key: &Q,
         cost: u64,
         now: u64,
-    ) -> Result<Decision, DecisionError>;
+    ) -> Result<Decision, DecisionError>
+    where
+        A: Algorithm,
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized;
 
     /// Drops every key whose state is full at `now` and returns how many were dropped. Stores
     /// also do this on their own as calls arrive; this runs it at once, for every key.

@@ -1,6 +1,7 @@
 //! [`NeverForget`]: the reference store. It keeps every key it has written, under one mutex, and
 //! never reclaims or evicts anything; the real stores must decide exactly as it does.
 
+use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::{Mutex, PoisonError};
@@ -24,18 +25,23 @@ impl<K> NeverForget<K> {
 }
 
 impl<K: Hash + Eq + Clone + Send + Sync> Store<K> for NeverForget<K> {
-    fn apply<A: Algorithm>(
+    fn apply<A, Q>(
         &self,
         algorithm: &A,
-        key: &K,
+        key: &Q,
         cost: u64,
         now: u64,
-    ) -> Result<Decision, DecisionError> {
+    ) -> Result<Decision, DecisionError>
+    where
+        A: Algorithm,
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         let mut states = self.states.lock().unwrap_or_else(PoisonError::into_inner);
         let state = states.get(key).copied().unwrap_or(A::FRESH);
         let step = algorithm.decide(state, cost, now)?;
         if let Some(next) = step.next {
-            states.insert(key.clone(), next);
+            states.insert(key.to_owned(), next);
         }
         Ok(step.decision)
     }

@@ -57,7 +57,7 @@
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let per_user = KeyedTokenBucket::<String>::new(Limit::per_minute(100))?;
-//! let decision = per_user.check_key(&"alice".to_string())?;
+//! let decision = per_user.check_key("alice")?;
 //! assert!(decision.is_allowed());
 //! assert_eq!(decision.remaining(), 99);
 //! # Ok(()) }
