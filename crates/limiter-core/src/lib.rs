@@ -47,6 +47,7 @@ mod error;
 mod limit;
 mod limiter;
 mod sync;
+pub mod wait;
 
 pub use accuracy::Accuracy;
 pub use algorithm::{Algorithm, MIN_CLOCK_RANGE, StateCell, Step, Usage};

@@ -260,6 +260,13 @@ impl Grant {
     }
 }
 
+impl limiter_core::wait::Admission for StackDecision {
+    /// The longest wait of the layers that denied, as [`decision`](Self::decision) reports it.
+    fn wait(&self) -> Option<std::time::Duration> {
+        self.is_denied().then(|| self.decision().retry_after())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,8 +2,9 @@
 //! stores bounded in memory, transactional stacks of limits; the tower middleware (feature
 //! `tower`, or `axum`) and the Redis backend for a fleet (feature `redis`).
 //!
-//! This crate only re-exports the workspace's crates, so every type here is the one those
-//! crates document: the algorithms and limiters at the top level, and one module per part.
+//! This crate re-exports the workspace's crates, so every type here is the one those crates
+//! document: the algorithms and limiters at the top level, and one module per part. Its one
+//! module of its own, [`wait`] (feature `tokio`), waits until a call is admitted.
 //!
 //! | path | crate | what |
 //! | --- | --- | --- |
@@ -14,6 +15,7 @@
 //! | [`stack`] | `limiter-stack` | several limits decided all or nothing |
 //! | `tower` (feature `tower`) | `limiter-tower` | the HTTP/gRPC middleware |
 //! | `redis` (feature `redis`) | `limiter-redis` | the same limits on Redis |
+//! | `wait` (feature `tokio`) | this crate | `until_ready`: wait until a call is admitted |
 //!
 //! # Example
 //!
@@ -74,3 +76,6 @@ pub mod redis {
 #[cfg(all(doctest, feature = "axum", feature = "redis"))]
 #[doc = include_str!("../../../README.md")]
 struct ReadmeExamples;
+
+#[cfg(feature = "tokio")]
+pub mod wait;
