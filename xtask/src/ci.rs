@@ -2,9 +2,9 @@
 //! `cargo xtask lint`, the same without the tests (for `.ci/run`, which runs README's test
 //! command itself).
 
-use crate::run::cargo;
+use crate::run::{cargo, root};
 
-/// fmt, clippy, the tests, rustdoc.
+/// fmt, the architecture invariants, clippy, the tests, rustdoc.
 pub(crate) fn run() -> Result<(), String> {
     fmt_and_clippy()?;
     cargo(&["test", "--workspace"], &[])?;
@@ -13,7 +13,7 @@ pub(crate) fn run() -> Result<(), String> {
     Ok(())
 }
 
-/// fmt, clippy, rustdoc: everything `run` checks but the tests.
+/// fmt, the invariants, clippy, rustdoc: everything `run` checks but the tests.
 pub(crate) fn lint() -> Result<(), String> {
     fmt_and_clippy()?;
     rustdoc()?;
@@ -23,6 +23,7 @@ pub(crate) fn lint() -> Result<(), String> {
 
 fn fmt_and_clippy() -> Result<(), String> {
     cargo(&["fmt", "--all", "--check"], &[])?;
+    crate::invariants::check(&root())?;
     cargo(
         &[
             "clippy",

@@ -3,6 +3,7 @@
 mod bench;
 mod ci;
 mod fuzz;
+mod invariants;
 mod loom;
 mod run;
 
