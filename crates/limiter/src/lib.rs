@@ -4,7 +4,7 @@
 //!
 //! This crate re-exports the workspace's crates, so every type here is the one those crates
 //! document: the algorithms and limiters at the top level, and one module per part. Its one
-//! module of its own, [`wait`] (feature `tokio`), waits until a call is admitted.
+//! module of its own, `wait` (feature `tokio`), waits until a call is admitted.
 //!
 //! | path | crate | what |
 //! | --- | --- | --- |
