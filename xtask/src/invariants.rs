@@ -23,7 +23,7 @@ const RULES: &[Rule] = &[
             "crates/limiter-core/src/wait.rs",
             "crates/limiter-redis/src/backend.rs",
             "crates/limiter-store/src/bounded.rs",
-            "crates/limiter-stack/src/stack.rs",
+            "crates/limiter-stack/src/stack/mod.rs",
             "crates/limiterd/src/metrics.rs",
         ],
         invariant: "decision atomics come from the crate's sync.rs (so loom can swap them); std atomics only for statistics and ids",

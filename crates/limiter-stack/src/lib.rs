@@ -72,7 +72,7 @@
 //! commit, where calls were serialised on the global entry already). A denial takes no lock: it reads each layer once, and is
 //! denied only if some limit, at the instant it was read, held a committed state that denies
 //! the call; the details of a denial (the other layers' `remaining`) may come from states a few
-//! nanoseconds apart. See `stack.rs` for the protocol and `tests/loom.rs` for its models.
+//! nanoseconds apart. See `stack/locks.rs` for the protocol and `tests/loom.rs` for its models.
 #![forbid(unsafe_code)]
 #![warn(clippy::unwrap_used)]
 

@@ -1,0 +1,310 @@
+//! The general path: every layer's entry read under the shard read locks and decided with its
+//! plan's limits; an admitted call's entries held and re-read before they are written; a key
+//! not yet in the table inserted under its shard's write lock and removed again if the call is
+//! denied.
+
+use std::hash::Hash;
+
+use limiter_core::{Clock, Decision};
+
+use super::plan::{Call, Guard, Guards, Outcome, Place, ShardOrder, Target, Targets};
+use super::{Entry, Stack, fresh};
+use crate::cells::{Cells, MAX_LIMITS_PER_LAYER, Snapshot};
+use crate::decision::{MAX_LAYERS, StackDecision};
+use crate::error::CallError;
+
+impl<R, K, C> Stack<R, K, C>
+where
+    K: Hash + Eq + Clone,
+    C: Clock,
+{
+    /// Decides `call` (targets and shard order filled, the rest fresh) on the general path,
+    /// leaving the answer in `call.outcome.decision`.
+    pub(super) fn decide_general(
+        &self,
+        call: &mut Call<K>,
+        cost: u64,
+        now: u64,
+    ) -> Result<(), CallError> {
+        if self.decide_present(call, cost, now)? {
+            return Ok(());
+        }
+        self.decide_inserting(call, cost, now)
+    }
+
+    /// Decides under shard read locks, as every call whose keys are all held ends. Returns
+    /// `false`, with the shards of the absent keys marked for writing, when the call admits
+    /// and needs a key inserted.
+    pub(super) fn decide_present(
+        &self,
+        call: &mut Call<K>,
+        cost: u64,
+        now: u64,
+    ) -> Result<bool, CallError> {
+        let mut guards: Guards<'_, K> = [const { None }; MAX_LAYERS];
+        self.lock_shards(&call.order, &mut guards);
+        let mut cells = [None; MAX_LAYERS];
+        self.find(&call.targets, &call.order, &guards, &mut cells);
+        self.read_all(&cells, &mut call.seen, &mut call.outcome.next);
+        self.decide_all(&call.targets, cost, now, &mut call.outcome)?;
+        if call.outcome.decision.is_denied() || cost == 0 {
+            return Ok(true);
+        }
+        let mut all_present = true;
+        for (target, cell) in call.targets[..self.layers.len()].iter().zip(&cells) {
+            if let (
+                Some(Target {
+                    place: Place::Keyed { shard, .. },
+                    ..
+                }),
+                None,
+            ) = (target, cell)
+            {
+                let position = call.order.position(*shard);
+                call.order.write[position] = true;
+                all_present = false;
+            }
+        }
+        if all_present {
+            self.commit(
+                &call.targets,
+                &cells,
+                &call.seen,
+                &mut call.outcome,
+                cost,
+                now,
+            )?;
+        }
+        Ok(all_present)
+    }
+
+    /// Decides a call that admits with some keys absent: takes their shards' write locks,
+    /// inserts the keys, decides again and commits, or takes the new keys out again.
+    pub(super) fn decide_inserting(
+        &self,
+        call: &mut Call<K>,
+        cost: u64,
+        now: u64,
+    ) -> Result<(), CallError> {
+        let Call {
+            targets,
+            order,
+            seen,
+            outcome,
+        } = call;
+        loop {
+            let mut guards: Guards<'_, K> = [const { None }; MAX_LAYERS];
+            self.lock_shards(order, &mut guards);
+            let mut inserted = [false; MAX_LAYERS];
+            let mut retry = false;
+            let mut full = None;
+            for (slot, target) in targets.iter().enumerate() {
+                let Some(Target {
+                    layer,
+                    plan,
+                    place: Place::Keyed { key, hash, shard },
+                }) = target
+                else {
+                    continue;
+                };
+                let position = order.position(*shard);
+                let Some(guard) = guards[position].as_mut() else {
+                    continue;
+                };
+                if guard
+                    .find(*hash, |e| e.layer as usize == *layer && e.key == *key)
+                    .is_some()
+                {
+                    continue;
+                }
+                let Guard::Write(shard) = guard else {
+                    // Reclaimed since the first look: this shard needs its write lock too.
+                    order.write[position] = true;
+                    retry = true;
+                    break;
+                };
+                let entry = Entry {
+                    layer: *layer as u32,
+                    key: key.clone(),
+                    cells: Cells::new(fresh(&self.layers[*layer], *plan)),
+                };
+                // The entries this call inserted are fresh, so full: the sweep an insert may
+                // run must spare them, or a second insert could drop the first.
+                let ours = |e: &Entry<K>| {
+                    targets.iter().zip(&inserted).any(|(t, &mine)| {
+                        mine && t.as_ref().is_some_and(|t| {
+                            t.layer == e.layer as usize
+                                && matches!(&t.place, Place::Keyed { key, .. } if *key == e.key)
+                        })
+                    })
+                };
+                if let Some(share) = self.per_shard
+                    && shard.len() >= share
+                {
+                    shard.sweep(|e| !ours(e) && self.entry_is_full(e, now));
+                    if shard.len() >= share {
+                        full = Some(*layer);
+                        break;
+                    }
+                }
+                shard.insert(
+                    *hash,
+                    entry,
+                    |e| !ours(e) && self.entry_is_full(e, now),
+                    |e| self.table.hash_one((e.layer, &e.key)),
+                );
+                inserted[slot] = true;
+            }
+            if retry {
+                continue;
+            }
+            let result = if let Some(layer) = full {
+                Err(CallError::Full {
+                    layer: self.layers[layer].name().to_owned(),
+                    max_keys: self.max_keys.unwrap_or(0),
+                })
+            } else {
+                let mut cells = [None; MAX_LAYERS];
+                self.find(targets, order, &guards, &mut cells);
+                if targets
+                    .iter()
+                    .zip(&cells)
+                    .any(|(t, c)| t.is_some() && c.is_none())
+                {
+                    // Unreachable while the sweep spares this call's entries; never commit
+                    // without every layer's entry.
+                    continue;
+                }
+                self.read_all(&cells, seen, &mut outcome.next);
+                outcome.decision = StackDecision::new();
+                self.decide_all(targets, cost, now, outcome)
+                    .and_then(|()| self.commit(targets, &cells, seen, outcome, cost, now))
+            };
+            let admitted = result.is_ok() && outcome.decision.is_allowed();
+            if !admitted {
+                // Nobody else has seen the new entries (their shards are write-locked): take
+                // them out again, so a denial leaves nothing behind.
+                for (slot, target) in targets.iter().enumerate() {
+                    if let (
+                        true,
+                        Some(Target {
+                            layer,
+                            place: Place::Keyed { key, hash, shard },
+                            ..
+                        }),
+                    ) = (inserted[slot], target)
+                        && let Some(Guard::Write(g)) = &mut guards[order.position(*shard)]
+                    {
+                        g.remove(*hash, |e| e.layer as usize == *layer && e.key == *key);
+                    }
+                }
+            }
+            return result;
+        }
+    }
+
+    /// Each target's entry, under the guards, into `cells`; `None` for a key not in the table.
+    pub(super) fn find<'g>(
+        &'g self,
+        targets: &Targets<K>,
+        order: &ShardOrder,
+        guards: &'g Guards<'_, K>,
+        cells: &mut [Option<&'g Cells>; MAX_LAYERS],
+    ) {
+        for (cell, target) in cells.iter_mut().zip(&targets[..self.layers.len()]) {
+            let Some(target) = target else { continue };
+            *cell = match &target.place {
+                Place::Global => self.globals[target.layer].as_deref(),
+                Place::Keyed { key, hash, shard } => guards[order.position(*shard)]
+                    .as_ref()
+                    .and_then(|g| {
+                        g.find(*hash, |e| e.layer as usize == target.layer && e.key == *key)
+                    })
+                    .map(|e| &e.cells),
+            };
+        }
+    }
+
+    /// Decides every target on its state in `out.next` (`None` there: an absent key, which
+    /// starts fresh under the chosen plan), in place, leaving there the state to write, and
+    /// carrying a key's consumption over to the chosen plan when it changed. Adds each layer's
+    /// answer to `out.decision` (new, or reset by the caller).
+    ///
+    /// The states are read straight into `out.next` and each answer is decided straight into
+    /// its place in `out.decision`: copying a just-written struct as a whole stalls the copy
+    /// until the writes land, which cost more than the deciding.
+    pub(super) fn decide_all(
+        &self,
+        targets: &Targets<K>,
+        cost: u64,
+        now: u64,
+        out: &mut Outcome,
+    ) -> Result<(), CallError> {
+        for (slot, target) in targets[..self.layers.len()].iter().enumerate() {
+            let Some(target) = target else { continue };
+            let layer = &self.layers[target.layer];
+            let limits = &layer.plans[target.plan].limits;
+            // Builds the error only when there is one: the name is cloned on that path alone.
+            let error = |limit_index: usize| {
+                move |source| CallError::Decision {
+                    layer: layer.name.clone(),
+                    limit_index,
+                    source,
+                }
+            };
+            let state = match &mut out.next[slot] {
+                Some(state) => state,
+                absent => absent.insert(fresh(layer, target.plan)),
+            };
+            if state.plan != target.plan {
+                let old = &layer.plans[state.plan].limits;
+                for (j, (word, (from, to))) in state
+                    .words
+                    .iter_mut()
+                    .zip(old.iter().zip(limits))
+                    .enumerate()
+                {
+                    *word = to
+                        .with_usage(from.usage(*word, now), now)
+                        .map_err(error(j))?;
+                }
+                state.plan = target.plan;
+            }
+            if let [algorithm] = limits.as_slice() {
+                // One limit, the usual layer: its answer is the layer's, decided in place.
+                out.decision
+                    .push_one(slot, target.layer, target.plan, |decision| {
+                        algorithm.decide(&mut state.words[0], cost, now, decision)
+                    })
+                    .map_err(error(0))?;
+                continue;
+            }
+            let mut parts = [Decision::allow(0, 0, 0); MAX_LIMITS_PER_LAYER];
+            for (j, (algorithm, (word, part))) in limits
+                .iter()
+                .zip(state.words.iter_mut().zip(&mut parts))
+                .enumerate()
+            {
+                algorithm.decide(word, cost, now, part).map_err(error(j))?;
+            }
+            out.decision
+                .push_limits(slot, target.layer, target.plan, &parts[..limits.len()]);
+        }
+        Ok(())
+    }
+
+    /// Each present entry's state, read without its lock, into `seen` (to check at commit)
+    /// and into `next` (to decide in place); `None` in both for an absent key.
+    pub(super) fn read_all(
+        &self,
+        cells: &[Option<&Cells>; MAX_LAYERS],
+        seen: &mut [Option<Snapshot>; MAX_LAYERS],
+        next: &mut [Option<Snapshot>; MAX_LAYERS],
+    ) {
+        for (slot, cell) in cells[..self.layers.len()].iter().enumerate() {
+            let snapshot = cell.map(Cells::read);
+            seen[slot] = snapshot;
+            next[slot] = snapshot;
+        }
+    }
+}

@@ -1,0 +1,217 @@
+//! The lean path: a stack whose every plan has one limit decides each layer's one word without
+//! its lock, straight into the answer, and writes only if no entry changed since it was read;
+//! anything else goes to the general path with the targets it found.
+
+use std::hash::Hash;
+
+use limiter_core::{Clock, Decision};
+use limiter_store::table::ShardReadGuard;
+
+use super::locks::lock_in_address_order;
+use super::plan::{Call, GLOBAL, LeanTargets, SKIPPED, ShardOrder, fill_shard_order};
+use super::{Entry, Stack};
+use crate::cells::Cells;
+use crate::decision::StackDecision;
+use crate::error::CallError;
+use crate::layer::KeySource;
+
+impl<R, K, C> Stack<R, K, C>
+where
+    K: Hash + Eq + Clone,
+    C: Clock,
+{
+    /// Decides a call of a lean stack of at most `N` layers on the lean path or, if it cannot
+    /// finish there, on the general path with the targets it found (keyers and plan functions
+    /// run once per call).
+    #[inline(always)]
+    pub(super) fn decide_sized<const N: usize>(
+        &self,
+        request: &R,
+        cost: u64,
+        now: u64,
+        decision: &mut StackDecision,
+    ) -> Result<(), CallError> {
+        let mut targets = LeanTargets::<K, N>::new();
+        self.fill_lean(request, &mut targets)?;
+        if self.decide_lean(&targets, cost, now, decision)? {
+            return Ok(());
+        }
+        let mut call = Call::new();
+        targets.into_targets(&mut call.targets);
+        fill_shard_order(&call.targets[..self.layers.len()], &mut call.order);
+        self.decide_general(&mut call, cost, now)?;
+        *decision = call.outcome.decision;
+        Ok(())
+    }
+
+    /// Each layer's key, hash, shard and plan for `request`, as
+    /// [`fill_targets`](Self::fill_targets) finds them, into `targets` (new).
+    #[inline(always)]
+    pub(super) fn fill_lean<const N: usize>(
+        &self,
+        request: &R,
+        targets: &mut LeanTargets<K, N>,
+    ) -> Result<(), CallError> {
+        for (index, layer) in self.layers.iter().enumerate().take(N) {
+            if let KeySource::Keyed(keyer) = &layer.keyer {
+                let Some(key) = keyer.key(request) else {
+                    continue;
+                };
+                let hash = self.table.hash_one((index as u32, &key));
+                targets.hashes[index] = hash;
+                targets.shards[index] = self.table.shard_index(hash);
+                targets.keys[index] = Some(key);
+            }
+            let plan = layer.plan_for(request)?;
+            targets.plans[index] = plan;
+        }
+        Ok(())
+    }
+
+    /// Decides a call of a stack whose every plan has one limit, the usual stack, in the fewest
+    /// steps: under the shard read locks each entry's one word is read without its lock and
+    /// decided once, straight into its slot of `decision` (new), before any entry is locked; if
+    /// every layer admits, the entries are held ([`commit_lean`](Self::commit_lean)) and
+    /// written only if none changed since it was read. Returns `false`, having changed no
+    /// entry, when the call needs more (a key to insert, a plan to change, an entry another
+    /// call changed): the general path then decides it from the start, into a new answer.
+    #[inline(always)]
+    pub(super) fn decide_lean<const N: usize>(
+        &self,
+        targets: &LeanTargets<K, N>,
+        cost: u64,
+        now: u64,
+        decision: &mut StackDecision,
+    ) -> Result<bool, CallError> {
+        let mut order = ShardOrder::<N>::new();
+        for &shard in &targets.shards {
+            if shard != GLOBAL {
+                order.insert(shard);
+            }
+        }
+        let mut guards: [Option<ShardReadGuard<'_, Entry<K>>>; N] = [const { None }; N];
+        for (guard, shard) in guards.iter_mut().zip(order.shards()) {
+            *guard = Some(self.table.read(shard));
+        }
+        let mut cells: [Option<&Cells>; N] = [None; N];
+        // Each layer's word as read, and as the call would leave it.
+        let mut seen = [0_u64; N];
+        let mut next = [0_u64; N];
+        for slot in 0..N {
+            let plan = targets.plans[slot];
+            if plan == SKIPPED {
+                continue;
+            }
+            let shard = targets.shards[slot];
+            let cell = if shard == GLOBAL {
+                self.globals[slot].as_deref()
+            } else {
+                guards[order.position(shard)]
+                    .as_ref()
+                    .and_then(|g| {
+                        g.find(targets.hashes[slot], |e| {
+                            e.layer as usize == slot && Some(&e.key) == targets.keys[slot].as_ref()
+                        })
+                    })
+                    .map(|e| &e.cells)
+            };
+            let Some(cell) = cell else {
+                return Ok(false);
+            };
+            let (read_plan, word) = cell.read_first();
+            if read_plan != plan {
+                return Ok(false);
+            }
+            cells[slot] = Some(cell);
+            seen[slot] = word;
+            let layer = &self.layers[slot];
+            let algorithm = &layer.plans[plan].limits[0];
+            let mut after = word;
+            let decided = decision.push_one(slot, slot, plan, |answer| {
+                algorithm
+                    .decide_word(word, cost, now, answer)
+                    .map(|next| after = next)
+                    .ok_or(())
+            });
+            match decided {
+                Ok(()) => next[slot] = after,
+                Err(()) => {
+                    let mut answer = Decision::allow(0, 0, 0);
+                    return algorithm
+                        .decide(&mut after, cost, now, &mut answer)
+                        .map_err(|source| CallError::Decision {
+                            layer: layer.name.clone(),
+                            limit_index: 0,
+                            source,
+                        })
+                        .map(|()| false);
+                }
+            }
+        }
+        // Layers that take no part keep the admission they started with.
+        if decision.is_allowed()
+            && cost > 0
+            && !self.commit_lean(&cells, &targets.plans, &seen, &next)
+        {
+            return Ok(false);
+        }
+        drop(guards);
+        Ok(true)
+    }
+
+    /// Writes a lean call's `next` words into its `cells` (by slot; `plans` and `seen` what each
+    /// was decided under and on) if none changed since it was read; whether it did. Under the
+    /// commit lock where the stack has one (see [`hold`](Self::hold)), else with each entry
+    /// locked in address order.
+    #[inline(always)]
+    pub(super) fn commit_lean<const N: usize>(
+        &self,
+        cells: &[Option<&Cells>; N],
+        plans: &[usize; N],
+        seen: &[u64; N],
+        next: &[u64; N],
+    ) -> bool {
+        let Some(commit) = self.commit_layer else {
+            let mut held = lock_in_address_order(cells, N);
+            let mut unchanged = true;
+            for slot in 0..N {
+                if let (Some(cell), Some(held)) = (cells[slot], &held[slot]) {
+                    unchanged &= cell.first_still(held, plans[slot], seen[slot]);
+                }
+            }
+            for slot in 0..N {
+                if let (Some(cell), Some(held)) = (cells[slot], held[slot].take()) {
+                    if unchanged {
+                        cell.write_first_and_unlock(held, next[slot]);
+                    } else {
+                        cell.unlock(held);
+                    }
+                }
+            }
+            return unchanged;
+        };
+        // The commit layer is global: it takes part in every call, so its slot holds its entry
+        // (were it ever empty, the general path would decide the call).
+        let Some(lock) = cells.get(commit).copied().flatten() else {
+            return false;
+        };
+        let held = lock.lock();
+        let mut unchanged = lock.first_still(&held, plans[commit], seen[commit]);
+        for slot in 0..N {
+            if let (false, Some(cell)) = (slot == commit, cells[slot]) {
+                unchanged &= cell.first_still_under_commit_lock(plans[slot], seen[slot]);
+            }
+        }
+        if unchanged {
+            for slot in 0..N {
+                if let (false, Some(cell)) = (slot == commit, cells[slot]) {
+                    cell.write_first_under_commit_lock(next[slot]);
+                }
+            }
+            lock.write_first_and_unlock(held, next[commit]);
+        } else {
+            lock.unlock(held);
+        }
+        unchanged
+    }
+}

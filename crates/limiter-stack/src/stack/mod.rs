@@ -1,0 +1,407 @@
+//! [`Stack`]: several layers decided as one call, at one `now`, all or nothing.
+//!
+//! # How a call is decided
+//!
+//! 1. Each layer derives its key (keyed layers) and its plan from the request. Keyed layers
+//!    share one [`ShardedTable`] of entries, one per `(layer, key)`, each holding a word per
+//!    limit; global layers each hold one entry of their own.
+//! 2. The shards the keys fall in are read-locked in ascending shard order (the locks prefer
+//!    waiting writers, so any other order could deadlock). Every entry is read without a lock
+//!    and every limit decided with the pure transition of its algorithm.
+//! 3. If any limit denies, or the call is a peek, that is the answer: nothing is written.
+//! 4. Otherwise the entries are locked in ascending address order, re-read, decided again if
+//!    they changed, and written (or, if some limit now denies, released unwritten). An entry is
+//!    only ever locked by a call that already holds all its shard locks, and that call then
+//!    never waits for anything but other entry locks further up the order, so no order of
+//!    layers or keys can deadlock and some call always completes. In a stack with a global
+//!    layer, the first global layer's entry lock is the *commit lock*: every call that writes
+//!    touches every global layer, so it takes that lock alone, holds its other entries through
+//!    it (none of them is locked on its own, none written without it) and releases it last.
+//! 5. A key not yet in the table is inserted under its shard's write lock (taken, with the
+//!    others, in shard order) and removed again if the call ends up denied, before anyone else
+//!    can see it: a denial leaves no trace, not even memory.
+//!
+//! A stack whose every plan has one limit (the usual stack) first tries a lean path with the
+//! same locks in the same order: it reads each entry's one word without its lock and decides
+//! it once, straight into the answer, then locks the entries (or takes the commit lock) and
+//! writes them only if none changed since it read them. Its working arrays are as long as the
+//! stack is deep (one to four layers; eight beyond), and hold each target's key, hash, shard
+//! and plan apart, so a call stores little before its first locked instruction, each of which
+//! waits for the stores before it. A call the lean path cannot finish as simply (a key to
+//! insert, a plan to change, an entry another call changed) goes to steps 2–5 from the start,
+//! with the targets the lean path found and a new answer.
+//!
+//! The jobs live apart: `plan.rs` (what a call touches), `lean.rs` (the lean path),
+//! `general.rs` (steps 2–5), `locks.rs` (the lock protocol).
+
+use std::hash::Hash;
+use std::sync::atomic::{AtomicU64 as StdAtomicU64, Ordering as StdOrdering};
+
+use crossbeam_utils::CachePadded;
+use limiter_core::{Clock, DefaultClock};
+use limiter_store::table::ShardedTable;
+
+use crate::cells::{Cells, MAX_LIMITS_PER_LAYER, Snapshot};
+use crate::decision::{Grant, MAX_LAYERS, StackDecision};
+use crate::error::{BuildError, CallError, RefundError};
+use crate::layer::Layer;
+use crate::sync::EntryHasher;
+
+mod general;
+mod lean;
+mod locks;
+mod plan;
+
+use plan::{Call, Guards};
+
+/// Layers of limits over requests of type `R`, keyed layers keyed by `K`, decided as one
+/// call: admitted only if every layer admits, and a denied call changes nothing.
+///
+/// Build one with [`Stack::builder`]. See the crate docs for an example.
+pub struct Stack<R, K, C = DefaultClock> {
+    layers: Box<[Layer<R, K>]>,
+    /// One entry per global layer, by layer position (`None` for keyed layers).
+    globals: Box<[Option<CachePadded<Cells>>]>,
+    table: ShardedTable<Entry<K>, EntryHasher>,
+    /// With `max_keys`: the most entries one shard holds (its share of the bound).
+    per_shard: Option<usize>,
+    max_keys: Option<usize>,
+    clock: C,
+    id: u64,
+    /// Whether every plan of every layer has one limit (the lean path's stacks).
+    lean: bool,
+    /// The first global layer, whose entry lock is the stack's commit lock (see
+    /// [`Stack::hold`]); `None` when every layer is keyed.
+    commit_layer: Option<usize>,
+}
+
+/// A keyed layer's state for one key.
+#[derive(Debug)]
+pub(crate) struct Entry<K> {
+    layer: u32,
+    key: K,
+    cells: Cells,
+}
+
+/// Builds a [`Stack`].
+pub struct StackBuilder<R, K, C = DefaultClock> {
+    layers: Vec<Layer<R, K>>,
+    clock: C,
+    shards: Option<usize>,
+    max_keys: Option<usize>,
+}
+
+impl<R, K> Stack<R, K> {
+    /// A builder with no layers, on a new [`DefaultClock`].
+    pub fn builder() -> StackBuilder<R, K> {
+        StackBuilder {
+            layers: Vec::new(),
+            clock: DefaultClock::new(),
+            shards: None,
+            max_keys: None,
+        }
+    }
+}
+
+impl<R, K, C> StackBuilder<R, K, C> {
+    /// Adds a layer below those already added.
+    pub fn layer(mut self, layer: Layer<R, K>) -> Self {
+        self.layers.push(layer);
+        self
+    }
+
+    /// Reads time from `clock` (a `ManualClock` in tests).
+    pub fn clock<C2: Clock>(self, clock: C2) -> StackBuilder<R, K, C2> {
+        StackBuilder {
+            layers: self.layers,
+            clock,
+            shards: self.shards,
+            max_keys: self.max_keys,
+        }
+    }
+
+    /// Spreads keyed entries over `shards` shards (rounded up to a power of two; by default
+    /// four per core).
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = Some(shards);
+        self
+    }
+
+    /// Holds at most `max_keys` keyed entries (one per layer and key), each shard its share.
+    /// A new key that finds its shard at its share, after the shard's full entries are
+    /// dropped, is refused with [`CallError::Full`]: no held key is ever evicted, so no key's
+    /// consumption is forgotten and nothing is admitted past a limit; the price is that new
+    /// keys wait while every held key is still refilling. Without it the table is unbounded
+    /// but still drops full entries as it grows.
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = Some(max_keys);
+        self
+    }
+
+    /// The stack, or what is wrong with its layers.
+    pub fn build(self) -> Result<Stack<R, K, C>, BuildError> {
+        static IDS: StdAtomicU64 = StdAtomicU64::new(1);
+        if self.layers.is_empty() {
+            return Err(BuildError::NoLayers);
+        }
+        if self.layers.len() > MAX_LAYERS {
+            return Err(BuildError::TooManyLayers {
+                layers: self.layers.len(),
+                max: MAX_LAYERS,
+            });
+        }
+        for layer in &self.layers {
+            layer.validate()?;
+        }
+        let globals: Box<[Option<CachePadded<Cells>>]> = self
+            .layers
+            .iter()
+            .map(|layer| {
+                layer
+                    .is_global()
+                    .then(|| CachePadded::new(Cells::new(fresh(layer, 0))))
+            })
+            .collect();
+        if self.max_keys == Some(0) {
+            return Err(BuildError::ZeroMaxKeys);
+        }
+        let mut shards = self
+            .shards
+            .unwrap_or_else(ShardedTable::<Entry<K>>::default_shards)
+            .clamp(1, 4096)
+            .next_power_of_two();
+        if let Some(max) = self.max_keys {
+            // No more shards than keys (a power of two at most `max`), so every shard's share
+            // is at least one key and the shares together never exceed the bound.
+            shards = shards.min(1 << max.ilog2());
+        }
+        let table = ShardedTable::with_shards_and_hasher(shards, EntryHasher::default());
+        let per_shard = self.max_keys.map(|max| max / table.shards());
+        let commit_layer = globals.iter().position(Option::is_some);
+        let lean = self
+            .layers
+            .iter()
+            .all(|layer| layer.plans.iter().all(|plan| plan.limits.len() == 1));
+        Ok(Stack {
+            layers: self.layers.into_boxed_slice(),
+            globals,
+            table,
+            per_shard,
+            max_keys: self.max_keys,
+            clock: self.clock,
+            // Relaxed: a unique number, ordering nothing.
+            id: IDS.fetch_add(1, StdOrdering::Relaxed),
+            lean,
+            commit_layer,
+        })
+    }
+}
+
+impl<R, K, C> Stack<R, K, C>
+where
+    K: Hash + Eq + Clone,
+    C: Clock,
+{
+    /// Decides one unit for `request` now.
+    #[inline]
+    pub fn check(&self, request: &R) -> Result<StackDecision, CallError> {
+        self.check_n(request, 1)
+    }
+
+    /// Decides `cost` units for `request` now. Cost 0 is a peek: it reports every layer and
+    /// changes nothing.
+    #[inline]
+    pub fn check_n(&self, request: &R, cost: u64) -> Result<StackDecision, CallError> {
+        self.decide(request, cost, self.clock.now())
+    }
+
+    /// Reports every layer for `request` without consuming or inserting anything.
+    #[inline]
+    pub fn peek(&self, request: &R) -> Result<StackDecision, CallError> {
+        self.check_n(request, 0)
+    }
+
+    /// Decides `cost` units for `request` now and, when admitted, returns a [`Grant`] of the
+    /// units taken, which [`refund`](Self::refund) can give back.
+    #[inline]
+    pub fn acquire(
+        &self,
+        request: &R,
+        cost: u64,
+    ) -> Result<(StackDecision, Option<Grant>), CallError> {
+        self.decide_at(request, cost, self.clock.now())
+    }
+
+    /// Decides `cost` units for `request` at `now` (nanoseconds since the clock's epoch).
+    #[inline]
+    pub fn decide_at(
+        &self,
+        request: &R,
+        cost: u64,
+        now: u64,
+    ) -> Result<(StackDecision, Option<Grant>), CallError> {
+        let decision = self.decide(request, cost, now)?;
+        let grant = (decision.is_allowed() && cost > 0).then_some(Grant {
+            stack: self.id,
+            taken: cost,
+            left: cost,
+            at: now,
+        });
+        Ok((decision, grant))
+    }
+
+    /// The answer for `cost` units of `request` at `now`, built where the caller keeps it.
+    #[inline]
+    fn decide(&self, request: &R, cost: u64, now: u64) -> Result<StackDecision, CallError> {
+        let mut decision = StackDecision::new();
+        self.decide_into(request, cost, now, &mut decision)?;
+        Ok(decision)
+    }
+
+    /// Decides `cost` units for `request` at `now` into `decision` (new): a lean stack on the
+    /// lean path, with working arrays as long as the stack is deep; any other stack, and any
+    /// call the lean path cannot finish, on the general path.
+    fn decide_into(
+        &self,
+        request: &R,
+        cost: u64,
+        now: u64,
+        decision: &mut StackDecision,
+    ) -> Result<(), CallError> {
+        if self.lean {
+            return match self.layers.len() {
+                1 => self.decide_sized::<1>(request, cost, now, decision),
+                2 => self.decide_sized::<2>(request, cost, now, decision),
+                3 => self.decide_sized::<3>(request, cost, now, decision),
+                4 => self.decide_sized::<4>(request, cost, now, decision),
+                _ => self.decide_sized::<MAX_LAYERS>(request, cost, now, decision),
+            };
+        }
+        let mut call = Call::new();
+        self.prepare(request, &mut call)?;
+        self.decide_general(&mut call, cost, now)?;
+        *decision = call.outcome.decision;
+        Ok(())
+    }
+
+    /// Gives back `units` of what `grant` took, on every layer the request touches, at the
+    /// clock's reading now. At most the grant's units come back in all, and no layer goes above
+    /// full: units that have already come back on their own are not returned twice.
+    pub fn refund(&self, request: &R, grant: &mut Grant, units: u64) -> Result<(), RefundError> {
+        if grant.stack != self.id {
+            return Err(RefundError::WrongStack);
+        }
+        if units > grant.left {
+            return Err(RefundError::ExceedsGrant {
+                units,
+                left: grant.left,
+                taken: grant.taken,
+            });
+        }
+        if units == 0 {
+            return Ok(());
+        }
+        let now = self.clock.now();
+        let mut call = Call::new();
+        self.prepare(request, &mut call)?;
+        let mut guards: Guards<'_, K> = [const { None }; MAX_LAYERS];
+        self.lock_shards(&call.order, &mut guards);
+        // An absent key is full: nothing to give back there.
+        let mut cells = [None; MAX_LAYERS];
+        self.find(&call.targets, &call.order, &guards, &mut cells);
+        let targets = &call.targets;
+        let layers = self.layers.len();
+        let mut held = self.hold(&mut cells, layers);
+        for slot in self.release_order(layers) {
+            let (Some(target), Some(cell), Some(held)) =
+                (&targets[slot], cells[slot], held[slot].take())
+            else {
+                continue;
+            };
+            let mut snapshot = cell.read_held(&held);
+            let limits = &self.layers[target.layer].plans[snapshot.plan].limits;
+            for (word, algorithm) in snapshot.words.iter_mut().zip(limits) {
+                if let Some(back) = algorithm.refund(*word, units, grant.at, now) {
+                    *word = back;
+                }
+            }
+            cell.write_and_unlock(held, &snapshot);
+        }
+        grant.left -= units;
+        Ok(())
+    }
+
+    /// Drops every keyed entry whose limits are all full now (they decide exactly like absent
+    /// keys), returning how many. The table also does this on its own as keys arrive.
+    pub fn reclaim_full(&self) -> u64 {
+        let now = self.clock.now();
+        self.table.reclaim(
+            |e| self.entry_is_full(e, now),
+            |e| self.table.hash_one((e.layer, &e.key)),
+        )
+    }
+
+    /// Keyed entries held (one per layer and key), full ones not yet reclaimed included.
+    pub fn len(&self) -> u64 {
+        self.table.counts().0
+    }
+
+    /// Whether no keyed entry is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The layers, in stack order ([`LayerDecision::layer`](crate::LayerDecision::layer)
+    /// indexes them).
+    pub fn layers(&self) -> &[Layer<R, K>] {
+        &self.layers
+    }
+
+    /// The name of layer `index`, for headers and metrics.
+    pub fn layer_name(&self, index: usize) -> Option<&str> {
+        self.layers.get(index).map(Layer::name)
+    }
+
+    /// The clock the stack reads.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    /// Whether every limit of `entry` is full at `now` under the plan it was written with.
+    fn entry_is_full(&self, entry: &Entry<K>, now: u64) -> bool {
+        let state = entry.cells.read();
+        self.layers[entry.layer as usize].plans[state.plan]
+            .limits
+            .iter()
+            .zip(state.words)
+            .all(|(algorithm, word)| algorithm.is_full(word, now))
+    }
+}
+
+/// The fresh state of `layer` under plan `plan`.
+fn fresh<R, K>(layer: &Layer<R, K>, plan: usize) -> Snapshot {
+    let mut words = [0; MAX_LIMITS_PER_LAYER];
+    for (word, algorithm) in words.iter_mut().zip(&layer.plans[plan].limits) {
+        *word = algorithm.fresh();
+    }
+    Snapshot { plan, words }
+}
+
+impl<R, K, C: std::fmt::Debug> std::fmt::Debug for Stack<R, K, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stack")
+            .field("layers", &self.layers)
+            .field("table", &self.table)
+            .field("clock", &self.clock)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<R, K, C: std::fmt::Debug> std::fmt::Debug for StackBuilder<R, K, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StackBuilder")
+            .field("layers", &self.layers)
+            .field("clock", &self.clock)
+            .finish_non_exhaustive()
+    }
+}
