@@ -20,6 +20,7 @@ where
 {
     /// Decides `call` (targets and shard order filled, the rest fresh) on the general path,
     /// leaving the answer in `call.outcome.decision`.
+    #[inline]
     pub(super) fn decide_general(
         &self,
         call: &mut Call<K>,
@@ -35,6 +36,7 @@ where
     /// Decides under shard read locks, as every call whose keys are all held ends. Returns
     /// `false`, with the shards of the absent keys marked for writing, when the call admits
     /// and needs a key inserted.
+    #[inline]
     pub(super) fn decide_present(
         &self,
         call: &mut Call<K>,
@@ -80,6 +82,7 @@ where
 
     /// Decides a call that admits with some keys absent: takes their shards' write locks,
     /// inserts the keys, decides again and commits, or takes the new keys out again.
+    #[inline]
     pub(super) fn decide_inserting(
         &self,
         call: &mut Call<K>,
@@ -204,6 +207,7 @@ where
     }
 
     /// Each target's entry, under the guards, into `cells`; `None` for a key not in the table.
+    #[inline]
     pub(super) fn find<'g>(
         &'g self,
         targets: &Targets<K>,
@@ -233,6 +237,7 @@ where
     /// The states are read straight into `out.next` and each answer is decided straight into
     /// its place in `out.decision`: copying a just-written struct as a whole stalls the copy
     /// until the writes land, which cost more than the deciding.
+    #[inline]
     pub(super) fn decide_all(
         &self,
         targets: &Targets<K>,
@@ -295,6 +300,7 @@ where
 
     /// Each present entry's state, read without its lock, into `seen` (to check at commit)
     /// and into `next` (to decide in place); `None` in both for an absent key.
+    #[inline]
     pub(super) fn read_all(
         &self,
         cells: &[Option<&Cells>; MAX_LAYERS],

@@ -19,6 +19,7 @@ where
     C: Clock,
 {
     /// Locks the shards in ascending order, write locks where `order` asks for them.
+    #[inline]
     pub(super) fn lock_shards<'s>(&'s self, order: &ShardOrder, guards: &mut Guards<'s, K>) {
         for (position, guard) in guards[..order.len].iter_mut().enumerate() {
             let shard = order.shards[position];
@@ -32,6 +33,7 @@ where
 
     /// Locks every entry, decides again if any changed since `snapshots`, and writes the
     /// states if every layer still admits.
+    #[inline]
     pub(super) fn commit(
         &self,
         targets: &Targets<K>,
@@ -81,6 +83,7 @@ where
     /// calls were serialised by the global entry already; each now takes one locked
     /// instruction instead of one per layer. A stack of keyed layers alone locks each entry,
     /// in ascending address order. Release the holds in [`release_order`](Self::release_order).
+    #[inline]
     pub(super) fn hold<'c, const N: usize>(
         &'c self,
         cells: &mut [Option<&'c Cells>; N],
@@ -119,6 +122,7 @@ where
 }
 
 /// Locks the present entries in ascending address order, returning each one's hold by slot.
+#[inline]
 pub(super) fn lock_in_address_order<const N: usize>(
     cells: &[Option<&Cells>; N],
     layers: usize,

@@ -55,6 +55,7 @@ pub(super) struct ShardOrder<const N: usize = MAX_LAYERS> {
 }
 
 impl<const N: usize> ShardOrder<N> {
+    #[inline]
     pub(super) fn new() -> Self {
         Self {
             shards: [0; N],
@@ -64,6 +65,7 @@ impl<const N: usize> ShardOrder<N> {
     }
 
     /// Adds `shard` in its place, unless it is already there.
+    #[inline]
     pub(super) fn insert(&mut self, shard: usize) {
         let len = self.len;
         if self.shards[..len].contains(&shard) {
@@ -80,10 +82,12 @@ impl<const N: usize> ShardOrder<N> {
     }
 
     /// The shards, ascending.
+    #[inline]
     pub(super) fn shards(&self) -> impl Iterator<Item = usize> + '_ {
         self.shards[..self.len].iter().copied()
     }
 
+    #[inline]
     pub(super) fn position(&self, shard: usize) -> usize {
         self.shards[..self.len]
             .iter()
@@ -109,6 +113,7 @@ pub(super) struct LeanTargets<K, const N: usize> {
 }
 
 impl<K, const N: usize> LeanTargets<K, N> {
+    #[inline]
     pub(super) fn new() -> Self {
         Self {
             keys: [const { None }; N],
@@ -119,6 +124,7 @@ impl<K, const N: usize> LeanTargets<K, N> {
     }
 
     /// The same targets as the general path keeps them.
+    #[inline]
     pub(super) fn into_targets(self, targets: &mut Targets<K>) {
         let Self {
             keys,
@@ -161,6 +167,7 @@ pub(super) struct Call<K> {
 }
 
 impl<K> Call<K> {
+    #[inline]
     pub(super) fn new() -> Self {
         Self {
             targets: Default::default(),
@@ -180,6 +187,7 @@ where
     C: Clock,
 {
     /// Fills a fresh `call`'s targets and shard order for `request`.
+    #[inline]
     pub(super) fn prepare(&self, request: &R, call: &mut Call<K>) -> Result<(), CallError> {
         self.fill_targets(request, &mut call.targets)?;
         fill_shard_order(&call.targets[..self.layers.len()], &mut call.order);
@@ -188,6 +196,7 @@ where
 
     /// Each layer's key, hash, shard and plan for `request`, written into `targets` (all
     /// `None` on entry).
+    #[inline]
     pub(super) fn fill_targets(
         &self,
         request: &R,
@@ -217,6 +226,7 @@ where
 }
 
 /// The shards `targets` fall in, ascending and once each, into `order` (empty on entry).
+#[inline]
 pub(super) fn fill_shard_order<K>(targets: &[Option<Target<K>>], order: &mut ShardOrder) {
     for target in targets.iter().flatten() {
         if let Place::Keyed { shard, .. } = target.place {
