@@ -118,30 +118,18 @@ fn files_named(dir: &Path, name: &str, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// The JSON string value after `"key":` in `text` (criterion's files; escapes kept simple).
-fn json_string(text: &str, key: &str) -> Option<String> {
-    let at = text.find(&format!("\"{key}\":"))? + key.len() + 3;
-    let rest = text[at..].trim_start().strip_prefix('"')?;
-    let mut out = String::new();
-    let mut chars = rest.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '"' => return Some(out),
-            '\\' => out.push(chars.next()?),
-            c => out.push(c),
-        }
-    }
-    None
-}
-
-/// The number after `"key":`, searching from `from`.
-fn json_number(text: &str, key: &str) -> Option<f64> {
-    let at = text.find(&format!("\"{key}\":"))? + key.len() + 3;
-    let rest = text[at..].trim_start();
-    let end = rest
-        .find(|c: char| !(c.is_ascii_digit() || matches!(c, '.' | '-' | '+' | 'e' | 'E')))
-        .unwrap_or(rest.len());
-    rest[..end].parse().ok()
+/// What the report reads of one benchmark's criterion files: its group and function (from
+/// `benchmark.json`), the median's point estimate (from `estimates.json`, in ns) and the
+/// elements per iteration (`throughput.Elements`, 1 when absent).
+fn parse_criterion(meta: &str, estimates: &str) -> Option<Measured> {
+    let meta: serde_json::Value = serde_json::from_str(meta).ok()?;
+    let estimates: serde_json::Value = serde_json::from_str(estimates).ok()?;
+    Some(Measured {
+        group: meta["group_id"].as_str()?.to_owned(),
+        function: meta["function_id"].as_str().unwrap_or_default().to_owned(),
+        median: estimates["median"]["point_estimate"].as_f64()?,
+        elements: meta["throughput"]["Elements"].as_u64().unwrap_or(1),
+    })
 }
 
 fn collect(dir: &Path, since: SystemTime) -> Vec<Measured> {
@@ -161,23 +149,9 @@ fn collect(dir: &Path, since: SystemTime) -> Vec<Measured> {
         ) else {
             continue;
         };
-        let median = est
-            .find("\"median\":")
-            .and_then(|at| json_number(&est[at..], "point_estimate"));
-        let (Some(group), Some(median)) = (json_string(&meta, "group_id"), median) else {
-            continue;
-        };
-        let function = json_string(&meta, "function_id").unwrap_or_default();
-        let elements = meta
-            .find("\"Elements\":")
-            .and_then(|at| json_number(&meta[at..], "Elements"))
-            .map_or(1, |e| e as u64);
-        out.push(Measured {
-            group,
-            function,
-            median,
-            elements,
-        });
+        if let Some(measured) = parse_criterion(&meta, &est) {
+            out.push(measured);
+        }
     }
     out.sort_by(|a, b| (&a.group, &a.function).cmp(&(&b.group, &b.function)));
     out
@@ -531,13 +505,14 @@ mod tests {
     fn reads_criterion_json_and_renders_ratios() {
         let meta = r#"{"group_id":"direct_allow_1_thread","function_id":"token_bucket","value_str":null,"throughput":{"Elements":2},"full_id":"x"}"#;
         let est = r#"{"mean":{"point_estimate":99.0},"median":{"confidence_interval":{"lower_bound":1.0},"point_estimate":12.5,"standard_error":0.1}}"#;
-        assert_eq!(
-            json_string(meta, "group_id").as_deref(),
-            Some("direct_allow_1_thread")
-        );
-        assert_eq!(json_number(meta, "Elements"), Some(2.0));
-        let at = est.find("\"median\":").expect("median");
-        assert_eq!(json_number(&est[at..], "point_estimate"), Some(12.5));
+        let parsed = parse_criterion(meta, est).expect("criterion's files");
+        assert_eq!(parsed.group, "direct_allow_1_thread");
+        assert_eq!(parsed.function, "token_bucket");
+        assert_eq!((parsed.median, parsed.elements), (12.5, 2));
+        // No throughput: one element; a missing median: not measured.
+        let plain = parse_criterion(r#"{"group_id":"g","function_id":"f"}"#, est).unwrap();
+        assert_eq!(plain.elements, 1);
+        assert!(parse_criterion(meta, r#"{"mean":{"point_estimate":1.0}}"#).is_none());
 
         let measured = |group: &str, function: &str, median: f64| Measured {
             group: group.into(),
