@@ -19,6 +19,8 @@ pub mod fuzzing;
 pub mod harness;
 #[cfg(feature = "http")]
 pub mod http;
+#[cfg(feature = "http-client")]
+pub mod http_client;
 pub mod model;
 pub mod ops;
 #[cfg(feature = "redis-server")]

@@ -1,6 +1,7 @@
-//! The middleware over real sockets: an axum app on a loopback port, a hyper client opening a
-//! new connection per request (so every request meets a fresh clone of the service), and the
-//! header values read back as Structured Fields. Time comes from a `ManualClock`.
+//! The middleware over real sockets: an axum app on a loopback port, the testkit's hyper
+//! client opening a new connection per request (so every request meets a fresh clone of the
+//! service), and the header values read back as Structured Fields. Time comes from a
+//! `ManualClock`.
 
 mod support;
 

@@ -1,5 +1,5 @@
-//! Test plumbing: an axum app served on a free loopback port, a real HTTP/1.1 client (hyper)
-//! that opens a new connection per request, and a Structured Field reader for the headers.
+//! Test plumbing: an axum app served on a free loopback port, the testkit's real HTTP/1.1
+//! client (a new connection per request), and a Structured Field reader for the headers.
 #![allow(dead_code, unreachable_pub)]
 
 use std::net::SocketAddr;
@@ -8,11 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use axum::Router;
 use axum::routing::{self, any};
-use http::{HeaderMap, Request, StatusCode};
-use http_body_util::{BodyExt, Full};
-use hyper::body::Bytes;
-use hyper_util::rt::TokioIo;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 
 /// An app whose handlers count the requests that reached them.
 pub fn counting_app() -> (Router, Arc<AtomicUsize>) {
@@ -66,52 +62,7 @@ pub async fn serve_without_connect_info(app: Router) -> SocketAddr {
     addr
 }
 
-/// A response as the client saw it.
-#[derive(Debug)]
-pub struct Reply {
-    pub status: StatusCode,
-    pub headers: HeaderMap,
-    pub body: String,
-}
-
-impl Reply {
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .get(name)
-            .map(|v| v.to_str().expect("ASCII header"))
-    }
-}
-
-/// Sends `method path` with `headers` to `addr` over a new connection.
-pub async fn send(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)]) -> Reply {
-    let stream = TcpStream::connect(addr).await.expect("connect");
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .expect("HTTP/1.1 handshake");
-    tokio::spawn(connection);
-    let mut request = Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", addr.to_string());
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    let request = request.body(Full::new(Bytes::new())).expect("request");
-    let response = sender.send_request(request).await.expect("response");
-    let status = response.status();
-    let headers = response.headers().clone();
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .expect("body")
-        .to_bytes();
-    Reply {
-        status,
-        headers,
-        body: String::from_utf8(body.to_vec()).expect("UTF-8 body"),
-    }
-}
+pub use limiter_testkit::http_client::{Reply, send};
 
 pub async fn get(addr: SocketAddr, headers: &[(&str, &str)]) -> Reply {
     send(addr, "GET", "/", headers).await

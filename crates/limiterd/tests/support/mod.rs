@@ -1,14 +1,12 @@
 //! What the process tests share: a limiterd binary started on a free loopback port (killed on
-//! drop), a keep-alive HTTP/1.1 client for it, and temporary files.
+//! drop), a keep-alive JSON client for it (over the testkit's HTTP/1.1 client), and temporary
+//! files.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
-use http_body_util::{BodyExt, Full};
-use hyper::body::Bytes;
-use hyper_util::rt::TokioIo;
 use serde_json::Value;
 
 /// A running limiterd, killed on drop.
@@ -67,38 +65,24 @@ impl Drop for Daemon {
     }
 }
 
-/// A keep-alive HTTP/1.1 connection to a daemon.
+/// A keep-alive HTTP/1.1 connection to a daemon (the testkit's client), speaking JSON.
 pub(crate) struct Client {
-    sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    inner: limiter_testkit::http_client::Client,
 }
 
 impl Client {
     pub(crate) async fn connect(addr: SocketAddr) -> Self {
-        let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-        let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .expect("handshake");
-        tokio::spawn(connection);
-        Self { sender }
+        Self {
+            inner: limiter_testkit::http_client::Client::connect(addr).await,
+        }
     }
 
     pub(crate) async fn send(&mut self, method: &str, path: &str, body: &str) -> (u16, String) {
-        let request = hyper::Request::builder()
-            .method(method)
-            .uri(path)
-            .header("host", "limiterd")
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(body.to_owned())))
-            .expect("request");
-        let response = self.sender.send_request(request).await.expect("response");
-        let status = response.status().as_u16();
-        let body = response
-            .into_body()
-            .collect()
-            .await
-            .expect("body")
-            .to_bytes();
-        (status, String::from_utf8(body.to_vec()).expect("UTF-8"))
+        let reply = self
+            .inner
+            .request(method, path, &[("content-type", "application/json")], body)
+            .await;
+        (reply.status.as_u16(), reply.body)
     }
 
     pub(crate) async fn post(&mut self, path: &str, body: &Value) -> (u16, Value) {
