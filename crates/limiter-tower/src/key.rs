@@ -53,6 +53,12 @@ impl From<String> for Key {
 pub trait KeyExtractor: Send + Sync + 'static {
     /// The request's key, or why it has none.
     fn extract(&self, parts: &Parts) -> Result<Key, KeyError>;
+
+    /// Whether the extractor is configured sensibly; the middleware's `build()` asks every key
+    /// once, so a bad setting is one error there, not a `?` at each builder step.
+    fn check(&self) -> Result<(), ConfigError> {
+        Ok(())
+    }
 }
 
 impl<F> KeyExtractor for F
@@ -88,11 +94,11 @@ pub(crate) fn peer_addr(parts: &Parts) -> Option<IpAddr> {
 /// keying finer would let it rotate through 2^64 addresses.
 pub const DEFAULT_IPV6_PREFIX: u8 = 64;
 
-fn check_prefix(prefix: u8) -> Result<u8, ConfigError> {
+fn check_prefix(prefix: u8) -> Result<(), ConfigError> {
     if prefix > 128 {
         return Err(ConfigError::Ipv6Prefix { prefix });
     }
-    Ok(prefix)
+    Ok(())
 }
 
 /// Keys by the address of the peer that opened the connection (IPv6 cut to a /64 by default).
@@ -117,18 +123,22 @@ impl PeerIp {
         }
     }
 
-    /// Keys IPv6 peers by their first `prefix` bits (0 to 128; 128 keys each address).
-    pub fn ipv6_prefix(self, prefix: u8) -> Result<Self, ConfigError> {
-        Ok(Self {
-            v6_prefix: check_prefix(prefix)?,
-        })
+    /// Keys IPv6 peers by their first `prefix` bits (0 to 128; 128 keys each address). A
+    /// prefix above 128 is refused by the middleware's `build()`
+    /// ([`ConfigError::Ipv6Prefix`]).
+    pub const fn ipv6_prefix(self, prefix: u8) -> Self {
+        Self { v6_prefix: prefix }
     }
 }
 
 impl KeyExtractor for PeerIp {
     fn extract(&self, parts: &Parts) -> Result<Key, KeyError> {
         let peer = peer_addr(parts).ok_or(KeyError::NoPeerAddress)?;
-        Ok(Key::Ip(ip::client_key(peer, self.v6_prefix)))
+        Ok(Key::Ip(ip::client_key(peer, self.v6_prefix.min(128))))
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        check_prefix(self.v6_prefix)
     }
 }
 
@@ -163,10 +173,11 @@ impl ClientIp {
         self
     }
 
-    /// Keys IPv6 clients by their first `prefix` bits (0 to 128).
-    pub fn ipv6_prefix(mut self, prefix: u8) -> Result<Self, ConfigError> {
-        self.v6_prefix = check_prefix(prefix)?;
-        Ok(self)
+    /// Keys IPv6 clients by their first `prefix` bits (0 to 128; above is refused by the
+    /// middleware's `build()`).
+    pub fn ipv6_prefix(mut self, prefix: u8) -> Self {
+        self.v6_prefix = prefix;
+        self
     }
 
     /// The client's address for a request from `peer` with `headers` (not yet masked).
@@ -183,7 +194,11 @@ impl KeyExtractor for ClientIp {
     fn extract(&self, parts: &Parts) -> Result<Key, KeyError> {
         let peer = peer_addr(parts).ok_or(KeyError::NoPeerAddress)?;
         let client = self.resolve(peer, &parts.headers)?;
-        Ok(Key::Ip(ip::client_key(client, self.v6_prefix)))
+        Ok(Key::Ip(ip::client_key(client, self.v6_prefix.min(128))))
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        check_prefix(self.v6_prefix)
     }
 }
 
@@ -204,13 +219,11 @@ impl HeaderKey {
         }
     }
 
-    /// Refuses values longer than `max_len` bytes (at least 1).
-    pub fn max_len(mut self, max_len: usize) -> Result<Self, ConfigError> {
-        if max_len == 0 {
-            return Err(ConfigError::ZeroMaxLen);
-        }
+    /// Refuses values longer than `max_len` bytes (at least 1; 0 is refused by the
+    /// middleware's `build()`, [`ConfigError::ZeroMaxLen`]).
+    pub fn max_len(mut self, max_len: usize) -> Self {
         self.max_len = max_len;
-        Ok(self)
+        self
     }
 }
 
@@ -231,6 +244,13 @@ impl KeyExtractor for HeaderKey {
             return Err(bad());
         }
         Ok(Key::Text(text.into()))
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        if self.max_len == 0 {
+            return Err(ConfigError::ZeroMaxLen);
+        }
+        Ok(())
     }
 }
 
@@ -260,14 +280,18 @@ mod tests {
             PeerIp::new().extract(&v6),
             Ok(Key::Ip("2001:db8:0:1::".parse().expect("ip")))
         );
-        let full = PeerIp::new().ipv6_prefix(128).expect("valid");
+        let full = PeerIp::new().ipv6_prefix(128);
         assert_eq!(
             full.extract(&v6),
             Ok(Key::Ip("2001:db8:0:1:2:3:4:5".parse().expect("ip")))
         );
+        let bad = PeerIp::new().ipv6_prefix(129);
+        assert_eq!(bad.check(), Err(ConfigError::Ipv6Prefix { prefix: 129 }));
+        // Used anyway (outside the middleware), it keys as /128 rather than panicking.
+        assert_eq!(bad.extract(&v6), full.extract(&v6));
         assert_eq!(
-            PeerIp::new().ipv6_prefix(129),
-            Err(ConfigError::Ipv6Prefix { prefix: 129 })
+            ClientIp::behind([]).ipv6_prefix(200).check(),
+            Err(ConfigError::Ipv6Prefix { prefix: 200 })
         );
         let none = parts(None, &[]);
         let err = PeerIp::new().extract(&none).expect_err("no peer");
@@ -280,9 +304,8 @@ mod tests {
 
     #[test]
     fn header_key_refuses_missing_empty_long_and_binary_values() {
-        let api = HeaderKey::new(HeaderName::from_static("x-api-key"))
-            .max_len(8)
-            .expect("valid");
+        let api = HeaderKey::new(HeaderName::from_static("x-api-key")).max_len(8);
+        assert_eq!(api.check(), Ok(()));
         assert_eq!(
             api.extract(&parts(None, &[("x-api-key", "abc")])),
             Ok(Key::from("abc"))
@@ -302,9 +325,11 @@ mod tests {
             http::HeaderValue::from_bytes(b"\xffabc").expect("opaque bytes are a valid value"),
         );
         assert!(api.extract(&binary).is_err());
-        assert_eq!(
-            HeaderKey::new(HeaderName::from_static("x")).max_len(0),
-            Err(ConfigError::ZeroMaxLen)
+        let zero = HeaderKey::new(HeaderName::from_static("x")).max_len(0);
+        assert_eq!(zero.check(), Err(ConfigError::ZeroMaxLen));
+        assert!(
+            zero.extract(&parts(None, &[("x", "a")])).is_err(),
+            "refuses every value"
         );
     }
 

@@ -166,7 +166,8 @@ impl<L: HttpLimiter> RateLimitLayerBuilder<L> {
     }
 
     /// Checks the keys and builds the layer, describing every policy for the headers once.
-    /// Refused when two keys share a name, or when a layer reads a key
+    /// Refused when two keys share a name, when a key's extractor is misconfigured (an IPv6
+    /// prefix above 128, a header length bound of 0), or when a layer reads a key
     /// ([`by_key`](crate::by_key)`(name)`) that no [`key`](Self::key) or
     /// [`optional_key`](Self::optional_key) extracts: such a layer would never apply.
     pub fn build(self) -> Result<RateLimitLayer<L>, ConfigError> {
@@ -174,6 +175,7 @@ impl<L: HttpLimiter> RateLimitLayerBuilder<L> {
             if self.keys[..i].iter().any(|k| k.name == key.name) {
                 return Err(ConfigError::DuplicateKey { name: key.name });
             }
+            key.extractor.check()?;
         }
         let layers = self.limiter.layers();
         for layer in &layers {

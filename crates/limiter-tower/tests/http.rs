@@ -513,3 +513,44 @@ fn a_layer_reading_an_unregistered_key_is_refused_at_build() {
         .unwrap();
     RateLimitLayer::builder(closure).build().unwrap();
 }
+
+/// Extractor settings take no `?` where they are written; a bad one is refused once, by
+/// `build()`, with the fix.
+#[test]
+fn misconfigured_extractors_are_refused_at_build() {
+    let clock = ManualClock::new();
+    let prefix = RateLimitLayer::builder(per_ip(&clock, 1))
+        .key("ip", PeerIp::new().ipv6_prefix(129))
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        prefix,
+        limiter_tower::ConfigError::Ipv6Prefix { prefix: 129 }
+    );
+    assert!(prefix.to_string().contains("use 0 to 128"), "{prefix}");
+    let forwarded = RateLimitLayer::builder(per_ip(&clock, 1))
+        .key("ip", ClientIp::behind([]).ipv6_prefix(130))
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        forwarded,
+        limiter_tower::ConfigError::Ipv6Prefix { prefix: 130 }
+    );
+    let header = RateLimitLayer::builder(per_ip(&clock, 1))
+        .key("ip", PeerIp::new())
+        .optional_key(
+            "api-key",
+            HeaderKey::new(HeaderName::from_static("x-api-key")).max_len(0),
+        )
+        .build()
+        .unwrap_err();
+    assert_eq!(header, limiter_tower::ConfigError::ZeroMaxLen);
+    RateLimitLayer::builder(per_ip(&clock, 1))
+        .key("ip", ClientIp::behind([]).ipv6_prefix(48))
+        .optional_key(
+            "api-key",
+            HeaderKey::new(HeaderName::from_static("x-api-key")).max_len(64),
+        )
+        .build()
+        .unwrap();
+}
