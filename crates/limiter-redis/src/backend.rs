@@ -339,6 +339,7 @@ impl RedisBackend {
         };
         match &result {
             Err(e) if e.is_outage() => {
+                tracing::debug!(target: "limiter_redis::backend", error = %e, "Redis outage");
                 inner.counters.outages.fetch_add(1, Ordering::Relaxed);
                 inner.breaker.failure(self.local_now(), pass);
                 // Redis may come back without its state: standing denials may no longer stand.

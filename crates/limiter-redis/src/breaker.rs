@@ -92,6 +92,12 @@ impl Breaker {
     /// Redis answered: the breaker closes.
     pub(crate) fn success(&self) {
         let mut state = self.state();
+        if state.open_until.is_some() {
+            tracing::info!(
+                target: "limiter_redis::breaker",
+                "circuit breaker closed: Redis answered the probe, calls go to Redis again"
+            );
+        }
         state.failures = 0;
         state.open_until = None;
         state.probing = false;
@@ -116,6 +122,13 @@ impl Breaker {
         if reopen {
             let open_for = u64::try_from(self.config.open_for.as_nanos()).unwrap_or(u64::MAX);
             state.open_until = Some(now.saturating_add(open_for));
+            tracing::warn!(
+                target: "limiter_redis::breaker",
+                failures = state.failures,
+                open_for = ?self.config.open_for,
+                probe_failed = matches!(pass, Pass::Probe),
+                "circuit breaker open: calls skip Redis and follow the failure policy until a probe succeeds"
+            );
         }
     }
 

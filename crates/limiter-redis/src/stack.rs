@@ -677,6 +677,13 @@ impl<R> RedisStack<R> {
 
     /// The failure policy's answer.
     fn on_failure(&self, request: &R, cost: u64, error: BackendError) -> RedisDecision {
+        tracing::debug!(
+            target: "limiter_redis::stack",
+            stack = %self.name,
+            policy = ?self.on_failure,
+            error = %error,
+            "Redis could not decide: the failure policy answers"
+        );
         let empty = || StackDecision::from_layers([]);
         match (&self.fallback, self.on_failure) {
             (Some(local), OnFailure::Fallback) => match local.check_n(request, cost) {

@@ -70,6 +70,10 @@ impl Client {
         let request = request
             .body(Full::new(Bytes::from(body.to_owned())))
             .expect("request");
+        self.sender
+            .ready()
+            .await
+            .expect("the connection is open for another request");
         let response = self.sender.send_request(request).await.expect("response");
         let status = response.status();
         let headers = response.headers().clone();

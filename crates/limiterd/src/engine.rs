@@ -461,7 +461,10 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                 Err(e) => {
                     self.refund_all(resolved, grants);
                     return Err(match e {
-                        CallError::Full { .. } => DecideError::Full(e.to_string()),
+                        CallError::Full { .. } => {
+                            tracing::warn!(error = %e, "a policy's key store is full: new identifiers are refused");
+                            DecideError::Full(e.to_string())
+                        }
                         _ => DecideError::Invalid {
                             field: "cost",
                             message: e.to_string(),

@@ -45,6 +45,13 @@ struct Cli {
     /// Where envoy's gRPC protocol listens, overriding the file (port 0 picks a free port).
     #[arg(long, value_name = "ADDR")]
     grpc_listen: Option<SocketAddr>,
+    /// How much to log to stderr: error, warn, info, debug or trace (Redis outages and the
+    /// failure policy at debug; the circuit breaker and a full key store at warn).
+    #[arg(long, value_name = "LEVEL", default_value = "info")]
+    log_level: tracing::Level,
+    /// Log one JSON object per line instead of text.
+    #[arg(long)]
+    log_json: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -141,7 +148,10 @@ fn main() -> ExitCode {
             print!("{BUILT_IN}");
             Ok(())
         }
-        None => run(&cli),
+        None => {
+            init_logs(cli.log_level, cli.log_json);
+            run(&cli)
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -150,6 +160,19 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Logs to stderr at `level` and above, as text or JSON lines; stdout keeps the banner.
+fn init_logs(level: tracing::Level, json: bool) {
+    let logs = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_writer(std::io::stderr);
+    // Only `main` sets a subscriber, once: an error would mean one is already set.
+    let _ = if json {
+        logs.json().try_init()
+    } else {
+        logs.try_init()
+    };
 }
 
 fn store_name(store: &Store) -> String {
@@ -220,12 +243,20 @@ fn run(cli: &Cli) -> Result<(), String> {
             println!("debug: curl -s -X POST http://{addr}/json -d '{{\"domain\":\"...\",\"descriptors\":[{{\"entries\":[{{\"key\":\"...\",\"value\":\"...\"}}]}}]}}'");
         }
         println!("metrics: http://{addr}/metrics; stop with Ctrl-C");
+        tracing::info!(
+            %addr,
+            store = %store_name(&config.store),
+            policies = policies.len(),
+            envoy = grpc.is_some(),
+            "limiterd serving"
+        );
         let listeners = limiterd::Listeners {
             http: listener,
             grpc,
         };
         limiterd::serve(&config, domains, listeners, shutdown_signal()).await
     })?;
+    tracing::info!("limiterd stopped");
     println!("limiterd stopped");
     Ok(())
 }

@@ -370,3 +370,88 @@ async fn two_processes_on_one_redis_admit_exactly_the_limit() {
         "120 calls through two processes admit exactly the shared 50"
     );
 }
+
+/// Operators read what changes on stderr: `--log-json` writes one JSON object per line (the
+/// start, and the Redis circuit breaker opening when Redis dies), stdout keeps the banner; a
+/// bad `--log-level` is refused naming the flag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_are_json_lines_on_stderr_and_report_the_breaker() {
+    let refused = Command::new(env!("CARGO_BIN_EXE_limiterd"))
+        .args(["--log-level", "loud"])
+        .output()
+        .expect("run limiterd");
+    assert!(!refused.status.success());
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(message.contains("--log-level"), "{message}");
+
+    let mut server = redis_server::RedisServer::start();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_limiterd"))
+        .args([
+            "--redis",
+            &server.url(),
+            "--listen",
+            "127.0.0.1:0",
+            "--log-json",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start limiterd");
+    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("piped"));
+    let mut first = String::new();
+    stdout.read_line(&mut first).expect("the banner");
+    let addr: std::net::SocketAddr = first
+        .trim()
+        .strip_prefix("limiterd listening on http://")
+        .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
+        .parse()
+        .expect("an address");
+    let (lines, logs) = std::sync::mpsc::channel();
+    let stderr = std::io::BufReader::new(child.stderr.take().expect("piped"));
+    std::thread::spawn(move || {
+        for line in stderr.lines().map_while(Result::ok) {
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let next_log = |what: &str| -> Value {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = logs
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("no log line saying {what:?}"));
+            let event: Value =
+                serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line:?} is not JSON: {e}"));
+            if event["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(what))
+            {
+                return event;
+            }
+        }
+    };
+    let serving = next_log("limiterd serving");
+    assert_eq!(serving["level"], "INFO", "{serving}");
+    assert_eq!(serving["fields"]["addr"], addr.to_string(), "{serving}");
+
+    let mut client = Client::connect(addr).await;
+    let body = json!({"policy": "api", "identifier": "user-1"});
+    let (status, _) = client.post("/v1/ratelimit", &body).await;
+    assert_eq!(status, 200);
+    server.kill();
+    // Five outages in a row open the breaker (the backend's default).
+    for _ in 0..6 {
+        let (status, answer) = Client::connect(addr)
+            .await
+            .post("/v1/ratelimit", &body)
+            .await;
+        assert_eq!(status, 200, "the fallback answers: {answer}");
+    }
+    let open = next_log("circuit breaker open");
+    assert_eq!(open["level"], "WARN", "{open}");
+    assert_eq!(open["fields"]["failures"], 5, "{open}");
+    let _ = child.kill();
+    let _ = child.wait();
+}
