@@ -22,10 +22,10 @@ use axum::routing::{get, post};
 use limiter_core::Clock;
 use serde::Serialize;
 
-use crate::engine::{Answer, DecideError, Engine};
+use crate::app::AppState;
+use crate::engine::{Answer, DecideError};
+use crate::envoy::json as envoy_json;
 use crate::envoy::service::{Code, EnvoyError};
-use crate::envoy::{Envoy, json as envoy_json};
-use crate::metrics::Metrics;
 use crate::request::{ApiError, MAX_BODY_BYTES, parse_many, parse_request};
 
 impl IntoResponse for ApiError {
@@ -97,17 +97,6 @@ fn decide_error(e: DecideError) -> ApiError {
             message: e.to_string(),
         },
     }
-}
-
-/// What the handlers share.
-#[derive(Debug)]
-pub struct AppState<C> {
-    /// The policies' stacks.
-    pub engine: Engine<C>,
-    /// Envoy's domains, whose limits are policies of `engine`.
-    pub envoy: Envoy,
-    /// The counters.
-    pub metrics: Arc<Metrics>,
 }
 
 /// The API's routes over `state`.

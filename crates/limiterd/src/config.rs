@@ -523,6 +523,11 @@ fn parse_policy(
     Ok(Policy { limits, on_failure })
 }
 
+/// Whether the in-process algorithm for `kind` accepts `limit`, or why not.
+pub fn check_limit(kind: Kind, limit: Limit) -> Result<(), String> {
+    kind.check(limit).map_err(|e| e.to_string())
+}
+
 fn parse_limit(
     source: &Source<'_>,
     policy: &str,
@@ -570,7 +575,7 @@ fn parse_limit(
     };
     // The algorithm must accept the limit here, in process and, for a Redis store, on Redis.
     let check = match store {
-        Store::Memory { .. } => crate::engine::check_limit(kind, limit),
+        Store::Memory { .. } => check_limit(kind, limit),
         Store::Redis { .. } => RedisLimit::new(kind, limit)
             .map(|_| ())
             .map_err(|e| e.to_string()),

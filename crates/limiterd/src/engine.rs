@@ -18,7 +18,7 @@ use limiter_core::{Clock, Decision, Limit, LimitError};
 use limiter_redis::{Kind, OnFailure, RedisBackend, RedisLayer, RedisStack, Source};
 use limiter_stack::{CallError, Grant, Layer, Stack};
 
-use crate::config::{Config, Keying, Policy, PolicyLimit, Store};
+use crate::config::{Config, Keying, Policy, PolicyLimit, Store, check_limit};
 use crate::metrics::Metrics;
 
 /// The most distinct ad-hoc limit shapes (`limit` and `duration_ms` pairs) one process keeps a
@@ -159,11 +159,6 @@ impl<C> std::fmt::Debug for Engine<C> {
             .field("policies", &self.names)
             .finish_non_exhaustive()
     }
-}
-
-/// Whether the in-process algorithm for `kind` accepts `limit`, or why not.
-pub fn check_limit(kind: Kind, limit: Limit) -> Result<(), String> {
-    kind.check(limit).map_err(|e| e.to_string())
 }
 
 fn memory_layer(name: &str, keying: Keying, limits: &[&PolicyLimit]) -> Layer<Call, Arc<str>> {
@@ -428,8 +423,11 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         };
         if let Ok((_, answers)) = &result {
             for (item, answer) in items.iter().zip(answers) {
-                self.metrics
-                    .count(self.metric_index(item), answer, item.shadow);
+                self.metrics.count(
+                    self.metric_index(item),
+                    answer.decision.is_allowed(),
+                    item.shadow,
+                );
             }
         }
         result

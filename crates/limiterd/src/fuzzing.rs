@@ -4,8 +4,9 @@
 //! line inside the file), and what they accept must hold the bounds the engine relies on.
 
 use crate::config::Config;
+use crate::config::check_limit;
 use crate::engine::Engine;
-use crate::engine::{Item, Target, check_limit};
+use crate::engine::{Item, Target};
 use crate::envoy::Envoy;
 use crate::envoy::rules::{Domains, MAX_TEXT, Rule};
 use crate::envoy::service::{Code, EnvoyError};

@@ -6,20 +6,28 @@
 //! - [`config`]: the TOML file, checked with line numbers ([`config::BUILT_IN`] when none).
 //! - [`engine`]: the stacks, batches all or nothing.
 //! - [`request`]: the HTTP API's request parser.
-//! - `api` (feature `server`): the HTTP JSON API.
-//! - [`envoy`]: envoy's descriptor files and `ShouldRateLimit`, over gRPC and `POST /json`.
+//! - [`envoy`]: envoy's descriptor files and `ShouldRateLimit`, protocol-free.
 //! - [`metrics`]: the Prometheus counters.
+//! - Adapters (feature `server`): `app` (the state they share), `api` (the HTTP JSON API and
+//!   `POST /json`), `grpc` (envoy's protocol over tonic), composed by `serve`.
+//!
+//! Dependencies point one way: config ← engine ← envoy ← adapters, metrics beside the
+//! engine; no module imports one that imports it.
 //!
 //! `serve` (feature `server`) runs the HTTP API, and the gRPC service if envoy domains are
 //! configured, until a shutdown signal, letting requests in flight finish.
 
 #[cfg(feature = "server")]
 pub mod api;
+#[cfg(feature = "server")]
+pub mod app;
 pub mod config;
 pub mod engine;
 pub mod envoy;
 #[doc(hidden)]
 pub mod fuzzing;
+#[cfg(feature = "server")]
+pub mod grpc;
 pub mod metrics;
 pub mod request;
 
@@ -35,10 +43,11 @@ mod server {
     use limiter_redis::RedisBackend;
     use tokio::net::TcpListener;
 
-    use crate::api::{self, AppState};
+    use crate::api;
+    use crate::app::AppState;
     use crate::config::{Config, Store};
-    use crate::envoy::grpc::Grpc;
     use crate::envoy::{Domains, Envoy};
+    use crate::grpc::Grpc;
 
     /// Where to serve: the HTTP API, and envoy's gRPC protocol if wanted.
     #[derive(Debug)]

@@ -6,8 +6,6 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::engine::Answer;
-
 /// Upper bounds of the latency buckets, in microseconds.
 const BUCKETS_US: [u64; 12] = [
     25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 100_000, 1_000_000,
@@ -55,12 +53,12 @@ impl Metrics {
 
     /// Counts one answer for policy `index` (`None`: an ad-hoc limit); a `shadow` denial
     /// (reported, not enforced) is counted apart.
-    pub(crate) fn count(&self, index: Option<usize>, answer: &Answer, shadow: bool) {
+    pub(crate) fn count(&self, index: Option<usize>, allowed: bool, shadow: bool) {
         let decisions = match index.and_then(|i| self.policies.get(i)) {
             Some((_, d)) => d,
             None => &self.ad_hoc,
         };
-        let counter = if answer.decision.is_allowed() {
+        let counter = if allowed {
             &decisions.allowed
         } else if shadow {
             &decisions.shadow_denied

@@ -6,10 +6,10 @@
 //! - [`rules`]: the descriptor files (the reference server's shape), checked with lines.
 //! - [`service`]: matching and deciding, protocol-free.
 //! - [`json`]: `POST /json`, the same requests over HTTP for debugging.
-//! - `grpc` (feature `server`): `RateLimitService/ShouldRateLimit` over tonic.
+//!
+//! The transports are adapters above this module: `crate::grpc` (`ShouldRateLimit` over
+//! tonic) and `crate::api` (`POST /json`).
 
-#[cfg(feature = "server")]
-pub mod grpc;
 pub mod json;
 pub mod rules;
 pub mod service;

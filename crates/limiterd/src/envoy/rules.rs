@@ -30,7 +30,7 @@ use limiter_core::Limit;
 use limiter_redis::Kind;
 
 use super::yaml::{self, Mark, Node, Value};
-use crate::engine::check_limit;
+use crate::config::check_limit;
 
 /// Nested descriptor levels beyond this are refused.
 pub const MAX_LEVELS: usize = 16;

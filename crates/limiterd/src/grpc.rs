@@ -1,6 +1,6 @@
 //! The gRPC face: `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` (types from
 //! the `envoy-types` crate, so no protoc at build time), translated to and from
-//! [`super::service`]. A malformed request is `INVALID_ARGUMENT` naming the field; a store
+//! [`crate::envoy::service`]. A malformed request is `INVALID_ARGUMENT` naming the field; a store
 //! that fails closed is `UNAVAILABLE` (envoy then applies its own `failure_mode_deny`).
 
 use std::sync::Arc;
@@ -16,8 +16,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::Duration as WireDuration;
 use limiter_core::Clock;
 
-use super::service::{Descriptor, EnvoyError, Override, Request, Response};
-use crate::api::AppState;
+use crate::app::AppState;
+use crate::envoy::service::{Descriptor, EnvoyError, Override, Request, Response};
 
 /// The largest request message accepted.
 pub const MAX_MESSAGE_BYTES: usize = 256 * 1024;
