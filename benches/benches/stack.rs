@@ -19,6 +19,7 @@ use criterion::{Bencher, Criterion, criterion_group, criterion_main};
 use governor::RateLimiter;
 use limiter_benches::{group, token_bucket_warm, warm_quota};
 use limiter_core::{Algorithm, Clock, Decision, DefaultClock, DirectLimiter, Limit};
+use limiter_stack::Kind;
 use limiter_stack::{Layer, Stack};
 use limiter_store::KeyedLimiter;
 use limiter_token_bucket::Gcra;
@@ -53,15 +54,15 @@ fn rotating<T>(b: &mut Bencher<'_>, items: &[T], mut call: impl FnMut(&T) -> boo
 type Requests = Stack<Request, u64>;
 
 fn user(limit: Limit) -> Layer<Request, u64> {
-    Layer::keyed("user", |r: &Request| Some(r.user)).limit::<Gcra>(limit)
+    Layer::keyed("user", |r: &Request| Some(r.user)).limit(Kind::TokenBucket, limit)
 }
 
 fn ip(limit: Limit) -> Layer<Request, u64> {
-    Layer::keyed("ip", |r: &Request| Some(r.ip)).limit::<Gcra>(limit)
+    Layer::keyed("ip", |r: &Request| Some(r.ip)).limit(Kind::TokenBucket, limit)
 }
 
 fn global(limit: Limit) -> Layer<Request, u64> {
-    Layer::global("global").limit::<Gcra>(limit)
+    Layer::global("global").limit(Kind::TokenBucket, limit)
 }
 
 fn build(layers: Vec<Layer<Request, u64>>) -> Requests {
@@ -352,7 +353,10 @@ fn stacks(c: &mut Criterion) {
         (
             // Two limits on the user's key (one lookup) and a global cap.
             "stack_3_limits_2_keys",
-            build(vec![user(allow).limit::<Gcra>(allow), global(allow)]),
+            build(vec![
+                user(allow).limit(Kind::TokenBucket, allow),
+                global(allow),
+            ]),
         ),
     ];
     for (name, stack) in &cases {

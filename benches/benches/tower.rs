@@ -11,15 +11,15 @@ use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use http::Request;
 use limiter_benches::{group, never_limit, token_bucket_allow};
 use limiter_core::Limit;
+use limiter_stack::Kind;
 use limiter_stack::{Layer, Stack};
 use limiter_testkit::http::{Ok200, call};
-use limiter_token_bucket::Gcra;
 use limiter_tower::{HeaderMode, HttpRequest, Key, PeerAddr, PeerIp, RateLimitLayer, by_key};
 use tower_layer::Layer as _;
 
 fn per_ip(limit: Limit) -> Stack<HttpRequest, Key> {
     Stack::builder()
-        .layer(Layer::keyed("per-ip", by_key("ip")).limit::<Gcra>(limit))
+        .layer(Layer::keyed("per-ip", by_key("ip")).limit(Kind::TokenBucket, limit))
         .build()
         .expect("valid")
 }

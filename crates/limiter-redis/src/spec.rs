@@ -7,83 +7,33 @@
 //! the window counters' products are computed in pieces by the script.
 #![deny(clippy::arithmetic_side_effects)]
 
-use core::fmt;
 use limiter_core::{Accuracy, Algorithm, DecisionError, Limit, LimitError, Step};
 use limiter_sliding_window::{FixedCounter, SlidingCounter};
 use limiter_token_bucket::Gcra;
+
+/// Which algorithm a Redis limit runs: the same name in process (limiter-stack's `Kind`);
+/// each is the same pure transition as its in-process counterpart, reimplemented in Lua.
+pub use limiter_stack::Kind;
 
 /// Every plain number in the script stays below this (2^52), and so does Redis time in µs
 /// until 2112.
 pub(crate) const LUA_EXACT: u64 = 1 << 52;
 
-/// Which algorithm a Redis limit runs. Each is the same pure transition as its in-process
-/// counterpart, reimplemented in Lua.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Kind {
-    /// The token bucket (GCRA) of `limiter-token-bucket`.
-    TokenBucket,
-    /// The sliding-window counter of `limiter-sliding-window`.
-    SlidingWindow,
-    /// The fixed-window counter of `limiter-sliding-window`.
-    FixedWindow,
-}
-
-impl Kind {
-    /// The algorithm's name, as its Rust implementation gives it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Kind::TokenBucket => Gcra::NAME,
-            Kind::SlidingWindow => SlidingCounter::NAME,
-            Kind::FixedWindow => FixedCounter::NAME,
-        }
-    }
-
-    /// Adds `limit` to an in-process stack `layer`, decided by this kind's Rust algorithm
-    /// (the script's twin): for a local fallback, or any stack configured by kind. A limit the
-    /// algorithm refuses is reported by the stack's `build()`; [`check`](Self::check) asks
-    /// first.
-    pub fn add_to<R, K>(
-        self,
-        layer: limiter_stack::Layer<R, K>,
-        limit: Limit,
-    ) -> limiter_stack::Layer<R, K> {
-        match self {
-            Kind::TokenBucket => layer.limit::<Gcra>(limit),
-            Kind::SlidingWindow => layer.limit::<SlidingCounter>(limit),
-            Kind::FixedWindow => layer.limit::<FixedCounter>(limit),
-        }
-    }
-
-    /// Whether this kind's in-process algorithm accepts `limit`, or why not.
-    pub fn check(self, limit: Limit) -> Result<(), LimitError> {
-        match self {
-            Kind::TokenBucket => Gcra::new(limit).map(drop),
-            Kind::SlidingWindow => SlidingCounter::new(limit).map(drop),
-            Kind::FixedWindow => FixedCounter::new(limit).map(drop),
-        }
-    }
-
-    /// The script's code for the algorithm.
-    fn code(self) -> u8 {
-        match self {
-            Kind::TokenBucket => 1,
-            Kind::SlidingWindow => 2,
-            Kind::FixedWindow => 3,
-        }
-    }
-
-    fn letter(self) -> char {
-        match self {
-            Kind::TokenBucket => 't',
-            Kind::SlidingWindow => 's',
-            Kind::FixedWindow => 'f',
-        }
+/// The script's code for each algorithm.
+fn code(kind: Kind) -> u8 {
+    match kind {
+        Kind::TokenBucket => 1,
+        Kind::SlidingWindow => 2,
+        Kind::FixedWindow => 3,
     }
 }
 
-impl fmt::Display for Kind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+/// The letter naming the algorithm in a limit's fingerprint.
+fn letter(kind: Kind) -> char {
+    match kind {
+        Kind::TokenBucket => 't',
+        Kind::SlidingWindow => 's',
+        Kind::FixedWindow => 'f',
     }
 }
 
@@ -156,11 +106,11 @@ impl RedisLimit {
             }
         };
         let fingerprint = if limit.burst() == limit.count() {
-            format!("{}{}/{}us", kind.letter(), limit.count(), period_us)
+            format!("{}{}/{}us", letter(kind), limit.count(), period_us)
         } else {
             format!(
                 "{}{}/{}us/{}",
-                kind.letter(),
+                letter(kind),
                 limit.count(),
                 period_us,
                 limit.burst()
@@ -244,7 +194,7 @@ impl RedisLimit {
     /// The algorithm's code and the four parameters the script receives for this limit (see
     /// [`SCRIPT`](crate::SCRIPT)), for calling the script directly, as the benchmarks do.
     pub fn script_fields(&self) -> (u8, [u64; 4]) {
-        (self.kind.code(), self.params)
+        (code(self.kind), self.params)
     }
 }
 

@@ -311,7 +311,7 @@ fn local_stack<R: 'static>(
                         reason: format!("the local fallback cannot hold it: {e}"),
                     },
                 })?;
-            local = limit.kind().add_to(local, limit.limit());
+            local = local.limit(limit.kind(), limit.limit());
         }
         builder = builder.layer(local);
     }

@@ -17,7 +17,7 @@ pub enum BuildError {
     },
     /// A stack with no layers would admit everything.
     #[error(
-        "a stack needs at least one layer; add one with `.layer(Layer::keyed(..).limit::<A>(..))`"
+        "a stack needs at least one layer; add one with `.layer(Layer::keyed(..).limit(Kind::TokenBucket, limit))`"
     )]
     NoLayers,
     /// More layers than a stack holds.
@@ -31,7 +31,7 @@ pub enum BuildError {
         max: usize,
     },
     /// A layer, or one of its plans, has no limit.
-    #[error("layer `{layer}` has a plan with no limit; add one with `.limit::<A>(limit)`")]
+    #[error("layer `{layer}` has a plan with no limit; add one with `.limit(kind, limit)`")]
     NoLimits {
         /// The layer.
         layer: String,

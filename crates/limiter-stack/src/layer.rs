@@ -6,11 +6,14 @@ use std::fmt;
 use std::sync::Arc;
 
 use limiter_core::{Algorithm, Limit};
+use limiter_sliding_window::{FixedCounter, SlidingCounter};
+use limiter_token_bucket::Gcra;
 
 use crate::algorithms::DynAlgorithm;
 use crate::cells::MAX_LIMITS_PER_LAYER;
 use crate::error::{BuildError, CallError};
 use crate::keyer::Keyer;
+use crate::kind::Kind;
 
 /// A named set of limits one layer enforces together on a key, such as `free: 10/s and 100/min`.
 pub struct Plan {
@@ -30,9 +33,20 @@ impl Plan {
         }
     }
 
-    /// Adds `limit`, enforced with algorithm `A` (such as the token bucket's `Gcra`). A limit
-    /// `A` refuses is reported once, by the stack's [`build`](crate::StackBuilder::build).
-    pub fn limit<A: Algorithm + 'static>(mut self, limit: Limit) -> Self {
+    /// Adds `limit`, enforced with the built-in algorithm `kind`. A limit it refuses is
+    /// reported once, by the stack's [`build`](crate::StackBuilder::build).
+    pub fn limit(self, kind: Kind, limit: Limit) -> Self {
+        match kind {
+            Kind::TokenBucket => self.limit_with::<Gcra>(limit),
+            Kind::SlidingWindow => self.limit_with::<SlidingCounter>(limit),
+            Kind::FixedWindow => self.limit_with::<FixedCounter>(limit),
+        }
+    }
+
+    /// Adds `limit`, enforced with algorithm `A` (one of your own, or a built-in one by type).
+    /// A limit `A` refuses is reported once, by the stack's
+    /// [`build`](crate::StackBuilder::build).
+    pub fn limit_with<A: Algorithm + 'static>(mut self, limit: Limit) -> Self {
         match A::new(limit) {
             Ok(algorithm) => self.limits.push(Box::new(algorithm)),
             Err(source) => {
@@ -129,16 +143,25 @@ impl<R, K> Layer<R, K> {
         }
     }
 
-    /// Adds `limit` (algorithm `A`) to the layer's single plan. Several limits on one layer
-    /// (10 per second and 100 per minute) are decided together, all or nothing.
-    /// A limit `A` refuses is reported once, by the stack's
+    /// Adds `limit` (decided by the built-in algorithm `kind`) to the layer's single plan. Several
+    /// limits on one layer (10 per second and 100 per minute) are decided together, all or nothing.
+    /// A limit it refuses is reported once, by the stack's
     /// [`build`](crate::StackBuilder::build), naming the layer.
-    pub fn limit<A: Algorithm + 'static>(mut self, limit: Limit) -> Self {
+    pub fn limit(self, kind: Kind, limit: Limit) -> Self {
+        match kind {
+            Kind::TokenBucket => self.limit_with::<Gcra>(limit),
+            Kind::SlidingWindow => self.limit_with::<SlidingCounter>(limit),
+            Kind::FixedWindow => self.limit_with::<FixedCounter>(limit),
+        }
+    }
+
+    /// Like [`limit`](Self::limit), with algorithm `A` named by type (one of your own).
+    pub fn limit_with<A: Algorithm + 'static>(mut self, limit: Limit) -> Self {
         let plan = match self.plans.pop() {
             Some(plan) => plan,
             None => Plan::new(self.name.clone()),
         };
-        let mut plan = plan.limit::<A>(limit);
+        let mut plan = plan.limit_with::<A>(limit);
         plan.refused = plan.refused.map(|e| e.in_layer(&self.name));
         self.plans.push(plan);
         self

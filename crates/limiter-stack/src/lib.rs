@@ -20,9 +20,7 @@
 //!
 //! ```
 //! use limiter_core::{Limit, ManualClock};
-//! use limiter_stack::{Layer, Plan, Stack};
-//! use limiter_token_bucket::Gcra;
-//! use limiter_sliding_window::SlidingCounter;
+//! use limiter_stack::{Kind, Layer, Plan, Stack};
 //!
 //! struct Request { customer: u64, pro: bool, write: bool }
 //!
@@ -31,20 +29,20 @@
 //! let stack = Stack::builder()
 //!     .layer(
 //!         Layer::keyed("per-customer", |r: &Request| Some(r.customer))
-//!             .limit::<Gcra>(Limit::per_second(10))
-//!             .limit::<SlidingCounter>(Limit::per_minute(100)),
+//!             .limit(Kind::TokenBucket, Limit::per_second(10))
+//!             .limit(Kind::SlidingWindow, Limit::per_minute(100)),
 //!     )
 //!     .layer(
 //!         // Writes are limited by plan; reads skip this layer.
 //!         Layer::keyed("writes", |r: &Request| r.write.then_some(r.customer)).plans(
 //!             [
-//!                 Plan::new("free").limit::<Gcra>(Limit::per_second(2)),
-//!                 Plan::new("pro").limit::<Gcra>(Limit::per_second(20)),
+//!                 Plan::new("free").limit(Kind::TokenBucket, Limit::per_second(2)),
+//!                 Plan::new("pro").limit(Kind::TokenBucket, Limit::per_second(20)),
 //!             ],
 //!             |r: &Request| usize::from(r.pro),
 //!         ),
 //!     )
-//!     .layer(Layer::global("global").limit::<Gcra>(Limit::per_second(1_000)))
+//!     .layer(Layer::global("global").limit(Kind::TokenBucket, Limit::per_second(1_000)))
 //!     .clock(clock.clone())
 //!     .build()?;
 //!
@@ -81,6 +79,7 @@ mod cells;
 mod decision;
 mod error;
 mod keyer;
+mod kind;
 mod layer;
 mod stack;
 mod sync;
@@ -89,5 +88,6 @@ pub use cells::MAX_LIMITS_PER_LAYER;
 pub use decision::{Grant, LayerDecision, MAX_LAYERS, StackDecision};
 pub use error::{BuildError, CallError, RefundError};
 pub use keyer::Keyer;
+pub use kind::Kind;
 pub use layer::{Layer, Plan};
 pub use stack::{Stack, StackBuilder};

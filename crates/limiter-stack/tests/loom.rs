@@ -10,6 +10,7 @@
 
 use limiter_core::{Limit, ManualClock};
 use limiter_sliding_window::FixedCounter;
+use limiter_stack::Kind;
 use limiter_stack::{Layer, Plan, Stack};
 use limiter_token_bucket::Gcra;
 use loom::sync::Arc;
@@ -35,10 +36,12 @@ fn per_hour(n: u64) -> Limit {
 fn stack(user: u64, shared: u64) -> Arc<Users> {
     Arc::new(
         Stack::builder()
-            .layer(Layer::keyed("user", |r: &Request| r.user).limit::<Gcra>(per_hour(user)))
+            .layer(
+                Layer::keyed("user", |r: &Request| r.user).limit(Kind::TokenBucket, per_hour(user)),
+            )
             .layer(
                 Layer::keyed("shared", |r: &Request| r.shared.then_some(0))
-                    .limit::<Gcra>(per_hour(shared)),
+                    .limit(Kind::TokenBucket, per_hour(shared)),
             )
             .clock(ManualClock::new())
             .shards(1)
@@ -51,7 +54,7 @@ fn stack(user: u64, shared: u64) -> Arc<Users> {
 fn global(n: u64) -> Arc<Users> {
     Arc::new(
         Stack::builder()
-            .layer(Layer::global("global").limit::<Gcra>(per_hour(n)))
+            .layer(Layer::global("global").limit(Kind::TokenBucket, per_hour(n)))
             .clock(ManualClock::new())
             .build()
             .unwrap(),
@@ -63,8 +66,10 @@ fn global(n: u64) -> Arc<Users> {
 fn global_then_user(global: u64, user: u64) -> Arc<Users> {
     Arc::new(
         Stack::builder()
-            .layer(Layer::global("global").limit::<Gcra>(per_hour(global)))
-            .layer(Layer::keyed("user", |r: &Request| r.user).limit::<Gcra>(per_hour(user)))
+            .layer(Layer::global("global").limit(Kind::TokenBucket, per_hour(global)))
+            .layer(
+                Layer::keyed("user", |r: &Request| r.user).limit(Kind::TokenBucket, per_hour(user)),
+            )
             .clock(ManualClock::new())
             .shards(1)
             .build()
@@ -225,13 +230,13 @@ fn reader_of_a_plan_change(global: bool) {
     // counted, so a reader pairing it with free's limit would see 2 left.
     let builder = Stack::builder().layer(Layer::keyed("user", |r: &Request| r.user).plans(
         [
-            Plan::new("free").limit::<FixedCounter>(per_hour(2)),
-            Plan::new("pro").limit::<Gcra>(per_hour(4)),
+            Plan::new("free").limit(Kind::FixedWindow, per_hour(2)),
+            Plan::new("pro").limit(Kind::TokenBucket, per_hour(4)),
         ],
         |r: &Request| usize::from(r.pro),
     ));
     let builder = if global {
-        builder.layer(Layer::global("global").limit::<Gcra>(per_hour(10)))
+        builder.layer(Layer::global("global").limit(Kind::TokenBucket, per_hour(10)))
     } else {
         builder
     };

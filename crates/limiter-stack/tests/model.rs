@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use limiter_core::{Algorithm, Clock, Decision, DecisionError, Limit, ManualClock, Step, Usage};
 use limiter_sliding_window::{FixedCounter, SlidingCounter};
+use limiter_stack::Kind;
 use limiter_stack::{CallError, Grant, Layer, Plan, Stack};
 use limiter_testkit::harness::proptest_config;
 use limiter_token_bucket::Gcra;
@@ -120,9 +121,9 @@ fn specs(one_limit_each: bool) -> Vec<Spec> {
 
 fn add(plan: Plan, alg: &Alg) -> Plan {
     match alg {
-        Alg::Bucket(a) => plan.limit::<Gcra>(*a.limit()),
-        Alg::Sliding(a) => plan.limit::<SlidingCounter>(*a.limit()),
-        Alg::Fixed(a) => plan.limit::<FixedCounter>(*a.limit()),
+        Alg::Bucket(a) => plan.limit(Kind::TokenBucket, *a.limit()),
+        Alg::Sliding(a) => plan.limit(Kind::SlidingWindow, *a.limit()),
+        Alg::Fixed(a) => plan.limit(Kind::FixedWindow, *a.limit()),
     }
 }
 

@@ -4,9 +4,8 @@
 use std::time::Duration;
 
 use limiter_core::{DecisionError, Limit, ManualClock};
-use limiter_sliding_window::{FixedCounter, SlidingCounter};
+use limiter_stack::Kind;
 use limiter_stack::{BuildError, CallError, Layer, Plan, RefundError, Stack};
-use limiter_token_bucket::Gcra;
 
 #[derive(Clone, Copy, Debug)]
 struct Request {
@@ -32,9 +31,15 @@ fn per_second(n: u64) -> Limit {
 /// per-user 3/s, per-ip 5/s, global 4/s.
 fn three_layers(clock: &ManualClock) -> Stack<Request, u64, ManualClock> {
     Stack::builder()
-        .layer(Layer::keyed("per-user", |r: &Request| Some(r.user)).limit::<Gcra>(per_second(3)))
-        .layer(Layer::keyed("per-ip", |r: &Request| Some(r.ip)).limit::<Gcra>(per_second(5)))
-        .layer(Layer::global("global").limit::<Gcra>(per_second(4)))
+        .layer(
+            Layer::keyed("per-user", |r: &Request| Some(r.user))
+                .limit(Kind::TokenBucket, per_second(3)),
+        )
+        .layer(
+            Layer::keyed("per-ip", |r: &Request| Some(r.ip))
+                .limit(Kind::TokenBucket, per_second(5)),
+        )
+        .layer(Layer::global("global").limit(Kind::TokenBucket, per_second(4)))
         .clock(clock.clone())
         .build()
         .unwrap()
@@ -111,8 +116,14 @@ fn retry_after_waits_for_every_layer_not_just_the_first_to_deny() {
     // 1 per second per user, 2 per 10 s global: after two users, the global layer binds for
     // 5 s, and the user's own layer would have admitted after 1 s.
     let stack: Stack<Request, u64, ManualClock> = Stack::builder()
-        .layer(Layer::keyed("user", |r: &Request| Some(r.user)).limit::<Gcra>(per_second(1)))
-        .layer(Layer::global("global").limit::<Gcra>(Limit::new(2, Duration::from_secs(10))))
+        .layer(
+            Layer::keyed("user", |r: &Request| Some(r.user))
+                .limit(Kind::TokenBucket, per_second(1)),
+        )
+        .layer(
+            Layer::global("global")
+                .limit(Kind::TokenBucket, Limit::new(2, Duration::from_secs(10))),
+        )
         .clock(clock.clone())
         .build()
         .unwrap();
@@ -131,8 +142,8 @@ fn several_limits_on_one_key_are_all_or_nothing() {
     let stack: Stack<Request, u64, ManualClock> = Stack::builder()
         .layer(
             Layer::keyed("user", |r: &Request| Some(r.user))
-                .limit::<Gcra>(per_second(2))
-                .limit::<SlidingCounter>(Limit::new(3, Duration::from_secs(10))),
+                .limit(Kind::TokenBucket, per_second(2))
+                .limit(Kind::SlidingWindow, Limit::new(3, Duration::from_secs(10))),
         )
         .clock(clock.clone())
         .build()
@@ -177,9 +188,9 @@ fn by_plan(clock: &ManualClock) -> Stack<Request, u64, ManualClock> {
         .layer(
             Layer::keyed("writes", |r: &Request| r.write.then_some(r.user)).plans(
                 [
-                    Plan::new("free").limit::<Gcra>(per_second(10)),
-                    Plan::new("pro").limit::<Gcra>(per_second(100)),
-                    Plan::new("windowed").limit::<FixedCounter>(per_second(4)),
+                    Plan::new("free").limit(Kind::TokenBucket, per_second(10)),
+                    Plan::new("pro").limit(Kind::TokenBucket, per_second(100)),
+                    Plan::new("windowed").limit(Kind::FixedWindow, per_second(4)),
                 ],
                 |r: &Request| usize::from(r.pro),
             ),
@@ -217,7 +228,7 @@ fn a_plan_function_out_of_range_is_an_error_naming_the_layer() {
     let clock = ManualClock::new();
     let stack: Stack<Request, u64, ManualClock> = Stack::builder()
         .layer(Layer::keyed("writes", |r: &Request| Some(r.user)).plans(
-            [Plan::new("only").limit::<Gcra>(per_second(1))],
+            [Plan::new("only").limit(Kind::TokenBucket, per_second(1))],
             |r: &Request| r.user as usize,
         ))
         .clock(clock)
@@ -277,9 +288,11 @@ fn peeks_and_denials_insert_nothing_and_full_keys_are_reclaimed() {
 #[test]
 fn the_same_key_in_several_layers_and_any_order_of_layers() {
     let clock = ManualClock::new();
-    let global = || Layer::global("global").limit::<Gcra>(per_second(3));
-    let a = || Layer::keyed("a", |r: &Request| Some(r.user)).limit::<Gcra>(per_second(2));
-    let b = || Layer::keyed("b", |r: &Request| Some(r.user)).limit::<FixedCounter>(per_second(5));
+    let global = || Layer::global("global").limit(Kind::TokenBucket, per_second(3));
+    let a =
+        || Layer::keyed("a", |r: &Request| Some(r.user)).limit(Kind::TokenBucket, per_second(2));
+    let b =
+        || Layer::keyed("b", |r: &Request| Some(r.user)).limit(Kind::FixedWindow, per_second(5));
     let orders: [Stack<Request, u64, ManualClock>; 2] = [
         Stack::builder()
             .layer(a())
@@ -347,7 +360,8 @@ fn a_window_refund_returns_units_only_to_the_window_that_counted_them() {
     let clock = ManualClock::new();
     let stack: Stack<Request, u64, ManualClock> = Stack::builder()
         .layer(
-            Layer::keyed("user", |r: &Request| Some(r.user)).limit::<FixedCounter>(per_second(2)),
+            Layer::keyed("user", |r: &Request| Some(r.user))
+                .limit(Kind::FixedWindow, per_second(2)),
         )
         .clock(clock.clone())
         .build()
@@ -376,10 +390,10 @@ fn bad_stacks_are_refused_with_errors_that_name_the_fix() {
         .layer(
             Layer::global("g").plans(
                 [
-                    Plan::new("a").limit::<Gcra>(per_second(1)),
+                    Plan::new("a").limit(Kind::TokenBucket, per_second(1)),
                     Plan::new("b")
-                        .limit::<Gcra>(per_second(1))
-                        .limit::<Gcra>(per_second(2)),
+                        .limit(Kind::TokenBucket, per_second(1))
+                        .limit(Kind::TokenBucket, per_second(2)),
                 ],
                 |_: &Request| 0,
             ),
@@ -393,11 +407,11 @@ fn bad_stacks_are_refused_with_errors_that_name_the_fix() {
     // A limit its algorithm refuses is reported once, at build, naming its layer or plan,
     // even when a valid limit follows it or it is not the first layer.
     let window_burst: Result<Stack<Request, u64>, _> = Stack::builder()
-        .layer(Layer::global("ok").limit::<Gcra>(per_second(5)))
+        .layer(Layer::global("ok").limit(Kind::TokenBucket, per_second(5)))
         .layer(
             Layer::global("g")
-                .limit::<SlidingCounter>(per_second(10).with_burst(2))
-                .limit::<Gcra>(per_second(5)),
+                .limit(Kind::SlidingWindow, per_second(10).with_burst(2))
+                .limit(Kind::TokenBucket, per_second(5)),
         )
         .build();
     let window_burst = window_burst.unwrap_err();
@@ -408,8 +422,8 @@ fn bad_stacks_are_refused_with_errors_that_name_the_fix() {
     let in_plan: Result<Stack<Request, u64>, _> = Stack::builder()
         .layer(Layer::global("g").plans(
             [
-                Plan::new("free").limit::<SlidingCounter>(per_second(10).with_burst(2)),
-                Plan::new("pro").limit::<SlidingCounter>(per_second(20)),
+                Plan::new("free").limit(Kind::SlidingWindow, per_second(10).with_burst(2)),
+                Plan::new("pro").limit(Kind::SlidingWindow, per_second(20)),
             ],
             |_: &Request| 1,
         ))
@@ -425,7 +439,7 @@ fn bad_stacks_are_refused_with_errors_that_name_the_fix() {
         (Limit::from_nanos(3, 0), "`period`"),
     ] {
         let zero: Result<Stack<Request, u64>, _> = Stack::builder()
-            .layer(Layer::keyed("user", |r: &Request| Some(r.user)).limit::<Gcra>(limit))
+            .layer(Layer::keyed("user", |r: &Request| Some(r.user)).limit(Kind::TokenBucket, limit))
             .build();
         let zero = zero.unwrap_err();
         assert!(
@@ -439,7 +453,7 @@ fn bad_stacks_are_refused_with_errors_that_name_the_fix() {
     }
     let mut many = Stack::builder();
     for i in 0..9 {
-        many = many.layer(Layer::global(format!("g{i}")).limit::<Gcra>(per_second(1)));
+        many = many.layer(Layer::global(format!("g{i}")).limit(Kind::TokenBucket, per_second(1)));
     }
     let many: Result<Stack<Request, u64>, _> = many.build();
     assert_eq!(
@@ -453,7 +467,10 @@ fn a_bounded_stack_refuses_new_keys_rather_than_forget_held_ones() {
     let clock = ManualClock::new();
     let bounded = |max_keys| {
         Stack::builder()
-            .layer(Layer::keyed("user", |r: &Request| Some(r.user)).limit::<Gcra>(per_second(2)))
+            .layer(
+                Layer::keyed("user", |r: &Request| Some(r.user))
+                    .limit(Kind::TokenBucket, per_second(2)),
+            )
             .shards(1)
             .max_keys(max_keys)
             .clock(clock.clone())
@@ -489,7 +506,10 @@ fn a_bounded_stack_refuses_new_keys_rather_than_forget_held_ones() {
     ));
     // With the default shards too, the table never holds more than the bound.
     let many = Stack::builder()
-        .layer(Layer::keyed("user", |r: &Request| Some(r.user)).limit::<Gcra>(per_second(2)))
+        .layer(
+            Layer::keyed("user", |r: &Request| Some(r.user))
+                .limit(Kind::TokenBucket, per_second(2)),
+        )
         .max_keys(5)
         .clock(clock.clone())
         .build()
@@ -506,19 +526,19 @@ fn a_bounded_stack_refuses_new_keys_rather_than_forget_held_ones() {
 /// its widest one.
 fn seven_layers(clock: &ManualClock) -> Stack<Request, u64, ManualClock> {
     let keyed = |name: &'static str, n: u64, key: fn(&Request) -> Option<u64>| {
-        Layer::keyed(name, key).limit::<Gcra>(per_second(n))
+        Layer::keyed(name, key).limit(Kind::TokenBucket, per_second(n))
     };
     Stack::builder()
         .layer(keyed("user", 6, |r| Some(r.user)))
         .layer(keyed("ip", 7, |r| Some(r.ip)))
         .layer(keyed("user-pair", 8, |r| Some(r.user / 2)))
         .layer(keyed("writes", 2, |r| r.write.then_some(r.user)))
-        .layer(Layer::global("global").limit::<Gcra>(per_second(9)))
+        .layer(Layer::global("global").limit(Kind::TokenBucket, per_second(9)))
         .layer(keyed("ip-pair", 10, |r| Some(r.ip / 2)))
         .layer(Layer::keyed("tier", |r: &Request| Some(r.user)).plans(
             [
-                Plan::new("free").limit::<Gcra>(per_second(5)),
-                Plan::new("pro").limit::<Gcra>(per_second(11)),
+                Plan::new("free").limit(Kind::TokenBucket, per_second(5)),
+                Plan::new("pro").limit(Kind::TokenBucket, per_second(11)),
             ],
             |r: &Request| usize::from(r.pro) + usize::from(r.user == 99) * 5,
         ))

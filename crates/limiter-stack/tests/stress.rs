@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 
 use limiter_core::{Limit, ManualClock};
+use limiter_stack::Kind;
 use limiter_stack::{Layer, LayerDecision, Stack, StackBuilder, StackDecision};
-use limiter_token_bucket::Gcra;
 
 const USERS: u64 = 16;
 const THREADS: usize = 8;
@@ -24,7 +24,7 @@ type Users = Stack<u64, u64, ManualClock>;
 /// stopped, the groups bind, so exactly 4 x 12,000 = 48,000 calls can be admitted.
 fn stack(clock: &ManualClock) -> Users {
     keyed(clock)
-        .layer(Layer::global("global").limit::<Gcra>(Limit::per_hour(GLOBAL)))
+        .layer(Layer::global("global").limit(Kind::TokenBucket, Limit::per_hour(GLOBAL)))
         .build()
         .unwrap()
 }
@@ -33,8 +33,13 @@ fn stack(clock: &ManualClock) -> Users {
 fn keyed(clock: &ManualClock) -> StackBuilder<u64, u64, ManualClock> {
     let per_hour = |n| Limit::per_hour(n);
     Stack::builder()
-        .layer(Layer::keyed("user", |u: &u64| Some(*u)).limit::<Gcra>(per_hour(PER_USER)))
-        .layer(Layer::keyed("group", |u: &u64| Some(u % 4)).limit::<Gcra>(per_hour(PER_PAIR)))
+        .layer(
+            Layer::keyed("user", |u: &u64| Some(*u)).limit(Kind::TokenBucket, per_hour(PER_USER)),
+        )
+        .layer(
+            Layer::keyed("group", |u: &u64| Some(u % 4))
+                .limit(Kind::TokenBucket, per_hour(PER_PAIR)),
+        )
         .clock(clock.clone())
         .shards(4)
 }

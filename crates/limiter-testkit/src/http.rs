@@ -17,8 +17,8 @@ use std::task::{Context, Poll, Waker};
 
 use http::{HeaderValue, Request, Response};
 use limiter_core::{Limit, ManualClock};
+use limiter_stack::Kind;
 use limiter_stack::{Layer, Stack};
-use limiter_token_bucket::Gcra;
 use limiter_tower::{
     ClientIp, ForwardedHeader, HeaderKey, HeaderMode, HttpRequest, IpNet, Key, PeerAddr,
     RateLimitBody, RateLimitLayer, RejectionBody, by_key,
@@ -110,7 +110,7 @@ pub fn run_bytes(bytes: &[u8]) {
     let Ok(stack) = Stack::builder()
         .layer(single(&name, by_key("client")))
         .layer(single("per-key", by_key("api-key")))
-        .layer(Layer::global("global").limit::<Gcra>(limit(50)))
+        .layer(Layer::global("global").limit(Kind::TokenBucket, limit(50)))
         .clock(ManualClock::new())
         .build()
     else {
@@ -151,7 +151,7 @@ fn single(
     name: &str,
     keyer: impl limiter_stack::Keyer<HttpRequest, Key> + 'static,
 ) -> Layer<HttpRequest, Key> {
-    Layer::keyed(name, keyer).limit::<Gcra>(limit(5))
+    Layer::keyed(name, keyer).limit(Kind::TokenBucket, limit(5))
 }
 
 /// Calls `service` once and polls the future once: an in-memory stack decides at once, so

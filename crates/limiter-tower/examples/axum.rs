@@ -16,23 +16,23 @@ use axum::Router;
 use axum::routing::get;
 use http::Method;
 use limiter_core::Limit;
+use limiter_stack::Kind;
 use limiter_stack::{Layer, Stack};
-use limiter_token_bucket::Gcra;
 use limiter_tower::{HttpRequest, PeerIp, RateLimitLayer, by_key};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let stack = Stack::builder()
-        .layer(Layer::keyed("per-ip", by_key("ip")).limit::<Gcra>(Limit::per_second(5)))
+        .layer(Layer::keyed("per-ip", by_key("ip")).limit(Kind::TokenBucket, Limit::per_second(5)))
         .layer(
             Layer::keyed("writes", |r: &HttpRequest| {
                 (r.method() != Method::GET)
                     .then(|| r.key("ip").cloned())
                     .flatten()
             })
-            .limit::<Gcra>(Limit::per_second(1)),
+            .limit(Kind::TokenBucket, Limit::per_second(1)),
         )
-        .layer(Layer::global("global").limit::<Gcra>(Limit::per_second(10_000)))
+        .layer(Layer::global("global").limit(Kind::TokenBucket, Limit::per_second(10_000)))
         .build()?;
     let limits = RateLimitLayer::builder(stack)
         .key("ip", PeerIp::new())

@@ -10,8 +10,8 @@
 
 use http::HeaderName;
 use limiter_core::Limit;
+use limiter_stack::Kind;
 use limiter_stack::{Layer, Stack};
-use limiter_token_bucket::Gcra;
 use limiter_tower::{HeaderKey, RateLimitLayer, by_key};
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Endpoint, Server};
@@ -21,7 +21,10 @@ use tonic_health::pb::health_client::HealthClient;
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let stack = Stack::builder()
-        .layer(Layer::keyed("per-key", by_key("api-key")).limit::<Gcra>(Limit::per_second(2)))
+        .layer(
+            Layer::keyed("per-key", by_key("api-key"))
+                .limit(Kind::TokenBucket, Limit::per_second(2)),
+        )
         .build()?;
     let limits = RateLimitLayer::builder(stack)
         .key(

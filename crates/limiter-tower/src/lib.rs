@@ -29,23 +29,22 @@
 //! use axum::{Router, extract::ConnectInfo, routing::get};
 //! use http::{Method, Request};
 //! use limiter_core::Limit;
-//! use limiter_stack::{Layer, Stack};
-//! use limiter_token_bucket::Gcra;
+//! use limiter_stack::{Kind, Layer, Stack};
 //! use limiter_tower::{HttpRequest, PeerIp, RateLimitLayer, by_key};
 //! use tower_service::Service;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let stack = Stack::builder()
-//!     .layer(Layer::keyed("per-ip", by_key("ip")).limit::<Gcra>(Limit::per_second(10)))
+//!     .layer(Layer::keyed("per-ip", by_key("ip")).limit(Kind::TokenBucket, Limit::per_second(10)))
 //!     .layer(
 //!         // Reads skip this layer: a keyer returning `None` leaves the request out.
 //!         Layer::keyed("writes", |r: &HttpRequest| {
 //!             (r.method() != Method::GET).then(|| r.key("ip").cloned()).flatten()
 //!         })
-//!         .limit::<Gcra>(Limit::per_second(2)),
+//!         .limit(Kind::TokenBucket, Limit::per_second(2)),
 //!     )
-//!     .layer(Layer::global("global").limit::<Gcra>(Limit::per_second(10_000)))
+//!     .layer(Layer::global("global").limit(Kind::TokenBucket, Limit::per_second(10_000)))
 //!     .build()?;
 //! let limits = RateLimitLayer::builder(stack).key("ip", PeerIp::new()).build()?;
 //! let mut app = Router::new().route("/", get(|| async { "hello" })).layer(limits);

@@ -7,8 +7,8 @@ use std::net::SocketAddr;
 
 use http::HeaderName;
 use limiter_core::{Limit, ManualClock};
+use limiter_stack::Kind;
 use limiter_stack::{Layer, Stack};
-use limiter_token_bucket::Gcra;
 use limiter_tower::{HeaderKey, RateLimitLayer, by_key};
 use tonic::Code;
 use tonic::transport::Server;
@@ -50,7 +50,10 @@ fn check(api_key: Option<&'static str>) -> tonic::Request<HealthCheckRequest> {
 async fn a_denial_is_resource_exhausted_for_a_tonic_client() {
     let clock = ManualClock::new();
     let stack = Stack::builder()
-        .layer(Layer::keyed("per-key", by_key("api-key")).limit::<Gcra>(Limit::per_second(2)))
+        .layer(
+            Layer::keyed("per-key", by_key("api-key"))
+                .limit(Kind::TokenBucket, Limit::per_second(2)),
+        )
         .clock(clock.clone())
         .build()
         .unwrap();

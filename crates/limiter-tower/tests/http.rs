@@ -9,8 +9,8 @@ use std::sync::atomic::Ordering;
 
 use http::{HeaderName, Method, Response, StatusCode};
 use limiter_core::{Limit, ManualClock};
+use limiter_stack::Kind;
 use limiter_stack::{Layer, Stack};
-use limiter_token_bucket::Gcra;
 use limiter_tower::{
     ClientIp, ForwardedHeader, HeaderKey, HeaderMode, HttpRequest, Key, PeerIp, RateLimitLayer,
     RejectionBody, by_key,
@@ -24,7 +24,9 @@ type HttpStack = Stack<HttpRequest, Key, ManualClock>;
 /// One layer keyed by the peer IP: `count` per second, bursts of `count`.
 fn per_ip(clock: &ManualClock, count: u64) -> HttpStack {
     Stack::builder()
-        .layer(Layer::keyed("per-ip", by_key("ip")).limit::<Gcra>(Limit::per_second(count)))
+        .layer(
+            Layer::keyed("per-ip", by_key("ip")).limit(Kind::TokenBucket, Limit::per_second(count)),
+        )
         .clock(clock.clone())
         .build()
         .unwrap()
@@ -34,8 +36,8 @@ fn per_ip(clock: &ManualClock, count: u64) -> HttpStack {
 async fn ietf_headers_on_every_response_and_a_denial_that_calls_nothing() {
     let clock = ManualClock::new();
     let stack = Stack::builder()
-        .layer(Layer::keyed("per-ip", by_key("ip")).limit::<Gcra>(Limit::per_second(3)))
-        .layer(Layer::global("global").limit::<Gcra>(Limit::per_minute(100)))
+        .layer(Layer::keyed("per-ip", by_key("ip")).limit(Kind::TokenBucket, Limit::per_second(3)))
+        .layer(Layer::global("global").limit(Kind::TokenBucket, Limit::per_minute(100)))
         .clock(clock.clone())
         .build()
         .unwrap();
@@ -173,7 +175,7 @@ async fn legacy_headers_and_no_headers() {
 async fn reads_and_writes_are_limited_differently() {
     let clock = ManualClock::new();
     let stack = Stack::builder()
-        .layer(Layer::keyed("per-ip", by_key("ip")).limit::<Gcra>(Limit::per_second(5)))
+        .layer(Layer::keyed("per-ip", by_key("ip")).limit(Kind::TokenBucket, Limit::per_second(5)))
         .layer(
             // Writes only: reads skip this layer.
             Layer::keyed("writes", |r: &HttpRequest| {
@@ -181,7 +183,7 @@ async fn reads_and_writes_are_limited_differently() {
                     .then(|| r.key("ip").cloned())
                     .flatten()
             })
-            .limit::<Gcra>(Limit::per_second(1)),
+            .limit(Kind::TokenBucket, Limit::per_second(1)),
         )
         .layer(
             // One route has a tighter limit of its own.
@@ -190,7 +192,7 @@ async fn reads_and_writes_are_limited_differently() {
                     .then(|| r.key("ip").cloned())
                     .flatten()
             })
-            .limit::<Gcra>(Limit::per_minute(1)),
+            .limit(Kind::TokenBucket, Limit::per_minute(1)),
         )
         .clock(clock.clone())
         .build()
@@ -234,8 +236,14 @@ async fn a_missing_key_gets_the_configured_response_never_a_pass() {
     let clock = ManualClock::new();
     let stack = || {
         Stack::builder()
-            .layer(Layer::keyed("per-key", by_key("api-key")).limit::<Gcra>(Limit::per_second(2)))
-            .layer(Layer::keyed("per-ip", by_key("ip")).limit::<Gcra>(Limit::per_second(100)))
+            .layer(
+                Layer::keyed("per-key", by_key("api-key"))
+                    .limit(Kind::TokenBucket, Limit::per_second(2)),
+            )
+            .layer(
+                Layer::keyed("per-ip", by_key("ip"))
+                    .limit(Kind::TokenBucket, Limit::per_second(100)),
+            )
             .clock(clock.clone())
             .build()
             .unwrap()
@@ -470,11 +478,11 @@ fn a_layer_reading_an_unregistered_key_is_refused_at_build() {
 
     // The second of several layers, with plans, is checked too.
     let plans = Stack::builder()
-        .layer(Layer::keyed("per-ip", by_key("ip")).limit::<Gcra>(Limit::per_second(5)))
+        .layer(Layer::keyed("per-ip", by_key("ip")).limit(Kind::TokenBucket, Limit::per_second(5)))
         .layer(Layer::keyed("per-key", by_key("api_key")).plans(
             [
-                limiter_stack::Plan::new("read").limit::<Gcra>(Limit::per_second(2)),
-                limiter_stack::Plan::new("write").limit::<Gcra>(Limit::per_second(1)),
+                limiter_stack::Plan::new("read").limit(Kind::TokenBucket, Limit::per_second(2)),
+                limiter_stack::Plan::new("write").limit(Kind::TokenBucket, Limit::per_second(1)),
             ],
             |r: &HttpRequest| usize::from(r.method() != Method::GET),
         ))
@@ -506,7 +514,7 @@ fn a_layer_reading_an_unregistered_key_is_refused_at_build() {
                     .get("host")
                     .map(|h| Key::from(h.to_str().unwrap_or("")))
             })
-            .limit::<Gcra>(Limit::per_second(5)),
+            .limit(Kind::TokenBucket, Limit::per_second(5)),
         )
         .clock(clock)
         .build()

@@ -45,6 +45,7 @@ pub use limiter_sliding_window::{
     FixedCounter, FixedWindow, KeyedFixedWindow, KeyedSlidingWindow, SlidingCounter, SlidingWindow,
     WindowCounter,
 };
+pub use limiter_stack::Kind;
 pub use limiter_store::KeyedLimiter;
 pub use limiter_token_bucket::{Gcra, KeyedTokenBucket, TokenBucket};
 

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use limiter::Kind;
 use limiter::stack::{Layer, Stack};
 use limiter::wait::{Jitter, UntilKeyReady, UntilReady, UntilRequestReady};
 use limiter::{Clock, DecisionError, Gcra, KeyedLimiter, Limit, TokenBucket};
@@ -100,9 +101,9 @@ async fn a_stack_waits_for_its_slowest_layer() {
     let stack = Stack::builder()
         .layer(
             Layer::keyed("per-user", |r: &Request| Some(r.user))
-                .limit::<Gcra>(Limit::per_second(10)),
+                .limit(Kind::TokenBucket, Limit::per_second(10)),
         )
-        .layer(Layer::global("global").limit::<Gcra>(Limit::per_second(2).with_burst(1)))
+        .layer(Layer::global("global").limit(Kind::TokenBucket, Limit::per_second(2).with_burst(1)))
         .clock(clock.clone())
         .build()
         .unwrap();

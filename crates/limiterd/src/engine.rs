@@ -167,7 +167,7 @@ fn memory_layer(name: &str, keying: Keying, limits: &[&PolicyLimit]) -> Layer<Ca
         Keying::Global => Layer::global(name),
     };
     for l in limits {
-        layer = l.kind.add_to(layer, l.limit);
+        layer = layer.limit(l.kind, l.limit);
     }
     layer
 }
