@@ -7,8 +7,8 @@
 //! A descriptor in `shadow_mode` is evaluated and counted in the metrics
 //! (`result="shadow_denied"`) but is always answered `OK` and never denies the request.
 //!
-//! This module is protocol-free: [`super::grpc`] and the HTTP `POST /json` endpoint translate
-//! their wire forms to [`Request`] and from [`Response`].
+//! This module is protocol-free: `crate::grpc` (feature `server`) and the HTTP `POST /json`
+//! endpoint translate their wire forms to [`Request`] and from [`Response`].
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
