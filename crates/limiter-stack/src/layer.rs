@@ -148,20 +148,21 @@ impl<R, K> Layer<R, K> {
     /// A limit it refuses is reported once, by the stack's
     /// [`build`](crate::StackBuilder::build), naming the layer.
     pub fn limit(self, kind: Kind, limit: Limit) -> Self {
-        match kind {
-            Kind::TokenBucket => self.limit_with::<Gcra>(limit),
-            Kind::SlidingWindow => self.limit_with::<SlidingCounter>(limit),
-            Kind::FixedWindow => self.limit_with::<FixedCounter>(limit),
-        }
+        self.add_to_plan(|plan| plan.limit(kind, limit))
     }
 
     /// Like [`limit`](Self::limit), with algorithm `A` named by type (one of your own).
-    pub fn limit_with<A: Algorithm + 'static>(mut self, limit: Limit) -> Self {
+    pub fn limit_with<A: Algorithm + 'static>(self, limit: Limit) -> Self {
+        self.add_to_plan(|plan| plan.limit_with::<A>(limit))
+    }
+
+    /// Adds to the layer's single plan (named after the layer), a refusal naming the layer.
+    fn add_to_plan(mut self, add: impl FnOnce(Plan) -> Plan) -> Self {
         let plan = match self.plans.pop() {
             Some(plan) => plan,
             None => Plan::new(self.name.clone()),
         };
-        let mut plan = plan.limit_with::<A>(limit);
+        let mut plan = add(plan);
         plan.refused = plan.refused.map(|e| e.in_layer(&self.name));
         self.plans.push(plan);
         self
