@@ -59,6 +59,7 @@ mod decision;
 mod deny_cache;
 mod error;
 mod reply;
+mod seam;
 mod spec;
 mod stack;
 

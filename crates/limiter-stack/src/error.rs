@@ -93,6 +93,12 @@ impl BuildError {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum CallError {
+    /// A [`Decide`](crate::Decide) future was polled again after it had answered (a bug in
+    /// the adapter driving it).
+    #[error(
+        "a decision's future was polled after it had answered; poll each decision to completion once"
+    )]
+    PolledAfterCompletion,
     /// One layer's limit can never decide the call (its cost exceeds that limit's burst, or
     /// the clock is past the limit's range).
     #[error("layer `{layer}`, limit {limit_index}: {source}")]

@@ -81,6 +81,7 @@ mod error;
 mod keyer;
 mod kind;
 mod layer;
+mod seam;
 mod stack;
 mod sync;
 
@@ -90,4 +91,7 @@ pub use error::{BuildError, CallError, RefundError};
 pub use keyer::Keyer;
 pub use kind::Kind;
 pub use layer::{Layer, Plan};
+pub use seam::{
+    AsyncLimiter, DEFAULT_LAYER_NAME, Decide, Failure, KeyedBy, LayerInfo, Origin, Outcome,
+};
 pub use stack::{Stack, StackBuilder};

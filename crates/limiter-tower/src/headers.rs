@@ -12,7 +12,7 @@ use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use limiter_core::Limit;
 use limiter_stack::StackDecision;
 
-use crate::limiter::LayerInfo;
+use limiter_stack::LayerInfo;
 
 /// Which rate limit headers responses carry (denied and allowed alike).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -85,6 +85,9 @@ pub(crate) fn sf_string(text: &str) -> String {
 struct PlanHeaders {
     /// The `RateLimit-Policy` items for every limit of the plan, comma-separated.
     policy: String,
+    /// The same as a header value, for a response where this plan's layer alone applied (a
+    /// clone shares its bytes: nothing is formatted or allocated per response).
+    policy_value: Option<HeaderValue>,
     /// Per limit, its quoted policy name.
     names: Vec<String>,
 }
@@ -124,19 +127,20 @@ impl Policies {
     }
 
     /// `mode`'s headers for `decision`, rendered (so the decision itself need not be kept).
+    #[inline]
     pub(crate) fn render(&self, mode: HeaderMode, decision: &StackDecision) -> RateHeaders {
-        let mut out = RateHeaders::default();
         match mode {
-            HeaderMode::Off => {}
-            HeaderMode::Legacy => legacy(decision, &mut out),
-            HeaderMode::Ietf => self.ietf(decision, &mut out),
+            HeaderMode::Off => RateHeaders::None,
+            HeaderMode::Legacy => legacy(decision),
+            HeaderMode::Ietf => self.ietf(decision),
         }
-        out
     }
 
-    fn ietf(&self, decision: &StackDecision, out: &mut RateHeaders) {
+    fn ietf(&self, decision: &StackDecision) -> RateHeaders {
         let mut policy = String::new();
-        let mut state = String::new();
+        let mut state = String::with_capacity(64);
+        let mut only: Option<&PlanHeaders> = None;
+        let mut applied = 0;
         for layer in decision.layers() {
             let Some(plan) = self.plan(layer.layer, layer.plan) else {
                 continue;
@@ -152,26 +156,33 @@ impl Policies {
             } else {
                 d.retry_after_nanos()
             };
-            if !policy.is_empty() {
+            applied += 1;
+            if applied == 1 {
+                only = Some(plan);
+            } else {
+                if applied == 2 {
+                    policy.push_str(only.map_or("", |p| p.policy.as_str()));
+                }
                 policy.push_str(", ");
+                policy.push_str(&plan.policy);
                 state.push_str(", ");
             }
-            policy.push_str(&plan.policy);
             state.push_str(name);
             state.push_str(";r=");
             push_u64(&mut state, d.remaining().min(SF_INTEGER_MAX));
             state.push_str(";t=");
             push_u64(&mut state, ceil_seconds(wait));
         }
-        if policy.is_empty() {
-            return;
-        }
-        // Both are printable ASCII by construction (`sf_string` and digits).
-        if let (Ok(policy), Ok(state)) =
-            (HeaderValue::try_from(policy), HeaderValue::try_from(state))
-        {
-            out.push(RATELIMIT_POLICY, policy);
-            out.push(RATELIMIT, state);
+        // One layer (the usual case) reuses its plan's value; several are joined. Both are
+        // printable ASCII by construction (`sf_string` and digits).
+        let policy = match (applied, only) {
+            (0, _) | (_, None) => return RateHeaders::None,
+            (1, Some(plan)) => plan.policy_value.clone(),
+            _ => HeaderValue::try_from(policy).ok(),
+        };
+        match (policy, HeaderValue::try_from(state)) {
+            (Some(policy), Ok(state)) => RateHeaders::Ietf { policy, state },
+            _ => RateHeaders::None,
         }
     }
 }
@@ -200,42 +211,64 @@ fn plan_headers(layer: &str, limits: &[Limit]) -> PlanHeaders {
             let _ = write!(policy, ";burst={}", limit.burst().min(SF_INTEGER_MAX));
         }
     }
-    PlanHeaders { policy, names }
+    let policy_value = HeaderValue::try_from(policy.clone()).ok();
+    PlanHeaders {
+        policy,
+        policy_value,
+        names,
+    }
 }
 
-fn legacy(decision: &StackDecision, out: &mut RateHeaders) {
+fn legacy(decision: &StackDecision) -> RateHeaders {
     if decision.binding().is_none() {
-        return;
+        return RateHeaders::None;
     }
     let d = decision.decision();
-    out.push(X_LIMIT, HeaderValue::from(d.limit().min(SF_INTEGER_MAX)));
-    out.push(
-        X_REMAINING,
-        HeaderValue::from(d.remaining().min(SF_INTEGER_MAX)),
-    );
-    out.push(
-        X_RESET,
-        HeaderValue::from(ceil_seconds(d.reset_after_nanos())),
-    );
+    RateHeaders::Legacy {
+        limit: HeaderValue::from(d.limit().min(SF_INTEGER_MAX)),
+        remaining: HeaderValue::from(d.remaining().min(SF_INTEGER_MAX)),
+        reset: HeaderValue::from(ceil_seconds(d.reset_after_nanos())),
+    }
 }
 
-/// The rate limit headers of one response, rendered: at most three.
+/// The rate limit headers of one response, rendered.
 #[derive(Debug, Default)]
-pub(crate) struct RateHeaders {
-    fields: [Option<(HeaderName, HeaderValue)>; 3],
+pub(crate) enum RateHeaders {
+    /// None (headers off, no layer applied, or the backend failed open).
+    #[default]
+    None,
+    /// `RateLimit-Policy` and `RateLimit`.
+    Ietf {
+        policy: HeaderValue,
+        state: HeaderValue,
+    },
+    /// `X-RateLimit-Limit`, `-Remaining` and `-Reset`.
+    Legacy {
+        limit: HeaderValue,
+        remaining: HeaderValue,
+        reset: HeaderValue,
+    },
 }
 
 impl RateHeaders {
-    fn push(&mut self, name: HeaderName, value: HeaderValue) {
-        if let Some(slot) = self.fields.iter_mut().find(|f| f.is_none()) {
-            *slot = Some((name, value));
-        }
-    }
-
     /// Adds them to `headers`, replacing any the service set.
+    #[inline]
     pub(crate) fn apply(self, headers: &mut HeaderMap) {
-        for (name, value) in self.fields.into_iter().flatten() {
-            headers.insert(name, value);
+        match self {
+            Self::None => {}
+            Self::Ietf { policy, state } => {
+                headers.insert(RATELIMIT_POLICY, policy);
+                headers.insert(RATELIMIT, state);
+            }
+            Self::Legacy {
+                limit,
+                remaining,
+                reset,
+            } => {
+                headers.insert(X_LIMIT, limit);
+                headers.insert(X_REMAINING, remaining);
+                headers.insert(X_RESET, reset);
+            }
         }
     }
 }

@@ -14,15 +14,15 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{Request, Response, StatusCode};
 use http_body_util::{Either, Full};
-use limiter_stack::StackDecision;
+use limiter_stack::{AsyncLimiter, CallError, Decide, Outcome, StackDecision};
+use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::error::ConfigError;
 use crate::headers::{self, HeaderMode, Policies, RateHeaders};
 use crate::key::KeyExtractor;
-use crate::limiter::{HttpLimiter, Verdict};
-use crate::request::HttpRequest;
+use crate::request::{HttpRequest, KeyList};
 use crate::response::{self, Rejection, RejectionBody, RejectionKind};
 
 type CostFn = Box<dyn Fn(&Parts) -> u64 + Send + Sync>;
@@ -55,8 +55,8 @@ struct Shared<L> {
     body: RejectionBody,
 }
 
-/// Rate limits every request through an [`HttpLimiter`] (an in-process `Stack` or a Redis
-/// stack). Build one with [`RateLimitLayer::builder`]; see the crate docs for an example.
+/// Rate limits every request through an [`AsyncLimiter`] (an in-process `Stack`, a direct
+/// limiter, a keyed one with its keyer, or a Redis stack). Build one with [`RateLimitLayer::builder`]; see the crate docs for an example.
 pub struct RateLimitLayer<L> {
     shared: Arc<Shared<L>>,
 }
@@ -104,7 +104,7 @@ impl<L> fmt::Debug for RateLimitLayerBuilder<L> {
     }
 }
 
-impl<L: HttpLimiter> RateLimitLayer<L> {
+impl<L: AsyncLimiter<HttpRequest>> RateLimitLayer<L> {
     /// A builder around `limiter`, with no keys, cost 1 per request, the IETF headers and
     /// plain-text rejections.
     pub fn builder(limiter: L) -> RateLimitLayerBuilder<L> {
@@ -123,7 +123,7 @@ impl<L: HttpLimiter> RateLimitLayer<L> {
     }
 }
 
-impl<L: HttpLimiter> RateLimitLayerBuilder<L> {
+impl<L: AsyncLimiter<HttpRequest>> RateLimitLayerBuilder<L> {
     /// Takes a key named `name` from every request with `extractor`; layers read it with
     /// [`by_key`](crate::by_key)`(name)`. A request it cannot be taken from is rejected with
     /// the extractor's error (400 when the client's fault, 500 when the server's).
@@ -177,7 +177,7 @@ impl<L: HttpLimiter> RateLimitLayerBuilder<L> {
             }
             key.extractor.check()?;
         }
-        let layers = self.limiter.layers();
+        let layers = AsyncLimiter::layers(&self.limiter);
         for layer in &layers {
             let Some(name) = layer.key else { continue };
             if !self.keys.iter().any(|k| k.name == name) {
@@ -252,51 +252,157 @@ impl<S, L, B, RB> Service<Request<B>> for RateLimit<S, L>
 where
     S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
     S::Future: Send,
-    L: HttpLimiter,
+    L: AsyncLimiter<HttpRequest> + 'static,
     B: Send + 'static,
 {
     type Response = Response<RateLimitBody<RB>>;
     type Error = S::Error;
-    type Future = BoxFuture<Result<Self::Response, S::Error>>;
+    type Future = ResponseFuture<S::Future, RB, S::Error>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
+        let shared = &self.shared;
+        let (parts, body) = request.into_parts();
+        let grpc = response::is_grpc(&parts.headers);
+        // Keys and cost are taken now, outside any future, so a future carries only what it
+        // needs.
+        let (request, cost) = match shared.prepare(parts) {
+            Ok(prepared) => prepared,
+            Err(rejection) => return ResponseFuture::answered(shared.respond(&rejection, grpc)),
+        };
+        // In process, the answer is here now. A remote limiter's future borrows the request
+        // and has done nothing yet: it is dropped, and asked again from a future that owns the
+        // request.
+        let decided = shared.limiter.decide_request(&request, cost);
+        let now = match &decided {
+            Decide::Now(answer) => Some(shared.verdict(answer, grpc)),
+            Decide::Later(_unpolled) => None,
+        };
+        drop(decided);
+        if let Some(verdict) = now {
+            // The inner service (the one driven to readiness) is called at once: no
+            // allocation, no clone of it.
+            return match verdict {
+                Ok(headers) => {
+                    let request = Request::from_parts(request.parts, body);
+                    ResponseFuture::inner(self.inner.call(request), headers)
+                }
+                Err(response) => ResponseFuture::answered(response),
+            };
+        }
         // The clone that was driven to readiness serves this call; the fresh one stays.
         let ready = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, ready);
-        let shared = Arc::clone(&self.shared);
-        let (parts, body) = request.into_parts();
-        let grpc = response::is_grpc(&parts.headers);
-        // Keys and cost are taken now, outside the future, so it carries only what it needs.
-        let request = match shared.prepare(parts) {
-            Ok(request) => request,
-            Err(rejection) => return Box::pin(async move { Ok(shared.respond(&rejection, grpc)) }),
-        };
-        Box::pin(async move {
-            // Only the rendered headers outlive the decision: the future stays small.
-            let headers = match shared.decide(&request.0, request.1, grpc).await {
+        let shared = Arc::clone(shared);
+        ResponseFuture::waiting(Box::pin(async move {
+            let answer = shared.limiter.decide_request(&request, cost).await;
+            let headers = match shared.verdict(&answer, grpc) {
                 Ok(headers) => headers,
                 Err(response) => return Ok(response),
             };
-            let request = Request::from_parts(request.0.parts, body);
+            let request = Request::from_parts(request.parts, body);
             let mut response = inner.call(request).await?.map(Either::Left);
             headers.apply(response.headers_mut());
             Ok(response)
-        })
+        }))
     }
 }
 
-impl<L: HttpLimiter> Shared<L> {
+pin_project! {
+    /// The future of a [`RateLimit`] call: the inner service's, whose response gets the rate
+    /// limit headers; the middleware's own answer (429, 503, 400, 500); or, for a limiter that
+    /// decides remotely, a boxed future that decides and then calls the inner service.
+    pub struct ResponseFuture<F, RB, E> {
+        #[pin]
+        state: State<F, RB, E>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F, RB, E> {
+        Inner {
+            #[pin]
+            future: F,
+            headers: RateHeaders,
+        },
+        Answered {
+            response: Option<Response<RateLimitBody<RB>>>,
+        },
+        Waiting {
+            future: BoxFuture<Result<Response<RateLimitBody<RB>>, E>>,
+        },
+    }
+}
+
+impl<F, RB, E> ResponseFuture<F, RB, E> {
+    fn inner(future: F, headers: RateHeaders) -> Self {
+        Self {
+            state: State::Inner { future, headers },
+        }
+    }
+
+    fn answered(response: Response<RateLimitBody<RB>>) -> Self {
+        Self {
+            state: State::Answered {
+                response: Some(response),
+            },
+        }
+    }
+
+    fn waiting(future: BoxFuture<Result<Response<RateLimitBody<RB>>, E>>) -> Self {
+        Self {
+            state: State::Waiting { future },
+        }
+    }
+}
+
+impl<F, RB, E> fmt::Debug for ResponseFuture<F, RB, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Inner { .. } => "inner",
+            State::Answered { .. } => "answered",
+            State::Waiting { .. } => "waiting",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish()
+    }
+}
+
+impl<F, RB, E> Future for ResponseFuture<F, RB, E>
+where
+    F: Future<Output = Result<Response<RB>, E>>,
+{
+    type Output = Result<Response<RateLimitBody<RB>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().state.project() {
+            StateProj::Inner { future, headers } => {
+                let mut response = std::task::ready!(future.poll(cx))?.map(Either::Left);
+                std::mem::take(headers).apply(response.headers_mut());
+                Poll::Ready(Ok(response))
+            }
+            StateProj::Answered { response } => match response.take() {
+                Some(response) => Poll::Ready(Ok(response)),
+                None => Poll::Pending,
+            },
+            StateProj::Waiting { future } => future.as_mut().poll(cx),
+        }
+    }
+}
+
+impl<L: AsyncLimiter<HttpRequest>> Shared<L> {
     /// The request with its keys, and its cost; or why it cannot be keyed.
     fn prepare(&self, parts: Parts) -> Result<(HttpRequest, u64), Rejection> {
-        let mut keys = Vec::with_capacity(self.keys.len());
+        let mut keys = KeyList::default();
         for spec in &self.keys {
             match spec.extractor.extract(&parts) {
-                Ok(key) => keys.push((spec.name, Some(key))),
-                Err(_) if !spec.required => keys.push((spec.name, None)),
+                Ok(key) => keys.push(spec.name, Some(key)),
+                Err(_) if !spec.required => keys.push(spec.name, None),
                 Err(error) => {
                     return Err(rejection(
                         RejectionKind::MissingKey,
@@ -310,20 +416,21 @@ impl<L: HttpLimiter> Shared<L> {
         Ok((HttpRequest { parts, keys }, cost))
     }
 
-    /// The headers for an admitted request, or the response for any other verdict.
-    async fn decide<RB>(
+    /// The headers for an admitted request, or the response for any other answer.
+    // The error is the response itself, returned as is: boxing it would cost an allocation.
+    #[allow(clippy::result_large_err)]
+    fn verdict<RB>(
         &self,
-        request: &HttpRequest,
-        cost: u64,
+        answer: &Result<Outcome, CallError>,
         grpc: bool,
     ) -> Result<RateHeaders, Response<RateLimitBody<RB>>> {
-        match self.limiter.decide(request, cost).await {
-            Verdict::Decided(decision) if decision.is_allowed() => {
-                Ok(self.policies.render(self.mode, &decision))
+        match answer {
+            Ok(Outcome::Decided { decision, .. }) if decision.is_allowed() => {
+                Ok(self.policies.render(self.mode, decision))
             }
-            Verdict::FailedOpen => Ok(RateHeaders::default()),
-            Verdict::Decided(decision) => Err(self.denied(&decision, grpc)),
-            Verdict::FailedClosed { reason } => {
+            Ok(Outcome::Decided { decision, .. }) => Err(self.denied(decision, grpc)),
+            Ok(Outcome::FailedOpen(_)) => Ok(RateHeaders::default()),
+            Ok(Outcome::FailedClosed(reason)) => {
                 let detail = format!("the rate limiter is unavailable ({reason}); try again later");
                 let r = rejection(
                     RejectionKind::Unavailable,
@@ -332,7 +439,7 @@ impl<L: HttpLimiter> Shared<L> {
                 );
                 Err(self.respond(&r, grpc))
             }
-            Verdict::Error { reason } => {
+            Err(reason) => {
                 let detail = format!("the request cannot be rate limited: {reason}");
                 let r = rejection(
                     RejectionKind::Error,

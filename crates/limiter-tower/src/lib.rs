@@ -3,8 +3,9 @@
 //!
 //! A [`RateLimitLayer`] takes named keys from each request (the peer's IP with IPv6 cut to a
 //! /64, the client's IP behind proxies you trust, an API key header, or any closure), decides
-//! the request on an [`HttpLimiter`] (a `limiter_stack::Stack` over [`HttpRequest`], or a
-//! `limiter_redis::RedisStack`), and then:
+//! the request on an [`AsyncLimiter`] (a `limiter_stack::Stack` over [`HttpRequest`], a direct
+//! limiter, a keyed one with its keyer in a `limiter_stack::KeyedBy`, or a
+//! `limiter_redis::RedisStack` with feature `redis`), and then:
 //!
 //! - **admits**: calls the service and adds the headers (`RateLimit-Policy` and `RateLimit`,
 //!   one item per layer; or the legacy `X-RateLimit-*`; or none);
@@ -78,7 +79,6 @@ mod headers;
 mod ip;
 mod key;
 mod layer;
-mod limiter;
 mod request;
 mod response;
 
@@ -86,7 +86,7 @@ pub use error::{ConfigError, IpNetError, KeyError};
 pub use headers::HeaderMode;
 pub use ip::{ForwardedHeader, IpNet};
 pub use key::{ClientIp, DEFAULT_IPV6_PREFIX, HeaderKey, Key, KeyExtractor, PeerAddr, PeerIp};
-pub use layer::{RateLimit, RateLimitBody, RateLimitLayer, RateLimitLayerBuilder};
-pub use limiter::{HttpLimiter, LayerInfo, Verdict};
+pub use layer::{RateLimit, RateLimitBody, RateLimitLayer, RateLimitLayerBuilder, ResponseFuture};
+pub use limiter_stack::{AsyncLimiter, Decide, LayerInfo, Outcome};
 pub use request::{ByKey, ByKeyString, HttpRequest, by_key, by_key_string};
 pub use response::{Rejection, RejectionBody, RejectionKind};

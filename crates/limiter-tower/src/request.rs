@@ -15,17 +15,45 @@ use crate::key::Key;
 #[derive(Debug)]
 pub struct HttpRequest {
     pub(crate) parts: Parts,
-    pub(crate) keys: Vec<(&'static str, Option<Key>)>,
+    pub(crate) keys: KeyList,
+}
+
+/// How many keys a request carries without allocating.
+const INLINE_KEYS: usize = 2;
+
+/// The keys of one request, by name: the first [`INLINE_KEYS`] inline, any more on the heap
+/// (a middleware rarely extracts more than two, so a request allocates nothing for them).
+#[derive(Debug, Default)]
+pub(crate) struct KeyList {
+    inline: [Option<(&'static str, Option<Key>)>; INLINE_KEYS],
+    more: Vec<(&'static str, Option<Key>)>,
+}
+
+impl KeyList {
+    pub(crate) fn push(&mut self, name: &'static str, key: Option<Key>) {
+        match self.inline.iter_mut().find(|slot| slot.is_none()) {
+            Some(slot) => *slot = Some((name, key)),
+            None => self.more.push((name, key)),
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &(&'static str, Option<Key>)> {
+        self.inline
+            .iter()
+            .map_while(Option::as_ref)
+            .chain(&self.more)
+    }
 }
 
 impl HttpRequest {
     /// A request with `keys` already extracted; for deciding outside the middleware (tests,
     /// other transports).
     pub fn new(parts: Parts, keys: impl IntoIterator<Item = (&'static str, Option<Key>)>) -> Self {
-        Self {
-            parts,
-            keys: keys.into_iter().collect(),
+        let mut list = KeyList::default();
+        for (name, key) in keys {
+            list.push(name, key);
         }
+        Self { parts, keys: list }
     }
 
     /// The key extracted under `name`, if the request had one.

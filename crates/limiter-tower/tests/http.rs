@@ -562,3 +562,71 @@ fn misconfigured_extractors_are_refused_at_build() {
         .build()
         .unwrap();
 }
+
+/// The middleware takes any `AsyncLimiter`: a direct limiter and a keyed one behind their keyer
+/// serve it as a one-layer stack does, with the same headers and denials, and a keyed limiter
+/// reading an unregistered key is refused at build like a stack layer.
+#[tokio::test]
+async fn direct_and_keyed_limiters_serve_the_middleware_like_a_stack() {
+    use limiter_stack::KeyedBy;
+    use limiter_token_bucket::{KeyedTokenBucket, TokenBucket};
+
+    let clock = ManualClock::new();
+    let direct = TokenBucket::with_clock(Limit::per_second(2), clock.clone()).unwrap();
+    let limits = RateLimitLayer::builder(direct).build().unwrap();
+    let (app, calls) = support::counting_app();
+    let addr = serve(app.layer(limits)).await;
+    for remaining in [1, 0] {
+        let reply = get(addr, &[]).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert_eq!(
+            items(reply.header("ratelimit-policy").unwrap()),
+            vec![item("limit", &[("q", 2), ("w", 1)])]
+        );
+        assert_eq!(
+            items(reply.header("ratelimit").unwrap()),
+            vec![item("limit", &[("r", remaining), ("t", 1)])]
+        );
+    }
+    let denied = get(addr, &[]).await;
+    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(denied.header("retry-after"), Some("1"));
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+
+    let api_key = || HeaderKey::new(HeaderName::from_static("x-api-key"));
+    let keyed = || {
+        KeyedBy::new(
+            "per-key",
+            KeyedTokenBucket::<Key, ManualClock>::with_clock(Limit::per_minute(1), clock.clone())
+                .unwrap(),
+            by_key("api"),
+        )
+    };
+    let refused = RateLimitLayer::builder(keyed())
+        .key("apikey", api_key())
+        .build()
+        .unwrap_err();
+    assert!(refused.to_string().contains("`api`"), "{refused}");
+
+    let limits = RateLimitLayer::builder(keyed())
+        .key("api", api_key())
+        .build()
+        .unwrap();
+    let (app, calls) = support::counting_app();
+    let addr = serve(app.layer(limits)).await;
+    for key in ["a", "b"] {
+        let reply = get(addr, &[("x-api-key", key)]).await;
+        assert_eq!(reply.status, StatusCode::OK, "{key}");
+        assert_eq!(
+            items(reply.header("ratelimit").unwrap()),
+            vec![item("per-key", &[("r", 0), ("t", 60)])]
+        );
+    }
+    let denied = get(addr, &[("x-api-key", "a")]).await;
+    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        denied.body,
+        "too many requests (limit `per-key`): retry after 60 s\n"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
