@@ -38,23 +38,39 @@ enum Connection {
     Cluster(ClusterConnection),
 }
 
+/// `EVALSHA` or `EVAL` (`body` the hash or the script), then the keys and arguments.
+fn script_cmd(name: &str, body: &str, keys: &[String], args: &[Vec<u8>]) -> redis::Cmd {
+    let mut cmd = redis::cmd(name);
+    cmd.arg(body).arg(keys.len()).arg(keys);
+    for arg in args {
+        cmd.arg(arg.as_slice());
+    }
+    cmd
+}
+
 impl Connection {
+    async fn query(&self, cmd: &redis::Cmd) -> redis::RedisResult<Value> {
+        match self {
+            Connection::Single(c) => cmd.query_async(&mut c.clone()).await,
+            Connection::Cluster(c) => cmd.query_async(&mut c.clone()).await,
+        }
+    }
+
+    /// Runs the script by its hash; a server without it (restarted, flushed, or a new cluster
+    /// node) gets it in full once, which caches it again. The flag says whether it had to.
     async fn eval(
         &self,
         script: &Script,
         keys: &[String],
         args: &[Vec<u8>],
-    ) -> redis::RedisResult<Value> {
-        let mut invocation = script.prepare_invoke();
-        for key in keys {
-            invocation.key(key.as_str());
-        }
-        for arg in args {
-            invocation.arg(arg.as_slice());
-        }
-        match self {
-            Connection::Single(c) => invocation.invoke_async(&mut c.clone()).await,
-            Connection::Cluster(c) => invocation.invoke_async(&mut c.clone()).await,
+    ) -> redis::RedisResult<(Value, bool)> {
+        let by_hash = script_cmd("EVALSHA", script.get_hash(), keys, args);
+        match self.query(&by_hash).await {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                let in_full = script_cmd("EVAL", SCRIPT, keys, args);
+                self.query(&in_full).await.map(|value| (value, true))
+            }
+            answer => answer.map(|value| (value, false)),
         }
     }
 }
@@ -190,6 +206,7 @@ struct Counters {
     outages: AtomicU64,
     refused_by_breaker: AtomicU64,
     deny_cache_hits: AtomicU64,
+    script_loads: AtomicU64,
 }
 
 /// What a backend has done so far.
@@ -204,6 +221,9 @@ pub struct BackendStats {
     pub refused_by_breaker: u64,
     /// Calls the deny cache answered without a round trip.
     pub deny_cache_hits: u64,
+    /// Calls that found the server without the script (restarted, flushed, a new cluster
+    /// node) and sent it in full; each is logged at `info`.
+    pub script_loads: u64,
     /// Whether the circuit breaker is open now.
     pub breaker_open: bool,
     /// Keys the deny cache holds now.
@@ -267,6 +287,7 @@ impl RedisBackend {
             outages: c.outages.load(Ordering::Relaxed),
             refused_by_breaker: c.refused_by_breaker.load(Ordering::Relaxed),
             deny_cache_hits: c.deny_cache_hits.load(Ordering::Relaxed),
+            script_loads: c.script_loads.load(Ordering::Relaxed),
             breaker_open: self.inner.breaker.is_open(),
             deny_cache_keys: self.inner.deny_cache.len(),
         }
@@ -328,7 +349,16 @@ impl RedisBackend {
             Err(_) => Err(BackendError::Timeout {
                 after: inner.timeout,
             }),
-            Ok(Ok(value)) => Ok(value),
+            Ok(Ok((value, reloaded))) => {
+                if reloaded {
+                    inner.counters.script_loads.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(
+                        target: "limiter_redis::backend",
+                        "Redis did not have the decision script (restarted, flushed or a new node); sent it in full, cached again"
+                    );
+                }
+                Ok(value)
+            }
             Ok(Err(e)) if e.is_timeout() => Err(BackendError::Timeout {
                 after: inner.timeout,
             }),

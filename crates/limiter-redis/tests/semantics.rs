@@ -393,3 +393,55 @@ async fn bad_calls_and_bad_stacks_are_refused_with_the_fix() {
         assert!(e.to_string().contains(field), "{e} should name {field}");
     }
 }
+
+/// A server that lost the script (flushed here; restarted or a new cluster node alike) is sent
+/// it in full once, the call is decided as usual, the reload is counted, and the next call
+/// goes by hash again.
+#[tokio::test]
+async fn a_server_without_the_script_gets_it_once_and_the_call_is_decided() {
+    let server = common::RedisServer::start();
+    let clock = ManualClock::starting_at(START);
+    let backend = backend(&server, &clock, 0).await;
+    let limiter = RedisLimiter::builder(&backend, "script-reload")
+        .limit(Kind::TokenBucket, Limit::per_minute(3))
+        .build()
+        .unwrap();
+    assert_eq!(
+        limiter
+            .check("k")
+            .await
+            .unwrap()
+            .stack()
+            .decision()
+            .remaining(),
+        2
+    );
+    let loads_at_start = backend.stats().script_loads;
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query(&mut server.client())
+        .unwrap();
+    let after_flush = limiter.check("k").await.unwrap();
+    assert_eq!(*after_flush.source(), Source::Redis);
+    assert_eq!(
+        after_flush.stack().decision().remaining(),
+        1,
+        "state kept, one more taken"
+    );
+    assert_eq!(backend.stats().script_loads, loads_at_start + 1);
+    assert_eq!(
+        limiter
+            .check("k")
+            .await
+            .unwrap()
+            .stack()
+            .decision()
+            .remaining(),
+        0
+    );
+    assert_eq!(
+        backend.stats().script_loads,
+        loads_at_start + 1,
+        "cached again"
+    );
+}

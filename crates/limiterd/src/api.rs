@@ -125,7 +125,7 @@ async fn one<C: Clock + Clone + Send + Sync + 'static>(
 ) -> Response {
     let started = Instant::now();
     let engine = &state.engine;
-    let response = match parse_request(&body, &|name| engine.policy_index(name)) {
+    let response = match parse_request(&body, &|name| engine.policy_id(name)) {
         Err(e) => {
             state.metrics.invalid();
             e.into_response()
@@ -153,7 +153,7 @@ async fn many<C: Clock + Clone + Send + Sync + 'static>(
     }
     let started = Instant::now();
     let engine = &state.engine;
-    let response = match parse_many(&body, &|name| engine.policy_index(name)) {
+    let response = match parse_many(&body, &|name| engine.policy_id(name)) {
         Err(e) => {
             state.metrics.invalid();
             e.into_response()
@@ -214,5 +214,5 @@ async fn metrics<C: Clock + Clone + Send + Sync + 'static>(
     State(state): State<Arc<AppState<C>>>,
 ) -> Response {
     let text = state.metrics.render(state.engine.keys_held());
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+    ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response()
 }

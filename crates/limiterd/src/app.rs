@@ -1,21 +1,122 @@
-//! [`AppState`]: what the adapters share (the HTTP API in [`crate::api`], envoy's gRPC protocol
-//! in [`crate::grpc`]): the engine, envoy's domains over it, and the metrics. The adapters
-//! depend on it and on the layers below (engine, envoy, metrics); nothing below depends on an
-//! adapter.
+//! The composition root: [`AppState::build`] turns a checked [`Config`] and envoy's loaded
+//! [`Domains`] into the parts the adapters share: the metrics, then the engine (every
+//! configured policy, counting into the metrics), then envoy's domains attached to the engine
+//! (one policy per configured descriptor limit). The adapters (the HTTP API in `crate::api`,
+//! envoy's gRPC protocol in `crate::grpc`) take the result; nothing below depends on an
+//! adapter, and no part builds another.
 
 use std::sync::Arc;
 
-use crate::engine::Engine;
-use crate::envoy::Envoy;
+use limiter_core::Clock;
+use limiter_redis::RedisBackend;
+
+use crate::config::Config;
+use crate::engine::{Engine, EngineError};
+use crate::envoy::service::AttachError;
+use crate::envoy::{Domains, Envoy};
 use crate::metrics::Metrics;
 
 /// What the handlers share.
 #[derive(Debug)]
 pub struct AppState<C> {
-    /// The policies' stacks.
+    /// Every policy's stack.
     pub engine: Engine<C>,
     /// Envoy's domains, whose limits are policies of `engine`.
     pub envoy: Envoy,
-    /// The counters.
+    /// The metrics.
     pub metrics: Arc<Metrics>,
+}
+
+/// Why the service's parts could not be built.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// A configured policy's stack was refused.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// A descriptor limit of an envoy file was refused.
+    #[error(transparent)]
+    Envoy(#[from] AttachError),
+}
+
+impl<C: Clock + Clone + Send + Sync + 'static> AppState<C> {
+    /// Builds the parts for `config` and `domains` on `clock` (and `backend`, which a Redis
+    /// store needs, connected by the caller).
+    pub fn build(
+        config: &Config,
+        domains: Domains,
+        clock: C,
+        backend: Option<RedisBackend>,
+    ) -> Result<Self, StartError> {
+        let metrics = Arc::new(Metrics::new());
+        let mut engine = Engine::new(config, clock, backend, Arc::clone(&metrics))?;
+        let envoy = Envoy::attach(domains, &mut engine)?;
+        Ok(Self {
+            engine,
+            envoy,
+            metrics,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use limiter_core::ManualClock;
+
+    use super::*;
+    use crate::engine::{Item, Target, decided_at_once};
+
+    #[test]
+    fn builds_metrics_then_engine_then_envoy_and_counts_by_name() {
+        let config = Config::parse(
+            "[envoy]\nfiles = [\"web.yaml\"]\n[policies.api]\nlimits = [{ algorithm = \"token_bucket\", count = 1, period = \"1m\" }]\n",
+        )
+        .unwrap();
+        let domains = Domains::load([(
+            "web.yaml",
+            "domain: web\ndescriptors:\n  - key: ip\n    rate_limit: { unit: minute, requests_per_unit: 5 }\n",
+        )])
+        .unwrap();
+        let app = AppState::build(&config, domains, ManualClock::new(), None).unwrap();
+        let api = app.engine.policy_id("api").expect("configured");
+        assert_eq!(app.engine.policy_name(api), Some("api"));
+        let item = Item {
+            target: Target::Policy(api),
+            identifier: "u".into(),
+            cost: 1,
+            shadow: false,
+        };
+        for _ in 0..2 {
+            decided_at_once(app.engine.decide(std::slice::from_ref(&item))).unwrap();
+        }
+        let text = app.metrics.render(0);
+        assert!(
+            text.contains("limiterd_decisions_total{policy=\"api\",result=\"allowed\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("limiterd_decisions_total{policy=\"api\",result=\"denied\"} 1"),
+            "{text}"
+        );
+        // The descriptor's limit is a policy of the same engine, shown from the start.
+        assert!(
+            text.contains("limiterd_decisions_total{policy=\"envoy:web.ip\",result=\"allowed\"} 0"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_redis_store_without_a_connection_is_a_typed_error() {
+        let config = Config::parse(
+            "[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:1\"\n[policies.api]\nlimits = [{ algorithm = \"token_bucket\", count = 1, period = \"1m\" }]\n",
+        )
+        .unwrap();
+        let err =
+            AppState::build(&config, Domains::default(), ManualClock::new(), None).unwrap_err();
+        assert!(
+            matches!(err, StartError::Engine(EngineError::NoBackend)),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("no Redis connection"), "{err}");
+    }
 }

@@ -117,6 +117,63 @@ pub enum Store {
     },
 }
 
+impl Store {
+    /// Memory or Redis, what a limit is checked for.
+    pub fn kind(&self) -> StoreKind {
+        match self {
+            Self::Memory { .. } => StoreKind::Memory,
+            Self::Redis { .. } => StoreKind::Redis,
+        }
+    }
+}
+
+/// Which store a limit runs on, which decides the limits it can count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoreKind {
+    /// This process's memory.
+    Memory,
+    /// Redis (counting microseconds, within the script's ranges).
+    Redis,
+}
+
+/// A limit its algorithm accepts on the store it will run on. It is checked once, where it is
+/// read (the file, an envoy descriptor, an ad-hoc request), and trusted from then on: the
+/// engine builds stacks from it without checking again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CheckedLimit {
+    kind: Kind,
+    limit: Limit,
+    store: StoreKind,
+}
+
+impl CheckedLimit {
+    /// `limit` counted by `kind` on `store`, or why that store cannot count it.
+    pub fn new(kind: Kind, limit: Limit, store: StoreKind) -> Result<Self, LimitError> {
+        match store {
+            StoreKind::Memory => kind.check(limit)?,
+            StoreKind::Redis => {
+                RedisLimit::new(kind, limit)?;
+            }
+        }
+        Ok(Self { kind, limit, store })
+    }
+
+    /// The algorithm.
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    /// Count per period, burst.
+    pub fn limit(&self) -> Limit {
+        self.limit
+    }
+
+    /// The store it was checked for.
+    pub fn store(&self) -> StoreKind {
+        self.store
+    }
+}
+
 /// How a limit is keyed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Keying {
@@ -129,10 +186,8 @@ pub enum Keying {
 /// One limit of a policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PolicyLimit {
-    /// The algorithm.
-    pub kind: Kind,
-    /// Count per period, burst.
-    pub limit: Limit,
+    /// The algorithm and its limit, checked for the store.
+    pub limit: CheckedLimit,
     /// Per identifier or global.
     pub keying: Keying,
 }
@@ -313,9 +368,9 @@ impl Config {
             } => (timeout, on_failure),
             Store::Memory { .. } => (limiter_redis::DEFAULT_TIMEOUT, OnFailure::default()),
         };
-        for (name, policy) in &self.policies {
-            for l in &policy.limits {
-                RedisLimit::new(l.kind, l.limit)
+        for (name, policy) in &mut self.policies {
+            for l in &mut policy.limits {
+                l.limit = CheckedLimit::new(l.limit.kind(), l.limit.limit(), StoreKind::Redis)
                     .map_err(|e| plain(format!("policy `{name}` cannot run on Redis: {e}")))?;
             }
         }
@@ -523,11 +578,6 @@ fn parse_policy(
     Ok(Policy { limits, on_failure })
 }
 
-/// Whether the in-process algorithm for `kind` accepts `limit`, or why not.
-pub fn check_limit(kind: Kind, limit: Limit) -> Result<(), String> {
-    kind.check(limit).map_err(|e| e.to_string())
-}
-
 fn parse_limit(
     source: &Source<'_>,
     policy: &str,
@@ -574,18 +624,9 @@ fn parse_limit(
         }
     };
     // The algorithm must accept the limit here, in process and, for a Redis store, on Redis.
-    let check = match store {
-        Store::Memory { .. } => check_limit(kind, limit),
-        Store::Redis { .. } => RedisLimit::new(kind, limit)
-            .map(|_| ())
-            .map_err(|e| e.to_string()),
-    };
-    check.map_err(|e| source.at(entry, format!("policy `{policy}`: {e}")))?;
-    Ok(PolicyLimit {
-        kind,
-        limit,
-        keying,
-    })
+    let limit = CheckedLimit::new(kind, limit, store.kind())
+        .map_err(|e| source.at(entry, format!("policy `{policy}`: {e}")))?;
+    Ok(PolicyLimit { limit, keying })
 }
 
 /// `"500ms"`, `"1s"`, `"15m"`, `"1h"`, `"1d"`: a whole number and a unit.
@@ -620,8 +661,8 @@ mod tests {
             ["api", "global", "login"]
         );
         let api = &config.policies["api"];
-        assert_eq!(api.limits[0].limit.burst(), 20);
-        assert_eq!(api.limits[1].kind, Kind::SlidingWindow);
+        assert_eq!(api.limits[0].limit.limit().burst(), 20);
+        assert_eq!(api.limits[1].limit.kind(), Kind::SlidingWindow);
         assert_eq!(config.policies["global"].limits[1].keying, Keying::Global);
     }
 

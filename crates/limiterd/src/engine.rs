@@ -3,6 +3,9 @@
 //! first use for ad-hoc limits (`limit` per `duration_ms`, a token bucket keyed by namespace
 //! and identifier).
 //!
+//! Every call goes through the workspace's one seam, [`AsyncLimiter`], and its [`Outcome`]
+//! becomes an [`Answer`] in one place (`Engine::answer`), whatever the store.
+//!
 //! A batch is all or nothing: in process, its items are decided in order at one clock reading,
 //! each admitted item keeping a grant; if any item is denied, every grant is refunded at that
 //! same reading, so the batch leaves no trace, and the admitted items report what they hold
@@ -15,11 +18,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
 use limiter_core::{Clock, Decision, Limit, LimitError};
-use limiter_redis::{Kind, OnFailure, RedisBackend, RedisLayer, RedisStack, Source};
-use limiter_stack::{CallError, Grant, Layer, Stack};
+use limiter_redis::{Kind, OnFailure, RedisBackend, RedisLayer, RedisStack};
+use limiter_stack::{AsyncLimiter, CallError, Grant, Layer, Outcome, Stack};
 
-use crate::config::{Config, Keying, Policy, PolicyLimit, Store, check_limit};
-use crate::metrics::Metrics;
+use crate::config::{CheckedLimit, Config, Keying, Policy, PolicyLimit, Store, StoreKind};
+use crate::metrics::{AD_HOC, FailurePolicy, Metrics, PolicyCounters};
 
 /// The most distinct ad-hoc limit shapes (`limit` and `duration_ms` pairs) one process keeps a
 /// stack for; a request for another is refused and should become a configured policy.
@@ -31,11 +34,25 @@ pub struct Call {
     identifier: Arc<str>,
 }
 
+/// A policy of the engine: a configured one, found by name with [`Engine::policy_id`], or one
+/// added for an envoy descriptor by [`Engine::add_policy`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PolicyId(usize);
+
+impl PolicyId {
+    /// The policy at `index` in the order the engine added them (configured policies first,
+    /// in name order). For tests and fuzz bodies; an id no policy has is refused when decided.
+    #[doc(hidden)]
+    pub const fn from_index(index: usize) -> Self {
+        Self(index)
+    }
+}
+
 /// What a request asks for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Target {
-    /// A configured policy, by index into [`Engine::policy_names`].
-    Policy(usize),
+    /// A policy of the engine.
+    Policy(PolicyId),
     /// `limit` per `duration_ms`, keyed by namespace and identifier.
     AdHoc {
         /// The algorithm.
@@ -127,14 +144,54 @@ pub enum DecideError {
     Full(String),
 }
 
+/// Why the engine could not be built.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    /// The configuration names a Redis store but no connection was given.
+    #[error(
+        "the store is Redis but no Redis connection was made; connect first (limiterd does this from `[store] url`)"
+    )]
+    NoBackend,
+    /// An in-process policy's stack was refused.
+    #[error("policy `{policy}`: {source}")]
+    Memory {
+        /// The policy.
+        policy: String,
+        /// Why.
+        #[source]
+        source: limiter_stack::BuildError,
+    },
+    /// A Redis policy's stack was refused.
+    #[error("policy `{policy}`: {source}")]
+    Redis {
+        /// The policy.
+        policy: String,
+        /// Why.
+        #[source]
+        source: limiter_redis::BuildError,
+    },
+}
+
 type MemoryStack<C> = Stack<Call, Arc<str>, C>;
 
 /// An ad-hoc limit's shape: the algorithm, `limit` per `duration_ms`.
 type Shape = (Kind, u64, u64);
 
+/// A policy's stack, in this process or on Redis.
 enum Backend<C> {
     Memory(MemoryStack<C>),
     Redis(RedisStack<Call>),
+}
+
+impl<C: Clock + Send + Sync + 'static> Backend<C> {
+    /// The stack, through the seam every store shares.
+    fn limiter(&self) -> &dyn AsyncLimiter<Call> {
+        match self {
+            Self::Memory(stack) => stack,
+            Self::Redis(stack) => stack,
+        }
+    }
 }
 
 enum StoreHandle {
@@ -142,21 +199,29 @@ enum StoreHandle {
     Redis(RedisBackend, OnFailure),
 }
 
+/// A policy: its name (its metrics label), its stack and its counters.
+struct Entry<C> {
+    name: String,
+    backend: Backend<C>,
+    counters: PolicyCounters,
+}
+
 /// Every policy's stack, the ad-hoc stacks, and the clock they share.
 pub struct Engine<C> {
     clock: C,
     store: StoreHandle,
-    names: Vec<String>,
-    index: HashMap<String, usize>,
-    policies: Vec<Backend<C>>,
+    policies: Vec<Entry<C>>,
+    by_name: HashMap<String, PolicyId>,
     ad_hoc: RwLock<HashMap<Shape, Arc<Backend<C>>>>,
+    ad_hoc_counters: PolicyCounters,
     metrics: Arc<Metrics>,
 }
 
 impl<C> std::fmt::Debug for Engine<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.policies.iter().map(|p| p.name.as_str()).collect();
         f.debug_struct("Engine")
-            .field("policies", &self.names)
+            .field("policies", &names)
             .finish_non_exhaustive()
     }
 }
@@ -167,7 +232,7 @@ fn memory_layer(name: &str, keying: Keying, limits: &[&PolicyLimit]) -> Layer<Ca
         Keying::Global => Layer::global(name),
     };
     for l in limits {
-        layer = layer.limit(l.kind, l.limit);
+        layer = layer.limit(l.limit.kind(), l.limit.limit());
     }
     layer
 }
@@ -180,7 +245,7 @@ fn redis_layer(name: &str, keying: Keying, limits: &[&PolicyLimit]) -> RedisLaye
         Keying::Global => RedisLayer::global(name),
     };
     for l in limits {
-        layer = layer.limit(l.kind, l.limit);
+        layer = layer.limit(l.limit.kind(), l.limit.limit());
     }
     layer
 }
@@ -203,14 +268,29 @@ fn groups(policy: &Policy) -> Vec<(Keying, Vec<&PolicyLimit>)> {
         .collect()
 }
 
+/// A call that can never be decided, as the API reports it.
+fn call_error(e: &CallError) -> DecideError {
+    match e {
+        CallError::Full { .. } => {
+            tracing::warn!(error = %e, "a policy's key store is full: new identifiers are refused");
+            DecideError::Full(e.to_string())
+        }
+        _ => DecideError::Invalid {
+            field: "cost",
+            message: e.to_string(),
+        },
+    }
+}
+
 impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
-    /// Builds every policy's stack on `clock` (and, for a Redis store, `backend`).
+    /// Builds every configured policy's stack on `clock` (and, for a Redis store, `backend`),
+    /// registering each policy's counters in `metrics` under its name.
     pub fn new(
         config: &Config,
         clock: C,
         backend: Option<RedisBackend>,
         metrics: Arc<Metrics>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, EngineError> {
         let store = match (&config.store, backend) {
             (Store::Memory { max_keys }, _) => StoreHandle::Memory {
                 max_keys: *max_keys,
@@ -218,27 +298,33 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             (Store::Redis { on_failure, .. }, Some(backend)) => {
                 StoreHandle::Redis(backend, *on_failure)
             }
-            (Store::Redis { .. }, None) => return Err("a Redis store needs a backend".into()),
+            (Store::Redis { .. }, None) => return Err(EngineError::NoBackend),
         };
         let mut engine = Self {
             clock,
             store,
-            names: Vec::new(),
-            index: HashMap::new(),
             policies: Vec::new(),
+            by_name: HashMap::new(),
             ad_hoc: RwLock::new(HashMap::new()),
+            ad_hoc_counters: metrics.policy(AD_HOC),
             metrics,
         };
         for (name, policy) in &config.policies {
-            let backend = engine.build(name, policy)?;
-            engine.index.insert(name.clone(), engine.names.len());
-            engine.names.push(name.clone());
-            engine.policies.push(backend);
+            let id = engine.add_policy(name, name, policy)?;
+            engine.by_name.insert(name.clone(), id);
         }
         Ok(engine)
     }
 
-    fn build(&self, name: &str, policy: &Policy) -> Result<Backend<C>, String> {
+    /// Which store policies are checked for ([`CheckedLimit::new`]).
+    pub fn store_kind(&self) -> StoreKind {
+        match self.store {
+            StoreHandle::Memory { .. } => StoreKind::Memory,
+            StoreHandle::Redis(..) => StoreKind::Redis,
+        }
+    }
+
+    fn build(&self, stack_name: &str, policy: &Policy) -> Result<Backend<C>, EngineError> {
         let groups = groups(policy);
         let layer_name = |k: Keying| match k {
             Keying::Identifier => "identifier",
@@ -256,10 +342,13 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                 builder
                     .build()
                     .map(Backend::Memory)
-                    .map_err(|e| e.to_string())
+                    .map_err(|source| EngineError::Memory {
+                        policy: stack_name.to_owned(),
+                        source,
+                    })
             }
             StoreHandle::Redis(backend, _) => {
-                let mut builder = RedisStack::builder(backend, name)
+                let mut builder = RedisStack::builder(backend, stack_name)
                     .prefix("limiterd")
                     .on_failure(policy.on_failure);
                 for (keying, limits) in &groups {
@@ -268,26 +357,30 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                 builder
                     .build()
                     .map(Backend::Redis)
-                    .map_err(|e| e.to_string())
+                    .map_err(|source| EngineError::Redis {
+                        policy: stack_name.to_owned(),
+                        source,
+                    })
             }
         }
     }
 
-    /// Adds a policy that requests reach by index only (not by name through the API), such
-    /// as an envoy descriptor's limit; returns its index.
-    pub fn add_policy(&mut self, name: &str, policy: &Policy) -> Result<usize, String> {
-        for l in &policy.limits {
-            match self.store {
-                StoreHandle::Redis(..) => limiter_redis::RedisLimit::new(l.kind, l.limit)
-                    .map(|_| ())
-                    .map_err(|e| format!("cannot run on Redis: {e}"))?,
-                StoreHandle::Memory { .. } => check_limit(l.kind, l.limit)?,
-            }
-        }
-        let backend = self.build(name, policy)?;
-        self.names.push(name.to_owned());
-        self.policies.push(backend);
-        Ok(self.policies.len() - 1)
+    /// Adds a policy counted under `name` in the metrics, with its state under `stack_name`
+    /// (part of its Redis keys). Requests reach it by the returned id only (an envoy
+    /// descriptor's limit); configured policies are also found by name.
+    pub fn add_policy(
+        &mut self,
+        name: &str,
+        stack_name: &str,
+        policy: &Policy,
+    ) -> Result<PolicyId, EngineError> {
+        let backend = self.build(stack_name, policy)?;
+        self.policies.push(Entry {
+            name: name.to_owned(),
+            backend,
+            counters: self.metrics.policy(name),
+        });
+        Ok(PolicyId(self.policies.len() - 1))
     }
 
     /// What a policy does when Redis fails unless it says otherwise: the store's choice.
@@ -298,24 +391,24 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         }
     }
 
-    /// The configured policies' names, in index order.
-    pub fn policy_names(&self) -> &[String] {
-        &self.names
+    /// The configured policy named `name`.
+    pub fn policy_id(&self, name: &str) -> Option<PolicyId> {
+        self.by_name.get(name).copied()
     }
 
-    /// A policy's index.
-    pub fn policy_index(&self, name: &str) -> Option<usize> {
-        self.index.get(name).copied()
+    /// The name of the policy `id` (its metrics label).
+    pub fn policy_name(&self, id: PolicyId) -> Option<&str> {
+        self.policies.get(id.0).map(|p| p.name.as_str())
     }
 
     /// Keys held in memory (0 on Redis, whose keys expire there).
     pub fn keys_held(&self) -> u64 {
-        let policies = self.policies.iter();
+        let policies = self.policies.iter().map(|p| held(&p.backend));
         let ad_hoc = self
             .ad_hoc
             .read()
             .map(|m| m.values().map(|b| held(b)).sum::<u64>());
-        policies.map(held).sum::<u64>() + ad_hoc.unwrap_or(0)
+        policies.sum::<u64>() + ad_hoc.unwrap_or(0)
     }
 
     fn ad_hoc_backend(
@@ -342,52 +435,47 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             field,
             message: format!("`limit` per `duration_ms`: {message}"),
         };
-        let invalid_limit = |message: String| invalid("limit", message);
         let limit = Limit::new(limit, std::time::Duration::from_millis(duration_ms));
-        limit.check().map_err(|e| match e {
+        let checked = CheckedLimit::new(kind, limit, self.store_kind()).map_err(|e| match e {
             LimitError::ZeroPeriod | LimitError::PeriodTooLong { .. } => {
                 invalid("duration_ms", e.to_string())
             }
-            _ => invalid_limit(e.to_string()),
+            _ => invalid("limit", e.to_string()),
         })?;
         let policy = Policy {
             limits: vec![PolicyLimit {
-                kind,
-                limit,
+                limit: checked,
                 keying: Keying::Identifier,
             }],
             on_failure: self.default_failure(),
         };
-        if let StoreHandle::Redis(..) = self.store {
-            limiter_redis::RedisLimit::new(kind, limit)
-                .map_err(|e| invalid_limit(e.to_string()))?;
-        } else {
-            check_limit(kind, limit).map_err(invalid_limit)?;
-        }
         let name = format!(
             "adhoc-{}-{}-{duration_ms}",
             kind.name().replace(['_', ' '], "-"),
             shape.1
         );
-        let backend = Arc::new(self.build(&name, &policy).map_err(invalid_limit)?);
+        let backend = Arc::new(
+            self.build(&name, &policy)
+                .map_err(|e| invalid("limit", e.to_string()))?,
+        );
         map.insert(shape, Arc::clone(&backend));
         Ok(backend)
     }
 
     fn resolve(&self, item: &Item) -> Result<(Resolved<'_, C>, Call), DecideError> {
         match &item.target {
-            Target::Policy(index) => {
-                let backend = self
+            Target::Policy(id) => {
+                let entry = self
                     .policies
-                    .get(*index)
+                    .get(id.0)
                     .ok_or_else(|| DecideError::Invalid {
                         field: "policy",
-                        message: format!("no policy number {index}"),
+                        message: format!("no policy number {}", id.0),
                     })?;
                 let call = Call {
                     identifier: item.identifier.as_str().into(),
                 };
-                Ok((Resolved::Configured(backend), call))
+                Ok((Resolved::Configured(&entry.backend, &entry.counters), call))
             }
             Target::AdHoc {
                 kind,
@@ -402,7 +490,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                     identifier: format!("{}:{namespace}:{}", namespace.len(), item.identifier)
                         .into(),
                 };
-                Ok((Resolved::AdHoc(backend), call))
+                Ok((Resolved::AdHoc(backend, &self.ad_hoc_counters), call))
             }
         }
     }
@@ -422,22 +510,13 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             self.decide_on_redis(items, &resolved).await
         };
         if let Ok((_, answers)) = &result {
-            for (item, answer) in items.iter().zip(answers) {
-                self.metrics.count(
-                    self.metric_index(item),
-                    answer.decision.is_allowed(),
-                    item.shadow,
-                );
+            for ((item, (target, _)), answer) in items.iter().zip(&resolved).zip(answers) {
+                target
+                    .counters()
+                    .count(answer.decision.is_allowed(), item.shadow);
             }
         }
         result
-    }
-
-    fn metric_index(&self, item: &Item) -> Option<usize> {
-        match item.target {
-            Target::Policy(index) => Some(index),
-            Target::AdHoc { .. } => None,
-        }
     }
 
     fn decide_in_memory(
@@ -453,21 +532,11 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             let Backend::Memory(stack) = backend.backend() else {
                 unreachable!("checked by the caller");
             };
-            let outcome = stack.decide_at(call, item.cost, now);
-            let (decision, grant) = match outcome {
+            let (decision, grant) = match stack.decide_at(call, item.cost, now) {
                 Ok(pair) => pair,
                 Err(e) => {
                     self.refund_all(resolved, grants);
-                    return Err(match e {
-                        CallError::Full { .. } => {
-                            tracing::warn!(error = %e, "a policy's key store is full: new identifiers are refused");
-                            DecideError::Full(e.to_string())
-                        }
-                        _ => DecideError::Invalid {
-                            field: "cost",
-                            message: e.to_string(),
-                        },
-                    });
+                    return Err(call_error(&e));
                 }
             };
             all &= decision.is_allowed() || item.shadow;
@@ -513,13 +582,13 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
     ) -> Result<(bool, Vec<Answer>), DecideError> {
         if let [item] = items {
             let (backend, call) = &resolved[0];
-            let answer = self.redis_call(backend.backend(), call, item.cost).await?;
+            let answer = self.call_one(backend.backend(), call, item.cost).await?;
             return Ok((answer.decision.is_allowed() || item.shadow, vec![answer]));
         }
         // Peek every item: if any would be denied, that is the answer, and nothing is taken.
         let mut peeks = Vec::with_capacity(items.len());
         for (item, (backend, call)) in items.iter().zip(resolved) {
-            let peek = self.redis_call(backend.backend(), call, 0).await?;
+            let peek = self.call_one(backend.backend(), call, 0).await?;
             let fits = peek.decision.remaining() >= item.cost;
             peeks.push((peek, fits));
         }
@@ -547,66 +616,57 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         let mut answers = Vec::with_capacity(items.len());
         let mut all = true;
         for (item, (backend, call)) in items.iter().zip(resolved) {
-            let answer = self.redis_call(backend.backend(), call, item.cost).await?;
+            let answer = self.call_one(backend.backend(), call, item.cost).await?;
             all &= answer.decision.is_allowed() || item.shadow;
             answers.push(answer);
         }
         Ok((all, answers))
     }
 
-    async fn redis_call(
+    /// One call on any store, through the seam.
+    async fn call_one(
         &self,
         backend: &Backend<C>,
         call: &Call,
         cost: u64,
     ) -> Result<Answer, DecideError> {
-        match backend {
-            Backend::Memory(stack) => stack
-                .check_n(call, cost)
-                .map(|d| Answer {
-                    decision: d.decision(),
-                    origin: Origin::Memory,
-                })
-                .map_err(|e| DecideError::Invalid {
-                    field: "cost",
-                    message: e.to_string(),
-                }),
-            Backend::Redis(stack) => {
-                let answer = stack
-                    .check_n(call, cost)
-                    .await
-                    .map_err(|e| DecideError::Invalid {
-                        field: "cost",
-                        message: e.to_string(),
-                    })?;
-                if answer.backend_error().is_some() {
-                    self.metrics.backend_error();
-                }
-                let origin = match answer.source() {
-                    Source::Redis | Source::NoLayer => Origin::Redis,
-                    Source::DenyCache => Origin::DenyCache,
-                    Source::Fallback(_) => {
-                        self.metrics.fallback();
+        let outcome = backend.limiter().decide_request(call, cost).await;
+        self.answer(outcome)
+    }
+
+    /// An [`Outcome`] as the API reports it, counting backend failures and failure-policy
+    /// answers: the one place a store's answer is read.
+    fn answer(&self, outcome: Result<Outcome, CallError>) -> Result<Answer, DecideError> {
+        let failed = |policy: FailurePolicy| {
+            self.metrics.backend_error();
+            self.metrics.failure_policy(policy);
+        };
+        match outcome.map_err(|e| call_error(&e))? {
+            Outcome::Decided { decision, origin } => {
+                let origin = match origin {
+                    limiter_stack::Origin::InProcess => Origin::Memory,
+                    limiter_stack::Origin::DenyCache => Origin::DenyCache,
+                    limiter_stack::Origin::Fallback => {
+                        failed(FailurePolicy::Fallback);
                         Origin::Fallback
-                    }
-                    Source::FailOpen(_) => {
-                        self.metrics.fallback();
-                        let decision = Decision::allow(0, 0, 0);
-                        return Ok(Answer {
-                            decision,
-                            origin: Origin::FailOpen,
-                        });
-                    }
-                    Source::FailClosed(e) => {
-                        self.metrics.fallback();
-                        return Err(DecideError::Unavailable(e.to_string()));
                     }
                     _ => Origin::Redis,
                 };
                 Ok(Answer {
-                    decision: answer.stack().decision(),
+                    decision: decision.decision(),
                     origin,
                 })
+            }
+            Outcome::FailedOpen(_) => {
+                failed(FailurePolicy::Open);
+                Ok(Answer {
+                    decision: Decision::allow(0, 0, 0),
+                    origin: Origin::FailOpen,
+                })
+            }
+            Outcome::FailedClosed(e) => {
+                failed(FailurePolicy::Closed);
+                Err(DecideError::Unavailable(e.to_string()))
             }
         }
     }
@@ -634,17 +694,23 @@ fn held<C: Clock>(backend: &Backend<C>) -> u64 {
     }
 }
 
-/// A configured policy's backend, or a shared ad-hoc one.
+/// A policy's backend, or a shared ad-hoc one, with the counters its answers go to.
 enum Resolved<'a, C> {
-    Configured(&'a Backend<C>),
-    AdHoc(Arc<Backend<C>>),
+    Configured(&'a Backend<C>, &'a PolicyCounters),
+    AdHoc(Arc<Backend<C>>, &'a PolicyCounters),
 }
 
 impl<C> Resolved<'_, C> {
     fn backend(&self) -> &Backend<C> {
         match self {
-            Self::Configured(b) => b,
-            Self::AdHoc(b) => b,
+            Self::Configured(b, _) => b,
+            Self::AdHoc(b, _) => b,
+        }
+    }
+
+    fn counters(&self) -> &PolicyCounters {
+        match self {
+            Self::Configured(_, c) | Self::AdHoc(_, c) => c,
         }
     }
 }
@@ -660,14 +726,14 @@ mod tests {
     fn engine(text: &str) -> (Engine<ManualClock>, ManualClock) {
         let config = Config::parse(text).expect("valid");
         let clock = ManualClock::new();
-        let metrics = Arc::new(Metrics::new(config.policies.keys().cloned()));
+        let metrics = Arc::new(Metrics::new());
         let engine = Engine::new(&config, clock.clone(), None, metrics).expect("builds");
         (engine, clock)
     }
 
     fn item(id: &str, cost: u64) -> Item {
         Item {
-            target: Target::Policy(0),
+            target: Target::Policy(PolicyId(0)),
             identifier: id.into(),
             cost,
             shadow: false,

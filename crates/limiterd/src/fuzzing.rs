@@ -3,10 +3,9 @@
 //! and envoy's descriptor loader must never panic, must refuse with a 400 and a message (or a
 //! line inside the file), and what they accept must hold the bounds the engine relies on.
 
+use crate::app::AppState;
 use crate::config::Config;
-use crate::config::check_limit;
-use crate::engine::Engine;
-use crate::engine::{Item, Target};
+use crate::engine::{Engine, Item, PolicyId, Target};
 use crate::envoy::Envoy;
 use crate::envoy::rules::{Domains, MAX_TEXT, Rule};
 use crate::envoy::service::{Code, EnvoyError};
@@ -14,8 +13,8 @@ use crate::request::{self as api, MAX_BATCH, MAX_DURATION_MS, MAX_IDENTIFIER, MA
 use limiter_core::ManualClock;
 use std::sync::OnceLock;
 
-fn lookup(name: &str) -> Option<usize> {
-    (name == "api").then_some(0)
+fn lookup(name: &str) -> Option<PolicyId> {
+    (name == "api").then_some(PolicyId::from_index(0))
 }
 
 fn accepted(item: &Item) {
@@ -68,7 +67,7 @@ pub fn envoy_rules(bytes: &[u8]) {
                 for (i, limit) in domain.limits().enumerate() {
                     assert_eq!(limit.id, i, "ids follow the walk");
                     if let Some(l) = limit.limit() {
-                        assert!(check_limit(limit.kind, l).is_ok(), "{limit:?}");
+                        assert!(limit.kind.check(l).is_ok(), "{limit:?}");
                     } else {
                         assert_eq!(limit.requests_per_unit, 0);
                     }
@@ -122,9 +121,8 @@ fn fuzz_envoy() -> &'static FuzzEnvoy {
     ENVOY.get_or_init(|| {
         let config = Config::parse("[envoy]\nfiles = [\"web.yaml\"]\n").expect("valid");
         let domains = Domains::load([("web.yaml", FUZZ_DOMAIN)]).expect("valid");
-        let (engine, envoy, _) =
-            Envoy::build(&config, domains, ManualClock::new(), None).expect("builds");
-        (envoy, engine)
+        let app = AppState::build(&config, domains, ManualClock::new(), None).expect("builds");
+        (app.envoy, app.engine)
     })
 }
 
@@ -160,7 +158,7 @@ pub fn config(bytes: &[u8]) {
             for policy in config.policies.values() {
                 assert!(!policy.limits.is_empty());
                 for l in &policy.limits {
-                    assert!(check_limit(l.kind, l.limit).is_ok(), "{l:?}");
+                    assert!(l.limit.kind().check(l.limit.limit()).is_ok(), "{l:?}");
                 }
             }
         }

@@ -8,18 +8,19 @@
 //! - [`request`]: the HTTP API's request parser.
 //! - [`envoy`]: envoy's descriptor files and `ShouldRateLimit`, protocol-free.
 //! - [`metrics`]: the Prometheus counters.
-//! - Adapters (feature `server`): `app` (the state they share), `api` (the HTTP JSON API and
-//!   `POST /json`), `grpc` (envoy's protocol over tonic), composed by `serve`.
+//! - [`app`]: the composition root: metrics, then the engine, then envoy's domains attached
+//!   to it, as the state the adapters share.
+//! - Adapters (feature `server`): `api` (the HTTP JSON API and `POST /json`), `grpc` (envoy's
+//!   protocol over tonic), served by `serve`.
 //!
-//! Dependencies point one way: config ← engine ← envoy ← adapters, metrics beside the
-//! engine; no module imports one that imports it.
+//! Dependencies point one way: metrics ← config ← engine ← envoy ← app ← adapters; no module
+//! imports one that imports it.
 //!
 //! `serve` (feature `server`) runs the HTTP API, and the gRPC service if envoy domains are
 //! configured, until a shutdown signal, letting requests in flight finish.
 
 #[cfg(feature = "server")]
 pub mod api;
-#[cfg(feature = "server")]
 pub mod app;
 pub mod config;
 pub mod engine;
@@ -46,7 +47,7 @@ mod server {
     use crate::api;
     use crate::app::AppState;
     use crate::config::{Config, Store};
-    use crate::envoy::{Domains, Envoy};
+    use crate::envoy::Domains;
     use crate::grpc::Grpc;
 
     /// Where to serve: the HTTP API, and envoy's gRPC protocol if wanted.
@@ -76,12 +77,10 @@ mod server {
                     .map_err(|e| format!("cannot use Redis at {url}: {e}"))?,
             ),
         };
-        let (engine, envoy, metrics) = Envoy::build(config, domains, DefaultClock::new(), backend)?;
-        let state = Arc::new(AppState {
-            engine,
-            envoy,
-            metrics,
-        });
+        let state = Arc::new(
+            AppState::build(config, domains, DefaultClock::new(), backend)
+                .map_err(|e| e.to_string())?,
+        );
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let signal = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|stop| *stop).await;

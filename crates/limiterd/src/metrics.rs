@@ -1,186 +1,243 @@
-//! Counters and a latency histogram, written as Prometheus text for `GET /metrics`:
-//! decisions allowed and denied per policy, invalid requests, backend errors, answers from a
-//! failure policy, keys held in memory, and how long each decision request took.
+//! The service's metrics, kept and written out by `prometheus-client` (OpenMetrics text, which
+//! Prometheus scrapes) for `GET /metrics`: decisions allowed, denied and shadow-denied per
+//! policy (labelled by name), invalid requests, backend errors, answers from a failure policy
+//! (labelled open, closed or fallback), keys held in memory, and how long each decision request
+//! took.
+//!
+//! A policy registers its counters once, by name ([`Metrics::policy`]), and keeps the handles:
+//! counting a decision is one atomic increment, with no lookup.
 
-use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicI64;
 use std::time::Duration;
 
-/// Upper bounds of the latency buckets, in microseconds.
-const BUCKETS_US: [u64; 12] = [
-    25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 100_000, 1_000_000,
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// The content type of [`Metrics::render`]'s text.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Upper bounds of the latency buckets, in seconds (25 µs to 1 s).
+const BUCKETS_S: [f64; 12] = [
+    0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.1, 1.0,
 ];
 
-/// Allowed and denied counts of one policy.
-#[derive(Debug, Default)]
-struct Decisions {
-    allowed: AtomicU64,
-    denied: AtomicU64,
-    shadow_denied: AtomicU64,
+/// The label every ad-hoc limit's decisions are counted under.
+pub const AD_HOC: &str = "(ad hoc)";
+
+type Labels = [(&'static str, String); 2];
+
+/// One policy's decision counters, registered under its name.
+#[derive(Clone, Debug)]
+pub struct PolicyCounters {
+    allowed: Counter,
+    denied: Counter,
+    shadow_denied: Counter,
 }
 
-/// Every counter. All are `Relaxed`: each is a statistic read on its own, never used to
-/// order other memory.
+impl PolicyCounters {
+    /// Counts one answer; a `shadow` denial (reported, not enforced) is counted apart.
+    pub(crate) fn count(&self, allowed: bool, shadow: bool) {
+        let counter = if allowed {
+            &self.allowed
+        } else if shadow {
+            &self.shadow_denied
+        } else {
+            &self.denied
+        };
+        counter.inc();
+    }
+}
+
+/// Which failure policy answered while the backend was failing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailurePolicy {
+    /// Admitted, nothing counted.
+    Open,
+    /// Refused with 503.
+    Closed,
+    /// Decided by the local fallback.
+    Fallback,
+}
+
+impl FailurePolicy {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Open => "open",
+            Self::Closed => "closed",
+            Self::Fallback => "fallback",
+        }
+    }
+}
+
+/// Every metric, in one registry.
 #[derive(Debug)]
 pub struct Metrics {
-    policies: Vec<(String, Decisions)>,
-    ad_hoc: Decisions,
-    invalid: AtomicU64,
-    backend_errors: AtomicU64,
-    failure_policy: AtomicU64,
-    buckets: [AtomicU64; BUCKETS_US.len()],
-    latency_count: AtomicU64,
-    latency_sum_us: AtomicU64,
+    registry: Registry,
+    decisions: Family<Labels, Counter>,
+    invalid: Counter,
+    backend_errors: Counter,
+    failure_policy: Family<[(&'static str, &'static str); 1], Counter>,
+    store_keys: Gauge<i64, AtomicI64>,
+    duration: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl Metrics {
-    /// Counters for `policies` (in the engine's index order).
-    pub fn new(policies: impl IntoIterator<Item = String>) -> Self {
-        Self {
-            policies: policies
-                .into_iter()
-                .map(|p| (p, Decisions::default()))
-                .collect(),
-            ad_hoc: Decisions::default(),
-            invalid: AtomicU64::new(0),
-            backend_errors: AtomicU64::new(0),
-            failure_policy: AtomicU64::new(0),
-            buckets: Default::default(),
-            latency_count: AtomicU64::new(0),
-            latency_sum_us: AtomicU64::new(0),
+    /// Every metric at zero; policies add their counters with [`policy`](Self::policy).
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let decisions = Family::<Labels, Counter>::default();
+        registry.register(
+            "limiterd_decisions",
+            "Decisions made, by policy and result (shadow_denied: a shadow-mode limit over, not enforced)",
+            decisions.clone(),
+        );
+        let invalid = Counter::default();
+        registry.register(
+            "limiterd_invalid_requests",
+            "Requests refused as invalid (400)",
+            invalid.clone(),
+        );
+        let backend_errors = Counter::default();
+        registry.register(
+            "limiterd_backend_errors",
+            "Calls the store failed or timed out",
+            backend_errors.clone(),
+        );
+        let failure_policy = Family::default();
+        registry.register(
+            "limiterd_failure_policy",
+            "Answers given by a failure policy while the store failed, by policy (open, closed, fallback)",
+            failure_policy.clone(),
+        );
+        let store_keys = Gauge::<i64, AtomicI64>::default();
+        registry.register(
+            "limiterd_store_keys",
+            "Keys held in memory (full ones not yet reclaimed included)",
+            store_keys.clone(),
+        );
+        let duration = Histogram::new(BUCKETS_S);
+        registry.register(
+            "limiterd_request_duration_seconds",
+            "Time to answer a decision request",
+            duration.clone(),
+        );
+        let metrics = Self {
+            registry,
+            decisions,
+            invalid,
+            backend_errors,
+            failure_policy,
+            store_keys,
+            duration,
+        };
+        for policy in [
+            FailurePolicy::Open,
+            FailurePolicy::Closed,
+            FailurePolicy::Fallback,
+        ] {
+            let _ = metrics
+                .failure_policy
+                .get_or_create(&[("policy", policy.label())]);
         }
+        metrics
     }
 
-    /// Counts one answer for policy `index` (`None`: an ad-hoc limit); a `shadow` denial
-    /// (reported, not enforced) is counted apart.
-    pub(crate) fn count(&self, index: Option<usize>, allowed: bool, shadow: bool) {
-        let decisions = match index.and_then(|i| self.policies.get(i)) {
-            Some((_, d)) => d,
-            None => &self.ad_hoc,
+    /// The counters of the policy named `name`, shown at zero from now on. Registering a name
+    /// twice shares its counters.
+    pub fn policy(&self, name: &str) -> PolicyCounters {
+        let counter = |result: &'static str| {
+            self.decisions
+                .get_or_create(&[("policy", name.to_owned()), ("result", result.to_owned())])
+                .clone()
         };
-        let counter = if allowed {
-            &decisions.allowed
-        } else if shadow {
-            &decisions.shadow_denied
-        } else {
-            &decisions.denied
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
+        PolicyCounters {
+            allowed: counter("allowed"),
+            denied: counter("denied"),
+            shadow_denied: counter("shadow_denied"),
+        }
     }
 
     /// Counts a request refused as invalid.
     pub fn invalid(&self) {
-        self.invalid.fetch_add(1, Ordering::Relaxed);
+        self.invalid.inc();
     }
 
     /// Counts a backend failure.
     pub(crate) fn backend_error(&self) {
-        self.backend_errors.fetch_add(1, Ordering::Relaxed);
+        self.backend_errors.inc();
     }
 
-    /// Counts an answer given by a failure policy (open, closed or the fallback).
-    pub(crate) fn fallback(&self) {
-        self.failure_policy.fetch_add(1, Ordering::Relaxed);
+    /// Counts an answer given by a failure policy.
+    pub(crate) fn failure_policy(&self, policy: FailurePolicy) {
+        self.failure_policy
+            .get_or_create(&[("policy", policy.label())])
+            .inc();
     }
 
     /// Records how long one decision request took.
     pub fn observe(&self, took: Duration) {
-        let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
-        if let Some(i) = BUCKETS_US.iter().position(|&b| us <= b) {
-            self.buckets[i].fetch_add(1, Ordering::Relaxed);
-        }
-        self.latency_count.fetch_add(1, Ordering::Relaxed);
-        self.latency_sum_us.fetch_add(us, Ordering::Relaxed);
+        self.duration.observe(took.as_secs_f64());
     }
 
-    /// The Prometheus text exposition, with `keys` held in memory.
+    /// The text exposition, with `keys` held in memory.
     pub fn render(&self, keys: u64) -> String {
+        self.store_keys.set(i64::try_from(keys).unwrap_or(i64::MAX));
         let mut out = String::new();
-        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        out.push_str("# HELP limiterd_decisions_total Decisions made, by policy and result (shadow_denied: a shadow-mode limit over, not enforced).\n");
-        out.push_str("# TYPE limiterd_decisions_total counter\n");
-        let all = self
-            .policies
-            .iter()
-            .map(|(name, d)| (name.as_str(), d))
-            .chain([("(ad hoc)", &self.ad_hoc)]);
-        for (name, d) in all {
-            let name = label(name);
-            for (result, counter) in [
-                ("allowed", &d.allowed),
-                ("denied", &d.denied),
-                ("shadow_denied", &d.shadow_denied),
-            ] {
-                let _ = writeln!(
-                    out,
-                    "limiterd_decisions_total{{policy=\"{name}\",result=\"{result}\"}} {}",
-                    load(counter)
-                );
-            }
-        }
-        for (name, help, value) in [
-            (
-                "limiterd_invalid_requests_total",
-                "Requests refused as invalid (400).",
-                load(&self.invalid),
-            ),
-            (
-                "limiterd_backend_errors_total",
-                "Calls the store failed or timed out.",
-                load(&self.backend_errors),
-            ),
-            (
-                "limiterd_failure_policy_total",
-                "Answers given by a failure policy (open, closed, fallback).",
-                load(&self.failure_policy),
-            ),
-        ] {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# HELP limiterd_store_keys Keys held in memory (full ones not yet reclaimed included).\n# TYPE limiterd_store_keys gauge\nlimiterd_store_keys {keys}"
-        );
-        out.push_str(
-            "# HELP limiterd_request_duration_seconds Time to answer a decision request.\n",
-        );
-        out.push_str("# TYPE limiterd_request_duration_seconds histogram\n");
-        let mut cumulative = 0;
-        for (bound, bucket) in BUCKETS_US.iter().zip(&self.buckets) {
-            cumulative += load(bucket);
-            let _ = writeln!(
-                out,
-                "limiterd_request_duration_seconds_bucket{{le=\"{}\"}} {cumulative}",
-                seconds(*bound)
-            );
-        }
-        let count = load(&self.latency_count);
-        let _ = writeln!(
-            out,
-            "limiterd_request_duration_seconds_bucket{{le=\"+Inf\"}} {count}"
-        );
-        let _ = writeln!(
-            out,
-            "limiterd_request_duration_seconds_sum {}\nlimiterd_request_duration_seconds_count {count}",
-            seconds(load(&self.latency_sum_us))
-        );
+        // Writing to a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
         out
     }
 }
 
-/// A Prometheus label value: backslash, quote and newline escaped (envoy descriptor keys may
-/// hold any of them).
-fn label(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// Microseconds as decimal seconds, exactly (no float).
-fn seconds(us: u64) -> String {
-    format!("{}.{:06}", us / 1_000_000, us % 1_000_000)
+    #[test]
+    fn counts_by_policy_name_and_failure_policy_with_escaped_labels() {
+        let metrics = Metrics::new();
+        let api = metrics.policy("api");
+        api.count(true, false);
+        api.count(true, false);
+        api.count(false, false);
+        api.count(false, true);
+        // A second registration shares the counters.
+        metrics.policy("api").count(true, false);
+        metrics.policy("envoy:a\"b\\c\nd").count(false, false);
+        metrics.failure_policy(FailurePolicy::Closed);
+        metrics.invalid();
+        metrics.observe(Duration::from_micros(30));
+        let text = metrics.render(7);
+        for line in [
+            "limiterd_decisions_total{policy=\"api\",result=\"allowed\"} 3",
+            "limiterd_decisions_total{policy=\"api\",result=\"denied\"} 1",
+            "limiterd_decisions_total{policy=\"api\",result=\"shadow_denied\"} 1",
+            "limiterd_decisions_total{policy=\"envoy:a\\\"b\\\\c\\nd\",result=\"denied\"} 1",
+            "limiterd_failure_policy_total{policy=\"closed\"} 1",
+            "limiterd_failure_policy_total{policy=\"open\"} 0",
+            "limiterd_failure_policy_total{policy=\"fallback\"} 0",
+            "limiterd_invalid_requests_total 1",
+            "limiterd_backend_errors_total 0",
+            "limiterd_store_keys 7",
+            "limiterd_request_duration_seconds_count 1",
+            "limiterd_request_duration_seconds_bucket{le=\"0.00005\"} 1",
+            "limiterd_request_duration_seconds_bucket{le=\"0.000025\"} 0",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "{line:?} missing from\n{text}"
+            );
+        }
+        assert!(text.ends_with("# EOF\n"), "{text}");
+    }
 }

@@ -6,7 +6,7 @@ use http::StatusCode;
 use limiter_redis::Kind;
 use serde::{Deserialize, Serialize};
 
-use crate::engine::{Item, Target};
+use crate::engine::{Item, PolicyId, Target};
 
 /// The largest request body accepted.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -102,7 +102,7 @@ fn from_json<'de, T: Deserialize<'de>>(body: &'de [u8]) -> Result<T, ApiError> {
 /// Parses one `POST /v1/ratelimit` body; `policy` finds a configured policy's index.
 pub fn parse_request(
     body: &[u8],
-    policy: &dyn Fn(&str) -> Option<usize>,
+    policy: &dyn Fn(&str) -> Option<PolicyId>,
 ) -> Result<Item, ApiError> {
     let raw: RawRequest = from_json(body)?;
     check(raw, policy)
@@ -111,7 +111,7 @@ pub fn parse_request(
 /// Parses one `POST /v1/ratelimit/many` body.
 pub fn parse_many(
     body: &[u8],
-    policy: &dyn Fn(&str) -> Option<usize>,
+    policy: &dyn Fn(&str) -> Option<PolicyId>,
 ) -> Result<Vec<Item>, ApiError> {
     let raw: RawMany = from_json(body)?;
     if raw.requests.is_empty() || raw.requests.len() > MAX_BATCH {
@@ -127,7 +127,7 @@ pub fn parse_many(
         .collect()
 }
 
-fn check(raw: RawRequest, policy: &dyn Fn(&str) -> Option<usize>) -> Result<Item, ApiError> {
+fn check(raw: RawRequest, policy: &dyn Fn(&str) -> Option<PolicyId>) -> Result<Item, ApiError> {
     if raw.identifier.is_empty() || raw.identifier.len() > MAX_IDENTIFIER {
         return Err(ApiError::invalid(
             "identifier",
@@ -225,8 +225,8 @@ fn check(raw: RawRequest, policy: &dyn Fn(&str) -> Option<usize>) -> Result<Item
 mod tests {
     use super::*;
 
-    fn policies(name: &str) -> Option<usize> {
-        (name == "api").then_some(0)
+    fn policies(name: &str) -> Option<PolicyId> {
+        (name == "api").then_some(PolicyId::from_index(0))
     }
 
     fn refused(body: &str) -> ApiError {
@@ -237,7 +237,7 @@ mod tests {
     fn parses_policy_and_ad_hoc_requests() {
         let item =
             parse_request(br#"{"policy":"api","identifier":"u1"}"#, &policies).expect("valid");
-        assert_eq!(item.target, Target::Policy(0));
+        assert_eq!(item.target, Target::Policy(PolicyId::from_index(0)));
         assert_eq!(item.cost, 1);
         let item = parse_request(
             br#"{"namespace":"mail","identifier":"u1","limit":10,"duration_ms":60000,"cost":0}"#,

@@ -30,7 +30,6 @@ use limiter_core::Limit;
 use limiter_redis::Kind;
 
 use super::yaml::{self, Mark, Node, Value};
-use crate::config::check_limit;
 
 /// Nested descriptor levels beyond this are refused.
 pub const MAX_LEVELS: usize = 16;
@@ -735,7 +734,7 @@ impl Loader<'_> {
         };
         self.limits.set(limit.id + 1);
         if let Some(l) = limit.limit() {
-            check_limit(kind, l).map_err(|e| {
+            kind.check(l).map_err(|e| {
                 self.error(
                     node,
                     field,

@@ -12,16 +12,14 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
-use std::sync::Arc;
 use std::time::Duration;
 
-use limiter_core::{Clock, Decision};
-use limiter_redis::{Kind, RedisBackend};
+use limiter_core::{Clock, Decision, LimitError};
+use limiter_redis::Kind;
 
 use super::rules::{Domains, RateLimit, Rule, Unit};
-use crate::config::{Config, Keying, Policy, PolicyLimit};
-use crate::engine::{DecideError, Engine, Item, Target};
-use crate::metrics::Metrics;
+use crate::config::{CheckedLimit, Keying, Policy, PolicyLimit, StoreKind};
+use crate::engine::{DecideError, Engine, EngineError, Item, PolicyId, Target};
 
 /// The most descriptors one request may carry.
 pub const MAX_DESCRIPTORS: usize = 64;
@@ -138,7 +136,7 @@ pub struct Envoy {
     domains: Domains,
     /// Per domain, the engine policy of each limit, by [`RateLimit::id`].
     /// `None` for a limit of `requests_per_unit: 0`, which refuses without a counter.
-    policies: HashMap<String, Vec<Option<usize>>>,
+    policies: HashMap<String, Vec<Option<PolicyId>>>,
 }
 
 /// How a request descriptor is decided.
@@ -157,16 +155,45 @@ enum Plan<'a> {
     Refused { shown: CurrentLimit, shadow: bool },
 }
 
-/// The engine policy for a configured limit (one layer, keyed by the descriptor's values).
-fn policy_for(limit: &RateLimit, on_failure: limiter_redis::OnFailure) -> Option<Policy> {
-    Some(Policy {
+/// Why envoy's domains could not be attached to the engine: a descriptor's limit, where it is.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AttachError {
+    /// The store cannot count the limit.
+    #[error("{location}: {source}")]
+    Limit {
+        /// `file:line` of the descriptor.
+        location: String,
+        /// Why.
+        #[source]
+        source: LimitError,
+    },
+    /// The limit's stack was refused.
+    #[error("{location}: {source}")]
+    Engine {
+        /// `file:line` of the descriptor.
+        location: String,
+        /// Why.
+        #[source]
+        source: EngineError,
+    },
+}
+
+/// The engine policy for a configured limit (one layer, keyed by the descriptor's values):
+/// `None` for a limit that counts nothing, or why the store cannot count it.
+fn policy_for(
+    limit: &RateLimit,
+    on_failure: limiter_redis::OnFailure,
+    store: StoreKind,
+) -> Option<Result<Policy, LimitError>> {
+    let checked = CheckedLimit::new(limit.kind, limit.limit()?, store);
+    Some(checked.map(|limit| Policy {
         limits: vec![PolicyLimit {
-            kind: limit.kind,
-            limit: limit.limit()?,
+            limit,
             keying: Keying::Identifier,
         }],
         on_failure,
-    })
+    }))
 }
 
 /// The counter key for a descriptor's entries: each key and value length-prefixed, so no two
@@ -194,47 +221,47 @@ fn invalid(field: &str, message: impl std::fmt::Display) -> EnvoyError {
 }
 
 impl Envoy {
-    /// The engine for `config`'s policies and every configured limit of `domains` (config
-    /// policies first, then the limits in [`Domains::iter`] and [`super::Domain::limits`]
-    /// order), the metrics counting them under the same indices, and the domains matched to
-    /// their policies. A limit's failure policy is the store's.
-    pub fn build<C: Clock + Clone + Send + Sync + 'static>(
-        config: &Config,
+    /// Envoy's `domains`, with a policy on `engine` for every configured limit that counts
+    /// (`requests_per_unit: 0` refuses without a counter), in [`Domains::iter`] and
+    /// [`super::Domain::limits`] order, counted in the metrics as `envoy:<full key>`. A limit's
+    /// failure policy is the store's.
+    pub fn attach<C: Clock + Clone + Send + Sync + 'static>(
         domains: Domains,
-        clock: C,
-        backend: Option<RedisBackend>,
-    ) -> Result<(Engine<C>, Self, Arc<Metrics>), String> {
-        // `requests_per_unit: 0` has no policy: it refuses without a counter.
-        let counted = || {
-            domains
-                .iter()
-                .flat_map(|d| d.limits())
-                .filter(|l| l.limit().is_some())
-        };
-        let names = config
-            .policies
-            .keys()
-            .cloned()
-            .chain(counted().map(|l| format!("envoy:{}", l.full_key)));
-        let metrics = Arc::new(Metrics::new(names));
-        let mut engine = Engine::new(config, clock, backend, Arc::clone(&metrics))?;
+        engine: &mut Engine<C>,
+    ) -> Result<Self, AttachError> {
         let on_failure = engine.default_failure();
+        let store = engine.store_kind();
         let mut policies = HashMap::new();
         for domain in domains.iter() {
             let mut ids = Vec::new();
             for limit in domain.limits() {
-                let index = policy_for(limit, on_failure)
-                    .map(|policy| {
+                let located = |source| AttachError::Engine {
+                    location: limit.location.to_string(),
+                    source,
+                };
+                let id = match policy_for(limit, on_failure, store) {
+                    None => None,
+                    Some(Err(e)) => {
+                        return Err(AttachError::Limit {
+                            location: limit.location.to_string(),
+                            source: e,
+                        });
+                    }
+                    Some(Ok(policy)) => Some(
                         engine
-                            .add_policy(&stack_name(&limit.full_key), &policy)
-                            .map_err(|e| format!("{}: {e}", limit.location))
-                    })
-                    .transpose()?;
-                ids.push(index);
+                            .add_policy(
+                                &format!("envoy:{}", limit.full_key),
+                                &stack_name(&limit.full_key),
+                                &policy,
+                            )
+                            .map_err(located)?,
+                    ),
+                };
+                ids.push(id);
             }
             policies.insert(domain.name.clone(), ids);
         }
-        Ok((engine, Self { domains, policies }, metrics))
+        Ok(Self { domains, policies })
     }
 
     /// The loaded domains.
@@ -502,10 +529,14 @@ fn status(shown: &CurrentLimit, decision: &Decision, shadow: bool) -> Status {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use limiter_core::ManualClock;
 
     use super::*;
+    use crate::config::Config;
     use crate::engine::decided_at_once;
+    use crate::metrics::Metrics;
 
     const WEB: &str = "\
 domain: web
@@ -540,8 +571,10 @@ descriptors:
         let config = Config::parse("[envoy]\nfiles = [\"web.yaml\"]\n").expect("valid");
         let domains = Domains::load([("web.yaml", WEB)]).expect("valid");
         let clock = ManualClock::new();
-        let (engine, envoy, metrics) =
-            Envoy::build(&config, domains, clock.clone(), None).expect("builds");
+        let metrics = Arc::new(Metrics::new());
+        let mut engine =
+            Engine::new(&config, clock.clone(), None, Arc::clone(&metrics)).expect("builds");
+        let envoy = Envoy::attach(domains, &mut engine).expect("attaches");
         Fixture {
             envoy,
             engine,
