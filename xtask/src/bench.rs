@@ -20,7 +20,7 @@ use std::time::SystemTime;
 use crate::run::{cargo, root};
 
 /// The groups the targets read, as a criterion filter: the passes after the first repeat these.
-const TARGET_GROUPS: &str = "^(direct_allow_1_thread|direct_allow_2_threads|direct_deny_2_threads|keyed_hot_key|keyed_1M_keys_warm|stack)/";
+const TARGET_GROUPS: &str = "^(direct_allow_1_thread|direct_allow_2_threads|direct_deny_2_threads|keyed_hot_key|keyed_1M_keys_warm|stack|tower_axum)/";
 
 pub(crate) fn run(args: &[String]) -> Result<(), String> {
     let quick = args.iter().any(|a| a == "--quick");
@@ -295,7 +295,33 @@ fn targets() -> Vec<Target> {
             holds: |r| r <= 2.0,
             unit: "×",
         },
+        Target {
+            what: "HTTP layer on an axum router, headers off: overhead ≤ 1.0× tower_governor's",
+            measured: |r, _| {
+                let over = |f: &str| over_router(r, f);
+                Some(over("ours_no_headers")? / over("tower_governor")?)
+            },
+            holds: |r| r <= 1.0,
+            unit: "×",
+        },
+        Target {
+            what: "HTTP layer: IETF headers add ≤ 100 ns to the layer without headers",
+            measured: |r, _| {
+                let median = |f: &str| Some(find(r, "tower_axum", f)?.median);
+                Some(median("ours_ietf_headers")? - median("ours_no_headers")?)
+            },
+            holds: |ns| ns <= 100.0,
+            unit: " ns",
+        },
     ]
+}
+
+/// What a layer adds to the bare axum router, in ns (the `tower_axum` group).
+fn over_router(results: &[Measured], layered: &str) -> Option<f64> {
+    Some(
+        find(results, "tower_axum", layered)?.median
+            - find(results, "tower_axum", "bare_router")?.median,
+    )
 }
 
 /// A target's values over the passes that measured it: (median, min, max, passes).

@@ -56,9 +56,8 @@ fn push_u64(out: &mut String, mut n: u64) {
             break;
         }
     }
-    for &d in &digits[i..] {
-        out.push(char::from(d));
-    }
+    // ASCII digits: always UTF-8.
+    out.push_str(std::str::from_utf8(&digits[i..]).unwrap_or_default());
 }
 
 /// `text` as a Structured Field String: quoted, `"` and `\` escaped, and every byte outside

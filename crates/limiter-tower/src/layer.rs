@@ -266,19 +266,23 @@ where
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let shared = &self.shared;
         let (parts, body) = request.into_parts();
-        let grpc = response::is_grpc(&parts.headers);
         // Keys and cost are taken now, outside any future, so a future carries only what it
-        // needs.
-        let (request, cost) = match shared.prepare(parts) {
-            Ok(prepared) => prepared,
-            Err(rejection) => return ResponseFuture::answered(shared.respond(&rejection, grpc)),
+        // needs; the head moves once, into the request the limiter sees.
+        let keys = match shared.keys(&parts) {
+            Ok(keys) => keys,
+            Err(rejection) => {
+                let grpc = response::is_grpc(&parts.headers);
+                return ResponseFuture::answered(shared.respond(&rejection, grpc));
+            }
         };
+        let cost = shared.cost.as_ref().map_or(1, |cost| cost(&parts));
+        let request = HttpRequest { parts, keys };
         // In process, the answer is here now. A remote limiter's future borrows the request
         // and has done nothing yet: it is dropped, and asked again from a future that owns the
         // request.
         let decided = shared.limiter.decide_request(&request, cost);
         let now = match &decided {
-            Decide::Now(answer) => Some(shared.verdict(answer, grpc)),
+            Decide::Now(answer) => Some(shared.verdict(answer, &request)),
             Decide::Later(_unpolled) => None,
         };
         drop(decided);
@@ -299,7 +303,7 @@ where
         let shared = Arc::clone(shared);
         ResponseFuture::waiting(Box::pin(async move {
             let answer = shared.limiter.decide_request(&request, cost).await;
-            let headers = match shared.verdict(&answer, grpc) {
+            let headers = match shared.verdict(&answer, &request) {
                 Ok(headers) => headers,
                 Err(response) => return Ok(response),
             };
@@ -396,11 +400,11 @@ where
 }
 
 impl<L: AsyncLimiter<HttpRequest>> Shared<L> {
-    /// The request with its keys, and its cost; or why it cannot be keyed.
-    fn prepare(&self, parts: Parts) -> Result<(HttpRequest, u64), Rejection> {
+    /// The request's keys, or why it cannot be keyed.
+    fn keys(&self, parts: &Parts) -> Result<KeyList, Rejection> {
         let mut keys = KeyList::default();
         for spec in &self.keys {
-            match spec.extractor.extract(&parts) {
+            match spec.extractor.extract(parts) {
                 Ok(key) => keys.push(spec.name, Some(key)),
                 Err(_) if !spec.required => keys.push(spec.name, None),
                 Err(error) => {
@@ -412,8 +416,7 @@ impl<L: AsyncLimiter<HttpRequest>> Shared<L> {
                 }
             }
         }
-        let cost = self.cost.as_ref().map_or(1, |cost| cost(&parts));
-        Ok((HttpRequest { parts, keys }, cost))
+        Ok(keys)
     }
 
     /// The headers for an admitted request, or the response for any other answer.
@@ -422,13 +425,15 @@ impl<L: AsyncLimiter<HttpRequest>> Shared<L> {
     fn verdict<RB>(
         &self,
         answer: &Result<Outcome, CallError>,
-        grpc: bool,
+        request: &HttpRequest,
     ) -> Result<RateHeaders, Response<RateLimitBody<RB>>> {
+        // Read only to answer: an admitted request never looks.
+        let grpc = || response::is_grpc(request.headers());
         match answer {
             Ok(Outcome::Decided { decision, .. }) if decision.is_allowed() => {
                 Ok(self.policies.render(self.mode, decision))
             }
-            Ok(Outcome::Decided { decision, .. }) => Err(self.denied(decision, grpc)),
+            Ok(Outcome::Decided { decision, .. }) => Err(self.denied(decision, grpc())),
             Ok(Outcome::FailedOpen(_)) => Ok(RateHeaders::default()),
             Ok(Outcome::FailedClosed(reason)) => {
                 let detail = format!("the rate limiter is unavailable ({reason}); try again later");
@@ -437,7 +442,7 @@ impl<L: AsyncLimiter<HttpRequest>> Shared<L> {
                     StatusCode::SERVICE_UNAVAILABLE,
                     detail,
                 );
-                Err(self.respond(&r, grpc))
+                Err(self.respond(&r, grpc()))
             }
             Err(reason) => {
                 let detail = format!("the request cannot be rate limited: {reason}");
@@ -446,7 +451,7 @@ impl<L: AsyncLimiter<HttpRequest>> Shared<L> {
                     StatusCode::INTERNAL_SERVER_ERROR,
                     detail,
                 );
-                Err(self.respond(&r, grpc))
+                Err(self.respond(&r, grpc()))
             }
         }
     }

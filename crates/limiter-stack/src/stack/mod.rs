@@ -258,6 +258,18 @@ where
         Ok(decision)
     }
 
+    /// Decides `cost` units for `request` now into `decision` (new), where the caller keeps
+    /// it (the seam builds its answer in place: a decision is hundreds of bytes).
+    #[inline]
+    pub(crate) fn check_into(
+        &self,
+        request: &R,
+        cost: u64,
+        decision: &mut StackDecision,
+    ) -> Result<(), CallError> {
+        self.decide_into(request, cost, self.clock.now(), decision)
+    }
+
     /// Decides `cost` units for `request` at `now` into `decision` (new): a lean stack on the
     /// lean path, with working arrays as long as the stack is deep; any other stack, and any
     /// call the lean path cannot finish, on the general path.
