@@ -73,7 +73,7 @@ fn roomy() -> Limit {
 /// The exact arguments the limiter sends for one call of one limit, for the raw script call.
 fn raw_args(limit: &RedisLimit) -> Vec<Vec<u8>> {
     let (code, params) = limit.script_fields();
-    let mut args: Vec<Vec<u8>> = ["", "0", "1", "1", "1", "1"]
+    let mut args: Vec<Vec<u8>> = ["", "0", "1", "0", "1", "1", "1", "1"]
         .iter()
         .map(|s| s.as_bytes().to_vec())
         .collect();

@@ -8,8 +8,10 @@
 -- reach 2^78, are computed exactly by muldiv below.
 --
 -- ARGV: now_us ("" reads the server's TIME), the expiry slack in ms (kept on top of the time
--- until a state is full again), the number of groups, then for each group:
---   cost, number of limits, and per limit six fields: KEYS index, algorithm, a, b, c, d
+-- until a state is full again), the number of groups, the batch mode (0: each group on its
+-- own; 1: all or nothing, see below), then for each group:
+--   cost, enforced (1; 0 for a shadow group, which never blocks a batch), number of limits,
+--   and per limit six fields: KEYS index, algorithm, a, b, c, d
 --   algorithm 1 (token bucket): a = q ticks per us, b = p ticks per unit, c = tau (= burst * p),
 --     d = s: a tick is 2^s / q us (q is 1 when s > 0; readings are then floored to a tick)
 --   algorithm 2 (sliding window) / 3 (fixed window): a = count, b = window us,
@@ -17,7 +19,11 @@
 --     units of 2^granule, rounded up), d = index bits + 64 * wrapping (the window number is kept
 --     modulo 2^index bits, read as the window nearest now with the same low bits)
 -- A group is all or nothing: its writes happen only if every limit admits. Groups are decided
--- in order, each on the state the earlier ones left.
+-- in order, each on the state the earlier ones left. In mode 1 the batch is all or nothing as
+-- well: the writes wait until every group is decided and happen only if every enforced group
+-- admitted; otherwise nothing is written, and each admitted group is decided again with cost 0
+-- on the state as read, so it reports what it holds after the batch (as a refunded batch does
+-- in process).
 -- Reply: now_us, then per group: admitted (0/1), or an error message for that group alone
 -- (which then writes nothing and has no more entries), then per limit: allowed (0/1), remaining,
 -- retry_after_us, reset_after_us. A value of 2^53 or more is sent as a decimal string.
@@ -294,10 +300,14 @@ if now >= LIMIT then return fail('the time ' .. out(now) .. ' us is past 2^52 us
 
 local slack = tonumber(ARGV[2])
 local groups = tonumber(ARGV[3])
-if slack == nil or groups == nil then return fail('ARGV[2] and ARGV[3] must be the expiry slack and the number of groups') end
+local mode = tonumber(ARGV[4])
+if slack == nil or groups == nil or (mode ~= 0 and mode ~= 1) then
+  return fail('ARGV[2..4] must be the expiry slack, the number of groups and the batch mode (0 or 1)')
+end
 
 local states = {} -- key name -> {hi, lo}: the state as this script left it (a batch may
 -- name one key at several KEYS indexes)
+local before = {} -- key name -> {hi, lo}: the state as read, before any group
 
 -- Decides one group; returns its answers and writes, or an error message.
 local function decide_group(cost, n, arg)
@@ -328,6 +338,7 @@ local function decide_group(cost, n, arg)
         state = { 0, 0 }
       end
       states[KEYS[k]] = state
+      before[KEYS[k]] = state
     end
     local answer, err, nxh, nxl
     if algo == 1 then
@@ -347,30 +358,70 @@ local function decide_group(cost, n, arg)
   return { admitted, answers, writes }
 end
 
-local reply = { now }
-local arg = 4
-for _ = 1, groups do
+-- Writes one state; the key expires when the state is full again: reset_after us, rounded up
+-- to ms, plus the slack.
+local function store(wr)
+  local ttl = cdiv(wr[4], 1000) + slack
+  if ttl < 1 then ttl = 1 end
+  redis.call('SET', KEYS[wr[1]], format(wr[2], wr[3]), 'PX', string.format('%.0f', ttl))
+end
+
+local results = {} -- per group: {status, answers} or {error message}
+local pending = {} -- mode 1: the writes of admitted groups, done once the batch admits
+local heads = {} -- per group: cost, n and the ARGV index of its first limit
+local blocked = false
+local arg = 5
+for g = 1, groups do
   local cost = tonumber(ARGV[arg])
-  local n = tonumber(ARGV[arg + 1])
-  if cost == nil or n == nil or cost < 0 then return fail('a group header is malformed') end
-  local result, err = decide_group(cost, n, arg + 2)
-  arg = arg + 2 + 6 * n
+  local enforced = tonumber(ARGV[arg + 1])
+  local n = tonumber(ARGV[arg + 2])
+  if cost == nil or n == nil or cost < 0 or (enforced ~= 0 and enforced ~= 1) then
+    return fail('a group header is malformed')
+  end
+  heads[g] = { cost, n, arg + 3 }
+  local result, err = decide_group(cost, n, arg + 3)
+  arg = arg + 3 + 6 * n
   if result == nil then
-    reply[#reply + 1] = 'limiter: ' .. err
+    results[g] = { err }
+    if enforced == 1 then blocked = true end
+  else
+    results[g] = { result[1], result[2] }
+    if result[1] == 1 then
+      for _, wr in ipairs(result[3]) do
+        states[KEYS[wr[1]]] = { wr[2], wr[3] }
+        if mode == 0 then store(wr) else pending[#pending + 1] = wr end
+      end
+    elseif enforced == 1 then
+      blocked = true
+    end
+  end
+end
+
+if mode == 1 then
+  if blocked then
+    -- Nothing is written: admitted groups report the state as read.
+    states = {}
+    for name, state in pairs(before) do states[name] = state end
+    for g = 1, groups do
+      if results[g][1] == 1 then
+        local result = decide_group(0, heads[g][2], heads[g][3])
+        if result ~= nil then results[g] = { 1, result[2] } end
+      end
+    end
+  else
+    for _, wr in ipairs(pending) do store(wr) end
+  end
+end
+
+local reply = { now }
+for g = 1, groups do
+  local result = results[g]
+  if type(result[1]) == 'string' then
+    reply[#reply + 1] = 'limiter: ' .. result[1]
   else
     reply[#reply + 1] = result[1]
     for _, answer in ipairs(result[2]) do
       for j = 1, 4 do reply[#reply + 1] = out(answer[j]) end
-    end
-    if result[1] == 1 then
-      for _, wr in ipairs(result[3]) do
-        local k = wr[1]
-        states[KEYS[k]] = { wr[2], wr[3] }
-        -- the key expires when its state is full again: reset_after us, rounded up to ms
-        local ttl = cdiv(wr[4], 1000) + slack
-        if ttl < 1 then ttl = 1 end
-        redis.call('SET', KEYS[k], format(wr[2], wr[3]), 'PX', string.format('%.0f', ttl))
-      end
     end
   end
 end

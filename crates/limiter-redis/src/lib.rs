@@ -4,7 +4,9 @@
 //! - **One round trip, all or nothing.** A call's keys (every limit of every layer) go to one
 //!   `EVALSHA` (reloaded on `NOSCRIPT`); the script decides them all at one instant and writes
 //!   only if every limit admits. [`RedisStack::check_many`] decides many independent calls in
-//!   one round trip.
+//!   one round trip; a [`RedisBatch`] (or [`RedisStack::check_all`]) decides many calls, of
+//!   any stacks on one backend, all or nothing: a denied call never consumes, and if any is
+//!   denied none does.
 //! - **The same arithmetic as in process.** The script reimplements each algorithm's pure
 //!   transition on the same `u64` state word, with time in microseconds since the Unix epoch
 //!   (Redis `TIME`, so nodes with skewed clocks agree). [`RedisLimit::in_micros`] gives the limit
@@ -54,6 +56,7 @@
 //! ```
 
 mod backend;
+mod batch;
 mod breaker;
 mod decision;
 mod deny_cache;
@@ -64,6 +67,7 @@ mod spec;
 mod stack;
 
 pub use backend::{BackendBuilder, BackendStats, DEFAULT_TIMEOUT, RedisBackend, SCRIPT};
+pub use batch::{BatchDecision, BatchError, RedisBatch};
 pub use breaker::BreakerConfig;
 pub use decision::{RedisDecision, Source};
 pub use error::{BackendError, BuildError, CallError};

@@ -16,9 +16,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use limiter_core::{Clock, Decision, Limit};
-use limiter_stack::{LayerDecision, MAX_LAYERS, MAX_LIMITS_PER_LAYER, StackDecision};
+use limiter_stack::{Grant, LayerDecision, MAX_LAYERS, MAX_LIMITS_PER_LAYER, StackDecision};
 
 use crate::backend::RedisBackend;
+use crate::batch::{BatchDecision, BatchError};
 use crate::decision::{RedisDecision, Source};
 use crate::deny_cache::Denied;
 use crate::error::{BackendError, BuildError, CallError};
@@ -331,6 +332,9 @@ struct LayerSpec<R> {
     fields: Vec<Vec<Vec<u8>>>,
 }
 
+/// The script's batch mode for groups decided each on its own (`decide.lua`).
+const INDEPENDENT: &[u8] = b"0";
+
 /// One limit a call touches.
 #[derive(Clone, Copy, Debug)]
 struct Target {
@@ -339,11 +343,18 @@ struct Target {
 }
 
 /// A call resolved to its keys: what the script needs, before any round trip.
-struct Prepared {
-    cost: u64,
-    tag: String,
-    keys: Vec<String>,
+pub(crate) struct Prepared {
+    pub(crate) cost: u64,
+    pub(crate) tag: String,
+    pub(crate) keys: Vec<String>,
     targets: Vec<Target>,
+}
+
+impl Prepared {
+    /// How many limits the call touches (its group's size in the script's reply).
+    pub(crate) fn limits(&self) -> usize {
+        self.targets.len()
+    }
 }
 
 /// Layers of limits on Redis, decided in one script per call: admitted only if every limit of
@@ -402,14 +413,15 @@ impl<R> RedisStack<R> {
         let sent_at = self.backend.local_now();
         let mut args = self.backend.header().to_vec();
         args.push(b"1".to_vec());
-        self.encode(&call, 0, &mut args);
+        args.push(INDEPENDENT.to_vec());
+        self.encode(&call, true, 0, &mut args);
         let answer = match self.backend.eval(&call.keys, &args).await {
             Ok(value) => reply::parse(&value, &[call.targets.len()]),
             Err(e) => Err(e),
         };
         let group = answer.map(|(_, mut groups)| groups.pop());
         match group {
-            Ok(Some(answer)) => Ok(self.conclude(request, &call, answer, sent_at)),
+            Ok(Some(answer)) => Ok(self.conclude(request, &call, answer, sent_at, true)),
             Ok(None) => {
                 Ok(self.on_failure(request, cost, BackendError::BadReply("no group".into())))
             }
@@ -445,9 +457,10 @@ impl<R> RedisStack<R> {
         let trips = rounds.into_values().map(|round| async move {
             let mut args = self.backend.header().to_vec();
             args.push(round.len().to_string().into_bytes());
+            args.push(INDEPENDENT.to_vec());
             let mut keys = Vec::new();
             for (_, call) in &round {
-                self.encode(call, keys.len(), &mut args);
+                self.encode(call, true, keys.len(), &mut args);
                 keys.extend(call.keys.iter().cloned());
             }
             let sizes: Vec<usize> = round.iter().map(|(_, c)| c.targets.len()).collect();
@@ -462,7 +475,7 @@ impl<R> RedisStack<R> {
                 Ok((_, groups)) => {
                     for ((i, call), group) in round.into_iter().zip(groups) {
                         let (request, _) = calls[i];
-                        results[i] = Some(Ok(self.conclude(request, &call, group, sent_at)));
+                        results[i] = Some(Ok(self.conclude(request, &call, group, sent_at, true)));
                     }
                 }
                 Err(e) => {
@@ -477,6 +490,24 @@ impl<R> RedisStack<R> {
             .into_iter()
             .map(|r| r.unwrap_or_else(|| Ok(self.on_failure_without_request())))
             .collect()
+    }
+
+    /// Decides several calls on this stack all or nothing, in one round trip: every call is
+    /// admitted, or none takes anything (see [`RedisBatch`](crate::RedisBatch), which can also
+    /// span stacks). On a cluster the calls must share a hash tag.
+    ///
+    /// # Errors
+    /// [`BatchError`] when a call cannot be decided at all (its cost exceeds a burst, or its
+    /// keys are in another cluster slot than the first call's); nothing was sent then.
+    pub async fn check_all(&self, calls: &[(&R, u64)]) -> Result<BatchDecision, BatchError>
+    where
+        R: Sync,
+    {
+        let mut batch = self.backend.batch();
+        for (request, cost) in calls {
+            batch.add(self, request, *cost);
+        }
+        batch.decide().await
     }
 
     /// The Redis keys a call for `request` reads and writes, one per limit, in layer order.
@@ -512,7 +543,7 @@ impl<R> RedisStack<R> {
     }
 
     /// Resolves a call's keys and checks its cost against every limit it touches.
-    fn prepare(&self, request: &R, cost: u64) -> Result<Prepared, CallError> {
+    pub(crate) fn prepare(&self, request: &R, cost: u64) -> Result<Prepared, CallError> {
         let mut keys = Vec::new();
         let mut targets = Vec::new();
         let mut layer_keys: Vec<(usize, Option<String>)> = Vec::with_capacity(self.layers.len());
@@ -569,7 +600,7 @@ impl<R> RedisStack<R> {
     }
 
     /// An answer without a round trip: no layer applies, or the deny cache covers the call.
-    fn answer_locally(&self, call: &Prepared) -> Option<RedisDecision> {
+    pub(crate) fn answer_locally(&self, call: &Prepared) -> Option<RedisDecision> {
         if call.targets.is_empty() {
             return Some(RedisDecision::new(
                 true,
@@ -603,10 +634,21 @@ impl<R> RedisStack<R> {
         None
     }
 
-    /// Appends a call's group to `args` (cost, limit count, six fields per limit); `offset`
-    /// keys precede the call's own in the script's `KEYS`.
-    fn encode(&self, call: &Prepared, offset: usize, args: &mut Vec<Vec<u8>>) {
+    /// Appends a call's group to `args` (cost, whether it is enforced, limit count, six fields
+    /// per limit); `offset` keys precede the call's own in the script's `KEYS`.
+    pub(crate) fn encode(
+        &self,
+        call: &Prepared,
+        enforced: bool,
+        offset: usize,
+        args: &mut Vec<Vec<u8>>,
+    ) {
         args.push(call.cost.to_string().into_bytes());
+        args.push(if enforced {
+            b"1".to_vec()
+        } else {
+            b"0".to_vec()
+        });
         args.push(call.targets.len().to_string().into_bytes());
         for (i, target) in call.targets.iter().enumerate() {
             let index = offset.saturating_add(i).saturating_add(1);
@@ -619,13 +661,16 @@ impl<R> RedisStack<R> {
         }
     }
 
-    /// Turns the script's answer for one call into a decision, and remembers denials.
-    fn conclude(
+    /// Turns the script's answer for one call into a decision, and remembers denials in the
+    /// deny cache when `remember` (a denial that counted a batch's earlier, unwritten groups
+    /// is not the key's own).
+    pub(crate) fn conclude(
         &self,
         request: &R,
         call: &Prepared,
         answer: GroupAnswer,
         sent_at: u64,
+        remember: bool,
     ) -> RedisDecision {
         let answers = match answer {
             Ok(answers) if answers.len() == call.targets.len() => answers,
@@ -659,7 +704,7 @@ impl<R> RedisStack<R> {
                 .collect();
             layers.extend(LayerDecision::from_limits(layer, 0, &decisions));
             for (i, decision) in (start..end).zip(&decisions) {
-                if decision.is_denied() {
+                if remember && decision.is_denied() {
                     let until = sent_at.saturating_add(decision.retry_after_nanos());
                     let denied = Denied {
                         until,
@@ -692,6 +737,59 @@ impl<R> RedisStack<R> {
             },
             (_, OnFailure::Open) => RedisDecision::new(true, empty(), Source::FailOpen(error)),
             _ => RedisDecision::new(false, empty(), Source::FailClosed(error)),
+        }
+    }
+
+    /// The failure policy's answer for one member of an all-or-nothing batch, at the local
+    /// clock reading `now`: a fallback decision keeps its [`Grant`], so a batch another member
+    /// denied can give it back.
+    pub(crate) fn on_failure_held(
+        &self,
+        request: &R,
+        cost: u64,
+        now: u64,
+        error: BackendError,
+    ) -> (RedisDecision, Option<Grant>) {
+        let empty = || StackDecision::from_layers([]);
+        match (&self.fallback, self.on_failure) {
+            (Some(local), OnFailure::Fallback) => match local.decide_at(request, cost, now) {
+                Ok((stack, grant)) => (
+                    RedisDecision::new(stack.is_allowed(), stack, Source::Fallback(error)),
+                    grant,
+                ),
+                Err(_) => (
+                    RedisDecision::new(false, empty(), Source::FailClosed(error)),
+                    None,
+                ),
+            },
+            (_, OnFailure::Open) => (
+                RedisDecision::new(true, empty(), Source::FailOpen(error)),
+                None,
+            ),
+            _ => (
+                RedisDecision::new(false, empty(), Source::FailClosed(error)),
+                None,
+            ),
+        }
+    }
+
+    /// Gives back everything `grant` holds on the local fallback (a fallback batch another
+    /// member denied).
+    pub(crate) fn refund_fallback(&self, request: &R, mut grant: Grant) {
+        if let Some(local) = &self.fallback {
+            let units = grant.left();
+            // A grant from this very stack, with its own units: the refund cannot fail.
+            let _ = local.refund(request, &mut grant, units);
+        }
+    }
+
+    /// Replaces a fallback decision by what `request` holds on the local fallback at `now` (a
+    /// peek), once a denied batch's grants are back.
+    pub(crate) fn peek_fallback(&self, request: &R, now: u64, decision: &mut RedisDecision) {
+        if let (Some(local), Source::Fallback(e)) = (&self.fallback, decision.source())
+            && let Ok((peek, _)) = local.decide_at(request, 0, now)
+        {
+            *decision = RedisDecision::new(true, peek, Source::Fallback(e.clone()));
         }
     }
 
@@ -777,9 +875,27 @@ impl RedisLimiter {
         self.stack.check_many(&borrowed).await
     }
 
+    /// Decides many `(key, cost)` calls all or nothing in one round trip: every call is
+    /// admitted, or none takes anything. Keys are their own hash tags, so on a cluster the
+    /// keys must share a slot (or the batch is refused with [`BatchError::CrossSlot`]).
+    ///
+    /// # Errors
+    /// [`BatchError`] when a call cannot be decided at all; nothing was sent then.
+    pub async fn check_all(&self, calls: &[(&str, u64)]) -> Result<BatchDecision, BatchError> {
+        let owned: Vec<(String, u64)> = calls.iter().map(|(k, c)| ((*k).to_owned(), *c)).collect();
+        let borrowed: Vec<(&String, u64)> = owned.iter().map(|(k, c)| (k, *c)).collect();
+        self.stack.check_all(&borrowed).await
+    }
+
     /// The Redis keys `key`'s state lives in, one per limit.
     pub fn redis_keys(&self, key: &str) -> Vec<String> {
         self.stack.redis_keys(&key.to_owned())
+    }
+
+    /// The one-layer stack behind the limiter (requests are the keys), to add its calls to a
+    /// [`RedisBatch`](crate::RedisBatch) with other stacks' or as shadow calls.
+    pub fn stack(&self) -> &RedisStack<String> {
+        &self.stack
     }
 
     /// The backend the limiter decides on.

@@ -10,15 +10,16 @@
 //! each admitted item keeping a grant; if any item is denied, every grant is refunded at that
 //! same reading, so the batch leaves no trace, and the admitted items report what they hold
 //! after it. (A concurrent caller may be denied while the
-//! units are briefly held; none is ever admitted past a limit.) On Redis, which has no
-//! refunds, a batch is peeked first and taken only if every item would pass; a caller racing
-//! between the peek and the take can leave earlier items of a denied batch counted.
+//! units are briefly held; none is ever admitted past a limit.) On Redis a batch is one
+//! [`RedisBatch`](limiter_redis::RedisBatch): one script call decides every item at one `TIME`
+//! and writes only if every enforced item admitted, so no caller can slip in between and a
+//! denied batch takes nothing.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
 use limiter_core::{Clock, Decision, Limit, LimitError};
-use limiter_redis::{Kind, OnFailure, RedisBackend, RedisLayer, RedisStack};
+use limiter_redis::{BatchError, Kind, OnFailure, RedisBackend, RedisLayer, RedisStack};
 use limiter_stack::{AsyncLimiter, CallError, Grant, Layer, Outcome, Stack};
 
 use crate::config::{CheckedLimit, Config, Keying, Policy, PolicyLimit, Store, StoreKind};
@@ -550,7 +551,10 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         }
         if !all {
             self.refund_all(resolved, grants);
-            // Nothing was taken: admitted items report what they hold after the refund.
+            // Nothing was taken: admitted items report what they hold after the refund, read
+            // at a reading no earlier than the refund's (a peek at the batch's own, earlier,
+            // reading would count the refunded units as still owed).
+            let now = self.clock.now();
             for ((item, (backend, call)), answer) in items.iter().zip(resolved).zip(&mut answers) {
                 if answer.decision.is_allowed()
                     && item.cost > 0
@@ -585,42 +589,35 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             let answer = self.call_one(backend.backend(), call, item.cost).await?;
             return Ok((answer.decision.is_allowed() || item.shadow, vec![answer]));
         }
-        // Peek every item: if any would be denied, that is the answer, and nothing is taken.
-        let mut peeks = Vec::with_capacity(items.len());
+        let Some((first, _)) = resolved.first() else {
+            return Ok((true, Vec::new()));
+        };
+        let Backend::Redis(first) = first.backend() else {
+            return Err(DecideError::Unavailable(
+                "a batch mixes stores; every policy of one limiterd uses the same store".into(),
+            ));
+        };
+        let mut batch = first.backend().batch();
         for (item, (backend, call)) in items.iter().zip(resolved) {
-            let peek = self.call_one(backend.backend(), call, 0).await?;
-            let fits = peek.decision.remaining() >= item.cost;
-            peeks.push((peek, fits));
+            let Backend::Redis(stack) = backend.backend() else {
+                return Err(DecideError::Unavailable(
+                    "a batch mixes stores; every policy of one limiterd uses the same store".into(),
+                ));
+            };
+            if item.shadow {
+                batch.add_shadow(stack, call, item.cost);
+            } else {
+                batch.add(stack, call, item.cost);
+            }
         }
-        let blocks = |(i, (_, fits)): (usize, &(Answer, bool))| !fits && !items[i].shadow;
-        if peeks.iter().enumerate().any(blocks) {
-            let answers = peeks
-                .into_iter()
-                .map(|(peek, fits)| Answer {
-                    // A peek has no wait for a cost: the time until full bounds it from above.
-                    decision: if fits {
-                        peek.decision
-                    } else {
-                        Decision::deny(
-                            peek.decision.limit(),
-                            peek.decision.remaining(),
-                            peek.decision.reset_after_nanos().max(1),
-                            peek.decision.reset_after_nanos(),
-                        )
-                    },
-                    origin: peek.origin,
-                })
-                .collect();
-            return Ok((false, answers));
-        }
-        let mut answers = Vec::with_capacity(items.len());
-        let mut all = true;
-        for (item, (backend, call)) in items.iter().zip(resolved) {
-            let answer = self.call_one(backend.backend(), call, item.cost).await?;
-            all &= answer.decision.is_allowed() || item.shadow;
-            answers.push(answer);
-        }
-        Ok((all, answers))
+        let decided = batch.decide().await.map_err(|e| batch_error(&e))?;
+        let admitted = decided.is_admitted();
+        let answers = decided
+            .into_decisions()
+            .into_iter()
+            .map(|decision| self.answer(Ok(Outcome::from(decision))))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((admitted, answers))
     }
 
     /// One call on any store, through the seam.
@@ -669,6 +666,14 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                 Err(DecideError::Unavailable(e.to_string()))
             }
         }
+    }
+}
+
+/// A batch Redis cannot decide as the API reports it.
+fn batch_error(error: &BatchError) -> DecideError {
+    match error {
+        BatchError::Call { source, .. } => call_error(&source.clone().into()),
+        other => DecideError::Unavailable(other.to_string()),
     }
 }
 

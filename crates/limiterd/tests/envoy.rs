@@ -274,6 +274,17 @@ async fn every_case_file_over_grpc_and_over_json() {
                 check(&file, "POST /json", step, &seen, i == step.repeat);
             }
         }
+
+        // The same answers with the counters on Redis.
+        let server = redis_server::RedisServer::start();
+        let (_redis_daemon, redis_addr) = start_with(&file, &["--redis", &server.url()]);
+        let mut grpc = grpc_client(&redis_addr).await;
+        for step in &steps {
+            for i in 1..=step.repeat {
+                let seen = ask_grpc(&mut grpc, &domain, step).await;
+                check(&file, "gRPC on Redis", step, &seen, i == step.repeat);
+            }
+        }
     }
 }
 

@@ -90,9 +90,34 @@ async fn serves_the_built_in_policies_exactly() {
     assert!(metrics.contains("limiterd_store_keys "), "{metrics}");
 }
 
+/// Logins: a token bucket of 5 per hour, which refills nothing within a test.
+const LOGIN: &str =
+    "[policies.login]\nlimits = [{ algorithm = \"token_bucket\", count = 5, period = \"1h\" }]\n";
+
 #[tokio::test]
-async fn a_batch_is_all_or_nothing() {
-    let daemon = Daemon::start(&[]);
+async fn a_batch_is_all_or_nothing_in_memory() {
+    let config = temp_file("batch-memory.toml", LOGIN);
+    batch_is_all_or_nothing(&["--config", config.to_str().expect("UTF-8 path")]).await;
+}
+
+#[tokio::test]
+async fn a_batch_is_all_or_nothing_on_redis() {
+    let server = redis_server::RedisServer::start();
+    let config = temp_file(&format!("batch-redis-{}.toml", server.port), LOGIN);
+    let url = server.url();
+    batch_is_all_or_nothing(&[
+        "--config",
+        config.to_str().expect("UTF-8 path"),
+        "--redis",
+        &url,
+    ])
+    .await;
+}
+
+/// The same batches and the same answers, whatever the store: a denied batch takes nothing,
+/// its admitted items report what they hold, the same identifier twice counts twice.
+async fn batch_is_all_or_nothing(args: &[&str]) {
+    let daemon = Daemon::start(args);
     let mut client = Client::connect(daemon.addr).await;
     let login = |id: &str, cost: u64| json!({"policy": "login", "identifier": id, "cost": cost});
     let (status, ok) = client
@@ -113,6 +138,11 @@ async fn a_batch_is_all_or_nothing() {
         )
         .await;
     assert_eq!(denied["success"], false, "{denied}");
+    assert_eq!(denied["results"][0]["success"], true, "{denied}");
+    assert_eq!(
+        denied["results"][0]["remaining"], 4,
+        "b reports what it holds: {denied}"
+    );
     assert_eq!(denied["results"][1]["success"], false);
     assert!(
         denied["results"][1]["retry_after_ms"]
@@ -121,9 +151,27 @@ async fn a_batch_is_all_or_nothing() {
             > 0
     );
     let peek = client.decide(login("b", 0)).await;
-    assert_eq!(peek["remaining"], 4, "the denied batch gave b's unit back");
+    assert_eq!(peek["remaining"], 4, "the denied batch took nothing from b");
     let peek = client.decide(login("a", 0)).await;
     assert_eq!(peek["remaining"], 2);
+    // The same identifier twice: 3 + 3 of c's 5 is over, and c keeps all 5.
+    let (_, twice) = client
+        .post(
+            "/v1/ratelimit/many",
+            &json!({"requests": [login("c", 3), login("c", 3)]}),
+        )
+        .await;
+    assert_eq!(twice["success"], false, "{twice}");
+    assert_eq!(twice["results"][0]["remaining"], 5, "{twice}");
+    assert_eq!(twice["results"][1]["remaining"], 2, "{twice}");
+    let (_, fits) = client
+        .post(
+            "/v1/ratelimit/many",
+            &json!({"requests": [login("c", 3), login("c", 2)]}),
+        )
+        .await;
+    assert_eq!(fits["success"], true, "{fits}");
+    assert_eq!(client.decide(login("c", 0)).await["remaining"], 0);
 }
 
 #[tokio::test]

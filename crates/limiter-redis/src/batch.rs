@@ -1,0 +1,364 @@
+//! [`RedisBatch`]: many calls, of any stacks on one backend, decided all or nothing in one
+//! script call.
+//!
+//! The script decides every call in order at one `TIME`, each on the state the earlier ones
+//! left, and writes only if every enforced call admitted; otherwise it writes nothing and the
+//! admitted calls report what they hold (a peek). A denied call never consumes, and no caller
+//! can slip between a check and a take, because there is none. Shadow calls
+//! ([`RedisBatch::add_shadow`]) are decided and counted like the rest but never block the
+//! batch.
+//!
+//! When Redis cannot decide, each call gets its stack's failure policy; fallback decisions
+//! keep their grants, and if any enforced call is then refused every grant is given back, so
+//! the batch is all or nothing on the local fallback too.
+
+use std::collections::HashSet;
+
+use limiter_stack::{Grant, StackDecision};
+
+use crate::backend::RedisBackend;
+use crate::decision::{RedisDecision, Source};
+use crate::error::{BackendError, CallError};
+use crate::reply::{self, GroupAnswer};
+use crate::stack::{Prepared, RedisStack};
+
+/// The script's batch mode for all-or-nothing batches (`decide.lua`).
+const ALL_OR_NOTHING: &[u8] = b"1";
+
+/// A batch that cannot be decided at all; nothing was sent to Redis and nothing changed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BatchError {
+    /// One call cannot be decided (its cost exceeds a burst).
+    #[error("call {index} of the batch: {source}")]
+    Call {
+        /// The call's position in the batch.
+        index: usize,
+        /// Why it cannot be decided.
+        #[source]
+        source: CallError,
+    },
+    /// A call's stack is on another backend than the batch's.
+    #[error(
+        "call {index} of the batch is on stack `{stack}`, which decides on another Redis backend; one batch is one script call on one backend, so batch that stack's calls on its own backend"
+    )]
+    OtherBackend {
+        /// The call's position in the batch.
+        index: usize,
+        /// The call's stack.
+        stack: String,
+    },
+    /// On a Redis Cluster, a call's keys are in another slot than the first call's.
+    #[error(
+        "call {index} of the batch has its keys in Redis Cluster slot {slot}, the batch's first call in slot {first}; one script call reaches one slot, so give the calls one hash tag (the stack's name, or `hash_tag_from`), or decide them apart with `check_many`"
+    )]
+    CrossSlot {
+        /// The call's position in the batch.
+        index: usize,
+        /// The call's slot.
+        slot: u16,
+        /// The first call's slot.
+        first: u16,
+    },
+}
+
+/// The answer to a [`RedisBatch`]: whether it was admitted (every enforced call admitted, and
+/// each took its units) and each call's decision, in the order added.
+///
+/// When the batch is refused, nothing was taken: a call marked allowed would have been
+/// admitted on its own and reports what it holds after the batch, a denied call reports its
+/// denial as decided in the batch's order (after the units the earlier calls would have taken).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BatchDecision {
+    admitted: bool,
+    decisions: Vec<RedisDecision>,
+}
+
+impl BatchDecision {
+    /// Whether every enforced call was admitted, so that every call took its units.
+    pub fn is_admitted(&self) -> bool {
+        self.admitted
+    }
+
+    /// Each call's decision, in the order the calls were added.
+    pub fn decisions(&self) -> &[RedisDecision] {
+        &self.decisions
+    }
+
+    /// Each call's decision, owned.
+    pub fn into_decisions(self) -> Vec<RedisDecision> {
+        self.decisions
+    }
+}
+
+struct Member<'a, R> {
+    stack: &'a RedisStack<R>,
+    request: &'a R,
+    cost: u64,
+    enforced: bool,
+}
+
+/// Calls of any stacks on one [`RedisBackend`], decided all or nothing in one round trip; see
+/// the [module docs](self). Made by [`RedisBackend::batch`].
+///
+/// ```no_run
+/// use limiter_core::Limit;
+/// use limiter_redis::{Kind, RedisBackend, RedisLimiter};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let backend = RedisBackend::connect("redis://127.0.0.1:6379").await?;
+/// let seats = RedisLimiter::builder(&backend, "seats")
+///     .limit(Kind::FixedWindow, Limit::per_hour(100))
+///     .build()?;
+/// // Two seats for ada and one for bob, or nothing.
+/// let batch = seats.check_all(&[("ada", 2), ("bob", 1)]).await?;
+/// println!("admitted: {}", batch.is_admitted());
+/// # Ok(()) }
+/// ```
+pub struct RedisBatch<'a, R> {
+    backend: &'a RedisBackend,
+    members: Vec<Member<'a, R>>,
+}
+
+impl<R> std::fmt::Debug for RedisBatch<'_, R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisBatch")
+            .field("calls", &self.members.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a, R> RedisBatch<'a, R> {
+    pub(crate) fn new(backend: &'a RedisBackend) -> Self {
+        Self {
+            backend,
+            members: Vec::new(),
+        }
+    }
+
+    /// Adds `cost` units of `request` on `stack`; if it is denied, the batch is refused.
+    pub fn add(&mut self, stack: &'a RedisStack<R>, request: &'a R, cost: u64) -> &mut Self {
+        self.push(stack, request, cost, true)
+    }
+
+    /// Adds a shadow call: decided and, when the batch is admitted, counted like the others,
+    /// but its denial does not refuse the batch (a limit being tried out).
+    pub fn add_shadow(&mut self, stack: &'a RedisStack<R>, request: &'a R, cost: u64) -> &mut Self {
+        self.push(stack, request, cost, false)
+    }
+
+    fn push(
+        &mut self,
+        stack: &'a RedisStack<R>,
+        request: &'a R,
+        cost: u64,
+        enforced: bool,
+    ) -> &mut Self {
+        self.members.push(Member {
+            stack,
+            request,
+            cost,
+            enforced,
+        });
+        self
+    }
+
+    /// How many calls the batch holds.
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Whether the batch holds no call.
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    /// Decides every call in one round trip, all or nothing. Batches do not consult the deny
+    /// cache: the script sees every call, so the answers are the calls' own.
+    ///
+    /// # Errors
+    /// [`BatchError`] when a call cannot be decided at all; nothing was sent then.
+    pub async fn decide(self) -> Result<BatchDecision, BatchError> {
+        let mut calls = Vec::with_capacity(self.members.len());
+        let mut first_slot = None;
+        for (index, member) in self.members.iter().enumerate() {
+            if !member.stack.backend().same_as(self.backend) {
+                return Err(BatchError::OtherBackend {
+                    index,
+                    stack: member.stack.name().to_owned(),
+                });
+            }
+            let call = member
+                .stack
+                .prepare(member.request, member.cost)
+                .map_err(|source| BatchError::Call { index, source })?;
+            if self.backend.is_cluster()
+                && let Some(key) = call.keys.first()
+            {
+                let slot = key_slot(key);
+                match first_slot {
+                    None => first_slot = Some(slot),
+                    Some(first) if first != slot => {
+                        return Err(BatchError::CrossSlot { index, slot, first });
+                    }
+                    Some(_) => {}
+                }
+            }
+            calls.push(call);
+        }
+        if calls.iter().all(|c| c.keys.is_empty()) {
+            let decisions = calls.iter().map(|_| no_layer()).collect();
+            return Ok(BatchDecision {
+                admitted: true,
+                decisions,
+            });
+        }
+        let sent_at = self.backend.local_now();
+        let mut args = self.backend.header().to_vec();
+        args.push(calls.len().to_string().into_bytes());
+        args.push(ALL_OR_NOTHING.to_vec());
+        let mut keys = Vec::new();
+        for (member, call) in self.members.iter().zip(&calls) {
+            member
+                .stack
+                .encode(call, member.enforced, keys.len(), &mut args);
+            keys.extend(call.keys.iter().cloned());
+        }
+        let sizes: Vec<usize> = calls.iter().map(Prepared::limits).collect();
+        let answer = match self.backend.eval(&keys, &args).await {
+            Ok(value) => reply::parse(&value, &sizes),
+            Err(e) => Err(e),
+        };
+        Ok(match answer {
+            Ok((_, groups)) => self.conclude(&calls, groups, sent_at),
+            Err(error) => self.on_failure(&calls, &error),
+        })
+    }
+
+    /// The script's answers as decisions; denials enter the deny cache only when no earlier
+    /// call of the batch touched their keys (otherwise they counted units never taken).
+    fn conclude(
+        &self,
+        calls: &[Prepared],
+        groups: Vec<GroupAnswer>,
+        sent_at: u64,
+    ) -> BatchDecision {
+        let mut seen: HashSet<&str> = HashSet::new();
+        let mut admitted = true;
+        let mut decisions = Vec::with_capacity(calls.len());
+        for ((member, call), group) in self.members.iter().zip(calls).zip(groups) {
+            let remember = call.keys.iter().all(|k| !seen.contains(k.as_str()));
+            seen.extend(call.keys.iter().map(String::as_str));
+            let decision = match group {
+                _ if call.keys.is_empty() => no_layer(),
+                // The script refused this call alone (a key holding something else): it is
+                // refused, and nothing of the batch was written if it was enforced.
+                Err(reason) => RedisDecision::new(
+                    false,
+                    StackDecision::from_layers([]),
+                    Source::FailClosed(BackendError::Script(reason)),
+                ),
+                Ok(answers) => {
+                    member
+                        .stack
+                        .conclude(member.request, call, Ok(answers), sent_at, remember)
+                }
+            };
+            admitted &= decision.is_allowed() || !member.enforced;
+            decisions.push(decision);
+        }
+        BatchDecision {
+            admitted,
+            decisions,
+        }
+    }
+
+    /// Each call's failure policy, all or nothing: fallback grants come back if an enforced
+    /// call is refused, and the fallback calls then report what they hold.
+    fn on_failure(&self, calls: &[Prepared], error: &BackendError) -> BatchDecision {
+        let now = self.backend.local_now();
+        let mut admitted = true;
+        let mut held: Vec<(RedisDecision, Option<Grant>)> = Vec::with_capacity(calls.len());
+        for (member, call) in self.members.iter().zip(calls) {
+            let (decision, grant) = if call.keys.is_empty() {
+                (no_layer(), None)
+            } else {
+                member
+                    .stack
+                    .on_failure_held(member.request, member.cost, now, error.clone())
+            };
+            admitted &= decision.is_allowed() || !member.enforced;
+            held.push((decision, grant));
+        }
+        let mut decisions = Vec::with_capacity(held.len());
+        if admitted {
+            decisions.extend(held.into_iter().map(|(d, _)| d));
+        } else {
+            for (member, (decision, grant)) in self.members.iter().zip(held) {
+                if let Some(grant) = grant {
+                    member.stack.refund_fallback(member.request, grant);
+                }
+                decisions.push(decision);
+            }
+            // Read after the refunds, which happen at the clock's reading then.
+            let after = self.backend.local_now();
+            for (member, decision) in self.members.iter().zip(&mut decisions) {
+                if decision.is_allowed() && member.cost > 0 {
+                    member.stack.peek_fallback(member.request, after, decision);
+                }
+            }
+        }
+        BatchDecision {
+            admitted,
+            decisions,
+        }
+    }
+}
+
+fn no_layer() -> RedisDecision {
+    RedisDecision::new(true, StackDecision::from_layers([]), Source::NoLayer)
+}
+
+/// The Redis Cluster slot of `key`: CRC16 (XMODEM) of its hash tag (the part between the first
+/// `{` and the next `}`, when not empty) or of the whole key, modulo 16384.
+pub(crate) fn key_slot(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let hashed = bytes
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &bytes[open + 1..];
+            let close = rest.iter().position(|&b| b == b'}')?;
+            (close > 0).then(|| &rest[..close])
+        })
+        .unwrap_or(bytes);
+    let mut crc: u16 = 0;
+    for &byte in hashed {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16_384
+}
+
+#[cfg(test)]
+mod tests {
+    use super::key_slot;
+
+    #[test]
+    fn slots_match_redis_cluster_keyslot() {
+        // Values from `CLUSTER KEYSLOT` on a Redis Cluster.
+        assert_eq!(key_slot("foo"), 12182);
+        assert_eq!(key_slot("somekey"), 11058);
+        assert_eq!(key_slot("foo{hash_tag}"), 2515);
+        assert_eq!(key_slot("{hash_tag}bar"), 2515);
+        // An empty tag hashes the whole key.
+        assert_eq!(key_slot("{}foo"), key_slot("{}foo"));
+        assert_ne!(key_slot("{}foo"), key_slot("foo"));
+    }
+}
