@@ -1,5 +1,6 @@
 //! A three-master Redis Cluster started by the test: stacks whose keys share a slot work,
-//! keyed limiters spread over the masters, batches span slots, and a stack whose keys could not
+//! keyed limiters spread over the masters, independent batches span slots, all-or-nothing
+//! batches work within one hash tag and are refused across slots, and a stack whose keys could not
 //! share a slot is refused when built.
 
 use limiter_testkit::redis_server as common;
@@ -8,7 +9,8 @@ use std::collections::HashSet;
 
 use limiter_core::{Limit, ManualClock};
 use limiter_redis::{
-    BuildError, Kind, OnFailure, RedisBackend, RedisLayer, RedisLimiter, RedisStack, Source,
+    BatchError, BuildError, Kind, OnFailure, RedisBackend, RedisLayer, RedisLimiter, RedisStack,
+    Source,
 };
 
 const START: u64 = 1_795_000_000_000_000_000;
@@ -92,6 +94,48 @@ async fn stacks_and_limiters_work_on_a_three_master_cluster() {
         masters.insert(owner);
     }
     assert_eq!(masters.len(), 3, "30 keys should land on all three masters");
+
+    // A batch within one hash tag is one script call, all or nothing.
+    let hooli = |user: &str| Req {
+        tenant: "hooli",
+        user: user.to_owned(),
+    };
+    let (u0, u1) = (hooli("u0"), hooli("u1"));
+    let over = stack.check_all(&[(&u0, 3), (&u1, 3)]).await.unwrap();
+    assert!(!over.is_admitted(), "6 is over the tenant's 5: {over:?}");
+    let fits = stack.check_all(&[(&u0, 2), (&u1, 3)]).await.unwrap();
+    assert!(
+        fits.is_admitted(),
+        "the refused batch took nothing: {fits:?}"
+    );
+    assert!(
+        fits.decisions()
+            .iter()
+            .all(|d| d.source() == &Source::Redis)
+    );
+
+    // A batch across slots is refused before anything is sent, naming both slots as the
+    // cluster itself computes them.
+    let before = limiter.check_n("key-0", 0).await.unwrap();
+    let error = limiter
+        .check_all(&[("key-0", 1), ("key-1", 1)])
+        .await
+        .unwrap_err();
+    let BatchError::CrossSlot { index, slot, first } = error else {
+        panic!("{error}");
+    };
+    let mut conn = cluster.nodes[0].client();
+    let mut keyslot = |key: &str| -> u16 {
+        redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(limiter.redis_keys(key).remove(0))
+            .query(&mut conn)
+            .unwrap()
+    };
+    assert_eq!((index, first), (1, keyslot("key-0")));
+    assert_eq!(slot, keyslot("key-1"));
+    assert!(error.to_string().contains("check_many"), "{error}");
+    assert_eq!(limiter.check_n("key-0", 0).await.unwrap(), before);
 }
 
 #[tokio::test]
