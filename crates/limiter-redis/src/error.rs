@@ -83,6 +83,19 @@ pub enum BuildError {
         /// How many layers it has.
         layers: usize,
     },
+    /// The fleet size the fallback shares each limit by is 0, or leaves a node no unit of
+    /// some limit.
+    #[error(
+        "the Redis stack `{stack}` shares its limits between a fleet of {fleet} nodes while Redis is out, {reason}"
+    )]
+    FleetSize {
+        /// The stack's name.
+        stack: String,
+        /// The fleet size given.
+        fleet: u64,
+        /// What is wrong and how to fix it.
+        reason: String,
+    },
 }
 
 /// A call that can never be decided. Being over the limit is not an error, and neither is a

@@ -37,9 +37,12 @@ pub enum OnFailure {
     Open,
     /// Refuse the call ([`Source::FailClosed`]); not reported as over the limit.
     Closed,
-    /// Decide on a local in-memory stack with the same limits ([`Source::Fallback`]). Each node
-    /// then enforces the whole limit on its own, so a fleet of `n` admits up to `n` times it
-    /// while Redis is out.
+    /// Decide on a local in-memory stack with the same limits ([`Source::Fallback`]). By
+    /// default each node then enforces the whole limit on its own, so a fleet of `n` admits up
+    /// to `n` times it while Redis is out; give the builder the fleet's size
+    /// ([`RedisStackBuilder::fleet_size`]) and each node enforces its share, `1/n` of each
+    /// limit, so the fleet admits at most the limit between them (plus what Redis had admitted
+    /// in the current window or burst before it went out).
     #[default]
     Fallback,
 }
@@ -124,6 +127,7 @@ pub struct RedisStackBuilder<R> {
     layers: Vec<RedisLayer<R>>,
     tag: Tag<R>,
     on_failure: OnFailure,
+    fleet: u64,
 }
 
 impl<R: 'static> RedisStackBuilder<R> {
@@ -142,6 +146,15 @@ impl<R: 'static> RedisStackBuilder<R> {
     /// What a call does when Redis fails (default [`OnFailure::Fallback`]).
     pub fn on_failure(mut self, on_failure: OnFailure) -> Self {
         self.on_failure = on_failure;
+        self
+    }
+
+    /// How many nodes share this stack's limits (default 1). While Redis is out, the local
+    /// fallback ([`OnFailure::Fallback`]) of each node enforces `1/fleet` of every limit (count
+    /// and burst, rounded down), so the fleet's nodes together admit at most the limit. A fleet
+    /// that would leave a node no unit of some limit is refused by [`build`](Self::build).
+    pub fn fleet_size(mut self, fleet: u64) -> Self {
+        self.fleet = fleet;
         self
     }
 
@@ -206,8 +219,16 @@ impl<R: 'static> RedisStackBuilder<R> {
                 layers: self.layers.len(),
             });
         }
+        if self.fleet == 0 {
+            share(&self.name, Limit::per_second(1), 0)?;
+        }
         let fallback = match self.on_failure {
-            OnFailure::Fallback => Some(local_stack(&self.layers, &self.backend)?),
+            OnFailure::Fallback => Some(local_stack(
+                &self.name,
+                &self.layers,
+                &self.backend,
+                self.fleet,
+            )?),
             OnFailure::Open | OnFailure::Closed => None,
         };
         let layers = self
@@ -251,6 +272,7 @@ impl<R> fmt::Debug for RedisStackBuilder<R> {
             .field("prefix", &self.prefix)
             .field("layers", &self.layers)
             .field("on_failure", &self.on_failure)
+            .field("fleet", &self.fleet)
             .finish_non_exhaustive()
     }
 }
@@ -287,10 +309,33 @@ impl<R> limiter_stack::Keyer<R, String> for SharedKeyer<R> {
     }
 }
 
-/// The in-memory stack with the same layers and limits, on the backend's local clock.
+/// A node's share of `limit` in a fleet of `fleet`: count and burst divided, rounded down.
+fn share(stack: &str, limit: Limit, fleet: u64) -> Result<Limit, BuildError> {
+    let refused = |reason: String| BuildError::FleetSize {
+        stack: stack.to_owned(),
+        fleet,
+        reason,
+    };
+    if fleet == 0 {
+        return Err(refused("which counts no node; give 1 or more".to_owned()));
+    }
+    let (count, burst) = (limit.count() / fleet, limit.burst() / fleet);
+    if count == 0 || burst == 0 {
+        return Err(refused(format!(
+            "which leaves each node no unit of {limit}; give a fleet size of at most {}, or a larger limit",
+            limit.count().min(limit.burst())
+        )));
+    }
+    Ok(Limit::from_nanos(count, limit.period_nanos()).with_burst(burst))
+}
+
+/// The in-memory stack with the same layers and each node's share of their limits, on the
+/// backend's local clock.
 fn local_stack<R: 'static>(
+    stack: &str,
     layers: &[RedisLayer<R>],
     backend: &RedisBackend,
+    fleet: u64,
 ) -> Result<Fallback<R>, BuildError> {
     let mut builder = limiter_stack::Stack::builder();
     for layer in layers {
@@ -302,17 +347,15 @@ fn local_stack<R: 'static>(
             None => limiter_stack::Layer::global(layer.name.clone()),
         };
         for limit in &layer.limits {
-            limit
-                .kind()
-                .check(limit.limit())
-                .map_err(|e| BuildError::Limit {
-                    layer: layer.name.clone(),
-                    source: limiter_core::LimitError::Unsupported {
-                        algorithm: limit.kind().name(),
-                        reason: format!("the local fallback cannot hold it: {e}"),
-                    },
-                })?;
-            local = local.limit(limit.kind(), limit.limit());
+            let shared = share(stack, limit.limit(), fleet)?;
+            limit.kind().check(shared).map_err(|e| BuildError::Limit {
+                layer: layer.name.clone(),
+                source: limiter_core::LimitError::Unsupported {
+                    algorithm: limit.kind().name(),
+                    reason: format!("the local fallback cannot hold it: {e}"),
+                },
+            })?;
+            local = local.limit(limit.kind(), shared);
         }
         builder = builder.layer(local);
     }
@@ -393,6 +436,7 @@ impl<R: 'static> RedisStack<R> {
             layers: Vec::new(),
             tag: Tag::Stack,
             on_failure: OnFailure::default(),
+            fleet: 1,
         }
     }
 }
@@ -921,6 +965,13 @@ impl RedisLimiterBuilder {
     /// What a call does when Redis fails (default [`OnFailure::Fallback`]).
     pub fn on_failure(mut self, on_failure: OnFailure) -> Self {
         self.stack = self.stack.on_failure(on_failure);
+        self
+    }
+
+    /// How many nodes share the limits while Redis is out (default 1); see
+    /// [`RedisStackBuilder::fleet_size`].
+    pub fn fleet_size(mut self, fleet: u64) -> Self {
+        self.stack = self.stack.fleet_size(fleet);
         self
     }
 

@@ -182,6 +182,90 @@ async fn the_fallback_enforces_the_same_limits_locally() {
     );
 }
 
+/// Three nodes of one fleet, each its own backend and fallback: told the fleet's size, they
+/// admit at most the limit between them while Redis is out (by default each would admit the
+/// whole limit), and go back to the shared count when it returns.
+#[tokio::test]
+async fn a_fleet_falling_back_admits_at_most_the_limit_between_its_nodes() {
+    let mut server = common::RedisServer::start();
+    let clock = ManualClock::new();
+    let node = |fleet: u64| {
+        let (url, clock) = (server.url(), clock.clone());
+        async move {
+            let backend = RedisBackend::builder(url)
+                .clock(clock)
+                .timeout(TIMEOUT)
+                .connect()
+                .await
+                .unwrap();
+            RedisLimiter::builder(&backend, "fleet")
+                .limit(Kind::FixedWindow, Limit::per_hour(30))
+                .limit(Kind::TokenBucket, Limit::per_hour(60).with_burst(30))
+                .fleet_size(fleet)
+                .build()
+                .unwrap()
+        }
+    };
+    let nodes = [node(3).await, node(3).await, node(3).await];
+    let alone = node(1).await;
+    for n in &nodes {
+        assert_eq!(call(n, "k").await.source(), &Source::Redis);
+    }
+    server.kill();
+    let mut admitted = 0;
+    for _ in 0..20 {
+        for n in &nodes {
+            let d = call(n, "other").await;
+            assert!(matches!(d.source(), Source::Fallback(_)), "{d:?}");
+            admitted += u32::from(d.is_allowed());
+        }
+    }
+    assert_eq!(admitted, 30, "three nodes share the 30 while Redis is out");
+    let mut single = 0;
+    for _ in 0..40 {
+        single += u32::from(call(&alone, "other").await.is_allowed());
+    }
+    assert_eq!(
+        single, 30,
+        "a node told nothing of its fleet enforces the whole limit"
+    );
+
+    // Redis back: the nodes count on it again, from its state.
+    server.restart();
+    clock.advance(Duration::from_secs(60));
+    let mut back = false;
+    for _ in 0..50 {
+        if call(&nodes[0], "k").await.source() == &Source::Redis {
+            back = true;
+            break;
+        }
+        clock.advance(Duration::from_secs(1));
+    }
+    assert!(back, "the nodes went back to Redis");
+}
+
+#[test]
+fn a_fleet_size_that_leaves_a_node_nothing_is_refused_when_built() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let backend = runtime
+        .block_on(
+            RedisBackend::builder(format!("redis://127.0.0.1:{}", common::free_port())).connect(),
+        )
+        .unwrap();
+    for (fleet, wanted) in [(0, "no node"), (11, "at most 10")] {
+        let error = RedisLimiter::builder(&backend, "tiny")
+            .limit(Kind::FixedWindow, Limit::per_minute(10))
+            .fleet_size(fleet)
+            .build()
+            .unwrap_err();
+        assert!(
+            matches!(error, limiter_redis::BuildError::FleetSize { .. }),
+            "{error}"
+        );
+        assert!(error.to_string().contains(wanted), "{error}");
+    }
+}
+
 #[tokio::test]
 async fn a_slow_redis_costs_one_timeout_not_a_hang() {
     let server =

@@ -12,6 +12,8 @@
 //! # url = "redis://127.0.0.1:6379"
 //! # timeout_ms = 25
 //! # on_failure = "fallback"    # "open", "closed" or "fallback"
+//! # fleet_size = 1             # processes sharing this Redis: while it is out, each
+//! #                            # falls back to its share (1/fleet_size) of every limit
 //!
 //! [envoy]                      # envoy's rate-limit protocol over gRPC (optional)
 //! listen = "127.0.0.1:8081"
@@ -64,6 +66,9 @@ limits = [
 ]
 "#;
 
+/// The largest `[store] fleet_size`.
+pub const MAX_FLEET_SIZE: u64 = 10_000;
+
 /// The most limits one keying of one policy holds (a stack layer's limit count).
 pub const MAX_LIMITS_PER_KEYING: usize = limiter_stack::MAX_LIMITS_PER_LAYER;
 
@@ -114,6 +119,9 @@ pub enum Store {
         timeout: Duration,
         /// What a policy does when Redis fails, unless it says otherwise.
         on_failure: OnFailure,
+        /// How many limiterd processes share the policies: while Redis is out, each one's
+        /// fallback enforces its share (`1/fleet_size`) of every limit.
+        fleet_size: u64,
     },
 }
 
@@ -251,6 +259,7 @@ struct RawStore {
     url: Option<Spanned<String>>,
     timeout_ms: Option<Spanned<u64>>,
     on_failure: Option<Spanned<String>>,
+    fleet_size: Option<Spanned<u64>>,
 }
 
 #[derive(Deserialize)]
@@ -360,13 +369,14 @@ impl Config {
                 "--redis {url:?}: write it as redis://host:port"
             )));
         }
-        let (timeout, on_failure) = match self.store {
+        let (timeout, on_failure, fleet_size) = match self.store {
             Store::Redis {
                 timeout,
                 on_failure,
+                fleet_size,
                 ..
-            } => (timeout, on_failure),
-            Store::Memory { .. } => (limiter_redis::DEFAULT_TIMEOUT, OnFailure::default()),
+            } => (timeout, on_failure, fleet_size),
+            Store::Memory { .. } => (limiter_redis::DEFAULT_TIMEOUT, OnFailure::default(), 1),
         };
         for (name, policy) in &mut self.policies {
             for l in &mut policy.limits {
@@ -378,6 +388,7 @@ impl Config {
             url: url.to_owned(),
             timeout,
             on_failure,
+            fleet_size,
         };
         Ok(self)
     }
@@ -479,6 +490,7 @@ fn parse_store(source: &Source<'_>, store: &Spanned<RawStore>) -> Result<Store, 
                 (raw.url.as_ref().map(Spanned::span), "url"),
                 (raw.timeout_ms.as_ref().map(Spanned::span), "timeout_ms"),
                 (raw.on_failure.as_ref().map(Spanned::span), "on_failure"),
+                (raw.fleet_size.as_ref().map(Spanned::span), "fleet_size"),
             ] {
                 if let Some(span) = present {
                     return Err(source.error(
@@ -527,10 +539,24 @@ fn parse_store(source: &Source<'_>, store: &Spanned<RawStore>) -> Result<Store, 
                 None => OnFailure::default(),
                 Some(value) => parse_failure(source, value)?,
             };
+            let fleet_size = match &raw.fleet_size {
+                None => 1,
+                Some(n) if (1..=MAX_FLEET_SIZE).contains(n.get_ref()) => *n.get_ref(),
+                Some(n) => {
+                    return Err(source.at(
+                        n,
+                        format!(
+                            "`fleet_size = {}`: give the number of limiterd processes sharing this Redis, 1 to {MAX_FLEET_SIZE}",
+                            n.get_ref()
+                        ),
+                    ));
+                }
+            };
             Ok(Store::Redis {
                 url: url.get_ref().clone(),
                 timeout,
                 on_failure,
+                fleet_size,
             })
         }
         other => Err(source.at(
@@ -681,6 +707,8 @@ mod tests {
             ("[store]\nkind = \"redis\"\n".to_owned(), "line 1, column 1: a redis store needs `url"),
             ("[store]\nkind = \"memory\"\ntimeout_ms = 5\n".to_owned(), "line 3, column 14: `timeout_ms` applies to `kind = \"redis\"` only"),
             ("[store]\nkind = \"memory\"\nmax_keys = 0\n".to_owned(), "line 3, column 12: `max_keys = 0`: use 1 to 1000000000"),
+            ("[store]\nkind = \"memory\"\nfleet_size = 3\n".to_owned(), "line 3, column 14: `fleet_size` applies to `kind = \"redis\"` only"),
+            ("[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:6379\"\nfleet_size = 0\n".to_owned(), "line 4, column 14: `fleet_size = 0`: give the number of limiterd processes"),
             ("".to_owned(), "no policies"),
             (policy("{ algorithm = \"leaky\", count = 1, period = \"1s\" }"), "line 3, column 17: `algorithm = \"leaky\"`"),
             (policy("{ algorithm = \"token_bucket\", count = 0, period = \"1s\" }"), "line 3, column 41: policy `p`: invalid limit: `count` is 0"),

@@ -196,8 +196,11 @@ impl<C: Clock + Send + Sync + 'static> Backend<C> {
 }
 
 enum StoreHandle {
-    Memory { max_keys: Option<usize> },
-    Redis(RedisBackend, OnFailure),
+    Memory {
+        max_keys: Option<usize>,
+    },
+    /// The backend, the default failure policy and the fleet's size.
+    Redis(RedisBackend, OnFailure, u64),
 }
 
 /// A policy: its name (its metrics label), its stack and its counters.
@@ -296,9 +299,14 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             (Store::Memory { max_keys }, _) => StoreHandle::Memory {
                 max_keys: *max_keys,
             },
-            (Store::Redis { on_failure, .. }, Some(backend)) => {
-                StoreHandle::Redis(backend, *on_failure)
-            }
+            (
+                Store::Redis {
+                    on_failure,
+                    fleet_size,
+                    ..
+                },
+                Some(backend),
+            ) => StoreHandle::Redis(backend, *on_failure, *fleet_size),
             (Store::Redis { .. }, None) => return Err(EngineError::NoBackend),
         };
         let mut engine = Self {
@@ -348,10 +356,11 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                         source,
                     })
             }
-            StoreHandle::Redis(backend, _) => {
+            StoreHandle::Redis(backend, _, fleet) => {
                 let mut builder = RedisStack::builder(backend, stack_name)
                     .prefix("limiterd")
-                    .on_failure(policy.on_failure);
+                    .on_failure(policy.on_failure)
+                    .fleet_size(*fleet);
                 for (keying, limits) in &groups {
                     builder = builder.layer(redis_layer(layer_name(*keying), *keying, limits));
                 }
@@ -387,7 +396,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
     /// What a policy does when Redis fails unless it says otherwise: the store's choice.
     pub fn default_failure(&self) -> OnFailure {
         match &self.store {
-            StoreHandle::Redis(_, on_failure) => *on_failure,
+            StoreHandle::Redis(_, on_failure, _) => *on_failure,
             StoreHandle::Memory { .. } => OnFailure::default(),
         }
     }
