@@ -13,7 +13,6 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{Script, Value};
 
-use crate::batch::RedisBatch;
 use crate::breaker::{Breaker, BreakerConfig, Pass};
 use crate::deny_cache::DenyCache;
 use crate::error::BackendError;
@@ -278,12 +277,6 @@ impl RedisBackend {
     /// Whether this backend talks to a Redis Cluster.
     pub fn is_cluster(&self) -> bool {
         matches!(self.inner.connection, Connection::Cluster(_))
-    }
-
-    /// An empty all-or-nothing batch on this backend: add calls of any of its stacks, then
-    /// [`decide`](RedisBatch::decide) them in one round trip.
-    pub fn batch<'a, R>(&'a self) -> RedisBatch<'a, R> {
-        RedisBatch::new(self)
     }
 
     /// Whether `other` is this very backend (a clone of it), on the same connection.

@@ -20,7 +20,7 @@ use crate::backend::RedisBackend;
 use crate::decision::{RedisDecision, Source};
 use crate::error::{BackendError, CallError};
 use crate::reply::{self, GroupAnswer};
-use crate::stack::{Prepared, RedisStack};
+use crate::stack::{Prepared, RedisLimiter, RedisStack};
 
 /// The script's batch mode for all-or-nothing batches (`decide.lua`).
 const ALL_OR_NOTHING: &[u8] = b"1";
@@ -98,8 +98,10 @@ struct Member<'a, R> {
     enforced: bool,
 }
 
-/// Calls of any stacks on one [`RedisBackend`], decided all or nothing in one round trip; see
-/// the [module docs](self). Made by [`RedisBackend::batch`].
+/// Calls of any stacks on one [`RedisBackend`], decided all or nothing in one round trip: the
+/// script writes only if every enforced call admits, shadow calls
+/// ([`add_shadow`](Self::add_shadow)) never block, and when Redis cannot decide each call's
+/// failure policy answers, all or nothing too. Made by [`RedisBackend::batch`].
 ///
 /// ```no_run
 /// use limiter_core::Limit;
@@ -128,14 +130,52 @@ impl<R> std::fmt::Debug for RedisBatch<'_, R> {
     }
 }
 
-impl<'a, R> RedisBatch<'a, R> {
-    pub(crate) fn new(backend: &'a RedisBackend) -> Self {
-        Self {
-            backend,
+impl RedisBackend {
+    /// An empty all-or-nothing batch on this backend: add calls of any of its stacks, then
+    /// [`decide`](RedisBatch::decide) them in one round trip.
+    pub fn batch<R>(&self) -> RedisBatch<'_, R> {
+        RedisBatch {
+            backend: self,
             members: Vec::new(),
         }
     }
+}
 
+impl<R> RedisStack<R> {
+    /// Decides several calls on this stack all or nothing, in one round trip: every call is
+    /// admitted, or none takes anything (see [`RedisBatch`], which can also
+    /// span stacks). On a cluster the calls must share a hash tag.
+    ///
+    /// # Errors
+    /// [`BatchError`] when a call cannot be decided at all (its cost exceeds a burst, or its
+    /// keys are in another cluster slot than the first call's); nothing was sent then.
+    pub async fn check_all(&self, calls: &[(&R, u64)]) -> Result<BatchDecision, BatchError>
+    where
+        R: Sync,
+    {
+        let mut batch = self.backend().batch();
+        for (request, cost) in calls {
+            batch.add(self, request, *cost);
+        }
+        batch.decide().await
+    }
+}
+
+impl RedisLimiter {
+    /// Decides many `(key, cost)` calls all or nothing in one round trip: every call is
+    /// admitted, or none takes anything. Keys are their own hash tags, so on a cluster the
+    /// keys must share a slot (or the batch is refused with [`BatchError::CrossSlot`]).
+    ///
+    /// # Errors
+    /// [`BatchError`] when a call cannot be decided at all; nothing was sent then.
+    pub async fn check_all(&self, calls: &[(&str, u64)]) -> Result<BatchDecision, BatchError> {
+        let owned: Vec<(String, u64)> = calls.iter().map(|(k, c)| ((*k).to_owned(), *c)).collect();
+        let borrowed: Vec<(&String, u64)> = owned.iter().map(|(k, c)| (k, *c)).collect();
+        self.stack().check_all(&borrowed).await
+    }
+}
+
+impl<'a, R> RedisBatch<'a, R> {
     /// Adds `cost` units of `request` on `stack`; if it is denied, the batch is refused.
     pub fn add(&mut self, stack: &'a RedisStack<R>, request: &'a R, cost: u64) -> &mut Self {
         self.push(stack, request, cost, true)

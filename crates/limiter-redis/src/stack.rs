@@ -19,7 +19,6 @@ use limiter_core::{Clock, Decision, Limit};
 use limiter_stack::{Grant, LayerDecision, MAX_LAYERS, MAX_LIMITS_PER_LAYER, StackDecision};
 
 use crate::backend::RedisBackend;
-use crate::batch::{BatchDecision, BatchError};
 use crate::decision::{RedisDecision, Source};
 use crate::deny_cache::Denied;
 use crate::error::{BackendError, BuildError, CallError};
@@ -536,24 +535,6 @@ impl<R> RedisStack<R> {
             .collect()
     }
 
-    /// Decides several calls on this stack all or nothing, in one round trip: every call is
-    /// admitted, or none takes anything (see [`RedisBatch`](crate::RedisBatch), which can also
-    /// span stacks). On a cluster the calls must share a hash tag.
-    ///
-    /// # Errors
-    /// [`BatchError`] when a call cannot be decided at all (its cost exceeds a burst, or its
-    /// keys are in another cluster slot than the first call's); nothing was sent then.
-    pub async fn check_all(&self, calls: &[(&R, u64)]) -> Result<BatchDecision, BatchError>
-    where
-        R: Sync,
-    {
-        let mut batch = self.backend.batch();
-        for (request, cost) in calls {
-            batch.add(self, request, *cost);
-        }
-        batch.decide().await
-    }
-
     /// The Redis keys a call for `request` reads and writes, one per limit, in layer order.
     pub fn redis_keys(&self, request: &R) -> Vec<String> {
         self.prepare(request, 0).map(|c| c.keys).unwrap_or_default()
@@ -917,18 +898,6 @@ impl RedisLimiter {
         let owned: Vec<(String, u64)> = calls.iter().map(|(k, c)| ((*k).to_owned(), *c)).collect();
         let borrowed: Vec<(&String, u64)> = owned.iter().map(|(k, c)| (k, *c)).collect();
         self.stack.check_many(&borrowed).await
-    }
-
-    /// Decides many `(key, cost)` calls all or nothing in one round trip: every call is
-    /// admitted, or none takes anything. Keys are their own hash tags, so on a cluster the
-    /// keys must share a slot (or the batch is refused with [`BatchError::CrossSlot`]).
-    ///
-    /// # Errors
-    /// [`BatchError`] when a call cannot be decided at all; nothing was sent then.
-    pub async fn check_all(&self, calls: &[(&str, u64)]) -> Result<BatchDecision, BatchError> {
-        let owned: Vec<(String, u64)> = calls.iter().map(|(k, c)| ((*k).to_owned(), *c)).collect();
-        let borrowed: Vec<(&String, u64)> = owned.iter().map(|(k, c)| (k, *c)).collect();
-        self.stack.check_all(&borrowed).await
     }
 
     /// The Redis keys `key`'s state lives in, one per limit.
