@@ -258,6 +258,15 @@ impl fmt::Debug for RedisBackend {
     }
 }
 
+/// When a request was sent; see [`RedisBackend::sent`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Sent {
+    /// Local clock reading (ns).
+    pub(crate) at: u64,
+    /// The deny cache's refund epoch.
+    pub(crate) epoch: u64,
+}
+
 impl RedisBackend {
     /// A backend on the Redis server at `url` (`redis://127.0.0.1:6379`), with the defaults.
     pub async fn connect(url: impl Into<String>) -> Result<Self, BackendError> {
@@ -295,6 +304,15 @@ impl RedisBackend {
             script_loads: c.script_loads.load(Ordering::Relaxed),
             breaker_open: self.inner.breaker.is_open(),
             deny_cache_keys: self.inner.deny_cache.len(),
+        }
+    }
+
+    /// What a request records as it is sent: the local clock's reading (a denial's deadline
+    /// counts from it) and the deny cache's refund epoch.
+    pub(crate) fn sent(&self) -> Sent {
+        Sent {
+            at: self.local_now(),
+            epoch: self.inner.deny_cache.epoch(),
         }
     }
 

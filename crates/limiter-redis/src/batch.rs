@@ -16,7 +16,7 @@ use std::collections::HashSet;
 
 use limiter_stack::{Grant, StackDecision};
 
-use crate::backend::RedisBackend;
+use crate::backend::{RedisBackend, Sent};
 use crate::decision::{RedisDecision, Source};
 use crate::error::{BackendError, CallError};
 use crate::reply::{self, GroupAnswer};
@@ -253,7 +253,7 @@ impl<'a, R> RedisBatch<'a, R> {
                 decisions,
             });
         }
-        let sent_at = self.backend.local_now();
+        let sent = self.backend.sent();
         let mut args = self.backend.header().to_vec();
         args.push(calls.len().to_string().into_bytes());
         args.push(ALL_OR_NOTHING.to_vec());
@@ -270,19 +270,14 @@ impl<'a, R> RedisBatch<'a, R> {
             Err(e) => Err(e),
         };
         Ok(match answer {
-            Ok((_, groups)) => self.conclude(&calls, groups, sent_at),
+            Ok((_, groups)) => self.conclude(&calls, groups, sent),
             Err(error) => self.on_failure(&calls, &error),
         })
     }
 
     /// The script's answers as decisions; denials enter the deny cache only when no earlier
     /// call of the batch touched their keys (otherwise they counted units never taken).
-    fn conclude(
-        &self,
-        calls: &[Prepared],
-        groups: Vec<GroupAnswer>,
-        sent_at: u64,
-    ) -> BatchDecision {
+    fn conclude(&self, calls: &[Prepared], groups: Vec<GroupAnswer>, sent: Sent) -> BatchDecision {
         let mut seen: HashSet<&str> = HashSet::new();
         let mut admitted = true;
         let mut decisions = Vec::with_capacity(calls.len());
@@ -301,7 +296,7 @@ impl<'a, R> RedisBatch<'a, R> {
                 Ok(answers) => {
                     member
                         .stack
-                        .conclude(member.request, call, Ok(answers), sent_at, remember)
+                        .conclude(member.request, call, Ok(answers), sent, remember)
                 }
             };
             admitted &= decision.is_allowed() || !member.enforced;

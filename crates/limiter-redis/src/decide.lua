@@ -18,6 +18,8 @@
 --     c = current bits + 64 * previous bits + 4096 * granule bits (the previous count is kept in
 --     units of 2^granule, rounded up), d = index bits + 64 * wrapping (the window number is kept
 --     modulo 2^index bits, read as the window nearest now with the same low bits)
+-- Mode 2 gives units back instead (refunds): each group is `units, granted_us, n` and n limits,
+-- and answers as a peek after its refund (see `refund_group`).
 -- A group is all or nothing: its writes happen only if every limit admits. Groups are decided
 -- in order, each on the state the earlier ones left. In mode 1 the batch is all or nothing as
 -- well: the writes wait until every group is decided and happen only if every enforced group
@@ -152,20 +154,20 @@ local function muldiv(a, b, c, up)
   return q
 end
 
+-- now in ticks of 2^s / q us, as (hi, lo): now * q (q <= 256, now < 2^52), or floor(now / 2^s)
+local function now_ticks(now, q, s)
+  if s > 0 then return split(math.floor(now / 2 ^ s)) end
+  local nh, nl = split(now)
+  nl = nl * q
+  local carry = math.floor(nl / TWO32)
+  return nh * q + carry, nl - carry * TWO32
+end
+
 -- Token bucket (GCRA). The word is the tat in ticks of 2^s / q us; a unit is p ticks.
 local function token_bucket(hi, lo, cost, now, q, p, tau, s)
   local burst = tau / p
   if cost > burst then return nil, 'cost ' .. cost .. ' exceeds the burst of ' .. burst .. ', so it can never be admitted' end
-  -- now in ticks: now * q (q <= 256, now < 2^52), or floor(now / 2^s)
-  local nh, nl
-  if s > 0 then
-    nh, nl = split(math.floor(now / 2 ^ s))
-  else
-    nh, nl = split(now)
-    nl = nl * q
-    local carry = math.floor(nl / TWO32)
-    nh, nl = nh * q + carry, nl - carry * TWO32
-  end
+  local nh, nl = now_ticks(now, q, s)
   -- the first reading at which tick now + ticks is current, less now
   local function until_tick(ticks)
     if s == 0 then return cdiv(ticks, q) end
@@ -193,34 +195,62 @@ local function token_bucket(hi, lo, cost, now, q, p, tau, s)
 end
 
 -- Window counters. The word is [window index | previous count / 2^g (sliding) | current count].
-local function window(hi, lo, cost, now, count, w, layout, indexing, sliding)
-  if cost > count then return nil, 'cost ' .. cost .. ' exceeds the burst of ' .. count .. ', so it can never be admitted' end
+
+-- The fields of a window word: index (absolute, not yet resolved when wrapping), current,
+-- previous (in units), or nil and an error.
+local function unpack_window(hi, lo, layout)
   local cbits = layout % 64
   local pbits = math.floor(layout / 64) % 64
-  local gbits = math.floor(layout / 4096)
-  local ibits = indexing % 64
-  local wrapping = indexing >= 64
-  local granule = 2 ^ gbits
-  local function round_previous(x)
-    if gbits == 0 then return x end
-    return cdiv(x, granule) * granule
-  end
+  local granule = 2 ^ math.floor(layout / 4096)
   local ih, il = shr(hi, lo, cbits + pbits)
   if ih >= 1048576 then return nil, 'holds a window index far beyond its limit; delete it or change the prefix' end
-  local index = ih * TWO32 + il
-  local current = low_bits(hi, lo, cbits)
   local previous = 0
   if pbits > 0 then
     local ph, pl = shr(hi, lo, cbits)
     previous = low_bits(ph, pl, pbits) * granule
   end
-  local win = fdiv(now, w)
-  if wrapping then
-    -- the window nearest now with the index's low bits
-    local m = 2 ^ ibits
-    local behind = (win - index) % m
-    if behind < m / 2 then index = win - behind else index = win + (m - behind) end
+  return ih * TWO32 + il, low_bits(hi, lo, cbits), previous
+end
+
+-- The window word for absolute window `index` with `previous` (a multiple of the granule) and
+-- `current` units, as (hi, lo).
+local function pack(index, previous, current, layout, indexing)
+  local cbits = layout % 64
+  local pbits = math.floor(layout / 64) % 64
+  local granule = 2 ^ math.floor(layout / 4096)
+  local stored = index
+  if indexing >= 64 then stored = index % 2 ^ (indexing % 64) end
+  local sh, sl = split(stored)
+  sh, sl = shl(sh, sl, cbits + pbits)
+  local ph, pl = split(previous / granule)
+  ph, pl = shl(ph, pl, cbits)
+  local ch, cl = split(current)
+  -- the fields do not overlap: their halves add without carries
+  return sh + ph + ch, sl + pl + cl
+end
+
+-- The absolute window of a wrapping index: the one nearest `near` with the same low bits.
+local function nearest(index, near, indexing)
+  if indexing < 64 then return index end
+  local m = 2 ^ (indexing % 64)
+  local behind = (near - index) % m
+  if behind < m / 2 then return near - behind end
+  return near + (m - behind)
+end
+
+local function window(hi, lo, cost, now, count, w, layout, indexing, sliding)
+  if cost > count then return nil, 'cost ' .. cost .. ' exceeds the burst of ' .. count .. ', so it can never be admitted' end
+  local gbits = math.floor(layout / 4096)
+  local granule = 2 ^ gbits
+  local function round_previous(x)
+    if gbits == 0 then return x end
+    return cdiv(x, granule) * granule
   end
+  local index, current, previous = unpack_window(hi, lo, layout)
+  if index == nil then return nil, current end
+  local win = fdiv(now, w)
+  -- the window nearest now with the index's low bits
+  index = nearest(index, win, indexing)
   -- an empty state is fresh, whatever its index
   if current == 0 and previous == 0 and index > win then index = win end
   if index * w >= LIMIT then return nil, 'holds a window index far beyond its limit; delete it or change the prefix' end
@@ -251,15 +281,7 @@ local function window(hi, lo, cost, now, count, w, layout, indexing, sliding)
     local after = current + cost
     local nxh, nxl = nil, nil
     if cost > 0 then
-      local stored = index
-      if wrapping then stored = index % 2 ^ ibits end
-      local sh, sl = split(stored)
-      sh, sl = shl(sh, sl, cbits + pbits)
-      local ph, pl = split(previous / granule)
-      ph, pl = shl(ph, pl, cbits)
-      local ch, cl = split(after)
-      -- the fields do not overlap: their halves add without carries
-      nxh, nxl = sh + ph + ch, sl + pl + cl
+      nxh, nxl = pack(index, previous, after, layout, indexing)
     end
     return { 1, count - used - cost, 0, reset_after(after) }, nil, nxh, nxl
   end
@@ -288,6 +310,45 @@ local function window(hi, lo, cost, now, count, w, layout, indexing, sliding)
   return { 0, remaining, lag + wait, reset_after(current) }
 end
 
+-- Refunds: `units` a grant at `granted` took come back, as the Rust algorithms' `refund`
+-- does. Each returns the new state as (hi, lo), nil when nothing comes back, or nil and an
+-- error.
+
+-- Token bucket: the tat moves back by the units, never before now (never above full).
+local function token_refund(hi, lo, units, now, q, p, s)
+  local nh, nl = now_ticks(now, q, s)
+  if not (hi > nh or (hi == nh and lo > nl)) then return nil end
+  local debt = (hi - nh) * TWO32 + (lo - nl)
+  if debt >= LIMIT then return nil, 'holds a tat ' .. format(hi, lo) .. ' far beyond its limit; delete it or change the prefix' end
+  local left = debt - units * p
+  if left < 0 then left = 0 end
+  return add(nh, nl, left)
+end
+
+-- Windows: the units come off the count of the grant's window if the state still holds it
+-- (as the current window, or as the previous one of a sliding window), and off nothing else.
+local function window_refund(hi, lo, units, granted, w, layout, indexing, sliding)
+  local index, current, previous = unpack_window(hi, lo, layout)
+  if index == nil then return nil, current end
+  local g = fdiv(granted, w)
+  if current == 0 and previous == 0 then return nil end
+  index = nearest(index, g, indexing)
+  if g == index then
+    if current == 0 then return nil end
+    current = current - units
+    if current < 0 then current = 0 end
+  elseif sliding and g + 1 == index then
+    if previous == 0 then return nil end
+    previous = previous - units
+    if previous < 0 then previous = 0 end
+    local granule = 2 ^ math.floor(layout / 4096)
+    previous = cdiv(previous, granule) * granule
+  else
+    return nil
+  end
+  return pack(index, previous, current, layout, indexing)
+end
+
 local now
 if ARGV[1] == '' then
   local t = redis.call('TIME')
@@ -301,13 +362,37 @@ if now >= LIMIT then return fail('the time ' .. out(now) .. ' us is past 2^52 us
 local slack = tonumber(ARGV[2])
 local groups = tonumber(ARGV[3])
 local mode = tonumber(ARGV[4])
-if slack == nil or groups == nil or (mode ~= 0 and mode ~= 1) then
-  return fail('ARGV[2..4] must be the expiry slack, the number of groups and the batch mode (0 or 1)')
+if slack == nil or groups == nil or (mode ~= 0 and mode ~= 1 and mode ~= 2) then
+  return fail('ARGV[2..4] must be the expiry slack, the number of groups and the mode (0, 1 or 2)')
 end
 
 local states = {} -- key name -> {hi, lo}: the state as this script left it (a batch may
 -- name one key at several KEYS indexes)
 local before = {} -- key name -> {hi, lo}: the state as read, before any group
+
+-- The state word a key holds, as {hi, lo} ({0, 0} when absent), or nil and an error.
+local function load(name)
+  local raw = redis.pcall('GET', name)
+  if type(raw) == 'table' and raw.err then
+    return nil, 'key ' .. name .. ' cannot be read (' .. raw.err .. '); delete it or change the prefix'
+  end
+  if not raw then return { 0, 0 } end
+  local hi, lo = parse(raw)
+  if hi == nil then
+    return nil, 'key ' .. name .. ' holds "' .. string.sub(raw, 1, 40) .. '", not a limiter state; delete it or change the prefix'
+  end
+  return { hi, lo }
+end
+
+-- The six fields of the limit at ARGV[arg]: KEYS index, algorithm, a, b, c, d; nil if any
+-- is missing or not a number.
+local function limit_at(arg)
+  local k = tonumber(ARGV[arg])
+  local algo = tonumber(ARGV[arg + 1])
+  local a, b, c, d = tonumber(ARGV[arg + 2]), tonumber(ARGV[arg + 3]), tonumber(ARGV[arg + 4]), tonumber(ARGV[arg + 5])
+  if k == nil or KEYS[k] == nil or algo == nil or a == nil or b == nil or c == nil or d == nil then return nil end
+  return k, algo, a, b, c, d
+end
 
 -- Decides one group; returns its answers and writes, or an error message.
 local function decide_group(cost, n, arg)
@@ -315,28 +400,14 @@ local function decide_group(cost, n, arg)
   local writes = {}
   local answers = {}
   for i = 1, n do
-    local k = tonumber(ARGV[arg])
-    local algo = tonumber(ARGV[arg + 1])
-    local a, b, c, d = tonumber(ARGV[arg + 2]), tonumber(ARGV[arg + 3]), tonumber(ARGV[arg + 4]), tonumber(ARGV[arg + 5])
+    local k, algo, a, b, c, d = limit_at(arg)
     arg = arg + 6
-    if k == nil or KEYS[k] == nil or a == nil or b == nil or c == nil or d == nil then
-      return nil, 'limit ' .. i .. ' of the call is malformed'
-    end
+    if k == nil then return nil, 'limit ' .. i .. ' of the call is malformed' end
     local state = states[KEYS[k]]
     if state == nil then
-      local raw = redis.pcall('GET', KEYS[k])
-      if type(raw) == 'table' and raw.err then
-        return nil, 'key ' .. KEYS[k] .. ' cannot be read (' .. raw.err .. '); delete it or change the prefix'
-      end
-      if raw then
-        local hi, lo = parse(raw)
-        if hi == nil then
-          return nil, 'key ' .. KEYS[k] .. ' holds "' .. string.sub(raw, 1, 40) .. '", not a limiter state; delete it or change the prefix'
-        end
-        state = { hi, lo }
-      else
-        state = { 0, 0 }
-      end
+      local err
+      state, err = load(KEYS[k])
+      if state == nil then return nil, err end
       states[KEYS[k]] = state
       before[KEYS[k]] = state
     end
@@ -364,6 +435,63 @@ local function store(wr)
   local ttl = cdiv(wr[4], 1000) + slack
   if ttl < 1 then ttl = 1 end
   redis.call('SET', KEYS[wr[1]], format(wr[2], wr[3]), 'PX', string.format('%.0f', ttl))
+end
+
+-- Mode 2, refunds: each group is `units, granted_us, n` and n limits; its units come back to
+-- every limit, all or none, and it answers as a peek after the refund.
+local function refund_group(units, granted, n, arg)
+  local answers, writes = {}, {}
+  for i = 1, n do
+    local k, algo, a, b, c, d = limit_at(arg)
+    arg = arg + 6
+    if k == nil then return nil, 'limit ' .. i .. ' of the refund is malformed' end
+    local state, err = load(KEYS[k])
+    if state == nil then return nil, err end
+    local hi, lo = state[1], state[2]
+    local nxh, nxl
+    if algo == 1 then
+      nxh, nxl = token_refund(hi, lo, units, now, a, b, d)
+    elseif algo == 2 or algo == 3 then
+      nxh, nxl = window_refund(hi, lo, units, granted, b, c, d, algo == 2)
+    else
+      return nil, 'unknown algorithm ' .. tostring(algo)
+    end
+    if nxh == nil and nxl ~= nil then return nil, 'key ' .. KEYS[k] .. ': ' .. nxl end
+    if nxh ~= nil then hi, lo = nxh, nxl end
+    local answer
+    if algo == 1 then
+      answer, err = token_bucket(hi, lo, 0, now, a, b, c, d)
+    else
+      answer, err = window(hi, lo, 0, now, a, b, c, d, algo == 2)
+    end
+    if answer == nil then return nil, 'key ' .. KEYS[k] .. ': ' .. err end
+    if nxh ~= nil then writes[#writes + 1] = { k, hi, lo, answer[4] } end
+    answers[i] = answer
+  end
+  return answers, writes
+end
+
+if mode == 2 then
+  local reply = { now }
+  local arg = 5
+  for _ = 1, groups do
+    local units, granted, n = tonumber(ARGV[arg]), tonumber(ARGV[arg + 1]), tonumber(ARGV[arg + 2])
+    if units == nil or granted == nil or n == nil or units < 0 or granted < 0 then
+      return fail('a refund header is malformed')
+    end
+    local answers, writes = refund_group(units, granted, n, arg + 3)
+    arg = arg + 3 + 6 * n
+    if answers == nil then
+      reply[#reply + 1] = 'limiter: ' .. writes
+    else
+      for _, wr in ipairs(writes) do store(wr) end
+      reply[#reply + 1] = 1
+      for _, answer in ipairs(answers) do
+        for j = 1, 4 do reply[#reply + 1] = out(answer[j]) end
+      end
+    end
+  end
+  return reply
 end
 
 local results = {} -- per group: {status, answers} or {error message}

@@ -4,8 +4,12 @@
 //! that key can be admitted before `r` has passed: time only restores capacity, and every other
 //! node can only consume more. The deadline is taken from the local clock reading *before* the
 //! request was sent, so it is never later than Redis's own. A call of a smaller cost, or after
-//! the deadline, goes to Redis. Two things break the premise, and both clear the cache: a
-//! backend failure (Redis may come back empty) and a refund (there is none on Redis today).
+//! the deadline, goes to Redis. Two things break the premise: a backend failure (Redis may
+//! come back empty), which clears the cache, and a refund, which forgets the keys it touched
+//! and moves the cache's refund epoch on, so that a denial Redis made before the refund, whose
+//! answer arrives after it, is not recorded (a denial is recorded only with the epoch read
+//! before its request was sent, checked under the shard's lock; the epoch moves on before the
+//! keys are forgotten).
 #![deny(clippy::arithmetic_side_effects)]
 
 use std::collections::HashMap;
@@ -33,6 +37,9 @@ pub(crate) struct DenyCache {
     shards: Box<[Mutex<HashMap<String, Denied>>]>,
     per_shard: usize,
     hasher: RandomState,
+    /// Refunds so far: a denial decided before one is not recorded after it. A lock, not an
+    /// atomic: it is read once per round trip, and the lock orders it with the shards'.
+    refunds: Mutex<u64>,
 }
 
 impl DenyCache {
@@ -42,6 +49,7 @@ impl DenyCache {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             per_shard: capacity.div_ceil(SHARDS),
             hasher: RandomState::new(),
+            refunds: Mutex::new(0),
         }
     }
 
@@ -71,12 +79,23 @@ impl DenyCache {
         }
     }
 
-    /// Records Redis's denial of `denied.cost` on `key`.
-    pub(crate) fn record(&self, key: &str, denied: Denied) {
+    /// The refund epoch, read before a request is sent.
+    pub(crate) fn epoch(&self) -> u64 {
+        *self.refunds.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records Redis's denial of `denied.cost` on `key`, decided for a request sent at refund
+    /// epoch `epoch`; nothing if a refund has happened since.
+    pub(crate) fn record(&self, key: &str, denied: Denied, epoch: u64) {
         if self.per_shard == 0 {
             return;
         }
         let mut shard = self.shard(key);
+        // Under the shard's lock: a refund that forgets this key either moved the epoch on
+        // before this check, or forgets the key after this record.
+        if self.epoch() != epoch {
+            return;
+        }
         if shard.len() >= self.per_shard && !shard.contains_key(key) {
             let now = denied
                 .until
@@ -87,6 +106,20 @@ impl DenyCache {
             }
         }
         shard.insert(key.to_owned(), denied);
+    }
+
+    /// A refund gave units back on `keys`: their denials no longer stand, and denials decided
+    /// before it are not recorded after it.
+    pub(crate) fn forget(&self, keys: &[String]) {
+        // Moved on before the keys are forgotten: a denial recorded between the two, under
+        // its shard's lock, is then forgotten; one recorded after sees the new epoch.
+        {
+            let mut refunds = self.refunds.lock().unwrap_or_else(PoisonError::into_inner);
+            *refunds = refunds.wrapping_add(1);
+        }
+        for key in keys {
+            self.shard(key).remove(key);
+        }
     }
 
     /// Forgets everything (Redis failed, and may come back without its state).
@@ -120,7 +153,7 @@ mod tests {
     #[test]
     fn covers_only_equal_or_larger_costs_before_the_deadline() {
         let cache = DenyCache::new(100);
-        cache.record("k", denied(100, 3));
+        cache.record("k", denied(100, 3), 0);
         assert_eq!(cache.lookup("k", 3, 99).map(|d| d.cost), Some(3));
         assert_eq!(cache.lookup("k", 5, 0).map(|d| d.cost), Some(3));
         assert_eq!(cache.lookup("k", 2, 0), None, "a smaller cost may fit");
@@ -138,13 +171,34 @@ mod tests {
     fn stays_bounded_and_clears() {
         let cache = DenyCache::new(32);
         for i in 0..1_000 {
-            cache.record(&format!("k{i}"), denied(100, 1));
+            cache.record(&format!("k{i}"), denied(100, 1), 0);
         }
         assert!(cache.len() <= 32, "{} keys held", cache.len());
         cache.clear();
         assert_eq!(cache.len(), 0);
         let off = DenyCache::new(0);
-        off.record("k", denied(100, 1));
+        off.record("k", denied(100, 1), 0);
         assert_eq!(off.lookup("k", 1, 0), None);
+    }
+
+    #[test]
+    fn a_refund_forgets_its_keys_and_refuses_denials_decided_before_it() {
+        let cache = DenyCache::new(64);
+        let before = cache.epoch();
+        cache.record("a", denied(100, 1), before);
+        cache.record("b", denied(100, 1), before);
+        cache.forget(&["a".to_owned()]);
+        assert_eq!(
+            cache.lookup("a", 1, 0),
+            None,
+            "the refunded key is forgotten"
+        );
+        assert!(cache.lookup("b", 1, 0).is_some(), "other keys stand");
+        // A denial Redis made before the refund, arriving after it, is not recorded.
+        cache.record("a", denied(100, 1), before);
+        assert_eq!(cache.lookup("a", 1, 0), None);
+        // One decided after the refund is.
+        cache.record("a", denied(100, 1), cache.epoch());
+        assert!(cache.lookup("a", 1, 0).is_some());
     }
 }

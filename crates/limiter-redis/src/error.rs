@@ -166,3 +166,30 @@ impl BackendError {
         )
     }
 }
+
+/// A refund Redis did not take: the grant's units are unchanged, except after
+/// [`RefundError::Backend`], whose units the grant no longer holds.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RefundError {
+    /// The grant came from another stack or limiter.
+    #[error("this grant came from another Redis stack; refund it on the stack that granted it")]
+    WrongStack,
+    /// More units than the grant still holds.
+    #[error(
+        "cannot give back {units} units: the grant took {taken} and holds {left} that may still come back"
+    )]
+    ExceedsGrant {
+        /// Units asked to come back.
+        units: u64,
+        /// Units the grant still holds.
+        left: u64,
+        /// Units the grant took.
+        taken: u64,
+    },
+    /// Redis failed (or refused) during the refund. Its units are no longer held by the
+    /// grant, so a lost reply can never give them back twice; if Redis did not apply the
+    /// refund they stay counted until they refill.
+    #[error("the refund did not reach Redis ({0}); its units stay counted until they refill")]
+    Backend(BackendError),
+}

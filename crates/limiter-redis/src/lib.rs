@@ -6,7 +6,8 @@
 //!   only if every limit admits. [`RedisStack::check_many`] decides many independent calls in
 //!   one round trip; a [`RedisBatch`] (or [`RedisStack::check_all`]) decides many calls, of
 //!   any stacks on one backend, all or nothing: a denied call never consumes, and if any is
-//!   denied none does.
+//!   denied none does. [`RedisStack::acquire`] hands back a [`RedisGrant`] whose units
+//!   [`RedisStack::refund`] gives back, never more than were taken.
 //! - **The same arithmetic as in process.** The script reimplements each algorithm's pure
 //!   transition on the same `u64` state word, with time in microseconds since the Unix epoch
 //!   (Redis `TIME`, so nodes with skewed clocks agree). [`RedisLimit::in_micros`] gives the limit
@@ -23,7 +24,7 @@
 //!   "over the limit".
 //! - **A deny cache** answers keys Redis has just denied, locally, until their `retry_after`
 //!   passes, for calls of at least the denied cost only, so it never refuses what Redis would
-//!   admit.
+//!   admit; a refund forgets the keys it touched.
 //!
 //! ```no_run
 //! use limiter_core::Limit;
@@ -61,6 +62,7 @@ mod breaker;
 mod decision;
 mod deny_cache;
 mod error;
+mod refund;
 mod reply;
 mod seam;
 mod spec;
@@ -70,7 +72,8 @@ pub use backend::{BackendBuilder, BackendStats, DEFAULT_TIMEOUT, RedisBackend, S
 pub use batch::{BatchDecision, BatchError, RedisBatch};
 pub use breaker::BreakerConfig;
 pub use decision::{RedisDecision, Source};
-pub use error::{BackendError, BuildError, CallError};
+pub use error::{BackendError, BuildError, CallError, RefundError};
+pub use refund::RedisGrant;
 pub use spec::{Kind, RedisLimit};
 pub use stack::{
     OnFailure, RedisLayer, RedisLimiter, RedisLimiterBuilder, RedisStack, RedisStackBuilder,

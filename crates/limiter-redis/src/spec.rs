@@ -137,6 +137,17 @@ impl RedisLimit {
         }
     }
 
+    /// The script's twin refund: the Rust algorithm gives `units` back to `state`, which a
+    /// grant at `granted_us` took, at `now_us` (microseconds since the Unix epoch); `None`
+    /// when nothing comes back. The script writes exactly this state.
+    pub fn refund(&self, state: u64, units: u64, granted_us: u64, now_us: u64) -> Option<u64> {
+        match &self.twin {
+            Twin::TokenBucket(a) => a.refund(state, units, granted_us, now_us),
+            Twin::SlidingWindow(a) => a.refund(state, units, granted_us, now_us),
+            Twin::FixedWindow(a) => a.refund(state, units, granted_us, now_us),
+        }
+    }
+
     /// How far below the limit the script may admit (see [`Accuracy`]): the twin's own, which
     /// also counts a period rounded up to whole microseconds.
     pub fn accuracy(&self) -> Accuracy {

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use limiter_core::{Clock, Decision, Limit};
 use limiter_stack::{Grant, LayerDecision, MAX_LAYERS, MAX_LIMITS_PER_LAYER, StackDecision};
 
-use crate::backend::RedisBackend;
+use crate::backend::{RedisBackend, Sent};
 use crate::decision::{RedisDecision, Source};
 use crate::deny_cache::Denied;
 use crate::error::{BackendError, BuildError, CallError};
@@ -260,6 +260,7 @@ impl<R: 'static> RedisStackBuilder<R> {
             tag: self.tag,
             on_failure: self.on_failure,
             fallback,
+            token: Arc::new(()),
         })
     }
 }
@@ -409,6 +410,8 @@ pub struct RedisStack<R> {
     tag: Tag<R>,
     on_failure: OnFailure,
     fallback: Option<Fallback<R>>,
+    /// This stack's identity, which its grants carry.
+    token: Arc<()>,
 }
 
 impl<R> fmt::Debug for RedisStack<R> {
@@ -450,25 +453,40 @@ impl<R> RedisStack<R> {
     /// reported and nothing changes.
     pub async fn check_n(&self, request: &R, cost: u64) -> Result<RedisDecision, CallError> {
         let call = self.prepare(request, cost)?;
-        if let Some(early) = self.answer_locally(&call) {
-            return Ok(early);
+        Ok(self.decide_prepared(request, &call).await.0)
+    }
+
+    /// Decides a prepared call in one round trip; with the script's time (us) when Redis
+    /// decided it.
+    pub(crate) async fn decide_prepared(
+        &self,
+        request: &R,
+        call: &Prepared,
+    ) -> (RedisDecision, Option<u64>) {
+        if let Some(early) = self.answer_locally(call) {
+            return (early, None);
         }
-        let sent_at = self.backend.local_now();
+        let sent = self.backend.sent();
         let mut args = self.backend.header().to_vec();
         args.push(b"1".to_vec());
         args.push(INDEPENDENT.to_vec());
-        self.encode(&call, true, 0, &mut args);
+        self.encode(call, true, 0, &mut args);
         let answer = match self.backend.eval(&call.keys, &args).await {
             Ok(value) => reply::parse(&value, &[call.targets.len()]),
             Err(e) => Err(e),
         };
-        let group = answer.map(|(_, mut groups)| groups.pop());
-        match group {
-            Ok(Some(answer)) => Ok(self.conclude(request, &call, answer, sent_at, true)),
-            Ok(None) => {
-                Ok(self.on_failure(request, cost, BackendError::BadReply("no group".into())))
-            }
-            Err(e) => Ok(self.on_failure(request, cost, e)),
+        match answer {
+            Ok((now_us, mut groups)) => match groups.pop() {
+                Some(group) => (
+                    self.conclude(request, call, group, sent, true),
+                    Some(now_us),
+                ),
+                None => {
+                    let e = BackendError::BadReply("no group".into());
+                    (self.on_failure(request, call.cost, e), None)
+                }
+            },
+            Err(e) => (self.on_failure(request, call.cost, e), None),
         }
     }
 
@@ -496,7 +514,7 @@ impl<R> RedisStack<R> {
                 },
             }
         }
-        let sent_at = self.backend.local_now();
+        let sent = self.backend.sent();
         let trips = rounds.into_values().map(|round| async move {
             let mut args = self.backend.header().to_vec();
             args.push(round.len().to_string().into_bytes());
@@ -518,7 +536,7 @@ impl<R> RedisStack<R> {
                 Ok((_, groups)) => {
                     for ((i, call), group) in round.into_iter().zip(groups) {
                         let (request, _) = calls[i];
-                        results[i] = Some(Ok(self.conclude(request, &call, group, sent_at, true)));
+                        results[i] = Some(Ok(self.conclude(request, &call, group, sent, true)));
                     }
                 }
                 Err(e) => {
@@ -548,6 +566,11 @@ impl<R> RedisStack<R> {
     /// The backend the stack decides on.
     pub fn backend(&self) -> &RedisBackend {
         &self.backend
+    }
+
+    /// This stack's identity, which its grants carry.
+    pub(crate) fn token(&self) -> &Arc<()> {
+        &self.token
     }
 
     /// Each layer's name and limits, in stack order (the positions a
@@ -668,12 +691,23 @@ impl<R> RedisStack<R> {
         offset: usize,
         args: &mut Vec<Vec<u8>>,
     ) {
-        args.push(call.cost.to_string().into_bytes());
-        args.push(if enforced {
-            b"1".to_vec()
-        } else {
-            b"0".to_vec()
-        });
+        let flag = if enforced { b"1" } else { b"0" };
+        self.encode_group(call, call.cost, flag, offset, args);
+    }
+
+    /// Appends a group for `call`'s limits with the header `first, second, limit count` (cost
+    /// and enforced flag, or a refund's units and grant time); `offset` keys precede the
+    /// call's own in the script's `KEYS`.
+    pub(crate) fn encode_group(
+        &self,
+        call: &Prepared,
+        first: u64,
+        second: &[u8],
+        offset: usize,
+        args: &mut Vec<Vec<u8>>,
+    ) {
+        args.push(first.to_string().into_bytes());
+        args.push(second.to_vec());
         args.push(call.targets.len().to_string().into_bytes());
         for (i, target) in call.targets.iter().enumerate() {
             let index = offset.saturating_add(i).saturating_add(1);
@@ -694,7 +728,7 @@ impl<R> RedisStack<R> {
         request: &R,
         call: &Prepared,
         answer: GroupAnswer,
-        sent_at: u64,
+        sent: Sent,
         remember: bool,
     ) -> RedisDecision {
         let answers = match answer {
@@ -730,13 +764,15 @@ impl<R> RedisStack<R> {
             layers.extend(LayerDecision::from_limits(layer, 0, &decisions));
             for (i, decision) in (start..end).zip(&decisions) {
                 if remember && decision.is_denied() {
-                    let until = sent_at.saturating_add(decision.retry_after_nanos());
+                    let until = sent.at.saturating_add(decision.retry_after_nanos());
                     let denied = Denied {
                         until,
                         cost: call.cost,
                         decision: *decision,
                     };
-                    self.backend.deny_cache().record(&call.keys[i], denied);
+                    self.backend
+                        .deny_cache()
+                        .record(&call.keys[i], denied, sent.epoch);
                 }
             }
             start = end;

@@ -283,20 +283,6 @@ fn model(
     (admitted, answers)
 }
 
-/// A decision in microseconds as the limiter reports it, in nanoseconds.
-fn in_nanos(d: Decision) -> Decision {
-    if d.is_allowed() {
-        Decision::allow(d.limit(), d.remaining(), d.reset_after_nanos() * 1_000)
-    } else {
-        Decision::deny(
-            d.limit(),
-            d.remaining(),
-            d.retry_after_nanos() * 1_000,
-            d.reset_after_nanos() * 1_000,
-        )
-    }
-}
-
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
@@ -353,7 +339,7 @@ proptest! {
                 prop_assert_eq!(decision.source(), &Source::Redis);
                 // The layer's answer combines its two limits by the stack's own rule.
                 let layers: Vec<LayerDecision> = decision.stack().layers().copied().collect();
-                let want: Vec<Decision> = want.iter().copied().map(in_nanos).collect();
+                let want: Vec<Decision> = want.iter().copied().map(common::micros_as_nanos).collect();
                 let want = LayerDecision::from_limits(0, 0, &want);
                 prop_assert_eq!(layers, want.into_iter().collect::<Vec<_>>(), "call {} of {:?}", i, calls);
             }

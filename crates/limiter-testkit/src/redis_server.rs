@@ -183,3 +183,20 @@ impl RedisCluster {
         self.nodes.iter().map(RedisServer::url).collect()
     }
 }
+
+/// A decision of a limit counted in microseconds (the Rust twin of a Redis limit,
+/// `RedisLimit::in_micros`, whose "ns" are microseconds) as the Redis limiter reports it, in
+/// nanoseconds.
+pub fn micros_as_nanos(d: limiter_core::Decision) -> limiter_core::Decision {
+    let ns = |us: u64| us.saturating_mul(1_000);
+    if d.is_allowed() {
+        limiter_core::Decision::allow(d.limit(), d.remaining(), ns(d.reset_after_nanos()))
+    } else {
+        limiter_core::Decision::deny(
+            d.limit(),
+            d.remaining(),
+            ns(d.retry_after_nanos()),
+            ns(d.reset_after_nanos()),
+        )
+    }
+}

@@ -1,0 +1,194 @@
+//! Refunds on Redis: [`RedisStack::acquire`] decides a call and, when Redis admitted it, hands
+//! back a [`RedisGrant`] of the units taken; [`RedisStack::refund`] gives some or all of them
+//! back in one script call, with the same guard as in process: never more than the grant took
+//! (each refund takes its units off the grant), never above full, and units that have already
+//! come back on their own are not returned twice (a token bucket's refund stops at full now; a
+//! window's comes off the grant's window only while the state still counts it).
+//!
+//! A refund clears the deny cache for the keys it touches and moves its refund epoch on, so no
+//! denial decided before the refund is answered locally after it.
+
+use std::sync::Arc;
+
+use crate::decision::{RedisDecision, Source};
+use crate::error::{BackendError, CallError, RefundError};
+use crate::reply;
+use crate::stack::{Prepared, RedisLimiter, RedisStack};
+
+/// The script's mode for refunds (`decide.lua`).
+const REFUND: &[u8] = b"2";
+
+/// The units an admitted call took on Redis, which [`RedisStack::refund`] can give back. Not
+/// `Clone`: each refund takes its units off the grant.
+pub struct RedisGrant {
+    stack: Arc<()>,
+    call: Prepared,
+    granted_us: u64,
+    left: u64,
+}
+
+impl std::fmt::Debug for RedisGrant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisGrant")
+            .field("keys", &self.call.keys)
+            .field("granted_us", &self.granted_us)
+            .field("taken", &self.call.cost)
+            .field("left", &self.left)
+            .finish()
+    }
+}
+
+impl RedisGrant {
+    /// Units the call took.
+    pub fn taken(&self) -> u64 {
+        self.call.cost
+    }
+
+    /// Units that may still come back.
+    pub fn left(&self) -> u64 {
+        self.left
+    }
+
+    /// Redis's time (microseconds since the Unix epoch) the units were taken at.
+    pub fn granted_at_us(&self) -> u64 {
+        self.granted_us
+    }
+
+    /// The Redis keys the grant took from.
+    pub fn keys(&self) -> &[String] {
+        &self.call.keys
+    }
+}
+
+impl<R> RedisStack<R> {
+    /// Decides `cost` units for `request`, as [`check_n`](Self::check_n) does, and when Redis
+    /// admitted them returns a [`RedisGrant`] that [`refund`](Self::refund) can give back. No
+    /// grant comes with a peek, a denial, or an answer Redis did not give (the deny cache, a
+    /// failure policy, the local fallback).
+    ///
+    /// # Errors
+    /// [`CallError`] for a call no limit can decide (its cost exceeds a burst).
+    pub async fn acquire(
+        &self,
+        request: &R,
+        cost: u64,
+    ) -> Result<(RedisDecision, Option<RedisGrant>), CallError> {
+        let call = self.prepare(request, cost)?;
+        let (decision, now_us) = self.decide_prepared(request, &call).await;
+        let grant = match now_us {
+            Some(granted_us)
+                if cost > 0 && decision.is_allowed() && decision.source() == &Source::Redis =>
+            {
+                Some(RedisGrant {
+                    stack: Arc::clone(self.token()),
+                    call,
+                    granted_us,
+                    left: cost,
+                })
+            }
+            _ => None,
+        };
+        Ok((decision, grant))
+    }
+
+    /// Gives back `units` of what `grant` took, on every limit the call touched, in one
+    /// round trip; answers with what `request` holds after it (a peek). Units that have come
+    /// back on their own are not returned twice, and no limit goes above full.
+    ///
+    /// # Errors
+    /// [`RefundError::WrongStack`] or [`RefundError::ExceedsGrant`] (nothing sent, the grant
+    /// unchanged); [`RefundError::Backend`] when Redis failed: the grant no longer holds the
+    /// units, so a lost reply never gives them back twice.
+    pub async fn refund(
+        &self,
+        request: &R,
+        grant: &mut RedisGrant,
+        units: u64,
+    ) -> Result<RedisDecision, RefundError> {
+        if !Arc::ptr_eq(&grant.stack, self.token()) {
+            return Err(RefundError::WrongStack);
+        }
+        if units > grant.left {
+            return Err(RefundError::ExceedsGrant {
+                units,
+                left: grant.left,
+                taken: grant.call.cost,
+            });
+        }
+        // Spent before sending: whatever happens to the reply, these units never come back
+        // twice.
+        grant.left = grant.left.saturating_sub(units);
+        let call = &grant.call;
+        let mut args = self.backend().header().to_vec();
+        args.push(b"1".to_vec());
+        args.push(REFUND.to_vec());
+        let granted = grant.granted_us.to_string().into_bytes();
+        self.encode_group(call, units, &granted, 0, &mut args);
+        let sent = self.backend().sent();
+        let value = self
+            .backend()
+            .eval(&call.keys, &args)
+            .await
+            .map_err(RefundError::Backend)?;
+        // Units came back: standing denials of these keys may no longer stand.
+        self.backend().deny_cache().forget(&call.keys);
+        let (_, mut groups) =
+            reply::parse(&value, &[call.limits()]).map_err(RefundError::Backend)?;
+        match groups.pop() {
+            Some(Ok(answers)) if answers.len() == call.limits() => {
+                Ok(self.conclude(request, call, Ok(answers), sent, false))
+            }
+            Some(Err(reason)) => Err(RefundError::Backend(BackendError::Script(reason))),
+            _ => Err(RefundError::Backend(BackendError::BadReply(
+                "the refund's answer does not match its limits".into(),
+            ))),
+        }
+    }
+}
+
+impl RedisLimiter {
+    /// Decides `cost` units for `key` and, when Redis admitted them, returns a grant
+    /// [`refund`](Self::refund) can give back; see [`RedisStack::acquire`].
+    ///
+    /// ```no_run
+    /// use limiter_core::Limit;
+    /// use limiter_redis::{Kind, RedisBackend, RedisLimiter};
+    ///
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let backend = RedisBackend::connect("redis://127.0.0.1:6379").await?;
+    /// let tokens = RedisLimiter::builder(&backend, "llm-tokens")
+    ///     .limit(Kind::TokenBucket, Limit::per_minute(10_000))
+    ///     .build()?;
+    /// // Reserve the most a completion may use, then give back what it did not.
+    /// let (decision, grant) = tokens.acquire("team-7", 2_000).await?;
+    /// if let Some(mut grant) = grant {
+    ///     let used = 1_234;
+    ///     tokens.refund("team-7", &mut grant, 2_000 - used).await?;
+    /// }
+    /// # let _ = decision;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`CallError`] for a cost above a burst.
+    pub async fn acquire(
+        &self,
+        key: &str,
+        cost: u64,
+    ) -> Result<(RedisDecision, Option<RedisGrant>), CallError> {
+        self.stack().acquire(&key.to_owned(), cost).await
+    }
+
+    /// Gives back `units` of `grant` on `key`; see [`RedisStack::refund`].
+    ///
+    /// # Errors
+    /// [`RefundError`], as [`RedisStack::refund`].
+    pub async fn refund(
+        &self,
+        key: &str,
+        grant: &mut RedisGrant,
+        units: u64,
+    ) -> Result<RedisDecision, RefundError> {
+        self.stack().refund(&key.to_owned(), grant, units).await
+    }
+}
