@@ -601,6 +601,21 @@ fn parse_policy(
         None => default_failure,
         Some(value) => parse_failure(source, value)?,
     };
+    // While Redis is out, each of `fleet_size` processes falls back to its share of a limit.
+    if let (Store::Redis { fleet_size, .. }, OnFailure::Fallback) = (store, on_failure) {
+        for (entry, limit) in raw.limits.get_ref().iter().zip(&limits) {
+            let limit = limit.limit.limit();
+            let most = limit.count().min(limit.burst());
+            if most < *fleet_size {
+                return Err(source.at(
+                    entry,
+                    format!(
+                        "policy `{name}`: {limit} cannot be shared by `fleet_size = {fleet_size}` processes while Redis is out (each would get 0); raise the count to {fleet_size} or more, lower `fleet_size` to {most}, or give the policy another `on_failure`"
+                    ),
+                ));
+            }
+        }
+    }
     Ok(Policy { limits, on_failure })
 }
 
@@ -707,6 +722,7 @@ mod tests {
             ("[store]\nkind = \"redis\"\n".to_owned(), "line 1, column 1: a redis store needs `url"),
             ("[store]\nkind = \"memory\"\ntimeout_ms = 5\n".to_owned(), "line 3, column 14: `timeout_ms` applies to `kind = \"redis\"` only"),
             ("[store]\nkind = \"memory\"\nmax_keys = 0\n".to_owned(), "line 3, column 12: `max_keys = 0`: use 1 to 1000000000"),
+            ("[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:6379\"\nfleet_size = 4\n[policies.p]\nlimits = [\n  { algorithm = \"fixed_window\", count = 3, period = \"1m\" },\n]\n".to_owned(), "line 7, column 3: policy `p`: 3 per 60s cannot be shared by `fleet_size = 4` processes"),
             ("[store]\nkind = \"memory\"\nfleet_size = 3\n".to_owned(), "line 3, column 14: `fleet_size` applies to `kind = \"redis\"` only"),
             ("[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:6379\"\nfleet_size = 0\n".to_owned(), "line 4, column 14: `fleet_size = 0`: give the number of limiterd processes"),
             ("".to_owned(), "no policies"),
