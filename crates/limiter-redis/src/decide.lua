@@ -2,7 +2,11 @@
 --
 -- The same arithmetic as the Rust algorithms (limiter-token-bucket's Gcra, limiter-sliding-
 -- window's WindowCounter), with time in microseconds since the Unix epoch. Each key holds the
--- same u64 state word as the Rust algorithm, in decimal. Lua numbers are doubles, so a word is
+-- same u64 state word as the Rust algorithm, in decimal, then a space and the tag of the limit
+-- that wrote it (`algorithm:a:b:c:d`, its fields as sent). A call under another limit (the
+-- caller changed it) first rescales the word: the same fraction of the limit's capacity stays
+-- in use, rounded up, as the Rust algorithms' `usage` and `with_usage` do; a word with no tag is
+-- read under the calling limit. Lua numbers are doubles, so a word is
 -- handled as two 32-bit halves; every other quantity stays below 2^53: the Rust side keeps a
 -- token bucket's depth tau below 2^52 ticks, and products of a count and a window, which can
 -- reach 2^78, are computed exactly by muldiv below.
@@ -370,18 +374,57 @@ local states = {} -- key name -> {hi, lo}: the state as this script left it (a b
 -- name one key at several KEYS indexes)
 local before = {} -- key name -> {hi, lo}: the state as read, before any group
 
--- The state word a key holds, as {hi, lo} ({0, 0} when absent), or nil and an error.
+-- The state a key holds, as {hi, lo, tag} ({0, 0} when absent; no tag when absent or written
+-- without one), or nil and an error.
 local function load(name)
   local raw = redis.pcall('GET', name)
   if type(raw) == 'table' and raw.err then
     return nil, 'key ' .. name .. ' cannot be read (' .. raw.err .. '); delete it or change the prefix'
   end
   if not raw then return { 0, 0 } end
-  local hi, lo = parse(raw)
+  local word, tag = string.match(raw, '^(%d+) ([%d:]+)$')
+  if word == nil then word = raw end
+  local hi, lo = parse(word)
   if hi == nil then
     return nil, 'key ' .. name .. ' holds "' .. string.sub(raw, 1, 40) .. '", not a limiter state; delete it or change the prefix'
   end
-  return { hi, lo }
+  return { hi, lo, tag }
+end
+
+-- The tag of the limit at ARGV[arg] (its algorithm and a..d, as sent).
+local function tag_at(arg)
+  return ARGV[arg + 1] .. ':' .. ARGV[arg + 2] .. ':' .. ARGV[arg + 3] .. ':' .. ARGV[arg + 4] .. ':' .. ARGV[arg + 5]
+end
+
+-- The state (hi, lo), written under the limit `tag`, in terms of the limit (algo, a, b, c, d):
+-- the part of the old limit's capacity in use now (its `usage`), as the same fraction of the
+-- new one's, rounded up (its `with_usage`): a token bucket's debt, a window's count all in the
+-- current window. Returns (hi, lo), or nil and an error.
+local function rescale(hi, lo, tag, algo, a, b, c, d)
+  local f = {}
+  for field in string.gmatch(tag, '%d+') do f[#f + 1] = tonumber(field) end
+  if #f ~= 5 then return nil, 'holds the tag "' .. tag .. '", not a limit; delete it or change the prefix' end
+  local used, capacity
+  if f[1] == 1 then
+    local nh, nl = now_ticks(now, f[2], f[5])
+    used, capacity = 0, f[4]
+    if hi > nh or (hi == nh and lo > nl) then
+      used = (hi - nh) * TWO32 + (lo - nl)
+      if used > capacity then used = capacity end
+    end
+  elseif f[1] == 2 or f[1] == 3 then
+    local answer, err = window(hi, lo, 0, now, f[2], f[3], f[4], f[5], f[1] == 2)
+    if answer == nil then return nil, err end
+    used, capacity = f[2] - answer[2], f[2]
+  else
+    return nil, 'holds the tag "' .. tag .. '" of an unknown algorithm; delete it or change the prefix'
+  end
+  if capacity < 1 then capacity = 1 end
+  if algo == 1 then
+    local nh, nl = now_ticks(now, a, d)
+    return add(nh, nl, muldiv(used, c, capacity, true))
+  end
+  return pack(fdiv(now, b), 0, muldiv(used, a, capacity, true), c, d)
 end
 
 -- The six fields of the limit at ARGV[arg]: KEYS index, algorithm, a, b, c, d; nil if any
@@ -403,6 +446,7 @@ local function decide_group(cost, n, arg)
     local k, algo, a, b, c, d = limit_at(arg)
     arg = arg + 6
     if k == nil then return nil, 'limit ' .. i .. ' of the call is malformed' end
+    local tag = tag_at(arg - 6)
     local state = states[KEYS[k]]
     if state == nil then
       local err
@@ -411,11 +455,16 @@ local function decide_group(cost, n, arg)
       states[KEYS[k]] = state
       before[KEYS[k]] = state
     end
+    local hi, lo = state[1], state[2]
     local answer, err, nxh, nxl
+    if state[3] ~= nil and state[3] ~= tag and (algo == 1 or algo == 2 or algo == 3) then
+      hi, lo = rescale(hi, lo, state[3], algo, a, b, c, d)
+      if hi == nil then return nil, 'key ' .. KEYS[k] .. ': ' .. lo end
+    end
     if algo == 1 then
-      answer, err, nxh, nxl = token_bucket(state[1], state[2], cost, now, a, b, c, d)
+      answer, err, nxh, nxl = token_bucket(hi, lo, cost, now, a, b, c, d)
     elseif algo == 2 or algo == 3 then
-      answer, err, nxh, nxl = window(state[1], state[2], cost, now, a, b, c, d, algo == 2)
+      answer, err, nxh, nxl = window(hi, lo, cost, now, a, b, c, d, algo == 2)
     else
       return nil, 'unknown algorithm ' .. tostring(algo)
     end
@@ -423,7 +472,7 @@ local function decide_group(cost, n, arg)
       return nil, 'key ' .. KEYS[k] .. ': ' .. err
     end
     if answer[1] == 0 then admitted = 0 end
-    if nxh ~= nil then writes[#writes + 1] = { k, nxh, nxl, answer[4] } end
+    if nxh ~= nil then writes[#writes + 1] = { k, nxh, nxl, answer[4], tag } end
     answers[i] = answer
   end
   return { admitted, answers, writes }
@@ -434,22 +483,31 @@ end
 local function store(wr)
   local ttl = cdiv(wr[4], 1000) + slack
   if ttl < 1 then ttl = 1 end
-  redis.call('SET', KEYS[wr[1]], format(wr[2], wr[3]), 'PX', string.format('%.0f', ttl))
+  redis.call('SET', KEYS[wr[1]], format(wr[2], wr[3]) .. ' ' .. wr[5], 'PX', string.format('%.0f', ttl))
 end
 
 -- Mode 2, refunds: each group is `units, granted_us, n` and n limits; its units come back to
--- every limit, all or none, and it answers as a peek after the refund.
+-- every limit, all or none, and it answers as a peek after the refund. A key whose limit
+-- changed since the grant gives nothing back (its units were rescaled away from the grant).
 local function refund_group(units, granted, n, arg)
   local answers, writes = {}, {}
   for i = 1, n do
     local k, algo, a, b, c, d = limit_at(arg)
-    arg = arg + 6
     if k == nil then return nil, 'limit ' .. i .. ' of the refund is malformed' end
+    local tag = tag_at(arg)
+    arg = arg + 6
     local state, err = load(KEYS[k])
     if state == nil then return nil, err end
     local hi, lo = state[1], state[2]
+    local changed = state[3] ~= nil and state[3] ~= tag and (algo == 1 or algo == 2 or algo == 3)
+    if changed then
+      hi, lo = rescale(hi, lo, state[3], algo, a, b, c, d)
+      if hi == nil then return nil, 'key ' .. KEYS[k] .. ': ' .. lo end
+    end
     local nxh, nxl
-    if algo == 1 then
+    if changed then
+      -- nothing comes back
+    elseif algo == 1 then
       nxh, nxl = token_refund(hi, lo, units, now, a, b, d)
     elseif algo == 2 or algo == 3 then
       nxh, nxl = window_refund(hi, lo, units, granted, b, c, d, algo == 2)
@@ -465,7 +523,7 @@ local function refund_group(units, granted, n, arg)
       answer, err = window(hi, lo, 0, now, a, b, c, d, algo == 2)
     end
     if answer == nil then return nil, 'key ' .. KEYS[k] .. ': ' .. err end
-    if nxh ~= nil then writes[#writes + 1] = { k, hi, lo, answer[4] } end
+    if nxh ~= nil then writes[#writes + 1] = { k, hi, lo, answer[4], tag } end
     answers[i] = answer
   end
   return answers, writes
@@ -516,7 +574,7 @@ for g = 1, groups do
     results[g] = { result[1], result[2] }
     if result[1] == 1 then
       for _, wr in ipairs(result[3]) do
-        states[KEYS[wr[1]]] = { wr[2], wr[3] }
+        states[KEYS[wr[1]]] = { wr[2], wr[3], wr[5] }
         if mode == 0 then store(wr) else pending[#pending + 1] = wr end
       end
     elseif enforced == 1 then

@@ -9,7 +9,11 @@
 //! and moves the cache's refund epoch on, so that a denial Redis made before the refund, whose
 //! answer arrives after it, is not recorded (a denial is recorded only with the epoch read
 //! before its request was sent, checked under the shard's lock; the epoch moves on before the
-//! keys are forgotten).
+//! keys are forgotten). A denial covers only calls under the limit it was decided under: a
+//! call that names the key under another limit goes to Redis, which rescales the key. (A key
+//! whose limit moves back and forth between callers can be drained faster under the other
+//! limit; a call under the first may then be denied locally until its deadline although Redis
+//! would admit it. Keys under one limit, the usual case, never are.)
 #![deny(clippy::arithmetic_side_effects)]
 
 use std::collections::HashMap;
@@ -20,9 +24,16 @@ use limiter_core::Decision;
 
 const SHARDS: usize = 16;
 
+/// Which limit a denial was decided under: the script's fields for it
+/// ([`RedisLimit::script_fields`](crate::RedisLimit::script_fields)).
+pub(crate) type LimitId = (u8, [u64; 4]);
+
 /// What Redis said about one limit of one key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Denied {
+    /// The limit it was decided under: a call under another limit (the caller changed it, and
+    /// Redis rescales the key) is not covered.
+    pub(crate) limit: LimitId,
     /// Local clock reading (ns) before which the denial stands.
     pub(crate) until: u64,
     /// The smallest cost known to be denied until then.
@@ -63,14 +74,16 @@ impl DenyCache {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The standing denial that covers `cost` on `key` at `now`, if any.
-    pub(crate) fn lookup(&self, key: &str, cost: u64, now: u64) -> Option<Denied> {
+    /// The standing denial that covers `cost` under `limit` on `key` at `now`, if any.
+    pub(crate) fn lookup(&self, key: &str, limit: LimitId, cost: u64, now: u64) -> Option<Denied> {
         if self.per_shard == 0 || cost == 0 {
             return None;
         }
         let mut shard = self.shard(key);
         match shard.get(key) {
-            Some(denied) if now < denied.until && cost >= denied.cost => Some(*denied),
+            Some(denied) if now < denied.until && cost >= denied.cost && denied.limit == limit => {
+                Some(*denied)
+            }
             Some(denied) if now >= denied.until => {
                 shard.remove(key);
                 None
@@ -142,8 +155,11 @@ impl DenyCache {
 mod tests {
     use super::*;
 
+    const LIMIT: LimitId = (1, [1, 2, 3, 4]);
+
     fn denied(until: u64, cost: u64) -> Denied {
         Denied {
+            limit: LIMIT,
             until,
             cost,
             decision: Decision::deny(10, 0, until, until),
@@ -154,17 +170,42 @@ mod tests {
     fn covers_only_equal_or_larger_costs_before_the_deadline() {
         let cache = DenyCache::new(100);
         cache.record("k", denied(100, 3), 0);
-        assert_eq!(cache.lookup("k", 3, 99).map(|d| d.cost), Some(3));
-        assert_eq!(cache.lookup("k", 5, 0).map(|d| d.cost), Some(3));
-        assert_eq!(cache.lookup("k", 2, 0), None, "a smaller cost may fit");
-        assert_eq!(cache.lookup("k", 0, 0), None, "a peek always goes to Redis");
-        assert_eq!(cache.lookup("other", 3, 0), None);
+        assert_eq!(cache.lookup("k", LIMIT, 3, 99).map(|d| d.cost), Some(3));
+        assert_eq!(cache.lookup("k", LIMIT, 5, 0).map(|d| d.cost), Some(3));
         assert_eq!(
-            cache.lookup("k", 3, 100),
+            cache.lookup("k", LIMIT, 2, 0),
+            None,
+            "a smaller cost may fit"
+        );
+        assert_eq!(
+            cache.lookup("k", LIMIT, 0, 0),
+            None,
+            "a peek always goes to Redis"
+        );
+        assert_eq!(cache.lookup("other", LIMIT, 3, 0), None);
+        assert_eq!(
+            cache.lookup("k", LIMIT, 3, 100),
             None,
             "at the deadline it may be admitted"
         );
         assert_eq!(cache.len(), 0, "an expired denial is dropped when seen");
+    }
+
+    #[test]
+    fn covers_only_calls_under_the_limit_it_was_decided_under() {
+        let cache = DenyCache::new(100);
+        cache.record("k", denied(100, 1), 0);
+        assert!(cache.lookup("k", LIMIT, 1, 0).is_some());
+        let raised = (1, [1, 2, 6, 4]);
+        assert_eq!(
+            cache.lookup("k", raised, 1, 0),
+            None,
+            "a call under a changed limit goes to Redis"
+        );
+        assert!(
+            cache.lookup("k", LIMIT, 1, 0).is_some(),
+            "and leaves it standing"
+        );
     }
 
     #[test]
@@ -178,7 +219,7 @@ mod tests {
         assert_eq!(cache.len(), 0);
         let off = DenyCache::new(0);
         off.record("k", denied(100, 1), 0);
-        assert_eq!(off.lookup("k", 1, 0), None);
+        assert_eq!(off.lookup("k", LIMIT, 1, 0), None);
     }
 
     #[test]
@@ -189,16 +230,16 @@ mod tests {
         cache.record("b", denied(100, 1), before);
         cache.forget(&["a".to_owned()]);
         assert_eq!(
-            cache.lookup("a", 1, 0),
+            cache.lookup("a", LIMIT, 1, 0),
             None,
             "the refunded key is forgotten"
         );
-        assert!(cache.lookup("b", 1, 0).is_some(), "other keys stand");
+        assert!(cache.lookup("b", LIMIT, 1, 0).is_some(), "other keys stand");
         // A denial Redis made before the refund, arriving after it, is not recorded.
         cache.record("a", denied(100, 1), before);
-        assert_eq!(cache.lookup("a", 1, 0), None);
+        assert_eq!(cache.lookup("a", LIMIT, 1, 0), None);
         // One decided after the refund is.
         cache.record("a", denied(100, 1), cache.epoch());
-        assert!(cache.lookup("a", 1, 0).is_some());
+        assert!(cache.lookup("a", LIMIT, 1, 0).is_some());
     }
 }

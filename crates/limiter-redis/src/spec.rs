@@ -28,15 +28,6 @@ fn code(kind: Kind) -> u8 {
     }
 }
 
-/// The letter naming the algorithm in a limit's fingerprint.
-fn letter(kind: Kind) -> char {
-    match kind {
-        Kind::TokenBucket => 't',
-        Kind::SlidingWindow => 's',
-        Kind::FixedWindow => 'f',
-    }
-}
-
 /// A limit the Redis script decides: the algorithm, the limit, and the parameters the script
 /// receives, with the Rust algorithm the script reimplements (its twin, tested against it).
 #[derive(Clone, Debug)]
@@ -47,8 +38,9 @@ pub struct RedisLimit {
     twin: Twin,
     /// The script's four parameters (see `decide.lua`).
     params: [u64; 4],
-    /// Names the limit inside Redis keys, so a changed limit never reads another's state.
-    fingerprint: String,
+    /// The script's name for the limit, stored beside each state it writes (`code:a:b:c:d`), so
+    /// a call under a changed limit knows to rescale the state.
+    tag: String,
 }
 
 /// The Rust algorithm a Redis limit's script reimplements, built on the limit in microseconds.
@@ -105,24 +97,15 @@ impl RedisLimit {
                 (Twin::FixedWindow(counter), params)
             }
         };
-        let fingerprint = if limit.burst() == limit.count() {
-            format!("{}{}/{}us", letter(kind), limit.count(), period_us)
-        } else {
-            format!(
-                "{}{}/{}us/{}",
-                letter(kind),
-                limit.count(),
-                period_us,
-                limit.burst()
-            )
-        };
+        let [a, b, c, d] = params;
+        let tag = format!("{}:{a}:{b}:{c}:{d}", code(kind));
         Ok(Self {
             kind,
             limit,
             micros,
             twin,
             params,
-            fingerprint,
+            tag,
         })
     }
 
@@ -145,6 +128,28 @@ impl RedisLimit {
             Twin::TokenBucket(a) => a.refund(state, units, granted_us, now_us),
             Twin::SlidingWindow(a) => a.refund(state, units, granted_us, now_us),
             Twin::FixedWindow(a) => a.refund(state, units, granted_us, now_us),
+        }
+    }
+
+    /// The script's twin rescale: `state`, written under the limit `from`, in this limit's
+    /// terms at `now_us`: the part of `from`'s capacity in use then, as the same fraction of
+    /// this limit's, rounded up (the Rust algorithms' `usage` and `with_usage`). The script does
+    /// exactly this when a call names a key under a limit other than the one that wrote it.
+    pub fn rescale(
+        &self,
+        from: &RedisLimit,
+        state: u64,
+        now_us: u64,
+    ) -> Result<u64, DecisionError> {
+        let usage = match &from.twin {
+            Twin::TokenBucket(a) => a.usage(state, now_us),
+            Twin::SlidingWindow(a) => a.usage(state, now_us),
+            Twin::FixedWindow(a) => a.usage(state, now_us),
+        };
+        match &self.twin {
+            Twin::TokenBucket(a) => a.with_usage(usage, now_us),
+            Twin::SlidingWindow(a) => a.with_usage(usage, now_us),
+            Twin::FixedWindow(a) => a.with_usage(usage, now_us),
         }
     }
 
@@ -197,9 +202,11 @@ impl RedisLimit {
         self.limit.burst()
     }
 
-    /// The part of Redis key names that identifies the limit, e.g. `t10/1000000us`.
-    pub fn fingerprint(&self) -> &str {
-        &self.fingerprint
+    /// The script's name for the limit (`code:a:b:c:d`: the algorithm's code and the four
+    /// parameters it receives), stored after each state word it writes, as `<word> <tag>`. Two
+    /// limits the script decides alike have the same tag.
+    pub fn tag(&self) -> &str {
+        &self.tag
     }
 
     /// The algorithm's code and the four parameters the script receives for this limit (see

@@ -7,9 +7,12 @@
 //! `<prefix>:{<stack>}:<layer>:<limit>[:<key>]` when the stack is its own hash tag (the
 //! default), `<prefix>:<stack>:{<tag>}:<layer>:<limit>[:<key>]` with a tag from the request,
 //! and `<prefix>:<stack>:{<key>}:<layer>:<limit>` when a one-layer stack is tagged by its key.
-//! `<limit>` is the limit's fingerprint (`t10/1000000us`), so a changed limit starts from a
-//! fresh state rather than misreading the old one. Every key of one call carries the same hash
-//! tag, so they share a Redis Cluster slot and one script can decide them.
+//! `<limit>` is the limit's index in its layer (`0`), so the key is named by what the caller
+//! names, not by the limit's numbers: each state is stored with the tag of the limit that wrote
+//! it ([`RedisLimit::tag`]), and a call under a changed limit rescales it (the same fraction of
+//! the capacity stays in use, rounded up), as a stack's plans do in process. Every key of one
+//! call carries the same hash tag, so they share a Redis Cluster slot and one script can decide
+//! them.
 
 use core::fmt;
 use std::collections::HashMap;
@@ -629,8 +632,8 @@ impl<R> RedisStack<R> {
         };
         for (l, key) in layer_keys {
             let layer = &self.layers[l];
-            for (j, limit) in layer.limits.iter().enumerate() {
-                let mut name = format!("{head}:{}:{}", layer.name, limit.fingerprint());
+            for j in 0..layer.limits.len() {
+                let mut name = format!("{head}:{}:{j}", layer.name);
                 if let (Some(key), false) = (&key, matches!(self.tag, Tag::Key)) {
                     name.push(':');
                     name.push_str(key);
@@ -659,7 +662,8 @@ impl<R> RedisStack<R> {
         let now = self.backend.local_now();
         let cache = self.backend.deny_cache();
         for (key, target) in call.keys.iter().zip(&call.targets) {
-            if let Some(denied) = cache.lookup(key, call.cost, now) {
+            let limit = self.layers[target.layer].limits[target.limit].script_fields();
+            if let Some(denied) = cache.lookup(key, limit, call.cost, now) {
                 self.backend.count_deny_cache_hit();
                 let wait = denied.until.saturating_sub(now);
                 let d = denied.decision;
@@ -766,6 +770,7 @@ impl<R> RedisStack<R> {
                 if remember && decision.is_denied() {
                     let until = sent.at.saturating_add(decision.retry_after_nanos());
                     let denied = Denied {
+                        limit: self.layers[layer].limits[call.targets[i].limit].script_fields(),
                         until,
                         cost: call.cost,
                         decision: *decision,

@@ -200,13 +200,16 @@ fn run_case(
                 if let Some(next) = next {
                     state = next;
                 }
-                let stored: Option<String> = conn.get(&redis_key).unwrap();
-                prop_assert_eq!(
-                    stored,
-                    Some(state.to_string()),
-                    "state after cost {} at {}",
+                // A state written before any call has no tag; the script's writes carry it.
+                let stored = common::stored_state(&mut conn, &redis_key);
+                prop_assert_eq!(stored.as_ref().map(|(word, _)| *word), Some(state));
+                let tag = stored.map(|(_, tag)| tag).unwrap_or_default();
+                prop_assert!(
+                    tag.is_empty() || tag == spec.tag(),
+                    "state after cost {} at {}: tag {:?}",
                     cost,
-                    now
+                    now,
+                    tag
                 );
             }
         }
@@ -313,4 +316,141 @@ fn the_whole_range_of_limits_decides_identically() {
         case.set(case.get() + 1);
         run_case(&shared, limit, start, seed, ops, case.get())?;
     });
+}
+
+/// What the limiter answered, in the Rust twin's units (nanoseconds read back as microseconds,
+/// rounded down as the script's answers are whole microseconds).
+fn decision_of(
+    shared: &Shared,
+    limiter: &RedisLimiter,
+    key: &str,
+    cost: u64,
+) -> Result<Decision, TestCaseError> {
+    let got = shared.runtime.block_on(limiter.check_n(key, cost)).unwrap();
+    prop_assert_eq!(got.source(), &Source::Redis, "{:?}", got);
+    Ok(got.stack().layers().next().unwrap().decision)
+}
+
+/// One key named by callers under several limits (a caller changes the limit it sends): each
+/// call under a limit other than the one that wrote the key rescales it first, exactly as the
+/// Rust algorithms' `usage` and `with_usage` do, so the budget carries over as the same
+/// fraction (rounded up) and changing the limit never resets it.
+#[test]
+fn a_changed_limit_rescales_the_state_as_in_rust() {
+    let shared = Shared::start();
+    let case = std::cell::Cell::new(0);
+    let config = ProptestConfig {
+        cases: 256,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    };
+    let calls = prop::collection::vec(
+        (
+            0_usize..3,
+            prop_oneof![3 => Just(1_u64), 1 => 0_u64..40],
+            0_u64..2_000_000,
+        ),
+        1..50,
+    );
+    proptest!(config, |(
+        specs in prop::collection::vec(limits(), 3),
+        calls in calls,
+        start in prop_oneof![0_u64..10_000_000, 1_700_000_000_000_000_u64..1_800_000_000_000_000],
+    )| {
+        case.set(case.get() + 1);
+        let key = format!("rescale-{}", case.get());
+        let mut limiters = Vec::new();
+        for &(kind, count, period_us, burst) in &specs {
+            let limit = Limit::from_nanos(count, period_us * 1_000).with_burst(burst);
+            let spec = RedisLimit::new(kind, limit).unwrap();
+            // One name and one layer: every limiter names the same Redis key.
+            let limiter = RedisLimiter::builder(&shared.backend, "rescale")
+                .limit(kind, limit)
+                .on_failure(OnFailure::Closed)
+                .build()
+                .unwrap();
+            limiters.push((spec, limiter));
+        }
+        let redis_key = limiters[0].1.redis_keys(&key).remove(0);
+        prop_assert!(limiters.iter().all(|(_, l)| l.redis_keys(&key)[0] == redis_key));
+        let mut conn = shared.server.client();
+        // The model: the word and the limit that wrote it (none yet).
+        let mut state = 0_u64;
+        let mut writer: Option<usize> = None;
+        let mut now = start;
+        for (which, cost, step) in calls {
+            now += step;
+            shared.clock.set(now * 1_000);
+            let (spec, limiter) = &limiters[which];
+            let cost = cost.min(spec.burst());
+            let current = match writer {
+                Some(w) if limiters[w].0.tag() != spec.tag() => {
+                    spec.rescale(&limiters[w].0, state, now).unwrap()
+                }
+                _ => state,
+            };
+            let step = spec.decide(current, cost, now).unwrap();
+            let got = decision_of(&shared, limiter, &key, cost)?;
+            let want = common::micros_as_nanos(step.decision);
+            prop_assert_eq!(
+                (got.is_allowed(), got.limit(), got.remaining()),
+                (want.is_allowed(), want.limit(), want.remaining()),
+                "{} (was {:?}) at {} us, cost {}",
+                spec.limit(),
+                writer.map(|w| limiters[w].0.limit()),
+                now,
+                cost
+            );
+            if let Some(next) = step.next {
+                state = next;
+                writer = Some(which);
+            }
+            let stored = common::stored_state(&mut conn, &redis_key);
+            let want_stored = writer.map(|w| (state, limiters[w].0.tag().to_owned()));
+            prop_assert_eq!(stored, want_stored);
+        }
+    });
+}
+
+/// The example: a key with 5 of 10 taken keeps half its budget when the caller raises
+/// the limit to 20 (10 left, not 20), and a fresh-looking limit never resets it.
+#[test]
+fn raising_a_limit_keeps_the_consumption() {
+    let shared = Shared::start();
+    shared.clock.set(1_000_000_000);
+    let build = |count: u64| {
+        RedisLimiter::builder(&shared.backend, "raise")
+            .limit(Kind::FixedWindow, Limit::per_minute(count))
+            .on_failure(OnFailure::Closed)
+            .build()
+            .unwrap()
+    };
+    let (ten, twenty) = (build(10), build(20));
+    for _ in 0..5 {
+        assert!(
+            shared
+                .runtime
+                .block_on(ten.check("u"))
+                .unwrap()
+                .is_allowed()
+        );
+    }
+    let raised = shared.runtime.block_on(twenty.check_n("u", 0)).unwrap();
+    let raised = raised.stack().layers().next().unwrap().decision;
+    assert_eq!((raised.limit(), raised.remaining()), (20, 10));
+    // Back to 10: still 5 taken, and the 11th unit under 20 is counted too.
+    assert!(
+        shared
+            .runtime
+            .block_on(twenty.check("u"))
+            .unwrap()
+            .is_allowed()
+    );
+    let back = shared.runtime.block_on(ten.check_n("u", 0)).unwrap();
+    let back = back.stack().layers().next().unwrap().decision;
+    assert_eq!(
+        (back.limit(), back.remaining()),
+        (10, 4),
+        "11 of 20 is 6 of 10, rounded up"
+    );
 }

@@ -13,7 +13,6 @@ use limiter_redis::{
     RefundError, Source,
 };
 use proptest::prelude::*;
-use redis::Commands;
 
 /// 2026-11-25 in nanoseconds.
 const START: u64 = 1_795_000_000_000_000_000;
@@ -161,6 +160,42 @@ async fn a_refund_clears_the_deny_cache_for_its_keys() {
     assert_eq!(remaining(&after), 3);
 }
 
+/// A key's limit changed by its callers: the deny cache answers only calls under the limit it
+/// denied, and a grant taken under the old limit gives nothing back to the rescaled key (its
+/// units were carried into the new limit's terms, and a refund never returns more than taken).
+#[tokio::test]
+async fn a_changed_limit_is_never_answered_from_the_old_limits_denial_or_refund() {
+    let server = common::RedisServer::start();
+    let clock = ManualClock::starting_at(START);
+    let backend = backend(&server.url(), &clock, 1_000).await;
+    let ten = limiter(&backend, "moved", Kind::FixedWindow, Limit::per_hour(10));
+    let hundred = limiter(&backend, "moved", Kind::FixedWindow, Limit::per_hour(100));
+    let (_, grant) = ten.acquire("k", 10).await.unwrap();
+    let mut grant = grant.unwrap();
+    assert_eq!(ten.check("k").await.unwrap().source(), &Source::Redis);
+    assert_eq!(ten.check("k").await.unwrap().source(), &Source::DenyCache);
+    // Under 100 per hour the key holds 100 of 100 in use: denied by Redis, not the cache.
+    let raised = hundred.check("k").await.unwrap();
+    assert_eq!(raised.source(), &Source::Redis, "{raised:?}");
+    assert!(raised.is_denied());
+    // The denial under 100 wrote nothing, so the key is still under 10: the grant gives back.
+    let back = ten.refund("k", &mut grant, 4).await.unwrap();
+    assert_eq!(back.decision().unwrap().remaining(), 4);
+    // Under 100, 6 of 10 is 60 of 100: one more is admitted and rewrites the key under 100.
+    let admitted = hundred.check("k").await.unwrap();
+    assert!(admitted.is_allowed(), "{admitted:?}");
+    assert_eq!(remaining(&admitted), 39);
+    // The old grant now gives nothing back, whatever it still holds.
+    let back = ten.refund("k", &mut grant, 6).await.unwrap();
+    assert_eq!(
+        back.decision().unwrap().remaining(),
+        3,
+        "61 of 100 is 7 of 10, rounded up"
+    );
+    let peek = hundred.check_n("k", 0).await.unwrap();
+    assert_eq!(remaining(&peek), 39, "the refund moved nothing");
+}
+
 #[tokio::test]
 async fn a_refund_redis_does_not_take_is_an_error_and_never_comes_back_twice() {
     let mut server = common::RedisServer::start();
@@ -279,8 +314,8 @@ proptest! {
                     prop_assert_eq!(got.decision().unwrap(), common::micros_as_nanos(want), "refund of {}", units);
                 }
             }
-            let stored: Option<u64> = conn.get(&key).unwrap();
-            prop_assert_eq!(stored.unwrap_or(0), state, "{} {} at {} us", kind, limit, now_us);
+            let stored = common::stored_state(&mut conn, &key).map_or(0, |(word, _)| word);
+            prop_assert_eq!(stored, state, "{} {} at {} us", kind, limit, now_us);
         }
     }
 }

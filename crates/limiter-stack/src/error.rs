@@ -75,6 +75,32 @@ pub enum BuildError {
     /// A bound of zero keys would refuse every keyed call.
     #[error("`max_keys` must be at least 1; leave it unset for no bound")]
     ZeroMaxKeys,
+    /// A plan added to a layer that takes none while the stack serves.
+    #[error(
+        "layer `{layer}` takes no plans while the stack serves; build it with `Layer::open_plans(capacity, limits, choose)`"
+    )]
+    NotOpen {
+        /// The layer.
+        layer: String,
+    },
+    /// A plan added to a layer the stack does not have.
+    #[error("the stack has {layers} layers (0 to {}), not layer {layer}", layers.saturating_sub(1))]
+    NoSuchLayer {
+        /// The index asked for.
+        layer: usize,
+        /// The stack's layers.
+        layers: usize,
+    },
+    /// An open layer that already holds every plan it has room for.
+    #[error(
+        "layer `{layer}` already holds the {capacity} plans `Layer::open_plans` made room for; give it more room"
+    )]
+    PlansFull {
+        /// The layer.
+        layer: String,
+        /// The room it was built with.
+        capacity: usize,
+    },
 }
 
 impl BuildError {

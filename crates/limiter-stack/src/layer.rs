@@ -1,9 +1,11 @@
 //! [`Layer`] and [`Plan`]: what a stack is built from. A layer derives a key from each request
 //! (or is global), and enforces one or more limits on it; with several plans, a function picks
-//! the plan (the limits) per request.
+//! the plan (the limits) per request. An open layer also takes plans while the stack serves
+//! ([`Layer::open_plans`], [`Stack::add_plan`](crate::Stack::add_plan)): limits that callers
+//! name at run time, each key keeping its consumption when its plan changes.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use limiter_core::{Algorithm, Limit};
 use limiter_sliding_window::{FixedCounter, SlidingCounter};
@@ -86,6 +88,23 @@ impl fmt::Debug for Plan {
 
 type PlanFn<R> = Arc<dyn Fn(&R) -> usize + Send + Sync>;
 
+/// A plan no layer has: what [`Layer::plan`] returns for an index no call can hold.
+static NO_PLAN: Plan = Plan {
+    name: String::new(),
+    limits: Vec::new(),
+    refused: None,
+};
+
+/// The room an open layer keeps for plans added while the stack serves: each slot is filled
+/// once, in order, and never changes after, so a call reads it without a lock.
+pub(crate) struct OpenPlans {
+    slots: Box<[OnceLock<Plan>]>,
+    /// Limits in every plan.
+    limits: usize,
+    /// Slots filled; taken by an adding call only.
+    filled: Mutex<usize>,
+}
+
 /// How a layer finds the key a request is limited under.
 pub(crate) enum KeySource<R, K> {
     /// One state for every request.
@@ -100,6 +119,8 @@ pub struct Layer<R, K> {
     pub(crate) keyer: KeySource<R, K>,
     pub(crate) plans: Vec<Plan>,
     pub(crate) choose: Option<PlanFn<R>>,
+    /// Room for plans added while the stack serves, after `plans`.
+    pub(crate) open: Option<OpenPlans>,
 }
 
 impl<R, K> Layer<R, K> {
@@ -111,14 +132,95 @@ impl<R, K> Layer<R, K> {
             None => 0,
             Some(choose) => choose(request),
         };
-        if plan >= self.plans.len() {
+        if plan >= self.plans.len() && self.added(plan).is_none() {
             return Err(CallError::NoSuchPlan {
                 layer: self.name.clone(),
                 chosen: plan,
-                plans: self.plans.len(),
+                plans: self.plan_count(),
             });
         }
         Ok(plan)
+    }
+
+    /// Plan `index`. Every index a call holds was checked by [`plan_for`](Self::plan_for), and
+    /// a plan never goes away, so the fallback (a plan with no limits) is never reached.
+    #[inline]
+    pub(crate) fn plan(&self, index: usize) -> &Plan {
+        match self.plans.get(index) {
+            Some(plan) => plan,
+            None => self.added(index).unwrap_or(&NO_PLAN),
+        }
+    }
+
+    /// Plan `index` among those added while the stack serves, once it is there.
+    #[cold]
+    fn added(&self, index: usize) -> Option<&Plan> {
+        let open = self.open.as_ref()?;
+        open.slots.get(index.checked_sub(self.plans.len())?)?.get()
+    }
+
+    /// Plans the layer holds now: those it was built with, then those added since.
+    pub fn plan_count(&self) -> usize {
+        let added = self.open.as_ref().map_or(0, |open| {
+            open.slots.iter().take_while(|s| s.get().is_some()).count()
+        });
+        self.plans.len() + added
+    }
+
+    /// Every plan the layer holds now, in index order.
+    pub fn all_plans(&self) -> impl Iterator<Item = &Plan> {
+        let added = self
+            .open
+            .iter()
+            .flat_map(|open| open.slots.iter().map_while(OnceLock::get));
+        self.plans.iter().chain(added)
+    }
+
+    /// Adds `plan` to an open layer; its index, which the plan function then returns for
+    /// the requests it applies to.
+    pub(crate) fn add_plan(&self, plan: Plan) -> Result<usize, BuildError> {
+        let layer = || self.name.clone();
+        let Some(open) = &self.open else {
+            return Err(BuildError::NotOpen { layer: layer() });
+        };
+        if let Some(refused) = plan.refused {
+            return Err(refused.in_layer(&self.name));
+        }
+        if plan.limits.len() != open.limits {
+            return Err(BuildError::PlanShape {
+                layer: layer(),
+                plan: plan.name,
+                limits: plan.limits.len(),
+                expected: open.limits,
+            });
+        }
+        // A poisoned count is still the count: it only moves after its slot is filled.
+        let mut filled = open.filled.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(slot) = open.slots.get(*filled) else {
+            return Err(BuildError::PlansFull {
+                layer: layer(),
+                capacity: open.slots.len(),
+            });
+        };
+        if slot.set(plan).is_err() {
+            // Filled only here, under the lock, one slot after another.
+            return Err(BuildError::PlansFull {
+                layer: layer(),
+                capacity: open.slots.len(),
+            });
+        }
+        let index = self.plans.len() + *filled;
+        *filled += 1;
+        Ok(index)
+    }
+
+    /// Limits in each of the layer's plans.
+    pub(crate) fn limits_per_plan(&self) -> usize {
+        match (self.plans.first(), &self.open) {
+            (Some(first), _) => first.limits.len(),
+            (None, Some(open)) => open.limits,
+            (None, None) => 0,
+        }
     }
 
     /// A layer with one state per key, the key derived from each request by `keyer` (per user,
@@ -140,6 +242,7 @@ impl<R, K> Layer<R, K> {
             keyer,
             plans: Vec::new(),
             choose: None,
+            open: None,
         }
     }
 
@@ -182,12 +285,60 @@ impl<R, K> Layer<R, K> {
         self
     }
 
+    /// Opens the layer to plans added while the stack serves, with
+    /// [`Stack::add_plan`](crate::Stack::add_plan): room for `capacity` of them, each of
+    /// `limits` limits (as any plans the layer was built with), one chosen per request by
+    /// `choose` (the index `add_plan` returned, or a built plan's). This is for limits callers
+    /// name at run time, such as a service's ad-hoc limits: a key keeps its consumption when
+    /// the plan chosen for it changes, as the same fraction of each new limit (rounded up), so
+    /// a caller cannot reset its budget by naming another limit. A global layer needs a plan
+    /// to start from, built with it.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use limiter_core::{Limit, ManualClock};
+    /// use limiter_stack::{Kind, Layer, Plan, Stack};
+    ///
+    /// // (user, plan): the plan is the index `add_plan` returned for the limit the user named.
+    /// let clock = ManualClock::new();
+    /// let stack: Stack<(u32, usize), u32, ManualClock> = Stack::builder()
+    ///     .clock(clock.clone())
+    ///     .layer(Layer::keyed("user", |r: &(u32, usize)| Some(r.0))
+    ///         .open_plans(100, 1, |r: &(u32, usize)| r.1))
+    ///     .build()?;
+    /// let ten = stack.add_plan(0, Plan::new("10/min").limit(Kind::FixedWindow, Limit::per_minute(10)))?;
+    /// let twenty = stack.add_plan(0, Plan::new("20/min").limit(Kind::FixedWindow, Limit::per_minute(20)))?;
+    /// for _ in 0..5 {
+    ///     assert!(stack.check(&(7, ten))?.is_allowed());
+    /// }
+    /// // Half of 10 in use is half of 20: 10 left, not 20.
+    /// assert_eq!(stack.check_n(&(7, twenty), 0)?.decision().remaining(), 10);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn open_plans(
+        mut self,
+        capacity: usize,
+        limits: usize,
+        choose: impl Fn(&R) -> usize + Send + Sync + 'static,
+    ) -> Self {
+        self.open = Some(OpenPlans {
+            slots: (0..capacity).map(|_| OnceLock::new()).collect(),
+            limits,
+            filled: Mutex::new(0),
+        });
+        self.choose = Some(Arc::new(choose));
+        self
+    }
+
     /// The layer's name.
     pub fn name(&self) -> &str {
         &self.name
     }
 
-    /// The layer's plans.
+    /// The plans the layer was built with (see [`all_plans`](Self::all_plans) for those added
+    /// since).
     pub fn plan_list(&self) -> &[Plan] {
         &self.plans
     }
@@ -208,13 +359,27 @@ impl<R, K> Layer<R, K> {
 
     pub(crate) fn validate(&self) -> Result<(), BuildError> {
         let layer = || self.name.clone();
-        let Some(first) = self.plans.first() else {
+        // A refused limit first: it is why its plan looks short.
+        if let Some(refused) = self.plans.iter().find_map(|plan| plan.refused.as_ref()) {
+            return Err(refused.clone());
+        }
+        let room = self.open.as_ref().map_or(0, |open| open.slots.len());
+        let expected = self.limits_per_plan();
+        if (self.plans.is_empty() && (self.open.is_none() || self.is_global())) || expected == 0 {
             return Err(BuildError::NoLimits { layer: layer() });
-        };
-        if self.plans.len() > crate::cells::MAX_PLANS {
+        }
+        if expected > MAX_LIMITS_PER_LAYER {
+            return Err(BuildError::TooManyLimits {
+                layer: layer(),
+                limits: expected,
+                max: MAX_LIMITS_PER_LAYER,
+            });
+        }
+        let plans = self.plans.len().saturating_add(room);
+        if plans > crate::cells::MAX_PLANS {
             return Err(BuildError::TooManyPlans {
                 layer: layer(),
-                plans: self.plans.len(),
+                plans,
                 max: crate::cells::MAX_PLANS,
             });
         }
@@ -232,12 +397,12 @@ impl<R, K> Layer<R, K> {
                     max: MAX_LIMITS_PER_LAYER,
                 });
             }
-            if plan.limits.len() != first.limits.len() {
+            if plan.limits.len() != expected {
                 return Err(BuildError::PlanShape {
                     layer: layer(),
                     plan: plan.name.clone(),
                     limits: plan.limits.len(),
-                    expected: first.limits.len(),
+                    expected,
                 });
             }
         }

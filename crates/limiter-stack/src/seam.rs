@@ -182,8 +182,7 @@ where
                 name: layer.name().to_owned(),
                 key: layer.key_name(),
                 plans: layer
-                    .plan_list()
-                    .iter()
+                    .all_plans()
                     .map(|plan| plan.limits().copied().collect())
                     .collect(),
             })

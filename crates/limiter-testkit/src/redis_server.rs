@@ -200,3 +200,18 @@ pub fn micros_as_nanos(d: limiter_core::Decision) -> limiter_core::Decision {
         )
     }
 }
+
+/// The state word a limiter key holds and the tag of the limit that wrote it (a value is stored
+/// as `<word> <tag>`; see limiter-redis's `RedisLimit::tag`), or `None` for an absent key.
+pub fn stored_state(conn: &mut redis::Connection, key: &str) -> Option<(u64, String)> {
+    let raw: Option<String> = redis::cmd("GET")
+        .arg(key)
+        .query(conn)
+        .expect("read a limiter key");
+    let raw = raw?;
+    let (word, tag) = raw.split_once(' ').unwrap_or((raw.as_str(), ""));
+    let word = word
+        .parse()
+        .unwrap_or_else(|_| panic!("{key} holds {raw:?}, not a limiter state"));
+    Some((word, tag.to_owned()))
+}

@@ -1,7 +1,13 @@
 //! The decision engine behind the API: one stack per configured policy (layers: the limits
-//! keyed by identifier, then the global ones), in process or on Redis, and stacks made on
-//! first use for ad-hoc limits (`limit` per `duration_ms`, a token bucket keyed by namespace
-//! and identifier).
+//! keyed by identifier, then the global ones), in process or on Redis, and ad-hoc limits
+//! (`limit` per `duration_ms`, keyed by namespace and identifier).
+//!
+//! An ad-hoc counter is named by what the caller names (namespace and identifier), never by the
+//! limit it sends: a caller that changes the limit keeps its consumption, rescaled as the same
+//! fraction of the new limit (rounded up), so it cannot reset its budget by sending another
+//! limit. In process every ad-hoc limit is a plan of one open layer
+//! ([`Layer::open_plans`]), added on first use; on Redis each shape's stack names the same
+//! keys, and the script rescales a key written under another limit.
 //!
 //! Every call goes through the workspace's one seam, [`AsyncLimiter`], and its [`Outcome`]
 //! becomes an [`Answer`] in one place (`Engine::answer`), whatever the store.
@@ -20,7 +26,7 @@ use std::sync::{Arc, RwLock};
 
 use limiter_core::{Clock, Decision, Limit, LimitError};
 use limiter_redis::{BatchError, Kind, OnFailure, RedisBackend, RedisLayer, RedisStack};
-use limiter_stack::{AsyncLimiter, CallError, Grant, Layer, Outcome, Stack};
+use limiter_stack::{AsyncLimiter, CallError, Grant, Layer, Outcome, Plan, Stack};
 
 use crate::config::{CheckedLimit, Config, Keying, Policy, PolicyLimit, Store, StoreKind};
 use crate::metrics::{AD_HOC, FailurePolicy, Metrics, PolicyCounters};
@@ -29,11 +35,16 @@ use crate::metrics::{AD_HOC, FailurePolicy, Metrics, PolicyCounters};
 /// stack for; a request for another is refused and should become a configured policy.
 pub const MAX_AD_HOC_SHAPES: usize = 1_024;
 
-/// What a stack decides on: one identifier.
+/// What a stack decides on: one identifier, and the plan of the ad-hoc layer (0 elsewhere).
 #[derive(Debug)]
 pub struct Call {
     identifier: Arc<str>,
+    plan: usize,
 }
+
+/// The stack name of every ad-hoc limit on Redis (so every shape names the same keys): no
+/// policy can be called this, as a name has no `~`.
+const AD_HOC_STACK: &str = "~adhoc";
 
 /// A policy of the engine: a configured one, found by name with [`Engine::policy_id`], or one
 /// added for an envoy descriptor by [`Engine::add_policy`].
@@ -179,6 +190,9 @@ type MemoryStack<C> = Stack<Call, Arc<str>, C>;
 /// An ad-hoc limit's shape: the algorithm, `limit` per `duration_ms`.
 type Shape = (Kind, u64, u64);
 
+/// Where an ad-hoc shape is decided: a stack, and the shape's plan in it.
+type AdHocStack<C> = (Arc<Backend<C>>, usize);
+
 /// A policy's stack, in this process or on Redis.
 enum Backend<C> {
     Memory(MemoryStack<C>),
@@ -216,7 +230,11 @@ pub struct Engine<C> {
     store: StoreHandle,
     policies: Vec<Entry<C>>,
     by_name: HashMap<String, PolicyId>,
-    ad_hoc: RwLock<HashMap<Shape, Arc<Backend<C>>>>,
+    /// Each ad-hoc shape's stack and plan: in process, the one open stack and the shape's plan
+    /// in it; on Redis, the shape's own stack (plan 0).
+    ad_hoc: RwLock<HashMap<Shape, AdHocStack<C>>>,
+    /// In process, the stack every ad-hoc shape is a plan of.
+    ad_hoc_memory: Option<Arc<Backend<C>>>,
     ad_hoc_counters: PolicyCounters,
     metrics: Arc<Metrics>,
 }
@@ -315,9 +333,26 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             policies: Vec::new(),
             by_name: HashMap::new(),
             ad_hoc: RwLock::new(HashMap::new()),
+            ad_hoc_memory: None,
             ad_hoc_counters: metrics.policy(AD_HOC),
             metrics,
         };
+        if let StoreHandle::Memory { max_keys } = engine.store {
+            let mut builder = Stack::builder().clock(engine.clock.clone());
+            if let Some(max_keys) = max_keys {
+                builder = builder.max_keys(max_keys);
+            }
+            let layer = Layer::keyed("identifier", |c: &Call| Some(Arc::clone(&c.identifier)))
+                .open_plans(MAX_AD_HOC_SHAPES, 1, |c: &Call| c.plan);
+            let stack = builder
+                .layer(layer)
+                .build()
+                .map_err(|source| EngineError::Memory {
+                    policy: AD_HOC.to_owned(),
+                    source,
+                })?;
+            engine.ad_hoc_memory = Some(Arc::new(Backend::Memory(stack)));
+        }
         for (name, policy) in &config.policies {
             let id = engine.add_policy(name, name, policy)?;
             engine.by_name.insert(name.clone(), id);
@@ -414,11 +449,8 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
     /// Keys held in memory (0 on Redis, whose keys expire there).
     pub fn keys_held(&self) -> u64 {
         let policies = self.policies.iter().map(|p| held(&p.backend));
-        let ad_hoc = self
-            .ad_hoc
-            .read()
-            .map(|m| m.values().map(|b| held(b)).sum::<u64>());
-        policies.sum::<u64>() + ad_hoc.unwrap_or(0)
+        let ad_hoc = self.ad_hoc_memory.as_deref().map_or(0, held);
+        policies.sum::<u64>() + ad_hoc
     }
 
     fn ad_hoc_backend(
@@ -426,7 +458,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         kind: Kind,
         limit: u64,
         duration_ms: u64,
-    ) -> Result<Arc<Backend<C>>, DecideError> {
+    ) -> Result<AdHocStack<C>, DecideError> {
         let shape = (kind, limit, duration_ms);
         if let Some(found) = self.ad_hoc.read().ok().and_then(|m| m.get(&shape).cloned()) {
             return Ok(found);
@@ -436,7 +468,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             .write()
             .map_err(|_| DecideError::Unavailable("a poisoned lock".into()))?;
         if let Some(found) = map.get(&shape) {
-            return Ok(Arc::clone(found));
+            return Ok(found.clone());
         }
         if map.len() >= MAX_AD_HOC_SHAPES {
             return Err(DecideError::TooManyShapes);
@@ -452,24 +484,37 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             }
             _ => invalid("limit", e.to_string()),
         })?;
-        let policy = Policy {
-            limits: vec![PolicyLimit {
-                limit: checked,
-                keying: Keying::Identifier,
-            }],
-            on_failure: self.default_failure(),
+        let memory = self.ad_hoc_memory.as_ref().and_then(|m| match m.as_ref() {
+            Backend::Memory(stack) => Some((m, stack)),
+            Backend::Redis(_) => None,
+        });
+        let found = match memory {
+            Some((memory, stack)) => {
+                let name = format!("{} per {duration_ms} ms", checked.limit().count());
+                let plan = stack
+                    .add_plan(0, Plan::new(name).limit(kind, checked.limit()))
+                    .map_err(|e| match e {
+                        limiter_stack::BuildError::PlansFull { .. } => DecideError::TooManyShapes,
+                        other => invalid("limit", other.to_string()),
+                    })?;
+                (Arc::clone(memory), plan)
+            }
+            None => {
+                let policy = Policy {
+                    limits: vec![PolicyLimit {
+                        limit: checked,
+                        keying: Keying::Identifier,
+                    }],
+                    on_failure: self.default_failure(),
+                };
+                let backend = self
+                    .build(AD_HOC_STACK, &policy)
+                    .map_err(|e| invalid("limit", e.to_string()))?;
+                (Arc::new(backend), 0)
+            }
         };
-        let name = format!(
-            "adhoc-{}-{}-{duration_ms}",
-            kind.name().replace(['_', ' '], "-"),
-            shape.1
-        );
-        let backend = Arc::new(
-            self.build(&name, &policy)
-                .map_err(|e| invalid("limit", e.to_string()))?,
-        );
-        map.insert(shape, Arc::clone(&backend));
-        Ok(backend)
+        map.insert(shape, found.clone());
+        Ok(found)
     }
 
     fn resolve(&self, item: &Item) -> Result<(Resolved<'_, C>, Call), DecideError> {
@@ -484,6 +529,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                     })?;
                 let call = Call {
                     identifier: item.identifier.as_str().into(),
+                    plan: 0,
                 };
                 Ok((Resolved::Configured(&entry.backend, &entry.counters), call))
             }
@@ -493,12 +539,13 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                 duration_ms,
                 namespace,
             } => {
-                let backend = self.ad_hoc_backend(*kind, *limit, *duration_ms)?;
+                let (backend, plan) = self.ad_hoc_backend(*kind, *limit, *duration_ms)?;
                 // The namespace keeps callers apart; its length is bounded, so the separator
                 // cannot be forged into another namespace's key.
                 let call = Call {
                     identifier: format!("{}:{namespace}:{}", namespace.len(), item.identifier)
                         .into(),
+                    plan,
                 };
                 Ok((Resolved::AdHoc(backend, &self.ad_hoc_counters), call))
             }

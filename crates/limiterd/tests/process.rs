@@ -114,6 +114,54 @@ async fn a_batch_is_all_or_nothing_on_redis() {
     .await;
 }
 
+#[tokio::test]
+async fn an_ad_hoc_limit_changed_by_its_caller_keeps_the_consumption_in_memory() {
+    ad_hoc_limit_changes_keep_consumption(&[]).await;
+}
+
+#[tokio::test]
+async fn an_ad_hoc_limit_changed_by_its_caller_keeps_the_consumption_on_redis() {
+    let server = redis_server::RedisServer::start();
+    ad_hoc_limit_changes_keep_consumption(&["--redis", &server.url()]).await;
+}
+
+/// The counter is the caller's namespace and identifier, not the limit it sends: 5 of 10
+/// taken is 10 of 20 when it sends 20 (10 left, not a fresh 20), and back to 10 it is still
+/// spent; in a batch, the second shape sees what the first took.
+async fn ad_hoc_limit_changes_keep_consumption(args: &[&str]) {
+    let daemon = Daemon::start(args);
+    let mut client = Client::connect(daemon.addr).await;
+    let ad_hoc = |id: &str, limit: u64, cost: u64| json!({"namespace": "mail", "identifier": id, "limit": limit, "duration_ms": 3_600_000, "cost": cost});
+    for _ in 0..5 {
+        assert_eq!(client.decide(ad_hoc("u", 10, 1)).await["success"], true);
+    }
+    let raised = client.decide(ad_hoc("u", 20, 0)).await;
+    assert_eq!(
+        (&raised["limit"], &raised["remaining"]),
+        (&json!(20), &json!(10)),
+        "{raised}"
+    );
+    let spent = client.decide(ad_hoc("u", 20, 10)).await;
+    assert_eq!(spent["success"], true, "{spent}");
+    let back = client.decide(ad_hoc("u", 10, 1)).await;
+    assert_eq!(back["success"], false, "20 of 20 is 10 of 10: {back}");
+    assert_eq!(client.decide(ad_hoc("u", 40, 0)).await["remaining"], 0);
+    // Another identifier, and the same one in another namespace, are untouched.
+    assert_eq!(client.decide(ad_hoc("v", 20, 0)).await["remaining"], 20);
+    // One batch, two shapes of one identifier: 3 of 6 under the first is 6 of 12 under the
+    // second, which then has 6 left for its 6.
+    let (status, batch) = client
+        .post(
+            "/v1/ratelimit/many",
+            &json!({"requests": [ad_hoc("w", 6, 3), ad_hoc("w", 12, 6)]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{batch}");
+    assert_eq!(batch["success"], true, "{batch}");
+    assert_eq!(batch["results"][1]["remaining"], 0, "{batch}");
+    assert_eq!(client.decide(ad_hoc("w", 6, 0)).await["remaining"], 0);
+}
+
 /// The same batches and the same answers, whatever the store: a denied batch takes nothing,
 /// its admitted items report what they hold, the same identifier twice counts twice.
 async fn batch_is_all_or_nothing(args: &[&str]) {
@@ -244,7 +292,8 @@ async fn invalid_requests_get_clear_400s_never_500s() {
                 .is_empty()
         );
     }
-    // Limits users copy from pricing pages are admitted, not refused.
+    // Limits users copy from pricing pages are admitted, not refused (each on its own
+    // identifier: one identifier under several limits carries its consumption across them).
     for (limit, duration_ms) in [
         (1009, 60_000),
         (617, 1_000),
@@ -252,7 +301,7 @@ async fn invalid_requests_get_clear_400s_never_500s() {
         (4_294_967_295_u64, 86_400_000),
     ] {
         let body = format!(
-            r#"{{"namespace":"prices","identifier":"u","limit":{limit},"duration_ms":{duration_ms}}}"#
+            r#"{{"namespace":"prices","identifier":"u{limit}","limit":{limit},"duration_ms":{duration_ms}}}"#
         );
         let (status, text) = client.send("POST", "/v1/ratelimit", &body).await;
         assert_eq!(status, 200, "{body}: {text}");

@@ -248,7 +248,7 @@ where
         for (slot, target) in targets[..self.layers.len()].iter().enumerate() {
             let Some(target) = target else { continue };
             let layer = &self.layers[target.layer];
-            let limits = &layer.plans[target.plan].limits;
+            let limits = &layer.plan(target.plan).limits;
             // Builds the error only when there is one: the name is cloned on that path alone.
             let error = |limit_index: usize| {
                 move |source| CallError::Decision {
@@ -262,7 +262,7 @@ where
                 absent => absent.insert(fresh(layer, target.plan)),
             };
             if state.plan != target.plan {
-                let old = &layer.plans[state.plan].limits;
+                let old = &layer.plan(state.plan).limits;
                 for (j, (word, (from, to))) in state
                     .words
                     .iter_mut()

@@ -125,7 +125,7 @@ where
             cells[slot] = Some(cell);
             seen[slot] = word;
             let layer = &self.layers[slot];
-            let algorithm = &layer.plans[plan].limits[0];
+            let algorithm = &layer.plan(plan).limits[0];
             let mut after = word;
             let decided = decision.push_one(slot, slot, plan, |answer| {
                 algorithm

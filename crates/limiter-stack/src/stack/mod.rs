@@ -44,7 +44,7 @@ use limiter_store::table::ShardedTable;
 use crate::cells::{Cells, MAX_LIMITS_PER_LAYER, Snapshot};
 use crate::decision::{Grant, MAX_LAYERS, StackDecision};
 use crate::error::{BuildError, CallError, RefundError};
-use crate::layer::Layer;
+use crate::layer::{Layer, Plan};
 use crate::sync::EntryHasher;
 
 mod general;
@@ -178,10 +178,7 @@ impl<R, K, C> StackBuilder<R, K, C> {
         let table = ShardedTable::with_shards_and_hasher(shards, EntryHasher::default());
         let per_shard = self.max_keys.map(|max| max / table.shards());
         let commit_layer = globals.iter().position(Option::is_some);
-        let lean = self
-            .layers
-            .iter()
-            .all(|layer| layer.plans.iter().all(|plan| plan.limits.len() == 1));
+        let lean = self.layers.iter().all(|layer| layer.limits_per_plan() == 1);
         Ok(Stack {
             layers: self.layers.into_boxed_slice(),
             globals,
@@ -331,7 +328,7 @@ where
                 continue;
             };
             let mut snapshot = cell.read_held(&held);
-            let limits = &self.layers[target.layer].plans[snapshot.plan].limits;
+            let limits = &self.layers[target.layer].plan(snapshot.plan).limits;
             for (word, algorithm) in snapshot.words.iter_mut().zip(limits) {
                 if let Some(back) = algorithm.refund(*word, units, grant.at, now) {
                     *word = back;
@@ -369,6 +366,19 @@ where
         &self.layers
     }
 
+    /// Adds `plan` to layer `layer` (by index, in stack order), which was opened with
+    /// [`Layer::open_plans`]; returns the plan's index, for the layer's plan function to
+    /// choose. Calls go on while a plan is added; a plan never goes away. Refused, with the
+    /// fix, for a layer that is not open or is full, and for a plan whose limits the layer's
+    /// algorithm refuses or whose number of limits is not the layer's.
+    pub fn add_plan(&self, layer: usize, plan: Plan) -> Result<usize, BuildError> {
+        let layers = self.layers.len();
+        self.layers
+            .get(layer)
+            .ok_or(BuildError::NoSuchLayer { layer, layers })?
+            .add_plan(plan)
+    }
+
     /// The name of layer `index`, for headers and metrics.
     pub fn layer_name(&self, index: usize) -> Option<&str> {
         self.layers.get(index).map(Layer::name)
@@ -382,7 +392,8 @@ where
     /// Whether every limit of `entry` is full at `now` under the plan it was written with.
     fn entry_is_full(&self, entry: &Entry<K>, now: u64) -> bool {
         let state = entry.cells.read();
-        self.layers[entry.layer as usize].plans[state.plan]
+        self.layers[entry.layer as usize]
+            .plan(state.plan)
             .limits
             .iter()
             .zip(state.words)
@@ -393,7 +404,7 @@ where
 /// The fresh state of `layer` under plan `plan`.
 fn fresh<R, K>(layer: &Layer<R, K>, plan: usize) -> Snapshot {
     let mut words = [0; MAX_LIMITS_PER_LAYER];
-    for (word, algorithm) in words.iter_mut().zip(&layer.plans[plan].limits) {
+    for (word, algorithm) in words.iter_mut().zip(&layer.plan(plan).limits) {
         *word = algorithm.fresh();
     }
     Snapshot { plan, words }
