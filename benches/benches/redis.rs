@@ -2,7 +2,10 @@
 //! arguments, through the same client and connection, in the same run.
 //!
 //! - `sequential`: one call at a time: the limiter against the raw script call.
-//! - `in_flight_50`: 50 calls multiplexed on one connection at once (throughput per call).
+//! - `in_flight_50`: 50 calls multiplexed on one connection at once (throughput per call);
+//!   the limiter coalesces them into a few script calls (`max_in_flight`, default 4).
+//! - `in_flight_50_latency`: the same 50 at once, each timed to its own answer; an
+//!   iteration's time is their median latency.
 //! - `stack`: a 3-layer stack (one round trip) against a 1-limit decision.
 //! - `deny_cache`: an abusive key answered locally against the round trip it replaces; the
 //!   ratio of calls to round trips is printed.
@@ -187,6 +190,33 @@ fn redis_benches(c: &mut Criterion) {
     });
     group.finish();
 
+    // Each iteration: 50 calls at once, each timed from its start to its own answer; the
+    // iteration's time is the median of the 50 (so criterion's median is a median latency).
+    let mut group = c.benchmark_group("redis/in_flight_50_latency");
+    group.bench_function("raw_evalsha", |b| {
+        b.iter_custom(|iters| {
+            (0..iters)
+                .map(|_| {
+                    median_latency(&rt, || async {
+                        raw_call().await;
+                    })
+                })
+                .sum()
+        })
+    });
+    group.bench_function("limiter_1_limit", |b| {
+        b.iter_custom(|iters| {
+            (0..iters)
+                .map(|_| {
+                    median_latency(&rt, || async {
+                        one.check("k").await.unwrap();
+                    })
+                })
+                .sum()
+        })
+    });
+    group.finish();
+
     // An abusive key: far over a small limit, hammered.
     let abuse_backend = rt.block_on(RedisBackend::builder(&url).connect()).unwrap();
     let abused = RedisLimiter::builder(&abuse_backend, "abuse")
@@ -206,6 +236,25 @@ fn redis_benches(c: &mut Criterion) {
         (stats.deny_cache_hits + stats.round_trips) / stats.round_trips.max(1)
     );
     drop(server);
+}
+
+/// 50 calls of `call` at once; the median of their latencies, each from the start to its own
+/// answer.
+fn median_latency<F, Fut>(rt: &tokio::runtime::Runtime, call: F) -> Duration
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let started = Instant::now();
+    let mut done: Vec<Duration> = rt.block_on(join_all((0..50).map(|_| {
+        let call = call();
+        async move {
+            call.await;
+            started.elapsed()
+        }
+    })));
+    done.sort();
+    done[done.len() / 2]
 }
 
 /// Median latency of `subject` over `baseline`, interleaved call by call.

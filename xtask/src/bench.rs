@@ -20,7 +20,7 @@ use std::time::SystemTime;
 use crate::run::{cargo, root};
 
 /// The groups the targets read, as a criterion filter: the passes after the first repeat these.
-const TARGET_GROUPS: &str = "^(direct_allow_1_thread|direct_allow_2_threads|direct_deny_2_threads|keyed_hot_key|keyed_1M_keys_warm|stack|tower_axum)/";
+const TARGET_GROUPS: &str = "^(direct_allow_1_thread|direct_allow_2_threads|direct_deny_2_threads|keyed_hot_key|keyed_1M_keys_warm|stack|tower_axum|redis/sequential|redis/in_flight_50|redis/in_flight_50_latency)/";
 
 pub(crate) fn run(args: &[String]) -> Result<(), String> {
     let quick = args.iter().any(|a| a == "--quick");
@@ -312,6 +312,37 @@ fn targets() -> Vec<Target> {
             },
             holds: |ns| ns <= 100.0,
             unit: " ns",
+        },
+        Target {
+            what: "Redis, 50 in flight on one connection: throughput ≥ 3× the raw per-decision `EVALSHA`",
+            measured: |r, _| ratio(r, "redis/in_flight_50", "raw_evalsha", "limiter_1_limit"),
+            holds: |r| r >= 3.0,
+            unit: "×",
+        },
+        Target {
+            what: "Redis, 50 in flight: median latency ≤ 1.2× the raw `EVALSHA`'s",
+            measured: |r, _| {
+                ratio(
+                    r,
+                    "redis/in_flight_50_latency",
+                    "limiter_1_limit",
+                    "raw_evalsha",
+                )
+            },
+            holds: |r| r <= 1.2,
+            unit: "×",
+        },
+        Target {
+            what: "Redis, sequential: decision latency ≤ 1.05× the raw `EVALSHA`'s",
+            measured: |r, _| ratio(r, "redis/sequential", "limiter_1_limit", "raw_evalsha"),
+            holds: |r| r <= 1.05,
+            unit: "×",
+        },
+        Target {
+            what: "Redis, sequential: a 3-layer stack ≤ 1.2× one decision",
+            measured: |r, _| ratio(r, "redis/sequential", "stack_3_layers", "limiter_1_limit"),
+            holds: |r| r <= 1.2,
+            unit: "×",
         },
     ]
 }

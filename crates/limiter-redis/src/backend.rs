@@ -5,17 +5,19 @@
 
 use core::fmt;
 use core::time::Duration;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use limiter_core::{Clock, MonotonicClock};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{Script, Value};
+use tokio::sync::oneshot;
 
 use crate::breaker::{Breaker, BreakerConfig, Pass};
 use crate::deny_cache::DenyCache;
 use crate::error::BackendError;
+use crate::reply::GroupAnswer;
 
 /// The Lua script that decides every call: the token bucket, the sliding window and the fixed
 /// window, for a whole stack or batch at once. Public so benchmarks can time a raw `EVALSHA`.
@@ -23,6 +25,10 @@ pub const SCRIPT: &str = include_str!("decide.lua");
 
 /// The default per-call timeout.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(25);
+
+/// The default for [`BackendBuilder::max_in_flight`]: script calls one backend has in flight
+/// on one server before decisions queue to share the next.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 4;
 
 /// Where decisions read time.
 #[derive(Clone)]
@@ -75,6 +81,52 @@ impl Connection {
     }
 }
 
+/// What a coalesced decision gets back: the script's time (µs) and its group's answer.
+pub(crate) type Answered = Result<(u64, GroupAnswer), BackendError>;
+
+/// A decision waiting for a script call.
+pub(crate) struct Queued {
+    pub(crate) keys: Vec<String>,
+    /// Its group: cost, enforced flag, limit count, then six fields per limit whose first (the
+    /// `KEYS` index) counts from 1 within the group's own keys.
+    pub(crate) group: Vec<Vec<u8>>,
+    pub(crate) limits: usize,
+    pub(crate) reply: oneshot::Sender<Answered>,
+}
+
+#[derive(Default)]
+pub(crate) struct State {
+    pub(crate) in_flight: usize,
+    pub(crate) queue: Vec<Queued>,
+}
+
+/// The queue and the count of script calls in flight, per backend (the protocol is in
+/// `coalesce.rs`).
+pub(crate) struct Coalescer {
+    state: Mutex<State>,
+    pub(crate) max_in_flight: usize,
+}
+
+impl Coalescer {
+    /// At most `max_in_flight` script calls at once (0 turns coalescing off).
+    pub(crate) fn new(max_in_flight: usize) -> Self {
+        Self {
+            state: Mutex::new(State::default()),
+            max_in_flight,
+        }
+    }
+
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // The state is valid after any panic: each change is one assignment or push.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// How many script calls are in flight now (for stats).
+    pub(crate) fn in_flight(&self) -> usize {
+        self.lock().in_flight
+    }
+}
+
 /// How to reach Redis and how calls behave; see [`RedisBackend::builder`].
 pub struct BackendBuilder {
     nodes: Vec<String>,
@@ -85,6 +137,7 @@ pub struct BackendBuilder {
     expiry_slack: Duration,
     time: TimeSource,
     clock: Arc<dyn Clock>,
+    max_in_flight: usize,
 }
 
 impl BackendBuilder {
@@ -98,7 +151,20 @@ impl BackendBuilder {
             expiry_slack: Duration::ZERO,
             time: TimeSource::Server,
             clock: Arc::new(MonotonicClock::new()),
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
         }
+    }
+
+    /// Coalescing on one server: at most `calls` script calls in flight at once for single
+    /// decisions (default [`DEFAULT_MAX_IN_FLIGHT`]). A decision that finds every such call
+    /// busy queues, and what queued leaves in one script call as soon as one ends (up to 32
+    /// decisions, each decided in order as if sent alone), so many decisions in flight cost a
+    /// few script calls, not one each. A lone decision is sent at once. `0` sends every
+    /// decision in a call of its own. Batches and refunds are their own calls either way; a
+    /// cluster backend does not coalesce.
+    pub fn max_in_flight(mut self, calls: usize) -> Self {
+        self.max_in_flight = calls;
+        self
     }
 
     /// The most a call waits for Redis before the failure policy answers (default 25 ms).
@@ -183,6 +249,7 @@ impl BackendBuilder {
                 breaker: Breaker::new(self.breaker),
                 deny_cache: DenyCache::new(self.deny_cache),
                 counters: Counters::default(),
+                coalescer: Coalescer::new(self.max_in_flight),
             }),
         })
     }
@@ -207,6 +274,7 @@ struct Counters {
     refused_by_breaker: AtomicU64,
     deny_cache_hits: AtomicU64,
     script_loads: AtomicU64,
+    coalesced: AtomicU64,
 }
 
 /// What a backend has done so far.
@@ -224,6 +292,10 @@ pub struct BackendStats {
     /// Calls that found the server without the script (restarted, flushed, a new cluster
     /// node) and sent it in full; each is logged at `info`.
     pub script_loads: u64,
+    /// Decisions that queued and shared a script call ([`BackendBuilder::max_in_flight`]).
+    pub coalesced: u64,
+    /// Script calls for single decisions in flight now.
+    pub in_flight: usize,
     /// Whether the circuit breaker is open now.
     pub breaker_open: bool,
     /// Keys the deny cache holds now.
@@ -240,6 +312,7 @@ struct Inner {
     breaker: Breaker,
     deny_cache: DenyCache,
     counters: Counters,
+    coalescer: Coalescer,
 }
 
 /// A connection to Redis shared by every limiter built on it. Cheap to clone.
@@ -302,6 +375,8 @@ impl RedisBackend {
             refused_by_breaker: c.refused_by_breaker.load(Ordering::Relaxed),
             deny_cache_hits: c.deny_cache_hits.load(Ordering::Relaxed),
             script_loads: c.script_loads.load(Ordering::Relaxed),
+            coalesced: c.coalesced.load(Ordering::Relaxed),
+            in_flight: self.inner.coalescer.in_flight(),
             breaker_open: self.inner.breaker.is_open(),
             deny_cache_keys: self.inner.deny_cache.len(),
         }
@@ -324,6 +399,23 @@ impl RedisBackend {
     /// The local clock, shared with the in-memory fallback.
     pub(crate) fn local_clock(&self) -> Arc<dyn Clock> {
         Arc::clone(&self.inner.clock)
+    }
+
+    pub(crate) fn coalescer(&self) -> &Coalescer {
+        &self.inner.coalescer
+    }
+
+    /// The per-call timeout.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.inner.timeout
+    }
+
+    pub(crate) fn count_coalesced(&self, decisions: usize) {
+        let n = u64::try_from(decisions).unwrap_or(u64::MAX);
+        self.inner
+            .counters
+            .coalesced
+            .fetch_add(n, Ordering::Relaxed);
     }
 
     pub(crate) fn deny_cache(&self) -> &DenyCache {

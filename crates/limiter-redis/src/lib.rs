@@ -59,6 +59,7 @@
 mod backend;
 mod batch;
 mod breaker;
+mod coalesce;
 mod decision;
 mod deny_cache;
 mod error;
@@ -68,7 +69,9 @@ mod seam;
 mod spec;
 mod stack;
 
-pub use backend::{BackendBuilder, BackendStats, DEFAULT_TIMEOUT, RedisBackend, SCRIPT};
+pub use backend::{
+    BackendBuilder, BackendStats, DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT, RedisBackend, SCRIPT,
+};
 pub use batch::{BatchDecision, BatchError, RedisBatch};
 pub use breaker::BreakerConfig;
 pub use decision::{RedisDecision, Source};

@@ -22,6 +22,7 @@ use limiter_core::{Clock, Decision, Limit};
 use limiter_stack::{Grant, LayerDecision, MAX_LAYERS, MAX_LIMITS_PER_LAYER, StackDecision};
 
 use crate::backend::{RedisBackend, Sent};
+use crate::coalesce;
 use crate::decision::{RedisDecision, Source};
 use crate::deny_cache::Denied;
 use crate::error::{BackendError, BuildError, CallError};
@@ -470,25 +471,13 @@ impl<R> RedisStack<R> {
             return (early, None);
         }
         let sent = self.backend.sent();
-        let mut args = self.backend.header().to_vec();
-        args.push(b"1".to_vec());
-        args.push(INDEPENDENT.to_vec());
-        self.encode(call, true, 0, &mut args);
-        let answer = match self.backend.eval(&call.keys, &args).await {
-            Ok(value) => reply::parse(&value, &[call.targets.len()]),
-            Err(e) => Err(e),
-        };
-        match answer {
-            Ok((now_us, mut groups)) => match groups.pop() {
-                Some(group) => (
-                    self.conclude(request, call, group, sent, true),
-                    Some(now_us),
-                ),
-                None => {
-                    let e = BackendError::BadReply("no group".into());
-                    (self.on_failure(request, call.cost, e), None)
-                }
-            },
+        let mut group = Vec::with_capacity(3 + 6 * call.targets.len());
+        self.encode(call, true, 0, &mut group);
+        match coalesce::decide(&self.backend, &call.keys, group, call.targets.len()).await {
+            Ok((now_us, group)) => (
+                self.conclude(request, call, group, sent, true),
+                Some(now_us),
+            ),
             Err(e) => (self.on_failure(request, call.cost, e), None),
         }
     }

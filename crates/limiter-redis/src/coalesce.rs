@@ -1,0 +1,196 @@
+//! Coalescing: single decisions on one server share script calls.
+//!
+//! A decision that finds a script call slot free (at most [`RedisBackend`]'s `max_in_flight`
+//! calls at once) sends its own call at once, so a lone caller pays nothing extra. One that
+//! finds every slot busy joins a queue; when a call ends, everything queued meanwhile (up to
+//! [`MAX_GROUPS`] decisions per call) leaves in one script call, in batch mode 0: each
+//! decision is its own group, decided in order, each on the state the ones before it left, at
+//! one `TIME`, exactly as if they had been sent one after another. So a queued decision waits
+//! at most for a call in flight to end, and with 50 in flight a handful of script calls carry
+//! them all.
+//!
+//! The queued calls are sent by a task of their own (`tokio::spawn`), so a caller that stops
+//! waiting (its future dropped, or its timeout passed) never strands the others; a caller that
+//! stopped waiting before its call left is not sent at all.
+#![deny(clippy::arithmetic_side_effects)]
+
+use tokio::sync::oneshot;
+
+use crate::backend::{Answered, Queued, RedisBackend, State};
+use crate::error::BackendError;
+use crate::reply;
+
+/// The most decisions one coalesced script call carries: more wait for the next, so no call
+/// holds Redis for long.
+pub(crate) const MAX_GROUPS: usize = 32;
+
+/// Gives back a call slot when the call that took it ends, however it ends (a caller's future
+/// may be dropped mid-call): what queued meanwhile leaves then.
+struct Slot<'a>(&'a RedisBackend);
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        release(self.0);
+    }
+}
+
+/// Decides one group (`limits` limits on `keys`), in a call of its own when a slot is free,
+/// else with whatever queues beside it.
+pub(crate) async fn decide(
+    backend: &RedisBackend,
+    keys: &[String],
+    group: Vec<Vec<u8>>,
+    limits: usize,
+) -> Answered {
+    let coalescer = backend.coalescer();
+    if coalescer.max_in_flight == 0 || backend.is_cluster() {
+        return send_alone(backend, keys, group, limits).await;
+    }
+    let answer = match enqueue(backend, keys, group, limits) {
+        Ok(answer) => answer,
+        Err(group) => {
+            let _slot = Slot(backend);
+            return send_alone(backend, keys, group, limits).await;
+        }
+    };
+    match tokio::time::timeout(backend.timeout(), answer).await {
+        Ok(Ok(answered)) => answered,
+        // The sending task ended without answering: only when the runtime shut down.
+        Ok(Err(_)) => Err(BackendError::Redis(
+            "the runtime stopped before the call was sent".to_owned(),
+        )),
+        // Waited a whole timeout in the queue and on the wire: the failure policy answers (if
+        // it had not left yet, it never will).
+        Err(_) => Err(BackendError::Timeout {
+            after: backend.timeout(),
+        }),
+    }
+}
+
+/// Takes a free slot for a call of the group's own (`Err`, the group handed back), or queues
+/// it and returns where its answer will come.
+fn enqueue(
+    backend: &RedisBackend,
+    keys: &[String],
+    group: Vec<Vec<u8>>,
+    limits: usize,
+) -> Result<oneshot::Receiver<Answered>, Vec<Vec<u8>>> {
+    let coalescer = backend.coalescer();
+    let mut state = coalescer.lock();
+    if state.in_flight < coalescer.max_in_flight && state.queue.is_empty() {
+        state.in_flight = state.in_flight.saturating_add(1);
+        return Err(group);
+    }
+    let (reply, answer) = oneshot::channel();
+    state.queue.push(Queued {
+        keys: keys.to_vec(),
+        group,
+        limits,
+        reply,
+    });
+    // Queued behind others while a slot is free (more queued than one call carries): a call
+    // of its own for the queue.
+    if state.in_flight < coalescer.max_in_flight {
+        state.in_flight = state.in_flight.saturating_add(1);
+        spawn_next(backend, state);
+    }
+    Ok(answer)
+}
+
+async fn send_alone(
+    backend: &RedisBackend,
+    keys: &[String],
+    group: Vec<Vec<u8>>,
+    limits: usize,
+) -> Answered {
+    let mut args = backend.header().to_vec();
+    args.push(b"1".to_vec());
+    args.push(b"0".to_vec());
+    args.extend(group);
+    let value = backend.eval(keys, &args).await?;
+    let (now, mut groups) = reply::parse(&value, &[limits])?;
+    let group = groups
+        .pop()
+        .ok_or_else(|| BackendError::BadReply("no group".into()))?;
+    Ok((now, group))
+}
+
+/// A call ended: send what queued meanwhile in a task of its own, keeping the slot, or give
+/// the slot back.
+fn release(backend: &RedisBackend) {
+    spawn_next(backend, backend.coalescer().lock());
+}
+
+/// With a slot held (`state` locked): sends up to [`MAX_GROUPS`] queued decisions in a task
+/// that keeps the slot, or gives the slot back when none is queued.
+fn spawn_next(backend: &RedisBackend, mut state: std::sync::MutexGuard<'_, State>) {
+    state.queue.retain(|q| !q.reply.is_closed());
+    if state.queue.is_empty() {
+        state.in_flight = state.in_flight.saturating_sub(1);
+        return;
+    }
+    let take = state.queue.len().min(MAX_GROUPS);
+    let batch: Vec<Queued> = state.queue.drain(..take).collect();
+    drop(state);
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => {
+            let backend = backend.clone();
+            runtime.spawn(async move {
+                let _slot = Slot(&backend);
+                send_batch(&backend, batch).await;
+            });
+        }
+        Err(_) => {
+            // No runtime to send from (it is shutting down): the queued calls fail, and the
+            // slot is given back.
+            for queued in batch {
+                let _ = queued.reply.send(Err(BackendError::Redis(
+                    "the runtime stopped before the call was sent".to_owned(),
+                )));
+            }
+            release(backend);
+        }
+    }
+}
+
+/// Sends queued decisions as one script call (mode 0: independent groups, in order) and
+/// answers each.
+async fn send_batch(backend: &RedisBackend, batch: Vec<Queued>) {
+    let mut args = backend.header().to_vec();
+    args.push(batch.len().to_string().into_bytes());
+    args.push(b"0".to_vec());
+    let mut keys = Vec::new();
+    let mut sizes = Vec::with_capacity(batch.len());
+    let mut replies = Vec::with_capacity(batch.len());
+    for queued in batch {
+        let offset = keys.len();
+        let mut group = queued.group;
+        // Each limit's first field is its KEYS index within the group: shift it past the keys
+        // of the groups before.
+        for (i, field) in group.iter_mut().skip(3).step_by(6).enumerate() {
+            let index = offset.saturating_add(i).saturating_add(1);
+            *field = index.to_string().into_bytes();
+        }
+        args.extend(group);
+        keys.extend(queued.keys);
+        sizes.push(queued.limits);
+        replies.push(queued.reply);
+    }
+    backend.count_coalesced(replies.len());
+    let answered = match backend.eval(&keys, &args).await {
+        Ok(value) => reply::parse(&value, &sizes),
+        Err(e) => Err(e),
+    };
+    match answered {
+        Ok((now, groups)) => {
+            for (reply, group) in replies.into_iter().zip(groups) {
+                let _ = reply.send(Ok((now, group)));
+            }
+        }
+        Err(e) => {
+            for reply in replies {
+                let _ = reply.send(Err(e.clone()));
+            }
+        }
+    }
+}
