@@ -850,4 +850,27 @@ mod tests {
         );
         assert_eq!(engine.keys_held(), 1);
     }
+
+    #[test]
+    fn max_keys_is_exact_per_policy() {
+        for max in [10, 100, 1_000] {
+            let (engine, clock) = engine(&format!(
+                "[store]\nkind = \"memory\"\nmax_keys = {max}\n[policies.p]\nlimits = [{{ algorithm = \"fixed_window\", count = 1, period = \"1m\" }}]\n"
+            ));
+            for n in 0..max {
+                let (ok, _) = decided_at_once(engine.decide(&[item(&format!("id{n}"), 1)]))
+                    .unwrap_or_else(|e| panic!("max_keys {max}: identifier {n} refused: {e}"));
+                assert!(ok);
+            }
+            let err = decided_at_once(engine.decide(&[item("one-more", 1)])).expect_err("full");
+            assert!(matches!(err, DecideError::Full(_)), "{err}");
+            assert_eq!(engine.keys_held(), max as u64);
+            clock.advance(Duration::from_secs(60));
+            assert!(
+                decided_at_once(engine.decide(&[item("one-more", 1)]))
+                    .expect("room")
+                    .0
+            );
+        }
+    }
 }

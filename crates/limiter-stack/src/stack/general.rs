@@ -95,6 +95,8 @@ where
             seen,
             outcome,
         } = call;
+        // With `max_keys`: whether every shard's full entries were dropped to make room.
+        let mut reclaimed = false;
         loop {
             let mut guards: Guards<'_, K> = [const { None }; MAX_LAYERS];
             self.lock_shards(order, &mut guards);
@@ -141,24 +143,52 @@ where
                         })
                     })
                 };
-                if let Some(share) = self.per_shard
-                    && shard.len() >= share
+                if let Some(max) = self.max_keys
+                    && !self.reserve_key(max)
                 {
-                    shard.sweep(|e| !ours(e) && self.entry_is_full(e, now));
-                    if shard.len() >= share {
+                    let dropped = shard.sweep(|e| !ours(e) && self.entry_is_full(e, now));
+                    self.forget_held(usize::try_from(dropped).unwrap_or(usize::MAX));
+                    if !self.reserve_key(max) {
                         full = Some(*layer);
                         break;
                     }
                 }
+                let before = shard.len();
                 shard.insert(
                     *hash,
                     entry,
                     |e| !ours(e) && self.entry_is_full(e, now),
                     |e| self.table.hash_one((e.layer, &e.key)),
                 );
+                // The insert may have dropped full entries to make room.
+                self.forget_held(before.saturating_add(1).saturating_sub(shard.len()));
                 inserted[slot] = true;
             }
             if retry {
+                continue;
+            }
+            if full.is_some() && !reclaimed {
+                // Full here: take out what this call inserted, let go of the shards, drop
+                // every shard's full entries, and try once more.
+                for (slot, target) in targets.iter().enumerate() {
+                    if let (
+                        true,
+                        Some(Target {
+                            layer,
+                            place: Place::Keyed { key, hash, shard },
+                            ..
+                        }),
+                    ) = (inserted[slot], target)
+                        && let Some(Guard::Write(g)) = &mut guards[order.position(*shard)]
+                        && g.remove(*hash, |e| e.layer as usize == *layer && e.key == *key)
+                            .is_some()
+                    {
+                        self.forget_held(1);
+                    }
+                }
+                drop(guards);
+                self.reclaim_full();
+                reclaimed = true;
                 continue;
             }
             let result = if let Some(layer) = full {
@@ -197,8 +227,10 @@ where
                         }),
                     ) = (inserted[slot], target)
                         && let Some(Guard::Write(g)) = &mut guards[order.position(*shard)]
+                        && g.remove(*hash, |e| e.layer as usize == *layer && e.key == *key)
+                            .is_some()
                     {
-                        g.remove(*hash, |e| e.layer as usize == *layer && e.key == *key);
+                        self.forget_held(1);
                     }
                 }
             }

@@ -35,7 +35,9 @@
 //! `general.rs` (steps 2–5), `locks.rs` (the lock protocol).
 
 use std::hash::Hash;
-use std::sync::atomic::{AtomicU64 as StdAtomicU64, Ordering as StdOrdering};
+use std::sync::atomic::{
+    AtomicU64 as StdAtomicU64, AtomicUsize as StdAtomicUsize, Ordering as StdOrdering,
+};
 
 use crossbeam_utils::CachePadded;
 use limiter_core::{Clock, DefaultClock};
@@ -63,8 +65,9 @@ pub struct Stack<R, K, C = DefaultClock> {
     /// One entry per global layer, by layer position (`None` for keyed layers).
     globals: Box<[Option<CachePadded<Cells>>]>,
     table: ShardedTable<Entry<K>, EntryHasher>,
-    /// With `max_keys`: the most entries one shard holds (its share of the bound).
-    per_shard: Option<usize>,
+    /// With `max_keys`: the keyed entries held, a slot reserved before each insert, so the
+    /// bound is exact across shards.
+    held: StdAtomicUsize,
     max_keys: Option<usize>,
     clock: C,
     id: u64,
@@ -127,12 +130,13 @@ impl<R, K, C> StackBuilder<R, K, C> {
         self
     }
 
-    /// Holds at most `max_keys` keyed entries (one per layer and key), each shard its share.
-    /// A new key that finds its shard at its share, after the shard's full entries are
-    /// dropped, is refused with [`CallError::Full`]: no held key is ever evicted, so no key's
-    /// consumption is forgotten and nothing is admitted past a limit; the price is that new
-    /// keys wait while every held key is still refilling. Without it the table is unbounded
-    /// but still drops full entries as it grows.
+    /// Holds at most `max_keys` keyed entries (one per layer and key), exactly: new keys are
+    /// admitted until the stack holds `max_keys` entries that are not full; then a new key is
+    /// refused with [`CallError::Full`] (after every full entry, in any shard, is dropped to
+    /// make room). No held key is ever evicted, so no key's consumption is forgotten and
+    /// nothing is admitted past a limit; the price is that new keys wait while every held key
+    /// is still refilling. Without it the table is unbounded but still drops full entries as
+    /// it grows.
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = Some(max_keys);
         self
@@ -165,25 +169,19 @@ impl<R, K, C> StackBuilder<R, K, C> {
         if self.max_keys == Some(0) {
             return Err(BuildError::ZeroMaxKeys);
         }
-        let mut shards = self
+        let shards = self
             .shards
             .unwrap_or_else(ShardedTable::<Entry<K>>::default_shards)
             .clamp(1, 4096)
             .next_power_of_two();
-        if let Some(max) = self.max_keys {
-            // No more shards than keys (a power of two at most `max`), so every shard's share
-            // is at least one key and the shares together never exceed the bound.
-            shards = shards.min(1 << max.ilog2());
-        }
         let table = ShardedTable::with_shards_and_hasher(shards, EntryHasher::default());
-        let per_shard = self.max_keys.map(|max| max / table.shards());
         let commit_layer = globals.iter().position(Option::is_some);
         let lean = self.layers.iter().all(|layer| layer.limits_per_plan() == 1);
         Ok(Stack {
             layers: self.layers.into_boxed_slice(),
             globals,
             table,
-            per_shard,
+            held: StdAtomicUsize::new(0),
             max_keys: self.max_keys,
             clock: self.clock,
             // Relaxed: a unique number, ordering nothing.
@@ -344,10 +342,32 @@ where
     /// keys), returning how many. The table also does this on its own as keys arrive.
     pub fn reclaim_full(&self) -> u64 {
         let now = self.clock.now();
-        self.table.reclaim(
+        let dropped = self.table.reclaim(
             |e| self.entry_is_full(e, now),
             |e| self.table.hash_one((e.layer, &e.key)),
-        )
+        );
+        self.forget_held(usize::try_from(dropped).unwrap_or(usize::MAX));
+        dropped
+    }
+
+    /// With `max_keys`: reserves a place for one more entry, if the bound leaves one.
+    fn reserve_key(&self, max: usize) -> bool {
+        self.held
+            .fetch_update(StdOrdering::AcqRel, StdOrdering::Acquire, |held| {
+                (held < max).then(|| held.saturating_add(1))
+            })
+            .is_ok()
+    }
+
+    /// With `max_keys`: `n` entries left the table (or a reservation was not used).
+    fn forget_held(&self, n: usize) {
+        if self.max_keys.is_some() && n > 0 {
+            let _ = self
+                .held
+                .fetch_update(StdOrdering::AcqRel, StdOrdering::Acquire, |held| {
+                    Some(held.saturating_sub(n))
+                });
+        }
     }
 
     /// Keyed entries held (one per layer and key), full ones not yet reclaimed included.

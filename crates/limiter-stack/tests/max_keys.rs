@@ -1,0 +1,108 @@
+//! `max_keys` is exact, whatever the shards: a stack admits new keys until it holds exactly
+//! `max_keys` entries that are not full, then refuses new ones; full entries in any shard make
+//! room; and threads racing to insert never push it past the bound.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use limiter_core::{Limit, ManualClock};
+use limiter_stack::{CallError, Kind, Layer, Stack};
+
+fn bounded(max_keys: usize, clock: &ManualClock) -> Stack<u64, u64, ManualClock> {
+    Stack::builder()
+        .layer(
+            Layer::keyed("id", |r: &u64| Some(*r)).limit(Kind::FixedWindow, Limit::per_minute(1)),
+        )
+        .max_keys(max_keys)
+        .clock(clock.clone())
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn new_keys_are_admitted_until_exactly_max_keys_then_refused() {
+    for max in [1, 10, 100, 1_000] {
+        let clock = ManualClock::new();
+        let stack = bounded(max, &clock);
+        for id in 0..max as u64 {
+            let d = stack
+                .check(&id)
+                .unwrap_or_else(|e| panic!("max {max}: key {id}: {e}"));
+            assert!(d.is_allowed());
+        }
+        assert_eq!(stack.len(), max as u64);
+        let err = stack.check(&(max as u64)).unwrap_err();
+        assert!(
+            matches!(err, CallError::Full { max_keys, .. } if max_keys == max),
+            "{err}"
+        );
+        assert_eq!(stack.len(), max as u64, "a refused key leaves nothing");
+        // Held keys go on (denied: their minute is used).
+        assert!(stack.check(&0).unwrap().is_denied());
+        // A minute on, every entry is full again, wherever its shard: new keys fill the
+        // bound again, exactly.
+        clock.advance(Duration::from_secs(60));
+        for id in 10_000..10_000 + max as u64 {
+            assert!(
+                stack.check(&id).unwrap().is_allowed(),
+                "max {max}: key {id}"
+            );
+        }
+        assert!(matches!(stack.check(&1), Err(CallError::Full { .. })));
+    }
+}
+
+#[test]
+fn a_denied_call_on_a_new_key_gives_its_place_back() {
+    let clock = ManualClock::new();
+    let stack: Stack<(u64, u64), u64, ManualClock> = Stack::builder()
+        .layer(
+            Layer::keyed("id", |r: &(u64, u64)| Some(r.0))
+                .limit(Kind::FixedWindow, Limit::per_minute(5)),
+        )
+        .layer(Layer::global("all").limit(Kind::FixedWindow, Limit::per_minute(3)))
+        .max_keys(2)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    assert!(stack.check(&(1, 0)).unwrap().is_allowed());
+    // Cost 3 fits the new key's 5 but not the 2 the global has left: denied, the new key
+    // taken out again.
+    assert!(stack.check_n(&(2, 0), 3).unwrap().is_denied());
+    assert_eq!(stack.len(), 1);
+    assert!(
+        stack.check(&(3, 0)).unwrap().is_allowed(),
+        "the place came back"
+    );
+    assert!(matches!(stack.check(&(4, 0)), Err(CallError::Full { .. })));
+}
+
+#[test]
+fn threads_racing_for_places_never_pass_the_bound() {
+    for max in [7, 64] {
+        let clock = ManualClock::new();
+        let stack = Arc::new(bounded(max, &clock));
+        let admitted = Arc::new(AtomicU64::new(0));
+        std::thread::scope(|scope| {
+            for t in 0..4_u64 {
+                let (stack, admitted) = (Arc::clone(&stack), Arc::clone(&admitted));
+                scope.spawn(move || {
+                    for n in 0..500_u64 {
+                        match stack.check(&(t * 1_000_000 + n)) {
+                            Ok(d) if d.is_allowed() => {
+                                admitted.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Ok(d) => panic!("a new key of 1/min is denied: {d:?}"),
+                            Err(CallError::Full { .. }) => {}
+                            Err(e) => panic!("{e}"),
+                        }
+                        assert!(stack.len() <= max as u64);
+                    }
+                });
+            }
+        });
+        assert_eq!(admitted.load(Ordering::Relaxed), max as u64);
+        assert_eq!(stack.len(), max as u64);
+    }
+}
