@@ -170,22 +170,7 @@ where
             if full.is_some() && !reclaimed {
                 // Full here: take out what this call inserted, let go of the shards, drop
                 // every shard's full entries, and try once more.
-                for (slot, target) in targets.iter().enumerate() {
-                    if let (
-                        true,
-                        Some(Target {
-                            layer,
-                            place: Place::Keyed { key, hash, shard },
-                            ..
-                        }),
-                    ) = (inserted[slot], target)
-                        && let Some(Guard::Write(g)) = &mut guards[order.position(*shard)]
-                        && g.remove(*hash, |e| e.layer as usize == *layer && e.key == *key)
-                            .is_some()
-                    {
-                        self.forget_held(1);
-                    }
-                }
+                self.take_out(targets, &inserted, order, &mut guards);
                 drop(guards);
                 self.reclaim_full();
                 reclaimed = true;
@@ -217,24 +202,33 @@ where
             if !admitted {
                 // Nobody else has seen the new entries (their shards are write-locked): take
                 // them out again, so a denial leaves nothing behind.
-                for (slot, target) in targets.iter().enumerate() {
-                    if let (
-                        true,
-                        Some(Target {
-                            layer,
-                            place: Place::Keyed { key, hash, shard },
-                            ..
-                        }),
-                    ) = (inserted[slot], target)
-                        && let Some(Guard::Write(g)) = &mut guards[order.position(*shard)]
-                        && g.remove(*hash, |e| e.layer as usize == *layer && e.key == *key)
-                            .is_some()
-                    {
-                        self.forget_held(1);
-                    }
-                }
+                self.take_out(targets, &inserted, order, &mut guards);
             }
             return result;
+        }
+    }
+
+    /// Takes the entries this call `inserted` out again, under their shards' write locks: nobody
+    /// else has seen them, so the call leaves nothing behind (and gives their places back).
+    fn take_out(
+        &self,
+        targets: &Targets<K>,
+        inserted: &[bool; MAX_LAYERS],
+        order: &ShardOrder,
+        guards: &mut Guards<'_, K>,
+    ) {
+        for (target, _) in targets.iter().zip(inserted).filter(|(_, mine)| **mine) {
+            if let Some(Target {
+                layer,
+                place: Place::Keyed { key, hash, shard },
+                ..
+            }) = target
+                && let Some(Guard::Write(g)) = &mut guards[order.position(*shard)]
+                && g.remove(*hash, |e| e.layer as usize == *layer && e.key == *key)
+                    .is_some()
+            {
+                self.forget_held(1);
+            }
         }
     }
 
