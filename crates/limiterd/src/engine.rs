@@ -29,7 +29,7 @@ use limiter_redis::{BatchError, Kind, OnFailure, RedisBackend, RedisLayer, Redis
 use limiter_stack::{AsyncLimiter, CallError, Grant, Layer, Outcome, Plan, Stack};
 
 use crate::config::{CheckedLimit, Config, Keying, Policy, PolicyLimit, Store, StoreKind};
-use crate::metrics::{AD_HOC, FailurePolicy, Metrics, PolicyCounters};
+use crate::metrics::{AD_HOC, Counted, FailurePolicy, Metrics, PolicyCounters};
 
 /// The most distinct ad-hoc limit shapes (`limit` and `duration_ms` pairs) one process keeps a
 /// stack for; a request for another is refused and should become a configured policy.
@@ -566,12 +566,25 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         } else {
             self.decide_on_redis(items, &resolved).await
         };
-        if let Ok((_, answers)) = &result {
-            for ((item, (target, _)), answer) in items.iter().zip(&resolved).zip(answers) {
-                target
-                    .counters()
-                    .count(answer.decision.is_allowed(), item.shadow);
+        match &result {
+            Ok((admitted, answers)) => {
+                for ((item, (target, _)), answer) in items.iter().zip(&resolved).zip(answers) {
+                    let counted = if item.cost == 0 {
+                        Counted::Peeked
+                    } else if !answer.decision.is_allowed() {
+                        Counted::Denied {
+                            shadow: item.shadow,
+                        }
+                    } else if *admitted {
+                        Counted::Allowed
+                    } else {
+                        Counted::BatchRefused
+                    };
+                    target.counters().count(counted);
+                }
             }
+            Err(DecideError::Full(_)) => self.metrics.store_full(),
+            Err(_) => {}
         }
         result
     }
@@ -671,7 +684,10 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         let answers = decided
             .into_decisions()
             .into_iter()
-            .map(|decision| self.answer(Ok(Outcome::from(decision))))
+            .zip(resolved)
+            .map(|(decision, (backend, call))| {
+                self.answer(Ok(Outcome::from(decision)), backend.backend(), call)
+            })
             .collect::<Result<Vec<_>, _>>()?;
         Ok((admitted, answers))
     }
@@ -684,12 +700,17 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         cost: u64,
     ) -> Result<Answer, DecideError> {
         let outcome = backend.limiter().decide_request(call, cost).await;
-        self.answer(outcome)
+        self.answer(outcome, backend, call)
     }
 
     /// An [`Outcome`] as the API reports it, counting backend failures and failure-policy
     /// answers: the one place a store's answer is read.
-    fn answer(&self, outcome: Result<Outcome, CallError>) -> Result<Answer, DecideError> {
+    fn answer(
+        &self,
+        outcome: Result<Outcome, CallError>,
+        backend: &Backend<C>,
+        call: &Call,
+    ) -> Result<Answer, DecideError> {
         let failed = |policy: FailurePolicy| {
             self.metrics.backend_error();
             self.metrics.failure_policy(policy);
@@ -712,8 +733,10 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             }
             Outcome::FailedOpen(_) => {
                 failed(FailurePolicy::Open);
+                // Admitted without counting: the policy's tightest limit, with nothing taken.
+                let limit = policy_limit(backend, call.plan);
                 Ok(Answer {
-                    decision: Decision::allow(0, 0, 0),
+                    decision: Decision::allow(limit, limit, 0),
                     origin: Origin::FailOpen,
                 })
             }
@@ -723,6 +746,20 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             }
         }
     }
+}
+
+/// The smallest count among the limits `backend` applies under `plan` (a configured policy's
+/// one plan, or an ad-hoc shape's): what a fail-open answer reports as its limit.
+fn policy_limit<C: Clock + Send + Sync + 'static>(backend: &Backend<C>, plan: usize) -> u64 {
+    backend
+        .limiter()
+        .layers()
+        .iter()
+        .filter_map(|layer| layer.plans.get(plan).or_else(|| layer.plans.first()))
+        .flatten()
+        .map(Limit::count)
+        .min()
+        .unwrap_or(0)
 }
 
 /// A batch Redis cannot decide as the API reports it.

@@ -36,17 +36,35 @@ pub struct PolicyCounters {
     allowed: Counter,
     denied: Counter,
     shadow_denied: Counter,
+    peeked: Counter,
+    batch_refused: Counter,
+}
+
+/// How one item's answer is counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counted {
+    /// Admitted, and its units taken.
+    Allowed,
+    /// Over the limit; a `shadow` denial (reported, not enforced) is counted apart.
+    Denied {
+        /// Whether the item was in shadow mode.
+        shadow: bool,
+    },
+    /// Cost 0: it only reported, took nothing.
+    Peeked,
+    /// Its limits admitted it, but another item of its batch was denied, so it took nothing.
+    BatchRefused,
 }
 
 impl PolicyCounters {
-    /// Counts one answer; a `shadow` denial (reported, not enforced) is counted apart.
-    pub(crate) fn count(&self, allowed: bool, shadow: bool) {
-        let counter = if allowed {
-            &self.allowed
-        } else if shadow {
-            &self.shadow_denied
-        } else {
-            &self.denied
+    /// Counts one item's answer.
+    pub(crate) fn count(&self, counted: Counted) {
+        let counter = match counted {
+            Counted::Allowed => &self.allowed,
+            Counted::Denied { shadow: true } => &self.shadow_denied,
+            Counted::Denied { shadow: false } => &self.denied,
+            Counted::Peeked => &self.peeked,
+            Counted::BatchRefused => &self.batch_refused,
         };
         counter.inc();
     }
@@ -80,6 +98,7 @@ pub struct Metrics {
     decisions: Family<Labels, Counter>,
     invalid: Counter,
     backend_errors: Counter,
+    store_full: Counter,
     failure_policy: Family<[(&'static str, &'static str); 1], Counter>,
     store_keys: Gauge<i64, AtomicI64>,
     duration: Histogram,
@@ -98,7 +117,7 @@ impl Metrics {
         let decisions = Family::<Labels, Counter>::default();
         registry.register(
             "limiterd_decisions",
-            "Decisions made, by policy and result (shadow_denied: a shadow-mode limit over, not enforced)",
+            "Decisions made, by policy and result (allowed: units taken; denied; shadow_denied: a shadow-mode limit over, not enforced; peeked: cost 0, nothing taken; batch_refused: admitted by its limits but its batch was denied, nothing taken)",
             decisions.clone(),
         );
         let invalid = Counter::default();
@@ -112,6 +131,12 @@ impl Metrics {
             "limiterd_backend_errors",
             "Calls the store failed or timed out",
             backend_errors.clone(),
+        );
+        let store_full = Counter::default();
+        registry.register(
+            "limiterd_store_full",
+            "Requests refused with a 503 `store_full`: a bounded in-memory store held `max_keys` keys still refilling",
+            store_full.clone(),
         );
         let failure_policy = Family::default();
         registry.register(
@@ -136,6 +161,7 @@ impl Metrics {
             decisions,
             invalid,
             backend_errors,
+            store_full,
             failure_policy,
             store_keys,
             duration,
@@ -164,6 +190,8 @@ impl Metrics {
             allowed: counter("allowed"),
             denied: counter("denied"),
             shadow_denied: counter("shadow_denied"),
+            peeked: counter("peeked"),
+            batch_refused: counter("batch_refused"),
         }
     }
 
@@ -173,6 +201,11 @@ impl Metrics {
     }
 
     /// Counts a backend failure.
+    /// A request refused because a bounded store was full.
+    pub(crate) fn store_full(&self) {
+        self.store_full.inc();
+    }
+
     pub(crate) fn backend_error(&self) {
         self.backend_errors.inc();
     }
@@ -207,13 +240,18 @@ mod tests {
     fn counts_by_policy_name_and_failure_policy_with_escaped_labels() {
         let metrics = Metrics::new();
         let api = metrics.policy("api");
-        api.count(true, false);
-        api.count(true, false);
-        api.count(false, false);
-        api.count(false, true);
+        api.count(Counted::Allowed);
+        api.count(Counted::Allowed);
+        api.count(Counted::Denied { shadow: false });
+        api.count(Counted::Denied { shadow: true });
+        api.count(Counted::Peeked);
+        api.count(Counted::BatchRefused);
         // A second registration shares the counters.
-        metrics.policy("api").count(true, false);
-        metrics.policy("envoy:a\"b\\c\nd").count(false, false);
+        metrics.policy("api").count(Counted::Allowed);
+        metrics
+            .policy("envoy:a\"b\\c\nd")
+            .count(Counted::Denied { shadow: false });
+        metrics.store_full();
         metrics.failure_policy(FailurePolicy::Closed);
         metrics.invalid();
         metrics.observe(Duration::from_micros(30));
@@ -222,6 +260,9 @@ mod tests {
             "limiterd_decisions_total{policy=\"api\",result=\"allowed\"} 3",
             "limiterd_decisions_total{policy=\"api\",result=\"denied\"} 1",
             "limiterd_decisions_total{policy=\"api\",result=\"shadow_denied\"} 1",
+            "limiterd_decisions_total{policy=\"api\",result=\"peeked\"} 1",
+            "limiterd_decisions_total{policy=\"api\",result=\"batch_refused\"} 1",
+            "limiterd_store_full_total 1",
             "limiterd_decisions_total{policy=\"envoy:a\\\"b\\\\c\\nd\",result=\"denied\"} 1",
             "limiterd_failure_policy_total{policy=\"closed\"} 1",
             "limiterd_failure_policy_total{policy=\"open\"} 0",

@@ -77,7 +77,9 @@ async fn serves_the_built_in_policies_exactly() {
     let (status, metrics) = client.send("GET", "/metrics", "").await;
     assert_eq!(status, 200);
     for line in [
-        "limiterd_decisions_total{policy=\"login\",result=\"allowed\"} 7",
+        // The two peeks took nothing: counted apart, not as allowed.
+        "limiterd_decisions_total{policy=\"login\",result=\"allowed\"} 5",
+        "limiterd_decisions_total{policy=\"login\",result=\"peeked\"} 2",
         "limiterd_decisions_total{policy=\"login\",result=\"denied\"} 1",
         "limiterd_decisions_total{policy=\"(ad hoc)\",result=\"denied\"} 1",
         "limiterd_request_duration_seconds_count 13",
@@ -220,6 +222,18 @@ async fn batch_is_all_or_nothing(args: &[&str]) {
         .await;
     assert_eq!(fits["success"], true, "{fits}");
     assert_eq!(client.decide(login("c", 0)).await["remaining"], 0);
+    // Counted as they took: 4 units taken, 2 denials, 2 items admitted by their limits in
+    // refused batches (nothing taken), 3 peeks.
+    let (_, metrics) = client.send("GET", "/metrics", "").await;
+    for (result, n) in [
+        ("allowed", 4),
+        ("denied", 2),
+        ("batch_refused", 2),
+        ("peeked", 3),
+    ] {
+        let line = format!("limiterd_decisions_total{{policy=\"login\",result=\"{result}\"}} {n}");
+        assert!(metrics.contains(&line), "{line} in:\n{metrics}");
+    }
 }
 
 #[tokio::test]
@@ -412,6 +426,53 @@ fn sigterm_stops_it_after_answering() {
     assert!(exit.success(), "{exit}");
     let rest: Vec<String> = (&mut daemon.stdout).lines().map_while(Result::ok).collect();
     assert!(rest.iter().any(|l| l == "limiterd stopped"), "{rest:?}");
+}
+
+/// Redis unreachable and a fail-open policy: every answer admits, says `fail_open`, and
+/// reports the policy's limit (its tightest), with nothing taken, single or in a batch, for
+/// configured and ad-hoc limits.
+#[tokio::test]
+async fn fail_open_answers_report_the_policys_limit() {
+    let dead = redis_server::free_port();
+    let config = temp_file(
+        &format!("fail-open-{dead}.toml"),
+        &format!(
+            "[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:{dead}\"\ntimeout_ms = 200\non_failure = \"open\"\n\n\
+             [policies.api]\nlimits = [{{ algorithm = \"token_bucket\", count = 100, period = \"1m\" }}, \
+             {{ algorithm = \"fixed_window\", count = 7, period = \"1s\", key = \"global\" }}]\n"
+        ),
+    );
+    let daemon = Daemon::start(&["--config", config.to_str().expect("UTF-8 path")]);
+    let mut client = Client::connect(daemon.addr).await;
+    let one = client
+        .decide(json!({"policy": "api", "identifier": "u"}))
+        .await;
+    assert_eq!(one["success"], true, "{one}");
+    assert_eq!(one["source"], "fail_open", "{one}");
+    assert_eq!(
+        (&one["limit"], &one["remaining"]),
+        (&json!(7), &json!(7)),
+        "{one}"
+    );
+    let ad_hoc = client
+        .decide(json!({"namespace": "n", "identifier": "u", "limit": 30, "duration_ms": 60_000}))
+        .await;
+    assert_eq!(
+        (&ad_hoc["limit"], &ad_hoc["source"]),
+        (&json!(30), &json!("fail_open")),
+        "{ad_hoc}"
+    );
+    let (status, batch) = client
+        .post(
+            "/v1/ratelimit/many",
+            &json!({"requests": [{"policy": "api", "identifier": "a"}, {"policy": "api", "identifier": "b"}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{batch}");
+    for result in batch["results"].as_array().expect("results") {
+        assert_eq!(result["source"], "fail_open", "{batch}");
+        assert_eq!(result["limit"], 7, "{batch}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
