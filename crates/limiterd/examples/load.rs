@@ -18,6 +18,26 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 
+const USAGE: &str = "\
+Usage: cargo run --release -p limiterd --example load -- [FLAGS]
+
+Sends decision requests to a running limiterd for a fixed time, then prints decisions per
+second and latency percentiles.
+
+Flags (each takes a value):
+  --url URL            where limiterd listens, loopback only (default http://127.0.0.1:8080)
+  --connections N      keep-alive connections, 1 to 1024 (default 32)
+  --seconds S          how long to send, 1 to 300 (default 5)
+  --policy NAME        the policy to ask (default api)
+  --identifiers K      spread requests over K identifiers (default 10000)
+  --help               print this";
+
+/// What `options` found: the options to run with, or a request for the usage.
+enum Parsed {
+    Run(Options),
+    Help,
+}
+
 struct Options {
     addr: SocketAddr,
     connections: usize,
@@ -26,7 +46,7 @@ struct Options {
     identifiers: u64,
 }
 
-fn options() -> Result<Options, String> {
+fn options() -> Result<Parsed, String> {
     let mut o = Options {
         addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
         connections: 32,
@@ -35,10 +55,16 @@ fn options() -> Result<Options, String> {
         identifiers: 10_000,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        return Ok(Parsed::Help);
+    }
     let mut pairs = args.chunks(2);
     for pair in &mut pairs {
         let [flag, value] = pair else {
-            return Err(format!("{pair:?}: every flag takes a value"));
+            return Err(format!(
+                "{} needs a value (every flag takes one; see --help)",
+                pair.first().map_or("a flag", String::as_str)
+            ));
         };
         let number = || {
             value
@@ -64,13 +90,11 @@ fn options() -> Result<Options, String> {
             "--policy" => o.policy = value.clone(),
             "--identifiers" => o.identifiers = number()?.max(1),
             other => {
-                return Err(format!(
-                    "unknown flag {other}: see the example's doc comment"
-                ));
+                return Err(format!("unknown flag {other}\n\n{USAGE}"));
             }
         }
     }
-    Ok(o)
+    Ok(Parsed::Run(o))
 }
 
 /// Per connection: latencies in microseconds, allowed, denied, errors.
@@ -130,7 +154,13 @@ fn percentile(sorted: &[u32], p: usize) -> u32 {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), String> {
-    let o = std::sync::Arc::new(options()?);
+    let o = match options()? {
+        Parsed::Run(o) => std::sync::Arc::new(o),
+        Parsed::Help => {
+            println!("{USAGE}");
+            return Ok(());
+        }
+    };
     println!(
         "{} connections for {} s against http://{} (policy {}, {} identifiers)",
         o.connections, o.seconds, o.addr, o.policy, o.identifiers

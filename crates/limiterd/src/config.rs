@@ -313,7 +313,9 @@ impl Config {
             let message = e.message().trim_end().to_owned();
             source.error(
                 e.span(),
-                format!("{message} (see the example in `limiterd --help`)"),
+                format!(
+                    "{message} (`limiterd example-config` prints a complete file to start from)"
+                ),
             )
         })?;
         let listen = match &raw.listen {

@@ -120,10 +120,11 @@ fn check(file: &Path) -> Result<(), String> {
     let config = load(file)?;
     let domains = load_domains(&config)?;
     let envoy: Vec<_> = domains.iter().map(|d| d.name.clone()).collect();
+    let count = config.policies.len();
     println!(
-        "{}: valid; {} policies ({}), store: {}{}",
+        "{}: valid; {count} {} ({}), store: {}{}",
         file.display(),
-        config.policies.len(),
+        if count == 1 { "policy" } else { "policies" },
         config
             .policies
             .keys()

@@ -389,6 +389,33 @@ fn check_config_explains_errors_with_line_numbers() {
         String::from_utf8_lossy(&out.stdout)
             .contains("valid; 3 policies (api, global, login), store: memory")
     );
+    // One policy is "1 policy"; a file TOML cannot read points at what prints a whole file.
+    let check = |name: &str, text: &str| {
+        let file = temp_file(name, text);
+        Command::new(env!("CARGO_BIN_EXE_limiterd"))
+            .arg("check-config")
+            .arg(&file)
+            .output()
+            .expect("run")
+    };
+    let one = check("one.toml", LOGIN);
+    assert!(
+        String::from_utf8_lossy(&one.stdout).contains("valid; 1 policy (login)"),
+        "{}",
+        String::from_utf8_lossy(&one.stdout)
+    );
+    let broken = check("broken.toml", "[policies.api]\nlimits = [\n");
+    let stderr = String::from_utf8_lossy(&broken.stderr);
+    assert!(
+        stderr.contains("line ")
+            && stderr.contains("`limiterd example-config` prints a complete file"),
+        "{stderr}"
+    );
+    let help = Command::new(env!("CARGO_BIN_EXE_limiterd"))
+        .arg("--help")
+        .output()
+        .expect("run");
+    assert!(String::from_utf8_lossy(&help.stdout).contains("limiterd example-config"));
 }
 
 #[test]
