@@ -15,8 +15,9 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use limiter_core::Clock;
@@ -99,6 +100,60 @@ fn decide_error(e: DecideError) -> ApiError {
     }
 }
 
+/// The body of a decision request, or the error that says what is wrong with it: a JSON error
+/// for a body over [`MAX_BODY_BYTES`] (413), one that could not be read (400), or a
+/// `Content-Type` that is not JSON (415). No type, `application/json`, any `+json` type and
+/// curl's default form type (what `curl -d` sends) are read as JSON.
+fn read_body(headers: &HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    if let Some(value) = headers.get(header::CONTENT_TYPE) {
+        let essence = value
+            .to_str()
+            .unwrap_or_default()
+            .split(';')
+            .next()
+            .unwrap_or_default()
+            .trim()
+            .to_ascii_lowercase();
+        let json = essence == "application/json"
+            || essence.ends_with("+json")
+            || essence == "application/x-www-form-urlencoded";
+        if !json {
+            return Err(ApiError {
+                status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                code: "unsupported_media_type",
+                field: None,
+                message: format!(
+                    "the body is read as JSON, not {essence:?}: send `Content-Type: application/json`"
+                ),
+            });
+        }
+    }
+    body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError {
+                status: StatusCode::PAYLOAD_TOO_LARGE,
+                code: "body_too_large",
+                field: None,
+                message: format!(
+                    "the body is over {MAX_BODY_BYTES} bytes: send less (a batch holds at most {} requests)",
+                    crate::request::MAX_BATCH
+                ),
+            }
+        } else {
+            ApiError {
+                status: StatusCode::BAD_REQUEST,
+                code: "invalid_body",
+                field: None,
+                message: format!("the body could not be read ({rejection}): send it whole"),
+            }
+        }
+    })
+}
+
+/// The routes, for messages.
+const ROUTES: &str =
+    "POST /v1/ratelimit, POST /v1/ratelimit/many, POST /json, GET /healthz, GET /metrics";
+
 /// The API's routes over `state`.
 pub fn router<C: Clock + Clone + Send + Sync + 'static>(state: Arc<AppState<C>>) -> Router {
     Router::new()
@@ -112,7 +167,15 @@ pub fn router<C: Clock + Clone + Send + Sync + 'static>(state: Arc<AppState<C>>)
                 status: StatusCode::NOT_FOUND,
                 code: "not_found",
                 field: None,
-                message: "no such endpoint: POST /v1/ratelimit, POST /v1/ratelimit/many, POST /json, GET /healthz, GET /metrics".into(),
+                message: format!("no such endpoint: {ROUTES}"),
+            }
+        })
+        .method_not_allowed_fallback(|method: axum::http::Method| async move {
+            ApiError {
+                status: StatusCode::METHOD_NOT_ALLOWED,
+                code: "method_not_allowed",
+                field: None,
+                message: format!("{method} is not served here: {ROUTES}"),
             }
         })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -121,11 +184,14 @@ pub fn router<C: Clock + Clone + Send + Sync + 'static>(state: Arc<AppState<C>>)
 
 async fn one<C: Clock + Clone + Send + Sync + 'static>(
     State(state): State<Arc<AppState<C>>>,
-    body: Bytes,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let started = Instant::now();
     let engine = &state.engine;
-    let response = match parse_request(&body, &|name| engine.policy_id(name)) {
+    let parsed =
+        read_body(&headers, body).and_then(|b| parse_request(&b, &|name| engine.policy_id(name)));
+    let response = match parsed {
         Err(e) => {
             state.metrics.invalid();
             e.into_response()
@@ -144,7 +210,8 @@ async fn one<C: Clock + Clone + Send + Sync + 'static>(
 
 async fn many<C: Clock + Clone + Send + Sync + 'static>(
     State(state): State<Arc<AppState<C>>>,
-    body: Bytes,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
 ) -> Response {
     #[derive(Serialize)]
     struct Batch {
@@ -153,7 +220,9 @@ async fn many<C: Clock + Clone + Send + Sync + 'static>(
     }
     let started = Instant::now();
     let engine = &state.engine;
-    let response = match parse_many(&body, &|name| engine.policy_id(name)) {
+    let parsed =
+        read_body(&headers, body).and_then(|b| parse_many(&b, &|name| engine.policy_id(name)));
+    let response = match parsed {
         Err(e) => {
             state.metrics.invalid();
             e.into_response()
@@ -173,9 +242,17 @@ async fn many<C: Clock + Clone + Send + Sync + 'static>(
 
 async fn envoy<C: Clock + Clone + Send + Sync + 'static>(
     State(state): State<Arc<AppState<C>>>,
-    body: Bytes,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let started = Instant::now();
+    let body = match read_body(&headers, body) {
+        Ok(body) => body,
+        Err(e) => {
+            state.metrics.invalid();
+            return e.into_response();
+        }
+    };
     let result = match envoy_json::parse(&body) {
         Ok(request) => state.envoy.decide(&state.engine, &request).await,
         Err(e) => Err(e),

@@ -76,13 +76,77 @@ struct RawMany {
     requests: Vec<RawRequest>,
 }
 
+/// What serde found where an object belonged, from its message, in JSON's words.
+fn what_came(text: &str) -> &'static str {
+    let is = |kind: &str| text.contains(&format!("invalid type: {kind}"));
+    if text.contains("invalid length") || is("sequence") {
+        "an array"
+    } else if is("string") {
+        "a string"
+    } else if is("integer") || is("floating point") {
+        "a number"
+    } else if is("boolean") {
+        "a boolean"
+    } else if is("null") || is("unit") {
+        "null"
+    } else {
+        "something else"
+    }
+}
+
 fn from_json<'de, T: Deserialize<'de>>(body: &'de [u8]) -> Result<T, ApiError> {
+    // An object, not a sequence: serde would read a struct from an array by position.
+    let first = body.iter().find(|b| !b.is_ascii_whitespace());
+    if first.is_some_and(|&b| b != b'{') {
+        let came = match first {
+            Some(b'[') => "an array",
+            Some(b'"') => "a string",
+            Some(b't' | b'f') => "a boolean",
+            Some(b'n') => "null",
+            Some(b'-' | b'0'..=b'9') => "a number",
+            _ => "something that is not JSON",
+        };
+        return Err(ApiError {
+            status: StatusCode::BAD_REQUEST,
+            code: "invalid_json",
+            field: None,
+            message: format!(
+                "expected a JSON object, got {came}: send a JSON object such as {{\"policy\": \"api\", \"identifier\": \"user-1\"}}"
+            ),
+        });
+    }
     let mut deserializer = serde_json::Deserializer::from_slice(body);
     let value = serde_path_to_error::deserialize(&mut deserializer).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
-        let field = if path == "." || path == "?" { String::new() } else { path };
-        let message = format!("{inner}: send a JSON object such as {{\"policy\": \"api\", \"identifier\": \"user-1\"}}");
+        let mut field = if path == "." || path == "?" {
+            String::new()
+        } else {
+            path
+        };
+        let text = inner.to_string();
+        const EXAMPLE: &str =
+            "send a JSON object such as {\"policy\": \"api\", \"identifier\": \"user-1\"}";
+        let message = if let Some(name) = text
+            .strip_prefix("missing field `")
+            .and_then(|rest| rest.split('`').next())
+        {
+            // The field at fault is the one missing, inside the object it is missing from.
+            field = if field.is_empty() {
+                name.to_owned()
+            } else {
+                format!("{field}.{name}")
+            };
+            format!("`{name}` is missing: {EXAMPLE}")
+        } else if text.contains("struct Raw") {
+            // Not an object where one belongs: say what came, not the parser's type names.
+            format!(
+                "expected a JSON object, got {}: {EXAMPLE}",
+                what_came(&text)
+            )
+        } else {
+            format!("{text}: {EXAMPLE}")
+        };
         ApiError {
             status: StatusCode::BAD_REQUEST,
             code: "invalid_json",
@@ -262,7 +326,7 @@ mod tests {
             ("", "invalid_json", None),
             ("{", "invalid_json", None),
             ("[]", "invalid_json", None),
-            (r#"{"policy":"api"}"#, "invalid_json", None),
+            (r#"{"policy":"api"}"#, "invalid_json", Some("identifier")),
             (
                 r#"{"policy":"api","identifier":"u"} {}"#,
                 "invalid_json",

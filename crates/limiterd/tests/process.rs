@@ -332,16 +332,155 @@ async fn invalid_requests_get_clear_400s_never_500s() {
         .await;
     assert_eq!(status, 400);
     assert!(text.contains(r#""field":"requests[0].cost""#), "{text}");
-    let (status, text) = client.send("GET", "/v2/nothing", "").await;
-    assert_eq!(status, 404, "{text}");
-    let (status, _) = client.send("GET", "/v1/ratelimit", "").await;
-    assert_eq!(status, 405);
+    // Every refusal, whatever its status, is one JSON shape: a stable code, the field at
+    // fault where there is one, and a message with the fix.
     let huge = format!(
         r#"{{"policy":"api","identifier":"{}"}}"#,
         "x".repeat(100_000)
     );
-    let (status, _) = client.send("POST", "/v1/ratelimit", &huge).await;
-    assert_eq!(status, 413);
+    let json_type = [("content-type", "application/json")];
+    for (method, path, headers, body, status, code, field) in [
+        (
+            "GET",
+            "/v2/nothing",
+            &json_type[..],
+            "",
+            404,
+            "not_found",
+            None,
+        ),
+        (
+            "GET",
+            "/v1/ratelimit",
+            &json_type[..],
+            "",
+            405,
+            "method_not_allowed",
+            None,
+        ),
+        (
+            "DELETE",
+            "/v1/ratelimit/many",
+            &json_type[..],
+            "",
+            405,
+            "method_not_allowed",
+            None,
+        ),
+        (
+            "POST",
+            "/v1/ratelimit",
+            &json_type[..],
+            huge.as_str(),
+            413,
+            "body_too_large",
+            None,
+        ),
+        (
+            "POST",
+            "/v1/ratelimit",
+            &[("content-type", "text/plain")][..],
+            r#"{"policy":"api","identifier":"u"}"#,
+            415,
+            "unsupported_media_type",
+            None,
+        ),
+        (
+            "POST",
+            "/json",
+            &[("content-type", "application/xml")][..],
+            "<a/>",
+            415,
+            "unsupported_media_type",
+            None,
+        ),
+        (
+            "POST",
+            "/v1/ratelimit",
+            &json_type[..],
+            r#"{"policy":"api"}"#,
+            400,
+            "invalid_json",
+            Some("identifier"),
+        ),
+        (
+            "POST",
+            "/v1/ratelimit",
+            &json_type[..],
+            "[]",
+            400,
+            "invalid_json",
+            None,
+        ),
+        (
+            "POST",
+            "/v1/ratelimit",
+            &json_type[..],
+            r#"[null,null,"u",null,null,null]"#,
+            400,
+            "invalid_json",
+            None,
+        ),
+        (
+            "POST",
+            "/v1/ratelimit",
+            &json_type[..],
+            "42",
+            400,
+            "invalid_json",
+            None,
+        ),
+        (
+            "POST",
+            "/v1/ratelimit/many",
+            &json_type[..],
+            r#"{"requests":[[]]}"#,
+            400,
+            "invalid_json",
+            Some("requests[0]"),
+        ),
+        (
+            "POST",
+            "/v1/ratelimit/many",
+            &json_type[..],
+            r#"{"requests":[{"policy":"api"}]}"#,
+            400,
+            "invalid_json",
+            Some("requests[0].identifier"),
+        ),
+    ] {
+        let (got, text) = client.send_with(method, path, headers, body).await;
+        let shown = &body[..body.len().min(60)];
+        assert_eq!(got, status, "{method} {path} {shown}: {text}");
+        let value: Value = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("{method} {path} {shown}: not JSON ({e}): {text:?}"));
+        assert_eq!(
+            value["error"]["code"], code,
+            "{method} {path} {shown}: {text}"
+        );
+        assert_eq!(
+            value["error"]["field"].as_str(),
+            field,
+            "{method} {path} {shown}: {text}"
+        );
+        let message = value["error"]["message"].as_str().unwrap_or_default();
+        assert!(!message.is_empty() && !message.contains("Raw"), "{text}");
+    }
+    // What `curl -d` sends (a form type, or no type) is read as JSON.
+    for headers in [
+        &[][..],
+        &[("content-type", "application/x-www-form-urlencoded")][..],
+    ] {
+        let (got, text) = client
+            .send_with(
+                "POST",
+                "/v1/ratelimit",
+                headers,
+                r#"{"policy":"api","identifier":"curl"}"#,
+            )
+            .await;
+        assert_eq!(got, 200, "{headers:?}: {text}");
+    }
     // The service is still answering.
     assert_eq!(
         client

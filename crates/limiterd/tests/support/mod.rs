@@ -85,6 +85,18 @@ impl Client {
         (reply.status.as_u16(), reply.body)
     }
 
+    /// A request with the headers given (none added).
+    pub(crate) async fn send_with(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> (u16, String) {
+        let reply = self.inner.request(method, path, headers, body).await;
+        (reply.status.as_u16(), reply.body)
+    }
+
     pub(crate) async fn post(&mut self, path: &str, body: &Value) -> (u16, Value) {
         let (status, text) = self.send("POST", path, &body.to_string()).await;
         let value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
