@@ -5,6 +5,19 @@
 //! [`MonotonicClock`] reads `std::time::Instant`; [`CoarseClock`] reads one shared atomic that
 //! the caller or a background thread refreshes (cheaper, and late by up to a refresh);
 //! [`ManualClock`] is moved by hand in tests. Library code reads time only through this trait.
+//!
+//! # Windows aligned to the Unix epoch
+//!
+//! The OS-backed clocks ([`DefaultClock`], [`MonotonicClock`], and [`CoarseClock`] over them)
+//! do not start at 0: a new clock's first reading is the time since the start of the current
+//! Unix week ([`unix_week_phase`], at most 7 days), and readings advance monotonically from
+//! there. A window counter numbers its windows `now / period`, so every window whose period
+//! divides a week (seconds, minutes, hours, a day, a week, and any whole number of milliseconds
+//! dividing 604,800,000) starts exactly where the Unix epoch's windows start: a one-minute
+//! window ends on the minute, a day's at 00:00 UTC, as Redis's scripts (which read `TIME`) and
+//! envoy's reference service count. Other periods are aligned to the start of the week the
+//! clock was made in. The monotonic clocks are slewed by NTP as the wall clock is, but not
+//! stepped: a wall clock set by hand later drifts from the windows by that step.
 
 use core::time::Duration;
 use std::time::Instant;
@@ -38,7 +51,26 @@ impl<C: Clock + ?Sized> Clock for Box<C> {
     }
 }
 
-/// Monotonic time from `std::time::Instant` (the OS clock), with its epoch at construction.
+/// The length of the week the OS-backed clocks start in, in nanoseconds.
+pub const WEEK_NANOS: u64 = 7 * 24 * 60 * 60 * 1_000_000_000;
+
+/// Nanoseconds since the start of the current Unix week (Thursday 00:00 UTC, as the Unix
+/// epoch's weeks run): where the OS-backed clocks' readings begin, so that windows whose period
+/// divides a week are aligned to the Unix epoch (see the [module docs](self)). 0 if the wall
+/// clock reads before 1970.
+pub fn unix_week_phase() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| {
+            let nanos = since.as_nanos() % u128::from(WEEK_NANOS);
+            // Below WEEK_NANOS, so it fits.
+            u64::try_from(nanos).unwrap_or(0)
+        })
+}
+
+/// Monotonic time from `std::time::Instant` (the OS clock). Its readings begin at
+/// [`unix_week_phase`] when it is made, so windows are aligned to the Unix epoch (see the
+/// [module docs](self)).
 ///
 /// A reading asks the OS (a vDSO call on Linux: 20 to 40 ns on the development VMs, more than a
 /// whole check). The [`DefaultClock`] reads the time-stamp counter instead where it can; pick
@@ -47,13 +79,16 @@ impl<C: Clock + ?Sized> Clock for Box<C> {
 #[derive(Clone, Copy, Debug)]
 pub struct MonotonicClock {
     epoch: Instant,
+    /// The reading at `epoch`: the time since the start of that Unix week.
+    start: u64,
 }
 
 impl MonotonicClock {
-    /// A clock whose epoch is now.
+    /// A clock whose first reading is the time since the start of this Unix week.
     pub fn new() -> Self {
         Self {
             epoch: Instant::now(),
+            start: unix_week_phase(),
         }
     }
 }
@@ -67,7 +102,9 @@ impl Default for MonotonicClock {
 impl Clock for MonotonicClock {
     fn now(&self) -> u64 {
         // 2^64 ns is about 584 years; saturate rather than wrap past it.
-        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+        u64::try_from(self.epoch.elapsed().as_nanos())
+            .unwrap_or(u64::MAX)
+            .saturating_add(self.start)
     }
 }
 
@@ -84,8 +121,9 @@ pub enum ClockSource {
 }
 
 /// Monotonic time from the processor's time-stamp counter, through
-/// [quanta](https://docs.rs/quanta) (the source governor reads by default), with its epoch at
-/// construction. It is the [`DefaultClock`].
+/// [quanta](https://docs.rs/quanta) (the source governor reads by default). It is the
+/// [`DefaultClock`]. Its readings begin at [`unix_week_phase`] when it is made, so windows are
+/// aligned to the Unix epoch (see the [module docs](self)).
 ///
 /// A reading is one `rdtsc` and a multiply: on the development VM 9.7 ns against 26.5 ns for
 /// [`MonotonicClock`], which is most of a check's cost. [`TscClock::source`] says which source
@@ -115,13 +153,16 @@ pub enum ClockSource {
 pub struct TscClock {
     clock: quanta::Clock,
     epoch: u64,
+    /// The reading at `epoch`: the time since the start of that Unix week.
+    start: u64,
     /// Nanoseconds per raw reading, in 32.32 fixed point: quanta's own calibration, read once
     /// (`2^32` for the OS clock, whose raw readings are nanoseconds already).
     scale: u64,
 }
 
 impl TscClock {
-    /// A clock whose epoch is now (calibrating the counter if this process has not yet).
+    /// A clock whose first reading is the time since the start of this Unix week
+    /// (calibrating the counter if this process has not yet).
     pub fn new() -> Self {
         let clock = quanta::Clock::new();
         // What quanta makes of 2^32 raw ticks: the scale, to 32 fractional bits (a relative
@@ -131,6 +172,7 @@ impl TscClock {
         Self {
             clock,
             epoch,
+            start: unix_week_phase(),
             scale,
         }
     }
@@ -162,7 +204,9 @@ impl Clock for TscClock {
         // is done here, inline, rather than by quanta's out-of-line `delta_as_nanos`.
         let ticks = self.clock.raw().saturating_sub(self.epoch);
         let nanos = (u128::from(ticks) * u128::from(self.scale)) >> 32;
-        u64::try_from(nanos).unwrap_or(u64::MAX)
+        u64::try_from(nanos)
+            .unwrap_or(u64::MAX)
+            .saturating_add(self.start)
     }
 }
 
@@ -433,6 +477,40 @@ mod tests {
         let clock = ManualClock::starting_at(u64::MAX - 1);
         clock.advance(Duration::MAX);
         assert_eq!(clock.now(), u64::MAX);
+    }
+
+    /// How far `reading` (ns) is from the wall clock's place in its Unix week, across the
+    /// week's wrap.
+    fn off_the_wall(reading: u64) -> u64 {
+        let wall = unix_week_phase();
+        let diff = reading.abs_diff(wall);
+        diff.min(WEEK_NANOS - diff % WEEK_NANOS)
+    }
+
+    #[test]
+    fn os_clocks_read_the_time_since_the_start_of_the_unix_week() {
+        // A clock counting from 0 would be off by the time since Thursday 00:00 UTC (up to a
+        // week); an aligned one by the moment between the two readings. The bound is loose
+        // (a second) for a loaded machine; the misalignment it catches is the whole phase.
+        let second = 1_000_000_000;
+        for reading in [
+            MonotonicClock::new().now(),
+            TscClock::new().now(),
+            CoarseClock::new().now(),
+        ] {
+            assert!(
+                off_the_wall(reading) < second,
+                "reading {reading} is {} ns from the wall clock's {}",
+                off_the_wall(reading),
+                unix_week_phase()
+            );
+        }
+        // And so a one-minute window ends on the minute: the phase within the minute agrees.
+        let clock = DefaultClock::new();
+        let minute = 60 * second;
+        let (ours, wall) = (clock.now() % minute, unix_week_phase() % minute);
+        let diff = ours.abs_diff(wall);
+        assert!(diff.min(minute - diff) < second, "{ours} vs {wall}");
     }
 
     #[test]

@@ -53,7 +53,10 @@ pub use accuracy::Accuracy;
 pub use algorithm::{Algorithm, MIN_CLOCK_RANGE, StateCell, Step, Usage};
 #[cfg(not(limiter_loom))]
 pub use clock::CoarseClock;
-pub use clock::{Clock, ClockSource, DefaultClock, ManualClock, MonotonicClock, TscClock};
+pub use clock::{
+    Clock, ClockSource, DefaultClock, ManualClock, MonotonicClock, TscClock, WEEK_NANOS,
+    unix_week_phase,
+};
 pub use decision::Decision;
 pub use direct::DirectLimiter;
 pub use error::{DecisionError, LimitError};

@@ -779,3 +779,85 @@ async fn logs_are_json_lines_on_stderr_and_report_the_breaker() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+const ALIGNED: &str = r#"
+[policies.daily]
+limits = [{ algorithm = "fixed_window", count = 3, period = "1d" }]
+[policies.minutely]
+limits = [{ algorithm = "fixed_window", count = 3, period = "1m" }]
+[policies.sliding]
+limits = [{ algorithm = "sliding_window", count = 3, period = "1h" }]
+"#;
+
+#[tokio::test]
+async fn windows_are_aligned_to_the_unix_epoch_in_memory() {
+    let config = temp_file("aligned-memory.toml", ALIGNED);
+    windows_are_aligned_to_the_unix_epoch(&["--config", config.to_str().expect("UTF-8 path")])
+        .await;
+}
+
+#[tokio::test]
+async fn windows_are_aligned_to_the_unix_epoch_on_redis() {
+    let server = redis_server::RedisServer::start();
+    let config = temp_file(&format!("aligned-redis-{}.toml", server.port), ALIGNED);
+    windows_are_aligned_to_the_unix_epoch(&[
+        "--config",
+        config.to_str().expect("UTF-8 path"),
+        "--redis",
+        &server.url(),
+    ])
+    .await;
+}
+
+/// A day's fixed window resets at the next 00:00 UTC and a minute's on the minute, whichever
+/// store counts, and `reset_at_ms` is the same instant for every call in the window. (A
+/// process counting from its own start would reset a day after it started.)
+async fn windows_are_aligned_to_the_unix_epoch(args: &[&str]) {
+    let daemon = Daemon::start(args);
+    let mut client = Client::connect(daemon.addr).await;
+    let unix_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_millis() as u64
+    };
+    // A few milliseconds for rounding to whole milliseconds and the clocks' readings apart.
+    let near = |got: u64, want: u64| got.abs_diff(want) <= 25;
+    for (policy, period_ms) in [("daily", 86_400_000u64), ("minutely", 60_000)] {
+        let mut resets = Vec::new();
+        for n in 0..3u64 {
+            let before = unix_ms();
+            let d = client
+                .decide(json!({"policy": policy, "identifier": "u"}))
+                .await;
+            let after = unix_ms();
+            assert_eq!(
+                (d["success"].clone(), d["remaining"].clone()),
+                (json!(true), json!(2 - n))
+            );
+            let reset = d["reset_at_ms"].as_u64().expect("a number");
+            // The window the call fell in ends at the next multiple of the period (a call
+            // straddling a boundary may see either).
+            let ends = [before / period_ms + 1, after / period_ms + 1].map(|w| w * period_ms);
+            assert!(
+                ends.iter().any(|&end| near(reset, end)),
+                "{policy}: reset_at_ms {reset}, windows end at {ends:?}: {d}"
+            );
+            resets.push(reset);
+        }
+        let denied = client
+            .decide(json!({"policy": policy, "identifier": "u"}))
+            .await;
+        assert_eq!(denied["success"], false, "{denied}");
+        if policy == "daily" {
+            // No boundary in a test's span (unless run at midnight): one instant throughout.
+            assert!(resets.windows(2).all(|w| near(w[0], w[1])), "{resets:?}");
+            let retry = denied["retry_after_ms"].as_u64().expect("a number");
+            let left_today = period_ms - unix_ms() % period_ms;
+            assert!(
+                retry.abs_diff(left_today) <= 1_000,
+                "{retry} vs {left_today}: {denied}"
+            );
+        }
+    }
+}
