@@ -1,6 +1,7 @@
 //! `cargo xtask TASK`: dispatches to one module per task. No dependencies, so it builds fast.
 
 mod bench;
+mod browser;
 mod ci;
 mod fuzz;
 mod invariants;
@@ -16,6 +17,7 @@ tasks:
   lint                   the same without the tests (.ci/run runs README's test command itself)
   loom                   the loom models of every atomic protocol (release, --cfg limiter_loom)
   fuzz [--seconds N]     every fuzz target for N seconds each (default 60)
+  browser                limiterd's status page in headless Chromium (Debian's `chromium`)
   bench [--quick] [-- ARGS]  the criterion benchmarks and target/bench-report.md (ratios to governor
                          and the floor, bytes per key, the targets); ARGS go to criterion";
 
@@ -29,6 +31,7 @@ fn main() -> ExitCode {
         Some("loom") => loom::run(),
         Some("fuzz") => fuzz::run(&rest),
         Some("bench") => bench::run(&rest),
+        Some("browser") => browser::run(),
         Some("help" | "--help" | "-h") => {
             println!("{USAGE}");
             Ok(())

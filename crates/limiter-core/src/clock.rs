@@ -55,9 +55,11 @@ impl<C: Clock + ?Sized> Clock for Box<C> {
 pub const WEEK_NANOS: u64 = 7 * 24 * 60 * 60 * 1_000_000_000;
 
 /// Nanoseconds since the start of the current Unix week (Thursday 00:00 UTC, as the Unix
-/// epoch's weeks run): where the OS-backed clocks' readings begin, so that windows whose period
-/// divides a week are aligned to the Unix epoch (see the [module docs](self)). 0 if the wall
-/// clock reads before 1970.
+/// epoch's weeks run): where the OS-backed clocks' readings begin. A window counter numbers
+/// its windows `now / period`, so every window whose period divides a week (seconds, minutes,
+/// hours, a day, a week) then starts where the Unix epoch's windows start, as Redis's scripts
+/// (which read `TIME`) and envoy's reference service count; other periods are aligned to the
+/// start of the week the clock was made in. 0 if the wall clock reads before 1970.
 pub fn unix_week_phase() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -69,8 +71,8 @@ pub fn unix_week_phase() -> u64 {
 }
 
 /// Monotonic time from `std::time::Instant` (the OS clock). Its readings begin at
-/// [`unix_week_phase`] when it is made, so windows are aligned to the Unix epoch (see the
-/// [module docs](self)).
+/// [`unix_week_phase`] when it is made, so windows are aligned to the Unix epoch (see
+/// [`unix_week_phase`]).
 ///
 /// A reading asks the OS (a vDSO call on Linux: 20 to 40 ns on the development VMs, more than a
 /// whole check). The [`DefaultClock`] reads the time-stamp counter instead where it can; pick
@@ -123,7 +125,7 @@ pub enum ClockSource {
 /// Monotonic time from the processor's time-stamp counter, through
 /// [quanta](https://docs.rs/quanta) (the source governor reads by default). It is the
 /// [`DefaultClock`]. Its readings begin at [`unix_week_phase`] when it is made, so windows are
-/// aligned to the Unix epoch (see the [module docs](self)).
+/// aligned to the Unix epoch (see [`unix_week_phase`]).
 ///
 /// A reading is one `rdtsc` and a multiply: on the development VM 9.7 ns against 26.5 ns for
 /// [`MonotonicClock`], which is most of a check's cost. [`TscClock::source`] says which source

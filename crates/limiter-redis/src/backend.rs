@@ -382,6 +382,22 @@ impl RedisBackend {
         }
     }
 
+    /// Asks Redis whether it answers (`PING`, within the call timeout, past the circuit
+    /// breaker, which it neither consults nor moves): how long the answer took, or why none
+    /// came. For readiness checks; decisions never wait on it.
+    pub async fn ping(&self) -> Result<Duration, BackendError> {
+        let started = self.local_now();
+        let timeout = self.inner.timeout;
+        match tokio::time::timeout(timeout, self.inner.connection.query(&redis::cmd("PING"))).await
+        {
+            Err(_) => Err(BackendError::Timeout { after: timeout }),
+            Ok(Err(e)) => Err(BackendError::Redis(e.to_string())),
+            Ok(Ok(_)) => Ok(Duration::from_nanos(
+                self.local_now().saturating_sub(started),
+            )),
+        }
+    }
+
     /// What a request records as it is sent: the local clock's reading (a denial's deadline
     /// counts from it) and the deny cache's refund epoch.
     pub(crate) fn sent(&self) -> Sent {

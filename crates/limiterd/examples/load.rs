@@ -7,8 +7,8 @@
 //! cargo run --release -p limiterd --example load -- --connections 64 --seconds 10
 //! ```
 //!
-//! Flags: `--url http://127.0.0.1:8080` (loopback only), `--connections N` (default 32),
-//! `--seconds S` (default 5, at most 300), `--policy NAME` (default `api`),
+//! `--help` lists the options: `--url http://127.0.0.1:8080` (loopback only), `--connections
+//! N` (default 32), `--seconds S` (default 5, at most 300), `--policy NAME` (default `api`),
 //! `--identifiers K` (default 10000: requests spread over K identifiers).
 
 use std::net::SocketAddr;
@@ -18,83 +18,44 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 
-const USAGE: &str = "\
-Usage: cargo run --release -p limiterd --example load -- [FLAGS]
-
-Sends decision requests to a running limiterd for a fixed time, then prints decisions per
-second and latency percentiles.
-
-Flags (each takes a value):
-  --url URL            where limiterd listens, loopback only (default http://127.0.0.1:8080)
-  --connections N      keep-alive connections, 1 to 1024 (default 32)
-  --seconds S          how long to send, 1 to 300 (default 5)
-  --policy NAME        the policy to ask (default api)
-  --identifiers K      spread requests over K identifiers (default 10000)
-  --help               print this";
-
-/// What `options` found: the options to run with, or a request for the usage.
-enum Parsed {
-    Run(Options),
-    Help,
-}
-
+/// Sends decision requests to a running limiterd for a fixed time, then prints decisions per
+/// second and latency percentiles.
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "load",
+    override_usage = "cargo run --release -p limiterd --example load -- [OPTIONS]"
+)]
 struct Options {
-    addr: SocketAddr,
-    connections: usize,
+    /// Where limiterd listens (loopback only).
+    #[arg(long, value_name = "URL", default_value = "http://127.0.0.1:8080", value_parser = loopback_url)]
+    url: SocketAddr,
+    /// Keep-alive connections.
+    #[arg(long, value_name = "N", default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    connections: u16,
+    /// How long to send, in seconds.
+    #[arg(long, value_name = "S", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=300))]
     seconds: u64,
+    /// The policy to ask.
+    #[arg(long, value_name = "NAME", default_value = "api")]
     policy: String,
+    /// Spread requests over this many identifiers.
+    #[arg(long, value_name = "K", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     identifiers: u64,
 }
 
-fn options() -> Result<Parsed, String> {
-    let mut o = Options {
-        addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
-        connections: 32,
-        seconds: 5,
-        policy: "api".into(),
-        identifiers: 10_000,
-    };
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.iter().any(|a| a == "--help" || a == "-h") {
-        return Ok(Parsed::Help);
+/// `http://IP:PORT` on a loopback address.
+fn loopback_url(value: &str) -> Result<SocketAddr, String> {
+    let rest = value
+        .strip_prefix("http://")
+        .ok_or("it must start with http://")?;
+    let addr: SocketAddr = rest
+        .trim_end_matches('/')
+        .parse()
+        .map_err(|_| "give an IP address and port, such as http://127.0.0.1:8080".to_owned())?;
+    if !addr.ip().is_loopback() {
+        return Err("it must be a loopback address".into());
     }
-    let mut pairs = args.chunks(2);
-    for pair in &mut pairs {
-        let [flag, value] = pair else {
-            return Err(format!(
-                "{} needs a value (every flag takes one; see --help)",
-                pair.first().map_or("a flag", String::as_str)
-            ));
-        };
-        let number = || {
-            value
-                .parse::<u64>()
-                .map_err(|_| format!("{flag} takes a whole number, not {value:?}"))
-        };
-        match flag.as_str() {
-            "--url" => {
-                let rest = value
-                    .strip_prefix("http://")
-                    .ok_or("--url must start with http://")?;
-                o.addr = rest.trim_end_matches('/').parse().map_err(|_| {
-                    format!("--url {value:?}: give an IP address and port, such as http://127.0.0.1:8080")
-                })?;
-                if !o.addr.ip().is_loopback() {
-                    return Err("--url must be a loopback address".into());
-                }
-            }
-            "--connections" => {
-                o.connections = usize::try_from(number()?.clamp(1, 1024)).unwrap_or(1)
-            }
-            "--seconds" => o.seconds = number()?.clamp(1, 300),
-            "--policy" => o.policy = value.clone(),
-            "--identifiers" => o.identifiers = number()?.max(1),
-            other => {
-                return Err(format!("unknown flag {other}\n\n{USAGE}"));
-            }
-        }
-    }
-    Ok(Parsed::Run(o))
+    Ok(addr)
 }
 
 /// Per connection: latencies in microseconds, allowed, denied, errors.
@@ -103,9 +64,9 @@ async fn connection(
     first_id: u64,
     until: Instant,
 ) -> Result<(Vec<u32>, u64, u64, u64), String> {
-    let stream = tokio::net::TcpStream::connect(o.addr)
+    let stream = tokio::net::TcpStream::connect(o.url)
         .await
-        .map_err(|e| format!("cannot connect to {}: {e} (is limiterd running?)", o.addr))?;
+        .map_err(|e| format!("cannot connect to {}: {e} (is limiterd running?)", o.url))?;
     stream.set_nodelay(true).map_err(|e| e.to_string())?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
@@ -154,23 +115,17 @@ fn percentile(sorted: &[u32], p: usize) -> u32 {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), String> {
-    let o = match options()? {
-        Parsed::Run(o) => std::sync::Arc::new(o),
-        Parsed::Help => {
-            println!("{USAGE}");
-            return Ok(());
-        }
-    };
+    let o = std::sync::Arc::new(<Options as clap::Parser>::parse());
     println!(
         "{} connections for {} s against http://{} (policy {}, {} identifiers)",
-        o.connections, o.seconds, o.addr, o.policy, o.identifiers
+        o.connections, o.seconds, o.url, o.policy, o.identifiers
     );
     let started = Instant::now();
     let until = started + Duration::from_secs(o.seconds);
     let tasks: Vec<_> = (0..o.connections)
         .map(|i| {
             let o = std::sync::Arc::clone(&o);
-            tokio::spawn(async move { connection(&o, i as u64, until).await })
+            tokio::spawn(async move { connection(&o, u64::from(i), until).await })
         })
         .collect();
     let (mut all, mut allowed, mut denied, mut errors) = (Vec::new(), 0, 0, 0);

@@ -1,7 +1,11 @@
 //! The HTTP JSON API: `POST /v1/ratelimit`, `POST /v1/ratelimit/many`, `POST /json` (envoy's
-//! `ShouldRateLimit` as JSON, see [`crate::envoy::json`]), `GET /healthz`, `GET /metrics`.
+//! `ShouldRateLimit` as JSON, see [`crate::envoy::json`]); health (`GET /healthz` liveness,
+//! `GET /readyz` readiness as JSON, `GET /healthcheck` as envoy's reference answers it);
+//! `GET /metrics`; the status page `GET /` over `GET /debug/status`, and `GET /debug/config`
+//! (the loaded configuration, see [`crate::debug`]).
 //! Requests are parsed in [`crate::request`]; anything invalid is a 400 whose JSON names the
-//! field and the fix, never a 500.
+//! field and the fix, never a 500. Every refusal (400, 404, 405, 408, 413, 415, 503) is one
+//! JSON shape: `{"error": {"code", "field"?, "message"}}`.
 //!
 //! ```text
 //! POST /v1/ratelimit  {"policy": "api", "identifier": "user-1", "cost": 1}
@@ -11,22 +15,21 @@
 //! ```
 
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::body::{Body, Bytes};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use limiter_core::Clock;
 use serde::Serialize;
 
-use crate::app::AppState;
 use crate::engine::{Answer, DecideError};
 use crate::envoy::json as envoy_json;
 use crate::envoy::service::{Code, EnvoyError};
+use crate::live::Live;
 use crate::request::{ApiError, MAX_BODY_BYTES, parse_many, parse_request};
 
 impl IntoResponse for ApiError {
@@ -100,11 +103,12 @@ fn decide_error(e: DecideError) -> ApiError {
     }
 }
 
-/// The body of a decision request, or the error that says what is wrong with it: a JSON error
-/// for a body over [`MAX_BODY_BYTES`] (413), one that could not be read (400), or a
-/// `Content-Type` that is not JSON (415). No type, `application/json`, any `+json` type and
-/// curl's default form type (what `curl -d` sends) are read as JSON.
-fn read_body(headers: &HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+/// The body of a decision request, read within `timeout`, or the error that says what is wrong
+/// with it: a JSON error for a body over [`MAX_BODY_BYTES`] (413), one not sent in time (408;
+/// the connection is then closed), one that could not be read (400), or a `Content-Type` that
+/// is not JSON (415). No type, `application/json`, any `+json` type and curl's default form
+/// type (what `curl -d` sends) are read as JSON.
+async fn read_body(headers: &HeaderMap, body: Body, timeout: Duration) -> Result<Bytes, ApiError> {
     if let Some(value) = headers.get(header::CONTENT_TYPE) {
         let essence = value
             .to_str()
@@ -132,40 +136,68 @@ fn read_body(headers: &HeaderMap, body: Result<Bytes, BytesRejection>) -> Result
             });
         }
     }
-    body.map_err(|rejection| {
-        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError {
-                status: StatusCode::PAYLOAD_TOO_LARGE,
-                code: "body_too_large",
-                field: None,
-                message: format!(
-                    "the body is over {MAX_BODY_BYTES} bytes: send less (a batch holds at most {} requests)",
-                    crate::request::MAX_BATCH
-                ),
-            }
-        } else {
-            ApiError {
-                status: StatusCode::BAD_REQUEST,
-                code: "invalid_body",
-                field: None,
-                message: format!("the body could not be read ({rejection}): send it whole"),
-            }
-        }
-    })
+    let too_large = || ApiError {
+        status: StatusCode::PAYLOAD_TOO_LARGE,
+        code: "body_too_large",
+        field: None,
+        message: format!(
+            "the body is over {MAX_BODY_BYTES} bytes: send less (a batch holds at most {} requests)",
+            crate::request::MAX_BATCH
+        ),
+    };
+    let limited = http_body_util::Limited::new(body, MAX_BODY_BYTES);
+    match tokio::time::timeout(timeout, http_body_util::BodyExt::collect(limited)).await {
+        Err(_) => Err(ApiError {
+            status: StatusCode::REQUEST_TIMEOUT,
+            code: "request_timeout",
+            field: None,
+            message: format!(
+                "the body did not arrive within {} ms (`[server] body_timeout_ms`): send it whole, at once",
+                timeout.as_millis()
+            ),
+        }),
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
+        Ok(Err(e)) => Err(ApiError {
+            status: StatusCode::BAD_REQUEST,
+            code: "invalid_body",
+            field: None,
+            message: format!("the body could not be read ({e}): send it whole"),
+        }),
+    }
+}
+
+/// A refusal as a response; a timed-out body also closes the connection (the rest of the body
+/// may still come, and would be read as the next request).
+fn refusal(error: ApiError) -> Response {
+    let close = error.status == StatusCode::REQUEST_TIMEOUT;
+    let mut response = error.into_response();
+    if close {
+        response.headers_mut().insert(
+            header::CONNECTION,
+            header::HeaderValue::from_static("close"),
+        );
+    }
+    response
 }
 
 /// The routes, for messages.
-const ROUTES: &str =
-    "POST /v1/ratelimit, POST /v1/ratelimit/many, POST /json, GET /healthz, GET /metrics";
+const ROUTES: &str = "POST /v1/ratelimit, POST /v1/ratelimit/many, POST /json, GET /healthz, \
+     GET /readyz, GET /healthcheck, GET /metrics, GET /debug/config, GET /debug/status, GET /";
 
-/// The API's routes over `state`.
-pub fn router<C: Clock + Clone + Send + Sync + 'static>(state: Arc<AppState<C>>) -> Router {
+/// The API's routes over `live`.
+pub fn router<C: Clock + Clone + Send + Sync + 'static>(live: Arc<Live<C>>) -> Router {
     Router::new()
         .route("/v1/ratelimit", post(one::<C>))
         .route("/v1/ratelimit/many", post(many::<C>))
         .route("/json", post(envoy::<C>))
         .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz::<C>))
+        .route("/healthcheck", get(healthcheck::<C>))
         .route("/metrics", get(metrics::<C>))
+        .route("/debug/config", get(debug_config::<C>))
+        .route("/debug/status", get(debug_status::<C>))
+        .route("/", get(status_page))
         .fallback(|| async {
             ApiError {
                 status: StatusCode::NOT_FOUND,
@@ -182,23 +214,24 @@ pub fn router<C: Clock + Clone + Send + Sync + 'static>(state: Arc<AppState<C>>)
                 message: format!("{method} is not served here: {ROUTES}"),
             }
         })
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .with_state(state)
+        .with_state(live)
 }
 
 async fn one<C: Clock + Clone + Send + Sync + 'static>(
-    State(state): State<Arc<AppState<C>>>,
+    State(live): State<Arc<Live<C>>>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Response {
     let started = Instant::now();
+    let state = live.current();
     let engine = &state.engine;
-    let parsed =
-        read_body(&headers, body).and_then(|b| parse_request(&b, &|name| engine.policy_id(name)));
+    let parsed = read_body(&headers, body, state.config.server.body_timeout)
+        .await
+        .and_then(|b| parse_request(&b, &|name| engine.policy_id(name)));
     let response = match parsed {
         Err(e) => {
             state.metrics.invalid();
-            e.into_response()
+            refusal(e)
         }
         Ok(item) => match engine.decide(std::slice::from_ref(&item)).await {
             Ok((_, answers)) => match answers.first() {
@@ -213,9 +246,9 @@ async fn one<C: Clock + Clone + Send + Sync + 'static>(
 }
 
 async fn many<C: Clock + Clone + Send + Sync + 'static>(
-    State(state): State<Arc<AppState<C>>>,
+    State(live): State<Arc<Live<C>>>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Response {
     #[derive(Serialize)]
     struct Batch {
@@ -223,13 +256,15 @@ async fn many<C: Clock + Clone + Send + Sync + 'static>(
         results: Vec<Outcome>,
     }
     let started = Instant::now();
+    let state = live.current();
     let engine = &state.engine;
-    let parsed =
-        read_body(&headers, body).and_then(|b| parse_many(&b, &|name| engine.policy_id(name)));
+    let parsed = read_body(&headers, body, state.config.server.body_timeout)
+        .await
+        .and_then(|b| parse_many(&b, &|name| engine.policy_id(name)));
     let response = match parsed {
         Err(e) => {
             state.metrics.invalid();
-            e.into_response()
+            refusal(e)
         }
         Ok(items) => match engine.decide(&items).await {
             Ok((success, answers)) => {
@@ -245,16 +280,17 @@ async fn many<C: Clock + Clone + Send + Sync + 'static>(
 }
 
 async fn envoy<C: Clock + Clone + Send + Sync + 'static>(
-    State(state): State<Arc<AppState<C>>>,
+    State(live): State<Arc<Live<C>>>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Response {
     let started = Instant::now();
-    let body = match read_body(&headers, body) {
+    let state = live.current();
+    let body = match read_body(&headers, body, state.config.server.body_timeout).await {
         Ok(body) => body,
         Err(e) => {
             state.metrics.invalid();
-            return e.into_response();
+            return refusal(e);
         }
     };
     let result = match envoy_json::parse(&body) {
@@ -292,8 +328,65 @@ async fn envoy<C: Clock + Clone + Send + Sync + 'static>(
 }
 
 async fn metrics<C: Clock + Clone + Send + Sync + 'static>(
-    State(state): State<Arc<AppState<C>>>,
+    State(live): State<Arc<Live<C>>>,
 ) -> Response {
+    let state = live.current();
     let text = state.metrics.render(state.engine.keys_held());
     ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response()
+}
+
+/// Readiness as JSON: 200 when ready, 503 when the store is unreachable or a shutdown began.
+async fn readyz<C: Clock + Clone + Send + Sync + 'static>(
+    State(live): State<Arc<Live<C>>>,
+) -> Response {
+    let readiness = live.health.readiness();
+    let status = if readiness.ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    json(status, &readiness)
+}
+
+/// Envoy's reference health check: `OK` when ready, a 500 otherwise, as the reference answers.
+async fn healthcheck<C: Clock + Clone + Send + Sync + 'static>(
+    State(live): State<Arc<Live<C>>>,
+) -> Response {
+    if live.health.readiness().ready {
+        (StatusCode::OK, "OK").into_response()
+    } else {
+        (StatusCode::INTERNAL_SERVER_ERROR, "NOT_SERVING").into_response()
+    }
+}
+
+async fn debug_config<C: Clock + Clone + Send + Sync + 'static>(
+    State(live): State<Arc<Live<C>>>,
+) -> Response {
+    let state = live.current();
+    json(
+        StatusCode::OK,
+        &crate::debug::config(&state.config, state.envoy.domains()),
+    )
+}
+
+async fn debug_status<C: Clock + Clone + Send + Sync + 'static>(
+    State(live): State<Arc<Live<C>>>,
+) -> Response {
+    let state = live.current();
+    let status = crate::debug::status(&state, &live.health.readiness(), unix_ms());
+    let mut response = json(StatusCode::OK, &status);
+    response.headers_mut().insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-store"),
+    );
+    response
+}
+
+/// The status page: static HTML whose script reads `/debug/status` every second.
+async fn status_page() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        crate::debug::STATUS_PAGE,
+    )
+        .into_response()
 }

@@ -3,7 +3,8 @@
 //! configured policy, counting into the metrics), then envoy's domains attached to the engine
 //! (one policy per configured descriptor limit). The adapters (the HTTP API in `crate::api`,
 //! envoy's gRPC protocol in `crate::grpc`) take the result; nothing below depends on an
-//! adapter, and no part builds another.
+//! adapter, and no part builds another. [`AppState::reloaded`] builds the parts for a new
+//! configuration from the serving ones, keeping their counters (see [`crate::live`]).
 
 use std::sync::Arc;
 
@@ -11,7 +12,7 @@ use limiter_core::Clock;
 use limiter_redis::RedisBackend;
 
 use crate::config::Config;
-use crate::engine::{Engine, EngineError};
+use crate::engine::{Carried, Engine, EngineError};
 use crate::envoy::service::AttachError;
 use crate::envoy::{Domains, Envoy};
 use crate::metrics::Metrics;
@@ -25,6 +26,8 @@ pub struct AppState<C> {
     pub envoy: Envoy,
     /// The metrics.
     pub metrics: Arc<Metrics>,
+    /// The configuration these parts were built from.
+    pub config: Config,
 }
 
 /// Why the service's parts could not be built.
@@ -55,7 +58,29 @@ impl<C: Clock + Clone + Send + Sync + 'static> AppState<C> {
             engine,
             envoy,
             metrics,
+            config: config.clone(),
         })
+    }
+
+    /// The parts for `config` and `domains` in place of these, which serve on until the
+    /// caller swaps them: the same metrics, store and clock, and the counters of every policy
+    /// and descriptor limit carried over ([`Engine::reloaded`]); what happened to each is in
+    /// the [`Carried`].
+    pub fn reloaded(
+        &self,
+        config: &Config,
+        domains: Domains,
+    ) -> Result<(Self, Carried), StartError> {
+        let mut engine = self.engine.reloaded(config)?;
+        let envoy = Envoy::attach(domains, &mut engine)?;
+        let carried = engine.carried();
+        let state = Self {
+            engine,
+            envoy,
+            metrics: Arc::clone(&self.metrics),
+            config: config.clone(),
+        };
+        Ok((state, carried))
     }
 }
 

@@ -64,6 +64,13 @@ limits = [
   { algorithm = "token_bucket", count = 100, period = "1s" },
   { algorithm = "token_bucket", count = 10000, period = "1s", key = "global" },
 ]
+
+# Timeouts and reloading, in milliseconds (these are the defaults; the table may be left out).
+# [server]
+# header_timeout_ms = 10000    # to send a request's headers
+# body_timeout_ms = 10000      # to send its body (then 408)
+# shutdown_timeout_ms = 10000  # for requests in flight to finish after SIGTERM
+# reload_check_ms = 1000       # how often the files are checked for changes (0: SIGHUP only)
 "#;
 
 /// The largest `[store] fleet_size`.
@@ -83,6 +90,37 @@ pub struct Config {
     pub policies: BTreeMap<String, Policy>,
     /// Envoy's rate-limit protocol, if configured.
     pub envoy: Option<EnvoySettings>,
+    /// Timeouts and reloading (`[server]`).
+    pub server: ServerSettings,
+}
+
+/// How the servers treat slow clients, how long a shutdown may take, and how often the files
+/// are checked for changes: the `[server]` table, each field in milliseconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServerSettings {
+    /// `header_timeout_ms`: how long a client may take to send a request's headers, from its
+    /// first byte (10 s). A connection that stalls there is closed.
+    pub header_timeout: Duration,
+    /// `body_timeout_ms`: how long a client may take to send a request's body (10 s); past it
+    /// the request is answered 408 `request_timeout` and the connection closed.
+    pub body_timeout: Duration,
+    /// `shutdown_timeout_ms`: after a shutdown signal, how long requests in flight may take to
+    /// finish (10 s); connections still open then are cut.
+    pub shutdown_timeout: Duration,
+    /// `reload_check_ms`: how often the configuration and descriptor files are checked for
+    /// changes (1 s); 0 turns the check off (SIGHUP still reloads).
+    pub reload_check: Duration,
+}
+
+impl Default for ServerSettings {
+    fn default() -> Self {
+        Self {
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(10),
+            shutdown_timeout: Duration::from_secs(10),
+            reload_check: Duration::from_secs(1),
+        }
+    }
 }
 
 /// Where envoy's gRPC protocol listens, unless the file says.
@@ -242,6 +280,16 @@ struct RawConfig {
     #[serde(default)]
     policies: BTreeMap<Spanned<String>, Spanned<RawPolicy>>,
     envoy: Option<Spanned<RawEnvoy>>,
+    server: Option<Spanned<RawServer>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawServer {
+    header_timeout_ms: Option<Spanned<u64>>,
+    body_timeout_ms: Option<Spanned<u64>>,
+    shutdown_timeout_ms: Option<Spanned<u64>>,
+    reload_check_ms: Option<Spanned<u64>>,
 }
 
 #[derive(Deserialize)]
@@ -330,6 +378,10 @@ impl Config {
             None => Store::Memory { max_keys: None },
             Some(store) => parse_store(&source, store)?,
         };
+        let server = match &raw.server {
+            None => ServerSettings::default(),
+            Some(server) => parse_server(&source, server.get_ref())?,
+        };
         let default_failure = match &store {
             Store::Redis { on_failure, .. } => *on_failure,
             Store::Memory { .. } => OnFailure::default(),
@@ -352,6 +404,7 @@ impl Config {
             store,
             policies,
             envoy,
+            server,
         })
     }
 }
@@ -435,6 +488,55 @@ fn parse_envoy(
         files.push(PathBuf::from(file.get_ref()));
     }
     Ok(EnvoySettings { listen, files })
+}
+
+fn parse_server(source: &Source<'_>, raw: &RawServer) -> Result<ServerSettings, ConfigError> {
+    let defaults = ServerSettings::default();
+    let field = |value: &Option<Spanned<u64>>,
+                 name: &str,
+                 least: u64,
+                 default: Duration|
+     -> Result<Duration, ConfigError> {
+        match value {
+            None => Ok(default),
+            Some(ms) if (least..=3_600_000).contains(ms.get_ref()) => {
+                Ok(Duration::from_millis(*ms.get_ref()))
+            }
+            Some(ms) => Err(source.at(
+                ms,
+                format!(
+                    "`{name} = {}`: use {least} to 3600000 milliseconds",
+                    ms.get_ref()
+                ),
+            )),
+        }
+    };
+    Ok(ServerSettings {
+        header_timeout: field(
+            &raw.header_timeout_ms,
+            "header_timeout_ms",
+            1,
+            defaults.header_timeout,
+        )?,
+        body_timeout: field(
+            &raw.body_timeout_ms,
+            "body_timeout_ms",
+            1,
+            defaults.body_timeout,
+        )?,
+        shutdown_timeout: field(
+            &raw.shutdown_timeout_ms,
+            "shutdown_timeout_ms",
+            0,
+            defaults.shutdown_timeout,
+        )?,
+        reload_check: field(
+            &raw.reload_check_ms,
+            "reload_check_ms",
+            0,
+            defaults.reload_check,
+        )?,
+    })
 }
 
 fn check_name(source: &Source<'_>, name: &Spanned<String>) -> Result<(), ConfigError> {

@@ -9,6 +9,18 @@
 //! ([`Layer::open_plans`]), added on first use; on Redis each shape's stack names the same
 //! keys, and the script rescales a key written under another limit.
 //!
+//! # Reloading
+//!
+//! [`Engine::reloaded`] builds the engine for a new configuration from the one serving: a
+//! policy (or envoy descriptor limit) whose limits did not change keeps its stack, and so its
+//! counters; one whose limits changed keeps its consumption, rescaled as the same fraction of
+//! each new limit (rounded up). In process that is a new plan of the policy's open layers (each
+//! key moves to it at its next call, as ad-hoc limits do), for up to [`RELOAD_PLANS`] changes
+//! of one policy and as long as its layers keep their shape (the same keyings, the same number
+//! of limits in each); past that its counters start afresh, and [`Carried::fresh`] names it. On
+//! Redis keys are named by the policy, its layer and the limit's place, so the script rescales
+//! them by itself. Ad-hoc limits keep their state.
+//!
 //! Every call goes through the workspace's one seam, [`AsyncLimiter`], and its [`Outcome`]
 //! becomes an [`Answer`] in one place (`Engine::answer`), whatever the store.
 //!
@@ -34,6 +46,30 @@ use crate::metrics::{AD_HOC, Counted, FailurePolicy, Metrics, PolicyCounters};
 /// The most distinct ad-hoc limit shapes (`limit` and `duration_ms` pairs) one process keeps a
 /// stack for; a request for another is refused and should become a configured policy.
 pub const MAX_AD_HOC_SHAPES: usize = 1_024;
+
+/// How many times one in-process policy's limits can change by reload with its counters kept
+/// (each change is a plan of its layers); past that, a change starts its counters afresh.
+pub const RELOAD_PLANS: usize = 32;
+
+/// What a reload did with each policy's counters, by policy name (configured policies and
+/// envoy descriptor limits, as the metrics name them).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Carried {
+    /// Same limits: counters kept as they were.
+    pub kept: Vec<String>,
+    /// Changed limits: consumption kept, rescaled to the new limits.
+    pub rescaled: Vec<String>,
+    /// New, or changed past what can be rescaled in process: counters start afresh.
+    pub fresh: Vec<String>,
+}
+
+/// A serving engine's policies, offered to the engine replacing it, by stack name.
+struct Previous<C> {
+    entries: HashMap<String, (Policy, Arc<Backend<C>>, usize)>,
+    /// Whether a Redis store's failure policy or fleet size changed (its stacks hold both).
+    store_changed: bool,
+    carried: Carried,
+}
 
 /// What a stack decides on: one identifier, and the plan of the ad-hoc layer (0 elsewhere).
 #[derive(Debug)]
@@ -217,10 +253,14 @@ enum StoreHandle {
     Redis(RedisBackend, OnFailure, u64),
 }
 
-/// A policy: its name (its metrics label), its stack and its counters.
+/// A policy: its name (its metrics label), what it was built from, its stack (shared with
+/// the engine it was carried over from), the plan its calls choose, and its counters.
 struct Entry<C> {
     name: String,
-    backend: Backend<C>,
+    stack_name: String,
+    spec: Policy,
+    backend: Arc<Backend<C>>,
+    plan: usize,
     counters: PolicyCounters,
 }
 
@@ -237,6 +277,8 @@ pub struct Engine<C> {
     ad_hoc_memory: Option<Arc<Backend<C>>>,
     ad_hoc_counters: PolicyCounters,
     metrics: Arc<Metrics>,
+    /// While a reload builds this engine: the policies of the one it replaces.
+    previous: Option<Previous<C>>,
 }
 
 impl<C> std::fmt::Debug for Engine<C> {
@@ -248,6 +290,8 @@ impl<C> std::fmt::Debug for Engine<C> {
     }
 }
 
+/// An in-process layer: `limits` as its first plan, open to [`RELOAD_PLANS`] more (a reload's
+/// changed limits), the one a call's `plan` names applied.
 fn memory_layer(name: &str, keying: Keying, limits: &[&PolicyLimit]) -> Layer<Call, Arc<str>> {
     let mut layer = match keying {
         Keying::Identifier => Layer::keyed(name, |c: &Call| Some(Arc::clone(&c.identifier))),
@@ -256,7 +300,16 @@ fn memory_layer(name: &str, keying: Keying, limits: &[&PolicyLimit]) -> Layer<Ca
     for l in limits {
         layer = layer.limit(l.limit.kind(), l.limit.limit());
     }
-    layer
+    layer.open_plans(RELOAD_PLANS, limits.len(), |c: &Call| c.plan)
+}
+
+/// Whether two policies' layers have the same shape: the same keyings, in order, with the
+/// same number of limits each (what a new plan of the same layers can hold).
+fn same_shape(a: &Policy, b: &Policy) -> bool {
+    let shape = |p: &Policy| -> Vec<(Keying, usize)> {
+        groups(p).iter().map(|(k, l)| (*k, l.len())).collect()
+    };
+    shape(a) == shape(b)
 }
 
 fn redis_layer(name: &str, keying: Keying, limits: &[&PolicyLimit]) -> RedisLayer<Call> {
@@ -336,6 +389,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             ad_hoc_memory: None,
             ad_hoc_counters: metrics.policy(AD_HOC),
             metrics,
+            previous: None,
         };
         if let StoreHandle::Memory { max_keys } = engine.store {
             let mut builder = Stack::builder().clock(engine.clock.clone());
@@ -358,6 +412,80 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             engine.by_name.insert(name.clone(), id);
         }
         Ok(engine)
+    }
+
+    /// The engine for `config` in place of `self`, which keeps serving until the caller swaps
+    /// them: every policy and descriptor limit whose limits did not change keeps its stack,
+    /// changed ones keep their consumption (see the module docs). Add envoy's limits with
+    /// [`add_policy`](Self::add_policy), then call [`carried`](Self::carried).
+    ///
+    /// The store itself (memory or Redis, `max_keys`, the URL and timeout) cannot change: the
+    /// caller refuses such a configuration. The failure policy and the fleet's size can.
+    pub fn reloaded(&self, config: &Config) -> Result<Self, EngineError> {
+        let store = match (&self.store, &config.store) {
+            (
+                StoreHandle::Redis(backend, ..),
+                Store::Redis {
+                    on_failure,
+                    fleet_size,
+                    ..
+                },
+            ) => StoreHandle::Redis(backend.clone(), *on_failure, *fleet_size),
+            (StoreHandle::Memory { .. }, Store::Memory { max_keys }) => StoreHandle::Memory {
+                max_keys: *max_keys,
+            },
+            (_, Store::Redis { .. }) => return Err(EngineError::NoBackend),
+            (_, Store::Memory { max_keys }) => StoreHandle::Memory {
+                max_keys: *max_keys,
+            },
+        };
+        // Ad-hoc stacks carry over unless a Redis store's failure policy or fleet changed
+        // (their stacks hold those; the keys they name stay in Redis either way).
+        let same_store = match (&self.store, &store) {
+            (StoreHandle::Redis(_, a, n), StoreHandle::Redis(_, b, m)) => a == b && n == m,
+            _ => true,
+        };
+        let ad_hoc = if same_store {
+            self.ad_hoc.read().map(|m| m.clone()).unwrap_or_default()
+        } else {
+            HashMap::new()
+        };
+        let previous = Previous {
+            entries: self
+                .policies
+                .iter()
+                .map(|e| {
+                    (
+                        e.stack_name.clone(),
+                        (e.spec.clone(), Arc::clone(&e.backend), e.plan),
+                    )
+                })
+                .collect(),
+            store_changed: !same_store,
+            carried: Carried::default(),
+        };
+        let mut engine = Self {
+            clock: self.clock.clone(),
+            store,
+            policies: Vec::new(),
+            by_name: HashMap::new(),
+            ad_hoc: RwLock::new(ad_hoc),
+            ad_hoc_memory: self.ad_hoc_memory.clone(),
+            ad_hoc_counters: self.ad_hoc_counters.clone(),
+            metrics: Arc::clone(&self.metrics),
+            previous: Some(previous),
+        };
+        for (name, policy) in &config.policies {
+            let id = engine.add_policy(name, name, policy)?;
+            engine.by_name.insert(name.clone(), id);
+        }
+        Ok(engine)
+    }
+
+    /// Ends a reload: what happened to each policy's counters, and the replaced engine's
+    /// policies let go. Empty for an engine not built by [`reloaded`](Self::reloaded).
+    pub fn carried(&mut self) -> Carried {
+        self.previous.take().map(|p| p.carried).unwrap_or_default()
     }
 
     /// Which store policies are checked for ([`CheckedLimit::new`]).
@@ -419,13 +547,91 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         stack_name: &str,
         policy: &Policy,
     ) -> Result<PolicyId, EngineError> {
-        let backend = self.build(stack_name, policy)?;
+        let (backend, plan) = match self.carry_over(name, stack_name, policy) {
+            Some(found) => found,
+            None => (Arc::new(self.build(stack_name, policy)?), 0),
+        };
         self.policies.push(Entry {
             name: name.to_owned(),
+            stack_name: stack_name.to_owned(),
+            spec: policy.clone(),
             backend,
+            plan,
             counters: self.metrics.policy(name),
         });
         Ok(PolicyId(self.policies.len() - 1))
+    }
+
+    /// During a reload, the stack and plan `stack_name` had, if its counters can go on under
+    /// `policy`: the same stack for the same limits; in process, a new plan of its layers for
+    /// changed limits of the same shape. Records what it did in [`Carried`].
+    fn carry_over(
+        &mut self,
+        name: &str,
+        stack_name: &str,
+        policy: &Policy,
+    ) -> Option<(Arc<Backend<C>>, usize)> {
+        let previous = self.previous.as_mut()?;
+        let Some((spec, backend, plan)) = previous.entries.remove(stack_name) else {
+            previous.carried.fresh.push(name.to_owned());
+            return None;
+        };
+        let redis_changed = match (&self.store, backend.as_ref()) {
+            (StoreHandle::Redis(..), Backend::Redis(_)) => previous.store_changed,
+            (StoreHandle::Memory { .. }, Backend::Memory(_)) => false,
+            _ => true,
+        };
+        if spec == *policy && !redis_changed {
+            previous.carried.kept.push(name.to_owned());
+            return Some((backend, plan));
+        }
+        match backend.as_ref() {
+            // Keys are named by stack, layer and place: a new stack finds them in Redis, and
+            // the script rescales those written under other limits.
+            Backend::Redis(_) => {
+                let carried = &mut previous.carried;
+                if spec.limits == policy.limits {
+                    carried.kept.push(name.to_owned());
+                } else {
+                    carried.rescaled.push(name.to_owned());
+                }
+                None
+            }
+            Backend::Memory(stack) if same_shape(&spec, policy) => {
+                let mut plans = groups(policy)
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, (_, limits))| {
+                        let plan = limits
+                            .iter()
+                            .fold(Plan::new(format!("reload of {name}")), |p, l| {
+                                p.limit(l.limit.kind(), l.limit.limit())
+                            });
+                        stack.add_plan(i, plan)
+                    });
+                let first = plans.next()?.ok();
+                // Every layer gains its plan in step, so one index names them all.
+                let lockstep = plans.all(|p| p.ok() == first);
+                match first {
+                    Some(index) if lockstep => {
+                        previous.carried.rescaled.push(name.to_owned());
+                        Some((backend, index))
+                    }
+                    _ => {
+                        tracing::warn!(
+                            policy = name,
+                            "a policy's limits changed more than {RELOAD_PLANS} times: its counters start afresh"
+                        );
+                        previous.carried.fresh.push(name.to_owned());
+                        None
+                    }
+                }
+            }
+            Backend::Memory(_) => {
+                previous.carried.fresh.push(name.to_owned());
+                None
+            }
+        }
     }
 
     /// What a policy does when Redis fails unless it says otherwise: the store's choice.
@@ -529,7 +735,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                     })?;
                 let call = Call {
                     identifier: item.identifier.as_str().into(),
-                    plan: 0,
+                    plan: entry.plan,
                 };
                 Ok((Resolved::Configured(&entry.backend, &entry.counters), call))
             }
@@ -580,7 +786,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                     } else {
                         Counted::BatchRefused
                     };
-                    target.counters().count(counted);
+                    target.counters().count(counted, &item.identifier);
                 }
             }
             Err(DecideError::Full(_)) => self.metrics.store_full(),
@@ -794,7 +1000,7 @@ fn held<C: Clock>(backend: &Backend<C>) -> u64 {
 
 /// A policy's backend, or a shared ad-hoc one, with the counters its answers go to.
 enum Resolved<'a, C> {
-    Configured(&'a Backend<C>, &'a PolicyCounters),
+    Configured(&'a Arc<Backend<C>>, &'a PolicyCounters),
     AdHoc(Arc<Backend<C>>, &'a PolicyCounters),
 }
 

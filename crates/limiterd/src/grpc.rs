@@ -16,8 +16,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::Duration as WireDuration;
 use limiter_core::Clock;
 
-use crate::app::AppState;
 use crate::envoy::service::{Descriptor, EnvoyError, Override, Request, Response};
+use crate::live::Live;
 
 /// The largest request message accepted.
 pub const MAX_MESSAGE_BYTES: usize = 256 * 1024;
@@ -25,13 +25,13 @@ pub const MAX_MESSAGE_BYTES: usize = 256 * 1024;
 /// The rate-limit service over the shared state.
 #[derive(Debug)]
 pub struct Grpc<C> {
-    state: Arc<AppState<C>>,
+    live: Arc<Live<C>>,
 }
 
 impl<C: Clock + Clone + Send + Sync + 'static> Grpc<C> {
-    /// The tonic service for `state`.
-    pub fn service(state: Arc<AppState<C>>) -> RateLimitServiceServer<Self> {
-        RateLimitServiceServer::new(Self { state }).max_decoding_message_size(MAX_MESSAGE_BYTES)
+    /// The tonic service for `live`.
+    pub fn service(live: Arc<Live<C>>) -> RateLimitServiceServer<Self> {
+        RateLimitServiceServer::new(Self { live }).max_decoding_message_size(MAX_MESSAGE_BYTES)
     }
 }
 
@@ -98,7 +98,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> RateLimitService for Grpc<C> {
         request: tonic::Request<RateLimitRequest>,
     ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
         let started = Instant::now();
-        let state = &self.state;
+        let state = self.live.current();
         let result = match from_wire(request.into_inner()) {
             Ok(request) => state.envoy.decide(&state.engine, &request).await,
             Err(e) => Err(e),

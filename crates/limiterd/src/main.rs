@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use limiterd::config::{BUILT_IN, Config, DEFAULT_GRPC_LISTEN, EnvoySettings, Store};
+use limiterd::config::{BUILT_IN, Store};
 use limiterd::envoy::Domains;
+use limiterd::files::{Sources, load_config, load_domains, read};
 
 const AFTER_HELP: &str = "\
 Examples:
@@ -49,9 +50,18 @@ struct Cli {
     /// failure policy at debug; the circuit breaker and a full key store at warn).
     #[arg(long, value_name = "LEVEL", default_value = "info")]
     log_level: tracing::Level,
-    /// Log one JSON object per line instead of text.
-    #[arg(long)]
+    /// The log's format on stderr: one line of text per event, or one JSON object per line.
+    #[arg(long, value_name = "FORMAT", default_value = "text")]
+    log: LogFormat,
+    /// The same as `--log json`.
+    #[arg(long, hide = true)]
     log_json: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -64,36 +74,6 @@ enum Command {
     },
     /// Prints the built-in configuration.
     ExampleConfig,
-}
-
-fn read(path: &Path) -> Result<String, String> {
-    std::fs::read_to_string(path).map_err(|e| format!("{}: cannot read it: {e}", path.display()))
-}
-
-/// The configuration in `path`, its envoy file names made relative to its directory.
-fn load(path: &Path) -> Result<Config, String> {
-    let mut config = Config::parse(&read(path)?).map_err(|e| format!("{}: {e}", path.display()))?;
-    if let Some(envoy) = &mut config.envoy {
-        let dir = path.parent().unwrap_or(Path::new(""));
-        for file in &mut envoy.files {
-            if file.is_relative() {
-                *file = dir.join(&*file);
-            }
-        }
-    }
-    Ok(config)
-}
-
-fn load_domains(config: &Config) -> Result<Domains, String> {
-    let Some(envoy) = &config.envoy else {
-        return Ok(Domains::default());
-    };
-    let texts = envoy
-        .files
-        .iter()
-        .map(|f| Ok((f.display().to_string(), read(f)?)))
-        .collect::<Result<Vec<_>, String>>()?;
-    Domains::load(texts.iter().map(|(n, t)| (n.as_str(), t.as_str()))).map_err(|e| e.to_string())
 }
 
 fn is_yaml(path: &Path) -> bool {
@@ -117,7 +97,7 @@ fn check(file: &Path) -> Result<(), String> {
         }
         return Ok(());
     }
-    let config = load(file)?;
+    let config = load_config(file)?;
     let domains = load_domains(&config)?;
     let envoy: Vec<_> = domains.iter().map(|d| d.name.clone()).collect();
     let count = config.policies.len();
@@ -150,7 +130,7 @@ fn main() -> ExitCode {
             Ok(())
         }
         None => {
-            init_logs(cli.log_level, cli.log_json);
+            init_logs(cli.log_level, cli.log_json || cli.log == LogFormat::Json);
             run(&cli)
         }
     };
@@ -185,30 +165,14 @@ fn store_name(store: &Store) -> String {
 }
 
 fn run(cli: &Cli) -> Result<(), String> {
-    let mut config = match &cli.config {
-        Some(path) => load(path)?,
-        None => Config::parse(BUILT_IN).map_err(|e| format!("the built-in configuration: {e}"))?,
+    let sources = Sources {
+        config: cli.config.clone(),
+        redis: cli.redis.clone(),
+        listen: cli.listen,
+        envoy: cli.envoy.clone(),
+        grpc_listen: cli.grpc_listen,
     };
-    if let Some(url) = &cli.redis {
-        config = config.with_redis(url).map_err(|e| e.to_string())?;
-    }
-    if let Some(listen) = cli.listen {
-        config.listen = listen;
-    }
-    if !cli.envoy.is_empty() || cli.grpc_listen.is_some() {
-        let envoy = config.envoy.get_or_insert(EnvoySettings {
-            listen: DEFAULT_GRPC_LISTEN,
-            files: Vec::new(),
-        });
-        envoy.files.extend(cli.envoy.iter().cloned());
-        if let Some(listen) = cli.grpc_listen {
-            envoy.listen = listen;
-        }
-        if envoy.files.is_empty() {
-            return Err("--grpc-listen needs descriptor files: add --envoy FILE".into());
-        }
-    }
-    let domains = load_domains(&config)?;
+    let (config, domains) = sources.load()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -243,7 +207,12 @@ fn run(cli: &Cli) -> Result<(), String> {
             println!("envoy rate-limit gRPC on {grpc_addr}; domains: {}", names.join(", "));
             println!("debug: curl -s -X POST http://{addr}/json -d '{{\"domain\":\"...\",\"descriptors\":[{{\"entries\":[{{\"key\":\"...\",\"value\":\"...\"}}]}}]}}'");
         }
-        println!("metrics: http://{addr}/metrics; stop with Ctrl-C");
+        println!("status page: http://{addr}/ ; metrics: http://{addr}/metrics; health: /healthz, /readyz");
+        println!(
+            "reload: edit {} (checked every {} ms) or send SIGHUP; stop with Ctrl-C",
+            cli.config.as_ref().map_or("the files".to_owned(), |p| p.display().to_string()),
+            config.server.reload_check.as_millis()
+        );
         tracing::info!(
             %addr,
             store = %store_name(&config.store),
@@ -255,7 +224,7 @@ fn run(cli: &Cli) -> Result<(), String> {
             http: listener,
             grpc,
         };
-        limiterd::serve(&config, domains, listeners, shutdown_signal()).await
+        limiterd::serve(sources.clone(), config.clone(), domains, listeners, shutdown_signal()).await
     })?;
     tracing::info!("limiterd stopped");
     println!("limiterd stopped");

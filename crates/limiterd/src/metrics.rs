@@ -6,9 +6,16 @@
 //!
 //! A policy registers its counters once, by name ([`Metrics::policy`]), and keeps the handles:
 //! counting a decision is one atomic increment, with no lookup.
+//!
+//! For the status page, the metrics also keep every policy's totals ([`Metrics::totals`]) and
+//! the identifiers denied most ([`TopDenied`]: a fixed-size Space-Saving sketch, so its memory
+//! is bounded whatever the traffic), and a denial is logged at most once a second (with the
+//! number not logged since).
 
-use std::sync::atomic::AtomicI64;
-use std::time::Duration;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -33,6 +40,8 @@ type Labels = [(&'static str, String); 2];
 /// One policy's decision counters, registered under its name.
 #[derive(Clone, Debug)]
 pub struct PolicyCounters {
+    name: Arc<str>,
+    denials: Arc<Denials>,
     allowed: Counter,
     denied: Counter,
     shadow_denied: Counter,
@@ -57,8 +66,12 @@ pub enum Counted {
 }
 
 impl PolicyCounters {
-    /// Counts one item's answer.
-    pub(crate) fn count(&self, counted: Counted) {
+    /// Counts one item's answer for `identifier` (a denial also goes to the top-denied sketch
+    /// and, sampled, to the log).
+    pub(crate) fn count(&self, counted: Counted, identifier: &str) {
+        if counted == (Counted::Denied { shadow: false }) {
+            self.denials.record(&self.name, identifier);
+        }
         let counter = match counted {
             Counted::Allowed => &self.allowed,
             Counted::Denied { shadow: true } => &self.shadow_denied,
@@ -91,10 +104,144 @@ impl FailurePolicy {
     }
 }
 
+/// How many identifiers [`TopDenied`] keeps.
+pub const TOP_DENIED: usize = 32;
+
+/// The longest identifier [`TopDenied`] keeps (longer ones are cut, marked with `…`).
+const TOP_DENIED_KEY_BYTES: usize = 128;
+
+/// The identifiers denied most, by policy: the Space-Saving sketch (Metwally, Agrawal and El
+/// Abbadi), [`TOP_DENIED`] counters. An identifier denied more than `1/TOP_DENIED` of all
+/// denials is always in it; each count is at most `error` above the truth.
+#[derive(Debug, Default)]
+pub struct TopDenied {
+    entries: Vec<HeavyHitter>,
+}
+
+/// One identifier the sketch tracks.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct HeavyHitter {
+    /// The policy's name.
+    pub policy: String,
+    /// The identifier (cut at 128 bytes).
+    pub identifier: String,
+    /// Denials counted, at most `error` above the true number.
+    pub denied: u64,
+    /// How much of `denied` may belong to identifiers it replaced.
+    pub error: u64,
+}
+
+impl TopDenied {
+    /// Counts one denial of `identifier` under `policy`.
+    pub fn record(&mut self, policy: &str, identifier: &str) {
+        let mut cut = identifier.len().min(TOP_DENIED_KEY_BYTES);
+        while !identifier.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let (kept, long) = (&identifier[..cut], cut < identifier.len());
+        if let Some(hit) = self.entries.iter_mut().find(|h| {
+            h.policy == policy
+                && h.identifier.strip_suffix('…').unwrap_or(&h.identifier) == kept
+                && h.identifier.ends_with('…') == long
+        }) {
+            hit.denied = hit.denied.saturating_add(1);
+            return;
+        }
+        let mut identifier = kept.to_owned();
+        if long {
+            identifier.push('…');
+        }
+        let fresh = HeavyHitter {
+            policy: policy.to_owned(),
+            identifier,
+            denied: 1,
+            error: 0,
+        };
+        if self.entries.len() < TOP_DENIED {
+            self.entries.push(fresh);
+        } else if let Some(least) = self.entries.iter_mut().min_by_key(|h| h.denied) {
+            // Space-Saving: the newcomer inherits the least count as its possible error.
+            *least = HeavyHitter {
+                denied: least.denied.saturating_add(1),
+                error: least.denied,
+                ..fresh
+            };
+        }
+    }
+
+    /// The tracked identifiers, most denied first.
+    pub fn top(&self) -> Vec<HeavyHitter> {
+        let mut top = self.entries.clone();
+        top.sort_by(|a, b| {
+            b.denied
+                .cmp(&a.denied)
+                .then_with(|| a.identifier.cmp(&b.identifier))
+        });
+        top
+    }
+}
+
+/// Denials as the status page and the log see them.
+#[derive(Debug)]
+struct Denials {
+    top: Mutex<TopDenied>,
+    started: Instant,
+    /// When a denial was last logged, in ms since `started` (`u64::MAX`: never).
+    logged_at_ms: AtomicU64,
+    /// Denials not logged since the last one that was.
+    unlogged: AtomicU64,
+}
+
+impl Denials {
+    fn record(&self, policy: &str, identifier: &str) {
+        // Never waits: under contention this denial is left out of the sketch (a sample).
+        if let Ok(mut top) = self.top.try_lock() {
+            top.record(policy, identifier);
+        }
+        let now_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let last = self.logged_at_ms.load(Ordering::Relaxed);
+        let due = last == u64::MAX || now_ms.saturating_sub(last) >= 1_000;
+        if due
+            && self
+                .logged_at_ms
+                .compare_exchange(last, now_ms, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            let unlogged = self.unlogged.swap(0, Ordering::Relaxed);
+            tracing::info!(
+                policy,
+                identifier,
+                unlogged,
+                "denied (one denial a second is logged)"
+            );
+        } else {
+            self.unlogged.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A policy's totals so far, for the status page.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct PolicyTotals {
+    /// Admitted, units taken.
+    pub allowed: u64,
+    /// Denied (shadow denials apart).
+    pub denied: u64,
+    /// Shadow-mode denials, not enforced.
+    pub shadow_denied: u64,
+    /// Cost-0 reports.
+    pub peeked: u64,
+    /// Admitted by their limits, refused with their batch.
+    pub batch_refused: u64,
+}
+
 /// Every metric, in one registry.
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
+    policies: Mutex<BTreeMap<String, PolicyCounters>>,
+    denials: Arc<Denials>,
+    reloads: Family<[(&'static str, &'static str); 1], Counter>,
     decisions: Family<Labels, Counter>,
     invalid: Counter,
     backend_errors: Counter,
@@ -156,8 +303,25 @@ impl Metrics {
             "Time to answer a decision request",
             duration.clone(),
         );
+        let reloads = Family::default();
+        registry.register(
+            "limiterd_config_reloads",
+            "Configuration reloads, by result (applied; unchanged: the files said what was served; refused: the old configuration kept serving)",
+            reloads.clone(),
+        );
+        for result in ["applied", "unchanged", "refused"] {
+            let _ = reloads.get_or_create(&[("result", result)]);
+        }
         let metrics = Self {
             registry,
+            policies: Mutex::new(BTreeMap::new()),
+            denials: Arc::new(Denials {
+                top: Mutex::new(TopDenied::default()),
+                started: Instant::now(),
+                logged_at_ms: AtomicU64::new(u64::MAX),
+                unlogged: AtomicU64::new(0),
+            }),
+            reloads,
             decisions,
             invalid,
             backend_errors,
@@ -186,13 +350,52 @@ impl Metrics {
                 .get_or_create(&[("policy", name.to_owned()), ("result", result.to_owned())])
                 .clone()
         };
-        PolicyCounters {
+        let counters = PolicyCounters {
+            name: name.into(),
+            denials: Arc::clone(&self.denials),
             allowed: counter("allowed"),
             denied: counter("denied"),
             shadow_denied: counter("shadow_denied"),
             peeked: counter("peeked"),
             batch_refused: counter("batch_refused"),
-        }
+        };
+        self.policies
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(name.to_owned(), counters.clone());
+        counters
+    }
+
+    /// Every policy's totals so far, by name (policies a reload removed included).
+    pub fn totals(&self) -> BTreeMap<String, PolicyTotals> {
+        let policies = self.policies.lock().unwrap_or_else(PoisonError::into_inner);
+        policies
+            .iter()
+            .map(|(name, c)| {
+                let totals = PolicyTotals {
+                    allowed: c.allowed.get(),
+                    denied: c.denied.get(),
+                    shadow_denied: c.shadow_denied.get(),
+                    peeked: c.peeked.get(),
+                    batch_refused: c.batch_refused.get(),
+                };
+                (name.clone(), totals)
+            })
+            .collect()
+    }
+
+    /// The identifiers denied most, most first.
+    pub fn top_denied(&self) -> Vec<HeavyHitter> {
+        self.denials
+            .top
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .top()
+    }
+
+    /// Counts a reload: `"applied"`, `"unchanged"` or `"refused"`.
+    pub fn reload(&self, result: &'static str) {
+        self.reloads.get_or_create(&[("result", result)]).inc();
     }
 
     /// Counts a request refused as invalid.
@@ -240,17 +443,17 @@ mod tests {
     fn counts_by_policy_name_and_failure_policy_with_escaped_labels() {
         let metrics = Metrics::new();
         let api = metrics.policy("api");
-        api.count(Counted::Allowed);
-        api.count(Counted::Allowed);
-        api.count(Counted::Denied { shadow: false });
-        api.count(Counted::Denied { shadow: true });
-        api.count(Counted::Peeked);
-        api.count(Counted::BatchRefused);
+        api.count(Counted::Allowed, "u");
+        api.count(Counted::Allowed, "u");
+        api.count(Counted::Denied { shadow: false }, "u");
+        api.count(Counted::Denied { shadow: true }, "u");
+        api.count(Counted::Peeked, "u");
+        api.count(Counted::BatchRefused, "u");
         // A second registration shares the counters.
-        metrics.policy("api").count(Counted::Allowed);
+        metrics.policy("api").count(Counted::Allowed, "u");
         metrics
             .policy("envoy:a\"b\\c\nd")
-            .count(Counted::Denied { shadow: false });
+            .count(Counted::Denied { shadow: false }, "u");
         metrics.store_full();
         metrics.failure_policy(FailurePolicy::Closed);
         metrics.invalid();
@@ -280,5 +483,55 @@ mod tests {
             );
         }
         assert!(text.ends_with("# EOF\n"), "{text}");
+        let totals = metrics.totals();
+        assert_eq!(totals["api"].allowed, 3);
+        assert_eq!(totals["api"].shadow_denied, 1);
+        // Only enforced denials are in the sketch.
+        let top = metrics.top_denied();
+        assert_eq!(top.len(), 2, "{top:?}");
+        assert!(top.iter().all(|h| h.denied == 1 && h.identifier == "u"));
+    }
+
+    #[test]
+    fn top_denied_finds_the_heavy_hitters_in_bounded_memory() {
+        let mut top = TopDenied::default();
+        // 3 heavy identifiers among 10,000 one-off ones, interleaved.
+        let mut truth = std::collections::HashMap::new();
+        for i in 0..10_000u32 {
+            top.record("api", &format!("once-{i}"));
+            if i % 10 == 0 {
+                for heavy in ["h1", "h2", "h3"] {
+                    top.record("api", heavy);
+                    *truth.entry(heavy).or_insert(0u64) += 1;
+                }
+            }
+            assert!(top.entries.len() <= TOP_DENIED);
+        }
+        let found = top.top();
+        assert_eq!(found.len(), TOP_DENIED);
+        for (rank, hit) in found.iter().take(3).enumerate() {
+            assert!(hit.identifier.starts_with('h'), "rank {rank}: {found:?}");
+            let exact = truth[hit.identifier.as_str()];
+            // Never under the truth, at most `error` over it.
+            assert!(
+                hit.denied >= exact && hit.denied - hit.error <= exact,
+                "{hit:?} vs {exact}"
+            );
+        }
+        // The same identifier under another policy is another entry; long ones are cut and
+        // still counted together.
+        let long = "x".repeat(1_000);
+        let mut top = TopDenied::default();
+        top.record("a", "u");
+        top.record("b", "u");
+        top.record("a", &long);
+        top.record("a", &long);
+        let found = top.top();
+        assert_eq!(found.len(), 3, "{found:?}");
+        assert_eq!(found[0].denied, 2);
+        assert_eq!(
+            found[0].identifier.len(),
+            TOP_DENIED_KEY_BYTES + '…'.len_utf8()
+        );
     }
 }

@@ -573,22 +573,8 @@ fn sigterm_stops_it_after_answering() {
             true
         );
     });
-    let status = Command::new("kill")
-        .args(["-TERM", &daemon.child.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(status.success());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let exit = loop {
-        if let Some(exit) = daemon.child.try_wait().expect("wait") {
-            break exit;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "limiterd did not stop on SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    daemon.signal("TERM");
+    let exit = daemon.exits_within(Duration::from_secs(10));
     assert!(exit.success(), "{exit}");
     let rest: Vec<String> = (&mut daemon.stdout).lines().map_while(Result::ok).collect();
     assert!(rest.iter().any(|l| l == "limiterd stopped"), "{rest:?}");
@@ -715,7 +701,8 @@ async fn logs_are_json_lines_on_stderr_and_report_the_breaker() {
             &server.url(),
             "--listen",
             "127.0.0.1:0",
-            "--log-json",
+            "--log",
+            "json",
         ])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())

@@ -58,6 +58,32 @@ impl Daemon {
     }
 }
 
+impl Daemon {
+    /// Sends the signal `name` (`TERM`, `HUP`) to the daemon.
+    pub(crate) fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{name}"), &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    }
+
+    /// Waits for the daemon to exit, at most `within`.
+    pub(crate) fn exits_within(&mut self, within: std::time::Duration) -> std::process::ExitStatus {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            if let Some(exit) = self.child.try_wait().expect("wait") {
+                return exit;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "limiterd was still running {within:?} after the signal"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}
+
 impl Drop for Daemon {
     fn drop(&mut self) {
         let _ = self.child.kill();

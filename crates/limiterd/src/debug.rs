@@ -1,0 +1,222 @@
+//! What an operator looks at: the loaded configuration as JSON ([`config`], served at
+//! `GET /debug/config`), the live status ([`status`], at `GET /debug/status`: every policy's
+//! totals, the identifiers denied most, readiness), and the HTML status page
+//! ([`STATUS_PAGE`], at `GET /`) that reads the status every second and shows decision rates.
+
+use serde_json::{Value, json};
+
+use crate::app::AppState;
+use crate::config::{Config, Keying, Store};
+use crate::envoy::Domains;
+use crate::live::Readiness;
+
+/// The status page: one static file, no external resources; its script polls
+/// `/debug/status` and derives rates from the totals' differences.
+pub const STATUS_PAGE: &str = include_str!("status.html");
+
+fn failure_name(on_failure: limiter_redis::OnFailure) -> &'static str {
+    match on_failure {
+        limiter_redis::OnFailure::Open => "open",
+        limiter_redis::OnFailure::Closed => "closed",
+        limiter_redis::OnFailure::Fallback => "fallback",
+    }
+}
+
+fn kind_name(kind: limiter_stack::Kind) -> &'static str {
+    match kind {
+        limiter_stack::Kind::TokenBucket => "token_bucket",
+        limiter_stack::Kind::SlidingWindow => "sliding_window",
+        limiter_stack::Kind::FixedWindow => "fixed_window",
+    }
+}
+
+fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn store(store: &Store) -> Value {
+    match store {
+        Store::Memory { max_keys } => json!({"kind": "memory", "max_keys": max_keys}),
+        Store::Redis {
+            url,
+            timeout,
+            on_failure,
+            fleet_size,
+        } => json!({
+            "kind": "redis",
+            "url": url,
+            "timeout_ms": millis(*timeout),
+            "on_failure": failure_name(*on_failure),
+            "fleet_size": fleet_size,
+        }),
+    }
+}
+
+/// The configuration as served: every policy's limits as checked (`period_ms`, `burst`
+/// resolved), the store, the `[server]` settings, and each envoy domain's effective limits
+/// (one per descriptor path, with where it was written).
+pub fn config(config: &Config, domains: &Domains) -> Value {
+    let policies: serde_json::Map<String, Value> = config
+        .policies
+        .iter()
+        .map(|(name, policy)| {
+            let limits: Vec<Value> = policy
+                .limits
+                .iter()
+                .map(|l| {
+                    let limit = l.limit.limit();
+                    json!({
+                        "algorithm": kind_name(l.limit.kind()),
+                        "count": limit.count(),
+                        "period_ms": millis(limit.period()),
+                        "burst": limit.burst(),
+                        "key": match l.keying {
+                            Keying::Identifier => "identifier",
+                            Keying::Global => "global",
+                        },
+                    })
+                })
+                .collect();
+            let value = json!({"limits": limits, "on_failure": failure_name(policy.on_failure)});
+            (name.clone(), value)
+        })
+        .collect();
+    let envoy = config.envoy.as_ref().map(|envoy| {
+        let domains: Vec<Value> = domains
+            .iter()
+            .map(|domain| {
+                let limits: Vec<Value> = domain
+                    .limits()
+                    .map(|l| {
+                        json!({
+                            "key": l.full_key,
+                            "name": l.name,
+                            "requests_per_unit": l.requests_per_unit,
+                            "unit": l.unit.name(),
+                            "algorithm": kind_name(l.kind),
+                            "shadow_mode": l.shadow,
+                            "replaces": l.replaces,
+                            "location": l.location,
+                        })
+                    })
+                    .collect();
+                json!({"domain": domain.name, "file": domain.file, "limits": limits})
+            })
+            .collect();
+        json!({
+            "listen": envoy.listen.to_string(),
+            "files": envoy.files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>(),
+            "domains": domains,
+        })
+    });
+    let server = config.server;
+    json!({
+        "listen": config.listen.to_string(),
+        "store": store(&config.store),
+        "server": {
+            "header_timeout_ms": millis(server.header_timeout),
+            "body_timeout_ms": millis(server.body_timeout),
+            "shutdown_timeout_ms": millis(server.shutdown_timeout),
+            "reload_check_ms": millis(server.reload_check),
+        },
+        "policies": policies,
+        "envoy": envoy,
+    })
+}
+
+/// The live status: readiness, the store, every policy's totals (configured ones, envoy's
+/// descriptor limits as `envoy:<key>`, ad-hoc limits together), and the identifiers denied
+/// most.
+pub fn status<C>(state: &AppState<C>, readiness: &Readiness, now_ms: u64) -> Value
+where
+    C: limiter_core::Clock + Clone + Send + Sync + 'static,
+{
+    let mut served: std::collections::HashSet<String> =
+        state.config.policies.keys().cloned().collect();
+    served.insert(crate::metrics::AD_HOC.to_owned());
+    for domain in state.envoy.domains().iter() {
+        served.extend(domain.limits().map(|l| format!("envoy:{}", l.full_key)));
+    }
+    // Policies a reload removed keep their totals, marked as no longer served.
+    let policies: Vec<Value> = state
+        .metrics
+        .totals()
+        .into_iter()
+        .map(|(name, totals)| {
+            json!({
+                "serving": served.contains(&name),
+                "name": name,
+                "totals": totals,
+            })
+        })
+        .collect();
+    json!({
+        "service": "limiterd",
+        "version": env!("CARGO_PKG_VERSION"),
+        "now_ms": now_ms,
+        "readiness": readiness,
+        "store": {
+            "kind": match state.config.store {
+                Store::Memory { .. } => "memory",
+                Store::Redis { .. } => "redis",
+            },
+            "keys_held": state.engine.keys_held(),
+        },
+        "policies": policies,
+        "top_denied": state.metrics.top_denied(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use limiter_core::ManualClock;
+
+    use super::*;
+    use crate::config::BUILT_IN;
+
+    #[test]
+    fn the_configuration_view_shows_resolved_limits_and_envoy_domains() {
+        let text = format!("{BUILT_IN}\n[envoy]\nfiles = [\"web.yaml\"]\n");
+        let config = Config::parse(&text).expect("valid");
+        let domains = Domains::load([(
+            "web.yaml",
+            "domain: web\ndescriptors:\n  - key: ip\n    rate_limit: { unit: day, requests_per_unit: 5 }\n",
+        )])
+        .expect("valid");
+        let view = super::config(&config, &domains);
+        let api = &view["policies"]["api"]["limits"];
+        assert_eq!(api[0]["algorithm"], "token_bucket");
+        assert_eq!(api[0]["burst"], 20);
+        assert_eq!(api[1]["period_ms"], 3_600_000);
+        assert_eq!(view["policies"]["global"]["limits"][1]["key"], "global");
+        assert_eq!(view["server"]["body_timeout_ms"], 10_000);
+        let limit = &view["envoy"]["domains"][0]["limits"][0];
+        assert_eq!(limit["key"], "web.ip");
+        assert_eq!(
+            (limit["unit"].clone(), limit["requests_per_unit"].clone()),
+            (json!("DAY"), json!(5))
+        );
+        assert_eq!(limit["algorithm"], "fixed_window");
+
+        let state = AppState::build(&config, domains, ManualClock::new(), None).unwrap();
+        let readiness = Readiness {
+            ready: true,
+            store_reachable: true,
+            store_error: None,
+            draining: false,
+        };
+        let status = super::status(&state, &readiness, 7);
+        let names: Vec<&str> = status["policies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            ["(ad hoc)", "api", "envoy:web.ip", "global", "login"]
+        );
+        assert_eq!(status["readiness"]["ready"], true);
+        assert_eq!(status["store"]["kind"], "memory");
+    }
+}

@@ -1,0 +1,137 @@
+//! Where the configuration comes from: the TOML file (or [`BUILT_IN`]), the envoy descriptor
+//! files it and the command line name, and the command line's overrides. [`Sources::load`]
+//! reads them all into a checked [`Config`] and envoy's [`Domains`], with the messages
+//! `limiterd check-config` prints, at start and on every reload alike.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use crate::config::{BUILT_IN, Config, DEFAULT_GRPC_LISTEN, EnvoySettings};
+use crate::envoy::Domains;
+
+/// The files and the command line's overrides a configuration is read from.
+#[derive(Clone, Debug, Default)]
+pub struct Sources {
+    /// The TOML file; [`BUILT_IN`] without one.
+    pub config: Option<PathBuf>,
+    /// `--redis`: keep state on this Redis, overriding the file's store.
+    pub redis: Option<String>,
+    /// `--listen`: the HTTP address, overriding the file's.
+    pub listen: Option<SocketAddr>,
+    /// `--envoy`: descriptor files, added to the file's.
+    pub envoy: Vec<PathBuf>,
+    /// `--grpc-listen`: the gRPC address, overriding the file's.
+    pub grpc_listen: Option<SocketAddr>,
+}
+
+/// The text of `path`, or a message naming it.
+pub fn read(path: &Path) -> Result<String, String> {
+    std::fs::read_to_string(path).map_err(|e| format!("{}: cannot read it: {e}", path.display()))
+}
+
+/// The configuration in `path`, its envoy file names made relative to its directory.
+pub fn load_config(path: &Path) -> Result<Config, String> {
+    let mut config = Config::parse(&read(path)?).map_err(|e| format!("{}: {e}", path.display()))?;
+    if let Some(envoy) = &mut config.envoy {
+        let dir = path.parent().unwrap_or(Path::new(""));
+        for file in &mut envoy.files {
+            if file.is_relative() {
+                *file = dir.join(&*file);
+            }
+        }
+    }
+    Ok(config)
+}
+
+/// The envoy domains `config` names, read and checked.
+pub fn load_domains(config: &Config) -> Result<Domains, String> {
+    let Some(envoy) = &config.envoy else {
+        return Ok(Domains::default());
+    };
+    let texts = envoy
+        .files
+        .iter()
+        .map(|f| Ok((f.display().to_string(), read(f)?)))
+        .collect::<Result<Vec<_>, String>>()?;
+    Domains::load(texts.iter().map(|(n, t)| (n.as_str(), t.as_str()))).map_err(|e| e.to_string())
+}
+
+impl Sources {
+    /// Reads and checks every file, then applies the overrides.
+    pub fn load(&self) -> Result<(Config, Domains), String> {
+        let mut config = match &self.config {
+            Some(path) => load_config(path)?,
+            None => {
+                Config::parse(BUILT_IN).map_err(|e| format!("the built-in configuration: {e}"))?
+            }
+        };
+        if let Some(url) = &self.redis {
+            config = config.with_redis(url).map_err(|e| e.to_string())?;
+        }
+        if let Some(listen) = self.listen {
+            config.listen = listen;
+        }
+        if !self.envoy.is_empty() || self.grpc_listen.is_some() {
+            let envoy = config.envoy.get_or_insert(EnvoySettings {
+                listen: DEFAULT_GRPC_LISTEN,
+                files: Vec::new(),
+            });
+            envoy.files.extend(self.envoy.iter().cloned());
+            if let Some(listen) = self.grpc_listen {
+                envoy.listen = listen;
+            }
+            if envoy.files.is_empty() {
+                return Err("--grpc-listen needs descriptor files: add --envoy FILE".into());
+            }
+        }
+        let domains = load_domains(&config)?;
+        Ok((config, domains))
+    }
+
+    /// The files a reload reads for `config` (loaded from these sources): the TOML file and
+    /// every descriptor file.
+    pub fn files(&self, config: &Config) -> Vec<PathBuf> {
+        let envoy = config.envoy.iter().flat_map(|e| e.files.iter().cloned());
+        self.config.iter().cloned().chain(envoy).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loads_the_built_in_configuration_with_overrides_and_names_what_it_reads() {
+        let sources = Sources {
+            listen: Some(SocketAddr::from(([127, 0, 0, 1], 9))),
+            ..Sources::default()
+        };
+        let (config, domains) = sources.load().expect("valid");
+        assert_eq!(config.listen.port(), 9);
+        assert!(domains.is_empty());
+        assert!(
+            sources.files(&config).is_empty(),
+            "the built-in file is not a file"
+        );
+
+        let missing = Sources {
+            envoy: vec![PathBuf::from("/nonexistent/limits.yaml")],
+            ..Sources::default()
+        };
+        let err = missing.load().expect_err("no such file");
+        assert!(
+            err.starts_with("/nonexistent/limits.yaml: cannot read it"),
+            "{err}"
+        );
+        let grpc_only = Sources {
+            grpc_listen: Some(SocketAddr::from(([127, 0, 0, 1], 9))),
+            ..Sources::default()
+        };
+        assert!(
+            grpc_only
+                .load()
+                .expect_err("no files")
+                .contains("--envoy FILE")
+        );
+    }
+}

@@ -1,0 +1,297 @@
+//! The configuration being served, swapped whole on reload.
+//!
+//! [`Live`] holds the [`AppState`] every request reads ([`Live::current`]: a read lock and a
+//! reference count, never held across a decision). [`Live::reload`] builds the parts for a new
+//! configuration beside the serving ones ([`AppState::reloaded`], which keeps counters) and
+//! swaps them in one step: a request sees the old configuration or the new, never a mix, and a
+//! configuration that cannot be built is refused with the message `check-config` gives while
+//! the old one keeps serving. What a reload cannot change (where the servers listen, the
+//! store's kind, address, timeout and `max_keys`, the `[server]` table) needs a restart, and a
+//! file that changes it is refused, naming it.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+
+use limiter_core::Clock;
+
+use crate::app::AppState;
+use crate::config::{Config, Store};
+use crate::engine::Carried;
+use crate::envoy::Domains;
+
+/// The state every request reads, replaced whole by [`reload`](Self::reload).
+#[derive(Debug)]
+pub struct Live<C> {
+    current: RwLock<Arc<AppState<C>>>,
+    /// Whether the service is ready: what the server's probe last found, and whether it is
+    /// shutting down.
+    pub health: Health,
+}
+
+/// Readiness: the store's reachability as last probed, and whether the service is draining.
+#[derive(Debug, Default)]
+pub struct Health {
+    /// The last probe's failure, if it failed; `None` before any probe.
+    store: Mutex<Option<Result<(), String>>>,
+    draining: AtomicBool,
+}
+
+/// What readiness reports.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Readiness {
+    /// Ready for traffic: the store answered its last probe and no shutdown has begun.
+    pub ready: bool,
+    /// Whether the store answered its last probe (true in memory).
+    pub store_reachable: bool,
+    /// Why the store is unreachable, if it is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub store_error: Option<String>,
+    /// A shutdown has begun: requests in flight finish, new ones should go elsewhere.
+    pub draining: bool,
+}
+
+impl Health {
+    /// Records a probe of the store.
+    pub fn set_store(&self, result: Result<(), String>) {
+        *self.store.lock().unwrap_or_else(PoisonError::into_inner) = Some(result);
+    }
+
+    /// Marks the service as shutting down: not ready from now on.
+    pub fn drain(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether a shutdown has begun.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    /// Readiness now. Before the first probe the store counts as reachable (a memory store
+    /// always is; a Redis store was reached at start).
+    pub fn readiness(&self) -> Readiness {
+        let store = self.store.lock().unwrap_or_else(PoisonError::into_inner);
+        let store_error = match &*store {
+            Some(Err(e)) => Some(e.clone()),
+            _ => None,
+        };
+        let draining = self.is_draining();
+        Readiness {
+            ready: store_error.is_none() && !draining,
+            store_reachable: store_error.is_none(),
+            store_error,
+            draining,
+        }
+    }
+}
+
+/// What a reload did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reloaded {
+    /// The files are unchanged from what is served: nothing was rebuilt.
+    Unchanged,
+    /// The new configuration serves; what happened to each policy's counters.
+    Applied(Carried),
+}
+
+impl<C: Clock + Clone + Send + Sync + 'static> Live<C> {
+    /// Serves `state`.
+    pub fn new(state: AppState<C>) -> Self {
+        Self {
+            current: RwLock::new(Arc::new(state)),
+            health: Health::default(),
+        }
+    }
+
+    /// The state serving now. A request holds it to the end, so a reload never changes the
+    /// rules under a decision.
+    pub fn current(&self) -> Arc<AppState<C>> {
+        // A poisoned lock still holds a whole state: swaps are one assignment.
+        Arc::clone(&self.current.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Serves `config` and `domains` from now on, keeping counters, or says why not (and the
+    /// old configuration serves on).
+    pub fn reload(&self, config: &Config, domains: Domains) -> Result<Reloaded, String> {
+        let serving = self.current();
+        if let Some(reason) = needs_restart(&serving.config, config) {
+            return Err(format!(
+                "{reason}: that takes a restart; the running configuration is kept"
+            ));
+        }
+        if serving.config == *config && *serving.envoy.domains() == domains {
+            return Ok(Reloaded::Unchanged);
+        }
+        let (state, carried) = serving
+            .reloaded(config, domains)
+            .map_err(|e| format!("{e}; the running configuration is kept"))?;
+        *self.current.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(state);
+        Ok(Reloaded::Applied(carried))
+    }
+}
+
+/// What in `new` a running service cannot take without a restart, if anything.
+pub fn needs_restart(old: &Config, new: &Config) -> Option<String> {
+    if old.listen != new.listen {
+        return Some(format!(
+            "`listen` changed from {} to {}",
+            old.listen, new.listen
+        ));
+    }
+    match (&old.envoy, &new.envoy) {
+        (Some(a), Some(b)) if a.listen != b.listen => {
+            return Some(format!(
+                "envoy's gRPC `listen` changed from {} to {}",
+                a.listen, b.listen
+            ));
+        }
+        (None, Some(_)) => return Some("an `[envoy]` table was added".into()),
+        (Some(_), None) => return Some("the `[envoy]` table was removed".into()),
+        _ => {}
+    }
+    let store = match (&old.store, &new.store) {
+        (Store::Memory { max_keys: a }, Store::Memory { max_keys: b }) if a != b => {
+            Some("`[store] max_keys` changed")
+        }
+        (
+            Store::Redis {
+                url: a, timeout: s, ..
+            },
+            Store::Redis {
+                url: b, timeout: t, ..
+            },
+        ) if a != b || s != t => Some("the Redis store's `url` or `timeout_ms` changed"),
+        (Store::Memory { .. }, Store::Redis { .. })
+        | (Store::Redis { .. }, Store::Memory { .. }) => Some("`[store] kind` changed"),
+        _ => None,
+    };
+    if let Some(store) = store {
+        return Some(store.into());
+    }
+    (old.server != new.server).then(|| "the `[server]` table changed".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use limiter_core::ManualClock;
+
+    use super::*;
+    use crate::engine::{Item, Target, decided_at_once};
+
+    const TEN: &str = "[policies.api]\nlimits = [{ algorithm = \"fixed_window\", count = 10, period = \"1h\" }]\n[policies.other]\nlimits = [{ algorithm = \"token_bucket\", count = 5, period = \"1h\" }]\n";
+
+    fn live(text: &str) -> Live<ManualClock> {
+        let config = Config::parse(text).expect("valid");
+        Live::new(AppState::build(&config, Domains::default(), ManualClock::new(), None).unwrap())
+    }
+
+    fn take(live: &Live<ManualClock>, policy: &str, cost: u64) -> (bool, u64) {
+        let state = live.current();
+        let id = state.engine.policy_id(policy).expect("configured");
+        let item = Item {
+            target: Target::Policy(id),
+            identifier: "u".into(),
+            cost,
+            shadow: false,
+        };
+        let (_, answers) = decided_at_once(state.engine.decide(&[item])).unwrap();
+        (
+            answers[0].decision.is_allowed(),
+            answers[0].decision.remaining(),
+        )
+    }
+
+    fn reload(live: &Live<ManualClock>, text: &str) -> Result<Reloaded, String> {
+        live.reload(&Config::parse(text).expect("valid"), Domains::default())
+    }
+
+    #[test]
+    fn a_reload_keeps_unchanged_counters_and_rescales_changed_ones() {
+        let live = live(TEN);
+        for _ in 0..5 {
+            take(&live, "api", 1);
+        }
+        take(&live, "other", 4);
+        assert_eq!(reload(&live, TEN), Ok(Reloaded::Unchanged));
+
+        // api doubles; other is untouched; a new policy appears.
+        let doubled = TEN.replace("count = 10", "count = 20")
+            + "[policies.new]\nlimits = [{ algorithm = \"fixed_window\", count = 3, period = \"1h\" }]\n";
+        let Ok(Reloaded::Applied(carried)) = reload(&live, &doubled) else {
+            panic!("applied")
+        };
+        assert_eq!(carried.kept, ["other"]);
+        assert_eq!(carried.rescaled, ["api"]);
+        assert_eq!(carried.fresh, ["new"]);
+        // Half of 10 used is half of 20: 10 left, not 20; other still has 1 left.
+        assert_eq!(take(&live, "api", 0), (true, 10));
+        assert_eq!(take(&live, "other", 0), (true, 1));
+        assert_eq!(take(&live, "new", 1), (true, 2));
+
+        // Back to 10: still half used.
+        let Ok(Reloaded::Applied(_)) = reload(&live, TEN) else {
+            panic!("applied")
+        };
+        assert_eq!(take(&live, "api", 0), (true, 5));
+        assert!(live.current().engine.policy_id("new").is_none(), "removed");
+    }
+
+    #[test]
+    fn a_change_of_shape_starts_afresh_and_many_changes_run_out_of_plans() {
+        let live = live(TEN);
+        take(&live, "api", 6);
+        // A second limit in the same keying: another shape.
+        let two = TEN.replace(
+            "{ algorithm = \"fixed_window\", count = 10, period = \"1h\" }",
+            "{ algorithm = \"fixed_window\", count = 10, period = \"1h\" }, { algorithm = \"token_bucket\", count = 100, period = \"1m\" }",
+        );
+        let Ok(Reloaded::Applied(carried)) = reload(&live, &two) else {
+            panic!("applied")
+        };
+        assert_eq!(carried.fresh, ["api"]);
+        assert_eq!(take(&live, "api", 0), (true, 10));
+
+        // Limits moving back and forth use a plan each; past the room, counters start afresh.
+        let live = self::live(TEN);
+        take(&live, "api", 10);
+        let mut fresh_at = None;
+        for n in 0..=crate::engine::RELOAD_PLANS {
+            let count = if n % 2 == 0 { 20 } else { 10 };
+            let text = TEN.replace("count = 10", &format!("count = {count}"));
+            let Ok(Reloaded::Applied(carried)) = reload(&live, &text) else {
+                panic!("applied")
+            };
+            if carried.fresh == ["api"] {
+                fresh_at = Some(n);
+                break;
+            }
+            assert_eq!(carried.rescaled, ["api"]);
+            // Fully used stays fully used.
+            assert_eq!(take(&live, "api", 0), (true, 0), "reload {n}");
+        }
+        assert_eq!(fresh_at, Some(crate::engine::RELOAD_PLANS));
+    }
+
+    #[test]
+    fn a_reload_that_needs_a_restart_is_refused_and_the_old_configuration_serves() {
+        let live = live(TEN);
+        take(&live, "api", 3);
+        for (text, says) in [
+            (
+                format!("listen = \"127.0.0.1:9999\"\n{TEN}"),
+                "`listen` changed",
+            ),
+            (
+                format!("[store]\nkind = \"memory\"\nmax_keys = 5\n{TEN}"),
+                "max_keys",
+            ),
+            (
+                format!("[server]\nbody_timeout_ms = 5\n{TEN}"),
+                "`[server]`",
+            ),
+        ] {
+            let err = reload(&live, &text).expect_err("refused");
+            assert!(err.contains(says) && err.contains("restart"), "{err}");
+        }
+        assert_eq!(take(&live, "api", 0), (true, 7));
+    }
+}

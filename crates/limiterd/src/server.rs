@@ -1,0 +1,303 @@
+//! Serving (feature `server`): the HTTP API on its own accept loop (hyper's HTTP/1.1 with a
+//! header read timeout; the handlers time the body), envoy's gRPC protocol and
+//! `grpc.health.v1.Health` over tonic, the readiness probe of the store, reloads (SIGHUP and
+//! a check of the files every `reload_check_ms`), and a shutdown with a deadline.
+//!
+//! On a shutdown signal the service reports not ready (HTTP and gRPC health), stops
+//! accepting, lets requests in flight finish and closes idle connections; whatever is still
+//! open after `shutdown_timeout_ms` (a client that stalls mid-request, a stream that never
+//! ends) is cut, so a stalled client never keeps the process alive.
+
+use std::collections::hash_map::DefaultHasher;
+use std::future::Future;
+use std::hash::{Hash, Hasher};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use limiter_core::DefaultClock;
+use limiter_redis::RedisBackend;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::api;
+use crate::app::AppState;
+use crate::config::{Config, ServerSettings, Store};
+use crate::envoy::Domains;
+use crate::files::Sources;
+use crate::grpc::Grpc;
+use crate::live::{Live, Reloaded};
+
+/// How often the store's readiness is probed.
+const PROBE_EVERY: Duration = Duration::from_secs(1);
+
+/// Where to serve: the HTTP API, and envoy's gRPC protocol if wanted.
+#[derive(Debug)]
+pub struct Listeners {
+    /// The HTTP API.
+    pub http: TcpListener,
+    /// `ShouldRateLimit` and `grpc.health.v1.Health`.
+    pub grpc: Option<TcpListener>,
+}
+
+/// Builds the service for `config` and the envoy `domains` (read from `sources`, which reloads
+/// read again), connecting to Redis if the store says so, and serves until `shutdown`
+/// completes (see the module docs).
+pub async fn serve(
+    sources: Sources,
+    config: Config,
+    domains: Domains,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), String> {
+    let backend = match &config.store {
+        Store::Memory { .. } => None,
+        Store::Redis { url, timeout, .. } => Some(
+            RedisBackend::builder(url.clone())
+                .timeout(*timeout)
+                .connect()
+                .await
+                .map_err(|e| format!("cannot use Redis at {url}: {e}"))?,
+        ),
+    };
+    let settings = config.server;
+    let state = AppState::build(&config, domains, DefaultClock::new(), backend.clone())
+        .map_err(|e| e.to_string())?;
+    let live = Arc::new(Live::new(state));
+    let (stop, stopped) = watch::channel(false);
+
+    let (reporter, health_service) = tonic_health::server::health_reporter();
+    tokio::spawn(probe(
+        Arc::clone(&live),
+        backend,
+        reporter.clone(),
+        stopped.clone(),
+    ));
+    tokio::spawn(reloads(Arc::clone(&live), sources, config, stopped.clone()));
+
+    let grpc = listeners.grpc.map(|listener| {
+        let service = Grpc::service(Arc::clone(&live));
+        let incoming = tonic::transport::server::TcpIncoming::from(listener);
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(health_service)
+                .add_service(service)
+                .serve_with_incoming_shutdown(incoming, signalled(stopped.clone())),
+        )
+    });
+    let draining = Arc::clone(&live);
+    tokio::spawn(async move {
+        shutdown.await;
+        tracing::info!("shutting down: not ready, finishing requests in flight");
+        draining.health.drain();
+        reporter
+            .set_service_status("", tonic_health::ServingStatus::NotServing)
+            .await;
+        let _ = stop.send(true);
+    });
+
+    let http = serve_http(listeners.http, api::router(live), settings, stopped.clone()).await;
+    if let Some(grpc) = grpc {
+        match tokio::time::timeout(settings.shutdown_timeout, grpc).await {
+            Err(_) => tracing::warn!("gRPC streams still open at the shutdown deadline were cut"),
+            Ok(Err(e)) => return Err(format!("the gRPC server failed: {e}")),
+            Ok(Ok(Err(e))) => return Err(format!("the gRPC server stopped: {e}")),
+            Ok(Ok(Ok(()))) => {}
+        }
+    }
+    http
+}
+
+/// Completes once `stopped` turns true.
+async fn signalled(mut stopped: watch::Receiver<bool>) {
+    let _ = stopped.wait_for(|stop| *stop).await;
+}
+
+/// The HTTP accept loop: each connection on its own task, with the header read timeout; on
+/// shutdown, idle connections close, busy ones finish their request, and what is left at the
+/// deadline is cut.
+async fn serve_http(
+    listener: TcpListener,
+    router: axum::Router,
+    settings: ServerSettings,
+    stopped: watch::Receiver<bool>,
+) -> Result<(), String> {
+    let mut connections = JoinSet::new();
+    let stop = stopped.clone();
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = signalled(stop.clone()) => break,
+        };
+        while connections.try_join_next().is_some() {}
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of descriptors, say: wait for connections to close rather than spin.
+                tracing::warn!(error = %e, "cannot accept a connection");
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(50)) => continue,
+                    () = signalled(stop.clone()) => break,
+                }
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let service = TowerToHyperService::new(router.clone());
+        let conn_stop = stopped.clone();
+        connections.spawn(async move {
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(settings.header_timeout);
+            let conn = builder.serve_connection(TokioIo::new(stream), service);
+            let mut conn = std::pin::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                () = signalled(conn_stop) => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
+        });
+    }
+    drop(listener);
+    let finished = tokio::time::timeout(settings.shutdown_timeout, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    if finished.is_err() {
+        tracing::warn!(
+            connections = connections.len(),
+            "connections still open at the shutdown deadline were cut"
+        );
+        connections.shutdown().await;
+    }
+    Ok(())
+}
+
+/// Probes the store every [`PROBE_EVERY`] and reports it: HTTP readiness and gRPC health, and
+/// one log line when reachability changes.
+async fn probe(
+    live: Arc<Live<DefaultClock>>,
+    backend: Option<RedisBackend>,
+    reporter: tonic_health::server::HealthReporter,
+    stopped: watch::Receiver<bool>,
+) {
+    let mut last: Option<bool> = None;
+    loop {
+        let result = match &backend {
+            None => Ok(()),
+            Some(backend) => backend.ping().await.map(drop).map_err(|e| e.to_string()),
+        };
+        let reachable = result.is_ok();
+        live.health.set_store(result.clone());
+        if last != Some(reachable) && !live.health.is_draining() {
+            let status = if reachable {
+                tonic_health::ServingStatus::Serving
+            } else {
+                tonic_health::ServingStatus::NotServing
+            };
+            reporter.set_service_status("", status).await;
+            reporter
+                .set_service_status("envoy.service.ratelimit.v3.RateLimitService", status)
+                .await;
+            match (&result, last) {
+                (Ok(()), None) => {}
+                (Ok(()), Some(_)) => tracing::info!("the store is reachable again: ready"),
+                (Err(e), _) => tracing::warn!(error = %e, "the store is unreachable: not ready"),
+            }
+            last = Some(reachable);
+        }
+        tokio::select! {
+            () = tokio::time::sleep(PROBE_EVERY) => {}
+            () = signalled(stopped.clone()) => return,
+        }
+    }
+}
+
+/// What the files hold now, to notice a change: each one's contents hashed (or its read
+/// error).
+fn fingerprint(files: &[PathBuf]) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    for file in files {
+        file.hash(&mut hasher);
+        match std::fs::read(file) {
+            Ok(bytes) => bytes.hash(&mut hasher),
+            Err(e) => e.kind().hash(&mut hasher),
+        }
+    }
+    hasher.finish()
+}
+
+/// Reloads on SIGHUP and when a file changes (checked every `reload_check_ms`), logging each
+/// result and counting it in the metrics.
+async fn reloads(
+    live: Arc<Live<DefaultClock>>,
+    sources: Sources,
+    config: Config,
+    stopped: watch::Receiver<bool>,
+) {
+    let check = config.server.reload_check;
+    let mut files = sources.files(&config);
+    let mut seen = fingerprint(&files);
+    #[cfg(unix)]
+    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    loop {
+        let hup = async {
+            #[cfg(unix)]
+            if let Some(signal) = hangup.as_mut() {
+                signal.recv().await;
+                return;
+            }
+            std::future::pending::<()>().await;
+        };
+        let tick = async {
+            if check.is_zero() {
+                std::future::pending::<()>().await;
+            }
+            tokio::time::sleep(check).await;
+        };
+        let why = tokio::select! {
+            () = hup => "SIGHUP",
+            () = tick => {
+                let now = fingerprint(&files);
+                if now == seen {
+                    continue;
+                }
+                "a file changed"
+            }
+            () = signalled(stopped.clone()) => return,
+        };
+        let loaded = sources.load();
+        let metrics = Arc::clone(&live.current().metrics);
+        match loaded.and_then(|(config, domains)| {
+            let reloaded = live.reload(&config, domains)?;
+            Ok((config, reloaded))
+        }) {
+            Ok((config, Reloaded::Unchanged)) => {
+                metrics.reload("unchanged");
+                files = sources.files(&config);
+                tracing::info!(trigger = why, "reload: the configuration is unchanged");
+            }
+            Ok((config, Reloaded::Applied(carried))) => {
+                metrics.reload("applied");
+                files = sources.files(&config);
+                tracing::info!(
+                    trigger = why,
+                    kept = ?carried.kept,
+                    rescaled = ?carried.rescaled,
+                    fresh = ?carried.fresh,
+                    "reloaded: policies with unchanged limits kept their counters, changed ones were rescaled"
+                );
+            }
+            Err(message) => {
+                metrics.reload("refused");
+                tracing::error!(trigger = why, "reload refused: {message}");
+            }
+        }
+        seen = fingerprint(&files);
+    }
+}
