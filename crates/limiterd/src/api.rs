@@ -2,7 +2,8 @@
 //! `ShouldRateLimit` as JSON, see [`crate::envoy::json`]); health (`GET /healthz` liveness,
 //! `GET /readyz` readiness as JSON, `GET /healthcheck` as envoy's reference answers it);
 //! `GET /metrics`; the status page `GET /` over `GET /debug/status`, and `GET /debug/config`
-//! (the loaded configuration, see [`crate::debug`]).
+//! (the loaded configuration, see [`crate::debug`]); `GET /openapi.json`, the API described
+//! for client generators ([`OPENAPI`]).
 //! Requests are parsed in [`crate::request`]; anything invalid is a 400 whose JSON names the
 //! field and the fix, never a 500. Every refusal (400, 404, 405, 408, 413, 415, 503) is one
 //! JSON shape: `{"error": {"code", "field"?, "message"}}`.
@@ -183,7 +184,8 @@ fn refusal(error: ApiError) -> Response {
 
 /// The routes, for messages.
 const ROUTES: &str = "POST /v1/ratelimit, POST /v1/ratelimit/many, POST /json, GET /healthz, \
-     GET /readyz, GET /healthcheck, GET /metrics, GET /debug/config, GET /debug/status, GET /";
+     GET /readyz, GET /healthcheck, GET /metrics, GET /debug/config, GET /debug/status, GET /, \
+     GET /openapi.json";
 
 /// The API's routes over `live`.
 pub fn router<C: Clock + Clone + Send + Sync + 'static>(live: Arc<Live<C>>) -> Router {
@@ -198,6 +200,7 @@ pub fn router<C: Clock + Clone + Send + Sync + 'static>(live: Arc<Live<C>>) -> R
         .route("/debug/config", get(debug_config::<C>))
         .route("/debug/status", get(debug_status::<C>))
         .route("/", get(status_page))
+        .route("/openapi.json", get(openapi))
         .fallback(|| async {
             ApiError {
                 status: StatusCode::NOT_FOUND,
@@ -380,6 +383,14 @@ async fn debug_status<C: Clock + Clone + Send + Sync + 'static>(
         header::HeaderValue::from_static("no-store"),
     );
     response
+}
+
+/// The OpenAPI document (`crates/limiterd/api/openapi.json`), which a test checks real
+/// responses against.
+pub const OPENAPI: &str = include_str!("../api/openapi.json");
+
+async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
 }
 
 /// The status page: static HTML whose script reads `/debug/status` every second.

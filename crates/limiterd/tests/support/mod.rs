@@ -123,6 +123,17 @@ impl Client {
         (reply.status.as_u16(), reply.body)
     }
 
+    /// A request with the headers given (none added): the whole reply, headers included.
+    pub(crate) async fn request(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> limiter_testkit::http_client::Reply {
+        self.inner.request(method, path, headers, body).await
+    }
+
     pub(crate) async fn post(&mut self, path: &str, body: &Value) -> (u16, Value) {
         let (status, text) = self.send("POST", path, &body.to_string()).await;
         let value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
