@@ -260,13 +260,19 @@ async fn reloads(
             }
             tokio::time::sleep(check).await;
         };
+        // The fingerprint is taken before the files are read, so a write that lands while they
+        // are read differs from it and is reloaded at the next check, never missed.
         let why = tokio::select! {
-            () = hup => "SIGHUP",
+            () = hup => {
+                seen = fingerprint(&files);
+                "SIGHUP"
+            }
             () = tick => {
                 let now = fingerprint(&files);
                 if now == seen {
                     continue;
                 }
+                seen = now;
                 "a file changed"
             }
             () = signalled(stopped.clone()) => return,
@@ -277,14 +283,18 @@ async fn reloads(
             let reloaded = live.reload(&config, domains)?;
             Ok((config, reloaded))
         }) {
-            Ok((config, Reloaded::Unchanged)) => {
+            Ok((_, Reloaded::Unchanged)) => {
                 metrics.reload("unchanged");
-                files = sources.files(&config);
                 tracing::info!(trigger = why, "reload: the configuration is unchanged");
             }
             Ok((config, Reloaded::Applied(carried))) => {
                 metrics.reload("applied");
-                files = sources.files(&config);
+                let watched = sources.files(&config);
+                if watched != files {
+                    // Another set of files from now on (an edited `[envoy] files`).
+                    seen = fingerprint(&watched);
+                    files = watched;
+                }
                 tracing::info!(
                     trigger = why,
                     kept = ?carried.kept,
@@ -298,6 +308,5 @@ async fn reloads(
                 tracing::error!(trigger = why, "reload refused: {message}");
             }
         }
-        seen = fingerprint(&files);
     }
 }

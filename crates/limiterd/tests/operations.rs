@@ -304,10 +304,42 @@ async fn sighup_reloads_envoy_descriptor_files() {
     assert_eq!(answer["statuses"][0]["limitRemaining"], 3, "{answer}");
 }
 
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+
+fn grpc_status(service: &str) -> HealthCheckRequest {
+    HealthCheckRequest {
+        service: service.to_owned(),
+    }
+}
+
+/// Waits until `grpc.health.v1` reports `want` for `service`.
+async fn grpc_health_reaches(
+    health: &tonic_health::pb::health_client::HealthClient<tonic::transport::Channel>,
+    service: &str,
+    want: ServingStatus,
+) {
+    eventually!(
+        format!("{want:?} for {service:?}"),
+        Duration::from_secs(20),
+        {
+            let mut health = health.clone();
+            async {
+                let status = health
+                    .check(grpc_status(service))
+                    .await
+                    .ok()?
+                    .into_inner()
+                    .status;
+                (status == want as i32).then_some(())
+            }
+            .await
+        }
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_follows_redis_down_and_up_over_http_and_grpc() {
-    use tonic_health::pb::HealthCheckRequest;
-    use tonic_health::pb::health_check_response::ServingStatus;
     use tonic_health::pb::health_client::HealthClient;
 
     let mut server = RedisServer::start();
@@ -331,9 +363,6 @@ async fn health_follows_redis_down_and_up_over_http_and_grpc() {
         .await
         .expect("gRPC");
     let mut health = HealthClient::new(channel);
-    let grpc_status = |service: &str| HealthCheckRequest {
-        service: service.to_owned(),
-    };
     let mut client = Client::connect(daemon.addr).await;
     let wait = Duration::from_secs(20);
 
@@ -346,16 +375,7 @@ async fn health_follows_redis_down_and_up_over_http_and_grpc() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(ready["store_reachable"], true);
     for service in ["", "envoy.service.ratelimit.v3.RateLimitService"] {
-        let found = eventually!("SERVING", wait, {
-            let mut health = health.clone();
-            let request = grpc_status(service);
-            async {
-                let status = health.check(request).await.ok()?.into_inner().status;
-                (status == ServingStatus::Serving as i32).then_some(status)
-            }
-            .await
-        });
-        assert_eq!(found, ServingStatus::Serving as i32);
+        grpc_health_reaches(&health, service, ServingStatus::Serving).await;
     }
 
     server.kill();
@@ -380,37 +400,13 @@ async fn health_follows_redis_down_and_up_over_http_and_grpc() {
     assert_eq!(status, 500);
     // Liveness is not readiness: the process is alive.
     assert_eq!(client.send("GET", "/healthz", "").await.0, 200);
-    eventually!("NOT_SERVING", wait, {
-        let mut health = health.clone();
-        async {
-            let status = health
-                .check(grpc_status(""))
-                .await
-                .ok()?
-                .into_inner()
-                .status;
-            (status == ServingStatus::NotServing as i32).then_some(())
-        }
-        .await
-    });
+    grpc_health_reaches(&health, "", ServingStatus::NotServing).await;
 
     server.restart();
     eventually!("ready again", wait, {
         async { (client.send("GET", "/readyz", "").await.0 == 200).then_some(()) }.await
     });
-    eventually!("SERVING again", wait, {
-        let mut health = health.clone();
-        async {
-            let status = health
-                .check(grpc_status(""))
-                .await
-                .ok()?
-                .into_inner()
-                .status;
-            (status == ServingStatus::Serving as i32).then_some(())
-        }
-        .await
-    });
+    grpc_health_reaches(&health, "", ServingStatus::Serving).await;
 
     // On SIGTERM the gRPC health says NOT_SERVING before the servers stop (or the port
     // closes); either way no SERVING answer comes after the signal.
