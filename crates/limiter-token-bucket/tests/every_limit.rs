@@ -154,8 +154,15 @@ proptest! {
     fn a_greedy_caller_gets_the_stated_rate(limit in any_limit(), start_seed in any::<u64>()) {
         prop_assume!(limit.count() <= limit.period_nanos());
         let gcra = Gcra::new(limit).expect("accepted");
-        let start = start_seed % (gcra.max_now_nanos() / 2);
         let units = 32;
+        // The caller's readings must stay within the limit's clock range: start early enough
+        // for `units + 2` intervals to fit before its end.
+        let need = (u128::from(units) + 2) * u128::from(limit.period_nanos())
+            / u128::from(limit.count())
+            + 1;
+        let room = u128::from(gcra.max_now_nanos() / 2).saturating_sub(need);
+        prop_assume!(room > 0);
+        let start = (u128::from(start_seed) % room) as u64;
         let span = greedy_span(&gcra, start, units).map_err(TestCaseError::fail)?;
         let (count, period) = (u128::from(limit.count()), u128::from(limit.period_nanos()));
         let billion = 1_000_000_000u128;

@@ -308,7 +308,7 @@ async fn envoy<C: Clock + Clone + Send + Sync + 'static>(
             };
             json(status, &envoy_json::render(&answer))
         }
-        Err(EnvoyError::Invalid(message)) => {
+        Err(EnvoyError::Invalid(message) | EnvoyError::Empty(message)) => {
             state.metrics.invalid();
             ApiError {
                 status: StatusCode::BAD_REQUEST,

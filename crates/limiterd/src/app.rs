@@ -53,7 +53,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> AppState<C> {
     ) -> Result<Self, StartError> {
         let metrics = Arc::new(Metrics::new());
         let mut engine = Engine::new(config, clock, backend, Arc::clone(&metrics))?;
-        let envoy = Envoy::attach(domains, &mut engine)?;
+        let envoy = Envoy::attach(domains, &mut engine)?.with_options(envoy_options(config));
         Ok(Self {
             engine,
             envoy,
@@ -72,7 +72,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> AppState<C> {
         domains: Domains,
     ) -> Result<(Self, Carried), StartError> {
         let mut engine = self.engine.reloaded(config)?;
-        let envoy = Envoy::attach(domains, &mut engine)?;
+        let envoy = Envoy::attach(domains, &mut engine)?.with_options(envoy_options(config));
         let carried = engine.carried();
         let state = Self {
             engine,
@@ -82,6 +82,15 @@ impl<C: Clock + Clone + Send + Sync + 'static> AppState<C> {
         };
         Ok((state, carried))
     }
+}
+
+/// The `[envoy]` table's service-wide switches (defaults without one).
+fn envoy_options(config: &Config) -> crate::envoy::service::Options {
+    config
+        .envoy
+        .as_ref()
+        .map(|e| e.options.clone())
+        .unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -80,7 +80,7 @@ pub const MAX_FLEET_SIZE: u64 = 10_000;
 pub const MAX_LIMITS_PER_KEYING: usize = limiter_stack::MAX_LIMITS_PER_LAYER;
 
 /// A checked configuration.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Config {
     /// Where the HTTP API listens.
     pub listen: SocketAddr,
@@ -123,6 +123,55 @@ impl Default for ServerSettings {
     }
 }
 
+/// Service-wide switches, as the reference's environment sets them (`SHADOW_MODE`,
+/// `NEAR_LIMIT_RATIO`, `LIMIT_RESPONSE_HEADERS_ENABLED` and the header names,
+/// `RESPONSE_DYNAMIC_METADATA`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Options {
+    /// Global shadow mode: every request is answered `OK` overall (statuses still say which
+    /// descriptors were over), and what fits is counted.
+    pub shadow_mode: bool,
+    /// A hit that leaves a limit more than this fraction used counts as `near_limit`.
+    pub near_limit_ratio: f64,
+    /// Rate-limit headers added to every answer (`response_headers_to_add`), if enabled.
+    pub headers: Option<HeaderNames>,
+    /// Describe the request's descriptors in the answer's `dynamic_metadata`.
+    pub dynamic_metadata: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            shadow_mode: false,
+            near_limit_ratio: 0.8,
+            headers: None,
+            dynamic_metadata: false,
+        }
+    }
+}
+
+/// The names of the rate-limit headers (the reference's defaults: `RateLimit-Limit`,
+/// `RateLimit-Remaining`, `RateLimit-Reset`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeaderNames {
+    /// The limit of the descriptor closest to its limit.
+    pub limit: String,
+    /// What it has left.
+    pub remaining: String,
+    /// Seconds until it resets.
+    pub reset: String,
+}
+
+impl Default for HeaderNames {
+    fn default() -> Self {
+        Self {
+            limit: "RateLimit-Limit".into(),
+            remaining: "RateLimit-Remaining".into(),
+            reset: "RateLimit-Reset".into(),
+        }
+    }
+}
+
 /// Where envoy's gRPC protocol listens, unless the file says.
 pub const DEFAULT_GRPC_LISTEN: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
     std::net::Ipv4Addr::LOCALHOST,
@@ -131,12 +180,129 @@ pub const DEFAULT_GRPC_LISTEN: SocketAddr = SocketAddr::V4(std::net::SocketAddrV
 
 /// Envoy's rate-limit protocol: where its gRPC service listens and the descriptor files it
 /// decides (see [`crate::envoy::rules`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct EnvoySettings {
     /// The gRPC address.
     pub listen: SocketAddr,
-    /// The descriptor files, as written (relative to the configuration file).
+    /// The descriptor files, as written (relative to the configuration file); a directory
+    /// stands for every `.yaml` and `.yml` file in it, as the reference's runtime directory.
     pub files: Vec<PathBuf>,
+    /// `merge_domains`: a domain named in several files gathers their descriptors (the
+    /// reference's `MERGE_DOMAIN_CONFIG`); off, a domain lives in one file.
+    pub merge_domains: bool,
+    /// The service-wide switches (global shadow mode, near-limit ratio, rate-limit headers,
+    /// dynamic metadata).
+    pub options: Options,
+}
+
+impl EnvoySettings {
+    /// Settings for `files`, listening on `listen`, with every switch at its default.
+    pub fn new(listen: SocketAddr, files: Vec<PathBuf>) -> Self {
+        Self {
+            listen,
+            files,
+            merge_domains: false,
+            options: Options::default(),
+        }
+    }
+
+    /// Applies the reference service's environment variables (`SHADOW_MODE`,
+    /// `NEAR_LIMIT_RATIO`, `MERGE_DOMAIN_CONFIG`, `LIMIT_RESPONSE_HEADERS_ENABLED`,
+    /// `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`,
+    /// `RESPONSE_DYNAMIC_METADATA`) read through `var`, for what the `[envoy]` table left at
+    /// its default, so a deployment configured for the reference keeps its switches.
+    pub fn apply_reference_env(
+        &mut self,
+        set_in_file: &EnvoySwitches,
+        var: impl Fn(&str) -> Option<String>,
+    ) -> Result<(), String> {
+        let flag = |name: &str| -> Result<Option<bool>, String> {
+            match var(name) {
+                None => Ok(None),
+                Some(v) => match v.trim().to_ascii_lowercase().as_str() {
+                    "1" | "t" | "true" | "yes" | "on" => Ok(Some(true)),
+                    "0" | "f" | "false" | "no" | "off" | "" => Ok(Some(false)),
+                    _ => Err(format!(
+                        "{name}={v:?} is not a boolean: set it to true or false"
+                    )),
+                },
+            }
+        };
+        if !set_in_file.shadow_mode
+            && let Some(on) = flag("SHADOW_MODE")?
+        {
+            self.options.shadow_mode = on;
+        }
+        if !set_in_file.merge_domains
+            && let Some(on) = flag("MERGE_DOMAIN_CONFIG")?
+        {
+            self.merge_domains = on;
+        }
+        if !set_in_file.dynamic_metadata
+            && let Some(on) = flag("RESPONSE_DYNAMIC_METADATA")?
+        {
+            self.options.dynamic_metadata = on;
+        }
+        if !set_in_file.near_limit_ratio
+            && let Some(v) = var("NEAR_LIMIT_RATIO")
+        {
+            self.options.near_limit_ratio =
+                parse_ratio(&v).map_err(|e| format!("NEAR_LIMIT_RATIO={v:?} {e}"))?;
+        }
+        if !set_in_file.response_headers
+            && let Some(on) = flag("LIMIT_RESPONSE_HEADERS_ENABLED")?
+        {
+            self.options.headers = on.then(HeaderNames::default);
+        }
+        if let Some(names) = &mut self.options.headers {
+            for (variable, name) in [
+                ("LIMIT_LIMIT_HEADER", &mut names.limit),
+                ("LIMIT_REMAINING_HEADER", &mut names.remaining),
+                ("LIMIT_RESET_HEADER", &mut names.reset),
+            ] {
+                if let Some(v) = var(variable).filter(|v| !v.is_empty())
+                    && !set_in_file.header_names
+                {
+                    check_header_name(&v).map_err(|e| format!("{variable}={v:?} {e}"))?;
+                    *name = v;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Which of the `[envoy]` switches the file set, so the reference's environment variables
+/// only fill in the others.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EnvoySwitches {
+    /// `shadow_mode`.
+    pub shadow_mode: bool,
+    /// `merge_domains`.
+    pub merge_domains: bool,
+    /// `dynamic_metadata`.
+    pub dynamic_metadata: bool,
+    /// `near_limit_ratio`.
+    pub near_limit_ratio: bool,
+    /// `response_headers`.
+    pub response_headers: bool,
+    /// Any of the header names.
+    pub header_names: bool,
+}
+
+fn parse_ratio(text: &str) -> Result<f64, &'static str> {
+    match text.trim().parse::<f64>() {
+        Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
+        _ => Err("is not a ratio between 0 and 1: write one like 0.8"),
+    }
+}
+
+fn check_header_name(name: &str) -> Result<(), &'static str> {
+    if !name.is_empty() && http::HeaderName::from_bytes(name.as_bytes()).is_ok() {
+        Ok(())
+    } else {
+        Err("is not a header name: use letters, digits and `-`, like RateLimit-Limit")
+    }
 }
 
 /// Where state lives.
@@ -297,6 +463,14 @@ struct RawServer {
 struct RawEnvoy {
     listen: Option<Spanned<String>>,
     files: Spanned<Vec<Spanned<String>>>,
+    merge_domains: Option<bool>,
+    shadow_mode: Option<bool>,
+    near_limit_ratio: Option<Spanned<f64>>,
+    response_headers: Option<bool>,
+    limit_header: Option<Spanned<String>>,
+    remaining_header: Option<Spanned<String>>,
+    reset_header: Option<Spanned<String>>,
+    dynamic_metadata: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -487,7 +661,57 @@ fn parse_envoy(
         }
         files.push(PathBuf::from(file.get_ref()));
     }
-    Ok(EnvoySettings { listen, files })
+    let mut settings = EnvoySettings::new(listen, files);
+    settings.merge_domains = raw.merge_domains.unwrap_or(false);
+    let options = &mut settings.options;
+    options.shadow_mode = raw.shadow_mode.unwrap_or(false);
+    options.dynamic_metadata = raw.dynamic_metadata.unwrap_or(false);
+    if let Some(ratio) = &raw.near_limit_ratio {
+        options.near_limit_ratio = parse_ratio(&ratio.get_ref().to_string())
+            .map_err(|e| source.at(ratio, format!("`near_limit_ratio` {e}")))?;
+    }
+    if raw.response_headers == Some(true) {
+        let mut names = HeaderNames::default();
+        for (field, value, name) in [
+            ("limit_header", &raw.limit_header, &mut names.limit),
+            (
+                "remaining_header",
+                &raw.remaining_header,
+                &mut names.remaining,
+            ),
+            ("reset_header", &raw.reset_header, &mut names.reset),
+        ] {
+            if let Some(value) = value {
+                check_header_name(value.get_ref())
+                    .map_err(|e| source.at(value, format!("`{field}` {e}")))?;
+                *name = value.get_ref().clone();
+            }
+        }
+        options.headers = Some(names);
+    }
+    Ok(settings)
+}
+
+/// Which `[envoy]` switches the file `text` sets (for [`EnvoySettings::apply_reference_env`]);
+/// all unset if it has no `[envoy]` table or does not parse.
+pub fn envoy_switches(text: &str) -> EnvoySwitches {
+    let Ok(raw) = toml::from_str::<RawConfig>(text) else {
+        return EnvoySwitches::default();
+    };
+    let Some(envoy) = raw.envoy else {
+        return EnvoySwitches::default();
+    };
+    let e = envoy.get_ref();
+    EnvoySwitches {
+        shadow_mode: e.shadow_mode.is_some(),
+        merge_domains: e.merge_domains.is_some(),
+        dynamic_metadata: e.dynamic_metadata.is_some(),
+        near_limit_ratio: e.near_limit_ratio.is_some(),
+        response_headers: e.response_headers.is_some(),
+        header_names: e.limit_header.is_some()
+            || e.remaining_header.is_some()
+            || e.reset_header.is_some(),
+    }
 }
 
 fn parse_server(source: &Source<'_>, raw: &RawServer) -> Result<ServerSettings, ConfigError> {
@@ -869,5 +1093,44 @@ mod tests {
         ] {
             assert_eq!(parse_period(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn envoy_switches_come_from_the_table_or_the_references_environment() {
+        let text = "[envoy]\nfiles = [\"a.yaml\"]\nresponse_headers = true\nlimit_header = \"X-RateLimit-Limit\"\nshadow_mode = false\n";
+        let mut envoy = Config::parse(text).expect("valid").envoy.expect("envoy");
+        let names = envoy.options.headers.clone().expect("enabled");
+        assert_eq!(
+            (names.limit.as_str(), names.remaining.as_str()),
+            ("X-RateLimit-Limit", "RateLimit-Remaining")
+        );
+        let env = |name: &str| match name {
+            "SHADOW_MODE" | "MERGE_DOMAIN_CONFIG" | "RESPONSE_DYNAMIC_METADATA" => {
+                Some("true".to_owned())
+            }
+            "NEAR_LIMIT_RATIO" => Some("0.5".to_owned()),
+            "LIMIT_LIMIT_HEADER" => Some("From-Env".to_owned()),
+            _ => None,
+        };
+        envoy
+            .apply_reference_env(&envoy_switches(text), env)
+            .expect("valid");
+        // The file said shadow_mode and the header names; the environment fills in the rest.
+        assert!(!envoy.options.shadow_mode);
+        assert!(envoy.merge_domains && envoy.options.dynamic_metadata);
+        assert!((envoy.options.near_limit_ratio - 0.5).abs() < f64::EPSILON);
+        assert_eq!(
+            envoy.options.headers.as_ref().map(|h| h.limit.as_str()),
+            Some("X-RateLimit-Limit")
+        );
+        let err = envoy
+            .apply_reference_env(&EnvoySwitches::default(), |n| {
+                (n == "NEAR_LIMIT_RATIO").then(|| "2".to_owned())
+            })
+            .expect_err("out of range");
+        assert!(err.starts_with("NEAR_LIMIT_RATIO=\"2\""), "{err}");
+        let err = Config::parse("[envoy]\nfiles = [\"a.yaml\"]\nresponse_headers = true\nreset_header = \"bad header\"\n")
+            .expect_err("not a header name");
+        assert!(err.to_string().contains("`reset_header`"), "{err}");
     }
 }

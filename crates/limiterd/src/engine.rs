@@ -758,6 +758,11 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         }
     }
 
+    /// The metrics decisions are counted in.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
     /// Decides `items`, all or nothing (see the module docs); one answer per item, in order.
     pub async fn decide(&self, items: &[Item]) -> Result<(bool, Vec<Answer>), DecideError> {
         let resolved = items

@@ -6,7 +6,9 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use crate::config::{BUILT_IN, Config, DEFAULT_GRPC_LISTEN, EnvoySettings};
+use crate::config::{
+    BUILT_IN, Config, DEFAULT_GRPC_LISTEN, EnvoySettings, EnvoySwitches, envoy_switches,
+};
 use crate::envoy::Domains;
 
 /// The files and the command line's overrides a configuration is read from.
@@ -22,6 +24,9 @@ pub struct Sources {
     pub envoy: Vec<PathBuf>,
     /// `--grpc-listen`: the gRPC address, overriding the file's.
     pub grpc_listen: Option<SocketAddr>,
+    /// Read the reference service's environment variables for the `[envoy]` switches the
+    /// file leaves unset ([`EnvoySettings::apply_reference_env`]); the binary sets it.
+    pub reference_env: bool,
 }
 
 /// The text of `path`, or a message naming it.
@@ -48,12 +53,42 @@ pub fn load_domains(config: &Config) -> Result<Domains, String> {
     let Some(envoy) = &config.envoy else {
         return Ok(Domains::default());
     };
-    let texts = envoy
-        .files
+    let texts = descriptor_files(&envoy.files)?
         .iter()
         .map(|f| Ok((f.display().to_string(), read(f)?)))
         .collect::<Result<Vec<_>, String>>()?;
-    Domains::load(texts.iter().map(|(n, t)| (n.as_str(), t.as_str()))).map_err(|e| e.to_string())
+    Domains::load_merging(
+        texts.iter().map(|(n, t)| (n.as_str(), t.as_str())),
+        envoy.merge_domains,
+    )
+    .map_err(|e| e.to_string())
+}
+
+/// `files` with each directory replaced by the `.yaml` and `.yml` files in it, by name (as
+/// the reference loads its runtime directory; files whose name starts with `.` are skipped).
+pub fn descriptor_files(files: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
+    let mut out = Vec::new();
+    for path in files {
+        if !path.is_dir() {
+            out.push(path.clone());
+            continue;
+        }
+        let entries = std::fs::read_dir(path)
+            .map_err(|e| format!("{}: cannot list it: {e}", path.display()))?;
+        let mut found: Vec<PathBuf> = entries
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| {
+                let name = p.file_name().and_then(|n| n.to_str()).unwrap_or(".");
+                !name.starts_with('.')
+                    && p.is_file()
+                    && p.extension().is_some_and(|e| e == "yaml" || e == "yml")
+            })
+            .collect();
+        found.sort();
+        out.extend(found);
+    }
+    Ok(out)
 }
 
 impl Sources {
@@ -72,10 +107,9 @@ impl Sources {
             config.listen = listen;
         }
         if !self.envoy.is_empty() || self.grpc_listen.is_some() {
-            let envoy = config.envoy.get_or_insert(EnvoySettings {
-                listen: DEFAULT_GRPC_LISTEN,
-                files: Vec::new(),
-            });
+            let envoy = config
+                .envoy
+                .get_or_insert_with(|| EnvoySettings::new(DEFAULT_GRPC_LISTEN, Vec::new()));
             envoy.files.extend(self.envoy.iter().cloned());
             if let Some(listen) = self.grpc_listen {
                 envoy.listen = listen;
@@ -84,14 +118,32 @@ impl Sources {
                 return Err("--grpc-listen needs descriptor files: add --envoy FILE".into());
             }
         }
+        if self.reference_env
+            && let Some(envoy) = &mut config.envoy
+        {
+            let switches = match &self.config {
+                Some(path) => envoy_switches(&read(path)?),
+                None => EnvoySwitches::default(),
+            };
+            envoy.apply_reference_env(&switches, |name| std::env::var(name).ok())?;
+        }
         let domains = load_domains(&config)?;
         Ok((config, domains))
     }
 
     /// The files a reload reads for `config` (loaded from these sources): the TOML file and
     /// every descriptor file.
+    /// (A directory is watched itself, for files added or removed, and through its files.)
     pub fn files(&self, config: &Config) -> Vec<PathBuf> {
-        let envoy = config.envoy.iter().flat_map(|e| e.files.iter().cloned());
+        let envoy = config.envoy.iter().flat_map(|e| {
+            let listed = descriptor_files(&e.files).unwrap_or_default();
+            e.files
+                .iter()
+                .filter(|f| f.is_dir())
+                .cloned()
+                .chain(listed)
+                .collect::<Vec<_>>()
+        });
         self.config.iter().cloned().chain(envoy).collect()
     }
 }

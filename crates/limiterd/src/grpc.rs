@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     DescriptorStatus, RateLimit as WireLimit,
 };
@@ -13,7 +14,10 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use envoy_types::pb::google::protobuf::Duration as WireDuration;
+use envoy_types::pb::google::protobuf::value::Kind;
+use envoy_types::pb::google::protobuf::{
+    Duration as WireDuration, ListValue, Struct, Value as WireValue,
+};
 use limiter_core::Clock;
 
 use crate::envoy::service::{Descriptor, EnvoyError, Override, Request, Response};
@@ -87,8 +91,44 @@ pub fn to_wire(response: &Response) -> RateLimitResponse {
                 quota: None,
             })
             .collect(),
+        response_headers_to_add: response
+            .headers
+            .iter()
+            .map(|(key, value)| HeaderValue {
+                key: key.clone(),
+                value: value.clone(),
+                ..HeaderValue::default()
+            })
+            .collect(),
+        dynamic_metadata: response.dynamic_metadata.as_ref().map(|fields| Struct {
+            fields: fields
+                .iter()
+                .map(|(k, v)| (k.clone(), wire_value(v)))
+                .collect(),
+        }),
         ..RateLimitResponse::default()
     }
+}
+
+/// A JSON value as a `google.protobuf.Value`.
+fn wire_value(value: &serde_json::Value) -> WireValue {
+    use serde_json::Value as J;
+    let kind = match value {
+        J::Null => Kind::NullValue(0),
+        J::Bool(b) => Kind::BoolValue(*b),
+        J::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or(0.0)),
+        J::String(s) => Kind::StringValue(s.clone()),
+        J::Array(items) => Kind::ListValue(ListValue {
+            values: items.iter().map(wire_value).collect(),
+        }),
+        J::Object(fields) => Kind::StructValue(Struct {
+            fields: fields
+                .iter()
+                .map(|(k, v)| (k.clone(), wire_value(v)))
+                .collect(),
+        }),
+    };
+    WireValue { kind: Some(kind) }
 }
 
 #[tonic::async_trait]
@@ -109,6 +149,10 @@ impl<C: Clock + Clone + Send + Sync + 'static> RateLimitService for Grpc<C> {
             Err(EnvoyError::Invalid(message)) => {
                 state.metrics.invalid();
                 Err(tonic::Status::invalid_argument(message))
+            }
+            Err(EnvoyError::Empty(message)) => {
+                state.metrics.invalid();
+                Err(tonic::Status::unknown(message))
             }
             Err(EnvoyError::Unavailable(message)) => Err(tonic::Status::unavailable(message)),
         }

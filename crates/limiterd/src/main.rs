@@ -171,6 +171,7 @@ fn run(cli: &Cli) -> Result<(), String> {
         listen: cli.listen,
         envoy: cli.envoy.clone(),
         grpc_listen: cli.grpc_listen,
+        reference_env: true,
     };
     let (config, domains) = sources.load()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -32,6 +32,9 @@ const BUCKETS_S: [f64; 12] = [
     0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.1, 1.0,
 ];
 
+/// The most distinct descriptor keys envoy's statistics are kept for.
+pub const MAX_ENVOY_KEYS: usize = 10_000;
+
 /// The label every ad-hoc limit's decisions are counted under.
 pub const AD_HOC: &str = "(ad hoc)";
 
@@ -243,6 +246,8 @@ pub struct Metrics {
     denials: Arc<Denials>,
     reloads: Family<[(&'static str, &'static str); 1], Counter>,
     decisions: Family<Labels, Counter>,
+    envoy: Family<[(&'static str, String); 2], Counter>,
+    envoy_keys: Mutex<std::collections::HashSet<String>>,
     invalid: Counter,
     backend_errors: Counter,
     store_full: Counter,
@@ -312,8 +317,16 @@ impl Metrics {
         for result in ["applied", "unchanged", "refused"] {
             let _ = reloads.get_or_create(&[("result", result)]);
         }
+        let envoy = Family::default();
+        registry.register(
+            "limiterd_envoy_rule",
+            "Envoy descriptor statistics as the reference service names them, by key (`domain.key_value...`; one per value where `value_to_metric` or `detailed_metric` asks, up to 10000 keys, then `(other)`) and stat (total_hits, within_limit, over_limit, near_limit, shadow_mode; global_shadow_mode under an empty key)",
+            envoy.clone(),
+        );
         let metrics = Self {
             registry,
+            envoy,
+            envoy_keys: Mutex::new(std::collections::HashSet::new()),
             policies: Mutex::new(BTreeMap::new()),
             denials: Arc::new(Denials {
                 top: Mutex::new(TopDenied::default()),
@@ -396,6 +409,31 @@ impl Metrics {
     /// Counts a reload: `"applied"`, `"unchanged"` or `"refused"`.
     pub fn reload(&self, result: &'static str) {
         self.reloads.get_or_create(&[("result", result)]).inc();
+    }
+
+    /// Adds `n` to envoy's statistic `stat` for the descriptor key `key` (a bounded number of
+    /// distinct keys: past [`MAX_ENVOY_KEYS`] new ones count under `(other)`).
+    pub fn envoy_stat(&self, key: &str, stat: &'static str, n: u64) {
+        if n == 0 {
+            return;
+        }
+        let key = {
+            let mut keys = self
+                .envoy_keys
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if keys.contains(key) {
+                key.to_owned()
+            } else if keys.len() < MAX_ENVOY_KEYS {
+                keys.insert(key.to_owned());
+                key.to_owned()
+            } else {
+                "(other)".to_owned()
+            }
+        };
+        self.envoy
+            .get_or_create(&[("key", key), ("stat", stat.to_owned())])
+            .inc_by(n);
     }
 
     /// Counts a request refused as invalid.

@@ -26,6 +26,8 @@ use tonic::transport::Channel;
 struct Step {
     note: String,
     descriptors: Vec<Vec<(String, String)>>,
+    /// Each descriptor's own `hits_addend`, where the case gives one.
+    descriptor_hits: Vec<Option<u64>>,
     hits: u32,
     repeat: usize,
     overall: String,
@@ -41,12 +43,21 @@ fn steps(path: &Path) -> Vec<Step> {
         .into_iter()
         .map(|c| Step {
             note: c["note"].as_str().expect("note").to_owned(),
+            descriptor_hits: c["send"]
+                .as_array()
+                .expect("send")
+                .iter()
+                .map(|d| d.get("hits").and_then(Value::as_u64))
+                .collect(),
             descriptors: c["send"]
                 .as_array()
                 .expect("send")
                 .iter()
                 .map(|d| {
-                    d.as_array()
+                    // `[entries]`, or `{"entries": [...], "hits": n}`.
+                    d.get("entries")
+                        .unwrap_or(d)
+                        .as_array()
                         .expect("entries")
                         .iter()
                         .map(|e| {
@@ -137,7 +148,8 @@ fn wire_request(domain: &str, step: &Step) -> RateLimitRequest {
         descriptors: step
             .descriptors
             .iter()
-            .map(|entries| RateLimitDescriptor {
+            .zip(&step.descriptor_hits)
+            .map(|(entries, hits)| RateLimitDescriptor {
                 entries: entries
                     .iter()
                     .map(|(key, value)| Entry {
@@ -145,6 +157,8 @@ fn wire_request(domain: &str, step: &Step) -> RateLimitRequest {
                         value: value.clone(),
                     })
                     .collect(),
+                hits_addend: hits
+                    .map(|value| envoy_types::pb::google::protobuf::UInt64Value { value }),
                 ..RateLimitDescriptor::default()
             })
             .collect(),
@@ -156,9 +170,15 @@ fn json_request(domain: &str, step: &Step) -> Value {
     json!({
         "domain": domain,
         "hitsAddend": step.hits,
-        "descriptors": step.descriptors.iter().map(|entries| json!({
-            "entries": entries.iter().map(|(k, v)| json!({"key": k, "value": v})).collect::<Vec<_>>()
-        })).collect::<Vec<_>>(),
+        "descriptors": step.descriptors.iter().zip(&step.descriptor_hits).map(|(entries, hits)| {
+            let mut d = json!({
+                "entries": entries.iter().map(|(k, v)| json!({"key": k, "value": v})).collect::<Vec<_>>()
+            });
+            if let Some(hits) = hits {
+                d["hitsAddend"] = json!(hits);
+            }
+            d
+        }).collect::<Vec<_>>(),
     })
 }
 
@@ -298,42 +318,43 @@ async fn malformed_requests_are_invalid_argument_and_the_service_goes_on() {
         domain: domain.to_owned(),
         ..RateLimitRequest::default()
     };
-    for (request, field) in [
-        (empty(""), "domain"),
-        (empty(&domain), "descriptors"),
-        (
-            RateLimitRequest {
-                descriptors: vec![RateLimitDescriptor {
-                    entries: vec![Entry {
-                        key: "k".into(),
-                        value: "v".into(),
-                    }],
-                    is_negative_hits: true,
-                    ..RateLimitDescriptor::default()
-                }],
-                ..empty(&domain)
-            },
-            "descriptors[0].is_negative_hits",
-        ),
-    ] {
-        let status = grpc.should_rate_limit(request).await.expect_err("invalid");
-        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    // No domain or no descriptors: the reference's error, gRPC UNKNOWN.
+    for (request, field) in [(empty(""), "domain"), (empty(&domain), "descriptors")] {
+        let status = grpc.should_rate_limit(request).await.expect_err("empty");
+        assert_eq!(status.code(), tonic::Code::Unknown, "{status:?}");
         assert!(status.message().starts_with(field), "{status:?}");
     }
+    let negative = RateLimitRequest {
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: "k".into(),
+                value: "v".into(),
+            }],
+            is_negative_hits: true,
+            ..RateLimitDescriptor::default()
+        }],
+        ..empty(&domain)
+    };
+    let status = grpc.should_rate_limit(negative).await.expect_err("invalid");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(
+        status
+            .message()
+            .starts_with("descriptors[0].is_negative_hits")
+    );
+    // A descriptor with no entries, or an empty key, matches no limit and is answered: the
+    // request is not refused, so envoy's failure_mode_deny: false cannot wave it through.
     let mut http = Client::connect(daemon.addr).await;
     let (status, body) = http
         .post(
             "/json",
-            &json!({"domain": domain, "descriptors": [{"entries": []}]}),
+            &json!({"domain": domain, "descriptors": [{"entries": []}, {"entries": [{"key": "", "value": "x"}]}]}),
         )
         .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["statuses"].as_array().map(Vec::len), Some(2), "{body}");
+    let (status, body) = http.post("/json", &json!({"domain": ""})).await;
     assert_eq!(status, 400, "{body}");
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .is_some_and(|m| m.starts_with("descriptors[0].entries")),
-        "{body}"
-    );
     let (status, metrics) = http.send("GET", "/metrics", "").await;
     assert_eq!(status, 200);
     assert!(
@@ -397,6 +418,7 @@ async fn two_processes_on_one_redis_share_every_descriptor_counter() {
             vec![("user".into(), user.into())],
             vec![("tenant".into(), "acme".into())],
         ],
+        descriptor_hits: vec![None, None],
         hits: 0,
         repeat: 1,
         overall: String::new(),

@@ -141,7 +141,21 @@ pub fn render(response: &Response) -> Value {
             Value::Object(status)
         })
         .collect();
-    json!({ "overallCode": response.overall.name(), "statuses": statuses })
+    let mut out = Map::new();
+    out.insert("overallCode".into(), json!(response.overall.name()));
+    out.insert("statuses".into(), Value::Array(statuses));
+    if !response.headers.is_empty() {
+        let headers: Vec<Value> = response
+            .headers
+            .iter()
+            .map(|(key, value)| json!({ "key": key, "value": value }))
+            .collect();
+        out.insert("responseHeadersToAdd".into(), Value::Array(headers));
+    }
+    if let Some(metadata) = &response.dynamic_metadata {
+        out.insert("dynamicMetadata".into(), Value::Object(metadata.clone()));
+    }
+    Value::Object(out)
 }
 
 #[cfg(test)]

@@ -1,7 +1,10 @@
 //! Descriptor files in the YAML shape envoy's reference rate-limit service reads, so an
 //! existing file can be pointed at limiterd: a `domain`, and nested `descriptors` with `key`,
-//! optional `value` (a trailing `*` matches by prefix), `rate_limit` (`unit`,
-//! `requests_per_unit`, `name`, `unlimited`, `replaces`), `shadow_mode` and `detailed_metric`.
+//! optional `value` (`*` anywhere in it matches any run of characters: `/api/*`, `bar*b`,
+//! `foo*bar*baz`; an empty value is the same as none), `rate_limit` (`unit`,
+//! `requests_per_unit` (0 when missing), `unit_multiplier`, `name`, `unlimited`, `replaces`),
+//! `shadow_mode`, `quota_mode`, `share_threshold`, `value_to_metric`, `detailed_metric` and
+//! `metadata` (kept and shown, never decided on).
 //!
 //! One addition: `rate_limit.algorithm` picks `fixed_window` (the default, as the reference
 //! server counts), `token_bucket` or `sliding_window`.
@@ -17,6 +20,10 @@
 //!     descriptors:
 //!       - key: user
 //!         rate_limit: { unit: hour, requests_per_unit: 50 }
+//!   - key: path
+//!     value: /files/*              # every file counted together
+//!     share_threshold: true
+//!     rate_limit: { unit: minute, requests_per_unit: 100 }
 //! ```
 //!
 //! Everything is checked when the file is loaded; an error names the file, the line and
@@ -31,10 +38,11 @@ use limiter_redis::Kind;
 
 use super::yaml::{self, Mark, Node, Value};
 
-/// Nested descriptor levels beyond this are refused.
-pub const MAX_LEVELS: usize = 16;
-/// The longest key or value, in bytes.
-pub const MAX_TEXT: usize = 256;
+/// Nested descriptor levels beyond this are refused (the reference sets no bound; this one
+/// keeps loading's recursion bounded).
+pub const MAX_LEVELS: usize = 64;
+/// The longest domain, key or value in a file, in bytes.
+pub const MAX_TEXT: usize = 65_536;
 
 /// A rate limit's unit, as envoy's protocol names them (a month is 30 days, a year 365).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -123,14 +131,19 @@ impl Unit {
 pub struct RateLimit {
     /// `rate_limit.name` (empty if none): reported back, and what `replaces` names.
     pub name: String,
-    /// Units per `unit`; 0 refuses everything.
+    /// Units per window; 0 refuses everything.
     pub requests_per_unit: u32,
-    /// The window.
+    /// The unit, as reported back.
     pub unit: Unit,
+    /// `rate_limit.unit_multiplier`: the window is this many units (1 unless set).
+    pub unit_multiplier: u32,
     /// The algorithm.
     pub kind: Kind,
     /// Evaluated and reported, never enforced.
     pub shadow: bool,
+    /// `quota_mode`: evaluated and counted; when over, the request is still admitted and the
+    /// answer's dynamic metadata names the descriptor (`quotaModeViolations`).
+    pub quota_mode: bool,
     /// The names of limits this one replaces when both match one request.
     pub replaces: Vec<String>,
     /// `domain.key_value.key`: the node's path, naming its counters and metrics.
@@ -142,9 +155,14 @@ pub struct RateLimit {
 }
 
 impl RateLimit {
+    /// The window: `unit` times `unit_multiplier`.
+    pub fn window(&self) -> Duration {
+        self.unit.duration() * self.unit_multiplier.max(1)
+    }
+
     /// The limit the algorithm decides (`None` when `requests_per_unit` is 0).
     pub fn limit(&self) -> Option<Limit> {
-        let limit = Limit::new(u64::from(self.requests_per_unit), self.unit.duration());
+        let limit = Limit::new(u64::from(self.requests_per_unit), self.window());
         limit.check().is_ok().then_some(limit)
     }
 }
@@ -154,8 +172,23 @@ impl RateLimit {
 pub enum Rule {
     /// Counted against a limit.
     Limited(RateLimit),
-    /// Never limited (`unlimited: true`).
-    Unlimited,
+    /// Never limited (`unlimited: true`); it may still replace other limits.
+    Unlimited {
+        /// `rate_limit.name` (empty if none).
+        name: String,
+        /// The names of limits this one replaces when both match one request.
+        replaces: Vec<String>,
+    },
+}
+
+impl Rule {
+    /// The names of the limits this rule replaces.
+    pub fn replaces(&self) -> &[String] {
+        match self {
+            Rule::Limited(limit) => &limit.replaces,
+            Rule::Unlimited { replaces, .. } => replaces,
+        }
+    }
 }
 
 /// One level of the tree: the descriptors under one parent.
@@ -163,7 +196,8 @@ pub enum Rule {
 pub struct Level {
     nodes: Vec<Descriptor>,
     exact: HashMap<(String, String), usize>,
-    prefix: Vec<(String, String, usize)>,
+    /// Values with a `*`: key, the value split at each `*`, and the node, in the file's order.
+    wildcard: Vec<(String, Vec<String>, usize)>,
     any: HashMap<String, usize>,
 }
 
@@ -178,19 +212,61 @@ pub struct Descriptor {
     pub rule: Option<Rule>,
     /// The next entries.
     pub children: Level,
+    /// `share_threshold`: every value this node's wildcard matches shares one counter.
+    pub share_threshold: bool,
+    /// `value_to_metric`: the metric names carry the request's value at this level.
+    pub value_to_metric: bool,
+    /// `detailed_metric`: the metric names carry the request's values at every level.
+    pub detailed_metric: bool,
+    /// `metadata`, as written (kept and shown; nothing is decided on it).
+    pub metadata: Option<String>,
+}
+
+impl Descriptor {
+    /// Whether the value holds a `*`.
+    pub fn is_wildcard(&self) -> bool {
+        self.value.as_deref().is_some_and(|v| v.contains('*'))
+    }
+}
+
+/// Whether `value` matches a wildcard split at its `*`s: the first part starts it, the last
+/// ends it, and the middle ones appear in order between (each `*` matches any run, even none).
+fn wildcard_matches(parts: &[String], value: &str) -> bool {
+    let (Some(first), Some(last)) = (parts.first(), parts.last()) else {
+        return false;
+    };
+    if parts.len() == 1 {
+        return value == first;
+    }
+    if value.len() < first.len() + last.len()
+        || !value.starts_with(first.as_str())
+        || !value.ends_with(last.as_str())
+    {
+        return false;
+    }
+    // Leftmost matches of the middle parts are enough: taking each as early as possible
+    // leaves the most room for the rest.
+    let mut rest = &value[first.len()..value.len() - last.len()];
+    for part in &parts[1..parts.len() - 1] {
+        match rest.find(part.as_str()) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    true
 }
 
 impl Level {
-    /// The node for one entry: an exact value first, then a prefix (in the file's order), then
-    /// the key alone.
+    /// The node for one entry: an exact value first, then a wildcard (in the file's order),
+    /// then the key alone.
     fn find(&self, key: &str, value: &str) -> Option<&Descriptor> {
         let index = self
             .exact
             .get(&(key.to_owned(), value.to_owned()))
             .or_else(|| {
-                self.prefix
+                self.wildcard
                     .iter()
-                    .find(|(k, p, _)| k == key && value.starts_with(p.as_str()))
+                    .find(|(k, parts, _)| k == key && wildcard_matches(parts, value))
                     .map(|(_, _, i)| i)
             })
             .or_else(|| self.any.get(key))?;
@@ -203,6 +279,59 @@ impl Level {
             out.push(node);
             node.children.walk(out);
         }
+    }
+
+    /// Every node, depth first, to change.
+    fn walk_mut(&mut self, visit: &mut impl FnMut(&mut Descriptor)) {
+        for node in &mut self.nodes {
+            visit(node);
+            node.children.walk_mut(visit);
+        }
+    }
+}
+
+/// A request descriptor's match: the node each entry landed on, the last holding the rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Match<'a> {
+    /// The node each entry landed on, outermost first.
+    pub path: Vec<&'a Descriptor>,
+    /// The last node's rule.
+    pub rule: &'a Rule,
+}
+
+impl Match<'_> {
+    /// Whether the entry at `level` counts under its node's wildcard rather than its own
+    /// value (`share_threshold` on a wildcard).
+    pub fn shares(&self, level: usize) -> bool {
+        self.path
+            .get(level)
+            .is_some_and(|node| node.share_threshold && node.is_wildcard())
+    }
+
+    /// The metric name for `entries` (`domain.key_value...`): the configured path, with the
+    /// request's value where `value_to_metric` asks for it at a level, or `detailed_metric` at
+    /// the last, and the wildcard where `share_threshold` counts values together.
+    pub fn metric_key(&self, domain: &str, entries: &[(String, String)]) -> Option<String> {
+        let detailed = self.path.last().is_some_and(|n| n.detailed_metric);
+        let mut any = false;
+        let mut out = domain.to_owned();
+        for (level, (node, (key, value))) in self.path.iter().zip(entries).enumerate() {
+            out.push('.');
+            out.push_str(key);
+            let shown = if self.shares(level) {
+                node.value.as_deref()
+            } else if node.value_to_metric || detailed {
+                any = true;
+                Some(value.as_str()).filter(|v| !v.is_empty())
+            } else {
+                node.value.as_deref()
+            };
+            if let Some(v) = shown {
+                out.push('_');
+                out.push_str(v);
+            }
+        }
+        any.then_some(out)
     }
 }
 
@@ -222,11 +351,18 @@ impl Domain {
     /// level by level, the most specific node for each entry; the rule applies only if the
     /// request's last entry lands on a node that has one.
     pub fn rule(&self, entries: &[(String, String)]) -> Option<&Rule> {
+        self.matched(entries).map(|m| m.rule)
+    }
+
+    /// [`Domain::rule`], with the node each entry landed on.
+    pub fn matched(&self, entries: &[(String, String)]) -> Option<Match<'_>> {
         let mut level = &self.root;
+        let mut path = Vec::with_capacity(entries.len().min(MAX_LEVELS));
         for (i, (key, value)) in entries.iter().enumerate() {
             let node = level.find(key, value)?;
+            path.push(node);
             if i + 1 == entries.len() {
-                return node.rule.as_ref();
+                return node.rule.as_ref().map(|rule| Match { path, rule });
             }
             level = &node.children;
         }
@@ -244,6 +380,68 @@ impl Domain {
     }
 }
 
+impl Domain {
+    /// Adds `other`'s top-level descriptors (same domain, another file) after this one's,
+    /// numbering its limits after this one's.
+    fn merge(&mut self, other: Domain) -> Result<(), RulesError> {
+        for node in other.root.nodes {
+            let id = (node.key.clone(), node.value.clone());
+            if self
+                .root
+                .nodes
+                .iter()
+                .any(|n| (&n.key, &n.value) == (&id.0, &id.1))
+            {
+                return Err(RulesError {
+                    file: other.file.clone(),
+                    mark: None,
+                    field: "descriptors".into(),
+                    message: format!(
+                        "key `{}`{} of domain `{}` is already configured in {}: merge the two",
+                        node.key,
+                        node.value
+                            .as_deref()
+                            .map(|v| format!(" with value `{v}`"))
+                            .unwrap_or_default(),
+                        self.name,
+                        self.file
+                    ),
+                });
+            }
+            self.root.insert(node);
+        }
+        let mut next = 0;
+        self.root.walk_mut(&mut |node| {
+            if let Some(Rule::Limited(limit)) = &mut node.rule {
+                limit.id = next;
+                next += 1;
+            }
+        });
+        Ok(())
+    }
+}
+
+impl Level {
+    /// Adds `node` at the end, indexing its value.
+    fn insert(&mut self, node: Descriptor) {
+        let index = self.nodes.len();
+        match &node.value {
+            None => {
+                self.any.insert(node.key.clone(), index);
+            }
+            Some(v) if v.contains('*') => self.wildcard.push((
+                node.key.clone(),
+                v.split('*').map(str::to_owned).collect(),
+                index,
+            )),
+            Some(v) => {
+                self.exact.insert((node.key.clone(), v.clone()), index);
+            }
+        }
+        self.nodes.push(node);
+    }
+}
+
 /// Every loaded domain.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Domains {
@@ -255,22 +453,36 @@ impl Domains {
     pub fn load<'a>(
         files: impl IntoIterator<Item = (&'a str, &'a str)>,
     ) -> Result<Self, RulesError> {
-        let mut domains = BTreeMap::new();
+        Self::load_merging(files, false)
+    }
+
+    /// Loads `files`; with `merge`, a domain named in several files gathers their descriptors
+    /// (as the reference's `MERGE_DOMAIN_CONFIG` does: a descriptor repeated across them is
+    /// refused as within one file), else a domain may appear in only one file.
+    pub fn load_merging<'a>(
+        files: impl IntoIterator<Item = (&'a str, &'a str)>,
+        merge: bool,
+    ) -> Result<Self, RulesError> {
+        let mut domains: BTreeMap<String, Domain> = BTreeMap::new();
         for (file, text) in files {
             let domain = parse(file, text)?;
-            if let Some(first) = domains.get(&domain.name) {
-                let first: &Domain = first;
+            let Some(first) = domains.get_mut(&domain.name) else {
+                domains.insert(domain.name.clone(), domain);
+                continue;
+            };
+            if !merge {
                 return Err(RulesError {
                     file: file.to_owned(),
                     mark: None,
                     field: "domain".into(),
                     message: format!(
-                        "domain `{}` is already defined in {}: put each domain in one file",
+                        "domain `{}` is already defined in {}: put each domain in one file, or \
+                         set `merge_domains = true` in `[envoy]` to gather them",
                         domain.name, first.file
                     ),
                 });
             }
-            domains.insert(domain.name.clone(), domain);
+            first.merge(domain)?;
         }
         Ok(Self { domains })
     }
@@ -433,6 +645,14 @@ impl Loader<'_> {
         }
     }
 
+    /// Text that may be empty (`value: ""`, `name: ""`).
+    fn text_or_empty(&self, node: &Node, field: &str) -> Result<String, RulesError> {
+        match &node.value {
+            Value::Scalar { text, plain: false } if text.is_empty() => Ok(String::new()),
+            _ => self.text(node, field),
+        }
+    }
+
     fn boolean(&self, node: &Node, field: &str) -> Result<bool, RulesError> {
         if let Value::Scalar { text, plain: true } = &node.value {
             match text.as_str() {
@@ -515,23 +735,7 @@ impl Loader<'_> {
                 ));
             }
             seen.insert(id, item.mark.line);
-            let index = level.nodes.len();
-            match &descriptor.value {
-                None => {
-                    level.any.insert(descriptor.key.clone(), index);
-                }
-                Some(v) if v.ends_with('*') => level.prefix.push((
-                    descriptor.key.clone(),
-                    v.trim_end_matches('*').to_owned(),
-                    index,
-                )),
-                Some(v) => {
-                    level
-                        .exact
-                        .insert((descriptor.key.clone(), v.clone()), index);
-                }
-            }
-            level.nodes.push(descriptor);
+            level.insert(descriptor);
         }
         Ok(level)
     }
@@ -552,7 +756,11 @@ impl Loader<'_> {
                 "rate_limit",
                 "descriptors",
                 "shadow_mode",
+                "quota_mode",
+                "share_threshold",
+                "value_to_metric",
                 "detailed_metric",
+                "metadata",
             ],
         )?;
         let key = match fields.get("key") {
@@ -565,24 +773,35 @@ impl Loader<'_> {
                 ));
             }
         };
+        // An empty value is no value, as in the reference: the key alone.
         let value = match fields.get("value") {
-            Some(v) if !v.is_null() => Some(self.text(v, &join(field, "value"))?),
+            Some(v) if !v.is_null() => Some(self.text_or_empty(v, &join(field, "value"))?),
             _ => None,
-        };
-        let shadow = match fields.get("shadow_mode") {
-            Some(v) => self.boolean(v, &join(field, "shadow_mode"))?,
-            None => false,
-        };
-        if let Some(v) = fields.get("detailed_metric") {
-            // Accepted for compatibility; limiterd's metrics are per configured limit.
-            self.boolean(v, &join(field, "detailed_metric"))?;
         }
+        .filter(|v| !v.is_empty());
+        let flag = |name: &str| match fields.get(name) {
+            Some(v) => self.boolean(v, &join(field, name)),
+            None => Ok(false),
+        };
+        let shadow = flag("shadow_mode")?;
+        let quota_mode = flag("quota_mode")?;
+        let share_threshold = flag("share_threshold")?;
+        let value_to_metric = flag("value_to_metric")?;
+        let detailed_metric = flag("detailed_metric")?;
+        let metadata = fields.get("metadata").map(|m| flatten(m));
         let full_key = match &value {
             Some(v) => format!("{parent_key}.{key}_{v}"),
             None => format!("{parent_key}.{key}"),
         };
         let rule = match fields.get("rate_limit") {
-            Some(r) => Some(self.rule(r, &join(field, "rate_limit"), shadow, &full_key)?),
+            // `rate_limit:` with nothing after it is no rate limit, as in the reference.
+            Some(r) if r.is_null() => None,
+            Some(r) => Some(self.rule(
+                r,
+                &join(field, "rate_limit"),
+                (shadow, quota_mode),
+                &full_key,
+            )?),
             None => None,
         };
         let children = match fields.get("descriptors") {
@@ -594,6 +813,10 @@ impl Loader<'_> {
             value,
             rule,
             children,
+            share_threshold,
+            value_to_metric,
+            detailed_metric,
+            metadata,
         })
     }
 
@@ -601,7 +824,7 @@ impl Loader<'_> {
         &self,
         node: &Node,
         field: &str,
-        shadow: bool,
+        (shadow, quota_mode): (bool, bool),
         full_key: &str,
     ) -> Result<Rule, RulesError> {
         let fields = self.mapping(
@@ -610,6 +833,7 @@ impl Loader<'_> {
             &[
                 "unit",
                 "requests_per_unit",
+                "unit_multiplier",
                 "name",
                 "unlimited",
                 "replaces",
@@ -620,17 +844,25 @@ impl Loader<'_> {
             Some(v) => self.boolean(v, &join(field, "unlimited"))?,
             None => false,
         };
+        let name = match fields.get("name") {
+            Some(n) if n.is_null() => String::new(),
+            Some(n) => self.text_or_empty(n, &join(field, "name"))?,
+            None => String::new(),
+        };
+        let replaces = self.replaces(&fields, field, &name)?;
         if unlimited {
-            for other in ["unit", "requests_per_unit", "algorithm", "replaces"] {
+            // As in the reference: a unit says the limit counts something, which an
+            // unlimited one does not; a count or `replaces` beside it is harmless.
+            for other in ["unit", "algorithm", "unit_multiplier"] {
                 if let Some(v) = fields.get(other) {
                     return Err(self.error(
                         v,
                         &join(field, other),
-                        "an unlimited rate limit has no limit: remove this field or `unlimited: true`",
+                        "an unlimited rate limit has no window: remove this field or `unlimited: true`",
                     ));
                 }
             }
-            return Ok(Rule::Unlimited);
+            return Ok(Rule::Unlimited { name, replaces });
         }
         let unit = match fields.get("unit") {
             Some(u) => {
@@ -653,15 +885,23 @@ impl Loader<'_> {
                 ));
             }
         };
+        // Missing is 0, as the reference reads it: the limit refuses everything.
         let requests_per_unit = match fields.get("requests_per_unit") {
             Some(n) => self.count(n, &join(field, "requests_per_unit"))?,
-            None => {
-                return Err(self.error(
-                    node,
-                    &join(field, "requests_per_unit"),
-                    "missing: say how many requests each unit allows",
-                ));
-            }
+            None => 0,
+        };
+        let unit_multiplier = match fields.get("unit_multiplier") {
+            None => 1,
+            Some(n) => match self.count(n, &join(field, "unit_multiplier"))? {
+                0 => {
+                    return Err(self.error(
+                        n,
+                        &join(field, "unit_multiplier"),
+                        "is 0: a window of no time counts nothing; write 1 or more (1 is the unit itself)",
+                    ));
+                }
+                m => m,
+            },
         };
         let kind = match fields.get("algorithm") {
             None => Kind::FixedWindow,
@@ -683,50 +923,14 @@ impl Loader<'_> {
                 }
             }
         };
-        let name = match fields.get("name") {
-            Some(n) => self.text(n, &join(field, "name"))?,
-            None => String::new(),
-        };
-        let mut replaces = Vec::new();
-        if let Some(list) = fields.get("replaces") {
-            let path = join(field, "replaces");
-            let Value::Sequence(items) = &list.value else {
-                return Err(self.error(
-                    list,
-                    &path,
-                    format!(
-                        "is {}, not a list: write `- name: OTHER` items",
-                        list.describe()
-                    ),
-                ));
-            };
-            for (i, item) in items.iter().enumerate() {
-                let item_path = format!("{path}[{i}]");
-                let entry = self.mapping(item, &item_path, &["name"])?;
-                let Some(replaced) = entry.get("name") else {
-                    return Err(self.error(
-                        item,
-                        &join(&item_path, "name"),
-                        "missing: name the limit this one replaces",
-                    ));
-                };
-                let replaced_name = self.text(replaced, &join(&item_path, "name"))?;
-                if replaced_name == name {
-                    return Err(self.error(
-                        replaced,
-                        &join(&item_path, "name"),
-                        "a limit cannot replace itself: name another limit",
-                    ));
-                }
-                replaces.push(replaced_name);
-            }
-        }
         let limit = RateLimit {
             name,
             requests_per_unit,
             unit,
+            unit_multiplier,
             kind,
             shadow,
+            quota_mode,
             replaces,
             full_key: full_key.to_owned(),
             location: format!("{}:{}", self.file, node.mark.line),
@@ -746,6 +950,72 @@ impl Loader<'_> {
             })?;
         }
         Ok(Rule::Limited(limit))
+    }
+
+    /// `replaces`: the names of the limits this one replaces.
+    fn replaces(
+        &self,
+        fields: &HashMap<&str, &Node>,
+        field: &str,
+        name: &str,
+    ) -> Result<Vec<String>, RulesError> {
+        let mut replaces = Vec::new();
+        let Some(list) = fields.get("replaces") else {
+            return Ok(replaces);
+        };
+        if list.is_null() {
+            return Ok(replaces);
+        }
+        let path = join(field, "replaces");
+        let Value::Sequence(items) = &list.value else {
+            return Err(self.error(
+                list,
+                &path,
+                format!(
+                    "is {}, not a list: write `- name: OTHER` items",
+                    list.describe()
+                ),
+            ));
+        };
+        for (i, item) in items.iter().enumerate() {
+            let item_path = format!("{path}[{i}]");
+            let entry = self.mapping(item, &item_path, &["name"])?;
+            let Some(replaced) = entry.get("name") else {
+                return Err(self.error(
+                    item,
+                    &join(&item_path, "name"),
+                    "missing: name the limit this one replaces",
+                ));
+            };
+            let replaced_name = self.text(replaced, &join(&item_path, "name"))?;
+            if replaced_name == name {
+                return Err(self.error(
+                    replaced,
+                    &join(&item_path, "name"),
+                    "a limit cannot replace itself: name another limit",
+                ));
+            }
+            replaces.push(replaced_name);
+        }
+        Ok(replaces)
+    }
+}
+
+/// A YAML value as one line of text (`{name: service_1}`), for showing `metadata`.
+fn flatten(node: &Node) -> String {
+    match &node.value {
+        Value::Scalar { text, .. } => text.clone(),
+        Value::Sequence(items) => {
+            let items: Vec<String> = items.iter().map(flatten).collect();
+            format!("[{}]", items.join(", "))
+        }
+        Value::Mapping(entries) => {
+            let entries: Vec<String> = entries
+                .iter()
+                .map(|(k, v)| format!("{}: {}", flatten(k), flatten(v)))
+                .collect();
+            format!("{{{}}}", entries.join(", "))
+        }
     }
 }
 
@@ -837,7 +1107,10 @@ descriptors:
         assert_eq!(web.rule(&entries(&[("nothing", "x")])), None);
         assert_eq!(
             web.rule(&entries(&[("internal", "yes")])),
-            Some(&Rule::Unlimited)
+            Some(&Rule::Unlimited {
+                name: String::new(),
+                replaces: Vec::new()
+            })
         );
         assert_eq!(web.limits().count(), 5);
     }
@@ -917,10 +1190,10 @@ descriptors:
                 "not a list",
             ),
             (
-                "domain: web\ndescriptors:\n  - key: a\n    rate_limit: { unit: second }\n",
-                "descriptors[0].rate_limit.requests_per_unit",
+                "domain: web\ndescriptors:\n  - key: a\n    rate_limit: { unit: second, requests_per_unit: 1, unit_multiplier: 0 }\n",
+                "descriptors[0].rate_limit.unit_multiplier",
                 4,
-                "missing",
+                "is 0",
             ),
         ];
         for (text, field, line, message) in cases {
@@ -962,6 +1235,120 @@ descriptors:
                 Unit::Week.number()
             ),
             (5, 6, 7)
+        );
+    }
+
+    #[test]
+    fn loads_what_the_reference_loads() {
+        let deep = {
+            let mut text = String::from("domain: deep\ndescriptors:\n");
+            for level in 0..20 {
+                let pad = "  ".repeat(level * 2);
+                text.push_str(&format!("{pad}  - key: k{level}\n"));
+                if level == 19 {
+                    text.push_str(&format!(
+                        "{pad}    rate_limit: {{ unit: second, requests_per_unit: 1 }}\n"
+                    ));
+                } else {
+                    text.push_str(&format!("{pad}    descriptors:\n"));
+                }
+            }
+            text
+        };
+        let deep = parse("deep.yaml", &deep).expect("20 levels load");
+        let path: Vec<(String, String)> =
+            (0..20).map(|l| (format!("k{l}"), "v".to_owned())).collect();
+        assert!(matches!(deep.rule(&path), Some(Rule::Limited(_))));
+
+        let text = format!(
+            "domain: web
+descriptors:
+  - key: a
+    value: \"\"
+    metadata: {{ service_with_quota: {{ name: s }} }}
+    share_threshold: false
+    value_to_metric: true
+    quota_mode: true
+    rate_limit: {{ unit: hour }}
+  - key: b
+    rate_limit:
+  - key: c
+    rate_limit: {{ unlimited: true, requests_per_unit: 5, name: c, replaces: [{{ name: x }}] }}
+  - key: d
+    value: {long}
+    rate_limit: {{ unit: minute, requests_per_unit: 20, unit_multiplier: 5 }}
+",
+            long = "v".repeat(300)
+        );
+        let web = parse("web.yaml", &text).expect("loads");
+        let a = limit_of(&web, &[("a", "anything")]).expect("an empty value is the key alone");
+        assert_eq!((a.requests_per_unit, a.quota_mode), (0, true));
+        assert_eq!(web.rule(&entries(&[("b", "x")])), None, "no rate limit");
+        assert_eq!(
+            web.rule(&entries(&[("c", "x")])).map(Rule::replaces),
+            Some(&["x".to_owned()][..])
+        );
+        let d = limit_of(&web, &[("d", &"v".repeat(300))]).expect("a long value");
+        assert_eq!(d.window(), Duration::from_secs(300));
+        let described = web.matched(&entries(&[("a", "z")])).expect("matched");
+        assert_eq!(
+            described.path[0].metadata.as_deref(),
+            Some("{service_with_quota: {name: s}}")
+        );
+        assert_eq!(
+            described
+                .metric_key("web", &entries(&[("a", "z")]))
+                .as_deref(),
+            Some("web.a_z")
+        );
+    }
+
+    #[test]
+    fn wildcards_match_anywhere_in_the_value() {
+        let parts = |p: &str| p.split('*').map(str::to_owned).collect::<Vec<_>>();
+        for (pattern, value, matches) in [
+            ("foo*", "foo", true),
+            ("foo*", "foobar", true),
+            ("foo*", "fo", false),
+            ("bar*b", "barb", true),
+            ("bar*b", "bar-x-b", true),
+            ("bar*b", "bar-x-c", false),
+            ("bar*b", "bab", false),
+            ("foo*bar*baz", "foobarbaz", true),
+            ("foo*bar*baz", "foo1bar2baz", true),
+            ("foo*bar*baz", "foo1baz", false),
+            ("foo*bar*baz", "foobazbar", false),
+            ("*", "", true),
+            ("*x*", "axb", true),
+            ("*x*", "ab", false),
+            ("a*a", "a", false),
+            ("/api/*/action", "/api/v1/action", true),
+            ("/api/*/action", "/api/action", false),
+        ] {
+            assert_eq!(
+                wildcard_matches(&parts(pattern), value),
+                matches,
+                "{pattern} against {value}"
+            );
+        }
+    }
+
+    #[test]
+    fn domains_merge_across_files_only_when_asked() {
+        let one = "domain: web\ndescriptors:\n  - key: a\n    rate_limit: { unit: second, requests_per_unit: 1 }\n";
+        let two = "domain: web\ndescriptors:\n  - key: b\n    rate_limit: { unit: second, requests_per_unit: 2 }\n";
+        assert!(Domains::load([("1.yaml", one), ("2.yaml", two)]).is_err());
+        let merged =
+            Domains::load_merging([("1.yaml", one), ("2.yaml", two)], true).expect("merged");
+        let web = merged.get("web").expect("web");
+        let ids: Vec<usize> = web.limits().map(|l| l.id).collect();
+        assert_eq!(ids, [0, 1]);
+        assert!(web.rule(&entries(&[("b", "x")])).is_some());
+        let err = Domains::load_merging([("1.yaml", one), ("3.yaml", one)], true)
+            .expect_err("the same descriptor twice");
+        assert!(
+            err.message.contains("already configured in 1.yaml"),
+            "{err}"
         );
     }
 }

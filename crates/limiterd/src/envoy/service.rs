@@ -19,14 +19,16 @@ use limiter_redis::Kind;
 
 use super::rules::{Domains, RateLimit, Rule, Unit};
 use crate::config::{CheckedLimit, Keying, Policy, PolicyLimit, StoreKind};
+pub use crate::config::{HeaderNames, Options};
 use crate::engine::{DecideError, Engine, EngineError, Item, PolicyId, Target};
 
-/// The most descriptors one request may carry.
-pub const MAX_DESCRIPTORS: usize = 64;
-/// The most entries one descriptor may carry.
-pub const MAX_ENTRIES: usize = 32;
-/// The longest domain, key or value, in bytes.
-pub const MAX_TEXT: usize = 1_024;
+/// The most descriptors one request is decided for: a request with more is answered
+/// `OVER_LIMIT` for every descriptor, counting nothing (never an error, which envoy's default
+/// `failure_mode_deny: false` would let through unlimited).
+pub const MAX_DESCRIPTORS: usize = 4_096;
+/// A counter key (a descriptor's entries, length-prefixed) longer than this is kept as its
+/// SHA-1 instead, so a long value costs no more memory than a short one.
+pub const MAX_KEY_BYTES: usize = 512;
 
 /// A `ShouldRateLimit` request.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -111,12 +113,18 @@ pub struct Status {
 }
 
 /// The answer to a request.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Response {
-    /// `OVER_LIMIT` if any enforced descriptor is.
+    /// `OVER_LIMIT` if any enforced descriptor is (`OK` under global shadow mode).
     pub overall: Code,
     /// One status per request descriptor, in order.
     pub statuses: Vec<Status>,
+    /// Headers for envoy to add to the client's response (`response_headers_to_add`), when
+    /// [`Options::headers`] enables them.
+    pub headers: Vec<(String, String)>,
+    /// `dynamic_metadata`: the request's descriptors when [`Options::dynamic_metadata`] is
+    /// set, and `quotaModeEnabled` / `quotaModeViolations` when a `quota_mode` limit matched.
+    pub dynamic_metadata: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 /// A request that cannot be decided.
@@ -125,6 +133,10 @@ pub enum EnvoyError {
     /// The request is malformed (gRPC `INVALID_ARGUMENT`, HTTP 400); names the field.
     #[error("{0}")]
     Invalid(String),
+    /// No domain or no descriptors: nothing to decide (gRPC `UNKNOWN`, as the reference
+    /// answers; HTTP 400).
+    #[error("{0}")]
+    Empty(String),
     /// The store failed and the policy refuses, or is full (gRPC `UNAVAILABLE`, HTTP 503).
     #[error("{0}")]
     Unavailable(String),
@@ -137,6 +149,7 @@ pub struct Envoy {
     /// Per domain, the engine policy of each limit, by [`RateLimit::id`].
     /// `None` for a limit of `requests_per_unit: 0`, which refuses without a counter.
     policies: HashMap<String, Vec<Option<PolicyId>>>,
+    options: Options,
 }
 
 /// How a request descriptor is decided.
@@ -149,10 +162,37 @@ enum Plan<'a> {
     Counted {
         item: Item,
         shown: CurrentLimit,
-        replaces: &'a [String],
+        stats: Stats<'a>,
     },
     /// Over before counting: `requests_per_unit` is 0, or the hits exceed it.
-    Refused { shown: CurrentLimit, shadow: bool },
+    Refused {
+        shown: CurrentLimit,
+        stats: Stats<'a>,
+    },
+}
+
+/// What a matched limit reports besides its status: how it is enforced and where it is
+/// counted in the metrics.
+struct Stats<'a> {
+    /// The configured limit (`None` for a limit sent with the request).
+    limit: Option<&'a RateLimit>,
+    /// `shadow_mode`: never denies.
+    shadow: bool,
+    /// `quota_mode`: never denies; an over answer is named in the dynamic metadata.
+    quota: bool,
+    /// The metric name, where `value_to_metric` or `detailed_metric` makes one per value.
+    detailed_key: Option<String>,
+}
+
+impl Stats<'_> {
+    fn adhoc() -> Self {
+        Self {
+            limit: None,
+            shadow: false,
+            quota: false,
+            detailed_key: None,
+        }
+    }
 }
 
 /// Why envoy's domains could not be attached to the engine: a descriptor's limit, where it is.
@@ -197,11 +237,24 @@ fn policy_for(
 }
 
 /// The counter key for a descriptor's entries: each key and value length-prefixed, so no two
-/// different descriptors share one.
-fn identifier(entries: &[(String, String)]) -> String {
+/// different descriptors share one; an entry counted under its node's wildcard
+/// (`share_threshold`) is written `*` and the pattern instead. A key longer than
+/// [`MAX_KEY_BYTES`] is kept as its SHA-1.
+fn identifier(entries: &[(String, String)], shared: impl Fn(usize) -> Option<String>) -> String {
     let mut out = String::new();
-    for (key, value) in entries {
-        let _ = write!(out, "{}:{key}{}:{value}", key.len(), value.len());
+    for (level, (key, value)) in entries.iter().enumerate() {
+        match shared(level) {
+            Some(pattern) => {
+                let _ = write!(out, "{}:{key}*{}:{pattern}", key.len(), pattern.len());
+            }
+            None => {
+                let _ = write!(out, "{}:{key}{}:{value}", key.len(), value.len());
+            }
+        }
+    }
+    if out.len() > MAX_KEY_BYTES {
+        let digest = sha1_smol::Sha1::from(out.as_bytes()).digest();
+        out = format!("sha1:{digest}");
     }
     out
 }
@@ -214,10 +267,6 @@ fn stack_name(full_key: &str) -> String {
         (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
     });
     format!("envoy-{hash:016x}")
-}
-
-fn invalid(field: &str, message: impl std::fmt::Display) -> EnvoyError {
-    EnvoyError::Invalid(format!("{field}: {message}"))
 }
 
 impl Envoy {
@@ -261,7 +310,23 @@ impl Envoy {
             }
             policies.insert(domain.name.clone(), ids);
         }
-        Ok(Self { domains, policies })
+        Ok(Self {
+            domains,
+            policies,
+            options: Options::default(),
+        })
+    }
+
+    /// With service-wide `options`.
+    #[must_use]
+    pub fn with_options(mut self, options: Options) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// The service-wide options.
+    pub fn options(&self) -> &Options {
+        &self.options
     }
 
     /// The loaded domains.
@@ -269,82 +334,44 @@ impl Envoy {
         &self.domains
     }
 
+    /// Refuses only what the reference refuses: no domain, or no descriptors. Everything else
+    /// is decided (an entry with an empty key, or a descriptor with no entries, matches no
+    /// limit, as there).
     fn check(request: &Request) -> Result<(), EnvoyError> {
         if request.domain.is_empty() {
-            return Err(invalid(
-                "domain",
-                "is empty: send the domain your descriptors are configured under",
+            return Err(EnvoyError::Empty(
+                "domain: rate limit domain must not be empty: send the domain your descriptors are configured under".into(),
             ));
         }
-        if request.domain.len() > MAX_TEXT {
-            return Err(invalid(
-                "domain",
-                format!("is longer than {MAX_TEXT} bytes"),
+        if request.descriptors.is_empty() {
+            return Err(EnvoyError::Empty(
+                "descriptors: rate limit descriptor list must not be empty: send at least one descriptor".into(),
             ));
-        }
-        if request.descriptors.is_empty() || request.descriptors.len() > MAX_DESCRIPTORS {
-            return Err(invalid(
-                "descriptors",
-                format!(
-                    "send 1 to {MAX_DESCRIPTORS} descriptors, not {}",
-                    request.descriptors.len()
-                ),
-            ));
-        }
-        for (i, d) in request.descriptors.iter().enumerate() {
-            let field = format!("descriptors[{i}].entries");
-            if d.entries.is_empty() || d.entries.len() > MAX_ENTRIES {
-                return Err(invalid(
-                    &field,
-                    format!("send 1 to {MAX_ENTRIES} entries, not {}", d.entries.len()),
-                ));
-            }
-            for (j, (key, value)) in d.entries.iter().enumerate() {
-                if key.is_empty() {
-                    return Err(invalid(&format!("{field}[{j}].key"), "is empty"));
-                }
-                if key.len() > MAX_TEXT || value.len() > MAX_TEXT {
-                    return Err(invalid(
-                        &format!("{field}[{j}]"),
-                        format!("a key or value is longer than {MAX_TEXT} bytes"),
-                    ));
-                }
-            }
         }
         Ok(())
     }
 
-    fn plan<'a>(
-        &'a self,
-        request: &Request,
-        index: usize,
-        descriptor: &Descriptor,
-    ) -> Result<Plan<'a>, EnvoyError> {
+    fn plan<'a>(&'a self, request: &Request, descriptor: &Descriptor) -> (Plan<'a>, &'a [String]) {
         let Some(domain) = self.domains.get(&request.domain) else {
-            return Ok(Plan::Free);
+            return (Plan::Free, &[]);
         };
         let hits = match descriptor.hits_addend {
             Some(hits) => hits,
             None => u64::from(request.hits_addend.max(1)),
         };
-        let id = identifier(&descriptor.entries);
-        if let Some(o) = descriptor.limit {
-            let unit = Unit::from_number(o.unit).ok_or_else(|| {
-                invalid(
-                    &format!("descriptors[{index}].limit.unit"),
-                    format!("{} is not a unit: send SECOND to YEAR", o.unit),
-                )
-            })?;
+        // A limit sent with the descriptor replaces the configured one; one with no known unit
+        // is ignored (the configured limit still applies, so junk cannot buy a way around it).
+        if let Some(o) = descriptor.limit
+            && let Some(unit) = Unit::from_number(o.unit)
+        {
             let shown = CurrentLimit {
                 name: String::new(),
                 requests_per_unit: o.requests_per_unit,
                 unit,
             };
             if u64::from(o.requests_per_unit) < hits || o.requests_per_unit == 0 {
-                return Ok(Plan::Refused {
-                    shown,
-                    shadow: false,
-                });
+                let stats = Stats::adhoc();
+                return (Plan::Refused { shown, stats }, &[]);
             }
             let duration_ms = u64::try_from(unit.duration().as_millis()).unwrap_or(u64::MAX);
             let item = Item {
@@ -354,49 +381,57 @@ impl Envoy {
                     duration_ms,
                     namespace: format!("envoy:{}", request.domain),
                 },
-                identifier: id,
+                identifier: identifier(&descriptor.entries, |_| None),
                 cost: hits,
                 shadow: false,
             };
-            return Ok(Plan::Counted {
-                item,
-                shown,
-                replaces: &[],
-            });
+            let stats = Stats::adhoc();
+            return (Plan::Counted { item, shown, stats }, &[]);
         }
-        match domain.rule(&descriptor.entries) {
-            None => Ok(Plan::Free),
-            Some(Rule::Unlimited) => Ok(Plan::Unlimited),
-            Some(Rule::Limited(limit)) => {
-                let shown = CurrentLimit {
-                    name: limit.name.clone(),
-                    requests_per_unit: limit.requests_per_unit,
-                    unit: limit.unit,
-                };
-                let policy = self
-                    .policies
-                    .get(&request.domain)
-                    .and_then(|ids| ids.get(limit.id).copied().flatten());
-                match policy {
-                    Some(policy) if hits <= u64::from(limit.requests_per_unit) => {
-                        Ok(Plan::Counted {
-                            item: Item {
-                                target: Target::Policy(policy),
-                                identifier: id,
-                                cost: hits,
-                                shadow: limit.shadow,
-                            },
-                            shown,
-                            replaces: &limit.replaces,
-                        })
-                    }
-                    _ => Ok(Plan::Refused {
-                        shown,
-                        shadow: limit.shadow,
-                    }),
+        let Some(matched) = domain.matched(&descriptor.entries) else {
+            return (Plan::Free, &[]);
+        };
+        let limit = match matched.rule {
+            Rule::Unlimited { replaces, .. } => return (Plan::Unlimited, replaces),
+            Rule::Limited(limit) => limit,
+        };
+        let shown = CurrentLimit {
+            name: limit.name.clone(),
+            requests_per_unit: limit.requests_per_unit,
+            unit: limit.unit,
+        };
+        let stats = Stats {
+            limit: Some(limit),
+            shadow: limit.shadow,
+            quota: limit.quota_mode,
+            detailed_key: matched.metric_key(&request.domain, &descriptor.entries),
+        };
+        let policy = self
+            .policies
+            .get(&request.domain)
+            .and_then(|ids| ids.get(limit.id).copied().flatten());
+        let plan = match policy {
+            Some(policy) if hits <= u64::from(limit.requests_per_unit) => {
+                let id = identifier(&descriptor.entries, |level| {
+                    matched
+                        .shares(level)
+                        .then(|| matched.path[level].value.clone().unwrap_or_default())
+                });
+                Plan::Counted {
+                    item: Item {
+                        target: Target::Policy(policy),
+                        identifier: id,
+                        cost: hits,
+                        // Neither a shadow nor a quota-mode limit denies the request.
+                        shadow: limit.shadow || limit.quota_mode || self.options.shadow_mode,
+                    },
+                    shown,
+                    stats,
                 }
             }
-        }
+            _ => Plan::Refused { shown, stats },
+        };
+        (plan, &limit.replaces)
     }
 
     /// Decides `request` on `engine`, all or nothing across its enforced descriptors.
@@ -406,20 +441,18 @@ impl Envoy {
         request: &Request,
     ) -> Result<Response, EnvoyError> {
         Self::check(request)?;
-        let mut plans = request
-            .descriptors
-            .iter()
-            .enumerate()
-            .map(|(i, d)| self.plan(request, i, d))
-            .collect::<Result<Vec<_>, _>>()?;
-        // A matched limit named in another matched limit's `replaces` does not apply.
-        let replaced: HashSet<&str> = plans
-            .iter()
-            .flat_map(|p| match p {
-                Plan::Counted { replaces, .. } => replaces.iter().map(String::as_str).collect(),
-                _ => Vec::new(),
-            })
-            .collect();
+        if request.descriptors.len() > MAX_DESCRIPTORS {
+            return Ok(self.too_many(request));
+        }
+        let mut plans = Vec::with_capacity(request.descriptors.len());
+        let mut replaced: HashSet<&str> = HashSet::new();
+        for descriptor in &request.descriptors {
+            let (plan, replaces) = self.plan(request, descriptor);
+            replaced.extend(replaces.iter().map(String::as_str));
+            plans.push(plan);
+        }
+        // A matched limit named in another matched limit's `replaces` does not apply, whether
+        // that other limit counts, refuses before counting, or is unlimited.
         if !replaced.is_empty() {
             for plan in &mut plans {
                 let name = match plan {
@@ -431,84 +464,349 @@ impl Envoy {
                 }
             }
         }
-        let refused = plans
+        let enforced =
+            |stats: &Stats<'_>| !(stats.shadow || stats.quota || self.options.shadow_mode);
+        let mut refused = plans
             .iter()
-            .any(|p| matches!(p, Plan::Refused { shadow: false, .. }));
-        // Something is over before counting: only report the others (cost 0), so nothing moves.
-        let (slots, items): (Vec<Option<usize>>, Vec<Item>) = {
-            let mut slots = Vec::with_capacity(plans.len());
-            let mut items = Vec::new();
-            for plan in &plans {
-                if let Plan::Counted { item, .. } = plan {
-                    let mut item = item.clone();
-                    if refused {
-                        item.cost = 0;
+            .any(|p| matches!(p, Plan::Refused { stats, .. } if enforced(stats)));
+        // A check (0 hits) of an exhausted counter is over, so the request is over before
+        // anything is counted: checks are read first when the request also charges.
+        if !refused {
+            let checks: Vec<Item> = plans
+                .iter()
+                .filter_map(|p| match p {
+                    Plan::Counted { item, stats, .. } if item.cost == 0 && enforced(stats) => {
+                        Some(item.clone())
                     }
-                    slots.push(Some(items.len()));
-                    items.push(item);
-                } else {
-                    slots.push(None);
-                }
+                    _ => None,
+                })
+                .collect();
+            let charges = plans
+                .iter()
+                .any(|p| matches!(p, Plan::Counted { item, .. } if item.cost > 0));
+            if !checks.is_empty() && charges {
+                let (_, read) = engine.decide(&checks).await.map_err(decide_error)?;
+                refused = read
+                    .iter()
+                    .any(|a| !a.decision.is_allowed() || a.decision.remaining() == 0);
             }
-            (slots, items)
-        };
-        let (all, answers) = if items.is_empty() {
+        }
+        // Something is over before counting: only report the others (cost 0), so nothing moves.
+        let mut slots = Vec::with_capacity(plans.len());
+        let mut items = Vec::new();
+        for plan in &plans {
+            if let Plan::Counted { item, .. } = plan {
+                let mut item = item.clone();
+                if refused {
+                    item.cost = 0;
+                }
+                slots.push(Some(items.len()));
+                items.push(item);
+            } else {
+                slots.push(None);
+            }
+        }
+        let (admitted, mut answers) = if items.is_empty() {
             (true, Vec::new())
         } else {
-            engine.decide(&items).await.map_err(|e| match e {
-                DecideError::Invalid { .. } | DecideError::TooManyShapes => {
-                    EnvoyError::Invalid(e.to_string())
-                }
-                DecideError::Full(_) | DecideError::Unavailable(_) => {
-                    EnvoyError::Unavailable(e.to_string())
-                }
-            })?
+            engine.decide(&items).await.map_err(decide_error)?
         };
-        let over = refused || !all;
+        if refused || !admitted {
+            self.keep_repeated_hits(engine, &plans, &slots, &mut answers)
+                .await?;
+        }
+        let mut outcome = Outcome::default();
         let statuses = plans
             .iter()
             .zip(&slots)
-            .map(|(plan, slot)| match plan {
-                Plan::Free => Status {
+            .enumerate()
+            .map(|(index, (plan, slot))| {
+                let decided = slot.and_then(|i| answers.get(i));
+                self.status(index, plan, decided, &mut outcome, engine)
+            })
+            .collect::<Vec<_>>();
+        let over = refused || outcome.over;
+        if over && self.options.shadow_mode {
+            engine.metrics().envoy_stat("", "global_shadow_mode", 1);
+        }
+        let overall = if over && !self.options.shadow_mode {
+            Code::OverLimit
+        } else {
+            Code::Ok
+        };
+        Ok(Response {
+            overall,
+            headers: self.headers(&statuses),
+            dynamic_metadata: self.metadata(request, &outcome),
+            statuses,
+        })
+    }
+
+    /// In a request that is over, a counter named by more than one descriptor keeps the hits
+    /// that fit, as the reference counts them: its occurrences are charged one at a time, in
+    /// order, and each reports what it found (the first fits, a later one is over). Other
+    /// counters take nothing, as in every request that is over.
+    async fn keep_repeated_hits<C: Clock + Clone + Send + Sync + 'static>(
+        &self,
+        engine: &Engine<C>,
+        plans: &[Plan<'_>],
+        slots: &[Option<usize>],
+        answers: &mut [crate::engine::Answer],
+    ) -> Result<(), EnvoyError> {
+        let mut by_counter: HashMap<&str, Vec<(usize, &Item)>> = HashMap::new();
+        for (plan, slot) in plans.iter().zip(slots) {
+            if let (Plan::Counted { item, .. }, Some(i)) = (plan, slot)
+                && item.cost > 0
+                && !item.shadow
+            {
+                by_counter
+                    .entry(item.identifier.as_str())
+                    .or_default()
+                    .push((*i, item));
+            }
+        }
+        for occurrences in by_counter.values() {
+            for (n, (_, first)) in occurrences.iter().enumerate() {
+                let same: Vec<&(usize, &Item)> = occurrences[n..]
+                    .iter()
+                    .filter(|(_, other)| other.target == first.target)
+                    .collect();
+                // Only the first occurrence of each target starts a group.
+                let earlier = occurrences[..n]
+                    .iter()
+                    .any(|(_, other)| other.target == first.target);
+                if same.len() < 2 || earlier {
+                    continue;
+                }
+                for (slot, item) in same {
+                    let (_, mut answer) = engine
+                        .decide(std::slice::from_ref(*item))
+                        .await
+                        .map_err(decide_error)?;
+                    if let (Some(answer), Some(to)) = (answer.pop(), answers.get_mut(*slot)) {
+                        *to = answer;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A request with more than [`MAX_DESCRIPTORS`] descriptors: over, counting nothing.
+    fn too_many(&self, request: &Request) -> Response {
+        let statuses: Vec<Status> = request
+            .descriptors
+            .iter()
+            .map(|_| Status {
+                code: Code::OverLimit,
+                current_limit: None,
+                limit_remaining: 0,
+                duration_until_reset: None,
+            })
+            .collect();
+        Response {
+            overall: if self.options.shadow_mode {
+                Code::Ok
+            } else {
+                Code::OverLimit
+            },
+            headers: Vec::new(),
+            dynamic_metadata: None,
+            statuses,
+        }
+    }
+
+    /// One descriptor's status, counting its reference-style statistics.
+    fn status<C: Clock + Clone + Send + Sync + 'static>(
+        &self,
+        index: usize,
+        plan: &Plan<'_>,
+        decided: Option<&crate::engine::Answer>,
+        outcome: &mut Outcome,
+        engine: &Engine<C>,
+    ) -> Status {
+        let (shown, stats, status, hits) = match (plan, decided) {
+            (Plan::Free, _) => {
+                return Status {
                     code: Code::Ok,
                     current_limit: None,
                     limit_remaining: 0,
                     duration_until_reset: None,
-                },
-                Plan::Unlimited => Status {
+                };
+            }
+            (Plan::Unlimited, _) => {
+                return Status {
                     code: Code::Ok,
                     current_limit: None,
                     limit_remaining: u32::MAX,
                     duration_until_reset: None,
-                },
-                Plan::Refused { shown, shadow } => Status {
-                    code: if *shadow { Code::Ok } else { Code::OverLimit },
+                };
+            }
+            (Plan::Refused { shown, stats }, _) => {
+                let status = Status {
+                    code: Code::OverLimit,
                     current_limit: Some(shown.clone()),
                     limit_remaining: 0,
                     duration_until_reset: Some(shown.unit.duration()),
-                },
-                Plan::Counted { shown, item, .. } => {
-                    match slot.and_then(|i| answers.get(i)) {
-                        Some(answer) => status(shown, &answer.decision, item.shadow),
-                        // The engine answers every item; were one missing, say over.
-                        None => Status {
-                            code: Code::OverLimit,
-                            current_limit: Some(shown.clone()),
-                            limit_remaining: 0,
-                            duration_until_reset: None,
-                        },
+                };
+                (shown, stats, status, 0)
+            }
+            (Plan::Counted { shown, stats, item }, Some(answer)) => {
+                let mut status = counted_status(shown, &answer.decision);
+                // A check (0 hits) of a counter with nothing left is over, as a charge would
+                // be: envoy's check-then-charge callers must hear "no" before they spend.
+                if item.cost == 0 && status.code == Code::Ok && status.limit_remaining == 0 {
+                    status.code = Code::OverLimit;
+                    status.duration_until_reset =
+                        Some(Duration::from_nanos(answer.decision.reset_after_nanos()));
+                }
+                (shown, stats, status, item.cost)
+            }
+            // The engine answers every item; were one missing, say over.
+            (Plan::Counted { shown, stats, .. }, None) => {
+                let status = Status {
+                    code: Code::OverLimit,
+                    current_limit: Some(shown.clone()),
+                    limit_remaining: 0,
+                    duration_until_reset: None,
+                };
+                (shown, stats, status, 0)
+            }
+        };
+        let over = status.code == Code::OverLimit;
+        if stats.quota {
+            outcome.quota_mode = true;
+            if over {
+                outcome.quota_violations.push(index);
+            }
+        } else if over && !stats.shadow {
+            outcome.over = true;
+        }
+        if let Some(limit) = stats.limit {
+            let metrics = engine.metrics();
+            for key in std::iter::once(limit.full_key.as_str()).chain(stats.detailed_key.as_deref())
+            {
+                metrics.envoy_stat(key, "total_hits", hits);
+                if over {
+                    metrics.envoy_stat(key, "over_limit", hits.max(1));
+                    if stats.shadow {
+                        metrics.envoy_stat(key, "shadow_mode", hits.max(1));
+                    }
+                } else {
+                    metrics.envoy_stat(key, "within_limit", hits);
+                    let used = u64::from(shown.requests_per_unit)
+                        .saturating_sub(u64::from(status.limit_remaining));
+                    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                    let threshold = (f64::from(shown.requests_per_unit)
+                        * self.options.near_limit_ratio)
+                        .floor() as u64;
+                    if hits > 0 && used > threshold {
+                        metrics.envoy_stat(key, "near_limit", hits.min(used - threshold));
                     }
                 }
-            })
-            .collect();
-        Ok(Response {
-            overall: if over { Code::OverLimit } else { Code::Ok },
-            statuses,
-        })
+            }
+        }
+        // Shadow and quota-mode limits are answered OK whatever they found.
+        if over && (stats.shadow || stats.quota) {
+            return Status {
+                code: Code::Ok,
+                ..status
+            };
+        }
+        status
+    }
+
+    /// The rate-limit headers, from the status closest to its limit (least remaining, then
+    /// latest reset), when enabled.
+    fn headers(&self, statuses: &[Status]) -> Vec<(String, String)> {
+        let Some(names) = &self.options.headers else {
+            return Vec::new();
+        };
+        let closest = statuses
+            .iter()
+            .filter(|s| s.current_limit.is_some())
+            .min_by_key(|s| {
+                (
+                    s.limit_remaining,
+                    std::cmp::Reverse(s.duration_until_reset.unwrap_or_default()),
+                )
+            });
+        let Some(status) = closest else {
+            return Vec::new();
+        };
+        let limit = status
+            .current_limit
+            .as_ref()
+            .map_or(0, |l| l.requests_per_unit);
+        let reset = status.duration_until_reset.unwrap_or_default();
+        // Whole seconds, rounded up: a client that waits that long finds the window reset.
+        let reset = reset.as_secs() + u64::from(reset.subsec_nanos() > 0);
+        vec![
+            (names.limit.clone(), limit.to_string()),
+            (names.remaining.clone(), status.limit_remaining.to_string()),
+            (names.reset.clone(), reset.to_string()),
+        ]
+    }
+
+    /// The answer's dynamic metadata, if any.
+    fn metadata(
+        &self,
+        request: &Request,
+        outcome: &Outcome,
+    ) -> Option<serde_json::Map<String, serde_json::Value>> {
+        use serde_json::{Value, json};
+        let mut out = serde_json::Map::new();
+        if self.options.dynamic_metadata {
+            out.insert("domain".into(), json!(request.domain));
+            let descriptors: Vec<Value> = request
+                .descriptors
+                .iter()
+                .map(|d| {
+                    let entries: Vec<Value> = d
+                        .entries
+                        .iter()
+                        .map(|(k, v)| json!(format!("{k}={v}")))
+                        .collect();
+                    json!({ "entries": entries })
+                })
+                .collect();
+            out.insert("descriptors".into(), Value::Array(descriptors));
+            out.insert("hitsAddend".into(), json!(request.hits_addend.max(1)));
+        }
+        if outcome.quota_mode {
+            out.insert("quotaModeEnabled".into(), json!(true));
+            out.insert(
+                "quotaModeViolations".into(),
+                json!(outcome.quota_violations),
+            );
+        }
+        (!out.is_empty()).then_some(out)
     }
 }
 
-fn status(shown: &CurrentLimit, decision: &Decision, shadow: bool) -> Status {
+fn decide_error(e: DecideError) -> EnvoyError {
+    match e {
+        DecideError::Invalid { .. } | DecideError::TooManyShapes => {
+            EnvoyError::Invalid(e.to_string())
+        }
+        DecideError::Full(_) | DecideError::Unavailable(_) => {
+            EnvoyError::Unavailable(e.to_string())
+        }
+    }
+}
+
+/// What the statuses of one request add up to.
+#[derive(Default)]
+struct Outcome {
+    /// An enforced descriptor is over.
+    over: bool,
+    /// A `quota_mode` limit matched.
+    quota_mode: bool,
+    /// The descriptors whose `quota_mode` limit was over, by index.
+    quota_violations: Vec<usize>,
+}
+
+fn counted_status(shown: &CurrentLimit, decision: &Decision) -> Status {
     let remaining = u32::try_from(decision.remaining()).unwrap_or(u32::MAX);
     if decision.is_allowed() {
         Status {
@@ -519,7 +817,7 @@ fn status(shown: &CurrentLimit, decision: &Decision, shadow: bool) -> Status {
         }
     } else {
         Status {
-            code: if shadow { Code::Ok } else { Code::OverLimit },
+            code: Code::OverLimit,
             current_limit: Some(shown.clone()),
             limit_remaining: 0,
             duration_until_reset: Some(Duration::from_nanos(decision.retry_after_nanos())),
@@ -819,39 +1117,185 @@ descriptors:
         }
         assert_eq!(f.remaining(&[("tenant", "h")]), 6);
 
+        // Only an empty domain or descriptor list is an error (gRPC UNKNOWN, as the
+        // reference answers).
         for (req, field) in [
             (Request::default(), "domain"),
             (request(Vec::new()), "descriptors"),
-            (request(vec![descriptor(&[])]), "descriptors[0].entries"),
-            (
-                request(vec![descriptor(&[("", "v")])]),
-                "descriptors[0].entries[0].key",
-            ),
-            (
-                request(vec![Descriptor {
-                    limit: Some(Override {
-                        requests_per_unit: 1,
-                        unit: 0,
-                    }),
-                    ..descriptor(&[("a", "b")])
-                }]),
-                "descriptors[0].limit.unit",
-            ),
-            (
-                request(
-                    (0..=MAX_DESCRIPTORS)
-                        .map(|_| descriptor(&[("a", "b")]))
-                        .collect(),
-                ),
-                "descriptors",
-            ),
         ] {
-            let EnvoyError::Invalid(message) =
+            let EnvoyError::Empty(message) =
                 decided_at_once(f.envoy.decide(&f.engine, &req)).expect_err(field)
             else {
-                panic!("invalid")
+                panic!("empty")
             };
             assert!(message.starts_with(field), "{field}: {message}");
+        }
+    }
+
+    #[test]
+    fn malformed_descriptors_never_pass_a_limit_they_would_meet() {
+        let f = fixture();
+        // No entries, or an empty key: no limit matches them, and the rest is counted.
+        let r = f.decide(vec![
+            descriptor(&[]),
+            descriptor(&[("", "v")]),
+            descriptor(&[("user", "mal")]),
+        ]);
+        assert_eq!(r.overall, Code::Ok);
+        assert_eq!(r.statuses[2].limit_remaining, 0);
+        assert_eq!(
+            f.decide(vec![descriptor(&[]), descriptor(&[("user", "mal")])])
+                .overall,
+            Code::OverLimit
+        );
+        // An override with no known unit is ignored: the configured limit applies.
+        let junk = Descriptor {
+            limit: Some(Override {
+                requests_per_unit: 1_000,
+                unit: 0,
+            }),
+            ..descriptor(&[("user", "mal")])
+        };
+        assert_eq!(f.decide(vec![junk]).overall, Code::OverLimit);
+        // A long value is counted (under its digest), exactly like a short one.
+        let long = "v".repeat(100_000);
+        assert_eq!(
+            f.decide(vec![descriptor(&[("user", &long)])]).overall,
+            Code::Ok
+        );
+        assert_eq!(
+            f.decide(vec![descriptor(&[("user", &long)])]).overall,
+            Code::OverLimit
+        );
+        let longer = format!("{long}w");
+        assert_eq!(
+            f.decide(vec![descriptor(&[("user", &longer)])]).overall,
+            Code::Ok,
+            "another long value has its own counter"
+        );
+        // Many descriptors (past what the reference was ever sent): each is decided.
+        let many: Vec<Descriptor> = (0..200)
+            .map(|i| descriptor(&[("tenant", &format!("t{i}"))]))
+            .chain(std::iter::once(descriptor(&[("user", "mal")])))
+            .collect();
+        let r = f.decide(many);
+        assert_eq!(r.overall, Code::OverLimit);
+        assert_eq!(r.statuses.len(), 201);
+        // Past MAX_DESCRIPTORS: over, counting nothing.
+        let flood: Vec<Descriptor> = (0..=MAX_DESCRIPTORS)
+            .map(|_| descriptor(&[("tenant", "flood")]))
+            .collect();
+        let r = f.decide(flood);
+        assert_eq!(r.overall, Code::OverLimit);
+        assert_eq!(f.remaining(&[("tenant", "flood")]), 10);
+    }
+
+    const SWITCHES: &str = "\
+domain: web
+descriptors:
+  - key: soft
+    quota_mode: true
+    rate_limit: { unit: minute, requests_per_unit: 1 }
+  - key: user
+    value_to_metric: true
+    rate_limit: { unit: minute, requests_per_unit: 10 }
+  - key: tenant
+    rate_limit: { unit: hour, requests_per_unit: 5 }
+";
+
+    fn with_options(options: Options) -> Fixture {
+        let config = Config::parse("[envoy]\nfiles = [\"web.yaml\"]\n").expect("valid");
+        let domains = Domains::load([("web.yaml", SWITCHES)]).expect("valid");
+        let clock = ManualClock::new();
+        let metrics = Arc::new(Metrics::new());
+        let mut engine =
+            Engine::new(&config, clock.clone(), None, Arc::clone(&metrics)).expect("builds");
+        let envoy = Envoy::attach(domains, &mut engine)
+            .expect("attaches")
+            .with_options(options);
+        Fixture {
+            envoy,
+            engine,
+            metrics,
+            clock,
+        }
+    }
+
+    #[test]
+    fn quota_mode_admits_and_names_the_descriptors_over_in_the_metadata() {
+        let f = with_options(Options::default());
+        let r = f.decide(vec![
+            descriptor(&[("soft", "a")]),
+            descriptor(&[("tenant", "t")]),
+        ]);
+        assert_eq!(r.overall, Code::Ok);
+        let metadata = r.dynamic_metadata.expect("quota mode matched");
+        assert_eq!(metadata["quotaModeEnabled"], serde_json::json!(true));
+        assert_eq!(metadata["quotaModeViolations"], serde_json::json!([]));
+        let r = f.decide(vec![
+            descriptor(&[("tenant", "t")]),
+            descriptor(&[("soft", "a")]),
+        ]);
+        assert_eq!((r.overall, codes(&r)), (Code::Ok, vec![Code::Ok, Code::Ok]));
+        let metadata = r.dynamic_metadata.expect("quota mode matched");
+        assert_eq!(metadata["quotaModeViolations"], serde_json::json!([1]));
+        assert_eq!(f.remaining(&[("tenant", "t")]), 3, "the rest was counted");
+        // No quota-mode limit matched: no metadata.
+        assert_eq!(
+            f.decide(vec![descriptor(&[("tenant", "t")])])
+                .dynamic_metadata,
+            None
+        );
+    }
+
+    #[test]
+    fn headers_metadata_and_global_shadow_mode_follow_the_options() {
+        let f = with_options(Options {
+            shadow_mode: true,
+            headers: Some(HeaderNames::default()),
+            dynamic_metadata: true,
+            ..Options::default()
+        });
+        for round in 1..=7_u32 {
+            let r = f.decide(vec![
+                descriptor(&[("tenant", "t")]),
+                descriptor(&[("user", "u")]),
+            ]);
+            // Global shadow mode: always OK overall, while the statuses say what was over.
+            assert_eq!(r.overall, Code::Ok, "round {round}");
+            let over = round > 5;
+            assert_eq!(r.statuses[0].code == Code::OverLimit, over, "round {round}");
+            // The headers follow the descriptor closest to its limit: the tenant's.
+            let remaining = 5_u32.saturating_sub(round);
+            assert_eq!(
+                r.headers,
+                vec![
+                    ("RateLimit-Limit".to_owned(), "5".to_owned()),
+                    ("RateLimit-Remaining".to_owned(), remaining.to_string()),
+                    ("RateLimit-Reset".to_owned(), "3600".to_owned()),
+                ],
+                "round {round}"
+            );
+            let metadata = r.dynamic_metadata.expect("enabled");
+            assert_eq!(metadata["domain"], serde_json::json!("web"));
+            assert_eq!(
+                metadata["descriptors"][1]["entries"],
+                serde_json::json!(["user=u"])
+            );
+        }
+        assert_eq!(f.remaining(&[("user", "u")]), 3, "what fitted was counted");
+        let text = f.metrics.render(0);
+        for line in [
+            "limiterd_envoy_rule_total{key=\"\",stat=\"global_shadow_mode\"} 2",
+            "limiterd_envoy_rule_total{key=\"web.tenant\",stat=\"over_limit\"} 2",
+            "limiterd_envoy_rule_total{key=\"web.tenant\",stat=\"within_limit\"} 5",
+            // 80% of 5 is 4: the 5th hit is near the limit.
+            "limiterd_envoy_rule_total{key=\"web.tenant\",stat=\"near_limit\"} 1",
+            // value_to_metric: one series per value besides the rule's own.
+            "limiterd_envoy_rule_total{key=\"web.user_u\",stat=\"total_hits\"} 7",
+            "limiterd_envoy_rule_total{key=\"web.user\",stat=\"total_hits\"} 7",
+        ] {
+            assert!(text.contains(line), "{line} in\n{text}");
         }
     }
 }

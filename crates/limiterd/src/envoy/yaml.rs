@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use saphyr_parser::{Event, Parser, ScalarStyle, Span};
 
 /// Nesting deeper than this is refused.
-pub const MAX_DEPTH: usize = 64;
+pub const MAX_DEPTH: usize = 160;
 /// Nodes in a document, aliases expanded, beyond which it is refused.
 pub const MAX_NODES: usize = 100_000;
 
