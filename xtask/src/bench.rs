@@ -448,6 +448,41 @@ fn stack_context(results: &[Measured]) -> Vec<(&'static str, Option<f64>, &'stat
     ]
 }
 
+/// limiterd over loopback, from the `limiterd` group: each way of asking for a decision
+/// against the HTTP floor (`GET /healthz` on the same kind of connection), and envoy's gRPC
+/// decisions per second on one connection.
+fn service_context(results: &[Measured]) -> Vec<(&'static str, Option<f64>, &'static str)> {
+    let median = |f: &str| Some(find(results, "limiterd", f)?.median);
+    let ratio = |ours: &str| Some(median(ours)? / median("floor")?);
+    vec![
+        (
+            "gRPC `ShouldRateLimit` (one descriptor) / the HTTP floor",
+            ratio("grpc_should_rate_limit"),
+            "×",
+        ),
+        (
+            "`POST /json` (the same request as JSON) / the HTTP floor",
+            ratio("json_decision"),
+            "×",
+        ),
+        (
+            "`POST /v1/ratelimit` / the HTTP floor",
+            ratio("http_decision"),
+            "×",
+        ),
+        (
+            "gRPC `ShouldRateLimit` decisions per second, one connection, one at a time",
+            median("grpc_should_rate_limit").map(|ns| 1e9 / ns),
+            " /s",
+        ),
+        (
+            "The HTTP floor: `GET /healthz` per second, one connection, one at a time",
+            median("floor").map(|ns| 1e9 / ns),
+            " /s",
+        ),
+    ]
+}
+
 fn render(passes: &[Vec<Measured>], memory: &BTreeMap<String, f64>, quick: bool) -> String {
     let results: &[Measured] = passes.first().map_or(&[], Vec::as_slice);
     let mut out = String::new();
@@ -514,6 +549,19 @@ fn render(passes: &[Vec<Measured>], memory: &BTreeMap<String, f64>, quick: bool)
             let _ = writeln!(out, "| {what} | {value:.2}{unit} |");
         }
     }
+    let service: Vec<_> = service_context(results)
+        .into_iter()
+        .filter_map(|(what, value, unit)| Some((what, value?, unit)))
+        .collect();
+    if !service.is_empty() {
+        out.push_str(
+            "\nlimiterd over loopback sockets (one connection, one request at a time; the \
+             floor is `GET /healthz`):\n\n| quantity | measured |\n| --- | --- |\n",
+        );
+        for (what, value, unit) in service {
+            let _ = writeln!(out, "| {what} | {value:.2}{unit} |");
+        }
+    }
     let mut groups: BTreeMap<&str, Vec<&Measured>> = BTreeMap::new();
     for m in results {
         groups.entry(m.group.as_str()).or_default().push(m);
@@ -557,6 +605,31 @@ fn render(passes: &[Vec<Measured>], memory: &BTreeMap<String, f64>, quick: bool)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_service_rows_compare_with_the_http_floor() {
+        let measured = |function: &str, median: f64| Measured {
+            group: "limiterd".into(),
+            function: function.into(),
+            median,
+            elements: 1,
+        };
+        let results = vec![
+            measured("floor", 20_000.0),
+            measured("grpc_should_rate_limit", 50_000.0),
+        ];
+        let report = render(&[results], &BTreeMap::new(), true);
+        assert!(
+            report.contains("| gRPC `ShouldRateLimit` (one descriptor) / the HTTP floor | 2.50× |"),
+            "{report}"
+        );
+        assert!(
+            report.contains("one connection, one at a time | 20000.00 /s |"),
+            "{report}"
+        );
+        // Rows whose subject was not measured are left out.
+        assert!(!report.contains("`POST /json`"), "{report}");
+    }
 
     #[test]
     fn reads_criterion_json_and_renders_ratios() {

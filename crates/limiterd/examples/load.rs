@@ -1,15 +1,20 @@
-//! A load generator for a running limiterd: N keep-alive HTTP/1.1 connections, each sending
-//! decision requests back to back for a fixed time, then decisions per second (allowed and
-//! denied alike) and latency percentiles.
+//! A load generator for a running limiterd: N keep-alive connections, each sending decision
+//! requests back to back for a fixed time, then decisions per second (allowed and denied
+//! alike) and latency percentiles. It speaks the HTTP API (HTTP/1.1), or envoy's gRPC
+//! `ShouldRateLimit` (HTTP/2) with `--grpc`.
 //!
 //! ```sh
 //! cargo run --release -p limiterd &                       # the service, built-in policies
 //! cargo run --release -p limiterd --example load -- --connections 64 --seconds 10
+//! cargo run --release -p limiterd -- --envoy crates/limiterd/tests/envoy/messaging.yaml &
+//! cargo run --release -p limiterd --example load -- --grpc http://127.0.0.1:8081 \
+//!     --domain messaging --key to_number
 //! ```
 //!
 //! `--help` lists the options: `--url http://127.0.0.1:8080` (loopback only), `--connections
 //! N` (default 32), `--seconds S` (default 5, at most 300), `--policy NAME` (default `api`),
-//! `--identifiers K` (default 10000: requests spread over K identifiers).
+//! `--identifiers K` (default 10000: requests spread over K identifiers); with `--grpc URL`,
+//! `--domain` and `--key` name the descriptor (its value is the identifier).
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -41,6 +46,15 @@ struct Options {
     /// Spread requests over this many identifiers.
     #[arg(long, value_name = "K", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     identifiers: u64,
+    /// Ask envoy's gRPC `ShouldRateLimit` at this address instead of the HTTP API.
+    #[arg(long, value_name = "URL", value_parser = loopback_url)]
+    grpc: Option<SocketAddr>,
+    /// With `--grpc`: the descriptors' domain.
+    #[arg(long, value_name = "DOMAIN", default_value = "messaging")]
+    domain: String,
+    /// With `--grpc`: the descriptor's key (its value is the identifier).
+    #[arg(long, value_name = "KEY", default_value = "to_number")]
+    key: String,
 }
 
 /// `http://IP:PORT` on a loopback address.
@@ -56,6 +70,49 @@ fn loopback_url(value: &str) -> Result<SocketAddr, String> {
         return Err("it must be a loopback address".into());
     }
     Ok(addr)
+}
+
+/// Per gRPC channel: latencies in microseconds, allowed, denied, errors.
+async fn grpc_connection(
+    o: &Options,
+    addr: SocketAddr,
+    first_id: u64,
+    until: Instant,
+) -> Result<(Vec<u32>, u64, u64, u64), String> {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    let mut client = RateLimitServiceClient::connect(format!("http://{addr}"))
+        .await
+        .map_err(|e| {
+            format!("cannot connect to {addr}: {e} (is limiterd serving envoy's protocol?)")
+        })?;
+    let (mut latencies, mut allowed, mut denied, mut errors) = (Vec::new(), 0, 0, 0);
+    let mut id = first_id;
+    while Instant::now() < until {
+        id = (id + 7919) % o.identifiers;
+        let request = RateLimitRequest {
+            domain: o.domain.clone(),
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: o.key.clone(),
+                    value: format!("user-{id}"),
+                }],
+                ..RateLimitDescriptor::default()
+            }],
+            hits_addend: 1,
+        };
+        let started = Instant::now();
+        let answer = client.should_rate_limit(request).await;
+        latencies.push(u32::try_from(started.elapsed().as_micros()).unwrap_or(u32::MAX));
+        match answer {
+            Ok(answer) if answer.get_ref().overall_code == 1 => allowed += 1,
+            Ok(_) => denied += 1,
+            Err(_) => errors += 1,
+        }
+    }
+    Ok((latencies, allowed, denied, errors))
 }
 
 /// Per connection: latencies in microseconds, allowed, denied, errors.
@@ -116,16 +173,27 @@ fn percentile(sorted: &[u32], p: usize) -> u32 {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), String> {
     let o = std::sync::Arc::new(<Options as clap::Parser>::parse());
-    println!(
-        "{} connections for {} s against http://{} (policy {}, {} identifiers)",
-        o.connections, o.seconds, o.url, o.policy, o.identifiers
-    );
+    match o.grpc {
+        Some(addr) => println!(
+            "{} gRPC channels for {} s against http://{addr} (domain {}, key {}, {} identifiers)",
+            o.connections, o.seconds, o.domain, o.key, o.identifiers
+        ),
+        None => println!(
+            "{} connections for {} s against http://{} (policy {}, {} identifiers)",
+            o.connections, o.seconds, o.url, o.policy, o.identifiers
+        ),
+    }
     let started = Instant::now();
     let until = started + Duration::from_secs(o.seconds);
     let tasks: Vec<_> = (0..o.connections)
         .map(|i| {
             let o = std::sync::Arc::clone(&o);
-            tokio::spawn(async move { connection(&o, u64::from(i), until).await })
+            tokio::spawn(async move {
+                match o.grpc {
+                    Some(addr) => grpc_connection(&o, addr, u64::from(i), until).await,
+                    None => connection(&o, u64::from(i), until).await,
+                }
+            })
         })
         .collect();
     let (mut all, mut allowed, mut denied, mut errors) = (Vec::new(), 0, 0, 0);

@@ -128,8 +128,8 @@ impl Default for ServerSettings {
 /// `RESPONSE_DYNAMIC_METADATA`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Options {
-    /// Global shadow mode: every request is answered `OK` overall (statuses still say which
-    /// descriptors were over), and what fits is counted.
+    /// Global shadow mode: no configured limit denies (statuses still say which descriptors
+    /// were over, and what fits is counted); a limit envoy sends with a descriptor still does.
     pub shadow_mode: bool,
     /// A hit that leaves a limit more than this fraction used counts as `near_limit`.
     pub near_limit_ratio: f64,

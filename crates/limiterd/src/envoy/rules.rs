@@ -764,7 +764,17 @@ impl Loader<'_> {
             ],
         )?;
         let key = match fields.get("key") {
-            Some(k) => self.text(k, &join(field, "key"))?,
+            Some(k) => {
+                let key = self.text(k, &join(field, "key"))?;
+                if key.is_empty() {
+                    return Err(self.error(
+                        k,
+                        &join(field, "key"),
+                        "is empty: every descriptor needs the `key` envoy sends",
+                    ));
+                }
+                key
+            }
             None => {
                 return Err(self.error(
                     node,
@@ -937,6 +947,21 @@ impl Loader<'_> {
             id: self.limits.get(),
         };
         self.limits.set(limit.id + 1);
+        if requests_per_unit > 0 && limit.limit().is_none() {
+            let error = Limit::new(u64::from(requests_per_unit), limit.window())
+                .check()
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            return Err(self.error(
+                node,
+                &join(field, "unit_multiplier"),
+                format!(
+                    "{unit_multiplier} {}s: {error}; use a smaller unit_multiplier",
+                    unit.name().to_lowercase()
+                ),
+            ));
+        }
         if let Some(l) = limit.limit() {
             kind.check(l).map_err(|e| {
                 self.error(
@@ -1139,6 +1164,18 @@ descriptors:
                 "descriptors[0].key",
                 3,
                 "missing",
+            ),
+            (
+                "domain: web\ndescriptors:\n  - key: a\n    rate_limit: { unit: year, requests_per_unit: 1, unit_multiplier: 4294967295 }\n",
+                "descriptors[0].rate_limit.unit_multiplier",
+                4,
+                "use a smaller unit_multiplier",
+            ),
+            (
+                "domain: web\ndescriptors:\n  - key: \"\"\n",
+                "descriptors[0].key",
+                3,
+                "is empty",
             ),
             (
                 "domain: web\ndescriptors:\n  - key: a\n    rate_limit: { unit: second, requests_per_unit: -3 }\n",

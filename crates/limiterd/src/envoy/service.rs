@@ -464,8 +464,7 @@ impl Envoy {
                 }
             }
         }
-        let enforced =
-            |stats: &Stats<'_>| !(stats.shadow || stats.quota || self.options.shadow_mode);
+        let enforced = |stats: &Stats<'_>| !(stats.shadow || stats.quota || self.global(stats));
         let mut refused = plans
             .iter()
             .any(|p| matches!(p, Plan::Refused { stats, .. } if enforced(stats)));
@@ -525,11 +524,10 @@ impl Envoy {
                 self.status(index, plan, decided, &mut outcome, engine)
             })
             .collect::<Vec<_>>();
-        let over = refused || outcome.over;
-        if over && self.options.shadow_mode {
+        if outcome.shadowed_globally && !(refused || outcome.over) {
             engine.metrics().envoy_stat("", "global_shadow_mode", 1);
         }
-        let overall = if over && !self.options.shadow_mode {
+        let overall = if refused || outcome.over {
             Code::OverLimit
         } else {
             Code::Ok
@@ -540,6 +538,12 @@ impl Envoy {
             dynamic_metadata: self.metadata(request, &outcome),
             statuses,
         })
+    }
+
+    /// Whether global shadow mode keeps this limit from denying: every configured limit, never
+    /// one envoy sent with the request (as the reference's `SHADOW_MODE`).
+    fn global(&self, stats: &Stats<'_>) -> bool {
+        self.options.shadow_mode && stats.limit.is_some()
     }
 
     /// In a request that is over, a counter named by more than one descriptor keeps the hits
@@ -605,11 +609,7 @@ impl Envoy {
             })
             .collect();
         Response {
-            overall: if self.options.shadow_mode {
-                Code::Ok
-            } else {
-                Code::OverLimit
-            },
+            overall: Code::OverLimit,
             headers: Vec::new(),
             dynamic_metadata: None,
             statuses,
@@ -679,6 +679,8 @@ impl Envoy {
             if over {
                 outcome.quota_violations.push(index);
             }
+        } else if over && self.global(stats) {
+            outcome.shadowed_globally = true;
         } else if over && !stats.shadow {
             outcome.over = true;
         }
@@ -804,6 +806,8 @@ struct Outcome {
     quota_mode: bool,
     /// The descriptors whose `quota_mode` limit was over, by index.
     quota_violations: Vec<usize>,
+    /// A descriptor was over but global shadow mode kept it from denying.
+    shadowed_globally: bool,
 }
 
 fn counted_status(shown: &CurrentLimit, decision: &Decision) -> Status {
@@ -1284,6 +1288,16 @@ descriptors:
             );
         }
         assert_eq!(f.remaining(&[("user", "u")]), 3, "what fitted was counted");
+        // A limit envoy sends with the descriptor is still enforced.
+        let sent = Descriptor {
+            limit: Some(Override {
+                requests_per_unit: 1,
+                unit: Unit::Hour.number(),
+            }),
+            ..descriptor(&[("user", "sent")])
+        };
+        assert_eq!(f.decide(vec![sent.clone()]).overall, Code::Ok);
+        assert_eq!(f.decide(vec![sent]).overall, Code::OverLimit);
         let text = f.metrics.render(0);
         for line in [
             "limiterd_envoy_rule_total{key=\"\",stat=\"global_shadow_mode\"} 2",

@@ -1,0 +1,184 @@
+//! limiterd over loopback sockets, in the same run: envoy's gRPC `ShouldRateLimit` against the
+//! HTTP floor, the least a request to the service costs (`GET /healthz` on a keep-alive
+//! connection: parse, route, answer, no decision).
+//!
+//! - `floor`: `GET /healthz`, one request at a time on one HTTP/1.1 connection.
+//! - `http_decision`: `POST /v1/ratelimit` for one identifier of the built-in `api` policy.
+//! - `json_decision`: `POST /json`, envoy's request as JSON, one descriptor.
+//! - `grpc_should_rate_limit`: `ShouldRateLimit` over one tonic channel (HTTP/2), one
+//!   descriptor.
+//!
+//! Each is one round trip from a client on this process's runtime to the service on its own
+//! runtime (2 worker threads), in memory with the default clock, as `limiterd` runs by
+//! default. The limits never deny (a million per second), so every iteration decides.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
+use limiterd::config::Config;
+use limiterd::envoy::Domains;
+use limiterd::files::Sources;
+use limiterd::{Listeners, serve};
+
+const CONFIG: &str = r#"
+listen = "127.0.0.1:0"
+[store]
+kind = "memory"
+[policies.api]
+limits = [{ algorithm = "token_bucket", count = 1000000, period = "1s" }]
+[envoy]
+listen = "127.0.0.1:0"
+files = ["bench.yaml"]
+"#;
+
+const DOMAIN: &str = "domain: bench
+descriptors:
+  - key: user
+    rate_limit: { unit: second, requests_per_unit: 1000000 }
+";
+
+/// Starts limiterd on its own runtime; its HTTP and gRPC addresses.
+fn start() -> (SocketAddr, SocketAddr) {
+    let config = Config::parse(CONFIG).expect("the bench configuration");
+    let domains = Domains::load([("bench.yaml", DOMAIN)]).expect("the bench domain");
+    let http = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+    let grpc = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+    let addrs = (
+        http.local_addr().expect("bound"),
+        grpc.local_addr().expect("bound"),
+    );
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(async move {
+            for listener in [&http, &grpc] {
+                listener.set_nonblocking(true).expect("non-blocking");
+            }
+            let listeners = Listeners {
+                http: tokio::net::TcpListener::from_std(http).expect("tokio listener"),
+                grpc: Some(tokio::net::TcpListener::from_std(grpc).expect("tokio listener")),
+            };
+            let never = std::future::pending::<()>();
+            serve(Sources::default(), config, domains, listeners, never)
+                .await
+                .expect("serves");
+        });
+    });
+    addrs
+}
+
+type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+
+async fn http_connection(addr: SocketAddr) -> Sender {
+    let stream = loop {
+        match tokio::net::TcpStream::connect(addr).await {
+            Ok(stream) => break stream,
+            Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    };
+    stream.set_nodelay(true).expect("nodelay");
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("handshake");
+    tokio::spawn(conn);
+    sender
+}
+
+async fn round_trip(sender: &mut Sender, method: &str, path: &str, body: &'static str) -> u16 {
+    let request = hyper::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "limiterd")
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from_static(body.as_bytes())))
+        .expect("a request");
+    let response = sender.send_request(request).await.expect("an answer");
+    let status = response.status().as_u16();
+    let _ = response.into_body().collect().await.expect("a body");
+    status
+}
+
+fn envoy_request() -> RateLimitRequest {
+    RateLimitRequest {
+        domain: "bench".into(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: "user".into(),
+                value: "alice".into(),
+            }],
+            ..RateLimitDescriptor::default()
+        }],
+        hits_addend: 1,
+    }
+}
+
+fn service(c: &mut Criterion) {
+    let (http, grpc) = start();
+    let client = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let mut sender = client.block_on(http_connection(http));
+    let mut channel = client.block_on(async {
+        loop {
+            match RateLimitServiceClient::connect(format!("http://{grpc}")).await {
+                Ok(channel) => break channel,
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+    });
+    // Every subject answers as expected before it is timed.
+    assert_eq!(
+        client.block_on(round_trip(&mut sender, "GET", "/healthz", "")),
+        200
+    );
+    let decision = r#"{"policy":"api","identifier":"alice"}"#;
+    let json = r#"{"domain":"bench","descriptors":[{"entries":[{"key":"user","value":"alice"}]}]}"#;
+    assert_eq!(
+        client.block_on(round_trip(&mut sender, "POST", "/v1/ratelimit", decision)),
+        200
+    );
+    assert_eq!(
+        client.block_on(round_trip(&mut sender, "POST", "/json", json)),
+        200
+    );
+    let answer = client
+        .block_on(channel.should_rate_limit(envoy_request()))
+        .expect("an answer")
+        .into_inner();
+    assert_eq!(answer.overall_code, 1, "OK");
+
+    let mut group = c.benchmark_group("limiterd");
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("floor", |b| {
+        b.iter(|| client.block_on(round_trip(&mut sender, "GET", "/healthz", "")));
+    });
+    group.bench_function("http_decision", |b| {
+        b.iter(|| client.block_on(round_trip(&mut sender, "POST", "/v1/ratelimit", decision)));
+    });
+    group.bench_function("json_decision", |b| {
+        b.iter(|| client.block_on(round_trip(&mut sender, "POST", "/json", json)));
+    });
+    group.bench_function("grpc_should_rate_limit", |b| {
+        b.iter(|| {
+            client
+                .block_on(channel.should_rate_limit(envoy_request()))
+                .expect("an answer")
+        });
+    });
+    group.finish();
+}
+
+criterion_group!(benches, service);
+criterion_main!(benches);
