@@ -37,10 +37,13 @@ fn start_limiterd() -> Result<Daemon, String> {
         .spawn()
         .map_err(|e| format!("cannot start {}: {e}", binary.display()))?;
     let stdout = child.stdout.take().ok_or("no stdout")?;
+    let mut reader = BufReader::new(stdout);
     let mut first = String::new();
-    BufReader::new(stdout)
+    reader
         .read_line(&mut first)
         .map_err(|e| format!("limiterd's banner: {e}"))?;
+    // Keep reading the rest of its output, so its stdout stays open while it serves.
+    std::thread::spawn(move || std::io::copy(&mut reader, &mut std::io::sink()));
     let addr = first
         .trim()
         .strip_prefix("limiterd listening on http://")

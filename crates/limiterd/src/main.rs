@@ -164,6 +164,15 @@ fn store_name(store: &Store) -> String {
     }
 }
 
+/// Prints a line of the banner to standard output, ignoring a closed stdout: a service keeps
+/// serving when whoever started it stops reading its banner (`println!` would panic).
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 fn run(cli: &Cli) -> Result<(), String> {
     let sources = Sources {
         config: cli.config.clone(),
@@ -195,9 +204,9 @@ fn run(cli: &Cli) -> Result<(), String> {
         };
         let policies: Vec<_> = config.policies.keys().cloned().collect();
         let first = policies.first().cloned().unwrap_or_default();
-        println!("limiterd listening on http://{addr}");
-        println!("store: {}; policies: {}", store_name(&config.store), policies.join(", "));
-        println!(
+        say!("limiterd listening on http://{addr}");
+        say!("store: {}; policies: {}", store_name(&config.store), policies.join(", "));
+        say!(
             "try: curl -s -X POST http://{addr}/v1/ratelimit -d '{{\"policy\":\"{first}\",\"identifier\":\"user-1\"}}'"
         );
         if let Some(grpc) = &grpc {
@@ -205,11 +214,11 @@ fn run(cli: &Cli) -> Result<(), String> {
                 .local_addr()
                 .map_err(|e| format!("no local address: {e}"))?;
             let names: Vec<_> = domains.iter().map(|d| d.name.clone()).collect();
-            println!("envoy rate-limit gRPC on {grpc_addr}; domains: {}", names.join(", "));
-            println!("debug: curl -s -X POST http://{addr}/json -d '{{\"domain\":\"...\",\"descriptors\":[{{\"entries\":[{{\"key\":\"...\",\"value\":\"...\"}}]}}]}}'");
+            say!("envoy rate-limit gRPC on {grpc_addr}; domains: {}", names.join(", "));
+            say!("debug: curl -s -X POST http://{addr}/json -d '{{\"domain\":\"...\",\"descriptors\":[{{\"entries\":[{{\"key\":\"...\",\"value\":\"...\"}}]}}]}}'");
         }
-        println!("status page: http://{addr}/ ; metrics: http://{addr}/metrics; health: /healthz, /readyz");
-        println!(
+        say!("status page: http://{addr}/ ; metrics: http://{addr}/metrics; health: /healthz, /readyz");
+        say!(
             "reload: edit {} (checked every {} ms) or send SIGHUP; stop with Ctrl-C",
             cli.config.as_ref().map_or("the files".to_owned(), |p| p.display().to_string()),
             config.server.reload_check.as_millis()
@@ -228,7 +237,7 @@ fn run(cli: &Cli) -> Result<(), String> {
         limiterd::serve(sources.clone(), config.clone(), domains, listeners, shutdown_signal()).await
     })?;
     tracing::info!("limiterd stopped");
-    println!("limiterd stopped");
+    say!("limiterd stopped");
     Ok(())
 }
 

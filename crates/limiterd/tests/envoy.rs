@@ -1,9 +1,10 @@
 //! Envoy's rate-limit protocol as envoy uses it: the limiterd binary started with descriptor
 //! files (`tests/envoy/*.yaml`), asked by a real tonic client over loopback gRPC, and the same
-//! steps asked of a fresh process over `POST /json`. Each file's steps and expected answers
-//! are in the `.json` beside it (a step repeated checks its statuses on the last
-//! repetition). Every limit is per hour or per day and the fixed windows
-//! start with the process, so no window turns during a test.
+//! steps asked of a fresh process over `POST /json`, in memory and on Redis. Each file's steps
+//! and expected answers are in the `.json` beside it (a step repeated checks its statuses on
+//! the last repetition). Every limit is per hour or per day; windows are aligned to the Unix
+//! epoch, so a window turns during a test only in a run that crosses the top of an hour (the
+//! files take about a second).
 
 use limiter_testkit::redis_server;
 #[allow(dead_code)]
@@ -295,7 +296,8 @@ async fn every_case_file_over_grpc_and_over_json() {
             }
         }
 
-        // The same answers with the counters on Redis.
+        // The same answers with the counters on Redis, over gRPC and over `/json` (each on
+        // its own server, so each starts from empty counters).
         let server = redis_server::RedisServer::start();
         let (_redis_daemon, redis_addr) = start_with(&file, &["--redis", &server.url()]);
         let mut grpc = grpc_client(&redis_addr).await;
@@ -303,6 +305,15 @@ async fn every_case_file_over_grpc_and_over_json() {
             for i in 1..=step.repeat {
                 let seen = ask_grpc(&mut grpc, &domain, step).await;
                 check(&file, "gRPC on Redis", step, &seen, i == step.repeat);
+            }
+        }
+        let json_server = redis_server::RedisServer::start();
+        let (json_redis_daemon, _) = start_with(&file, &["--redis", &json_server.url()]);
+        let mut http = Client::connect(json_redis_daemon.addr).await;
+        for step in &steps {
+            for i in 1..=step.repeat {
+                let seen = ask_json(&mut http, &domain, step).await;
+                check(&file, "POST /json on Redis", step, &seen, i == step.repeat);
             }
         }
     }
