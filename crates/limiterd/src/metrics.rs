@@ -52,6 +52,32 @@ pub struct PolicyCounters {
     batch_refused: Counter,
 }
 
+/// One configured envoy descriptor path's statistics ([`Metrics::envoy_rule`]).
+#[derive(Clone, Debug)]
+pub struct RuleCounters {
+    total_hits: Counter,
+    within_limit: Counter,
+    over_limit: Counter,
+    near_limit: Counter,
+    shadow_mode: Counter,
+}
+
+impl RuleCounters {
+    /// Adds `n` to `stat` (`total_hits`, `within_limit`, `over_limit`, `near_limit` or
+    /// `shadow_mode`; another name counts nothing).
+    pub fn add(&self, stat: &str, n: u64) {
+        let counter = match stat {
+            "total_hits" => &self.total_hits,
+            "within_limit" => &self.within_limit,
+            "over_limit" => &self.over_limit,
+            "near_limit" => &self.near_limit,
+            "shadow_mode" => &self.shadow_mode,
+            _ => return,
+        };
+        counter.inc_by(n);
+    }
+}
+
 /// How one item's answer is counted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Counted {
@@ -409,6 +435,23 @@ impl Metrics {
     /// Counts a reload: `"applied"`, `"unchanged"` or `"refused"`.
     pub fn reload(&self, result: &'static str) {
         self.reloads.get_or_create(&[("result", result)]).inc();
+    }
+
+    /// The statistics of the configured envoy descriptor path `key`, registered once (shown at
+    /// zero from now on), so counting them takes no lookup.
+    pub fn envoy_rule(&self, key: &str) -> RuleCounters {
+        let counter = |stat: &'static str| {
+            self.envoy
+                .get_or_create(&[("key", key.to_owned()), ("stat", stat.to_owned())])
+                .clone()
+        };
+        RuleCounters {
+            total_hits: counter("total_hits"),
+            within_limit: counter("within_limit"),
+            over_limit: counter("over_limit"),
+            near_limit: counter("near_limit"),
+            shadow_mode: counter("shadow_mode"),
+        }
     }
 
     /// Adds `n` to envoy's statistic `stat` for the descriptor key `key` (a bounded number of

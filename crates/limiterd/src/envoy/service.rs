@@ -21,6 +21,7 @@ use super::rules::{Domains, RateLimit, Rule, Unit};
 use crate::config::{CheckedLimit, Keying, Policy, PolicyLimit, StoreKind};
 pub use crate::config::{HeaderNames, Options};
 use crate::engine::{DecideError, Engine, EngineError, Item, PolicyId, Target};
+use crate::metrics::RuleCounters;
 
 /// The most descriptors one request is decided for: a request with more is answered
 /// `OVER_LIMIT` for every descriptor, counting nothing (never an error, which envoy's default
@@ -149,6 +150,8 @@ pub struct Envoy {
     /// Per domain, the engine policy of each limit, by [`RateLimit::id`].
     /// `None` for a limit of `requests_per_unit: 0`, which refuses without a counter.
     policies: HashMap<String, Vec<Option<PolicyId>>>,
+    /// Per domain, each limit's statistics, by [`RateLimit::id`].
+    counters: HashMap<String, Vec<RuleCounters>>,
     options: Options,
 }
 
@@ -180,6 +183,8 @@ struct Stats<'a> {
     shadow: bool,
     /// `quota_mode`: never denies; an over answer is named in the dynamic metadata.
     quota: bool,
+    /// The configured limit's statistics.
+    counters: Option<&'a RuleCounters>,
     /// The metric name, where `value_to_metric` or `detailed_metric` makes one per value.
     detailed_key: Option<String>,
 }
@@ -190,6 +195,7 @@ impl Stats<'_> {
             limit: None,
             shadow: false,
             quota: false,
+            counters: None,
             detailed_key: None,
         }
     }
@@ -281,9 +287,12 @@ impl Envoy {
         let on_failure = engine.default_failure();
         let store = engine.store_kind();
         let mut policies = HashMap::new();
+        let mut counters = HashMap::new();
         for domain in domains.iter() {
             let mut ids = Vec::new();
+            let mut stats = Vec::new();
             for limit in domain.limits() {
+                stats.push(engine.metrics().envoy_rule(&limit.full_key));
                 let located = |source| AttachError::Engine {
                     location: limit.location.to_string(),
                     source,
@@ -309,10 +318,12 @@ impl Envoy {
                 ids.push(id);
             }
             policies.insert(domain.name.clone(), ids);
+            counters.insert(domain.name.clone(), stats);
         }
         Ok(Self {
             domains,
             policies,
+            counters,
             options: Options::default(),
         })
     }
@@ -404,6 +415,10 @@ impl Envoy {
             limit: Some(limit),
             shadow: limit.shadow,
             quota: limit.quota_mode,
+            counters: self
+                .counters
+                .get(&request.domain)
+                .and_then(|c| c.get(limit.id)),
             detailed_key: matched.metric_key(&request.domain, &descriptor.entries),
         };
         let policy = self
@@ -684,27 +699,31 @@ impl Envoy {
         } else if over && !stats.shadow {
             outcome.over = true;
         }
-        if let Some(limit) = stats.limit {
+        if stats.limit.is_some() {
             let metrics = engine.metrics();
-            for key in std::iter::once(limit.full_key.as_str()).chain(stats.detailed_key.as_deref())
-            {
-                metrics.envoy_stat(key, "total_hits", hits);
-                if over {
-                    metrics.envoy_stat(key, "over_limit", hits.max(1));
-                    if stats.shadow {
-                        metrics.envoy_stat(key, "shadow_mode", hits.max(1));
-                    }
-                } else {
-                    metrics.envoy_stat(key, "within_limit", hits);
-                    let used = u64::from(shown.requests_per_unit)
-                        .saturating_sub(u64::from(status.limit_remaining));
-                    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-                    let threshold = (f64::from(shown.requests_per_unit)
-                        * self.options.near_limit_ratio)
-                        .floor() as u64;
-                    if hits > 0 && used > threshold {
-                        metrics.envoy_stat(key, "near_limit", hits.min(used - threshold));
-                    }
+            let count = |stat: &'static str, n: u64| {
+                if let Some(counters) = stats.counters {
+                    counters.add(stat, n);
+                }
+                if let Some(key) = &stats.detailed_key {
+                    metrics.envoy_stat(key, stat, n);
+                }
+            };
+            count("total_hits", hits);
+            if over {
+                count("over_limit", hits.max(1));
+                if stats.shadow {
+                    count("shadow_mode", hits.max(1));
+                }
+            } else {
+                count("within_limit", hits);
+                let used = u64::from(shown.requests_per_unit)
+                    .saturating_sub(u64::from(status.limit_remaining));
+                #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                let threshold = (f64::from(shown.requests_per_unit) * self.options.near_limit_ratio)
+                    .floor() as u64;
+                if hits > 0 && used > threshold {
+                    count("near_limit", hits.min(used - threshold));
                 }
             }
         }
