@@ -193,6 +193,9 @@ pub struct EnvoySettings {
     /// The service-wide switches (global shadow mode, near-limit ratio, rate-limit headers,
     /// dynamic metadata).
     pub options: Options,
+    /// Which switches the `[envoy]` table set itself (the reference's environment variables
+    /// only fill in the others).
+    pub set_in_file: EnvoySwitches,
 }
 
 impl EnvoySettings {
@@ -203,19 +206,21 @@ impl EnvoySettings {
             files,
             merge_domains: false,
             options: Options::default(),
+            set_in_file: EnvoySwitches::default(),
         }
     }
 
     /// Applies the reference service's environment variables (`SHADOW_MODE`,
     /// `NEAR_LIMIT_RATIO`, `MERGE_DOMAIN_CONFIG`, `LIMIT_RESPONSE_HEADERS_ENABLED`,
     /// `LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`,
-    /// `RESPONSE_DYNAMIC_METADATA`) read through `var`, for what the `[envoy]` table left at
-    /// its default, so a deployment configured for the reference keeps its switches.
+    /// `RESPONSE_DYNAMIC_METADATA`) read through `var`, for what the `[envoy]` table left
+    /// unset ([`EnvoySettings::set_in_file`]), so a deployment configured for the reference
+    /// keeps its switches.
     pub fn apply_reference_env(
         &mut self,
-        set_in_file: &EnvoySwitches,
         var: impl Fn(&str) -> Option<String>,
     ) -> Result<(), String> {
+        let set_in_file = self.set_in_file;
         let flag = |name: &str| -> Result<Option<bool>, String> {
             match var(name) {
                 None => Ok(None),
@@ -662,6 +667,16 @@ fn parse_envoy(
         files.push(PathBuf::from(file.get_ref()));
     }
     let mut settings = EnvoySettings::new(listen, files);
+    settings.set_in_file = EnvoySwitches {
+        shadow_mode: raw.shadow_mode.is_some(),
+        merge_domains: raw.merge_domains.is_some(),
+        dynamic_metadata: raw.dynamic_metadata.is_some(),
+        near_limit_ratio: raw.near_limit_ratio.is_some(),
+        response_headers: raw.response_headers.is_some(),
+        header_names: raw.limit_header.is_some()
+            || raw.remaining_header.is_some()
+            || raw.reset_header.is_some(),
+    };
     settings.merge_domains = raw.merge_domains.unwrap_or(false);
     let options = &mut settings.options;
     options.shadow_mode = raw.shadow_mode.unwrap_or(false);
@@ -690,28 +705,6 @@ fn parse_envoy(
         options.headers = Some(names);
     }
     Ok(settings)
-}
-
-/// Which `[envoy]` switches the file `text` sets (for [`EnvoySettings::apply_reference_env`]);
-/// all unset if it has no `[envoy]` table or does not parse.
-pub fn envoy_switches(text: &str) -> EnvoySwitches {
-    let Ok(raw) = toml::from_str::<RawConfig>(text) else {
-        return EnvoySwitches::default();
-    };
-    let Some(envoy) = raw.envoy else {
-        return EnvoySwitches::default();
-    };
-    let e = envoy.get_ref();
-    EnvoySwitches {
-        shadow_mode: e.shadow_mode.is_some(),
-        merge_domains: e.merge_domains.is_some(),
-        dynamic_metadata: e.dynamic_metadata.is_some(),
-        near_limit_ratio: e.near_limit_ratio.is_some(),
-        response_headers: e.response_headers.is_some(),
-        header_names: e.limit_header.is_some()
-            || e.remaining_header.is_some()
-            || e.reset_header.is_some(),
-    }
 }
 
 fn parse_server(source: &Source<'_>, raw: &RawServer) -> Result<ServerSettings, ConfigError> {
@@ -1112,9 +1105,7 @@ mod tests {
             "LIMIT_LIMIT_HEADER" => Some("From-Env".to_owned()),
             _ => None,
         };
-        envoy
-            .apply_reference_env(&envoy_switches(text), env)
-            .expect("valid");
+        envoy.apply_reference_env(env).expect("valid");
         // The file said shadow_mode and the header names; the environment fills in the rest.
         assert!(!envoy.options.shadow_mode);
         assert!(envoy.merge_domains && envoy.options.dynamic_metadata);
@@ -1123,10 +1114,9 @@ mod tests {
             envoy.options.headers.as_ref().map(|h| h.limit.as_str()),
             Some("X-RateLimit-Limit")
         );
+        envoy.set_in_file = EnvoySwitches::default();
         let err = envoy
-            .apply_reference_env(&EnvoySwitches::default(), |n| {
-                (n == "NEAR_LIMIT_RATIO").then(|| "2".to_owned())
-            })
+            .apply_reference_env(|n| (n == "NEAR_LIMIT_RATIO").then(|| "2".to_owned()))
             .expect_err("out of range");
         assert!(err.starts_with("NEAR_LIMIT_RATIO=\"2\""), "{err}");
         let err = Config::parse("[envoy]\nfiles = [\"a.yaml\"]\nresponse_headers = true\nreset_header = \"bad header\"\n")

@@ -6,9 +6,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use crate::config::{
-    BUILT_IN, Config, DEFAULT_GRPC_LISTEN, EnvoySettings, EnvoySwitches, envoy_switches,
-};
+use crate::config::{BUILT_IN, Config, DEFAULT_GRPC_LISTEN, EnvoySettings};
 use crate::envoy::Domains;
 
 /// The files and the command line's overrides a configuration is read from.
@@ -121,11 +119,7 @@ impl Sources {
         if self.reference_env
             && let Some(envoy) = &mut config.envoy
         {
-            let switches = match &self.config {
-                Some(path) => envoy_switches(&read(path)?),
-                None => EnvoySwitches::default(),
-            };
-            envoy.apply_reference_env(&switches, |name| std::env::var(name).ok())?;
+            envoy.apply_reference_env(|name| std::env::var(name).ok())?;
         }
         let domains = load_domains(&config)?;
         Ok((config, domains))
