@@ -9,6 +9,9 @@
 //! - `stack`: a 3-layer stack (one round trip) against a 1-limit decision.
 //! - `deny_cache`: an abusive key answered locally against the round trip it replaces; the
 //!   ratio of calls to round trips is printed.
+//! - `leased`: a hot key on a leased limiter (`Slack::percent(1)`, the default clock and
+//!   store) against an in-process keyed check (`KeyedTokenBucket<String>`) in the same run;
+//!   the script calls per decision are printed and written to `target/bench-counts.csv`.
 //! - Paired medians, printed: on this noisy 2-core machine the loopback round trip drifts by tens
 //!   of microseconds between criterion groups, so the ratios the targets name are also measured
 //!   with the two subjects interleaved call by call, 20,000 samples each.
@@ -24,8 +27,10 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use futures_util::future::join_all;
 use limiter_core::Limit;
 use limiter_redis::{
-    Kind, OnFailure, RedisBackend, RedisLayer, RedisLimit, RedisLimiter, RedisStack, SCRIPT,
+    Kind, Lease, OnFailure, RedisBackend, RedisLayer, RedisLimit, RedisLimiter, RedisStack, SCRIPT,
+    Slack,
 };
+use limiter_token_bucket::KeyedTokenBucket;
 
 struct Server(Child, u16);
 
@@ -235,7 +240,83 @@ fn redis_benches(c: &mut Criterion) {
         stats.round_trips,
         (stats.deny_cache_hits + stats.round_trips) / stats.round_trips.max(1)
     );
+    leased_benches(c, &rt, &url);
     drop(server);
+}
+
+/// A limit no single thread exhausts while it is measured (1e9 per second, 1e9 burst).
+fn hot() -> Limit {
+    Limit::per_second(1_000_000_000)
+}
+
+/// A hot key on a leased limiter beside an in-process keyed check, and the script calls each
+/// leased decision cost: with a slack of 1% of the limit (what README suggests) and with a
+/// slack of 10,000 units (0.001% here), whose renewals come a hundred times as often.
+fn leased_benches(c: &mut Criterion, rt: &tokio::runtime::Runtime, url: &str) {
+    let leased = |name: &str, slack: Slack| {
+        let backend = rt
+            .block_on(
+                RedisBackend::builder(url)
+                    .timeout(Duration::from_secs(1))
+                    .connect(),
+            )
+            .unwrap();
+        let _guard = rt.enter();
+        RedisLimiter::builder(&backend, name)
+            .limit(Kind::TokenBucket, hot())
+            .on_failure(OnFailure::Closed)
+            .build()
+            .unwrap()
+            .leased(Lease::new(slack))
+            .unwrap()
+    };
+    let subjects = [
+        ("leased_hot_key", leased("bench-leased", Slack::percent(1))),
+        (
+            "leased_hot_key_slack_10k",
+            leased("bench-leased-10k", Slack::units(10_000)),
+        ),
+    ];
+    let keyed: KeyedTokenBucket<String> = KeyedTokenBucket::new(hot()).unwrap();
+    let decisions = [std::cell::Cell::new(0u64), std::cell::Cell::new(0u64)];
+    let mut group = c.benchmark_group("redis/leased");
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("in_process_keyed", |b| {
+        b.iter(|| keyed.check_key("k").unwrap().is_allowed())
+    });
+    for ((name, limiter), decided) in subjects.iter().zip(&decisions) {
+        group.bench_function(*name, |b| {
+            b.iter_custom(|iters| {
+                rt.block_on(async {
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        let d = limiter.check("k").await.unwrap();
+                        assert!(d.is_allowed());
+                    }
+                    decided.set(decided.get() + iters);
+                    start.elapsed()
+                })
+            })
+        });
+    }
+    group.finish();
+    let counts =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench-counts.csv");
+    let mut lines = String::new();
+    for ((name, limiter), decided) in subjects.iter().zip(&decisions) {
+        let calls = limiter.stack().stack().backend().stats().round_trips;
+        let per_decision = calls as f64 / decided.get().max(1) as f64;
+        println!(
+            "redis/leased/{name}: {} decisions took {calls} script calls ({per_decision:.2e} per decision)",
+            decided.get()
+        );
+        lines.push_str(&format!("{name}_calls_per_decision,{per_decision}\n"));
+    }
+    let _ = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(counts)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, lines.as_bytes()));
 }
 
 /// 50 calls of `call` at once; the median of their latencies, each from the start to its own

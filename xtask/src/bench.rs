@@ -20,7 +20,7 @@ use std::time::SystemTime;
 use crate::run::{cargo, root};
 
 /// The groups the targets read, as a criterion filter: the passes after the first repeat these.
-const TARGET_GROUPS: &str = "^(direct_allow_1_thread|direct_allow_2_threads|direct_deny_2_threads|keyed_hot_key|keyed_1M_keys_warm|stack|tower_axum|redis/sequential|redis/in_flight_50|redis/in_flight_50_latency)/";
+const TARGET_GROUPS: &str = "^(direct_allow_1_thread|direct_allow_2_threads|direct_deny_2_threads|keyed_hot_key|keyed_1M_keys_warm|stack|tower_axum|redis/sequential|redis/in_flight_50|redis/in_flight_50_latency|redis/leased)/";
 
 pub(crate) fn run(args: &[String]) -> Result<(), String> {
     let quick = args.iter().any(|a| a == "--quick");
@@ -42,7 +42,7 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
     }
     let target = root().join("target");
     let mut passes = Vec::new();
-    let mut memory = BTreeMap::new();
+    let mut readings = Readings::default();
     for pass in 0..reps {
         // The first pass measures everything asked for; the others the targets' groups.
         let filter: Vec<&str> = if pass == 0 {
@@ -57,11 +57,14 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
             if results.is_empty() {
                 return Err("no criterion results from this run under target/criterion".into());
             }
-            memory = bytes_per_key(&target.join("bench-bytes-per-key.csv"), started);
+            readings = Readings {
+                memory: csv_values(&target.join("bench-bytes-per-key.csv"), started, 2),
+                counts: csv_values(&target.join("bench-counts.csv"), started, 1),
+            };
         }
         passes.push(results);
     }
-    let report = render(&passes, &memory, quick);
+    let report = render(&passes, &readings, quick);
     let path = target.join("bench-report.md");
     std::fs::write(&path, report).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     eprintln!("xtask: wrote {}", path.display());
@@ -157,8 +160,18 @@ fn collect(dir: &Path, since: SystemTime) -> Vec<Measured> {
     out
 }
 
-/// `name -> bytes per key`, the last line for each name written during this run.
-fn bytes_per_key(csv: &Path, since: SystemTime) -> BTreeMap<String, f64> {
+/// What the benchmarks write beside criterion's results, read from the first pass.
+#[derive(Default)]
+struct Readings {
+    /// `name -> resident bytes per key` (`target/bench-bytes-per-key.csv`).
+    memory: BTreeMap<String, f64>,
+    /// `name -> a count per decision`, such as script calls (`target/bench-counts.csv`).
+    counts: BTreeMap<String, f64>,
+}
+
+/// `name -> value` (the value is the line's `column`th comma-separated field after the
+/// name's), the last line for each name written during this run.
+fn csv_values(csv: &Path, since: SystemTime, column: usize) -> BTreeMap<String, f64> {
     let fresh = std::fs::metadata(csv)
         .and_then(|m| m.modified())
         .is_ok_and(|t| t >= since);
@@ -169,10 +182,10 @@ fn bytes_per_key(csv: &Path, since: SystemTime) -> BTreeMap<String, f64> {
     let text = std::fs::read_to_string(csv).unwrap_or_default();
     for line in text.lines() {
         let mut parts = line.split(',');
-        if let (Some(name), Some(_), Some(per_key)) = (parts.next(), parts.next(), parts.next())
-            && let Ok(per_key) = per_key.parse::<f64>()
+        if let (Some(name), Some(value)) = (parts.next(), parts.nth(column - 1))
+            && let Ok(value) = value.parse::<f64>()
         {
-            out.insert(name.to_owned(), per_key);
+            out.insert(name.to_owned(), value);
         }
     }
     out
@@ -234,7 +247,7 @@ fn rate(per_second: f64) -> String {
 /// holds.
 struct Target {
     what: &'static str,
-    measured: fn(&[Measured], &BTreeMap<String, f64>) -> Option<f64>,
+    measured: fn(&[Measured], &Readings) -> Option<f64>,
     holds: fn(f64) -> bool,
     unit: &'static str,
 }
@@ -285,7 +298,7 @@ fn targets() -> Vec<Target> {
         },
         Target {
             what: "Memory: token bucket in the default store ≤ 36 B/key at 1M keys",
-            measured: |_, memory| memory.get("keyed_token_bucket_sharded").copied(),
+            measured: |_, x| x.memory.get("keyed_token_bucket_sharded").copied(),
             holds: |b| b <= 36.0,
             unit: " B",
         },
@@ -337,6 +350,35 @@ fn targets() -> Vec<Target> {
             measured: |r, _| ratio(r, "redis/sequential", "limiter_1_limit", "raw_evalsha"),
             holds: |r| r <= 1.05,
             unit: "×",
+        },
+        Target {
+            what: "Redis, leased (slack 1% of the limit): a hot key's decision ≤ 2× an in-process keyed check",
+            measured: |r, _| ratio(r, "redis/leased", "leased_hot_key", "in_process_keyed"),
+            holds: |r| r <= 2.0,
+            unit: "×",
+        },
+        Target {
+            what: "Redis, leased (slack 10,000 units, 0.001% of the limit): a hot key's decision ≤ 2× an in-process keyed check",
+            measured: |r, _| {
+                ratio(
+                    r,
+                    "redis/leased",
+                    "leased_hot_key_slack_10k",
+                    "in_process_keyed",
+                )
+            },
+            holds: |r| r <= 2.0,
+            unit: "×",
+        },
+        Target {
+            what: "Redis, leased (slack 10,000 units): ≤ 1 script call per 100 hot-key decisions (decisions per call)",
+            measured: |_, x| {
+                x.counts
+                    .get("leased_hot_key_slack_10k_calls_per_decision")
+                    .map(|calls| 1.0 / calls)
+            },
+            holds: |n| n >= 100.0,
+            unit: "",
         },
         Target {
             what: "Redis, sequential: a 3-layer stack ≤ 1.2× one decision",
@@ -483,7 +525,8 @@ fn service_context(results: &[Measured]) -> Vec<(&'static str, Option<f64>, &'st
     ]
 }
 
-fn render(passes: &[Vec<Measured>], memory: &BTreeMap<String, f64>, quick: bool) -> String {
+fn render(passes: &[Vec<Measured>], readings: &Readings, quick: bool) -> String {
+    let memory = &readings.memory;
     let results: &[Measured] = passes.first().map_or(&[], Vec::as_slice);
     let mut out = String::new();
     let _ = writeln!(out, "# Benchmark report\n");
@@ -520,7 +563,7 @@ fn render(passes: &[Vec<Measured>], memory: &BTreeMap<String, f64>, quick: bool)
     for t in targets() {
         let values = passes
             .iter()
-            .filter_map(|pass| (t.measured)(pass, memory))
+            .filter_map(|pass| (t.measured)(pass, readings))
             .collect();
         let line = match spread(values) {
             Some((median, low, high, n)) => {
@@ -618,7 +661,7 @@ mod tests {
             measured("floor", 20_000.0),
             measured("grpc_should_rate_limit", 50_000.0),
         ];
-        let report = render(&[results], &BTreeMap::new(), true);
+        let report = render(&[results], &Readings::default(), true);
         assert!(
             report.contains("| gRPC `ShouldRateLimit` (one descriptor) / the HTTP floor | 2.50× |"),
             "{report}"
@@ -656,7 +699,7 @@ mod tests {
             m("governor", 40.0),
             m("token_bucket", 30.0),
         ];
-        let report = render(&[results.to_vec()], &BTreeMap::new(), true);
+        let report = render(&[results.to_vec()], &Readings::default(), true);
         assert!(
             report.contains("| token_bucket | 30.0 ns | 33.3 M/s | 0.75 | 3.00 |"),
             "{report}"
@@ -678,7 +721,7 @@ mod tests {
             s("stack_1", 100.0),
             s("stack_3", 180.0),
         ];
-        let report = render(&[stacked.to_vec()], &BTreeMap::new(), false);
+        let report = render(&[stacked.to_vec()], &Readings::default(), false);
         assert!(
             report.contains(
                 "| Stack of 3 layers: time ≤ 2.0× one check | 3.00× | 3.00–3.00× | 1 | **no** |"
@@ -690,7 +733,7 @@ mod tests {
             .into_iter()
             .map(|ours| vec![m("governor", 40.0), m("token_bucket", ours)])
             .collect();
-        let repeated = render(&passes, &BTreeMap::new(), false);
+        let repeated = render(&passes, &Readings::default(), false);
         assert!(
             repeated.contains("governor's | 0.95× | 0.90–1.10× | 3 | **no** |"),
             "{repeated}"
@@ -720,7 +763,7 @@ mod tests {
         let parts = [s("clock", 20.0), s("read_lock", 10.0), s("cas", 5.0)];
         let report = render(
             &[[&stacked[..], &parts[..]].concat()],
-            &BTreeMap::new(),
+            &Readings::default(),
             false,
         );
         assert!(report.contains("1 compare-exchange) | 1.71× |"), "{report}");
@@ -734,7 +777,7 @@ mod tests {
         let deciding = [s("floor_deciding", 72.0), s("typed_sketch", 75.0)];
         let report = render(
             &[[&stacked[..], &deciding[..]].concat()],
-            &BTreeMap::new(),
+            &Readings::default(),
             false,
         );
         assert!(

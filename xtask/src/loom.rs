@@ -4,6 +4,7 @@ use crate::run::cargo;
 
 /// Crates with loom models in `tests/loom.rs`.
 const MODELLED: &[&str] = &[
+    "limiter-core",
     "limiter-token-bucket",
     "limiter-sliding-window",
     "limiter-store",

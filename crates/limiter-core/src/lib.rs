@@ -44,6 +44,7 @@ mod clock;
 mod decision;
 mod direct;
 mod error;
+mod lease;
 mod limit;
 mod limiter;
 mod sync;
@@ -60,5 +61,6 @@ pub use clock::{
 pub use decision::Decision;
 pub use direct::DirectLimiter;
 pub use error::{DecisionError, LimitError};
+pub use lease::{LEASE_TICK_NANOS, LeaseCell, LeaseSpend, MAX_LEASE_UNITS};
 pub use limit::Limit;
 pub use limiter::Limiter;

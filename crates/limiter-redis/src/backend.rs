@@ -8,7 +8,7 @@ use core::time::Duration;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use limiter_core::{Clock, MonotonicClock};
+use limiter_core::{Clock, DefaultClock};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{Script, Value};
@@ -150,7 +150,7 @@ impl BackendBuilder {
             deny_cache: 100_000,
             expiry_slack: Duration::ZERO,
             time: TimeSource::Server,
-            clock: Arc::new(MonotonicClock::new()),
+            clock: Arc::new(DefaultClock::new()),
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
         }
     }
@@ -192,8 +192,9 @@ impl BackendBuilder {
         self
     }
 
-    /// The local clock the circuit breaker and the deny cache measure time on (default
-    /// [`MonotonicClock`]). Decisions do not read it.
+    /// The local clock the circuit breaker, the deny cache and leases measure time on
+    /// (default [`DefaultClock`], the workspace's fast clock). Decisions on Redis read Redis's
+    /// time, not this one; a [`LeasedStack`](crate::LeasedStack) spends its leases on it.
     pub fn clock(mut self, clock: impl Clock + 'static) -> Self {
         self.clock = Arc::new(clock);
         self

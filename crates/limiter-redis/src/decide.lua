@@ -24,6 +24,9 @@
 --     modulo 2^index bits, read as the window nearest now with the same low bits)
 -- Mode 2 gives units back instead (refunds): each group is `units, granted_us, n` and n limits,
 -- and answers as a peek after its refund (see `refund_group`).
+-- Mode 3 leases (see `lease_group`): each group is `cost, want, returned, holder, ttl_ms, n`
+-- and per limit eight fields: the six above, then the KEYS index of the limit's lease ledger
+-- and the limit's slack in units. Its reply carries the units leased after the admitted flag.
 -- A group is all or nothing: its writes happen only if every limit admits. Groups are decided
 -- in order, each on the state the earlier ones left. In mode 1 the batch is all or nothing as
 -- well: the writes wait until every group is decided and happen only if every enforced group
@@ -366,8 +369,8 @@ if now >= LIMIT then return fail('the time ' .. out(now) .. ' us is past 2^52 us
 local slack = tonumber(ARGV[2])
 local groups = tonumber(ARGV[3])
 local mode = tonumber(ARGV[4])
-if slack == nil or groups == nil or (mode ~= 0 and mode ~= 1 and mode ~= 2) then
-  return fail('ARGV[2..4] must be the expiry slack, the number of groups and the mode (0, 1 or 2)')
+if slack == nil or groups == nil or (mode ~= 0 and mode ~= 1 and mode ~= 2 and mode ~= 3) then
+  return fail('ARGV[2..4] must be the expiry slack, the number of groups and the mode (0, 1, 2 or 3)')
 end
 
 local states = {} -- key name -> {hi, lo}: the state as this script left it (a batch may
@@ -527,6 +530,171 @@ local function refund_group(units, granted, n, arg)
     answers[i] = answer
   end
   return answers, writes
+end
+
+-- Mode 3, leases. A node holding a lease decides locally against units it took from the
+-- state ahead of time; each limit's ledger (a hash: holder -> "units deadline_us granted_us")
+-- records the leases outstanding, so that they never add up to more than the limit's slack.
+-- A group: returns the `returned` units of the holder's live lease (never more than the
+-- ledger says it holds; nothing once the lease expired or the limit changed), ends that lease,
+-- then takes `cost` units for the caller and up to `want` more as a new lease of `ttl_ms`:
+-- no more than the state holds beyond the cost, and on each limit no more than an equal share
+-- of what the slack leaves once the other live leases are counted: (slack - held) / (holders
+-- + 1). A holder that asked for a lease is recorded even when it got none, so the others'
+-- next shares make room for it. Nothing is taken unless every limit holds the cost (then the
+-- answers are the denial); a want of 0 takes no lease and leaves the ledger. Expired leases
+-- leave the ledger (their units are lost, never returned: the holder may have spent them).
+local function lease_group(cost, want, returned, holder, ttl, n, arg)
+  local limits = {}
+  local lease = want
+  for i = 1, n do
+    local k, algo, a, b, c, d = limit_at(arg)
+    local ledger, share = tonumber(ARGV[arg + 6]), tonumber(ARGV[arg + 7])
+    if k == nil or ledger == nil or KEYS[ledger] == nil or share == nil or share < 0 then
+      return nil, 'limit ' .. i .. ' of the lease is malformed'
+    end
+    if algo ~= 1 and algo ~= 2 and algo ~= 3 then return nil, 'unknown algorithm ' .. tostring(algo) end
+    local tag = tag_at(arg)
+    arg = arg + 8
+    local entries = redis.pcall('HGETALL', KEYS[ledger])
+    if type(entries) == 'table' and entries.err then
+      return nil, 'key ' .. KEYS[ledger] .. ' is not a lease ledger (' .. entries.err .. '); delete it or change the prefix'
+    end
+    local held, holders, mine = 0, 0, nil
+    for j = 1, #entries, 2 do
+      local units, deadline, granted = string.match(entries[j + 1], '^(%d+) (%d+) (%d+)$')
+      units, deadline, granted = tonumber(units), tonumber(deadline), tonumber(granted)
+      if units == nil or deadline <= now then
+        redis.call('HDEL', KEYS[ledger], entries[j])
+      elseif entries[j] == holder then
+        mine = { units, granted }
+      else
+        held = held + units
+        holders = holders + 1
+      end
+    end
+    local state, err = load(KEYS[k])
+    if state == nil then return nil, err end
+    local hi, lo = state[1], state[2]
+    local changed = state[3] ~= nil and state[3] ~= tag
+    if changed then
+      hi, lo = rescale(hi, lo, state[3], algo, a, b, c, d)
+      if hi == nil then return nil, 'key ' .. KEYS[k] .. ': ' .. lo end
+    end
+    local dirty = changed
+    if mine ~= nil and returned > 0 and not changed then
+      local units = returned
+      if units > mine[1] then units = mine[1] end
+      local nxh, nxl
+      if algo == 1 then
+        nxh, nxl = token_refund(hi, lo, units, now, a, b, d)
+      else
+        nxh, nxl = window_refund(hi, lo, units, mine[2], b, c, d, algo == 2)
+      end
+      if nxh == nil and nxl ~= nil then return nil, 'key ' .. KEYS[k] .. ': ' .. nxl end
+      if nxh ~= nil then hi, lo, dirty = nxh, nxl, true end
+    end
+    local answer
+    if algo == 1 then
+      answer, err = token_bucket(hi, lo, 0, now, a, b, c, d)
+    else
+      answer, err = window(hi, lo, 0, now, a, b, c, d, algo == 2)
+    end
+    if answer == nil then return nil, 'key ' .. KEYS[k] .. ': ' .. err end
+    local room = answer[2] - cost
+    if room < lease then lease = room end
+    local free = share - held
+    if free < 0 then free = 0 end
+    free = fdiv(free, holders + 1)
+    if free < lease then lease = free end
+    limits[i] = { k = k, algo = algo, a = a, b = b, c = c, d = d, tag = tag, hi = hi, lo = lo,
+      dirty = dirty, ledger = KEYS[ledger], peek = answer }
+  end
+  if lease < 0 then lease = 0 end
+  -- Decides every limit at `take`; nil when one of them does not admit it.
+  local function take_all(take)
+    local answers, writes = {}, {}
+    for i, l in ipairs(limits) do
+      local answer, err, nxh, nxl
+      if l.algo == 1 then
+        answer, err, nxh, nxl = token_bucket(l.hi, l.lo, take, now, l.a, l.b, l.c, l.d)
+      else
+        answer, err, nxh, nxl = window(l.hi, l.lo, take, now, l.a, l.b, l.c, l.d, l.algo == 2)
+      end
+      if answer == nil then return nil, 'key ' .. KEYS[l.k] .. ': ' .. err end
+      if answer[1] == 0 then return nil end
+      answers[i] = answer
+      if nxh ~= nil then
+        writes[i] = { l.k, nxh, nxl, answer[4], l.tag }
+      elseif l.dirty then
+        writes[i] = { l.k, l.hi, l.lo, answer[4], l.tag }
+      end
+    end
+    return answers, writes
+  end
+  local answers, writes = take_all(cost + lease)
+  if answers == nil and writes ~= nil then return nil, writes end
+  if answers == nil and lease > 0 then
+    -- a window's remaining count can be rounded: the cost alone may still fit
+    lease = 0
+    answers, writes = take_all(cost)
+    if answers == nil and writes ~= nil then return nil, writes end
+  end
+  local admitted = 1
+  if answers == nil then
+    -- Denied: nothing is taken; the answers say when the cost fits. A returned lease still
+    -- comes back.
+    admitted, lease = 0, 0
+    answers, writes = {}, {}
+    for i, l in ipairs(limits) do
+      local answer, err
+      if l.algo == 1 then
+        answer, err = token_bucket(l.hi, l.lo, cost, now, l.a, l.b, l.c, l.d)
+      else
+        answer, err = window(l.hi, l.lo, cost, now, l.a, l.b, l.c, l.d, l.algo == 2)
+      end
+      if answer == nil then return nil, 'key ' .. KEYS[l.k] .. ': ' .. err end
+      answers[i] = answer
+      if l.dirty then writes[i] = { l.k, l.hi, l.lo, l.peek[4], l.tag } end
+    end
+  end
+  for i, l in ipairs(limits) do
+    if writes[i] ~= nil then store(writes[i]) end
+    if want > 0 then
+      -- Recorded even with nothing leased, so the other holders' shares make room for it.
+      redis.call('HSET', l.ledger, holder, string.format('%.0f %.0f %.0f', lease, now + ttl * 1000, now))
+      local left = redis.call('PTTL', l.ledger)
+      if left < ttl then redis.call('PEXPIRE', l.ledger, string.format('%.0f', ttl + slack)) end
+    else
+      redis.call('HDEL', l.ledger, holder)
+    end
+  end
+  return { admitted, lease, answers }
+end
+
+if mode == 3 then
+  local reply = { now }
+  local arg = 5
+  for _ = 1, groups do
+    local cost, want, returned = tonumber(ARGV[arg]), tonumber(ARGV[arg + 1]), tonumber(ARGV[arg + 2])
+    local holder, ttl, n = ARGV[arg + 3], tonumber(ARGV[arg + 4]), tonumber(ARGV[arg + 5])
+    if cost == nil or want == nil or returned == nil or ttl == nil or n == nil or holder == nil
+      or cost < 0 or want < 0 or returned < 0 or ttl < 1 or want >= LIMIT or returned >= LIMIT then
+      return fail('a lease header is malformed')
+    end
+    local result, err = lease_group(cost, want, returned, holder, ttl, n, arg + 6)
+    arg = arg + 6 + 8 * n
+    if result == nil then
+      reply[#reply + 1] = 'limiter: ' .. err
+    else
+      reply[#reply + 1] = result[1]
+      reply[#reply + 1] = out(result[2])
+      for _, answer in ipairs(result[3]) do
+        for j = 1, 4 do reply[#reply + 1] = out(answer[j]) end
+      end
+    end
+  end
+  return reply
 end
 
 if mode == 2 then

@@ -21,6 +21,9 @@ pub enum Source {
     /// Redis failed and the policy is to refuse. This is not "over the limit": an HTTP layer
     /// answers 503, not 429.
     FailClosed(BackendError),
+    /// This node decided locally, against units it had leased from Redis
+    /// ([`LeasedStack`](crate::LeasedStack)), or a denial Redis had answered for them.
+    Lease,
     /// Redis failed and the local in-memory limiter decided, with the same limits on this node.
     Fallback(BackendError),
 }
@@ -61,7 +64,7 @@ impl RedisDecision {
     pub fn backend_error(&self) -> Option<&BackendError> {
         match &self.source {
             Source::FailOpen(e) | Source::FailClosed(e) | Source::Fallback(e) => Some(e),
-            Source::Redis | Source::DenyCache | Source::NoLayer => None,
+            Source::Redis | Source::DenyCache | Source::NoLayer | Source::Lease => None,
         }
     }
 

@@ -69,6 +69,14 @@ pub enum BuildError {
         /// What is wrong and how to fix it.
         reason: &'static str,
     },
+    /// A lease that cannot be kept as asked ([`Lease`](crate::Lease)).
+    #[error("the leased stack `{stack}`: {reason}")]
+    Lease {
+        /// The stack's name.
+        stack: String,
+        /// What is wrong and how to fix it.
+        reason: String,
+    },
     /// The stack's keys would not all share one Redis Cluster slot, so no script could decide
     /// them together.
     #[error(

@@ -63,6 +63,7 @@ mod coalesce;
 mod decision;
 mod deny_cache;
 mod error;
+mod lease;
 mod refund;
 mod reply;
 mod seam;
@@ -76,6 +77,9 @@ pub use batch::{BatchDecision, BatchError, RedisBatch};
 pub use breaker::BreakerConfig;
 pub use decision::{RedisDecision, Source};
 pub use error::{BackendError, BuildError, CallError, RefundError};
+pub use lease::{
+    DEFAULT_LEASE_TTL, LEASE_TTL_RANGE, Lease, LeaseStats, LeasedLimiter, LeasedStack, Slack,
+};
 pub use refund::RedisGrant;
 pub use spec::{Kind, RedisLimit};
 pub use stack::{

@@ -41,6 +41,24 @@ pub(crate) fn parse(
     value: &Value,
     sizes: &[usize],
 ) -> Result<(u64, Vec<GroupAnswer>), BackendError> {
+    let (now, groups) = parse_with(value, sizes, false)?;
+    Ok((now, groups.into_iter().map(|(_, answer)| answer).collect()))
+}
+
+/// The reply to a lease call (mode 3): as [`parse`], with each admitted or denied group's
+/// leased units (0 for a group that failed).
+pub(crate) fn parse_leases(
+    value: &Value,
+    sizes: &[usize],
+) -> Result<(u64, Vec<(u64, GroupAnswer)>), BackendError> {
+    parse_with(value, sizes, true)
+}
+
+fn parse_with(
+    value: &Value,
+    sizes: &[usize],
+    leased: bool,
+) -> Result<(u64, Vec<(u64, GroupAnswer)>), BackendError> {
     let Value::Array(items) = value else {
         return Err(bad(format!("expected an array, got {value:?}")));
     };
@@ -58,10 +76,18 @@ pub(crate) fn parse(
             Value::Int(0) => false,
             Value::Int(1) => true,
             Value::BulkString(bytes) => {
-                groups.push(Err(String::from_utf8_lossy(bytes).into_owned()));
+                groups.push((0, Err(String::from_utf8_lossy(bytes).into_owned())));
                 continue;
             }
             other => return Err(bad(format!("group {g} has status {other:?}"))),
+        };
+        let lease = if leased {
+            let value = items
+                .next()
+                .ok_or_else(|| bad(format!("group {g} has no lease")))?;
+            number(value, "lease")?
+        } else {
+            0
         };
         let mut answers = Vec::with_capacity(size);
         for i in 0..size {
@@ -88,7 +114,7 @@ pub(crate) fn parse(
                 "group {g} says admitted={admitted}, which its limits contradict"
             )));
         }
-        groups.push(Ok(answers));
+        groups.push((lease, Ok(answers)));
     }
     if items.next().is_some() {
         return Err(bad("the reply is longer than the call"));

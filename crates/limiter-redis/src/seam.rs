@@ -36,6 +36,7 @@ impl From<RedisDecision> for Outcome {
             Source::FailClosed(e) => return Self::FailedClosed(Arc::new(e.clone())),
             Source::DenyCache => Origin::DenyCache,
             Source::Fallback(_) => Origin::Fallback,
+            Source::Lease => Origin::Lease,
             Source::Redis | Source::NoLayer => Origin::Remote,
         };
         Self::Decided {

@@ -390,6 +390,7 @@ struct Target {
 }
 
 /// A call resolved to its keys: what the script needs, before any round trip.
+#[derive(Clone)]
 pub(crate) struct Prepared {
     pub(crate) cost: u64,
     pub(crate) tag: String,
@@ -775,8 +776,93 @@ impl<R> RedisStack<R> {
         RedisDecision::new(stack.is_allowed(), stack, Source::Redis)
     }
 
+    /// Appends a lease group for `call` (`decide.lua`, mode 3): the cost, the units wanted
+    /// ahead, the units handed back, the holder, the lease's time to live, then per limit its
+    /// six fields, its ledger's `KEYS` index (the ledgers follow the call's keys) and its
+    /// slack in units, read from `slack` by layer and limit index.
+    pub(crate) fn encode_lease(
+        &self,
+        call: &Prepared,
+        head: [u64; 3],
+        holder: &str,
+        ttl_ms: u64,
+        slack: &[Vec<u64>],
+        args: &mut Vec<Vec<u8>>,
+    ) {
+        for value in head {
+            args.push(value.to_string().into_bytes());
+        }
+        args.push(holder.as_bytes().to_vec());
+        args.push(ttl_ms.to_string().into_bytes());
+        args.push(call.targets.len().to_string().into_bytes());
+        let n = call.targets.len();
+        for (i, target) in call.targets.iter().enumerate() {
+            args.push(i.saturating_add(1).to_string().into_bytes());
+            args.extend(
+                self.layers[target.layer].fields[target.limit]
+                    .iter()
+                    .cloned(),
+            );
+            let ledger = n.saturating_add(i).saturating_add(1);
+            args.push(ledger.to_string().into_bytes());
+            args.push(slack[target.layer][target.limit].to_string().into_bytes());
+        }
+    }
+
+    /// Each layer a call touches, with the smallest burst of its limits: what a decision
+    /// made locally against a lease reports.
+    pub(crate) fn touched_layers(&self, call: &Prepared) -> Vec<(usize, u64)> {
+        let mut layers: Vec<(usize, u64)> = Vec::new();
+        for target in &call.targets {
+            let burst = self.layers[target.layer].limits[target.limit].burst();
+            match layers.last_mut() {
+                Some((layer, least)) if *layer == target.layer => *least = (*least).min(burst),
+                _ => layers.push((target.layer, burst)),
+            }
+        }
+        layers
+    }
+
+    /// Writes what names `request`'s state into `out`: each layer's key (or that it is
+    /// skipped), and the request's hash tag when the stack is tagged by requests. Two requests
+    /// with the same identity touch the same Redis keys.
+    pub(crate) fn identity(&self, request: &R, out: &mut String) {
+        use fmt::Write as _;
+        if let (Tag::Key, [layer]) = (&self.tag, self.layers.as_slice()) {
+            // Tagged by its one layer's key: the key alone (a `RedisLimiter`).
+            if let Some(key) = layer.keyer.as_ref().and_then(|k| k.key(request)) {
+                out.push_str(&key);
+            }
+            return;
+        }
+        if let Tag::Request(tagger) = &self.tag {
+            let tag = tagger(request);
+            let _ = write!(out, "{}:{tag}", tag.len());
+        }
+        for layer in &self.layers {
+            match &layer.keyer {
+                Some(keyer) => match keyer.key(request) {
+                    Some(key) => {
+                        let _ = write!(out, "/{}:{key}", key.len());
+                    }
+                    None => out.push('-'),
+                },
+                None => out.push('*'),
+            }
+        }
+    }
+
+    /// The smallest burst of any limit: a cost above it is refused by `prepare`.
+    pub(crate) fn least_burst(&self) -> u64 {
+        self.layers
+            .iter()
+            .flat_map(|layer| layer.limits.iter().map(RedisLimit::burst))
+            .min()
+            .unwrap_or(0)
+    }
+
     /// The failure policy's answer.
-    fn on_failure(&self, request: &R, cost: u64, error: BackendError) -> RedisDecision {
+    pub(crate) fn on_failure(&self, request: &R, cost: u64, error: BackendError) -> RedisDecision {
         tracing::debug!(
             target: "limiter_redis::stack",
             stack = %self.name,
@@ -933,6 +1019,11 @@ impl RedisLimiter {
     /// The Redis keys `key`'s state lives in, one per limit.
     pub fn redis_keys(&self, key: &str) -> Vec<String> {
         self.stack.redis_keys(&key.to_owned())
+    }
+
+    /// The one-layer stack behind the limiter, owned.
+    pub fn into_stack(self) -> RedisStack<String> {
+        self.stack
     }
 
     /// The one-layer stack behind the limiter (requests are the keys), to add its calls to a

@@ -34,6 +34,8 @@ pub enum Origin {
     DenyCache,
     /// The local fallback while the remote store is out.
     Fallback,
+    /// A lease of the remote store's budget, spent in this process.
+    Lease,
 }
 
 /// What a limiter answered for one call.

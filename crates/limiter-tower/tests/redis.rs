@@ -159,3 +159,44 @@ async fn a_redis_layer_reading_an_unregistered_key_is_refused_at_build() {
         .build()
         .unwrap();
 }
+
+#[tokio::test]
+async fn a_leased_stack_is_decided_locally_behind_the_middleware() {
+    let server = redis_server::RedisServer::start();
+    let clock = ManualClock::starting_at(1_700_000_000_000_000_000);
+    let backend = RedisBackend::builder(server.url())
+        .time_from(clock.clone())
+        .clock(clock.clone())
+        .connect()
+        .await
+        .unwrap();
+    let leased = RedisStack::builder(&backend, "http-leased")
+        .layer(
+            RedisLayer::keyed("per-ip", by_key_string("ip"))
+                .limit(Kind::TokenBucket, Limit::per_minute(20)),
+        )
+        .on_failure(OnFailure::Closed)
+        .build()
+        .unwrap()
+        .leased(limiter_redis::Lease::new(limiter_redis::Slack::units(5)))
+        .unwrap();
+    let limits = RateLimitLayer::builder(leased.clone())
+        .key("ip", PeerIp::new())
+        .build()
+        .unwrap();
+    let addr = serve(support::counting_app().0.layer(limits)).await;
+    let mut passed = 0;
+    for _ in 0..25 {
+        let response = get(addr, &[]).await;
+        if response.status == 200 {
+            passed += 1;
+        } else {
+            assert_eq!(response.status, 429);
+            assert!(response.header("retry-after").is_some());
+        }
+    }
+    assert_eq!(passed, 20, "the limit, exactly, through leases");
+    let calls = backend.stats().round_trips;
+    assert!(calls < 12, "{calls} script calls for 25 requests");
+    assert!(leased.stats().leased > 0);
+}

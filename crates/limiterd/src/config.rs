@@ -25,6 +25,9 @@
 //!   { algorithm = "sliding_window", count = 1000, period = "1h" },
 //!   { algorithm = "fixed_window", count = 10000, period = "1s", key = "global" },
 //! ]
+//! # lease_slack = "1%"         # Redis: decide locally against leases; the fleet admits at
+//! #                            # most each limit plus this ("N%" of it, or N units)
+//! # lease_ttl = "1s"           # how long a lease lives
 //! ```
 
 use std::collections::BTreeMap;
@@ -35,7 +38,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use limiter_core::{Limit, LimitError};
-use limiter_redis::{Kind, OnFailure, RedisLimit};
+use limiter_redis::{Kind, LEASE_TTL_RANGE, Lease, OnFailure, RedisLimit, Slack};
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -416,6 +419,9 @@ pub struct Policy {
     pub limits: Vec<PolicyLimit>,
     /// What the policy does when Redis fails (the store's unless set).
     pub on_failure: OnFailure,
+    /// On Redis, decide against leases within this slack (`lease_slack`); ignored in memory,
+    /// where every decision is local already.
+    pub lease: Option<Lease>,
 }
 
 /// A configuration that cannot be used: where, what, and the fix.
@@ -494,6 +500,8 @@ struct RawStore {
 struct RawPolicy {
     limits: Spanned<Vec<Spanned<RawLimit>>>,
     on_failure: Option<Spanned<String>>,
+    lease_slack: Option<Spanned<toml::Value>>,
+    lease_ttl: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -937,7 +945,103 @@ fn parse_policy(
             }
         }
     }
-    Ok(Policy { limits, on_failure })
+    let lease = parse_lease(source, name, raw)?;
+    Ok(Policy {
+        limits,
+        on_failure,
+        lease,
+    })
+}
+
+/// `lease_slack` (`"N%"` of each limit, up to four decimals, or a whole number of units) and
+/// `lease_ttl` (a period).
+fn parse_lease(
+    source: &Source<'_>,
+    policy: &str,
+    raw: &RawPolicy,
+) -> Result<Option<Lease>, ConfigError> {
+    let Some(slack) = &raw.lease_slack else {
+        if let Some(ttl) = &raw.lease_ttl {
+            return Err(source.at(
+                ttl,
+                format!("policy `{policy}`: `lease_ttl` without `lease_slack`; add `lease_slack = \"1%\"` (or remove `lease_ttl`)"),
+            ));
+        }
+        return Ok(None);
+    };
+    let fix = "write a share of each limit such as \"1%\" or \"0.5%\", or a whole number of units such as 100";
+    let slack_value =
+        match slack.get_ref() {
+            toml::Value::Integer(n) => u64::try_from(*n).map(Slack::units).map_err(|_| {
+                source.at(
+                    slack,
+                    format!("policy `{policy}`: `lease_slack = {n}` is negative; {fix}"),
+                )
+            })?,
+            toml::Value::String(text) => parse_percent(text)
+                .map(Slack::PartsPerMillion)
+                .ok_or_else(|| {
+                    source.at(
+                        slack,
+                        format!("policy `{policy}`: `lease_slack = {text:?}`: {fix}"),
+                    )
+                })?,
+            other => {
+                return Err(source.at(
+                    slack,
+                    format!(
+                        "policy `{policy}`: `lease_slack` is a {}: {fix}",
+                        other.type_str()
+                    ),
+                ));
+            }
+        };
+    let mut lease = Lease::new(slack_value);
+    if let Some(ttl) = &raw.lease_ttl {
+        let (least, most) = LEASE_TTL_RANGE;
+        let period = parse_period(ttl.get_ref()).filter(|p| *p >= least && *p <= most);
+        let Some(period) = period else {
+            return Err(source.at(
+                ttl,
+                format!(
+                    "policy `{policy}`: `lease_ttl = {:?}`: write a period from {least:?} to {most:?}, such as \"1s\"",
+                    ttl.get_ref()
+                ),
+            ));
+        };
+        lease = lease.ttl(period);
+    }
+    Ok(Some(lease))
+}
+
+/// `"N%"` (N a decimal with at most four places, at most 100) in parts per million.
+fn parse_percent(text: &str) -> Option<u64> {
+    let number = text.trim().strip_suffix('%')?.trim();
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    if whole.is_empty() && fraction.is_empty()
+        || fraction.len() > 4
+        || !whole
+            .bytes()
+            .chain(fraction.bytes())
+            .all(|b| b.is_ascii_digit())
+    {
+        return None;
+    }
+    let whole: u64 = if whole.is_empty() {
+        0
+    } else {
+        whole.parse().ok()?
+    };
+    let mut places: u64 = if fraction.is_empty() {
+        0
+    } else {
+        fraction.parse().ok()?
+    };
+    for _ in fraction.len()..4 {
+        places *= 10;
+    }
+    let ppm = whole.checked_mul(10_000)?.checked_add(places)?;
+    (ppm <= 1_000_000).then_some(ppm)
 }
 
 fn parse_limit(
@@ -1030,6 +1134,56 @@ mod tests {
 
     fn error(text: &str) -> String {
         Config::parse(text).expect_err("refused").to_string()
+    }
+
+    #[test]
+    fn lease_slack_reads_a_share_or_units_and_refuses_anything_else() {
+        let with = |extra: &str| {
+            format!(
+                "[policies.p]\nlimits = [{{ algorithm = \"token_bucket\", count = 1000, period = \"1s\" }}]\n{extra}\n"
+            )
+        };
+        let lease = |extra: &str| Config::parse(&with(extra)).expect("valid").policies["p"].lease;
+        assert_eq!(lease(""), None);
+        assert_eq!(
+            lease("lease_slack = \"1%\""),
+            Some(Lease::new(Slack::PartsPerMillion(10_000)))
+        );
+        assert_eq!(
+            lease("lease_slack = \"0.25%\""),
+            Some(Lease::new(Slack::PartsPerMillion(2_500)))
+        );
+        assert_eq!(
+            lease("lease_slack = 40\nlease_ttl = \"2s\""),
+            Some(Lease::new(Slack::Units(40)).ttl(Duration::from_secs(2)))
+        );
+        for (extra, want) in [
+            (
+                "lease_slack = \"5\"",
+                "line 3, column 15: policy `p`: `lease_slack = \"5\"`: write a share",
+            ),
+            (
+                "lease_slack = \"101%\"",
+                "`lease_slack = \"101%\"`: write a share",
+            ),
+            ("lease_slack = \"0.12345%\"", "write a share"),
+            ("lease_slack = \"-1%\"", "write a share"),
+            ("lease_slack = -3", "`lease_slack = -3` is negative"),
+            ("lease_slack = 1.5", "`lease_slack` is a float"),
+            (
+                "lease_slack = \"1%\"\nlease_ttl = \"1ms\"",
+                "line 4, column 13: policy `p`: `lease_ttl = \"1ms\"`: write a period from 10ms to 3600s",
+            ),
+            ("lease_ttl = \"1s\"", "`lease_ttl` without `lease_slack`"),
+        ] {
+            let got = error(&with(extra));
+            assert!(got.contains(want), "{extra}: {got}");
+        }
+        assert_eq!(parse_percent("100%"), Some(1_000_000));
+        assert_eq!(parse_percent(".5%"), Some(5_000));
+        assert_eq!(parse_percent("%"), None);
+        assert_eq!(parse_percent("1.%"), Some(10_000));
+        assert_eq!(parse_percent("99999999999999999999%"), None);
     }
 
     #[test]

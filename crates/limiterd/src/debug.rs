@@ -77,7 +77,14 @@ pub fn config(config: &Config, domains: &Domains) -> Value {
                     })
                 })
                 .collect();
-            let value = json!({"limits": limits, "on_failure": failure_name(policy.on_failure)});
+            let mut value =
+                json!({"limits": limits, "on_failure": failure_name(policy.on_failure)});
+            if let Some(lease) = policy.lease {
+                value["lease"] = json!({
+                    "slack": lease.slack().to_string(),
+                    "ttl_ms": millis(lease.time_to_live()),
+                });
+            }
             (name.clone(), value)
         })
         .collect();

@@ -37,7 +37,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
 use limiter_core::{Clock, Decision, Limit, LimitError};
-use limiter_redis::{BatchError, Kind, OnFailure, RedisBackend, RedisLayer, RedisStack};
+use limiter_redis::{
+    BatchError, Kind, LeasedStack, OnFailure, RedisBackend, RedisLayer, RedisStack,
+};
 use limiter_stack::{AsyncLimiter, CallError, Grant, Layer, Outcome, Plan, Stack};
 
 use crate::config::{CheckedLimit, Config, Keying, Policy, PolicyLimit, Store, StoreKind};
@@ -141,6 +143,8 @@ pub enum Origin {
     Fallback,
     /// Redis failed and the policy admits: nothing was counted.
     FailOpen,
+    /// A lease of Redis's budget, spent in this process (`lease_slack`).
+    Lease,
 }
 
 impl Origin {
@@ -152,6 +156,7 @@ impl Origin {
             Self::DenyCache => "deny_cache",
             Self::Fallback => "fallback",
             Self::FailOpen => "fail_open",
+            Self::Lease => "lease",
         }
     }
 }
@@ -229,10 +234,11 @@ type Shape = (Kind, u64, u64);
 /// Where an ad-hoc shape is decided: a stack, and the shape's plan in it.
 type AdHocStack<C> = (Arc<Backend<C>>, usize);
 
-/// A policy's stack, in this process or on Redis.
+/// A policy's stack, in this process or on Redis (per call, or against leases).
 enum Backend<C> {
     Memory(MemoryStack<C>),
     Redis(RedisStack<Call>),
+    Leased(LeasedStack<Call>),
 }
 
 impl<C: Clock + Send + Sync + 'static> Backend<C> {
@@ -241,6 +247,18 @@ impl<C: Clock + Send + Sync + 'static> Backend<C> {
         match self {
             Self::Memory(stack) => stack,
             Self::Redis(stack) => stack,
+            Self::Leased(stack) => stack,
+        }
+    }
+}
+
+impl<C> Backend<C> {
+    /// The per-call Redis stack (a leased policy's too): what batches decide on.
+    fn redis_stack(&self) -> Option<&RedisStack<Call>> {
+        match self {
+            Self::Memory(_) => None,
+            Self::Redis(stack) => Some(stack),
+            Self::Leased(stack) => Some(stack.stack()),
         }
     }
 }
@@ -527,13 +545,15 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                 for (keying, limits) in &groups {
                     builder = builder.layer(redis_layer(layer_name(*keying), *keying, limits));
                 }
-                builder
-                    .build()
-                    .map(Backend::Redis)
-                    .map_err(|source| EngineError::Redis {
-                        policy: stack_name.to_owned(),
-                        source,
-                    })
+                let refused = |source| EngineError::Redis {
+                    policy: stack_name.to_owned(),
+                    source,
+                };
+                let stack = builder.build().map_err(refused)?;
+                match policy.lease {
+                    None => Ok(Backend::Redis(stack)),
+                    Some(lease) => stack.leased(lease).map(Backend::Leased).map_err(refused),
+                }
             }
         }
     }
@@ -577,7 +597,9 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             return None;
         };
         let redis_changed = match (&self.store, backend.as_ref()) {
-            (StoreHandle::Redis(..), Backend::Redis(_)) => previous.store_changed,
+            (StoreHandle::Redis(..), Backend::Redis(_) | Backend::Leased(_)) => {
+                previous.store_changed
+            }
             (StoreHandle::Memory { .. }, Backend::Memory(_)) => false,
             _ => true,
         };
@@ -587,8 +609,9 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         }
         match backend.as_ref() {
             // Keys are named by stack, layer and place: a new stack finds them in Redis, and
-            // the script rescales those written under other limits.
-            Backend::Redis(_) => {
+            // the script rescales those written under other limits. (A leased stack's leases
+            // stay with the old stack until they expire.)
+            Backend::Redis(_) | Backend::Leased(_) => {
                 let carried = &mut previous.carried;
                 if spec.limits == policy.limits {
                     carried.kept.push(name.to_owned());
@@ -692,7 +715,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         })?;
         let memory = self.ad_hoc_memory.as_ref().and_then(|m| match m.as_ref() {
             Backend::Memory(stack) => Some((m, stack)),
-            Backend::Redis(_) => None,
+            Backend::Redis(_) | Backend::Leased(_) => None,
         });
         let found = match memory {
             Some((memory, stack)) => {
@@ -712,6 +735,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                         keying: Keying::Identifier,
                     }],
                     on_failure: self.default_failure(),
+                    lease: None,
                 };
                 let backend = self
                     .build(AD_HOC_STACK, &policy)
@@ -872,14 +896,14 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         let Some((first, _)) = resolved.first() else {
             return Ok((true, Vec::new()));
         };
-        let Backend::Redis(first) = first.backend() else {
+        let Some(first) = first.backend().redis_stack() else {
             return Err(DecideError::Unavailable(
                 "a batch mixes stores; every policy of one limiterd uses the same store".into(),
             ));
         };
         let mut batch = first.backend().batch();
         for (item, (backend, call)) in items.iter().zip(resolved) {
-            let Backend::Redis(stack) = backend.backend() else {
+            let Some(stack) = backend.backend().redis_stack() else {
                 return Err(DecideError::Unavailable(
                     "a batch mixes stores; every policy of one limiterd uses the same store".into(),
                 ));
@@ -931,6 +955,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                 let origin = match origin {
                     limiter_stack::Origin::InProcess => Origin::Memory,
                     limiter_stack::Origin::DenyCache => Origin::DenyCache,
+                    limiter_stack::Origin::Lease => Origin::Lease,
                     limiter_stack::Origin::Fallback => {
                         failed(FailurePolicy::Fallback);
                         Origin::Fallback
@@ -996,10 +1021,24 @@ pub fn decided_at_once<T>(future: impl std::future::Future<Output = T>) -> T {
     }
 }
 
+impl<C> Engine<C> {
+    /// Hands back every lease the leased policies hold (at shutdown: leases not handed back
+    /// are lost until they expire). Returns the units handed back.
+    pub async fn release_leases(&self) -> u64 {
+        let mut units = 0u64;
+        for entry in &self.policies {
+            if let Backend::Leased(stack) = entry.backend.as_ref() {
+                units = units.saturating_add(stack.shutdown().await);
+            }
+        }
+        units
+    }
+}
+
 fn held<C: Clock>(backend: &Backend<C>) -> u64 {
     match backend {
         Backend::Memory(stack) => stack.len(),
-        Backend::Redis(_) => 0,
+        Backend::Redis(_) | Backend::Leased(_) => 0,
     }
 }
 

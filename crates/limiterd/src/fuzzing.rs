@@ -166,6 +166,14 @@ pub fn config(bytes: &[u8]) {
                 for l in &policy.limits {
                     assert!(l.limit.kind().check(l.limit.limit()).is_ok(), "{l:?}");
                 }
+                if let Some(lease) = policy.lease {
+                    let (least, most) = limiter_redis::LEASE_TTL_RANGE;
+                    let ttl = lease.time_to_live();
+                    assert!(ttl >= least && ttl <= most, "{lease:?}");
+                    if let limiter_redis::Slack::PartsPerMillion(ppm) = lease.slack() {
+                        assert!(ppm <= 1_000_000, "{lease:?}");
+                    }
+                }
             }
         }
         Err(e) => {

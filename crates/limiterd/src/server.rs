@@ -99,6 +99,7 @@ pub async fn serve(
         let _ = stop.send(true);
     });
 
+    let releasing = Arc::clone(&live);
     let http = serve_http(listeners.http, api::router(live), settings, stopped.clone()).await;
     if let Some(grpc) = grpc {
         match tokio::time::timeout(settings.shutdown_timeout, grpc).await {
@@ -107,6 +108,14 @@ pub async fn serve(
             Ok(Ok(Err(e))) => return Err(format!("the gRPC server stopped: {e}")),
             Ok(Ok(Ok(()))) => {}
         }
+    }
+    // Requests are done: hand back what leased policies hold, so the fleet can use it.
+    let handed_back = releasing.current().engine.release_leases().await;
+    if handed_back > 0 {
+        tracing::info!(
+            units = handed_back,
+            "handed back the leases this process held"
+        );
     }
     http
 }

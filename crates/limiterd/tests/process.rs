@@ -681,6 +681,63 @@ async fn two_processes_on_one_redis_admit_exactly_the_limit() {
     );
 }
 
+/// A policy switched to leased mode with one option (`lease_slack`): two processes decide
+/// most calls locally, and together stay within the limit and its slack.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_leased_processes_stay_within_the_limit_and_its_slack() {
+    let server = redis_server::RedisServer::start();
+    let config = temp_file(
+        &format!("leased-{}.toml", server.port),
+        &format!(
+            "[store]\nkind = \"redis\"\nurl = \"{}\"\ntimeout_ms = 1000\non_failure = \"closed\"\n\n\
+             [policies.shared]\nlimits = [{{ algorithm = \"token_bucket\", count = 200, period = \"1h\" }}]\n\
+             lease_slack = \"10%\"\n",
+            server.url()
+        ),
+    );
+    let config = config.to_str().expect("UTF-8 path").to_owned();
+    let first = Daemon::start(&["--config", &config]);
+    let second = Daemon::start(&["--config", &config]);
+    let mut tasks = Vec::new();
+    for addr in [first.addr, second.addr, first.addr, second.addr] {
+        tasks.push(tokio::spawn(async move {
+            let mut client = Client::connect(addr).await;
+            let (mut admitted, mut local) = (0, 0);
+            for _ in 0..80 {
+                let d = client
+                    .decide(json!({"policy": "shared", "identifier": "everyone"}))
+                    .await;
+                let source = d["source"].as_str().expect("a source");
+                assert!(source == "redis" || source == "lease", "{d}");
+                admitted += u32::from(d["success"] == true);
+                local += u32::from(source == "lease");
+            }
+            (admitted, local)
+        }));
+    }
+    let (mut total, mut local) = (0, 0);
+    for task in tasks {
+        let (a, l) = task.await.expect("task");
+        total += a;
+        local += l;
+    }
+    // Every admitted unit came from Redis's 200 (nothing refills to speak of in an hour's
+    // limit); at most the slack (20) sat unspent in leases when the calls ended.
+    assert!((180..=220).contains(&total), "{total} admitted");
+    assert!(local > 160, "{local} of 320 decisions made locally");
+    println!("leased: {total} admitted, {local} of 320 decided locally");
+    let (code, text) = Client::connect(first.addr)
+        .await
+        .send("GET", "/debug/config", "")
+        .await;
+    assert_eq!(code, 200, "{text}");
+    let status: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(
+        status["policies"]["shared"]["lease"]["slack"], "10% of each burst",
+        "{status}"
+    );
+}
+
 /// Operators read what changes on stderr: `--log-json` writes one JSON object per line (the
 /// start, and the Redis circuit breaker opening when Redis dies), stdout keeps the banner; a
 /// bad `--log-level` is refused naming the flag.

@@ -239,6 +239,7 @@ fn policy_for(
             keying: Keying::Identifier,
         }],
         on_failure,
+        lease: None,
     }))
 }
 

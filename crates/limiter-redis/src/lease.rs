@@ -1,0 +1,788 @@
+//! Leased limits: a fleet's limit decided at in-process speed, with a bound a user can read.
+//!
+//! A [`LeasedStack`] (or [`LeasedLimiter`], the one-layer case) takes part of a key's budget
+//! from Redis ahead of time, in one script call: the caller's cost plus a **lease** of more
+//! units, consumed from the same state the per-call path decides on. Later calls on that key
+//! spend the lease locally, by compare-and-swap on one word ([`LeaseCell`]), until it runs
+//! out or expires; then one script call hands back what is left and takes the next lease.
+//!
+//! The bound it keeps and how it fails are on [`LeasedStack`].
+
+use core::fmt;
+use core::time::Duration;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock, Weak};
+
+use hashbrown::HashTable;
+use limiter_core::{Clock, Decision, LeaseCell, LeaseSpend, MAX_LEASE_UNITS};
+use limiter_stack::{AsyncLimiter, Decide, LayerDecision, LayerInfo, Outcome, StackDecision};
+
+use crate::backend::Sent;
+use crate::decision::{RedisDecision, Source};
+use crate::error::{BackendError, BuildError, CallError};
+use crate::reply;
+use crate::spec::RedisLimit;
+use crate::stack::{Prepared, RedisLimiter, RedisStack};
+
+/// The default time a lease lives.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(1);
+
+/// The shortest and longest time to live a lease may have.
+pub const LEASE_TTL_RANGE: (Duration, Duration) =
+    (Duration::from_millis(10), Duration::from_secs(3_600));
+
+/// How far the fleet may run ahead of a limit: the most units of each limit leased out at
+/// once. The bound is the limit plus this (see [`LeasedStack`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Slack {
+    /// The same number of units for every limit.
+    Units(u64),
+    /// A share of each limit's burst, in parts per million, rounded down.
+    PartsPerMillion(u64),
+}
+
+impl Slack {
+    /// `n` units of every limit.
+    pub fn units(n: u64) -> Self {
+        Self::Units(n)
+    }
+
+    /// `p` percent of each limit's burst.
+    pub fn percent(p: u64) -> Self {
+        Self::PartsPerMillion(p.saturating_mul(10_000))
+    }
+
+    /// The slack of `limit`, in units.
+    pub fn of(&self, limit: &RedisLimit) -> u64 {
+        match *self {
+            Self::Units(n) => n,
+            Self::PartsPerMillion(ppm) => {
+                let units = u128::from(limit.burst()) * u128::from(ppm) / 1_000_000;
+                u64::try_from(units).unwrap_or(u64::MAX)
+            }
+        }
+    }
+}
+
+impl fmt::Display for Slack {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Self::Units(n) => write!(f, "{n} units"),
+            Self::PartsPerMillion(ppm) => write!(f, "{}% of each burst", ppm as f64 / 10_000.0),
+        }
+    }
+}
+
+/// How a stack leases: its [`Slack`] and the time a lease lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lease {
+    slack: Slack,
+    ttl: Duration,
+}
+
+impl Lease {
+    /// Leases within `slack`, living [`DEFAULT_LEASE_TTL`].
+    pub fn new(slack: Slack) -> Self {
+        Self {
+            slack,
+            ttl: DEFAULT_LEASE_TTL,
+        }
+    }
+
+    /// How long a lease lives (within [`LEASE_TTL_RANGE`]). Longer leases renew less often
+    /// when demand is light; units left in a dead node's lease are lost for this long.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// The slack.
+    pub fn slack(&self) -> Slack {
+        self.slack
+    }
+
+    /// How long a lease lives.
+    pub fn time_to_live(&self) -> Duration {
+        self.ttl
+    }
+
+    fn check(&self, stack: &str) -> Result<(), BuildError> {
+        let (least, most) = LEASE_TTL_RANGE;
+        if self.ttl < least || self.ttl > most {
+            return Err(BuildError::Lease {
+                stack: stack.to_owned(),
+                reason: format!(
+                    "a lease time to live of {:?} is outside {least:?} to {most:?}; choose one in that range (1s suits most)",
+                    self.ttl
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Counts of what a leased stack did, since it was made.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LeaseStats {
+    /// Script calls that took (or tried to take) a lease.
+    pub renewals: u64,
+    /// Units Redis leased to this node.
+    pub leased: u64,
+    /// Units this node handed back.
+    pub handed_back: u64,
+    /// Keys with an entry here now.
+    pub keys: usize,
+}
+
+/// One key's lease here.
+struct Entry {
+    cell: LeaseCell,
+    /// The layers the key's calls touch, with each one's least burst (what local answers say).
+    layers: Box<[(usize, u64)]>,
+    /// The word the previous idle sweep saw (the sweep's alone).
+    seen: AtomicU64,
+    renewal: tokio::sync::Mutex<Meta>,
+}
+
+/// What the one renewing caller knows (under the entry's renewal lock).
+struct Meta {
+    /// The call's keys, for hand-backs that come without a request.
+    call: Prepared,
+    /// The lease's field in each ledger: this stack's holder name and the key's identity.
+    field: String,
+    /// Units the last lease asked for.
+    want: u64,
+    /// Units of the lease now held, and when it was asked for (local ns).
+    granted: u64,
+    granted_at: u64,
+    /// The entry left the table: renew through the one that replaced it.
+    removed: bool,
+}
+
+impl Meta {
+    /// The units to ask for next: about half a time to live of the demand the last lease
+    /// saw, within 1 and `most`.
+    fn next_want(&mut self, handed_back: u64, now: u64, ttl: u64, most: u64) -> u64 {
+        if self.granted > 0 {
+            let used = u128::from(self.granted.saturating_sub(handed_back));
+            let elapsed = u128::from(now.saturating_sub(self.granted_at).max(1));
+            let want = used * u128::from(ttl / 2) / elapsed;
+            self.want = u64::try_from(want).unwrap_or(u64::MAX);
+        }
+        self.want = self.want.clamp(1, most.max(1));
+        self.want
+    }
+}
+
+/// One shard of the local table: entries found by the identity's hash (computed once per
+/// call, for the shard and the lookup).
+type Shard = crossbeam_utils::CachePadded<RwLock<HashTable<(Box<str>, Arc<Entry>)>>>;
+
+struct Shared<R> {
+    stack: RedisStack<R>,
+    lease: Lease,
+    /// This stack's name in the ledgers: unique per process and stack.
+    holder: String,
+    /// Per layer, per limit: the slack in units.
+    slack: Vec<Vec<u64>>,
+    /// The most one lease asks for: the least slack, within what a lease word holds.
+    most: u64,
+    least_burst: u64,
+    shards: Box<[Shard]>,
+    hasher: foldhash::fast::RandomState,
+    /// The backend's local clock, kept here to save a pointer chase on the hot path.
+    clock: Arc<dyn Clock>,
+    renewals: AtomicU64,
+    leased: AtomicU64,
+    handed_back: AtomicU64,
+}
+
+/// A [`RedisStack`] that decides most calls locally, against leases of each key's budget
+/// ([`RedisStack::leased`]; [`RedisLimiter::leased`] for the one-layer case).
+///
+/// A decision made against a lease ([`Source::Lease`]) reports as `remaining` the units left
+/// in this node's lease (the fleet may hold more) and no reset time; one that renewed reports
+/// Redis's answer. Batches and refunds go to the per-call stack underneath
+/// ([`stack`](Self::stack)).
+///
+/// # The bound
+///
+/// Every unit a node admits was taken from Redis's state first, so over any span the fleet
+/// admits at most what the state admits in it plus what was leased before it and spent in it.
+/// Each limit's ledger (a Redis hash beside its key) counts the leases outstanding and never
+/// lets them add up to more than the limit's **slack** ([`Slack`]):
+///
+/// ```text
+/// admitted in any span T  <=  burst + floor(T * count / period) + slack
+/// ```
+///
+/// and, when demand is steady and above the limit, the fleet admits at least that less the
+/// slack (units can sit unspent in leases). A slack of 0 leases nothing: every call is the
+/// exact per-call path. Leases are sized from each node's recent demand (about half a time to
+/// live of it), and on each limit no lease takes more than an equal share of the slack the
+/// other live leases leave, so a hot key on one node renews rarely and a key spread over many
+/// nodes starves none of them: a node that finds no slack left is decided per call.
+///
+/// # Failure
+///
+/// - A lease lives for its time to live ([`Lease::ttl`], 1 s by default); the node stops
+///   spending it a tenth of that earlier than Redis forgets it, so a node that dies loses at
+///   most its leases, which expire, and no unit is spent after Redis gave its slack to others.
+/// - Units handed back come back only while Redis still records the lease; a unit is spent
+///   here or handed back, never both ([`LeaseCell::close`]).
+/// - While Redis is out a node spends what it holds, then follows the stack's failure policy
+///   ([`OnFailure`](crate::OnFailure)). A hand-back that never left (the circuit breaker was
+///   open) is kept; one whose outcome is unknown (a timeout) is given up.
+/// - Leases nobody spent since the previous sweep are handed back by a sweep every half time
+///   to live (a task started when the stack is made inside a tokio runtime; otherwise call
+///   [`LeasedStack::release_idle`]); [`LeasedStack::shutdown`] hands back every lease.
+pub struct LeasedStack<R> {
+    shared: Arc<Shared<R>>,
+}
+
+impl<R> Clone for LeasedStack<R> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<R> fmt::Debug for LeasedStack<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeasedStack")
+            .field("stack", &self.shared.stack)
+            .field("lease", &self.shared.lease)
+            .field("holder", &self.shared.holder)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A name no other stack in any process is likely to have: the process, the time, and a
+/// counter.
+fn holder_name(stack: &str) -> String {
+    static MADE: AtomicU64 = AtomicU64::new(0);
+    let made = MADE.fetch_add(1, Ordering::Relaxed);
+    let mix = foldhash::fast::RandomState::default().hash_one((std::process::id(), made));
+    format!("{stack}#{:x}.{made}.{mix:016x}", std::process::id())
+}
+
+impl<R: Send + Sync + 'static> RedisStack<R> {
+    /// This stack, deciding against leases within `lease`'s slack (see [`LeasedStack`]).
+    /// Inside a tokio runtime this starts the idle sweep, which ends with the stack.
+    pub fn leased(self, lease: Lease) -> Result<LeasedStack<R>, BuildError> {
+        lease.check(self.name())?;
+        let slack: Vec<Vec<u64>> = self
+            .layers()
+            .map(|(_, limits)| limits.iter().map(|l| lease.slack.of(l)).collect())
+            .collect();
+        let most = slack
+            .iter()
+            .flatten()
+            .copied()
+            .min()
+            .unwrap_or(0)
+            .min(MAX_LEASE_UNITS);
+        let shards = (0..shard_count())
+            .map(|_| crossbeam_utils::CachePadded::new(RwLock::new(HashTable::new())))
+            .collect();
+        let shared = Arc::new(Shared {
+            holder: holder_name(self.name()),
+            least_burst: self.least_burst(),
+            clock: self.backend().local_clock(),
+            stack: self,
+            lease,
+            slack,
+            most,
+            shards,
+            hasher: foldhash::fast::RandomState::default(),
+            renewals: AtomicU64::new(0),
+            leased: AtomicU64::new(0),
+            handed_back: AtomicU64::new(0),
+        });
+        if most > 0
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(sweep(Arc::downgrade(&shared)));
+        }
+        Ok(LeasedStack { shared })
+    }
+}
+
+/// Shards of the local table: four per core, as the in-process stores.
+fn shard_count() -> usize {
+    std::thread::available_parallelism()
+        .map_or(4, |n| n.get().saturating_mul(4))
+        .next_power_of_two()
+}
+
+/// Hands back idle leases every half time to live, while the stack lives.
+async fn sweep<R: Send + Sync + 'static>(shared: Weak<Shared<R>>) {
+    let every = match shared.upgrade() {
+        Some(shared) => shared.lease.ttl / 2,
+        None => return,
+    };
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        LeasedStack { shared }.release_idle().await;
+    }
+}
+
+impl<R> LeasedStack<R> {
+    /// Decides one unit for `request`.
+    pub async fn check(&self, request: &R) -> Result<RedisDecision, CallError> {
+        self.check_n(request, 1).await
+    }
+
+    /// Decides `cost` units for `request`: against this node's lease when it covers the cost
+    /// ([`Source::Lease`]), else in one script call that renews the lease.
+    pub async fn check_n(&self, request: &R, cost: u64) -> Result<RedisDecision, CallError> {
+        let mut identity = String::new();
+        self.shared.stack.identity(request, &mut identity);
+        if let Some(decision) = self.local(&identity, cost) {
+            return Ok(decision);
+        }
+        self.renew(&identity, request, cost).await
+    }
+
+    /// The per-call stack underneath, for batches and refunds (which go to Redis each time).
+    pub fn stack(&self) -> &RedisStack<R> {
+        &self.shared.stack
+    }
+
+    /// How this stack leases.
+    pub fn lease(&self) -> Lease {
+        self.shared.lease
+    }
+
+    /// The slack of the limit `limit` of the layer `layer`, in units (`None` for no such
+    /// limit).
+    pub fn slack_of(&self, layer: usize, limit: usize) -> Option<u64> {
+        self.shared.slack.get(layer)?.get(limit).copied()
+    }
+
+    /// This stack's name in Redis's lease ledgers.
+    pub fn holder(&self) -> &str {
+        &self.shared.holder
+    }
+
+    /// What the stack has done since it was made.
+    pub fn stats(&self) -> LeaseStats {
+        let shared = &*self.shared;
+        LeaseStats {
+            renewals: shared.renewals.load(Ordering::Relaxed),
+            leased: shared.leased.load(Ordering::Relaxed),
+            handed_back: shared.handed_back.load(Ordering::Relaxed),
+            keys: shared.shards.iter().map(|s| read(s).len()).sum(),
+        }
+    }
+
+    /// The identity's hash and its shard.
+    #[inline]
+    fn shard(&self, identity: &str) -> (u64, &Shard) {
+        let hash = self.shared.hasher.hash_one(identity);
+        let shards = &self.shared.shards;
+        // A power of two: the mask keeps the index in range. The middle bits pick the shard;
+        // the table uses the top and low bits.
+        (hash, &shards[(hash >> 32) as usize & (shards.len() - 1)])
+    }
+
+    /// The answer of the lease `identity` holds here, if it decides a call of `cost`.
+    #[inline]
+    pub(crate) fn local(&self, identity: &str, cost: u64) -> Option<RedisDecision> {
+        let shared = &*self.shared;
+        if cost > shared.least_burst || shared.most == 0 {
+            return None;
+        }
+        let now = shared.clock.now();
+        let (hash, shard) = self.shard(identity);
+        let shard = read(shard);
+        let (_, entry) = shard.find(hash, |(k, _)| **k == *identity)?;
+        match entry.cell.spend(cost, now) {
+            LeaseSpend::Spent { left } => Some(local_answer(&entry.layers, Ok(left))),
+            LeaseSpend::Denied { until } => Some(local_answer(
+                &entry.layers,
+                Err(until.saturating_sub(now).max(1)),
+            )),
+            LeaseSpend::Ask => None,
+        }
+    }
+
+    /// The entry for `identity`, made for `call` if there is none.
+    fn entry(&self, identity: &str, call: &Prepared) -> Arc<Entry> {
+        let (hash, shard) = self.shard(identity);
+        if let Some((_, entry)) = read(shard).find(hash, |(k, _)| **k == *identity) {
+            return Arc::clone(entry);
+        }
+        let hasher = &self.shared.hasher;
+        let mut shard = write(shard);
+        let (_, entry) = shard
+            .entry(
+                hash,
+                |(k, _)| **k == *identity,
+                |(k, _)| hasher.hash_one(&**k),
+            )
+            .or_insert_with(|| {
+                let entry = Arc::new(Entry {
+                    cell: LeaseCell::new(),
+                    layers: self.shared.stack.touched_layers(call).into(),
+                    seen: AtomicU64::new(0),
+                    renewal: tokio::sync::Mutex::new(Meta {
+                        call: call.clone(),
+                        field: format!("{}/{identity}", self.shared.holder),
+                        want: 1,
+                        granted: 0,
+                        granted_at: 0,
+                        removed: false,
+                    }),
+                });
+                (identity.into(), entry)
+            })
+            .into_mut();
+        Arc::clone(entry)
+    }
+
+    /// Decides a call the lease here did not: takes the next lease in one script call
+    /// (handing back what is left of this one), or, with no slack, decides per call.
+    pub(crate) async fn renew(
+        &self,
+        identity: &str,
+        request: &R,
+        cost: u64,
+    ) -> Result<RedisDecision, CallError> {
+        let shared = &*self.shared;
+        let call = shared.stack.prepare(request, cost)?;
+        if shared.most == 0 || call.keys.is_empty() || cost == 0 || cost > MAX_LEASE_UNITS {
+            return Ok(shared.stack.decide_prepared(request, &call).await.0);
+        }
+        loop {
+            let entry = self.entry(identity, &call);
+            let mut meta = entry.renewal.lock().await;
+            if meta.removed {
+                continue;
+            }
+            return Ok(self.renew_held(&entry, &mut meta, request, &call).await);
+        }
+    }
+
+    async fn renew_held(
+        &self,
+        entry: &Entry,
+        meta: &mut Meta,
+        request: &R,
+        call: &Prepared,
+    ) -> RedisDecision {
+        let shared = &*self.shared;
+        let backend = shared.stack.backend();
+        let cost = call.cost;
+        let now = backend.local_now();
+        // Another caller may have renewed while this one waited.
+        match entry.cell.spend(cost, now) {
+            LeaseSpend::Spent { left } => return local_answer(&entry.layers, Ok(left)),
+            LeaseSpend::Denied { until } => {
+                return local_answer(&entry.layers, Err(until.saturating_sub(now).max(1)));
+            }
+            LeaseSpend::Ask => {}
+        }
+        let ttl = duration_nanos(shared.lease.ttl);
+        let old = entry.cell.close();
+        let handed_back = LeaseCell::units_of(old);
+        let want = meta.next_want(handed_back, now, ttl, shared.most);
+        let sent = backend.sent();
+        let (keys, args) = self.lease_call(call, &meta.field, [cost, want, handed_back]);
+        shared.renewals.fetch_add(1, Ordering::Relaxed);
+        let reply = backend.eval(&keys, &args).await;
+        let answer = match reply {
+            Ok(value) => reply::parse_leases(&value, &[call.limits()]),
+            Err(e) => Err(e),
+        };
+        match answer {
+            Ok((_, mut groups)) if groups.len() == 1 => match groups.pop() {
+                Some((lease, Ok(answers))) => {
+                    shared.handed_back.fetch_add(handed_back, Ordering::Relaxed);
+                    self.take(entry, meta, lease, &answers, &sent, request, call)
+                }
+                Some((_, Err(reason))) => {
+                    // The script refused the group before writing any state.
+                    entry.cell.restore(old);
+                    shared
+                        .stack
+                        .on_failure(request, cost, BackendError::Script(reason))
+                }
+                None => unreachable_reply(&shared.stack, request, cost),
+            },
+            Ok(_) => unreachable_reply(&shared.stack, request, cost),
+            Err(error) => {
+                if matches!(error, BackendError::CircuitOpen { .. }) {
+                    // Never sent: what was left is still this node's to spend.
+                    entry.cell.restore(old);
+                    if let LeaseSpend::Spent { left } = entry.cell.spend(cost, now) {
+                        return local_answer(&entry.layers, Ok(left));
+                    }
+                }
+                meta.granted = 0;
+                shared.stack.on_failure(request, cost, error)
+            }
+        }
+    }
+
+    /// Keeps what Redis leased and answers the caller.
+    #[allow(clippy::too_many_arguments)]
+    fn take(
+        &self,
+        entry: &Entry,
+        meta: &mut Meta,
+        lease: u64,
+        answers: &[reply::LimitAnswer],
+        sent: &Sent,
+        request: &R,
+        call: &Prepared,
+    ) -> RedisDecision {
+        let shared = &*self.shared;
+        let ttl = duration_nanos(shared.lease.ttl);
+        let admitted = answers.iter().all(|a| a.allowed);
+        meta.granted = 0;
+        if admitted && lease > 0 {
+            // Redis keeps the lease `ttl` from when it ran the script, after this was sent;
+            // this node stops a tenth of that earlier, so clock drift cannot make it spend
+            // a unit Redis has already given up.
+            let deadline = sent.at.saturating_add(ttl - ttl / 10);
+            if entry.cell.grant(lease, deadline) {
+                meta.granted = lease;
+                meta.granted_at = sent.at;
+                shared.leased.fetch_add(lease, Ordering::Relaxed);
+            }
+        } else if !admitted {
+            let wait = answers
+                .iter()
+                .filter(|a| !a.allowed)
+                .map(|a| a.retry_after_us.saturating_mul(1_000))
+                .max()
+                .unwrap_or(0);
+            entry.cell.deny(call.cost, sent.at.saturating_add(wait));
+        }
+        let sent = Sent {
+            at: sent.at,
+            epoch: sent.epoch,
+        };
+        shared
+            .stack
+            .conclude(request, call, Ok(answers.to_vec()), sent, false)
+    }
+
+    /// The keys and arguments of a lease call for `call`: `head` is the cost, the units
+    /// wanted and the units handed back.
+    fn lease_call(
+        &self,
+        call: &Prepared,
+        field: &str,
+        head: [u64; 3],
+    ) -> (Vec<String>, Vec<Vec<u8>>) {
+        let shared = &*self.shared;
+        let mut keys = call.keys.clone();
+        keys.extend(call.keys.iter().map(|k| format!("{k}:lease")));
+        let [now, slack_ms] = shared.stack.backend().header();
+        let mut args = vec![now, slack_ms, b"1".to_vec(), b"3".to_vec()];
+        let ttl_ms = u64::try_from(shared.lease.ttl.as_millis()).unwrap_or(u64::MAX);
+        shared
+            .stack
+            .encode_lease(call, head, field, ttl_ms, &shared.slack, &mut args);
+        (keys, args)
+    }
+
+    /// Hands back `entry`'s lease (the caller holds its renewal lock). Returns the units.
+    async fn hand_back(&self, entry: &Entry, meta: &mut Meta) -> u64 {
+        let units = LeaseCell::units_of(entry.cell.close());
+        meta.granted = 0;
+        if units == 0 {
+            return 0;
+        }
+        let (keys, args) = self.lease_call(&meta.call, &meta.field, [0, 0, units]);
+        let backend = self.shared.stack.backend();
+        self.shared.renewals.fetch_add(1, Ordering::Relaxed);
+        let answered = match backend.eval(&keys, &args).await {
+            Ok(value) => reply::parse_leases(&value, &[meta.call.limits()])
+                .is_ok_and(|(_, groups)| groups.iter().all(|(_, answer)| answer.is_ok())),
+            Err(_) => false,
+        };
+        if !answered {
+            // Not handed back: the units are lost, never spent.
+            return 0;
+        }
+        self.shared.handed_back.fetch_add(units, Ordering::Relaxed);
+        units
+    }
+
+    /// Hands back every lease nobody spent from since the previous call, and forgets keys
+    /// that hold nothing. Returns the units handed back. The idle sweep calls it every half
+    /// time to live.
+    pub async fn release_idle(&self) -> u64 {
+        self.release(false).await
+    }
+
+    /// Hands back every lease this node holds (call it before the process exits; leases not
+    /// handed back are lost until they expire). Returns the units handed back.
+    pub async fn shutdown(&self) -> u64 {
+        self.release(true).await
+    }
+
+    async fn release(&self, all: bool) -> u64 {
+        let now = self.shared.stack.backend().local_now();
+        let mut returned = 0u64;
+        for shard in self.shared.shards.iter() {
+            let entries: Vec<(Box<str>, Arc<Entry>)> = read(shard)
+                .iter()
+                .map(|(k, e)| (k.clone(), Arc::clone(e)))
+                .collect();
+            for (identity, entry) in entries {
+                let word = entry.cell.load();
+                let idle = entry.seen.swap(word, Ordering::Relaxed) == word;
+                if !LeaseCell::holds_units(word, now) {
+                    // Holds nothing (or a denial, or an expired lease): forget the key, unless
+                    // a caller is renewing it.
+                    if let Ok(mut meta) = entry.renewal.try_lock() {
+                        let hash = self.shared.hasher.hash_one(&*identity);
+                        let mut shard = write(shard);
+                        if entry.cell.load() == word
+                            && let Ok(found) =
+                                shard.find_entry(hash, |(_, e)| Arc::ptr_eq(e, &entry))
+                        {
+                            meta.removed = true;
+                            found.remove();
+                        }
+                    }
+                } else if all || idle {
+                    let mut meta = if all {
+                        entry.renewal.lock().await
+                    } else {
+                        match entry.renewal.try_lock() {
+                            Ok(meta) => meta,
+                            Err(_) => continue,
+                        }
+                    };
+                    returned = returned.saturating_add(self.hand_back(&entry, &mut meta).await);
+                }
+            }
+        }
+        returned
+    }
+}
+
+fn unreachable_reply<R>(stack: &RedisStack<R>, request: &R, cost: u64) -> RedisDecision {
+    let error = BackendError::BadReply("a lease call answered for another number of calls".into());
+    stack.on_failure(request, cost, error)
+}
+
+fn duration_nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    // A shard's map is valid after any panic: each change is one insert or remove.
+    lock.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A decision made against a lease: admitted with `Ok(units left)`, or denied with
+/// `Err(wait ns)` by a standing denial. Each layer reports the lease's units, within its
+/// burst.
+#[inline]
+fn local_answer(layers: &[(usize, u64)], answer: Result<u64, u64>) -> RedisDecision {
+    let allowed = answer.is_ok();
+    let stack = StackDecision::from_layers(layers.iter().map(|&(layer, burst)| {
+        let decision = match answer {
+            Ok(left) => Decision::allow(burst, left.min(burst), 0),
+            Err(wait) => Decision::deny(burst, 0, wait, wait),
+        };
+        LayerDecision {
+            layer,
+            plan: 0,
+            limit_index: 0,
+            decision,
+            limit_reset_after_nanos: decision.reset_after_nanos(),
+        }
+    }));
+    RedisDecision::new(allowed, stack, Source::Lease)
+}
+
+impl<R: Sync> AsyncLimiter<R> for LeasedStack<R> {
+    fn decide_request<'a>(&'a self, request: &'a R, cost: u64) -> Decide<'a> {
+        let mut identity = String::new();
+        self.shared.stack.identity(request, &mut identity);
+        if let Some(decision) = self.local(&identity, cost) {
+            return Decide::Now(Ok(Outcome::from(decision)));
+        }
+        Decide::Later(Box::pin(async move {
+            self.renew(&identity, request, cost)
+                .await
+                .map(Outcome::from)
+                .map_err(limiter_stack::CallError::from)
+        }))
+    }
+
+    fn layers(&self) -> Vec<LayerInfo> {
+        AsyncLimiter::layers(&self.shared.stack)
+    }
+}
+
+/// A [`RedisLimiter`] deciding against leases: one layer keyed by a string.
+#[derive(Clone, Debug)]
+pub struct LeasedLimiter {
+    stack: LeasedStack<String>,
+}
+
+impl RedisLimiter {
+    /// This limiter, deciding against leases within `lease`'s slack (see [`LeasedStack`]).
+    pub fn leased(self, lease: Lease) -> Result<LeasedLimiter, BuildError> {
+        Ok(LeasedLimiter {
+            stack: self.into_stack().leased(lease)?,
+        })
+    }
+}
+
+impl LeasedLimiter {
+    /// Decides one unit for `key`.
+    pub fn check<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> impl Future<Output = Result<RedisDecision, CallError>> + 'a {
+        self.check_n(key, 1)
+    }
+
+    /// Decides `cost` units for `key`: locally while this node's lease covers it.
+    pub async fn check_n(&self, key: &str, cost: u64) -> Result<RedisDecision, CallError> {
+        // A stack tagged by its one layer's key names a call by the key itself
+        // (`RedisStack::identity`), so the hot path allocates nothing.
+        if let Some(decision) = self.stack.local(key, cost) {
+            return Ok(decision);
+        }
+        self.stack.renew(key, &key.to_owned(), cost).await
+    }
+
+    /// The leased stack underneath.
+    pub fn stack(&self) -> &LeasedStack<String> {
+        &self.stack
+    }
+
+    /// See [`LeasedStack::release_idle`].
+    pub async fn release_idle(&self) -> u64 {
+        self.stack.release_idle().await
+    }
+
+    /// See [`LeasedStack::shutdown`].
+    pub async fn shutdown(&self) -> u64 {
+        self.stack.shutdown().await
+    }
+
+    /// See [`LeasedStack::stats`].
+    pub fn stats(&self) -> LeaseStats {
+        self.stack.stats()
+    }
+}

@@ -1,0 +1,453 @@
+//! Leased limits on a real `redis-server`: a node decides locally against units it leased,
+//! the fleet stays within the limit plus the slack over every span (proptest over random
+//! nodes, costs, time steps, idle sweeps, shutdowns and deaths), a dead node loses only its
+//! lease, a node spends what it holds while Redis is down, and a slack of 0 is the per-call
+//! path.
+//!
+//! Time is injected: each node's local clock and Redis's time are one `ManualClock`.
+
+use limiter_testkit::redis_server as common;
+
+use std::time::Duration;
+
+use limiter_core::{Clock, Limit, ManualClock};
+use limiter_redis::{
+    BuildError, Kind, Lease, LeasedLimiter, OnFailure, RedisBackend, RedisLayer, RedisLimiter,
+    RedisStack, Slack, Source,
+};
+use proptest::prelude::*;
+
+const SECOND: u64 = 1_000_000_000;
+/// Nov 2026 in ns since the Unix epoch: the injected clocks start here.
+const START: u64 = 1_795_000_000 * SECOND;
+
+async fn backend(url: &str, clock: &ManualClock) -> RedisBackend {
+    RedisBackend::builder(url)
+        .time_from(clock.clone())
+        .clock(clock.clone())
+        .timeout(Duration::from_secs(5))
+        .deny_cache(0)
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// One node: its own connection, its own leases.
+async fn node(
+    url: &str,
+    clock: &ManualClock,
+    name: &str,
+    kind: Kind,
+    limit: Limit,
+    lease: Lease,
+) -> LeasedLimiter {
+    RedisLimiter::builder(&backend(url, clock).await, name)
+        .limit(kind, limit)
+        .on_failure(OnFailure::Closed)
+        .build()
+        .unwrap()
+        .leased(lease)
+        .unwrap()
+}
+
+/// Remaining units of `key` as Redis holds them (a peek on the per-call path).
+async fn redis_remaining(node: &LeasedLimiter, key: &str) -> u64 {
+    let peek = node.stack().stack().check_n(&key.to_owned(), 0).await;
+    peek.unwrap().decision().unwrap().remaining()
+}
+
+#[tokio::test]
+async fn a_hot_key_is_decided_locally_and_renews_once_per_lease() {
+    let server = common::RedisServer::start();
+    let clock = ManualClock::starting_at(START);
+    let node = node(
+        &server.url(),
+        &clock,
+        "hot",
+        Kind::TokenBucket,
+        Limit::per_minute(1_000),
+        Lease::new(Slack::units(100)),
+    )
+    .await;
+    let mut admitted = 0;
+    let mut local = 0;
+    for _ in 0..1_200 {
+        let d = node.check("k").await.unwrap();
+        admitted += u64::from(d.is_allowed());
+        local += u64::from(d.source() == &Source::Lease);
+    }
+    assert_eq!(admitted, 1_000, "exactly the burst at one instant");
+    let round_trips = node.stack().stack().backend().stats().round_trips;
+    // The first lease is one unit, the next ones the whole slack (100): about 11 calls for
+    // 1,000 admissions; denials are answered locally until the denial's wait passes.
+    assert!(round_trips <= 15, "{round_trips} script calls");
+    assert!(local >= 1_180, "{local} decisions made locally");
+    let stats = node.stats();
+    assert_eq!(stats.renewals, round_trips);
+    assert!(stats.leased <= 1_000);
+}
+
+#[tokio::test]
+async fn a_slack_of_zero_is_the_per_call_path() {
+    let server = common::RedisServer::start();
+    let clock = ManualClock::starting_at(START);
+    let node = node(
+        &server.url(),
+        &clock,
+        "exact",
+        Kind::TokenBucket,
+        Limit::per_minute(10),
+        Lease::new(Slack::units(0)),
+    )
+    .await;
+    for i in 0..12 {
+        let d = node.check("k").await.unwrap();
+        assert_eq!(d.is_allowed(), i < 10);
+        assert_eq!(d.source(), &Source::Redis);
+    }
+    assert_eq!(node.stack().stack().backend().stats().round_trips, 12);
+    assert_eq!(node.stats().renewals, 0);
+    // A share that rounds to no unit is a slack of 0 too.
+    let node = node_with_percent(&server.url(), &clock, 5, Limit::per_minute(10)).await;
+    assert_eq!(node.stack().slack_of(0, 0), Some(0));
+}
+
+async fn node_with_percent(url: &str, clock: &ManualClock, p: u64, limit: Limit) -> LeasedLimiter {
+    node(
+        url,
+        clock,
+        "percent",
+        Kind::TokenBucket,
+        limit,
+        Lease::new(Slack::percent(p)),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn idle_leases_are_handed_back_and_count_again() {
+    let server = common::RedisServer::start();
+    let clock = ManualClock::starting_at(START);
+    let url = server.url();
+    let limit = Limit::per_hour(100);
+    let lease = Lease::new(Slack::units(40)).ttl(Duration::from_secs(60));
+    let node = node(&url, &clock, "idle", Kind::TokenBucket, limit, lease).await;
+    // Three calls: the first leases 1 unit, the second spends it, the third leases up to 40.
+    for _ in 0..3 {
+        node.check("k").await.unwrap();
+    }
+    let held = 100 - 3 - redis_remaining(&node, "k").await;
+    assert!(held > 1, "the second renewal leased more: {held}");
+    // The first sweep sees the lease; the second finds nobody spent from it and hands it back.
+    assert_eq!(node.release_idle().await, 0);
+    assert_eq!(node.release_idle().await, held);
+    assert_eq!(redis_remaining(&node, "k").await, 97);
+    assert_eq!(node.stats().handed_back, held);
+    // A second hand-back of the same units does nothing: the ledger no longer holds them.
+    assert_eq!(node.shutdown().await, 0);
+    assert_eq!(redis_remaining(&node, "k").await, 97);
+}
+
+#[tokio::test]
+async fn shutdown_hands_back_every_lease() {
+    let server = common::RedisServer::start();
+    let clock = ManualClock::starting_at(START);
+    let url = server.url();
+    let lease = Lease::new(Slack::units(30));
+    let node = node(
+        &url,
+        &clock,
+        "down",
+        Kind::SlidingWindow,
+        Limit::per_minute(100),
+        lease,
+    )
+    .await;
+    for key in ["a", "b", "c"] {
+        for _ in 0..3 {
+            assert!(node.check(key).await.unwrap().is_allowed());
+        }
+    }
+    let returned = node.shutdown().await;
+    assert!(returned > 0);
+    for key in ["a", "b", "c"] {
+        assert_eq!(redis_remaining(&node, key).await, 97, "key {key}");
+    }
+}
+
+#[tokio::test]
+async fn a_dead_node_loses_only_its_lease_and_its_slack_comes_back_when_it_expires() {
+    let server = common::RedisServer::start();
+    let clock = ManualClock::starting_at(START);
+    let url = server.url();
+    let limit = Limit::per_hour(1_000);
+    let lease = Lease::new(Slack::units(50)).ttl(Duration::from_secs(10));
+    let dying = node(&url, &clock, "dead", Kind::TokenBucket, limit, lease).await;
+    for _ in 0..3 {
+        dying.check("k").await.unwrap();
+    }
+    let ledger = format!(
+        "{}:lease",
+        dying.stack().stack().redis_keys(&"k".to_owned())[0]
+    );
+    let lost = 1_000 - 3 - redis_remaining(&dying, "k").await;
+    assert_eq!(lost, 50, "the whole slack, to the one node asking");
+    drop(dying); // killed: nothing handed back
+
+    let survivor = node(&url, &clock, "dead", Kind::TokenBucket, limit, lease).await;
+    let mut admitted = 0;
+    for _ in 0..1_100 {
+        admitted += u64::from(survivor.check("k").await.unwrap().is_allowed());
+    }
+    assert_eq!(
+        admitted,
+        1_000 - 3 - lost,
+        "the dead node's lease is lost, nothing more"
+    );
+    let mut conn = server.client();
+    let holders: u64 = redis::cmd("HLEN").arg(&ledger).query(&mut conn).unwrap();
+    assert!(holders >= 1, "the dead lease is still recorded");
+    // Once its lease expires the dead node holds no slack: only the survivor is recorded.
+    clock.advance(Duration::from_secs(11));
+    survivor.check("k").await.unwrap();
+    let fields: Vec<String> = redis::cmd("HKEYS").arg(&ledger).query(&mut conn).unwrap();
+    assert!(
+        fields
+            .iter()
+            .all(|f| f.starts_with(survivor.stack().holder())),
+        "{fields:?}"
+    );
+}
+
+#[tokio::test]
+async fn while_redis_is_down_a_node_spends_its_lease_then_follows_its_policy() {
+    let mut server = common::RedisServer::start();
+    let clock = ManualClock::starting_at(START);
+    let url = server.url();
+    let lease = Lease::new(Slack::units(20)).ttl(Duration::from_secs(60));
+    let node = node(
+        &url,
+        &clock,
+        "outage",
+        Kind::TokenBucket,
+        Limit::per_hour(1_000),
+        lease,
+    )
+    .await;
+    node.check("k").await.unwrap();
+    node.check("k").await.unwrap();
+    let d = node.check("k").await.unwrap();
+    assert_eq!(
+        d.source(),
+        &Source::Redis,
+        "the renewal that took the big lease"
+    );
+    server.kill();
+    let mut local = 0;
+    loop {
+        let d = node.check("k").await.unwrap();
+        match d.source() {
+            Source::Lease => {
+                assert!(d.is_allowed());
+                local += 1;
+            }
+            Source::FailClosed(_) => break,
+            other => panic!("unexpected answer {other:?}"),
+        }
+    }
+    assert_eq!(
+        local, 20,
+        "every unit leased before the outage, then the policy"
+    );
+    assert!(node.check("k").await.unwrap().is_denied());
+    server.restart();
+    clock.advance(Duration::from_secs(30)); // past the breaker's open time
+    let mut answered = false;
+    for _ in 0..50 {
+        let d = node.check("k").await.unwrap();
+        if d.source() == &Source::Redis || d.source() == &Source::Lease {
+            assert!(d.is_allowed());
+            answered = true;
+            break;
+        }
+    }
+    assert!(answered, "renewals resume once Redis is back");
+}
+
+#[tokio::test]
+async fn a_lease_is_never_spent_once_redis_may_have_given_its_slack_away() {
+    let server = common::RedisServer::start();
+    let clock = ManualClock::starting_at(START);
+    let url = server.url();
+    let lease = Lease::new(Slack::units(10)).ttl(Duration::from_secs(10));
+    // Per day, so nothing refills to speak of while the clock moves.
+    let node = node(
+        &url,
+        &clock,
+        "expiry",
+        Kind::TokenBucket,
+        Limit::per_day(1_000),
+        lease,
+    )
+    .await;
+    for _ in 0..3 {
+        node.check("k").await.unwrap();
+    }
+    // The node stops a tenth of the time to live (and at most a tick) before Redis forgets
+    // the lease: still local at 8.9 s, never at 9 s or later.
+    clock.advance(Duration::from_millis(8_900));
+    assert_eq!(node.check("k").await.unwrap().source(), &Source::Lease);
+    clock.advance(Duration::from_millis(100));
+    let d = node.check("k").await.unwrap();
+    assert_eq!(d.source(), &Source::Redis, "an expired lease renews: {d:?}");
+    // The renewal handed back what was left while Redis still recorded the lease: nothing
+    // was lost and nothing counted twice.
+    let held = 1_000 - redis_remaining(&node, "k").await;
+    let spent = 5; // three, one at 8.9 s, one at 9 s
+    assert!(held >= spent && held <= spent + 10, "{held}");
+}
+
+#[tokio::test]
+async fn a_lease_outside_its_range_is_refused_with_the_fix() {
+    let server = common::RedisServer::start();
+    let clock = ManualClock::starting_at(START);
+    let limiter = RedisLimiter::builder(&backend(&server.url(), &clock).await, "bad")
+        .limit(Kind::TokenBucket, Limit::per_second(10))
+        .build()
+        .unwrap();
+    let error = limiter
+        .leased(Lease::new(Slack::units(5)).ttl(Duration::from_millis(1)))
+        .unwrap_err();
+    assert!(matches!(error, BuildError::Lease { .. }));
+    let text = error.to_string();
+    assert!(
+        text.contains("1ms") && text.contains("choose one"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_stack_leases_every_layer_and_a_global_layer_bounds_the_whole_fleet() {
+    let server = common::RedisServer::start();
+    let clock = ManualClock::starting_at(START);
+    let url = server.url();
+    let build = |backend: RedisBackend| {
+        RedisStack::builder(&backend, "layers")
+            .layer(
+                RedisLayer::keyed("user", |u: &String| Some(u.clone()))
+                    .limit(Kind::TokenBucket, Limit::per_hour(100)),
+            )
+            .layer(RedisLayer::global("all").limit(Kind::FixedWindow, Limit::per_hour(150)))
+            .on_failure(OnFailure::Closed)
+            .build()
+            .unwrap()
+            .leased(Lease::new(Slack::units(10)).ttl(Duration::from_secs(60)))
+            .unwrap()
+    };
+    let a = build(backend(&url, &clock).await);
+    let b = build(backend(&url, &clock).await);
+    let mut per_user = std::collections::HashMap::new();
+    for round in 0..400 {
+        let node = if round % 3 == 0 { &a } else { &b };
+        let user = ["ada", "bob", "cy"][round % 3].to_owned();
+        let d = node.check(&user).await.unwrap();
+        *per_user.entry(user).or_insert(0u64) += u64::from(d.is_allowed());
+    }
+    let total: u64 = per_user.values().sum();
+    // Every unit came from Redis: the global layer's 150, no more, and each user's 100.
+    assert!(total <= 150, "{per_user:?}");
+    assert!(per_user.values().all(|&n| n <= 100), "{per_user:?}");
+    // Units left in leases are at most the slack of the global layer's ledger.
+    assert!(total >= 150 - 10, "{per_user:?}");
+}
+
+/// One step of the fleet model: which node does what.
+#[derive(Clone, Debug)]
+enum Step {
+    /// Node `node` asks for `cost` units.
+    Check { node: usize, cost: u64 },
+    /// Time moves on by this many milliseconds.
+    Wait(u64),
+    /// A node's idle sweep.
+    Sweep(usize),
+    /// A node hands back everything.
+    Shutdown(usize),
+    /// A node dies holding its leases; a new one takes its place.
+    Die(usize),
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        12 => (0..3usize, 1..4u64).prop_map(|(node, cost)| Step::Check { node, cost }),
+        3 => (1..3_000u64).prop_map(Step::Wait),
+        1 => (0..3usize).prop_map(Step::Sweep),
+        1 => (0..3usize).prop_map(Step::Shutdown),
+        1 => (0..3usize).prop_map(Step::Die),
+    ]
+}
+
+/// The most a token bucket of `limit` admits in a span of `span` ns, plus the slack.
+fn bound(limit: Limit, span: u64, slack: u64) -> u64 {
+    let period = u128::from(limit.period_nanos());
+    let refill = u128::from(span) * u128::from(limit.count()) / period;
+    limit.burst() + u64::try_from(refill).unwrap() + slack
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// Three nodes share one key; whatever they do, the units admitted in every span of time
+    /// stay within the token bucket's bound plus the slack.
+    #[test]
+    fn the_fleet_stays_within_the_limit_plus_the_slack_over_every_span(
+        steps in prop::collection::vec(step(), 1..120),
+        slack in 0..12u64,
+    ) {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let server = common::RedisServer::start();
+        let limit = Limit::per_second(10).with_burst(20);
+        let lease = Lease::new(Slack::units(slack)).ttl(Duration::from_secs(2));
+        runtime.block_on(async {
+            let clock = ManualClock::starting_at(START);
+            let url = server.url();
+            let mut nodes = Vec::new();
+            for _ in 0..3 {
+                nodes.push(node(&url, &clock, "model", Kind::TokenBucket, limit, lease).await);
+            }
+            let mut admitted: Vec<(u64, u64)> = Vec::new(); // (time, units)
+            for step in &steps {
+                match *step {
+                    Step::Check { node, cost } => {
+                        let d = nodes[node].check_n("k", cost).await.unwrap();
+                        if d.is_allowed() {
+                            admitted.push((clock.now(), cost));
+                        }
+                    }
+                    Step::Wait(ms) => clock.advance(Duration::from_millis(ms)),
+                    Step::Sweep(node) => {
+                        nodes[node].release_idle().await;
+                    }
+                    Step::Shutdown(node) => {
+                        nodes[node].shutdown().await;
+                    }
+                    Step::Die(node) => {
+                        nodes[node] = self::node(&url, &clock, "model", Kind::TokenBucket, limit, lease).await;
+                    }
+                }
+            }
+            for (i, &(from, _)) in admitted.iter().enumerate() {
+                let mut units = 0;
+                for &(at, cost) in &admitted[i..] {
+                    units += cost;
+                    let most = bound(limit, at - from, slack);
+                    prop_assert!(
+                        units <= most,
+                        "{units} units admitted in {} ms, more than {most}",
+                        (at - from) / 1_000_000
+                    );
+                }
+            }
+            Ok(())
+        })?;
+    }
+}
