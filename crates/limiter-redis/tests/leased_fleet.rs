@@ -1,13 +1,18 @@
 //! Leased limits across OS processes: three processes, each with four tasks racing on one
 //! key, share one `redis-server`. The fleet admits within the limit plus the slack, at least
-//! the limit less the slack, and asks Redis about once per hundred decisions.
+//! the limit less the slack, and asks Redis about once per hundred decisions. A process killed
+//! (SIGKILL) while it holds a lease loses that lease and nothing more, and the lease stops
+//! counting against the slack once it expires.
 //!
-//! Time is frozen (injected), so nothing refills and no lease expires during the run.
+//! Time is frozen (injected), so nothing refills and no lease expires during a run unless the
+//! test moves its clock.
 
 use limiter_testkit::redis_server as common;
 
-use std::process::Command;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
+use std::time::Duration;
 
 use limiter_core::{Limit, ManualClock};
 use limiter_redis::{Kind, Lease, LeasedLimiter, OnFailure, RedisBackend, RedisLimiter, Slack};
@@ -18,9 +23,23 @@ const LIMIT: u64 = 3_000;
 const SLACK_PERCENT: u64 = 10;
 const TASKS: u64 = 4;
 const ATTEMPTS: u64 = 6_000;
+const HOLD_URL: &str = "LIMITER_REDIS_LEASE_HOLD_URL";
+/// The holding child's lease lives an hour, so its idle sweep (every half hour) cannot hand
+/// the lease back before the test kills it.
+const HOLD_TTL: Duration = Duration::from_secs(3_600);
 
 async fn leased(url: &str) -> LeasedLimiter {
-    let clock = ManualClock::starting_at(START);
+    leased_on(
+        url,
+        &ManualClock::starting_at(START),
+        Limit::per_hour(LIMIT),
+        Lease::new(Slack::percent(SLACK_PERCENT)),
+    )
+    .await
+}
+
+async fn leased_on(url: &str, clock: &ManualClock, limit: Limit, lease: Lease) -> LeasedLimiter {
+    let clock = clock.clone();
     let backend = RedisBackend::builder(url)
         .time_from(clock.clone())
         .clock(clock)
@@ -30,12 +49,43 @@ async fn leased(url: &str) -> LeasedLimiter {
         .await
         .unwrap();
     RedisLimiter::builder(&backend, "leased-fleet")
-        .limit(Kind::TokenBucket, Limit::per_hour(LIMIT))
+        .limit(Kind::TokenBucket, limit)
         .on_failure(OnFailure::Closed)
         .build()
         .unwrap()
-        .leased(Lease::new(Slack::percent(SLACK_PERCENT)))
+        .leased(lease)
         .unwrap()
+}
+
+/// The per-day limit the kill test shares between the holding child and the survivor (per
+/// day, so an hour's move of the clock refills little).
+fn daily() -> Limit {
+    Limit::per_day(LIMIT)
+}
+
+/// The entry point of the child the kill test starts: with the environment variable set, it
+/// makes 50 calls, prints what it admitted and leased, then holds its lease until it is
+/// killed (or its standard input closes); run normally, it has nothing to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holding_child_process_entry_point() {
+    let Ok(url) = std::env::var(HOLD_URL) else {
+        return;
+    };
+    let clock = ManualClock::starting_at(START);
+    let lease = Lease::new(Slack::percent(SLACK_PERCENT)).ttl(HOLD_TTL);
+    let limiter = leased_on(&url, &clock, daily(), lease).await;
+    let mut admitted = 0u64;
+    for _ in 0..50 {
+        admitted += u64::from(limiter.check("held").await.unwrap().is_allowed());
+    }
+    println!(
+        "holding admitted={admitted} leased={} holder={}",
+        limiter.stats().leased,
+        limiter.stack().holder()
+    );
+    // Hold the lease: block until the parent kills this process.
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
 }
 
 /// The entry point of the child processes the test below starts: with the environment
@@ -90,8 +140,8 @@ fn processes_sharing_a_leased_limit_stay_within_its_bound() {
                     "--test-threads=1",
                 ])
                 .env(CHILD_URL, server.url())
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
                 .spawn()
                 .expect("start a child test process")
         })
@@ -122,4 +172,97 @@ fn processes_sharing_a_leased_limit_stay_within_its_bound() {
     println!(
         "admitted {total} of {LIMIT} (slack {slack}) with {calls} script calls for {decisions} decisions"
     );
+}
+
+/// Remaining units of `key` as Redis holds them (a peek on the per-call path).
+async fn redis_remaining(node: &LeasedLimiter, key: &str) -> u64 {
+    let peek = node.stack().stack().check_n(&key.to_owned(), 0).await;
+    peek.unwrap().decision().unwrap().remaining()
+}
+
+#[test]
+fn a_process_killed_holding_a_lease_loses_that_lease_and_nothing_more() {
+    let server = common::RedisServer::start();
+    let exe = std::env::current_exe().unwrap();
+    let mut child = Command::new(&exe)
+        .args([
+            "--exact",
+            "holding_child_process_entry_point",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(HOLD_URL, server.url())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the holding child");
+    let stdout = BufReader::new(child.stdout.take().unwrap());
+    let holding = stdout
+        .lines()
+        .map_while(Result::ok)
+        // libtest may print the test's name on the same line first.
+        .find_map(|line| line.find("holding ").map(|at| line[at..].to_owned()))
+        .expect("the child reports its lease before it is killed");
+    child.kill().unwrap(); // SIGKILL: no shutdown, nothing handed back
+    child.wait().unwrap();
+    let child_admitted = field(&holding, "admitted=");
+    let child_leased = field(&holding, "leased=");
+    let child_holder = holding
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("holder="))
+        .unwrap()
+        .to_owned();
+    assert_eq!(child_admitted, 50, "{holding}");
+    let slack = LIMIT * SLACK_PERCENT / 100;
+    assert!(child_leased > 0, "{holding}");
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let clock = ManualClock::starting_at(START);
+        let lease = Lease::new(Slack::percent(SLACK_PERCENT)).ttl(HOLD_TTL);
+        let survivor = leased_on(&server.url(), &clock, daily(), lease).await;
+        let remaining = redis_remaining(&survivor, "held").await;
+        // What the dead process took from the bucket and did not admit: its unspent lease.
+        let lost = LIMIT - child_admitted - remaining;
+        assert!(
+            lost > 0 && lost <= child_leased.min(slack),
+            "lost {lost}: the dead process held a lease, within the slack of {slack}"
+        );
+        let mut admitted = 0;
+        for _ in 0..LIMIT + slack {
+            admitted += u64::from(survivor.check("held").await.unwrap().is_allowed());
+        }
+        assert_eq!(
+            admitted, remaining,
+            "the survivor admits all that is left, the dead lease excepted"
+        );
+        assert_eq!(child_admitted + admitted + lost, LIMIT);
+
+        let ledger = format!(
+            "{}:lease",
+            survivor.stack().stack().redis_keys(&"held".to_owned())[0]
+        );
+        let mut conn = server.client();
+        let holders: Vec<String> = redis::cmd("HKEYS").arg(&ledger).query(&mut conn).unwrap();
+        assert!(
+            holders.iter().any(|h| h.starts_with(&child_holder)),
+            "the dead lease is recorded until it expires: {holders:?}"
+        );
+        // Past the dead lease's time to live its slack is free again: the next renewal prunes
+        // it, and only the survivor is recorded.
+        clock.advance(HOLD_TTL + Duration::from_secs(1));
+        assert!(survivor.check("held").await.unwrap().is_allowed());
+        let holders: Vec<String> = redis::cmd("HKEYS").arg(&ledger).query(&mut conn).unwrap();
+        assert!(
+            holders
+                .iter()
+                .all(|h| h.starts_with(survivor.stack().holder())),
+            "{holders:?}"
+        );
+        survivor.shutdown().await;
+    });
 }

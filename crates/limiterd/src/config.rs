@@ -56,6 +56,10 @@ limits = [
   { algorithm = "token_bucket", count = 10, period = "1s", burst = 20 },
   { algorithm = "sliding_window", count = 1000, period = "1h" },
 ]
+# With a Redis store, decide locally against leases of each key's budget: the fleet then admits
+# at most each limit plus this slack ("N%" of the limit, or N units). Ignored in memory.
+# lease_slack = "1%"
+# lease_ttl = "1s"             # how long a lease lives (10ms to 1h)
 
 # 5 attempts per minute per identifier.
 [policies.login]
