@@ -2,7 +2,7 @@
 //! mistaken for "over the limit".
 
 use limiter_core::Decision;
-use limiter_stack::StackDecision;
+use limiter_stack::{LayerDecision, StackDecision};
 
 use crate::error::BackendError;
 
@@ -37,11 +37,23 @@ pub struct RedisDecision {
 }
 
 impl RedisDecision {
+    #[inline]
     pub(crate) fn new(allowed: bool, stack: StackDecision, source: Source) -> Self {
         Self {
             allowed,
             stack,
             source,
+        }
+    }
+
+    /// A decision made against a lease ([`Source::Lease`]), its stacked answer built in place
+    /// (a local answer's whole cost is small, so it is not built elsewhere and copied in).
+    #[inline]
+    pub(crate) fn leased(allowed: bool, layers: impl IntoIterator<Item = LayerDecision>) -> Self {
+        Self {
+            allowed,
+            stack: StackDecision::from_layers(layers),
+            source: Source::Lease,
         }
     }
 

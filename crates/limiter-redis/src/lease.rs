@@ -16,10 +16,10 @@ use std::sync::{Arc, PoisonError, RwLock, Weak};
 
 use hashbrown::HashTable;
 use limiter_core::{Clock, Decision, LeaseCell, LeaseSpend, MAX_LEASE_UNITS};
-use limiter_stack::{AsyncLimiter, Decide, LayerDecision, LayerInfo, Outcome, StackDecision};
+use limiter_stack::{AsyncLimiter, Decide, LayerDecision, LayerInfo, MAX_LAYERS, Outcome};
 
 use crate::backend::Sent;
-use crate::decision::{RedisDecision, Source};
+use crate::decision::RedisDecision;
 use crate::error::{BackendError, BuildError, CallError};
 use crate::reply;
 use crate::spec::RedisLimit;
@@ -139,7 +139,7 @@ pub struct LeaseStats {
 struct Entry {
     cell: LeaseCell,
     /// The layers the key's calls touch, with each one's least burst (what local answers say).
-    layers: Box<[(usize, u64)]>,
+    layers: Touched,
     /// The word the previous idle sweep saw (the sweep's alone).
     seen: AtomicU64,
     renewal: tokio::sync::Mutex<Meta>,
@@ -201,7 +201,7 @@ struct Shared<R> {
 /// A [`RedisStack`] that decides most calls locally, against leases of each key's budget
 /// ([`RedisStack::leased`]; [`RedisLimiter::leased`] for the one-layer case).
 ///
-/// A decision made against a lease ([`Source::Lease`]) reports as `remaining` the units left
+/// A decision made against a lease ([`Source::Lease`](crate::Source::Lease)) reports as `remaining` the units left
 /// in this node's lease (the fleet may hold more) and no reset time; one that renewed reports
 /// Redis's answer. Batches and refunds go to the per-call stack underneath
 /// ([`stack`](Self::stack)).
@@ -339,12 +339,12 @@ impl<R> LeasedStack<R> {
     }
 
     /// Decides `cost` units for `request`: against this node's lease when it covers the cost
-    /// ([`Source::Lease`]), else in one script call that renews the lease.
+    /// ([`Source::Lease`](crate::Source::Lease)), else in one script call that renews the lease.
     pub async fn check_n(&self, request: &R, cost: u64) -> Result<RedisDecision, CallError> {
         let mut identity = String::new();
         self.shared.stack.identity(request, &mut identity);
-        if let Some(decision) = self.local(&identity, cost) {
-            return Ok(decision);
+        if let Some(answer) = self.local(&identity, cost) {
+            return Ok(answer.decision());
         }
         self.renew(&identity, request, cost).await
     }
@@ -393,7 +393,7 @@ impl<R> LeasedStack<R> {
 
     /// The answer of the lease `identity` holds here, if it decides a call of `cost`.
     #[inline]
-    pub(crate) fn local(&self, identity: &str, cost: u64) -> Option<RedisDecision> {
+    pub(crate) fn local(&self, identity: &str, cost: u64) -> Option<LocalAnswer> {
         let shared = &*self.shared;
         if cost > shared.least_burst || shared.most == 0 {
             return None;
@@ -403,11 +403,14 @@ impl<R> LeasedStack<R> {
         let shard = read(shard);
         let (_, entry) = shard.find(hash, |(k, _)| **k == *identity)?;
         match entry.cell.spend(cost, now) {
-            LeaseSpend::Spent { left } => Some(local_answer(&entry.layers, Ok(left))),
-            LeaseSpend::Denied { until } => Some(local_answer(
-                &entry.layers,
-                Err(until.saturating_sub(now).max(1)),
-            )),
+            LeaseSpend::Spent { left } => Some(LocalAnswer {
+                layers: entry.layers,
+                answer: Ok(left),
+            }),
+            LeaseSpend::Denied { until } => Some(LocalAnswer {
+                layers: entry.layers,
+                answer: Err(until.saturating_sub(now).max(1)),
+            }),
             LeaseSpend::Ask => None,
         }
     }
@@ -429,7 +432,7 @@ impl<R> LeasedStack<R> {
             .or_insert_with(|| {
                 let entry = Arc::new(Entry {
                     cell: LeaseCell::new(),
-                    layers: self.shared.stack.touched_layers(call).into(),
+                    layers: Touched::new(&self.shared.stack.touched_layers(call)),
                     seen: AtomicU64::new(0),
                     renewal: tokio::sync::Mutex::new(Meta {
                         call: call.clone(),
@@ -482,9 +485,9 @@ impl<R> LeasedStack<R> {
         let now = backend.local_now();
         // Another caller may have renewed while this one waited.
         match entry.cell.spend(cost, now) {
-            LeaseSpend::Spent { left } => return local_answer(&entry.layers, Ok(left)),
+            LeaseSpend::Spent { left } => return local_answer(entry.layers, Ok(left)),
             LeaseSpend::Denied { until } => {
-                return local_answer(&entry.layers, Err(until.saturating_sub(now).max(1)));
+                return local_answer(entry.layers, Err(until.saturating_sub(now).max(1)));
             }
             LeaseSpend::Ask => {}
         }
@@ -521,7 +524,7 @@ impl<R> LeasedStack<R> {
                     // Never sent: what was left is still this node's to spend.
                     entry.cell.restore(old);
                     if let LeaseSpend::Spent { left } = entry.cell.spend(cost, now) {
-                        return local_answer(&entry.layers, Ok(left));
+                        return local_answer(entry.layers, Ok(left));
                     }
                 }
                 meta.granted = 0;
@@ -690,34 +693,85 @@ fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
     lock.write().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// The layers a key's calls touch (those below [`MAX_LAYERS`], as a stacked answer keeps),
+/// each with its least burst: small enough that a local answer is copied out of the table's
+/// lock as a few words, and the full [`RedisDecision`] is built once, where it is returned.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Touched {
+    /// Bit `i` set: layer `i` takes part.
+    mask: u32,
+    bursts: [u64; MAX_LAYERS],
+}
+
+const _: () = assert!(MAX_LAYERS <= 32, "a layer mask is a u32");
+
+impl Touched {
+    fn new(layers: &[(usize, u64)]) -> Self {
+        let mut touched = Self {
+            mask: 0,
+            bursts: [0; MAX_LAYERS],
+        };
+        for &(layer, burst) in layers {
+            if let Some(slot) = touched.bursts.get_mut(layer) {
+                *slot = burst;
+                touched.mask |= 1 << layer;
+            }
+        }
+        touched
+    }
+
+    fn iter(self) -> impl Iterator<Item = (usize, u64)> {
+        (0..MAX_LAYERS)
+            .filter(move |&layer| self.mask & (1 << layer) != 0)
+            .map(move |layer| (layer, self.bursts[layer]))
+    }
+}
+
+/// What a lease decided here: `Ok(units left)`, or `Err(wait ns)` for a standing denial.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LocalAnswer {
+    layers: Touched,
+    answer: Result<u64, u64>,
+}
+
+impl LocalAnswer {
+    /// The answer as a [`RedisDecision`] ([`Source::Lease`](crate::Source::Lease)).
+    #[inline]
+    pub(crate) fn decision(self) -> RedisDecision {
+        local_answer(self.layers, self.answer)
+    }
+}
+
 /// A decision made against a lease: admitted with `Ok(units left)`, or denied with
 /// `Err(wait ns)` by a standing denial. Each layer reports the lease's units, within its
 /// burst.
 #[inline]
-fn local_answer(layers: &[(usize, u64)], answer: Result<u64, u64>) -> RedisDecision {
+fn local_answer(layers: Touched, answer: Result<u64, u64>) -> RedisDecision {
     let allowed = answer.is_ok();
-    let stack = StackDecision::from_layers(layers.iter().map(|&(layer, burst)| {
-        let decision = match answer {
-            Ok(left) => Decision::allow(burst, left.min(burst), 0),
-            Err(wait) => Decision::deny(burst, 0, wait, wait),
-        };
-        LayerDecision {
-            layer,
-            plan: 0,
-            limit_index: 0,
-            decision,
-            limit_reset_after_nanos: decision.reset_after_nanos(),
-        }
-    }));
-    RedisDecision::new(allowed, stack, Source::Lease)
+    RedisDecision::leased(
+        allowed,
+        layers.iter().map(|(layer, burst)| {
+            let decision = match answer {
+                Ok(left) => Decision::allow(burst, left.min(burst), 0),
+                Err(wait) => Decision::deny(burst, 0, wait, wait),
+            };
+            LayerDecision {
+                layer,
+                plan: 0,
+                limit_index: 0,
+                decision,
+                limit_reset_after_nanos: decision.reset_after_nanos(),
+            }
+        }),
+    )
 }
 
 impl<R: Sync> AsyncLimiter<R> for LeasedStack<R> {
     fn decide_request<'a>(&'a self, request: &'a R, cost: u64) -> Decide<'a> {
         let mut identity = String::new();
         self.shared.stack.identity(request, &mut identity);
-        if let Some(decision) = self.local(&identity, cost) {
-            return Decide::Now(Ok(Outcome::from(decision)));
+        if let Some(answer) = self.local(&identity, cost) {
+            return Decide::Now(Ok(Outcome::from(answer.decision())));
         }
         Decide::Later(Box::pin(async move {
             self.renew(&identity, request, cost)
@@ -760,8 +814,8 @@ impl LeasedLimiter {
     pub async fn check_n(&self, key: &str, cost: u64) -> Result<RedisDecision, CallError> {
         // A stack tagged by its one layer's key names a call by the key itself
         // (`RedisStack::identity`), so the hot path allocates nothing.
-        if let Some(decision) = self.stack.local(key, cost) {
-            return Ok(decision);
+        if let Some(answer) = self.stack.local(key, cost) {
+            return Ok(answer.decision());
         }
         self.stack.renew(key, &key.to_owned(), cost).await
     }

@@ -39,6 +39,7 @@ pub struct StackDecision {
 }
 
 impl StackDecision {
+    #[inline]
     pub(crate) fn new() -> Self {
         Self {
             layers: [None; MAX_LAYERS],
@@ -187,6 +188,7 @@ impl StackDecision {
     /// same binding rule as a [`Stack`]'s.
     ///
     /// [`Stack`]: crate::Stack
+    #[inline]
     pub fn from_layers(layers: impl IntoIterator<Item = LayerDecision>) -> Self {
         let mut decision = Self::new();
         for layer in layers {
