@@ -373,6 +373,20 @@ if slack == nil or groups == nil or (mode ~= 0 and mode ~= 1 and mode ~= 2 and m
   return fail('ARGV[2..4] must be the expiry slack, the number of groups and the mode (0, 1, 2 or 3)')
 end
 
+-- One limit's answer to `cost` units on its state, as `token_bucket` (algorithm 1) or
+-- `window` (2 sliding, 3 fixed) gives it; the caller has checked the algorithm.
+local function decide_one(algo, hi, lo, cost, now, a, b, c, d)
+  if algo == 1 then return token_bucket(hi, lo, cost, now, a, b, c, d) end
+  return window(hi, lo, cost, now, a, b, c, d, algo == 2)
+end
+
+-- `units` a grant at `granted` took, back to one limit's state, as `token_refund` or
+-- `window_refund` does it; the caller has checked the algorithm.
+local function refund_one(algo, hi, lo, units, granted, now, a, b, c, d)
+  if algo == 1 then return token_refund(hi, lo, units, now, a, b, d) end
+  return window_refund(hi, lo, units, granted, b, c, d, algo == 2)
+end
+
 local states = {} -- key name -> {hi, lo}: the state as this script left it (a batch may
 -- name one key at several KEYS indexes)
 local before = {} -- key name -> {hi, lo}: the state as read, before any group
@@ -464,13 +478,10 @@ local function decide_group(cost, n, arg)
       hi, lo = rescale(hi, lo, state[3], algo, a, b, c, d)
       if hi == nil then return nil, 'key ' .. KEYS[k] .. ': ' .. lo end
     end
-    if algo == 1 then
-      answer, err, nxh, nxl = token_bucket(hi, lo, cost, now, a, b, c, d)
-    elseif algo == 2 or algo == 3 then
-      answer, err, nxh, nxl = window(hi, lo, cost, now, a, b, c, d, algo == 2)
-    else
+    if algo ~= 1 and algo ~= 2 and algo ~= 3 then
       return nil, 'unknown algorithm ' .. tostring(algo)
     end
+    answer, err, nxh, nxl = decide_one(algo, hi, lo, cost, now, a, b, c, d)
     if answer == nil then
       return nil, 'key ' .. KEYS[k] .. ': ' .. err
     end
@@ -507,24 +518,17 @@ local function refund_group(units, granted, n, arg)
       hi, lo = rescale(hi, lo, state[3], algo, a, b, c, d)
       if hi == nil then return nil, 'key ' .. KEYS[k] .. ': ' .. lo end
     end
-    local nxh, nxl
-    if changed then
-      -- nothing comes back
-    elseif algo == 1 then
-      nxh, nxl = token_refund(hi, lo, units, now, a, b, d)
-    elseif algo == 2 or algo == 3 then
-      nxh, nxl = window_refund(hi, lo, units, granted, b, c, d, algo == 2)
-    else
+    if algo ~= 1 and algo ~= 2 and algo ~= 3 then
       return nil, 'unknown algorithm ' .. tostring(algo)
+    end
+    local nxh, nxl
+    if not changed then -- a changed limit gives nothing back
+      nxh, nxl = refund_one(algo, hi, lo, units, granted, now, a, b, c, d)
     end
     if nxh == nil and nxl ~= nil then return nil, 'key ' .. KEYS[k] .. ': ' .. nxl end
     if nxh ~= nil then hi, lo = nxh, nxl end
     local answer
-    if algo == 1 then
-      answer, err = token_bucket(hi, lo, 0, now, a, b, c, d)
-    else
-      answer, err = window(hi, lo, 0, now, a, b, c, d, algo == 2)
-    end
+    answer, err = decide_one(algo, hi, lo, 0, now, a, b, c, d)
     if answer == nil then return nil, 'key ' .. KEYS[k] .. ': ' .. err end
     if nxh ~= nil then writes[#writes + 1] = { k, hi, lo, answer[4], tag } end
     answers[i] = answer
@@ -585,21 +589,12 @@ local function lease_group(cost, want, returned, holder, ttl, n, arg)
     if mine ~= nil and returned > 0 and not changed then
       local units = returned
       if units > mine[1] then units = mine[1] end
-      local nxh, nxl
-      if algo == 1 then
-        nxh, nxl = token_refund(hi, lo, units, now, a, b, d)
-      else
-        nxh, nxl = window_refund(hi, lo, units, mine[2], b, c, d, algo == 2)
-      end
+      local nxh, nxl = refund_one(algo, hi, lo, units, mine[2], now, a, b, c, d)
       if nxh == nil and nxl ~= nil then return nil, 'key ' .. KEYS[k] .. ': ' .. nxl end
       if nxh ~= nil then hi, lo, dirty = nxh, nxl, true end
     end
     local answer
-    if algo == 1 then
-      answer, err = token_bucket(hi, lo, 0, now, a, b, c, d)
-    else
-      answer, err = window(hi, lo, 0, now, a, b, c, d, algo == 2)
-    end
+    answer, err = decide_one(algo, hi, lo, 0, now, a, b, c, d)
     if answer == nil then return nil, 'key ' .. KEYS[k] .. ': ' .. err end
     local room = answer[2] - cost
     if room < lease then lease = room end
@@ -615,12 +610,7 @@ local function lease_group(cost, want, returned, holder, ttl, n, arg)
   local function take_all(take)
     local answers, writes = {}, {}
     for i, l in ipairs(limits) do
-      local answer, err, nxh, nxl
-      if l.algo == 1 then
-        answer, err, nxh, nxl = token_bucket(l.hi, l.lo, take, now, l.a, l.b, l.c, l.d)
-      else
-        answer, err, nxh, nxl = window(l.hi, l.lo, take, now, l.a, l.b, l.c, l.d, l.algo == 2)
-      end
+      local answer, err, nxh, nxl = decide_one(l.algo, l.hi, l.lo, take, now, l.a, l.b, l.c, l.d)
       if answer == nil then return nil, 'key ' .. KEYS[l.k] .. ': ' .. err end
       if answer[1] == 0 then return nil end
       answers[i] = answer
@@ -647,12 +637,7 @@ local function lease_group(cost, want, returned, holder, ttl, n, arg)
     admitted, lease = 0, 0
     answers, writes = {}, {}
     for i, l in ipairs(limits) do
-      local answer, err
-      if l.algo == 1 then
-        answer, err = token_bucket(l.hi, l.lo, cost, now, l.a, l.b, l.c, l.d)
-      else
-        answer, err = window(l.hi, l.lo, cost, now, l.a, l.b, l.c, l.d, l.algo == 2)
-      end
+      local answer, err = decide_one(l.algo, l.hi, l.lo, cost, now, l.a, l.b, l.c, l.d)
       if answer == nil then return nil, 'key ' .. KEYS[l.k] .. ': ' .. err end
       answers[i] = answer
       if l.dirty then writes[i] = { l.k, l.hi, l.lo, l.peek[4], l.tag } end

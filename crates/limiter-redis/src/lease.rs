@@ -432,7 +432,7 @@ impl<R> LeasedStack<R> {
             .or_insert_with(|| {
                 let entry = Arc::new(Entry {
                     cell: LeaseCell::new(),
-                    layers: Touched::new(&self.shared.stack.touched_layers(call)),
+                    layers: Touched::new(self.shared.stack.target_bursts(call)),
                     seen: AtomicU64::new(0),
                     renewal: tokio::sync::Mutex::new(Meta {
                         call: call.clone(),
@@ -568,13 +568,9 @@ impl<R> LeasedStack<R> {
                 .unwrap_or(0);
             entry.cell.deny(call.cost, sent.at.saturating_add(wait));
         }
-        let sent = Sent {
-            at: sent.at,
-            epoch: sent.epoch,
-        };
         shared
             .stack
-            .conclude(request, call, Ok(answers.to_vec()), sent, false)
+            .conclude(request, call, Ok(answers.to_vec()), *sent, false)
     }
 
     /// The keys and arguments of a lease call for `call`: `head` is the cost, the units
@@ -706,14 +702,15 @@ pub(crate) struct Touched {
 const _: () = assert!(MAX_LAYERS <= 32, "a layer mask is a u32");
 
 impl Touched {
-    fn new(layers: &[(usize, u64)]) -> Self {
+    /// From each touched limit's layer and burst: per layer, the smallest burst.
+    fn new(limits: impl IntoIterator<Item = (usize, u64)>) -> Self {
         let mut touched = Self {
             mask: 0,
-            bursts: [0; MAX_LAYERS],
+            bursts: [u64::MAX; MAX_LAYERS],
         };
-        for &(layer, burst) in layers {
+        for (layer, burst) in limits {
             if let Some(slot) = touched.bursts.get_mut(layer) {
-                *slot = burst;
+                *slot = (*slot).min(burst);
                 touched.mask |= 1 << layer;
             }
         }

@@ -809,18 +809,16 @@ impl<R> RedisStack<R> {
         }
     }
 
-    /// Each layer a call touches, with the smallest burst of its limits: what a decision
-    /// made locally against a lease reports.
-    pub(crate) fn touched_layers(&self, call: &Prepared) -> Vec<(usize, u64)> {
-        let mut layers: Vec<(usize, u64)> = Vec::new();
-        for target in &call.targets {
+    /// Each limit a call touches, as its layer and its burst (a layer's limits in a row):
+    /// what a decision made locally against a lease reports, per layer the smallest.
+    pub(crate) fn target_bursts<'a>(
+        &'a self,
+        call: &'a Prepared,
+    ) -> impl Iterator<Item = (usize, u64)> + 'a {
+        call.targets.iter().map(|target| {
             let burst = self.layers[target.layer].limits[target.limit].burst();
-            match layers.last_mut() {
-                Some((layer, least)) if *layer == target.layer => *least = (*least).min(burst),
-                _ => layers.push((target.layer, burst)),
-            }
-        }
-        layers
+            (target.layer, burst)
+        })
     }
 
     /// Writes what names `request`'s state into `out`: each layer's key (or that it is
