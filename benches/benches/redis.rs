@@ -300,8 +300,7 @@ fn leased_benches(c: &mut Criterion, rt: &tokio::runtime::Runtime, url: &str) {
         });
     }
     group.finish();
-    let counts =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench-counts.csv");
+    let counts = limiter_benches::target_dir().join("bench-counts.csv");
     let mut lines = String::new();
     for ((name, limiter), decided) in subjects.iter().zip(&decisions) {
         let calls = limiter.stack().stack().backend().stats().round_trips;

@@ -241,8 +241,7 @@ pub fn bytes_per_key(subjects: &[MemorySubject]) -> bool {
     let Ok(me) = std::env::current_exe() else {
         return false;
     };
-    let csv =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench-bytes-per-key.csv");
+    let csv = target_dir().join("bench-bytes-per-key.csv");
     for (name, _) in subjects {
         let measured = std::process::Command::new(&me)
             .env(MEMORY_ENV, name)
@@ -269,4 +268,15 @@ pub fn bytes_per_key(subjects: &[MemorySubject]) -> bool {
             .and_then(|mut file| std::io::Write::write_all(&mut file, line.as_bytes()));
     }
     false
+}
+
+/// Where the benches write what they measure beside criterion's results: the target directory
+/// `cargo xtask bench` names (`LIMITER_BENCH_TARGET`), else `CARGO_TARGET_DIR`, else the
+/// workspace's `target/`.
+pub fn target_dir() -> std::path::PathBuf {
+    let workspace = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    ["LIMITER_BENCH_TARGET", "CARGO_TARGET_DIR"]
+        .iter()
+        .find_map(|name| std::env::var_os(name).filter(|v| !v.is_empty()))
+        .map_or_else(|| workspace.join("target"), |dir| workspace.join(dir))
 }

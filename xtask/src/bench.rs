@@ -17,7 +17,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use crate::run::{cargo, root};
+use crate::run::cargo;
 
 /// The groups the targets read, as a criterion filter: the passes after the first repeat these.
 const TARGET_GROUPS: &str = "^(direct_allow_1_thread|direct_allow_2_threads|direct_deny_2_threads|keyed_hot_key|keyed_1M_keys_warm|stack|tower_axum|redis/sequential|redis/in_flight_50|redis/in_flight_50_latency|redis/leased)/";
@@ -40,7 +40,7 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
             other => passthrough.push(other),
         }
     }
-    let target = root().join("target");
+    let target = crate::run::target_dir();
     let mut passes = Vec::new();
     let mut readings = Readings::default();
     for pass in 0..reps {
@@ -55,7 +55,10 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
         let results = collect(&target.join("criterion"), started);
         if pass == 0 {
             if results.is_empty() {
-                return Err("no criterion results from this run under target/criterion".into());
+                return Err(format!(
+                    "no criterion results from this run under {}",
+                    target.join("criterion").display()
+                ));
             }
             readings = Readings {
                 memory: csv_values(&target.join("bench-bytes-per-key.csv"), started, 2),
@@ -83,12 +86,14 @@ fn bench_pass(criterion_args: &[&str], quick: bool) -> Result<(), String> {
         command.push("--");
         command.extend(criterion_args);
     }
-    let env: &[(&str, &str)] = if quick {
-        &[("LIMITER_BENCH_QUICK", "1")]
-    } else {
-        &[]
-    };
-    cargo(&command, env)
+    // The benches write what they count beside criterion's results, in this target directory.
+    let target = crate::run::target_dir();
+    let target = target.to_string_lossy();
+    let mut env = vec![("LIMITER_BENCH_TARGET", target.as_ref())];
+    if quick {
+        env.push(("LIMITER_BENCH_QUICK", "1"));
+    }
+    cargo(&command, &env)
 }
 
 /// One benchmark's median.

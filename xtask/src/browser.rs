@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use crate::run::{cargo, root};
+use crate::run::cargo;
 
 /// limiterd, killed when dropped.
 struct Daemon {
@@ -30,7 +30,7 @@ impl Drop for Daemon {
 }
 
 fn start_limiterd() -> Result<Daemon, String> {
-    let binary = root().join("target/debug/limiterd");
+    let binary = crate::run::target_dir().join("debug/limiterd");
     let mut child = Command::new(&binary)
         .args(["--listen", "127.0.0.1:0", "--log-level", "warn"])
         .stdout(Stdio::piped())

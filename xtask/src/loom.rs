@@ -13,7 +13,7 @@ const MODELLED: &[&str] = &[
 
 pub(crate) fn run() -> Result<(), String> {
     // A separate target directory keeps the cfg'd build from invalidating the normal one.
-    let target = crate::run::root().join("target/loom");
+    let target = crate::run::target_dir().join("loom");
     let target = target.to_string_lossy();
     for package in MODELLED {
         cargo(

@@ -4,6 +4,11 @@
 //! Keeping the transition pure is what lets the same algorithm run in a direct limiter, in any
 //! keyed store, inside a stack that decides several layers with one `now`, and (reimplemented in
 //! Lua) in Redis, with the two tested against each other.
+//!
+//! Besides a request ([`Algorithm::decide`], which a full limit refuses), a state takes usage
+//! that already happened ([`Algorithm::record`], never refused, which may leave it in debt);
+//! [`Recording`] presents an algorithm's `record` as its `decide`, so every cell and store that
+//! applies algorithms records usage with no code of its own.
 
 use crate::sync::{AtomicU64, Ordering};
 use crate::{Accuracy, Decision, DecisionError, Limit, LimitError};
@@ -43,17 +48,37 @@ pub trait Algorithm: Send + Sync + Sized {
     /// reserve to mark a cell they are removing.
     fn decide(&self, state: u64, cost: u64, now: u64) -> Result<Step, DecisionError>;
 
+    /// Records `cost` units of usage that already happened (tokens a response used, bytes
+    /// already sent) on `state` at `now`. Unlike [`decide`](Self::decide) it is never refused,
+    /// whatever the cost (a cost above the burst included): the state may be left *in debt*,
+    /// past its capacity, and later calls are then denied until the debt is paid back at the
+    /// limit's rate. A state holds at most twice its capacity in use ([`Usage::MAX_DEBT`]):
+    /// usage recorded past that is not kept.
+    ///
+    /// The decision says whether the state is within its limit after the record (`allowed`;
+    /// exactly at the limit counts as within), the whole units left, in `retry_after` the wait
+    /// until a call of one unit would be admitted again, and in `reset_after` the wait until
+    /// the state is full. Cost 0 is a peek. [`Step::next`] is `Some` whenever `cost > 0`, and
+    /// never [`StateCell::RETIRED`].
+    ///
+    /// With records, the admission bound an algorithm states counts recorded units too: over
+    /// any span, the units admitted plus the units recorded before the span's last admission
+    /// stay within it (records after the last admission are usage the limit could not refuse).
+    fn record(&self, state: u64, cost: u64, now: u64) -> Result<Step, DecisionError>;
+
     /// Whether `state` is full at `now`: it then decides exactly like [`FRESH`](Self::FRESH) at
     /// `now` and at every later reading, so a store may forget it. (A reading earlier than `now`,
     /// from a clock that went back, may still tell the two apart.)
     fn is_full(&self, state: u64, now: u64) -> bool;
 
-    /// How much of the limit's capacity `state` has in use at `now`, rounded up. A stack uses
-    /// it to carry a key's consumption over when the limit chosen for the key changes.
+    /// How much of the limit's capacity `state` has in use at `now`, rounded up (more than the
+    /// capacity for a state in debt). A stack uses it to carry a key's consumption over when
+    /// the limit chosen for the key changes.
     fn usage(&self, state: u64, now: u64) -> Usage;
 
     /// A state with `usage` of this limit's capacity in use at `now` (the same fraction, rounded
-    /// up, so a change of limit never favours the caller).
+    /// up, so a change of limit never favours the caller; a debt carries over as debt, up to
+    /// [`Usage::MAX_DEBT`]).
     fn with_usage(&self, usage: Usage, now: u64) -> Result<u64, DecisionError>;
 
     /// `state` after `units` granted at `granted_at` are given back at `now`, or `None` when
@@ -62,8 +87,10 @@ pub trait Algorithm: Send + Sync + Sized {
     fn refund(&self, state: u64, units: u64, granted_at: u64, now: u64) -> Option<u64>;
 }
 
-/// The part of a limit's capacity in use: `used` out of `capacity` (`used <= capacity`,
-/// `capacity >= 1`), in whatever unit the algorithm counts (ticks of debt, units in a window).
+/// The part of a limit's capacity in use: `used` out of `capacity` (`capacity >= 1`), in
+/// whatever unit the algorithm counts (ticks of debt, units in a window). `used` exceeds
+/// `capacity` for a state in debt (usage recorded past the limit), by at most the capacity
+/// again ([`MAX_DEBT`](Self::MAX_DEBT)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Usage {
     used: u64,
@@ -71,11 +98,16 @@ pub struct Usage {
 }
 
 impl Usage {
-    /// `used` out of `capacity`; `used` is capped at `capacity`, and a zero capacity counts as
-    /// one.
+    /// The most a state holds in use, as a multiple of its capacity: a key can owe at most one
+    /// more limit's worth. Every algorithm saturates its records there.
+    pub const MAX_DEBT: u64 = 2;
+
+    /// `used` out of `capacity`; `used` is capped at [`MAX_DEBT`](Self::MAX_DEBT) times the
+    /// capacity, and a zero capacity counts as one.
     pub const fn new(used: u64, capacity: u64) -> Self {
         let capacity = if capacity == 0 { 1 } else { capacity };
-        let used = if used > capacity { capacity } else { used };
+        let most = capacity.saturating_mul(Self::MAX_DEBT);
+        let used = if used > most { most } else { used };
         Self { used, capacity }
     }
 
@@ -92,12 +124,110 @@ impl Usage {
         self.capacity
     }
 
-    /// The same fraction of `capacity`, rounded up.
+    /// Whether more than the whole capacity is in use (the state is in debt).
+    pub const fn is_in_debt(&self) -> bool {
+        self.used > self.capacity
+    }
+
+    /// The same fraction of `capacity`, rounded up (at most `MAX_DEBT * capacity`).
     pub fn scaled_to(&self, capacity: u64) -> u64 {
         let scaled =
             (u128::from(self.used) * u128::from(capacity)).div_ceil(u128::from(self.capacity));
-        // used <= self.capacity, so the result is at most `capacity`.
-        u64::try_from(scaled).unwrap_or(capacity)
+        // used <= MAX_DEBT * self.capacity, so the result is at most MAX_DEBT * capacity.
+        u64::try_from(scaled).unwrap_or(u64::MAX)
+    }
+}
+
+/// An algorithm whose [`decide`](Algorithm::decide) records: each call is usage that already
+/// happened ([`Algorithm::record`]), never refused, so every call of a positive cost writes,
+/// even one whose decision says the state is now over its limit. Cells and stores write
+/// whatever a step's `next` holds, so they record with no code of their own:
+///
+/// ```
+/// use limiter_core::{Algorithm, Recording, StateCell};
+/// # use limiter_core::{Decision, DecisionError, Limit, LimitError, Step, Usage};
+/// # #[derive(Debug)] struct Counter(Limit);
+/// # impl Algorithm for Counter {
+/// #     const NAME: &'static str = "counter";
+/// #     const FRESH: u64 = 0;
+/// #     fn new(limit: Limit) -> Result<Self, LimitError> { Ok(Self(limit)) }
+/// #     fn limit(&self) -> &Limit { &self.0 }
+/// #     fn decide(&self, s: u64, cost: u64, _: u64) -> Result<Step, DecisionError> {
+/// #         let ok = s + cost <= self.0.count();
+/// #         let d = if ok { Decision::allow(self.0.count(), self.0.count() - s - cost, 0) }
+/// #                 else { Decision::deny(self.0.count(), 0, 1, 1) };
+/// #         Ok(Step { decision: d, next: (ok && cost > 0).then_some(s + cost) })
+/// #     }
+/// #     fn record(&self, s: u64, cost: u64, _: u64) -> Result<Step, DecisionError> {
+/// #         let next = (s + cost).min(2 * self.0.count());
+/// #         let ok = next <= self.0.count();
+/// #         let d = if ok { Decision::allow(self.0.count(), self.0.count() - next, 0) }
+/// #                 else { Decision::deny(self.0.count(), 0, 1, 1) };
+/// #         Ok(Step { decision: d, next: (cost > 0).then_some(next) })
+/// #     }
+/// #     fn is_full(&self, s: u64, _: u64) -> bool { s == 0 }
+/// #     fn usage(&self, s: u64, _: u64) -> Usage { Usage::new(s, self.0.count()) }
+/// #     fn with_usage(&self, u: Usage, _: u64) -> Result<u64, DecisionError> { Ok(u.scaled_to(self.0.count())) }
+/// #     fn refund(&self, s: u64, units: u64, _: u64, _: u64) -> Option<u64> { Some(s.saturating_sub(units)) }
+/// # }
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// // Three per window: a response that used five leaves the state two in debt.
+/// let counter = Counter::new(Limit::per_second(3))?;
+/// let cell = StateCell::new(Counter::FRESH);
+/// let recorded = cell.apply(&Recording(&counter), 5, 0)?;
+/// assert!(recorded.is_denied()); // over its limit now
+/// assert!(cell.apply(&counter, 1, 0)?.is_denied()); // and the next request waits
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct Recording<'a, A>(pub &'a A);
+
+impl<A: Algorithm> Algorithm for Recording<'_, A> {
+    const NAME: &'static str = A::NAME;
+    const FRESH: u64 = A::FRESH;
+
+    /// A `Recording` wraps an algorithm already built: it cannot be built from a limit.
+    fn new(limit: Limit) -> Result<Self, LimitError> {
+        Err(LimitError::Unsupported {
+            algorithm: A::NAME,
+            reason: format!(
+                "{limit}: a Recording wraps an algorithm already built; build the algorithm, \
+                 then wrap a reference to it"
+            ),
+        })
+    }
+
+    fn limit(&self) -> &Limit {
+        self.0.limit()
+    }
+
+    fn accuracy(&self) -> Accuracy {
+        self.0.accuracy()
+    }
+
+    #[inline]
+    fn decide(&self, state: u64, cost: u64, now: u64) -> Result<Step, DecisionError> {
+        self.0.record(state, cost, now)
+    }
+
+    fn record(&self, state: u64, cost: u64, now: u64) -> Result<Step, DecisionError> {
+        self.0.record(state, cost, now)
+    }
+
+    fn is_full(&self, state: u64, now: u64) -> bool {
+        self.0.is_full(state, now)
+    }
+
+    fn usage(&self, state: u64, now: u64) -> Usage {
+        self.0.usage(state, now)
+    }
+
+    fn with_usage(&self, usage: Usage, now: u64) -> Result<u64, DecisionError> {
+        self.0.with_usage(usage, now)
+    }
+
+    fn refund(&self, state: u64, units: u64, granted_at: u64, now: u64) -> Option<u64> {
+        self.0.refund(state, units, granted_at, now)
     }
 }
 
@@ -111,7 +241,7 @@ pub struct Step {
 }
 
 /// One limiter's state word, updated by compare-and-swap: lock-free, and a denial or a peek
-/// performs no write at all.
+/// performs no write at all (a [`Recording`] writes every record of a positive cost).
 ///
 /// A store that removes cells while callers may still hold them (one whose lookups take no
 /// lock) first *retires* the cell: [`retire_if_full`](Self::retire_if_full) swaps a full state

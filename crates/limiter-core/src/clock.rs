@@ -70,6 +70,21 @@ pub fn unix_week_phase() -> u64 {
         })
 }
 
+/// The Unix time, in nanoseconds, of `clock`'s reading 0, for a clock whose readings count from
+/// the start of a Unix week ([`DefaultClock`] and [`MonotonicClock`], which begin at
+/// [`unix_week_phase`]): the week boundary nearest the wall clock less the reading, so drift of
+/// a few ns (or seconds) between the two clocks cannot move it. For reporting when a decision
+/// was made, and reading a caller's Unix time as a reading; decisions never read the wall
+/// clock. A [`ManualClock`] gets the start of the current week (or the next, within half a week
+/// of it).
+pub fn unix_origin(clock: &impl Clock) -> u64 {
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+    let origin = wall.saturating_sub(clock.now());
+    origin.saturating_add(WEEK_NANOS / 2) / WEEK_NANOS * WEEK_NANOS
+}
+
 /// Monotonic time from `std::time::Instant` (the OS clock). Its readings begin at
 /// [`unix_week_phase`] when it is made, so windows are aligned to the Unix epoch (see
 /// [`unix_week_phase`]).

@@ -3,7 +3,8 @@
 use crossbeam_utils::CachePadded;
 
 use crate::{
-    Algorithm, Clock, Decision, DecisionError, DefaultClock, Limit, LimitError, Limiter, StateCell,
+    Algorithm, Clock, Decision, DecisionError, DefaultClock, Limit, LimitError, Limiter, Recording,
+    StateCell,
 };
 
 /// A single limiter of algorithm `A` reading clock `C`: one `u64` of state updated by
@@ -59,6 +60,18 @@ impl<A: Algorithm, C: Clock> DirectLimiter<A, C> {
         self.cell.apply(&self.algorithm, cost, now)
     }
 
+    /// Records `cost` units of usage that already happened, now: never refused, it may leave
+    /// the limiter in debt, and later calls are denied until the debt is paid back at the
+    /// limit's rate (see [`Algorithm::record`] for the decision it returns).
+    pub fn record(&self, cost: u64) -> Result<Decision, DecisionError> {
+        self.record_at(cost, self.clock.now())
+    }
+
+    /// Records `cost` units of usage at `now` (see [`record`](Self::record)).
+    pub fn record_at(&self, cost: u64, now: u64) -> Result<Decision, DecisionError> {
+        self.cell.apply(&Recording(&self.algorithm), cost, now)
+    }
+
     /// The algorithm, with its derived parameters.
     pub fn algorithm(&self) -> &A {
         &self.algorithm
@@ -83,5 +96,9 @@ impl<A: Algorithm, C: Clock> Limiter for DirectLimiter<A, C> {
 
     fn decide_at(&self, _key: &(), cost: u64, now: u64) -> Result<Decision, DecisionError> {
         self.check_at(cost, now)
+    }
+
+    fn record_at(&self, _key: &(), cost: u64, now: u64) -> Result<Decision, DecisionError> {
+        DirectLimiter::record_at(self, cost, now)
     }
 }

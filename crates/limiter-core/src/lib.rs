@@ -14,6 +14,11 @@
 //! `u64` word. A [`StateCell`] applies it with a compare-and-swap loop, and a denial writes
 //! nothing. [`DirectLimiter`] is one such cell; keyed stores hold one per key.
 //!
+//! Usage that already happened (tokens a response used, bytes already sent) is not a request:
+//! [`Algorithm::record`] counts it whatever the state, leaving the key in debt if it went over,
+//! and later calls are denied until the debt is paid back at the limit's rate
+//! ([`DirectLimiter::record`], [`Limiter::record`]).
+//!
 //! # Example
 //!
 //! Algorithms live in their own crates (`limiter-token-bucket`, ...). Here the core pieces on
@@ -51,12 +56,12 @@ mod sync;
 pub mod wait;
 
 pub use accuracy::Accuracy;
-pub use algorithm::{Algorithm, MIN_CLOCK_RANGE, StateCell, Step, Usage};
+pub use algorithm::{Algorithm, MIN_CLOCK_RANGE, Recording, StateCell, Step, Usage};
 #[cfg(not(limiter_loom))]
 pub use clock::CoarseClock;
 pub use clock::{
     Clock, ClockSource, DefaultClock, ManualClock, MonotonicClock, TscClock, WEEK_NANOS,
-    unix_week_phase,
+    unix_origin, unix_week_phase,
 };
 pub use decision::Decision;
 pub use direct::DirectLimiter;

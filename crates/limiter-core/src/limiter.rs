@@ -25,4 +25,13 @@ pub trait Limiter: Send + Sync {
     fn decide(&self, key: &Self::Key, cost: u64) -> Result<Decision, DecisionError> {
         self.decide_at(key, cost, self.now())
     }
+
+    /// Records `cost` units of usage that already happened for `key` at `now`: never refused,
+    /// it may leave the key in debt (see [`Algorithm::record`](crate::Algorithm::record)).
+    fn record_at(&self, key: &Self::Key, cost: u64, now: u64) -> Result<Decision, DecisionError>;
+
+    /// Records `cost` units of usage for `key` at the limiter's own clock reading.
+    fn record(&self, key: &Self::Key, cost: u64) -> Result<Decision, DecisionError> {
+        self.record_at(key, cost, self.now())
+    }
 }

@@ -6,7 +6,8 @@
 //! admitted calls report what they hold (a peek). A denied call never consumes, and no caller
 //! can slip between a check and a take, because there is none. Shadow calls
 //! ([`RedisBatch::add_shadow`]) are decided and counted like the rest but never block the
-//! batch.
+//! batch; records of usage ([`RedisBatch::add_record`]) are written whatever the batch's
+//! answer and never block it.
 //!
 //! When Redis cannot decide, each call gets its stack's failure policy; fallback decisions
 //! keep their grants, and if any enforced call is then refused every grant is given back, so
@@ -96,6 +97,8 @@ struct Member<'a, R> {
     request: &'a R,
     cost: u64,
     enforced: bool,
+    /// A record of usage: never refused, never blocks the batch.
+    record: bool,
 }
 
 /// Calls of any stacks on one [`RedisBackend`], decided all or nothing in one round trip: the
@@ -187,6 +190,21 @@ impl<'a, R> RedisBatch<'a, R> {
         self.push(stack, request, cost, false)
     }
 
+    /// Adds a record of `cost` units of usage that already happened for `request` on `stack`
+    /// (see [`RedisStack::record`]): decided in its place in the batch's order, written
+    /// whatever the batch's answer (recorded again on the state before the batch if the batch
+    /// is refused), and never refusing the batch.
+    pub fn add_record(&mut self, stack: &'a RedisStack<R>, request: &'a R, cost: u64) -> &mut Self {
+        self.members.push(Member {
+            stack,
+            request,
+            cost,
+            enforced: false,
+            record: true,
+        });
+        self
+    }
+
     fn push(
         &mut self,
         stack: &'a RedisStack<R>,
@@ -199,6 +217,7 @@ impl<'a, R> RedisBatch<'a, R> {
             request,
             cost,
             enforced,
+            record: false,
         });
         self
     }
@@ -228,10 +247,14 @@ impl<'a, R> RedisBatch<'a, R> {
                     stack: member.stack.name().to_owned(),
                 });
             }
-            let call = member
-                .stack
-                .prepare(member.request, member.cost)
-                .map_err(|source| BatchError::Call { index, source })?;
+            let call = if member.record {
+                member.stack.prepare_record(member.request, member.cost)
+            } else {
+                member
+                    .stack
+                    .prepare(member.request, member.cost)
+                    .map_err(|source| BatchError::Call { index, source })?
+            };
             if self.backend.is_cluster()
                 && let Some(key) = call.keys.first()
             {
@@ -270,14 +293,20 @@ impl<'a, R> RedisBatch<'a, R> {
             Err(e) => Err(e),
         };
         Ok(match answer {
-            Ok((_, groups)) => self.conclude(&calls, groups, sent),
+            Ok((now_us, groups)) => self.conclude(&calls, groups, sent, now_us),
             Err(error) => self.on_failure(&calls, &error),
         })
     }
 
     /// The script's answers as decisions; denials enter the deny cache only when no earlier
     /// call of the batch touched their keys (otherwise they counted units never taken).
-    fn conclude(&self, calls: &[Prepared], groups: Vec<GroupAnswer>, sent: Sent) -> BatchDecision {
+    fn conclude(
+        &self,
+        calls: &[Prepared],
+        groups: Vec<GroupAnswer>,
+        sent: Sent,
+        now_us: u64,
+    ) -> BatchDecision {
         let mut seen: HashSet<&str> = HashSet::new();
         let mut admitted = true;
         let mut decisions = Vec::with_capacity(calls.len());
@@ -293,11 +322,10 @@ impl<'a, R> RedisBatch<'a, R> {
                     StackDecision::from_layers([]),
                     Source::FailClosed(BackendError::Script(reason)),
                 ),
-                Ok(answers) => {
-                    member
-                        .stack
-                        .conclude(member.request, call, Ok(answers), sent, remember)
-                }
+                Ok(answers) => member
+                    .stack
+                    .conclude(member.request, call, Ok(answers), sent, remember)
+                    .at(now_us),
             };
             admitted &= decision.is_allowed() || !member.enforced;
             decisions.push(decision);
@@ -317,6 +345,12 @@ impl<'a, R> RedisBatch<'a, R> {
         for (member, call) in self.members.iter().zip(calls) {
             let (decision, grant) = if call.keys.is_empty() {
                 (no_layer(), None)
+            } else if member.record {
+                // A record is no grant to give back: it stays recorded whatever the batch.
+                let decision = member
+                    .stack
+                    .on_failure_of(member.request, call, error.clone());
+                (decision, None)
             } else {
                 member
                     .stack
@@ -338,7 +372,7 @@ impl<'a, R> RedisBatch<'a, R> {
             // Read after the refunds, which happen at the clock's reading then.
             let after = self.backend.local_now();
             for (member, decision) in self.members.iter().zip(&mut decisions) {
-                if decision.is_allowed() && member.cost > 0 {
+                if decision.is_allowed() && member.cost > 0 && !member.record {
                     member.stack.peek_fallback(member.request, after, decision);
                 }
             }

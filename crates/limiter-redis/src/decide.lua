@@ -14,7 +14,9 @@
 -- ARGV: now_us ("" reads the server's TIME), the expiry slack in ms (kept on top of the time
 -- until a state is full again), the number of groups, the batch mode (0: each group on its
 -- own; 1: all or nothing, see below), then for each group:
---   cost, enforced (1; 0 for a shadow group, which never blocks a batch), number of limits,
+--   cost, kind (1 enforced; 0 a shadow group, which never blocks a batch; 2 a record of usage
+--   that already happened, written whatever it finds and never blocking a batch: a state may
+--   go into debt, up to twice its capacity in use), number of limits,
 --   and per limit six fields: KEYS index, algorithm, a, b, c, d
 --   algorithm 1 (token bucket): a = q ticks per us, b = p ticks per unit, c = tau (= burst * p),
 --     d = s: a tick is 2^s / q us (q is 1 when s > 0; readings are then floored to a tick)
@@ -22,17 +24,19 @@
 --     c = current bits + 64 * previous bits + 4096 * granule bits (the previous count is kept in
 --     units of 2^granule, rounded up), d = index bits + 64 * wrapping (the window number is kept
 --     modulo 2^index bits, read as the window nearest now with the same low bits)
--- Mode 2 gives units back instead (refunds): each group is `units, granted_us, n` and n limits,
--- and answers as a peek after its refund (see `refund_group`).
+-- Mode 2 gives units back instead (refunds): each group is `units, granted_us, n` and n limits
+-- (`granted_us` may be `now`: units given back without a grant), and answers as a peek after
+-- its refund (see `refund_group`).
 -- Mode 3 leases (see `lease_group`): each group is `cost, want, returned, holder, ttl_ms, n`
 -- and per limit eight fields: the six above, then the KEYS index of the limit's lease ledger
 -- and the limit's slack in units. Its reply carries the units leased after the admitted flag.
--- A group is all or nothing: its writes happen only if every limit admits. Groups are decided
--- in order, each on the state the earlier ones left. In mode 1 the batch is all or nothing as
--- well: the writes wait until every group is decided and happen only if every enforced group
--- admitted; otherwise nothing is written, and each admitted group is decided again with cost 0
--- on the state as read, so it reports what it holds after the batch (as a refunded batch does
--- in process).
+-- A group is all or nothing: its writes happen only if every limit admits (a record's always
+-- happen; its admitted flag says whether every limit is still within its limit). Groups are
+-- decided in order, each on the state the earlier ones left. In mode 1 the batch is all or
+-- nothing as well: the writes wait until every group is decided and happen only if every
+-- enforced group admitted; otherwise only the records are written (recorded again, in order,
+-- on the state as read), and each admitted group is decided again with cost 0 on that state,
+-- so it reports what it holds after the batch (as a refunded batch does in process).
 -- Reply: now_us, then per group: admitted (0/1), or an error message for that group alone
 -- (which then writes nothing and has no more entries), then per limit: allowed (0/1), remaining,
 -- retry_after_us, reset_after_us. A value of 2^53 or more is sent as a decimal string.
@@ -170,24 +174,31 @@ local function now_ticks(now, q, s)
   return nh * q + carry, nl - carry * TWO32
 end
 
--- Token bucket (GCRA). The word is the tat in ticks of 2^s / q us; a unit is p ticks.
-local function token_bucket(hi, lo, cost, now, q, p, tau, s)
-  local burst = tau / p
-  if cost > burst then return nil, 'cost ' .. cost .. ' exceeds the burst of ' .. burst .. ', so it can never be admitted' end
+-- A token bucket's state read at `now`: now in ticks (nh, nl), the debt (max(tat, now) - now,
+-- in ticks), and until_tick, the wait from now until the reading at which tick now + ticks is
+-- current; or nil and an error.
+local function tat_at(hi, lo, now, q, s)
   local nh, nl = now_ticks(now, q, s)
-  -- the first reading at which tick now + ticks is current, less now
   local function until_tick(ticks)
     if s == 0 then return cdiv(ticks, q) end
     local w = ticks * 2 ^ s + ((nh * TWO32 + nl) * 2 ^ s - now)
     if w < 0 then return 0 end
     return w
   end
-  -- debt = max(tat, now) - now
   local debt = 0
   if hi > nh or (hi == nh and lo > nl) then
     debt = (hi - nh) * TWO32 + (lo - nl)
     if debt >= LIMIT then return nil, 'holds a tat ' .. format(hi, lo) .. ' far beyond its limit; delete it or change the prefix' end
   end
+  return nh, nl, debt, until_tick
+end
+
+-- Token bucket (GCRA). The word is the tat in ticks of 2^s / q us; a unit is p ticks.
+local function token_bucket(hi, lo, cost, now, q, p, tau, s)
+  local burst = tau / p
+  if cost > burst then return nil, 'cost ' .. cost .. ' exceeds the burst of ' .. burst .. ', so it can never be admitted' end
+  local nh, nl, debt, until_tick = tat_at(hi, lo, now, q, s)
+  if nh == nil then return nil, nl end
   local cost_ticks = cost * p
   local budget = tau - cost_ticks
   if debt <= budget then
@@ -199,6 +210,26 @@ local function token_bucket(hi, lo, cost, now, q, p, tau, s)
   local headroom = 0
   if tau > debt then headroom = tau - debt end
   return { 0, fdiv(headroom, p), until_tick(debt - budget), until_tick(debt) }
+end
+
+-- A record on a token bucket: the tat moves ahead by the cost whatever it finds, at most
+-- 2 * tau ahead of now (never back); the answer says whether the bucket is within its limit,
+-- and when one unit fits again. Cost 0 is the peek.
+local function token_record(hi, lo, cost, now, q, p, tau, s)
+  if cost == 0 then return token_bucket(hi, lo, 0, now, q, p, tau, s) end
+  local nh, nl, debt, until_tick = tat_at(hi, lo, now, q, s)
+  if nh == nil then return nil, nl end
+  local new_debt = debt
+  local room = 2 * tau - debt
+  if room > 0 then
+    -- cost < room / p exactly when cost * p < room (cost is a whole number)
+    if cost < room / p then new_debt = debt + cost * p else new_debt = 2 * tau end
+  end
+  local nxh, nxl = add(nh, nl, new_debt)
+  if new_debt <= tau then
+    return { 1, fdiv(tau - new_debt, p), 0, until_tick(new_debt) }, nil, nxh, nxl
+  end
+  return { 0, 0, until_tick(new_debt - (tau - p)), until_tick(new_debt) }, nil, nxh, nxl
 end
 
 -- Window counters. The word is [window index | previous count / 2^g (sliding) | current count].
@@ -245,14 +276,12 @@ local function nearest(index, near, indexing)
   return near + (m - behind)
 end
 
-local function window(hi, lo, cost, now, count, w, layout, indexing, sliding)
-  if cost > count then return nil, 'cost ' .. cost .. ' exceeds the burst of ' .. count .. ', so it can never be admitted' end
+-- A window state as read at `now`: the window it is in (a reading before the state's own
+-- window is taken at that window's start), the previous (a multiple of the granule) and
+-- current counts there, how far into it the reading is, and the lag (how far the reading is
+-- behind that window's start); or nil and an error.
+local function read_window(hi, lo, now, w, layout, indexing, sliding)
   local gbits = math.floor(layout / 4096)
-  local granule = 2 ^ gbits
-  local function round_previous(x)
-    if gbits == 0 then return x end
-    return cdiv(x, granule) * granule
-  end
   local index, current, previous = unpack_window(hi, lo, layout)
   if index == nil then return nil, current end
   local win = fdiv(now, w)
@@ -261,60 +290,92 @@ local function window(hi, lo, cost, now, count, w, layout, indexing, sliding)
   -- an empty state is fresh, whatever its index
   if current == 0 and previous == 0 and index > win then index = win end
   if index * w >= LIMIT then return nil, 'holds a window index far beyond its limit; delete it or change the prefix' end
-  -- read: a reading before the state's window is taken at the start of that window
   local at = now
   if win < index then at = index * w else
     local gap = win - index
-    if gap == 1 and sliding then previous, current = round_previous(current), 0
+    if gap == 1 and sliding then
+      previous, current = current, 0
+      if gbits > 0 then previous = cdiv(previous, 2 ^ gbits) * 2 ^ gbits end
     elseif gap >= 1 then previous, current = 0, 0 end
     index = win
   end
-  local elapsed = at - index * w
-  local lag = at - now
-  local weighted = 0
-  if sliding and previous > 0 then weighted = muldiv(previous, w - elapsed, w, true) end
-  local used = weighted + current
-  local function reset_after(cur)
-    local left
-    if cur > 0 then
-      if sliding then left = 2 else left = 1 end
-    elseif sliding and previous > 0 then left = 1
-    else return 0 end
-    local r = (index + left) * w - now
-    if r < 0 then return 0 end
-    return r
+  return index, previous, current, at - index * w, at - now
+end
+
+-- The previous window's count weighted by its overlap with the sliding window, rounded up.
+local function weigh(previous, elapsed, w, sliding)
+  if sliding and previous > 0 then return muldiv(previous, w - elapsed, w, true) end
+  return 0
+end
+
+-- From `now`, the wait until the counts (`previous`, `current` in window `index`) are empty.
+local function window_reset(index, previous, current, now, w, sliding)
+  local left
+  if current > 0 then
+    if sliding then left = 2 else left = 1 end
+  elseif sliding and previous > 0 then left = 1
+  else return 0 end
+  local r = (index + left) * w - now
+  if r < 0 then return 0 end
+  return r
+end
+
+-- From `elapsed` into a window holding `previous` and `current`, the wait until `cost` fits,
+-- if nothing else consumes: later in this window as the weight decays, or in the next one.
+local function window_wait(previous, current, cost, count, w, elapsed, layout, sliding)
+  if sliding and previous > 0 and current + cost <= count then
+    local keep = muldiv(count - current - cost, w, previous, false)
+    if keep > 0 then
+      local wait = (w - keep) - elapsed
+      if wait < 0 then wait = 0 end
+      return wait
+    end
   end
+  local into_next = 0
+  if sliding and current > 0 then
+    local granule = 2 ^ math.floor(layout / 4096)
+    local keep = muldiv(count - cost, w, cdiv(current, granule) * granule, false)
+    if keep > w then keep = w end
+    into_next = w - keep
+  end
+  return (w - elapsed) + into_next
+end
+
+local function window(hi, lo, cost, now, count, w, layout, indexing, sliding)
+  if cost > count then return nil, 'cost ' .. cost .. ' exceeds the burst of ' .. count .. ', so it can never be admitted' end
+  local index, previous, current, elapsed, lag = read_window(hi, lo, now, w, layout, indexing, sliding)
+  if index == nil then return nil, previous end
+  local used = weigh(previous, elapsed, w, sliding) + current
   if used + cost <= count then
     local after = current + cost
     local nxh, nxl = nil, nil
     if cost > 0 then
       nxh, nxl = pack(index, previous, after, layout, indexing)
     end
-    return { 1, count - used - cost, 0, reset_after(after) }, nil, nxh, nxl
-  end
-  -- the wait until `cost` fits, from `elapsed` into window `index`
-  local wait = nil
-  if sliding and previous > 0 and current + cost <= count then
-    local keep = muldiv(count - current - cost, w, previous, false)
-    if keep > 0 then
-      local until_at = w - keep
-      if until_at < 0 then until_at = 0 end
-      wait = until_at - elapsed
-      if wait < 0 then wait = 0 end
-    end
-  end
-  if wait == nil then
-    local into_next = 0
-    if sliding and current > 0 then
-      local keep = muldiv(count - cost, w, round_previous(current), false)
-      if keep > w then keep = w end
-      into_next = w - keep
-    end
-    wait = (w - elapsed) + into_next
+    return { 1, count - used - cost, 0, window_reset(index, previous, after, now, w, sliding) }, nil, nxh, nxl
   end
   local remaining = 0
   if count > used then remaining = count - used end
-  return { 0, remaining, lag + wait, reset_after(current) }
+  local wait = window_wait(previous, current, cost, count, w, elapsed, layout, sliding)
+  return { 0, remaining, lag + wait, window_reset(index, previous, current, now, w, sliding) }
+end
+
+-- A record on a window counter: the cost goes into the current window's count whatever it
+-- holds, kept up to twice the count (never lowered); the answer says whether the window is
+-- within its limit, and when one unit fits again. Cost 0 is the peek.
+local function window_record(hi, lo, cost, now, count, w, layout, indexing, sliding)
+  if cost == 0 then return window(hi, lo, 0, now, count, w, layout, indexing, sliding) end
+  local index, previous, current, elapsed, lag = read_window(hi, lo, now, w, layout, indexing, sliding)
+  if index == nil then return nil, previous end
+  local after = current + cost
+  if after > 2 * count then after = 2 * count end
+  if after < current then after = current end
+  local nxh, nxl = pack(index, previous, after, layout, indexing)
+  local used = weigh(previous, elapsed, w, sliding) + after
+  local reset = window_reset(index, previous, after, now, w, sliding)
+  if used <= count then return { 1, count - used, 0, reset }, nil, nxh, nxl end
+  local wait = window_wait(previous, after, 1, count, w, elapsed, layout, sliding)
+  return { 0, 0, lag + wait, reset }, nil, nxh, nxl
 end
 
 -- Refunds: `units` a grant at `granted` took come back, as the Rust algorithms' `refund`
@@ -380,6 +441,13 @@ local function decide_one(algo, hi, lo, cost, now, a, b, c, d)
   return window(hi, lo, cost, now, a, b, c, d, algo == 2)
 end
 
+-- A record of `cost` units on one limit's state, as `token_record` or `window_record` does
+-- it; the caller has checked the algorithm.
+local function record_one(algo, hi, lo, cost, now, a, b, c, d)
+  if algo == 1 then return token_record(hi, lo, cost, now, a, b, c, d) end
+  return window_record(hi, lo, cost, now, a, b, c, d, algo == 2)
+end
+
 -- `units` a grant at `granted` took, back to one limit's state, as `token_refund` or
 -- `window_refund` does it; the caller has checked the algorithm.
 local function refund_one(algo, hi, lo, units, granted, now, a, b, c, d)
@@ -427,16 +495,18 @@ local function rescale(hi, lo, tag, algo, a, b, c, d)
     used, capacity = 0, f[4]
     if hi > nh or (hi == nh and lo > nl) then
       used = (hi - nh) * TWO32 + (lo - nl)
-      if used > capacity then used = capacity end
     end
   elseif f[1] == 2 or f[1] == 3 then
-    local answer, err = window(hi, lo, 0, now, f[2], f[3], f[4], f[5], f[1] == 2)
-    if answer == nil then return nil, err end
-    used, capacity = f[2] - answer[2], f[2]
+    local sliding = f[1] == 2
+    local index, previous, current, elapsed = read_window(hi, lo, now, f[3], f[4], f[5], sliding)
+    if index == nil then return nil, previous end
+    used, capacity = weigh(previous, elapsed, f[3], sliding) + current, f[2]
   else
     return nil, 'holds the tag "' .. tag .. '" of an unknown algorithm; delete it or change the prefix'
   end
   if capacity < 1 then capacity = 1 end
+  -- a debt carries over, up to twice the capacity in use
+  if used > 2 * capacity then used = 2 * capacity end
   if algo == 1 then
     local nh, nl = now_ticks(now, a, d)
     return add(nh, nl, muldiv(used, c, capacity, true))
@@ -454,8 +524,9 @@ local function limit_at(arg)
   return k, algo, a, b, c, d
 end
 
--- Decides one group; returns its answers and writes, or an error message.
-local function decide_group(cost, n, arg)
+-- Decides one group (records it, if `record`); returns its answers and writes, or an error
+-- message.
+local function decide_group(cost, n, arg, record)
   local admitted = 1
   local writes = {}
   local answers = {}
@@ -481,7 +552,11 @@ local function decide_group(cost, n, arg)
     if algo ~= 1 and algo ~= 2 and algo ~= 3 then
       return nil, 'unknown algorithm ' .. tostring(algo)
     end
-    answer, err, nxh, nxl = decide_one(algo, hi, lo, cost, now, a, b, c, d)
+    if record then
+      answer, err, nxh, nxl = record_one(algo, hi, lo, cost, now, a, b, c, d)
+    else
+      answer, err, nxh, nxl = decide_one(algo, hi, lo, cost, now, a, b, c, d)
+    end
     if answer == nil then
       return nil, 'key ' .. KEYS[k] .. ': ' .. err
     end
@@ -687,6 +762,8 @@ if mode == 2 then
   local arg = 5
   for _ = 1, groups do
     local units, granted, n = tonumber(ARGV[arg]), tonumber(ARGV[arg + 1]), tonumber(ARGV[arg + 2])
+    -- `now`: units given back without a grant, as taken now (a window's current count)
+    if ARGV[arg + 1] == 'now' then granted = now end
     if units == nil or granted == nil or n == nil or units < 0 or granted < 0 then
       return fail('a refund header is malformed')
     end
@@ -707,30 +784,31 @@ end
 
 local results = {} -- per group: {status, answers} or {error message}
 local pending = {} -- mode 1: the writes of admitted groups, done once the batch admits
-local heads = {} -- per group: cost, n and the ARGV index of its first limit
+local heads = {} -- per group: cost, n, the ARGV index of its first limit, whether it records
 local blocked = false
 local arg = 5
 for g = 1, groups do
   local cost = tonumber(ARGV[arg])
-  local enforced = tonumber(ARGV[arg + 1])
+  local kind = tonumber(ARGV[arg + 1])
   local n = tonumber(ARGV[arg + 2])
-  if cost == nil or n == nil or cost < 0 or (enforced ~= 0 and enforced ~= 1) then
+  if cost == nil or n == nil or cost < 0 or (kind ~= 0 and kind ~= 1 and kind ~= 2) then
     return fail('a group header is malformed')
   end
-  heads[g] = { cost, n, arg + 3 }
-  local result, err = decide_group(cost, n, arg + 3)
+  local record = kind == 2
+  heads[g] = { cost, n, arg + 3, record }
+  local result, err = decide_group(cost, n, arg + 3, record)
   arg = arg + 3 + 6 * n
   if result == nil then
     results[g] = { err }
-    if enforced == 1 then blocked = true end
+    if kind == 1 then blocked = true end
   else
     results[g] = { result[1], result[2] }
-    if result[1] == 1 then
+    if result[1] == 1 or record then
       for _, wr in ipairs(result[3]) do
         states[KEYS[wr[1]]] = { wr[2], wr[3], wr[5] }
         if mode == 0 then store(wr) else pending[#pending + 1] = wr end
       end
-    elseif enforced == 1 then
+    elseif kind == 1 then
       blocked = true
     end
   end
@@ -738,12 +816,25 @@ end
 
 if mode == 1 then
   if blocked then
-    -- Nothing is written: admitted groups report the state as read.
+    -- Only the records are written, recorded again in order on the state as read; admitted
+    -- groups then report the state the batch leaves.
     states = {}
     for name, state in pairs(before) do states[name] = state end
     for g = 1, groups do
-      if results[g][1] == 1 then
-        local result = decide_group(0, heads[g][2], heads[g][3])
+      if heads[g][4] and results[g][1] ~= nil and type(results[g][1]) ~= 'string' then
+        local result = decide_group(heads[g][1], heads[g][2], heads[g][3], true)
+        if result ~= nil then
+          results[g] = { result[1], result[2] }
+          for _, wr in ipairs(result[3]) do
+            states[KEYS[wr[1]]] = { wr[2], wr[3], wr[5] }
+            store(wr)
+          end
+        end
+      end
+    end
+    for g = 1, groups do
+      if not heads[g][4] and results[g][1] == 1 then
+        local result = decide_group(0, heads[g][2], heads[g][3], false)
         if result ~= nil then results[g] = { 1, result[2] } end
       end
     end

@@ -34,6 +34,9 @@ pub struct RedisDecision {
     allowed: bool,
     stack: StackDecision,
     source: Source,
+    /// When Redis decided, in microseconds of its `TIME` (since the Unix epoch): the instant
+    /// the waits count from.
+    at_us: Option<u64>,
 }
 
 impl RedisDecision {
@@ -43,7 +46,45 @@ impl RedisDecision {
             allowed,
             stack,
             source,
+            at_us: None,
         }
+    }
+
+    /// This decision, if Redis made it, made at `now_us` (its `TIME`, in microseconds).
+    #[inline]
+    pub(crate) fn at(mut self, now_us: u64) -> Self {
+        if self.source == Source::Redis {
+            self.at_us = Some(now_us);
+        }
+        self
+    }
+
+    /// This decision with `units` more left in each layer (within its burst): Redis's answer
+    /// to a call that also leased `units`, which this node holds and may still spend.
+    pub(crate) fn with_leased(mut self, units: u64) -> Self {
+        let layers: Vec<LayerDecision> = self
+            .stack
+            .layers()
+            .map(|layer| {
+                let d = layer.decision;
+                let remaining = d.remaining().saturating_add(units).min(d.limit());
+                let decision = if d.is_allowed() {
+                    Decision::allow(d.limit(), remaining, d.reset_after_nanos())
+                } else {
+                    d
+                };
+                LayerDecision { decision, ..*layer }
+            })
+            .collect();
+        self.stack = StackDecision::from_layers(layers);
+        self
+    }
+
+    /// This decision, made against a lease, as of `at_us` on Redis's clock.
+    #[inline]
+    pub(crate) fn leased_at(mut self, at_us: u64) -> Self {
+        self.at_us = Some(at_us);
+        self
     }
 
     /// A decision made against a lease ([`Source::Lease`]), its stacked answer built in place
@@ -54,6 +95,7 @@ impl RedisDecision {
             allowed,
             stack: StackDecision::from_layers(layers),
             source: Source::Lease,
+            at_us: None,
         }
     }
 
@@ -84,6 +126,16 @@ impl RedisDecision {
     /// answered (no limit was consulted); only the binding layer's when the deny cache did.
     pub fn stack(&self) -> &StackDecision {
         &self.stack
+    }
+
+    /// When the answer was decided, in microseconds since the Unix epoch by Redis's clock
+    /// (`TIME`, or the time a backend injects): the instant its waits count from, so `at +
+    /// reset_after` is when the limits are full again, whichever node asks. Set for Redis's
+    /// answers and for answers made against a lease (the lease's Redis answer, moved on by the
+    /// local clock since); `None` for the deny cache, the fallback and the failure policies,
+    /// whose waits count from this node's clock.
+    pub fn decided_at_micros(&self) -> Option<u64> {
+        self.at_us
     }
 
     /// The answer as one [`Decision`] (least remaining, longest waits), or `None` when a

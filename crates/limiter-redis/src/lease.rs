@@ -55,12 +55,56 @@ impl Slack {
 
     /// The slack of `limit`, in units.
     pub fn of(&self, limit: &RedisLimit) -> u64 {
+        self.of_burst(limit.burst())
+    }
+
+    /// The slack of a limit whose burst is `burst`, in units (a share rounds down).
+    pub fn of_burst(&self, burst: u64) -> u64 {
         match *self {
             Self::Units(n) => n,
             Self::PartsPerMillion(ppm) => {
-                let units = u128::from(limit.burst()) * u128::from(ppm) / 1_000_000;
+                let units = u128::from(burst) * u128::from(ppm) / 1_000_000;
                 u64::try_from(units).unwrap_or(u64::MAX)
             }
+        }
+    }
+
+    /// Why no lease can use this slack on a limit of burst `burst`, with the fix: a share
+    /// that rounds to no unit (nothing would ever be leased; a slack of 0 is written
+    /// `Slack::units(0)`, the per-call path), or more units than the burst (the fleet could
+    /// run more than a whole burst ahead). `None` when it can.
+    pub fn refusal(&self, burst: u64) -> Option<String> {
+        let units = self.of_burst(burst);
+        match *self {
+            Self::PartsPerMillion(ppm) if ppm > 0 && units == 0 => {
+                // The least share of the burst that is a whole unit, in ppm, rounded up.
+                let least = 1_000_000u64.div_ceil(burst.max(1));
+                let least = Self::PartsPerMillion(least).to_string();
+                let least = least.trim_end_matches(" of each burst");
+                Some(format!(
+                    "a slack of {} is no whole unit of a burst of {burst}, so nothing would be \
+                     leased; use at least {least} (one unit), or 1 unit",
+                    self.to_string().trim_end_matches(" of each burst")
+                ))
+            }
+            _ if units > burst => Some(format!(
+                "a slack of {units} units is more than the burst of {burst}, so the fleet could \
+                 run more than a whole burst ahead; use at most {burst} units (100%)"
+            )),
+            _ => None,
+        }
+    }
+}
+
+impl Slack {
+    /// Refuses a slack no lease can use on `limit` (see [`refusal`](Self::refusal)).
+    fn check(&self, stack: &str, layer: &str, limit: &RedisLimit) -> Result<(), BuildError> {
+        match self.refusal(limit.burst()) {
+            Some(reason) => Err(BuildError::Lease {
+                stack: stack.to_owned(),
+                reason: format!("layer `{layer}`, limit {}: {reason}", limit.limit()),
+            }),
+            None => Ok(()),
         }
     }
 }
@@ -69,7 +113,13 @@ impl fmt::Display for Slack {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
             Self::Units(n) => write!(f, "{n} units"),
-            Self::PartsPerMillion(ppm) => write!(f, "{}% of each burst", ppm as f64 / 10_000.0),
+            Self::PartsPerMillion(ppm) => {
+                // Exact, with no trailing zeros: 10%, 0.5%, 0.0125%.
+                let fraction = format!("{:04}", ppm % 10_000);
+                let fraction = fraction.trim_end_matches('0');
+                let dot = if fraction.is_empty() { "" } else { "." };
+                write!(f, "{}{dot}{fraction}% of each burst", ppm / 10_000)
+            }
         }
     }
 }
@@ -140,6 +190,8 @@ struct Entry {
     cell: LeaseCell,
     /// The layers the key's calls touch, with each one's least burst (what local answers say).
     layers: Touched,
+    /// What the last Redis answer said of the key's budget (what local answers report).
+    known: Known,
     /// The word the previous idle sweep saw (the sweep's alone).
     seen: AtomicU64,
     renewal: tokio::sync::Mutex<Meta>,
@@ -175,6 +227,69 @@ impl Meta {
     }
 }
 
+/// What the last Redis answer on a key said, per layer: the units left once it took the call
+/// and the lease, and when the layer is full again (ns of the local clock); with when it was
+/// sent (local ns) and decided (Redis's µs). A local answer reports the key's budget from it:
+/// what Redis had left, plus what the lease still holds, and the same reset instant (the
+/// lease's units were taken from Redis's state already, so spending them moves neither).
+///
+/// Written by the one renewing caller before it grants or denies, read by local answers after
+/// they spend: a reader racing a renewal may pair the new lease with the old answer for a
+/// moment. It is what the answer reports, never what decides it.
+#[derive(Debug, Default)]
+struct Known {
+    at_local: AtomicU64,
+    at_redis_us: AtomicU64,
+    remaining: [AtomicU64; MAX_LAYERS],
+    full_at: [AtomicU64; MAX_LAYERS],
+}
+
+impl Known {
+    /// Keeps what `decision` (Redis's answer, sent at `sent_at` local ns) says of each layer.
+    fn update(&self, decision: &RedisDecision, sent_at: u64) {
+        // Relaxed (every store and load of `Known`): display values, published by nothing
+        // and publishing nothing (see the type's docs).
+        self.at_local.store(sent_at, Ordering::Relaxed);
+        let at_us = decision.decided_at_micros().unwrap_or(0);
+        self.at_redis_us.store(at_us, Ordering::Relaxed);
+        for layer in decision.stack().layers() {
+            if let (Some(remaining), Some(full_at)) = (
+                self.remaining.get(layer.layer),
+                self.full_at.get(layer.layer),
+            ) {
+                remaining.store(layer.decision.remaining(), Ordering::Relaxed);
+                let reset = layer.decision.reset_after_nanos();
+                full_at.store(sent_at.saturating_add(reset), Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// What a local answer reports of the layers in `touched`.
+    #[inline]
+    fn snapshot(&self, touched: Touched) -> KnownSnapshot {
+        let mut snapshot = KnownSnapshot {
+            at_local: self.at_local.load(Ordering::Relaxed),
+            at_redis_us: self.at_redis_us.load(Ordering::Relaxed),
+            remaining: [0; MAX_LAYERS],
+            full_at: [0; MAX_LAYERS],
+        };
+        for (layer, _) in touched.iter() {
+            snapshot.remaining[layer] = self.remaining[layer].load(Ordering::Relaxed);
+            snapshot.full_at[layer] = self.full_at[layer].load(Ordering::Relaxed);
+        }
+        snapshot
+    }
+}
+
+/// [`Known`], read for one answer.
+#[derive(Clone, Copy, Debug)]
+struct KnownSnapshot {
+    at_local: u64,
+    at_redis_us: u64,
+    remaining: [u64; MAX_LAYERS],
+    full_at: [u64; MAX_LAYERS],
+}
+
 /// One shard of the local table: entries found by the identity's hash (computed once per
 /// call, for the shard and the lookup).
 type Shard = crossbeam_utils::CachePadded<RwLock<HashTable<(Box<str>, Arc<Entry>)>>>;
@@ -201,10 +316,12 @@ struct Shared<R> {
 /// A [`RedisStack`] that decides most calls locally, against leases of each key's budget
 /// ([`RedisStack::leased`]; [`RedisLimiter::leased`] for the one-layer case).
 ///
-/// A decision made against a lease ([`Source::Lease`](crate::Source::Lease)) reports as `remaining` the units left
-/// in this node's lease (the fleet may hold more) and no reset time; one that renewed reports
-/// Redis's answer. Batches and refunds go to the per-call stack underneath
-/// ([`stack`](Self::stack)).
+/// A decision made against a lease ([`Source::Lease`](crate::Source::Lease)) reports the key's
+/// budget as the last Redis answer knew it, less what the lease has spent since: `remaining`
+/// is what Redis had left plus what this node's lease still holds (other nodes may have taken
+/// some since), and `reset_after` counts to the instant that answer gave, on Redis's clock
+/// ([`RedisDecision::decided_at_micros`]); one that renewed reports Redis's answer. Batches
+/// and refunds go to the per-call stack underneath ([`stack`](Self::stack)).
 ///
 /// # The bound
 ///
@@ -273,6 +390,11 @@ impl<R: Send + Sync + 'static> RedisStack<R> {
     /// Inside a tokio runtime this starts the idle sweep, which ends with the stack.
     pub fn leased(self, lease: Lease) -> Result<LeasedStack<R>, BuildError> {
         lease.check(self.name())?;
+        for (layer, limits) in self.layers() {
+            for limit in limits {
+                lease.slack.check(self.name(), layer, limit)?;
+            }
+        }
         let slack: Vec<Vec<u64>> = self
             .layers()
             .map(|(_, limits)| limits.iter().map(|l| lease.slack.of(l)).collect())
@@ -349,6 +471,51 @@ impl<R> LeasedStack<R> {
         self.renew(&identity, request, cost).await
     }
 
+    /// Records `cost` units of usage that already happened for `request` (see
+    /// [`RedisStack::record`]): spent from this node's lease first (units Redis already took
+    /// from the key's state), and the rest recorded on Redis in one script call, never
+    /// refused. A lease that covers the whole cost answers locally
+    /// ([`Source::Lease`](crate::Source::Lease)); otherwise Redis answers for the rest, and
+    /// what the lease held is used up.
+    pub async fn record(&self, request: &R, cost: u64) -> Result<RedisDecision, CallError> {
+        let shared = &*self.shared;
+        let mut identity = String::new();
+        shared.stack.identity(request, &mut identity);
+        let mut rest = cost;
+        if cost > 0 && shared.most > 0 {
+            let now = shared.clock.now();
+            let (hash, shard) = self.shard(&identity);
+            let entry = read(shard)
+                .find(hash, |(k, _)| **k == *identity)
+                .map(|(_, entry)| Arc::clone(entry));
+            if let Some(entry) = entry {
+                let local = |left| {
+                    let known = entry.known.snapshot(entry.layers);
+                    local_answer(entry.layers, Ok(left), &known, now)
+                };
+                match entry.cell.spend(cost, now) {
+                    LeaseSpend::Spent { left } => return Ok(local(left)),
+                    // A standing denial stays true with more used: Redis records it all.
+                    LeaseSpend::Denied { .. } => {}
+                    LeaseSpend::Ask => {
+                        // Too few units for the whole cost: they go to it, Redis takes the
+                        // rest. A denial or an expired lease is put back as it was.
+                        let word = entry.cell.close();
+                        if LeaseCell::holds_units(word, now) {
+                            rest = rest.saturating_sub(LeaseCell::units_of(word));
+                        } else {
+                            entry.cell.restore(word);
+                        }
+                        if rest == 0 {
+                            return Ok(local(0));
+                        }
+                    }
+                }
+            }
+        }
+        shared.stack.record(request, rest).await
+    }
+
     /// The per-call stack underneath, for batches and refunds (which go to Redis each time).
     pub fn stack(&self) -> &RedisStack<R> {
         &self.shared.stack
@@ -402,17 +569,17 @@ impl<R> LeasedStack<R> {
         let (hash, shard) = self.shard(identity);
         let shard = read(shard);
         let (_, entry) = shard.find(hash, |(k, _)| **k == *identity)?;
-        match entry.cell.spend(cost, now) {
-            LeaseSpend::Spent { left } => Some(LocalAnswer {
-                layers: entry.layers,
-                answer: Ok(left),
-            }),
-            LeaseSpend::Denied { until } => Some(LocalAnswer {
-                layers: entry.layers,
-                answer: Err(until.saturating_sub(now).max(1)),
-            }),
-            LeaseSpend::Ask => None,
-        }
+        let answer = match entry.cell.spend(cost, now) {
+            LeaseSpend::Spent { left } => Ok(left),
+            LeaseSpend::Denied { until } => Err(until.saturating_sub(now).max(1)),
+            LeaseSpend::Ask => return None,
+        };
+        Some(LocalAnswer {
+            layers: entry.layers,
+            answer,
+            known: entry.known.snapshot(entry.layers),
+            now,
+        })
     }
 
     /// The entry for `identity`, made for `call` if there is none.
@@ -433,6 +600,7 @@ impl<R> LeasedStack<R> {
                 let entry = Arc::new(Entry {
                     cell: LeaseCell::new(),
                     layers: Touched::new(self.shared.stack.target_bursts(call)),
+                    known: Known::default(),
                     seen: AtomicU64::new(0),
                     renewal: tokio::sync::Mutex::new(Meta {
                         call: call.clone(),
@@ -484,11 +652,13 @@ impl<R> LeasedStack<R> {
         let cost = call.cost;
         let now = backend.local_now();
         // Another caller may have renewed while this one waited.
+        let local = |answer| {
+            let known = entry.known.snapshot(entry.layers);
+            local_answer(entry.layers, answer, &known, now)
+        };
         match entry.cell.spend(cost, now) {
-            LeaseSpend::Spent { left } => return local_answer(entry.layers, Ok(left)),
-            LeaseSpend::Denied { until } => {
-                return local_answer(entry.layers, Err(until.saturating_sub(now).max(1)));
-            }
+            LeaseSpend::Spent { left } => return local(Ok(left)),
+            LeaseSpend::Denied { until } => return local(Err(until.saturating_sub(now).max(1))),
             LeaseSpend::Ask => {}
         }
         let ttl = duration_nanos(shared.lease.ttl);
@@ -504,10 +674,10 @@ impl<R> LeasedStack<R> {
             Err(e) => Err(e),
         };
         match answer {
-            Ok((_, mut groups)) if groups.len() == 1 => match groups.pop() {
+            Ok((now_us, mut groups)) if groups.len() == 1 => match groups.pop() {
                 Some((lease, Ok(answers))) => {
                     shared.handed_back.fetch_add(handed_back, Ordering::Relaxed);
-                    self.take(entry, meta, lease, &answers, &sent, request, call)
+                    self.take(entry, meta, lease, &answers, (&sent, now_us), request, call)
                 }
                 Some((_, Err(reason))) => {
                     // The script refused the group before writing any state.
@@ -524,7 +694,7 @@ impl<R> LeasedStack<R> {
                     // Never sent: what was left is still this node's to spend.
                     entry.cell.restore(old);
                     if let LeaseSpend::Spent { left } = entry.cell.spend(cost, now) {
-                        return local_answer(entry.layers, Ok(left));
+                        return local(Ok(left));
                     }
                 }
                 meta.granted = 0;
@@ -533,7 +703,7 @@ impl<R> LeasedStack<R> {
         }
     }
 
-    /// Keeps what Redis leased and answers the caller.
+    /// Keeps what Redis leased (and what it said of the key's budget) and answers the caller.
     #[allow(clippy::too_many_arguments)]
     fn take(
         &self,
@@ -541,7 +711,7 @@ impl<R> LeasedStack<R> {
         meta: &mut Meta,
         lease: u64,
         answers: &[reply::LimitAnswer],
-        sent: &Sent,
+        (sent, now_us): (&Sent, u64),
         request: &R,
         call: &Prepared,
     ) -> RedisDecision {
@@ -549,6 +719,11 @@ impl<R> LeasedStack<R> {
         let ttl = duration_nanos(shared.lease.ttl);
         let admitted = answers.iter().all(|a| a.allowed);
         meta.granted = 0;
+        let decision = shared
+            .stack
+            .conclude(request, call, Ok(answers.to_vec()), *sent, false)
+            .at(now_us);
+        entry.known.update(&decision, sent.at);
         if admitted && lease > 0 {
             // Redis keeps the lease `ttl` from when it ran the script, after this was sent;
             // this node stops a tenth of that earlier, so clock drift cannot make it spend
@@ -558,6 +733,8 @@ impl<R> LeasedStack<R> {
                 meta.granted = lease;
                 meta.granted_at = sent.at;
                 shared.leased.fetch_add(lease, Ordering::Relaxed);
+                // The key's budget counts the lease this node now holds, as local answers do.
+                return decision.with_leased(lease);
             }
         } else if !admitted {
             let wait = answers
@@ -568,9 +745,7 @@ impl<R> LeasedStack<R> {
                 .unwrap_or(0);
             entry.cell.deny(call.cost, sent.at.saturating_add(wait));
         }
-        shared
-            .stack
-            .conclude(request, call, Ok(answers.to_vec()), *sent, false)
+        decision
     }
 
     /// The keys and arguments of a lease call for `call`: `head` is the cost, the units
@@ -724,33 +899,46 @@ impl Touched {
     }
 }
 
-/// What a lease decided here: `Ok(units left)`, or `Err(wait ns)` for a standing denial.
+/// What a lease decided here: `Ok(units left)`, or `Err(wait ns)` for a standing denial; with
+/// what the last Redis answer said of the key, and the local reading it was decided at.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct LocalAnswer {
     layers: Touched,
     answer: Result<u64, u64>,
+    known: KnownSnapshot,
+    now: u64,
 }
 
 impl LocalAnswer {
     /// The answer as a [`RedisDecision`] ([`Source::Lease`](crate::Source::Lease)).
     #[inline]
     pub(crate) fn decision(self) -> RedisDecision {
-        local_answer(self.layers, self.answer)
+        local_answer(self.layers, self.answer, &self.known, self.now)
     }
 }
 
-/// A decision made against a lease: admitted with `Ok(units left)`, or denied with
-/// `Err(wait ns)` by a standing denial. Each layer reports the lease's units, within its
-/// burst.
+/// A decision made against a lease at local reading `now`: admitted with `Ok(units left)`, or
+/// denied with `Err(wait ns)` by a standing denial. Each layer reports the key's budget as the
+/// last Redis answer knew it: what Redis had left plus what the lease still holds (within the
+/// layer's burst), and the wait until the instant that answer said the layer is full again.
 #[inline]
-fn local_answer(layers: Touched, answer: Result<u64, u64>) -> RedisDecision {
+fn local_answer(
+    layers: Touched,
+    answer: Result<u64, u64>,
+    known: &KnownSnapshot,
+    now: u64,
+) -> RedisDecision {
     let allowed = answer.is_ok();
-    RedisDecision::leased(
+    let decision = RedisDecision::leased(
         allowed,
         layers.iter().map(|(layer, burst)| {
+            let full_after = known.full_at[layer].saturating_sub(now);
             let decision = match answer {
-                Ok(left) => Decision::allow(burst, left.min(burst), 0),
-                Err(wait) => Decision::deny(burst, 0, wait, wait),
+                Ok(left) => {
+                    let remaining = known.remaining[layer].saturating_add(left).min(burst);
+                    Decision::allow(burst, remaining, full_after)
+                }
+                Err(wait) => Decision::deny(burst, 0, wait, full_after.max(wait)),
             };
             LayerDecision {
                 layer,
@@ -760,7 +948,13 @@ fn local_answer(layers: Touched, answer: Result<u64, u64>) -> RedisDecision {
                 limit_reset_after_nanos: decision.reset_after_nanos(),
             }
         }),
-    )
+    );
+    if known.at_redis_us == 0 {
+        return decision;
+    }
+    // The answer's instant on Redis's clock: the last answer's, moved on by the local clock.
+    let since_us = now.saturating_sub(known.at_local) / 1_000;
+    decision.leased_at(known.at_redis_us.saturating_add(since_us))
 }
 
 impl<R: Sync> AsyncLimiter<R> for LeasedStack<R> {
@@ -815,6 +1009,12 @@ impl LeasedLimiter {
             return Ok(answer.decision());
         }
         self.stack.renew(key, &key.to_owned(), cost).await
+    }
+
+    /// Records `cost` units of usage for `key`: from this node's lease first, the rest on
+    /// Redis (see [`LeasedStack::record`]).
+    pub async fn record(&self, key: &str, cost: u64) -> Result<RedisDecision, CallError> {
+        self.stack.record(&key.to_owned(), cost).await
     }
 
     /// The leased stack underneath.

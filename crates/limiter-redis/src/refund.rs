@@ -118,12 +118,24 @@ impl<R> RedisStack<R> {
         // Spent before sending: whatever happens to the reply, these units never come back
         // twice.
         grant.left = grant.left.saturating_sub(units);
-        let call = &grant.call;
+        let granted = grant.granted_us.to_string().into_bytes();
+        self.send_refund(request, &grant.call, units, &granted)
+            .await
+    }
+
+    /// Sends `units` of `call` back, taken at `granted` (µs, or `now`), in one script call
+    /// (mode 2), and answers with what `request` holds after it.
+    async fn send_refund(
+        &self,
+        request: &R,
+        call: &Prepared,
+        units: u64,
+        granted: &[u8],
+    ) -> Result<RedisDecision, RefundError> {
         let mut args = self.backend().header().to_vec();
         args.push(b"1".to_vec());
         args.push(REFUND.to_vec());
-        let granted = grant.granted_us.to_string().into_bytes();
-        self.encode_group(call, units, &granted, 0, &mut args);
+        self.encode_group(call, units, granted, 0, &mut args);
         let sent = self.backend().sent();
         let value = self
             .backend()
@@ -132,17 +144,37 @@ impl<R> RedisStack<R> {
             .map_err(RefundError::Backend)?;
         // Units came back: standing denials of these keys may no longer stand.
         self.backend().deny_cache().forget(&call.keys);
-        let (_, mut groups) =
+        let (now_us, mut groups) =
             reply::parse(&value, &[call.limits()]).map_err(RefundError::Backend)?;
         match groups.pop() {
-            Some(Ok(answers)) if answers.len() == call.limits() => {
-                Ok(self.conclude(request, call, Ok(answers), sent, false))
-            }
+            Some(Ok(answers)) if answers.len() == call.limits() => Ok(self
+                .conclude(request, call, Ok(answers), sent, false)
+                .at(now_us)),
             Some(Err(reason)) => Err(RefundError::Backend(BackendError::Script(reason))),
             _ => Err(RefundError::Backend(BackendError::BadReply(
                 "the refund's answer does not match its limits".into(),
             ))),
         }
+    }
+
+    /// Gives back `units` to every limit `request` touches, in one round trip, without a
+    /// grant: a caller's own account of units it took and did not use (envoy's
+    /// `is_negative_hits`), as if taken now. No limit goes above full, and a window takes
+    /// units back only from its current count. Unlike [`refund`](Self::refund), nothing proves
+    /// the units were taken: expose it only to callers trusted with the limits. Answers with
+    /// what `request` holds after it (a peek), and clears the deny cache for its keys.
+    ///
+    /// # Errors
+    /// [`RefundError::Backend`] when Redis failed (nothing is known to have come back).
+    pub async fn give_back(&self, request: &R, units: u64) -> Result<RedisDecision, RefundError> {
+        let call = self.prepare_record(request, units);
+        if call.keys.is_empty() || units == 0 {
+            return self
+                .check_n(request, 0)
+                .await
+                .map_err(|e| RefundError::Backend(BackendError::BadReply(e.to_string())));
+        }
+        self.send_refund(request, &call, units, b"now").await
     }
 }
 

@@ -393,6 +393,9 @@ struct Target {
 #[derive(Clone)]
 pub(crate) struct Prepared {
     pub(crate) cost: u64,
+    /// Whether the call records usage that already happened (never refused, may leave a
+    /// debt), rather than asking for units.
+    pub(crate) record: bool,
     pub(crate) tag: String,
     pub(crate) keys: Vec<String>,
     targets: Vec<Target>,
@@ -461,6 +464,20 @@ impl<R> RedisStack<R> {
         Ok(self.decide_prepared(request, &call).await.0)
     }
 
+    /// Records `cost` units of usage that already happened for `request`, in one round trip
+    /// (tokens a response used, bytes already sent): every layer is debited whatever it holds,
+    /// none refuses, and a limit may be left in debt (up to twice its capacity in use), so
+    /// later calls are denied until the debt is paid back at the limit's rate. The decision is
+    /// allowed if every limit is still within itself; otherwise it binds on the one that went
+    /// over, whose `retry_after` says when a call of one unit is admitted again. The deny
+    /// cache never answers a record; a record past a limit enters it (for calls of any cost,
+    /// until that wait). When Redis cannot decide, the failure policy answers: the fallback
+    /// records on the local stack, fail open and fail closed record nothing.
+    pub async fn record(&self, request: &R, cost: u64) -> Result<RedisDecision, CallError> {
+        let call = self.prepare_record(request, cost);
+        Ok(self.decide_prepared(request, &call).await.0)
+    }
+
     /// Decides a prepared call in one round trip; with the script's time (us) when Redis
     /// decided it.
     pub(crate) async fn decide_prepared(
@@ -476,10 +493,10 @@ impl<R> RedisStack<R> {
         self.encode(call, true, 0, &mut group);
         match coalesce::decide(&self.backend, &call.keys, group, call.targets.len()).await {
             Ok((now_us, group)) => (
-                self.conclude(request, call, group, sent, true),
+                self.conclude(request, call, group, sent, true).at(now_us),
                 Some(now_us),
             ),
-            Err(e) => (self.on_failure(request, call.cost, e), None),
+            Err(e) => (self.on_failure_of(request, call, e), None),
         }
     }
 
@@ -526,10 +543,11 @@ impl<R> RedisStack<R> {
         });
         for (round, answer) in futures_util::future::join_all(trips).await {
             match answer {
-                Ok((_, groups)) => {
+                Ok((now_us, groups)) => {
                     for ((i, call), group) in round.into_iter().zip(groups) {
                         let (request, _) = calls[i];
-                        results[i] = Some(Ok(self.conclude(request, &call, group, sent, true)));
+                        let decision = self.conclude(request, &call, group, sent, true);
+                        results[i] = Some(Ok(decision.at(now_us)));
                     }
                 }
                 Err(e) => {
@@ -585,6 +603,23 @@ impl<R> RedisStack<R> {
 
     /// Resolves a call's keys and checks its cost against every limit it touches.
     pub(crate) fn prepare(&self, request: &R, cost: u64) -> Result<Prepared, CallError> {
+        self.resolve(request, cost, false)
+    }
+
+    /// Resolves a record's keys: any cost is recorded, so there is nothing to refuse.
+    pub(crate) fn prepare_record(&self, request: &R, cost: u64) -> Prepared {
+        // Without the burst checks, resolving cannot fail.
+        self.resolve(request, cost, true)
+            .unwrap_or_else(|_| Prepared {
+                cost,
+                record: true,
+                tag: String::new(),
+                keys: Vec::new(),
+                targets: Vec::new(),
+            })
+    }
+
+    fn resolve(&self, request: &R, cost: u64, record: bool) -> Result<Prepared, CallError> {
         let mut keys = Vec::new();
         let mut targets = Vec::new();
         let mut layer_keys: Vec<(usize, Option<String>)> = Vec::with_capacity(self.layers.len());
@@ -597,7 +632,7 @@ impl<R> RedisStack<R> {
                 None => None,
             };
             for (j, limit) in layer.limits.iter().enumerate() {
-                if cost > limit.burst() {
+                if !record && cost > limit.burst() {
                     return Err(CallError::CostExceedsBurst {
                         layer: layer.name.clone(),
                         limit_index: j,
@@ -634,13 +669,15 @@ impl<R> RedisStack<R> {
         }
         Ok(Prepared {
             cost,
+            record,
             tag,
             keys,
             targets,
         })
     }
 
-    /// An answer without a round trip: no layer applies, or the deny cache covers the call.
+    /// An answer without a round trip: no layer applies, or the deny cache covers the call (a
+    /// record always goes to Redis: usage is never refused).
     pub(crate) fn answer_locally(&self, call: &Prepared) -> Option<RedisDecision> {
         if call.targets.is_empty() {
             return Some(RedisDecision::new(
@@ -648,6 +685,9 @@ impl<R> RedisStack<R> {
                 StackDecision::from_layers([]),
                 Source::NoLayer,
             ));
+        }
+        if call.record {
+            return None;
         }
         let now = self.backend.local_now();
         let cache = self.backend.deny_cache();
@@ -676,8 +716,9 @@ impl<R> RedisStack<R> {
         None
     }
 
-    /// Appends a call's group to `args` (cost, whether it is enforced, limit count, six fields
-    /// per limit); `offset` keys precede the call's own in the script's `KEYS`.
+    /// Appends a call's group to `args` (cost, its kind: enforced, shadow or a record, limit
+    /// count, six fields per limit); `offset` keys precede the call's own in the script's
+    /// `KEYS`.
     pub(crate) fn encode(
         &self,
         call: &Prepared,
@@ -685,8 +726,12 @@ impl<R> RedisStack<R> {
         offset: usize,
         args: &mut Vec<Vec<u8>>,
     ) {
-        let flag = if enforced { b"1" } else { b"0" };
-        self.encode_group(call, call.cost, flag, offset, args);
+        let kind: &[u8] = match (call.record, enforced) {
+            (true, _) => b"2",
+            (false, true) => b"1",
+            (false, false) => b"0",
+        };
+        self.encode_group(call, call.cost, kind, offset, args);
     }
 
     /// Appends a group for `call`'s limits with the header `first, second, limit count` (cost
@@ -733,10 +778,10 @@ impl<R> RedisStack<R> {
                     answers.len(),
                     call.targets.len()
                 ));
-                return self.on_failure(request, call.cost, e);
+                return self.on_failure_of(request, call, e);
             }
             Err(reason) => {
-                return self.on_failure(request, call.cost, BackendError::Script(reason));
+                return self.on_failure_of(request, call, BackendError::Script(reason));
             }
         };
         let mut layers = Vec::with_capacity(self.layers.len());
@@ -762,7 +807,8 @@ impl<R> RedisStack<R> {
                     let denied = Denied {
                         limit: self.layers[layer].limits[call.targets[i].limit].script_fields(),
                         until,
-                        cost: call.cost,
+                        // A record in debt: its wait is for a call of one unit.
+                        cost: if call.record { 1 } else { call.cost },
                         decision: *decision,
                     };
                     self.backend
@@ -857,6 +903,27 @@ impl<R> RedisStack<R> {
             .flat_map(|layer| layer.limits.iter().map(RedisLimit::burst))
             .min()
             .unwrap_or(0)
+    }
+
+    /// The failure policy's answer for `call`: as [`on_failure`](Self::on_failure) for a
+    /// check; for a record, the fallback records on the local stack, and fail open and fail
+    /// closed record nothing.
+    pub(crate) fn on_failure_of(
+        &self,
+        request: &R,
+        call: &Prepared,
+        error: BackendError,
+    ) -> RedisDecision {
+        if !call.record {
+            return self.on_failure(request, call.cost, error);
+        }
+        match (&self.fallback, self.on_failure) {
+            (Some(local), OnFailure::Fallback) => match local.record(request, call.cost) {
+                Ok(stack) => RedisDecision::new(stack.is_allowed(), stack, Source::Fallback(error)),
+                Err(_) => self.on_failure(request, call.cost, error),
+            },
+            _ => self.on_failure(request, call.cost, error),
+        }
     }
 
     /// The failure policy's answer.
@@ -1004,6 +1071,12 @@ impl RedisLimiter {
     /// Decides `cost` units for `key` (0 peeks).
     pub async fn check_n(&self, key: &str, cost: u64) -> Result<RedisDecision, CallError> {
         self.stack.check_n(&key.to_owned(), cost).await
+    }
+
+    /// Records `cost` units of usage that already happened for `key` in one round trip (see
+    /// [`RedisStack::record`]): never refused, it may leave the key in debt.
+    pub async fn record(&self, key: &str, cost: u64) -> Result<RedisDecision, CallError> {
+        self.stack.record(&key.to_owned(), cost).await
     }
 
     /// Decides many independent `(key, cost)` calls in one round trip (one per key on a

@@ -1,5 +1,6 @@
 //! The Lua script against the Rust algorithms: on the same state, time and cost, every decision
-//! and every state written must be identical, for proptest-generated limits and sequences.
+//! and every state written must be identical, for proptest-generated limits and sequences of
+//! checks and records of usage (records past the limit leave a debt, up to the cap).
 //!
 //! Each sequence starts from a state the test writes (fresh, or an arbitrary valid one) and
 //! steps the clock forward (and sometimes back) between calls of random cost. Redis decides at
@@ -53,6 +54,8 @@ enum Op {
     Step(i64),
     /// Decide this cost (0 peeks).
     Call(u64),
+    /// Record this cost of usage (never refused; it may leave a debt).
+    Record(u64),
 }
 
 fn limits() -> impl Strategy<Value = (Kind, u64, u64, u64)> {
@@ -88,7 +91,13 @@ fn ops(period_us: u64, burst: u64) -> impl Strategy<Value = Vec<Op>> {
     ]
     .prop_map(Op::Step);
     let call = prop_oneof![3 => Just(1_u64), 2 => 0..=burst].prop_map(Op::Call);
-    prop::collection::vec(prop_oneof![step, call], 1..60)
+    let record = prop_oneof![
+        2 => Just(1_u64),
+        2 => 0..=burst.saturating_mul(3),
+        1 => Just(u64::MAX),
+    ]
+    .prop_map(Op::Record);
+    prop::collection::vec(prop_oneof![3 => step, 3 => call, 1 => record], 1..60)
 }
 
 /// The Rust side: the script's twin, the algorithm built on the limit in microseconds.
@@ -101,6 +110,11 @@ impl Rust {
 
     fn decide(&self, state: u64, cost: u64, now_us: u64) -> (Decision, Option<u64>) {
         let step = self.0.decide(state, cost, now_us).unwrap();
+        (step.decision, step.next)
+    }
+
+    fn record(&self, state: u64, cost: u64, now_us: u64) -> (Decision, Option<u64>) {
+        let step = self.0.record(state, cost, now_us).unwrap();
         (step.decision, step.next)
     }
 }
@@ -151,12 +165,23 @@ fn run_case(
     for op in ops {
         match op {
             Op::Step(us) => now = now.saturating_add_signed(us).max(1),
-            Op::Call(cost) => {
+            Op::Call(cost) | Op::Record(cost) => {
                 shared.clock.set(now * 1_000);
-                let (want, next) = rust.decide(state, cost, now);
+                let recorded = matches!(op, Op::Record(_));
+                let (want, next) = if recorded {
+                    rust.record(state, cost, now)
+                } else {
+                    rust.decide(state, cost, now)
+                };
                 let got = shared
                     .runtime
-                    .block_on(limiter.check_n(&key, cost))
+                    .block_on(async {
+                        if recorded {
+                            limiter.record(&key, cost).await
+                        } else {
+                            limiter.check_n(&key, cost).await
+                        }
+                    })
                     .unwrap();
                 prop_assert_eq!(got.source(), &Source::Redis, "{:?}", got);
                 let got = got.stack().layers().next().unwrap().decision;
@@ -349,6 +374,7 @@ fn a_changed_limit_rescales_the_state_as_in_rust() {
             0_usize..3,
             prop_oneof![3 => Just(1_u64), 1 => 0_u64..40],
             0_u64..2_000_000,
+            prop::bool::weighted(0.2),
         ),
         1..50,
     );
@@ -378,28 +404,37 @@ fn a_changed_limit_rescales_the_state_as_in_rust() {
         let mut state = 0_u64;
         let mut writer: Option<usize> = None;
         let mut now = start;
-        for (which, cost, step) in calls {
+        for (which, cost, step, recorded) in calls {
             now += step;
             shared.clock.set(now * 1_000);
             let (spec, limiter) = &limiters[which];
-            let cost = cost.min(spec.burst());
             let current = match writer {
                 Some(w) if limiters[w].0.tag() != spec.tag() => {
                     spec.rescale(&limiters[w].0, state, now).unwrap()
                 }
                 _ => state,
             };
-            let step = spec.decide(current, cost, now).unwrap();
-            let got = decision_of(&shared, limiter, &key, cost)?;
+            let (step, got) = if recorded {
+                // A record past the limit leaves a debt, which a changed limit carries over.
+                let got = shared.runtime.block_on(limiter.record(&key, cost)).unwrap();
+                prop_assert_eq!(got.source(), &Source::Redis, "{:?}", got);
+                let got = got.stack().layers().next().unwrap().decision;
+                (spec.record(current, cost, now).unwrap(), got)
+            } else {
+                let cost = cost.min(spec.burst());
+                let got = decision_of(&shared, limiter, &key, cost)?;
+                (spec.decide(current, cost, now).unwrap(), got)
+            };
             let want = common::micros_as_nanos(step.decision);
             prop_assert_eq!(
                 (got.is_allowed(), got.limit(), got.remaining()),
                 (want.is_allowed(), want.limit(), want.remaining()),
-                "{} (was {:?}) at {} us, cost {}",
+                "{} (was {:?}) at {} us, cost {} (record: {})",
                 spec.limit(),
                 writer.map(|w| limiters[w].0.limit()),
                 now,
-                cost
+                cost,
+                recorded
             );
             if let Some(next) = step.next {
                 state = next;

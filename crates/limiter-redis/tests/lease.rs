@@ -107,21 +107,34 @@ async fn a_slack_of_zero_is_the_per_call_path() {
     }
     assert_eq!(node.stack().stack().backend().stats().round_trips, 12);
     assert_eq!(node.stats().renewals, 0);
-    // A share that rounds to no unit is a slack of 0 too.
-    let node = node_with_percent(&server.url(), &clock, 5, Limit::per_minute(10)).await;
-    assert_eq!(node.stack().slack_of(0, 0), Some(0));
-}
-
-async fn node_with_percent(url: &str, clock: &ManualClock, p: u64, limit: Limit) -> LeasedLimiter {
-    node(
-        url,
-        clock,
-        "percent",
-        Kind::TokenBucket,
-        limit,
-        Lease::new(Slack::percent(p)),
-    )
-    .await
+    // A share that rounds to no unit is refused, naming the least share that leases a unit,
+    // and so is a slack above the burst: neither silently turns into the per-call path.
+    let backend = backend(&server.url(), &clock).await;
+    let stack = |name: &str| {
+        RedisLimiter::builder(&backend, name)
+            .limit(Kind::TokenBucket, Limit::per_minute(10))
+            .build()
+            .unwrap()
+    };
+    let err = stack("tiny")
+        .leased(Lease::new(Slack::percent(5)))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("a slack of 5% is no whole unit of a burst of 10"),
+        "{err}"
+    );
+    assert!(err.contains("use at least 10%"), "{err}");
+    let err = stack("huge")
+        .leased(Lease::new(Slack::units(11)))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("more than the burst of 10"), "{err}");
+    assert!(
+        stack("whole")
+            .leased(Lease::new(Slack::percent(10)))
+            .is_ok()
+    );
 }
 
 #[tokio::test]
@@ -450,4 +463,42 @@ proptest! {
             Ok(())
         })?;
     }
+}
+
+/// A record spends this node's lease first (units Redis already took) and records the rest on
+/// Redis: nothing is counted twice, nothing is lost, and a record the lease covers is answered
+/// locally.
+#[tokio::test]
+async fn a_record_spends_the_lease_first_then_records_the_rest_on_redis() {
+    let server = common::RedisServer::start();
+    let clock = ManualClock::starting_at(START);
+    let node = node(
+        &server.url(),
+        &clock,
+        "record",
+        Kind::TokenBucket,
+        Limit::per_minute(1_000),
+        Lease::new(Slack::units(100)),
+    )
+    .await;
+    // Three checks: the first lease is one unit, the next is sized by its demand.
+    for _ in 0..3 {
+        assert!(node.check("k").await.unwrap().is_allowed());
+    }
+    let taken = 1_000 - redis_remaining(&node, "k").await;
+    let held = taken - 3;
+    assert!(held > 1, "a lease was taken: {taken} units left Redis");
+    // Within the lease: local, and Redis sees nothing new.
+    let local = node.record("k", 1).await.unwrap();
+    assert_eq!(local.source(), &Source::Lease);
+    assert_eq!(1_000 - redis_remaining(&node, "k").await, taken);
+    // Past it: the lease's units go to the record, Redis records the rest.
+    let big = node.record("k", 500).await.unwrap();
+    assert_eq!(big.source(), &Source::Redis);
+    let used = 1_000 - redis_remaining(&node, "k").await;
+    assert_eq!(used, 3 + 1 + 500, "every unit checked or recorded, once");
+    // A record past the limit leaves a debt the node's next check respects.
+    let over = node.record("k", 600).await.unwrap();
+    assert!(over.is_denied(), "{over:?}");
+    assert!(node.check("k").await.unwrap().is_denied());
 }

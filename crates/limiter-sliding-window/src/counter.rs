@@ -25,22 +25,32 @@ use crate::layout::{Layout, MIN_WRAPPING_INDEX_BITS, Windows};
 /// counters. The sliding counter approximates a sliding log (see the crate docs for how often
 /// the two disagree); the fixed one does not try to.
 ///
+/// # Debt
+///
+/// [`record`](Algorithm::record) adds the recorded cost to the current window's count whatever
+/// it holds, so a window can be over its limit: it then denies every call until it ends, and a
+/// sliding window weighs it into the next one as it weighs any count (a fixed window forgets it
+/// when the window ends, as envoy's reference service counts). A window's count is kept up to
+/// twice the limit's count ([`Usage::MAX_DEBT`]): usage recorded past that is not kept. The
+/// bound above then counts recorded units with the admitted ones: in each aligned window, the
+/// units admitted plus those recorded before the window's last admission are at most `count`.
+///
 /// # State and ranges
 ///
 /// One `u64`: the window number, then the previous count (sliding only), then the current
-/// count, each count in just the bits `count` needs. The limit's burst must equal its count (a
-/// window has no separate burst). Every count from 1 to `u32::MAX` in every window from 1 ns
-/// to 584 years is accepted:
+/// count, each count in just the bits `2 * count` needs (a window in debt). The limit's burst
+/// must equal its count (a window has no separate burst). Every count from 1 to `u32::MAX` in
+/// every window from 1 ns to 584 years is accepted:
 ///
 /// - Where the counts leave the window number room for [`MIN_CLOCK_RANGE`] ns of clock, both
-///   counts are exact (every fixed window up to `u32::MAX` per 17 ms or longer; sliding windows
-///   up to 262,143 per second, 16 million per minute).
+///   counts are exact (every fixed window up to `u32::MAX` per 34 ms or longer; sliding windows
+///   up to 131,071 per second, a million per minute).
 /// - Past that, a sliding window keeps the previous window's count rounded up to a granule of
 ///   `2^g` units, so it can only weigh more: never more admitted, at most `2^g - 1` units fewer
-///   per window ([`accuracy`](Algorithm::accuracy) states it; 7 units in 10^6 per second,
-///   2,047 in 10^8 per minute).
-/// - Where even that leaves too few bits (over 134 million per one-second window sliding, over
-///   268 million per millisecond fixed), the window number wraps modulo `2^k` (`k >= 21`):
+///   per window ([`accuracy`](Algorithm::accuracy) states it; 31 units in 10^6 per second,
+///   8,191 in 10^8 per minute).
+/// - Where even that leaves too few bits (over 67 million per one-second window sliding or per
+///   millisecond fixed), the window number wraps modulo `2^k` (`k >= 21`):
 ///   exact for a state written within the last `2^(k-1)` windows, the horizon that
 ///   [`accuracy`](Algorithm::accuracy) states. An older state (full, so normally dropped by its
 ///   store, though not by a direct limiter) may be read as recent, or as written up to a
@@ -48,7 +58,7 @@ use crate::layout::{Layout, MIN_WRAPPING_INDEX_BITS, Windows};
 ///   only ever denies more. A clock that steps back by more than the horizon reads a state as
 ///   that old, and decides on it as on a fresh one.
 ///
-/// Counts above `2^33 - 2` (sliding) or `2^43 - 2` (fixed) per window are refused.
+/// Counts above `2^32 - 1` (sliding) or `2^42 - 1` (fixed) per window are refused.
 ///
 /// Past its range ([`max_now_nanos`](Self::max_now_nanos)) a reading is refused with
 /// [`DecisionError::ClockOutOfRange`].
@@ -111,9 +121,9 @@ impl<const SLIDING: bool> WindowCounter<SLIDING> {
         );
         if layout.is_wrapping() && layout.index_bits() < MIN_WRAPPING_INDEX_BITS {
             let most = if SLIDING {
-                (1u64 << 33) - 2
+                (1u64 << 32) - 1
             } else {
-                (1u64 << 43) - 2
+                (1u64 << 42) - 1
             };
             return Err(unsupported(format!(
                 "{limit}: a {} counts at most {most} units per window; use a smaller count \
@@ -372,6 +382,46 @@ impl<const SLIDING: bool> Algorithm for WindowCounter<SLIDING> {
         }
     }
 
+    fn record(&self, state: u64, cost: u64, now_ns: u64) -> Result<Step, DecisionError> {
+        if cost == 0 {
+            return self.decide(state, 0, now_ns);
+        }
+        let count = self.count;
+        if now_ns > self.max_now_ns {
+            return Err(DecisionError::ClockOutOfRange {
+                now_ns,
+                max_ns: self.max_now_ns,
+            });
+        }
+        let Reading {
+            w, elapsed, lag, ..
+        } = self.read(state, now_ns);
+        // Kept up to twice the count (a window's worth of debt); never lowered.
+        let most = count.saturating_mul(Usage::MAX_DEBT).max(w.current);
+        let after = Windows {
+            current: w.current.saturating_add(cost).min(most),
+            ..w
+        };
+        let used = self
+            .weighted(after.previous, elapsed)
+            .saturating_add(after.current);
+        let reset = self.reset_after(after, now_ns);
+        let decision = if used <= count {
+            Decision::allow(count, count.saturating_sub(used), reset)
+        } else {
+            Decision::deny(
+                count,
+                0,
+                lag.saturating_add(self.wait(after, elapsed, 1)),
+                reset,
+            )
+        };
+        Ok(Step {
+            decision,
+            next: Some(self.layout.pack(after)),
+        })
+    }
+
     #[inline]
     fn is_full(&self, state: u64, now_ns: u64) -> bool {
         if now_ns > self.max_now_ns {
@@ -403,11 +453,13 @@ impl<const SLIDING: bool> Algorithm for WindowCounter<SLIDING> {
             });
         }
         // All of it in the current window: it then weighs at least as much, as long, as it
-        // did under the old limit's windows, never less.
+        // did under the old limit's windows, never less. A debt carries over as debt.
         Ok(self.layout.pack(Windows {
             index: now_ns.checked_div(self.window_ns).unwrap_or(0),
             previous: 0,
-            current: usage.scaled_to(self.count),
+            current: usage
+                .scaled_to(self.count)
+                .min(self.count.saturating_mul(Usage::MAX_DEBT)),
         }))
     }
 
@@ -472,13 +524,13 @@ mod tests {
     const SECOND: u64 = 1_000_000_000;
 
     #[test]
-    fn a_million_per_second_is_kept_with_its_previous_count_rounded_to_8_units() {
+    fn a_million_per_second_is_kept_with_its_previous_count_rounded_to_32_units() {
         let s = sliding(1_000_000, SECOND);
         assert!(s.max_now_nanos() >= MIN_CLOCK_RANGE);
-        assert_eq!(s.accuracy().shortfall_per_billion(), 7_000);
-        // The previous window's 999,993 units weigh as 1,000,000: never less than they are.
+        assert_eq!(s.accuracy().shortfall_per_billion(), 31_000);
+        // The previous window's 999,969 units weigh as 1,000,000: never less than they are.
         let state = s
-            .decide(SlidingCounter::FRESH, 999_993, 0)
+            .decide(SlidingCounter::FRESH, 999_969, 0)
             .unwrap()
             .next
             .unwrap();
@@ -568,10 +620,12 @@ mod tests {
 
     #[test]
     fn only_a_burst_or_a_count_no_word_can_hold_is_refused() {
-        assert!(SlidingCounter::from_limit(Limit::per_second(262_143)).is_ok());
-        let sliding_max = SlidingCounter::from_limit(Limit::per_second(262_143)).unwrap();
+        // Twice the count (a window in debt) fits 18 bits: exact, with 27 for the window number.
+        let sliding_max = SlidingCounter::from_limit(Limit::per_second(131_071)).unwrap();
         assert!(sliding_max.accuracy().is_exact());
-        for count in [1, 262_144, 1_000_000, u64::from(u32::MAX)] {
+        let past = SlidingCounter::from_limit(Limit::per_second(131_072)).unwrap();
+        assert!(!past.accuracy().is_exact());
+        for count in [1, 131_072, 1_000_000, u64::from(u32::MAX)] {
             for window in [1_000, SECOND, 366 * 86_400 * SECOND] {
                 let limit = Limit::from_nanos(count, window);
                 assert!(SlidingCounter::from_limit(limit).is_ok(), "{limit}");
@@ -582,7 +636,7 @@ mod tests {
         let err = SlidingCounter::from_limit(too_many)
             .unwrap_err()
             .to_string();
-        assert!(err.contains("at most 8589934590 units per window"), "{err}");
+        assert!(err.contains("at most 4294967295 units per window"), "{err}");
         let burst = Limit::per_second(10).with_burst(5);
         assert!(
             SlidingCounter::from_limit(burst)

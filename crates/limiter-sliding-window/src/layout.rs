@@ -1,18 +1,20 @@
 //! [`Layout`]: how a window counter packs its state into one `u64`.
 //!
 //! From the high bits down: the window number, then (sliding only) the previous window's count,
-//! then the current window's count. [`Layout::choose`] gives each field just the bits the
-//! limit needs, in three tiers:
+//! then the current window's count. Each count holds up to twice the limit's count: a window
+//! in debt (usage recorded past the limit, [`Usage::MAX_DEBT`](limiter_core::Usage)) keeps up
+//! to one more window's worth. [`Layout::choose`] gives each field just the bits that needs,
+//! in three tiers:
 //!
 //! 1. **Exact**: both counts in full, and a window number that covers
 //!    [`MIN_CLOCK_RANGE`](limiter_core::MIN_CLOCK_RANGE) of clock (every fixed window up to
-//!    `u32::MAX` per window of 17 ms or more; sliding windows up to 262,143 per second).
+//!    `u32::MAX` per window of 34 ms or more; sliding windows up to 131,071 per second).
 //! 2. **Previous count rounded up**: a sliding window whose two full counts leave too few bits
 //!    for the window number keeps the previous count in units of `2^g`, rounded up (at least 10
 //!    bits of it), so its weight can only be overestimated: never more admitted, at most
-//!    `2^g - 1` units fewer per window (10^6 per second: 7 units; 10^8 per minute: 2,047).
-//! 3. **Wrapping window number**: where even that leaves too few bits (over 134 million per
-//!    one-second window sliding, over 268 million per millisecond fixed), the window number is
+//!    `2^g - 1` units fewer per window (10^6 per second: 31 units; 10^8 per minute: 8,191).
+//! 3. **Wrapping window number**: where even that leaves too few bits (over 67 million per
+//!    one-second window sliding or per millisecond fixed), the window number is
 //!    kept modulo `2^k` (`k >= 21`). A state is read as written in the window nearest the
 //!    reading with the same low bits: exact for states written within the last `2^(k-1)`
 //!    windows (the *horizon*). An older one (which the stores have normally dropped, since it
@@ -27,10 +29,10 @@ pub(crate) struct Windows {
     /// The window the counts belong to: `now / period` when they were last written (its low
     /// `index_bits` only, for a wrapping layout, until [`Layout::absolute`] restores it).
     pub(crate) index: u64,
-    /// Units admitted in window `index - 1` (always 0 for a fixed window), as counted: a
-    /// multiple of the layout's granule, rounded up.
+    /// Units admitted (or recorded) in window `index - 1` (always 0 for a fixed window), as
+    /// counted: a multiple of the layout's granule, rounded up.
     pub(crate) previous: u64,
-    /// Units admitted in window `index`.
+    /// Units admitted (or recorded) in window `index`: at most twice the limit's count.
     pub(crate) current: u64,
 }
 
@@ -62,8 +64,9 @@ fn bits(n: u64) -> u32 {
 }
 
 impl Layout {
-    /// The most precise layout for counts up to `count` in windows of `window_ns`, given the
-    /// window-number bits `needed_index_bits` that cover the clock range an absolute layout must.
+    /// The most precise layout for a limit of `count` per window (its fields hold up to
+    /// `2 * count`, a window in debt), given the window-number bits `needed_index_bits` that
+    /// cover the clock range an absolute layout must.
     ///
     /// For a store that drops every state once it is full (`expiring`: Redis keys expire then),
     /// no state outlives its horizon, so a wrapping window number with exact counts is preferred
@@ -74,7 +77,10 @@ impl Layout {
         needed_index_bits: u32,
         expiring: bool,
     ) -> Self {
-        let count_bits = bits(count);
+        // The most a count holds: a window's count plus one more in debt. It is even, so it is
+        // never all ones in its bits, and no word is `StateCell::RETIRED`.
+        let most = count.saturating_mul(2);
+        let count_bits = bits(most);
         let room = u64::BITS.saturating_sub(needed_index_bits);
         let fields = if sliding { 2 } else { 1 };
         if count_bits.saturating_mul(fields) <= room {
@@ -86,15 +92,12 @@ impl Layout {
                 return Self {
                     count_bits,
                     previous_bits,
-                    granule_bits: granule_bits(count, previous_bits),
+                    granule_bits: granule_bits(most, previous_bits),
                     index_bits: needed_index_bits,
                     wrapping: false,
                 };
             }
         }
-        // Wrapping: one more count bit keeps the current count (at most `count`) below all
-        // ones, so no word is `StateCell::RETIRED`.
-        let count_bits = bits(count.saturating_add(1));
         let previous_bits = match (sliding, expiring) {
             (false, _) => 0,
             (true, false) => count_bits.min(MIN_PREVIOUS_BITS),
@@ -110,7 +113,7 @@ impl Layout {
             count_bits,
             previous_bits,
             granule_bits: if sliding {
-                granule_bits(count, previous_bits)
+                granule_bits(most, previous_bits)
             } else {
                 0
             },
@@ -196,8 +199,9 @@ impl Layout {
         }
     }
 
-    /// Packs a state; the caller keeps `index <= max_index()` (or wraps it), counts within the
-    /// limit and `previous` a whole granule (from [`round_previous`](Self::round_previous)).
+    /// Packs a state; the caller keeps `index <= max_index()` (or wraps it), counts within
+    /// twice the limit and `previous` a whole granule (from
+    /// [`round_previous`](Self::round_previous)).
     pub(crate) fn pack(&self, w: Windows) -> u64 {
         let index = (w.index & mask(self.index_bits))
             .checked_shl(self.count_bits.saturating_add(self.previous_bits))
@@ -238,13 +242,13 @@ fn mask(n: u32) -> u64 {
         .unwrap_or(0)
 }
 
-/// The fewest granule bits that keep `ceil(count / 2^g)` below all ones in `previous_bits`.
-fn granule_bits(count: u64, previous_bits: u32) -> u32 {
-    let most = mask(previous_bits);
+/// The fewest granule bits that keep `ceil(most / 2^g)` below all ones in `previous_bits`.
+fn granule_bits(most: u64, previous_bits: u32) -> u32 {
+    let all_ones = mask(previous_bits);
     (0..u64::BITS)
         .find(|&g| {
             let granule = 1u64.checked_shl(g).unwrap_or(u64::MAX);
-            count.div_ceil(granule) < most
+            most.div_ceil(granule) < all_ones
         })
         .unwrap_or(u64::BITS.saturating_sub(1))
 }
@@ -306,18 +310,30 @@ mod tests {
     }
 
     #[test]
-    fn a_million_per_second_rounds_the_previous_count_to_8_units_and_keeps_its_range() {
-        // 27 window-number bits cover 2^56 ns of one-second windows; 20 for the current count
-        // leave 17 for the previous one.
+    fn a_million_per_second_rounds_the_previous_count_to_32_units_and_keeps_its_range() {
+        // 27 window-number bits cover 2^56 ns of one-second windows; 21 for the current count
+        // (up to two million, a window in debt) leave 16 for the previous one.
         let layout = Layout::choose(1_000_000, true, 27, false);
         assert!(!layout.is_wrapping());
-        assert_eq!((layout.index_bits(), layout.granule()), (27, 8));
-        assert_eq!(layout.round_previous(999_993), 1_000_000);
-        assert_eq!(layout.round_previous(8), 8);
-        // 10^8 per minute: 21 bits of minutes, 27 of count, 16 of previous.
+        assert_eq!((layout.index_bits(), layout.granule()), (27, 32));
+        assert_eq!(layout.round_previous(999_969), 1_000_000);
+        assert_eq!(layout.round_previous(32), 32);
+        // Two million, rounded, still fits the previous count's bits.
+        let most = layout.round_previous(2_000_000);
+        assert_eq!(
+            layout
+                .unpack(layout.pack(Windows {
+                    index: 1,
+                    previous: most,
+                    current: 2_000_000
+                }))
+                .previous,
+            most
+        );
+        // 10^8 per minute: 21 bits of minutes, 28 of count, 15 of previous.
         let layout = Layout::choose(100_000_000, true, 21, false);
         assert!(!layout.is_wrapping());
-        assert_eq!(layout.granule(), 2_048);
+        assert_eq!(layout.granule(), 8_192);
     }
 
     #[test]

@@ -29,9 +29,10 @@ fn a_million_per_second_and_a_hundred_million_per_minute_keep_their_range() {
         let sliding = SlidingCounter::new(limit).unwrap();
         assert!(sliding.max_now_nanos() >= MIN_CLOCK_RANGE, "{limit}");
         assert_eq!(sliding.accuracy().horizon_nanos(), None, "{limit}");
-        // At most 1 unit in 40,000 short (the previous count's granule).
+        // At most 1 unit in 10,000 short (the previous count's granule, which also holds a
+        // window in debt: 31 units in 10^6, 8,191 in 10^8).
         assert!(
-            sliding.accuracy().shortfall_per_billion() <= 25_000,
+            sliding.accuracy().shortfall_per_billion() <= 100_000,
             "{limit}: {}",
             sliding.accuracy()
         );

@@ -1,7 +1,7 @@
 //! [`DynAlgorithm`]: an [`Algorithm`] behind a pointer, so one layer can hold a token bucket
 //! beside a sliding window and a plan can choose among limits at run time.
 
-use limiter_core::{Algorithm, Decision, DecisionError, Limit, Usage};
+use limiter_core::{Algorithm, Decision, DecisionError, Limit, Step, Usage};
 
 /// The object-safe face of [`Algorithm`]; every algorithm has it.
 pub(crate) trait DynAlgorithm: Send + Sync {
@@ -17,6 +17,15 @@ pub(crate) trait DynAlgorithm: Send + Sync {
     /// copy it out before the callee's writes had landed, a stall measured at a quarter of a
     /// stacked call's deciding.
     fn decide(
+        &self,
+        word: &mut u64,
+        cost: u64,
+        now: u64,
+        decision: &mut Decision,
+    ) -> Result<(), DecisionError>;
+    /// [`Algorithm::record`] in place, as [`decide`](Self::decide) does it: the state after
+    /// the record into `word` (a record of a positive cost always writes).
+    fn record(
         &self,
         word: &mut u64,
         cost: u64,
@@ -59,16 +68,29 @@ impl<A: Algorithm> DynAlgorithm for A {
         now: u64,
         decision: &mut Decision,
     ) -> Result<(), DecisionError> {
-        let step = Algorithm::decide(self, *word, cost, now)?;
-        *decision = step.decision;
-        if let Some(next) = step.next {
-            *word = next;
-        }
-        Ok(())
+        Algorithm::decide(self, *word, cost, now).map(|step| in_place(step, word, decision))
+    }
+    fn record(
+        &self,
+        word: &mut u64,
+        cost: u64,
+        now: u64,
+        decision: &mut Decision,
+    ) -> Result<(), DecisionError> {
+        Algorithm::record(self, *word, cost, now).map(|step| in_place(step, word, decision))
     }
     fn decide_word(&self, word: u64, cost: u64, now: u64, decision: &mut Decision) -> Option<u64> {
         let step = Algorithm::decide(self, word, cost, now).ok()?;
         *decision = step.decision;
         Some(step.next.unwrap_or(word))
+    }
+}
+
+/// A step's answer into `decision` and its next state (if any) into `word`.
+#[inline]
+fn in_place(step: Step, word: &mut u64, decision: &mut Decision) {
+    *decision = step.decision;
+    if let Some(next) = step.next {
+        *word = next;
     }
 }

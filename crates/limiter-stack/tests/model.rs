@@ -1,8 +1,9 @@
 //! The stack against a sequential reference model of the whole stack: a plain `HashMap` from
 //! `(layer, key)` to `(plan, words)`, every layer decided in turn with the algorithms' pure
-//! transitions, and the words written only if every layer admits. Random sequences of checks
-//! (mixed plans, costs, skipped layers), peeks, refunds, reclaims and clock steps must give the
-//! same decisions, the same errors and the same refunds.
+//! transitions, and the words written only if every layer admits (always, for a record of
+//! usage). Random sequences of checks (mixed plans, costs, skipped layers), records, peeks,
+//! refunds, reclaims and clock steps must give the same decisions, the same errors and the
+//! same refunds.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -50,6 +51,9 @@ impl Alg {
     }
     fn decide(&self, w: u64, cost: u64, now: u64) -> Result<Step, DecisionError> {
         each!(self, a => a.decide(w, cost, now))
+    }
+    fn record(&self, w: u64, cost: u64, now: u64) -> Result<Step, DecisionError> {
+        each!(self, a => a.record(w, cost, now))
     }
     fn usage(&self, w: u64, now: u64) -> Usage {
         each!(self, a => a.usage(w, now))
@@ -196,7 +200,13 @@ impl Model {
         }
     }
 
-    fn check(&mut self, r: &Request, cost: u64, now: u64) -> Result<Vec<Part>, CallError> {
+    fn check(
+        &mut self,
+        r: &Request,
+        cost: u64,
+        now: u64,
+        record: bool,
+    ) -> Result<Vec<Part>, CallError> {
         let mut parts = Vec::new();
         let mut writes = Vec::new();
         for (layer, spec) in self.specs.iter().enumerate() {
@@ -225,7 +235,12 @@ impl Model {
             }
             let mut decisions = Vec::new();
             for (j, a) in algs.iter().enumerate() {
-                let step = a.decide(words[j], cost, now).map_err(err(j))?;
+                let step = if record {
+                    a.record(words[j], cost, now)
+                } else {
+                    a.decide(words[j], cost, now)
+                }
+                .map_err(err(j))?;
                 if let Some(n) = step.next {
                     words[j] = n;
                 }
@@ -245,7 +260,7 @@ impl Model {
             ));
             writes.push(((layer, key), (plan, words)));
         }
-        if cost > 0 && parts.iter().all(|p| p.3.is_allowed()) {
+        if cost > 0 && (record || parts.iter().all(|p| p.3.is_allowed())) {
             self.states.extend(writes);
         }
         Ok(parts)
@@ -275,6 +290,7 @@ enum Op {
         pro: bool,
         write: bool,
         cost: u64,
+        record: bool,
     },
     Refund {
         grant: usize,
@@ -287,7 +303,9 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         6 => (0..4u64, any::<bool>(), any::<bool>(), prop_oneof![4 => Just(1u64), 1 => 0..4u64])
-            .prop_map(|(user, pro, write, cost)| Op::Check { user, pro, write, cost }),
+            .prop_map(|(user, pro, write, cost)| Op::Check { user, pro, write, cost, record: false }),
+        2 => (0..4u64, any::<bool>(), any::<bool>(), prop_oneof![2 => Just(1u64), 1 => 0..12u64])
+            .prop_map(|(user, pro, write, cost)| Op::Check { user, pro, write, cost, record: true }),
         1 => (0..8usize, 0..3u64).prop_map(|(grant, units)| Op::Refund { grant, units }),
         2 => prop_oneof![0..400_000_000u64, Just(1_000_000_000)].prop_map(Op::Advance),
         1 => Just(Op::Reclaim),
@@ -310,10 +328,15 @@ fn run(ops: &[Op], one_limit_each: bool) -> Result<(), TestCaseError> {
                 pro,
                 write,
                 cost,
+                record,
             } => {
                 let r = Request { user, pro, write };
-                let want = model.check(&r, cost, now);
-                let got = stack.acquire(&r, cost);
+                let want = model.check(&r, cost, now, record);
+                let got = if record {
+                    stack.record(&r, cost).map(|d| (d, None))
+                } else {
+                    stack.acquire(&r, cost)
+                };
                 match (want, got) {
                     (Err(w), Err(g)) => prop_assert_eq!(w, g, "op {}", i),
                     (Ok(parts), Ok((d, grant))) => {

@@ -356,6 +356,38 @@ fn a_refund_gives_back_at_most_what_was_taken_and_never_above_full() {
 }
 
 #[test]
+fn a_record_debits_every_layer_and_a_give_back_returns_units_without_a_grant() {
+    let clock = ManualClock::new();
+    let stack = three_layers(&clock);
+    let ada = req(1);
+    // 3/s per user, 5/s per ip, 4/s global: a record of 6 takes every layer, past two of them.
+    let recorded = stack.record(&ada, 6).expect("never refused");
+    assert!(recorded.is_denied());
+    let binding = recorded.binding().expect("a layer went over");
+    assert_eq!(
+        stack.layer_name(binding.layer),
+        Some("per-user"),
+        "{recorded:?}"
+    );
+    assert_eq!(remaining(&stack, &ada), vec![0, 0, 0]);
+    // Another user is refused by the global layer's debt, and takes nothing.
+    assert!(stack.check(&req(2)).unwrap().is_denied());
+    // Given back without a grant: never above full.
+    let after = stack.give_back(&ada, 100).expect("given back");
+    assert!(after.is_allowed(), "{after:?}");
+    assert_eq!(remaining(&stack, &ada), vec![3, 5, 4]);
+    // A key not held has nothing to give back, and the answer is a peek.
+    let fresh = stack.give_back(&req(9), 2).expect("given back");
+    assert_eq!(
+        fresh
+            .layers()
+            .map(|l| l.decision.remaining())
+            .collect::<Vec<_>>(),
+        vec![3, 5, 4]
+    );
+}
+
+#[test]
 fn a_window_refund_returns_units_only_to_the_window_that_counted_them() {
     let clock = ManualClock::new();
     let stack: Stack<Request, u64, ManualClock> = Stack::builder()

@@ -174,3 +174,82 @@ fn keyed_layers_alone_locking_each_entry_admit_exactly_what_binds_and_lose_no_re
         assert!(left[0] <= PER_USER);
     }
 }
+
+#[test]
+fn records_racing_checks_all_land_and_checks_respect_them() {
+    let clock = ManualClock::new();
+    let stack = stack(&clock);
+    const RECORDS_PER_THREAD: u64 = 200;
+    let admitted: Vec<AtomicU64> = (0..USERS).map(|_| AtomicU64::new(0)).collect();
+    let recorded: Vec<AtomicU64> = (0..USERS).map(|_| AtomicU64::new(0)).collect();
+    thread::scope(|s| {
+        for t in 0..THREADS {
+            let (admitted, recorded, stack) = (&admitted, &recorded, &stack);
+            s.spawn(move || {
+                let mut records = 0;
+                loop {
+                    let mut any = false;
+                    for i in 0..USERS {
+                        let user = (i + t as u64 * 5) % USERS;
+                        if records < RECORDS_PER_THREAD && (i + t as u64).is_multiple_of(3) {
+                            let d = stack.record(&user, 1).unwrap();
+                            assert_consistent(&d, stack.layers().len());
+                            recorded[user as usize].fetch_add(1, Ordering::Relaxed);
+                            records += 1;
+                            any = true;
+                            continue;
+                        }
+                        let d = stack.check(&user).unwrap();
+                        assert_consistent(&d, stack.layers().len());
+                        if d.is_allowed() {
+                            any = true;
+                            admitted[user as usize].fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    if !any {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    let load = |v: &Vec<AtomicU64>, u: u64| v[u as usize].load(Ordering::Relaxed);
+    let total_recorded: u64 = (0..USERS).map(|u| load(&recorded, u)).sum();
+    assert_eq!(total_recorded, THREADS as u64 * RECORDS_PER_THREAD);
+    // Each group ends holding exactly what was admitted and recorded in it: never admitted past
+    // its limit, and no record lost. A unit of a group's limit comes back every 300 ms.
+    for group in 0..4 {
+        let used: u64 = (group..USERS)
+            .step_by(4)
+            .map(|u| load(&admitted, u) + load(&recorded, u))
+            .sum();
+        assert!(
+            used >= PER_PAIR,
+            "group {group}: checks stopped early at {used}"
+        );
+        let debt = used - PER_PAIR;
+        let group_at = |nanos: u64| {
+            stack.clock().set(nanos);
+            stack
+                .peek(&group)
+                .unwrap()
+                .layers()
+                .nth(1)
+                .unwrap()
+                .decision
+        };
+        if debt > 0 {
+            let before = group_at(debt * 300_000_000 - 1);
+            assert!(
+                before.is_denied(),
+                "group {group}: less than {used} recorded"
+            );
+        }
+        let paid = group_at(debt * 300_000_000);
+        assert!(
+            paid.is_allowed() && paid.remaining() == 0,
+            "group {group}: more than {used} in use: {paid:?}"
+        );
+        stack.clock().set(0);
+    }
+}

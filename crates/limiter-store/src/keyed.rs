@@ -4,7 +4,7 @@ use std::borrow::Borrow;
 use std::hash::Hash;
 
 use limiter_core::{
-    Algorithm, Clock, Decision, DecisionError, DefaultClock, Limit, LimitError, Limiter,
+    Algorithm, Clock, Decision, DecisionError, DefaultClock, Limit, LimitError, Limiter, Recording,
 };
 
 use crate::sharded::ShardedStore;
@@ -88,6 +88,28 @@ where
         self.store.apply(&self.algorithm, key, cost, now)
     }
 
+    /// Records `cost` units of usage that already happened for `key`, now: never refused, it
+    /// may leave the key in debt, and its later calls are denied until the debt is paid back
+    /// at the limit's rate (see [`Algorithm::record`] for the decision it returns). A record of
+    /// a positive cost inserts the key.
+    pub fn record_key<Q>(&self, key: &Q, cost: u64) -> Result<Decision, DecisionError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.record_key_at(key, cost, self.clock.now())
+    }
+
+    /// Records `cost` units of usage for `key` at `now` (see [`record_key`](Self::record_key)).
+    pub fn record_key_at<Q>(&self, key: &Q, cost: u64, now: u64) -> Result<Decision, DecisionError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.store
+            .apply(&Recording(&self.algorithm), key, cost, now)
+    }
+
     /// Drops every key whose state is full now, returning how many were dropped. A full state
     /// decides exactly like an absent key, so this never changes a decision. The stores also do
     /// this on their own as new keys arrive; call it to return memory at once.
@@ -145,5 +167,9 @@ where
 
     fn decide_at(&self, key: &K, cost: u64, now: u64) -> Result<Decision, DecisionError> {
         self.check_key_at(key, cost, now)
+    }
+
+    fn record_at(&self, key: &K, cost: u64, now: u64) -> Result<Decision, DecisionError> {
+        self.record_key_at(key, cost, now)
     }
 }

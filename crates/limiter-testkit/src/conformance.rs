@@ -1,5 +1,6 @@
 //! The conformance checks every algorithm passes: the five checks from DESIGN.md, peeks and
-//! denials that change nothing, a clock that goes back, bad input, and real-thread races.
+//! denials that change nothing, records of usage that leave a debt, a clock that goes back, bad
+//! input, and real-thread races.
 //!
 //! Each check panics with a message naming the limit and the step that failed; [`run_all`]
 //! runs them all over the [`sample_limits`] an algorithm accepts.
@@ -7,7 +8,11 @@
 use std::sync::Barrier;
 use std::time::Duration;
 
-use limiter_core::{Algorithm, DecisionError, DirectLimiter, Limit, ManualClock};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use limiter_core::{
+    Algorithm, DecisionError, DirectLimiter, Limit, ManualClock, Recording, StateCell,
+};
 use limiter_store::{BoundedStore, KeyedLimiter, ShardedStore, Store};
 
 use crate::model::Model;
@@ -78,10 +83,14 @@ pub fn run_all<A: Algorithm, M: Model>(refill: fn(&Limit) -> Refill) {
         clock_backwards_never_admits_more::<A>(limit, refill(&limit));
         bad_input_is_an_error::<A>(limit);
         matches_model_on_a_drain_and_refill::<A, M>(limit);
+        records_leave_a_debt::<A>(limit);
         keyed_checks::<A, _>(limit, ShardedStore::new);
         keyed_checks::<A, _>(limit, bounded_store);
+        keyed_records::<A, _>(limit, ShardedStore::new);
+        keyed_records::<A, _>(limit, bounded_store);
     }
     race_admits_exactly_burst::<A>(100, 50);
+    race_records_and_checks::<A>(100, 50);
 }
 
 fn direct<A: Algorithm>(limit: Limit) -> (DirectLimiter<A, ManualClock>, ManualClock) {
@@ -224,6 +233,66 @@ pub fn denial_changes_nothing<A: Algorithm>(limit: Limit) {
     );
 }
 
+/// A record of usage is never refused: at the limit a peek is still within it, a unit past it
+/// leaves a debt (denied, nothing left, a positive wait), a peek then says over, the next
+/// call waits exactly as long as the record said, a record above the burst is no error, and a
+/// record within the limit answers and writes as the same admission would.
+pub fn records_leave_a_debt<A: Algorithm>(limit: Limit) {
+    let (limiter, clock) = direct::<A>(limit);
+    drain(&limiter);
+    let at_limit = limiter.peek().expect("valid");
+    assert!(
+        at_limit.is_allowed() && at_limit.remaining() == 0,
+        "{limit}: a peek exactly at the limit is within it: {at_limit:?}"
+    );
+    let owed = limiter.record(1).expect("a record is never refused");
+    assert!(
+        owed.is_denied() && owed.remaining() == 0 && owed.retry_after_nanos() > 0,
+        "{limit}: a record past the limit leaves a debt: {owed:?}"
+    );
+    let over = limiter.peek().expect("valid");
+    assert!(
+        over.is_denied(),
+        "{limit}: a peek in debt is over: {over:?}"
+    );
+    clock.advance_nanos(owed.retry_after_nanos() - 1);
+    assert!(
+        limiter.check().expect("valid").is_denied(),
+        "{limit}: admitted before the debt was paid back"
+    );
+    clock.advance_nanos(1);
+    assert!(
+        limiter.check().expect("valid").is_allowed(),
+        "{limit}: denied when the record said one unit was back"
+    );
+
+    let (fresh, _) = direct::<A>(limit);
+    let huge = fresh
+        .record(u64::MAX)
+        .expect("a record above the burst is no error");
+    assert!(huge.is_denied(), "{limit}: {huge:?}");
+    assert!(fresh.peek().expect("valid").is_denied());
+
+    let (recorded, _) = direct::<A>(limit);
+    let (checked, _) = direct::<A>(limit);
+    let cost = limit.burst().div_ceil(2);
+    assert_eq!(
+        recorded.record(cost).expect("valid"),
+        checked.check_n(cost).expect("valid"),
+        "{limit}: a record within the limit is the same admission"
+    );
+    assert_eq!(
+        recorded.peek().expect("valid"),
+        checked.peek().expect("valid"),
+        "{limit}: a record within the limit wrote another state"
+    );
+    assert_eq!(
+        recorded.record(0).expect("valid"),
+        recorded.peek().expect("valid"),
+        "{limit}: a record of 0 is a peek"
+    );
+}
+
 /// A bounded store with room for every key the checks use.
 fn bounded_store() -> BoundedStore<u64> {
     BoundedStore::new(1_000).expect("a non-zero capacity")
@@ -290,6 +359,26 @@ pub fn keyed_checks<A: Algorithm, St: Store<u64>>(limit: Limit, new_store: impl 
     );
 }
 
+/// Keyed records, on the store `new_store` builds: a record inserts its key and leaves the
+/// debt there alone, other keys untouched; a record of 0 inserts nothing.
+pub fn keyed_records<A: Algorithm, St: Store<u64>>(limit: Limit, new_store: impl Fn() -> St) {
+    let keyed = keyed_on::<A, St>(limit, new_store());
+    assert!(keyed.record_key(&9, 0).expect("valid").is_allowed());
+    assert!(keyed.is_empty(), "{limit}: a record of 0 inserted a key");
+    let owed = keyed
+        .record_key(&1, limit.burst().saturating_add(1))
+        .expect("a record is never refused");
+    assert!(owed.is_denied(), "{limit}: {owed:?}");
+    assert_eq!(keyed.len(), 1, "{limit}: the record did not insert its key");
+    assert!(keyed.check_key(&1).expect("valid").is_denied());
+    assert!(keyed.peek_key(&1).expect("valid").is_denied());
+    let other = keyed.check_key(&2).expect("valid");
+    assert!(
+        other.is_allowed() && other.remaining() == limit.burst() - 1,
+        "{limit}: key 2 affected by key 1's debt"
+    );
+}
+
 /// A clock that goes back never admits more than the drained state allows, and once it is
 /// back where it was, decisions are as if it had never moved.
 pub fn clock_backwards_never_admits_more<A: Algorithm>(limit: Limit, refill: Refill) {
@@ -337,7 +426,9 @@ pub fn bad_input_is_an_error<A: Algorithm>(limit: Limit) {
     let _ = limiter.check().expect("cost 1 is valid");
 }
 
-/// A drain, a wait of one period, and a second drain agree with the reference model exactly.
+/// A drain, a wait of one period, and a second drain agree with the reference model exactly
+/// (for a limit the algorithm counts conservatively, they keep the model's bound and the
+/// algorithm's own exact waits: see [`run_conservative`](crate::harness::run_conservative)).
 pub fn matches_model_on_a_drain_and_refill<A: Algorithm, M: Model>(limit: Limit) {
     use crate::ops::Op;
     let period = limit.period_nanos();
@@ -352,7 +443,7 @@ pub fn matches_model_on_a_drain_and_refill<A: Algorithm, M: Model>(limit: Limit)
         Op::Back(period),
         Op::Check(1),
     ];
-    if let Err(e) = crate::harness::run::<A, M>(limit, START_NS, &ops) {
+    if let Err(e) = crate::harness::run_conservative::<A, M>(limit, START_NS, &ops) {
         panic!("{e}");
     }
 }
@@ -372,6 +463,45 @@ pub fn race_admits_exactly_burst<A: Algorithm>(threads: usize, burst: u64) {
 
     race_on_store::<A, _>(limit, threads, ShardedStore::new());
     race_on_store::<A, _>(limit, threads, bounded_store());
+}
+
+/// `threads` real threads at one instant on one cell of a `burst`-unit limit, half recording a
+/// unit each and half asking for one: checks are admitted only while the limit has room, every
+/// record lands (none is lost to a race), and the word ends exactly as if the admitted checks
+/// and the records had come one by one.
+pub fn race_records_and_checks<A: Algorithm>(threads: usize, burst: u64) {
+    let limit = Limit::per_hour(burst);
+    let algorithm = A::new(limit).unwrap_or_else(|e| panic!("{} refused {limit}: {e}", A::NAME));
+    let cell = StateCell::new(A::FRESH);
+    let roles = AtomicUsize::new(0);
+    let recorders = threads.div_ceil(2) as u64;
+    let admitted = race(threads, || {
+        // Relaxed: only hands out distinct numbers.
+        if roles.fetch_add(1, Ordering::Relaxed).is_multiple_of(2) {
+            let recorded = cell.apply(&Recording(&algorithm), 1, START_NS);
+            assert!(recorded.is_ok(), "a record is never refused");
+            false
+        } else {
+            cell.apply(&algorithm, 1, START_NS)
+                .expect("valid")
+                .is_allowed()
+        }
+    });
+    assert!(
+        admitted <= burst,
+        "{}: admitted {admitted} of {burst}",
+        A::NAME
+    );
+    let sequential = algorithm
+        .record(A::FRESH, admitted + recorders, START_NS)
+        .expect("valid")
+        .next;
+    assert_eq!(
+        Some(cell.load()),
+        sequential,
+        "{}: {recorders} records and {admitted} admissions raced; a write was lost",
+        A::NAME
+    );
 }
 
 fn race_on_store<A: Algorithm, St: Store<u64>>(limit: Limit, threads: usize, store: St) {

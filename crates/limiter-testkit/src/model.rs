@@ -11,9 +11,24 @@ pub trait Model {
     /// Decides `cost` at `now` and updates the model's state.
     fn decide(&mut self, cost: u64, now: u64) -> Result<Decision, DecisionError>;
 
+    /// Records `cost` units of usage at `now`, never refused: the state may go into debt, up
+    /// to twice its capacity in use ([`limiter_core::Usage::MAX_DEBT`]); the decision says
+    /// whether it is still within its limit, and when one unit is admitted again. Cost 0 is
+    /// [`decide`](Self::decide)'s peek.
+    fn record(&mut self, cost: u64, now: u64) -> Result<Decision, DecisionError>;
+
     /// The most units the algorithm may admit in any span of `span_ns` nanoseconds, measured
-    /// on the running maximum of the readings at which it admitted (the state's own time).
+    /// on the running maximum of the readings at which it wrote (the state's own time).
     fn max_admitted(limit: &Limit, span_ns: u64) -> u128;
+
+    /// Whether units recorded at state time `recorded_at` count, with the admitted ones,
+    /// toward [`max_admitted`](Self::max_admitted) for a span that ends with an admission at
+    /// state time `admitted_at`: a debt the state still carries then. A token bucket carries
+    /// every debt until it is paid back (always); a window counter, only within its window.
+    fn record_counts(limit: &Limit, recorded_at: u64, admitted_at: u64) -> bool {
+        let _ = (limit, recorded_at, admitted_at);
+        true
+    }
 }
 
 /// The token bucket as GCRA over exact rational time: times are kept multiplied by `count`, so
@@ -68,6 +83,42 @@ impl Model for GcraModel {
         }
     }
 
+    fn record(&mut self, cost: u64, now: u64) -> Result<Decision, DecisionError> {
+        if cost == 0 {
+            return self.decide(0, now);
+        }
+        let (count, period, burst) = (
+            u128::from(self.limit.count()),
+            u128::from(self.limit.period_nanos()),
+            u128::from(self.limit.burst()),
+        );
+        let now = u128::from(now) * count;
+        let tau = burst * period;
+        let start = self.tat.max(now);
+        // At most one burst of debt; never lowered.
+        let after = (start + u128::from(cost) * period)
+            .min(now + 2 * tau)
+            .max(start);
+        self.tat = after;
+        let ns = |scaled: u128| u64::try_from(scaled.div_ceil(count)).unwrap_or(u64::MAX);
+        let units = |headroom: u128| u64::try_from(headroom / period).expect("fits: at most burst");
+        Ok(if after <= now + tau {
+            Decision::allow(
+                self.limit.burst(),
+                units(now + tau - after),
+                ns(after - now),
+            )
+        } else {
+            // One unit fits once after + period <= t + tau.
+            Decision::deny(
+                self.limit.burst(),
+                0,
+                ns(after + period - tau - now),
+                ns(after - now),
+            )
+        })
+    }
+
     fn max_admitted(limit: &Limit, span_ns: u64) -> u128 {
         u128::from(limit.burst())
             + u128::from(span_ns) * u128::from(limit.count()) / u128::from(limit.period_nanos())
@@ -76,57 +127,98 @@ impl Model for GcraModel {
 
 /// The token bucket as a count of tokens and a timestamp, the textbook form: a second,
 /// independent formulation of the same algorithm. Tokens are kept multiplied by `period`, so
-/// refill is exact. Only meaningful for clocks that never go back.
+/// refill is exact; a debt is a negative count. Only meaningful for clocks that never go back.
 #[derive(Clone, Debug)]
 pub struct TokenModel {
     limit: Limit,
-    /// Tokens, times `period`.
-    tokens: u128,
+    /// Tokens, times `period`: below zero in debt, never below minus the burst.
+    tokens: i128,
     last: u64,
+}
+
+impl TokenModel {
+    /// The full bucket, times `period`, and the tokens after refilling up to `now`.
+    fn refill(&mut self, now: u64) -> i128 {
+        let (count, period) = (
+            i128::from(self.limit.count()),
+            i128::from(self.limit.period_nanos()),
+        );
+        let full = i128::from(self.limit.burst()) * period;
+        assert!(
+            now >= self.last,
+            "TokenModel models clocks that never go back"
+        );
+        self.tokens = full.min(self.tokens + i128::from(now - self.last) * count);
+        self.last = now;
+        full
+    }
 }
 
 impl Model for TokenModel {
     fn new(limit: Limit) -> Self {
         Self {
-            tokens: u128::from(limit.burst()) * u128::from(limit.period_nanos()),
+            tokens: i128::from(limit.burst()) * i128::from(limit.period_nanos()),
             limit,
             last: 0,
         }
     }
 
-    fn decide(&mut self, cost: u64, now: u64) -> Result<Decision, DecisionError> {
+    fn record(&mut self, cost: u64, now: u64) -> Result<Decision, DecisionError> {
+        if cost == 0 {
+            return self.decide(0, now);
+        }
+        let full = self.refill(now);
         let (count, period) = (
-            u128::from(self.limit.count()),
-            u128::from(self.limit.period_nanos()),
+            i128::from(self.limit.count()),
+            i128::from(self.limit.period_nanos()),
         );
-        let full = u128::from(self.limit.burst()) * period;
+        // Never below minus a full bucket (one burst of debt); never raised by a record.
+        let floor = (-full).min(self.tokens);
+        self.tokens = (self.tokens - i128::from(cost) * period).max(floor);
+        let ns = |scaled: i128| u64::try_from((scaled + count - 1) / count).expect("fits");
+        Ok(if self.tokens >= 0 {
+            Decision::allow(
+                self.limit.burst(),
+                u64::try_from(self.tokens / period).expect("at most burst"),
+                ns(full - self.tokens),
+            )
+        } else {
+            Decision::deny(
+                self.limit.burst(),
+                0,
+                ns(period - self.tokens),
+                ns(full - self.tokens),
+            )
+        })
+    }
+
+    fn decide(&mut self, cost: u64, now: u64) -> Result<Decision, DecisionError> {
         if cost > self.limit.burst() {
             return Err(DecisionError::CostExceedsBurst {
                 cost,
                 burst: self.limit.burst(),
             });
         }
-        assert!(
-            now >= self.last,
-            "TokenModel models clocks that never go back"
+        let full = self.refill(now);
+        let (count, period) = (
+            i128::from(self.limit.count()),
+            i128::from(self.limit.period_nanos()),
         );
-        self.tokens = full.min(self.tokens + u128::from(now - self.last) * count);
-        self.last = now;
-        let ns = |scaled: u128| u64::try_from(scaled.div_ceil(count)).expect("fits: below full");
-        let need = u128::from(cost) * period;
+        let ns = |scaled: i128| u64::try_from((scaled + count - 1) / count).expect("fits");
+        let remaining =
+            |tokens: i128| u64::try_from(tokens.max(0) / period).expect("at most burst");
+        let need = i128::from(cost) * period;
         if need <= self.tokens {
             self.tokens -= need;
-            let remaining = u64::try_from(self.tokens / period).expect("at most burst");
             Ok(Decision::allow(
                 self.limit.burst(),
-                remaining,
+                remaining(self.tokens),
                 ns(full - self.tokens),
             ))
         } else {
-            let remaining = u64::try_from(self.tokens / period).expect("at most burst");
             Ok(Decision::deny(
                 self.limit.burst(),
-                remaining,
+                remaining(self.tokens),
                 ns(need - self.tokens),
                 ns(full - self.tokens),
             ))
@@ -220,7 +312,66 @@ impl<const SLIDING: bool> Model for WindowModel<SLIDING> {
         }
     }
 
+    fn record(&mut self, cost: u64, now: u64) -> Result<Decision, DecisionError> {
+        if cost == 0 {
+            return self.decide(0, now);
+        }
+        let count = self.limit.count();
+        let w = u128::from(self.limit.period_nanos());
+        let at = u128::from(now).max(u128::from(self.latest) * w);
+        let index = u64::try_from(at / w).expect("fits");
+        let lag = u64::try_from(at - u128::from(now)).expect("fits");
+        // A window's count is kept up to twice the limit's count; never lowered.
+        let held = self.counts.get(&index).copied().unwrap_or(0);
+        let kept = held
+            .saturating_add(cost)
+            .min(count.saturating_mul(2))
+            .max(held);
+        self.counts.insert(index, kept);
+        self.latest = self.latest.max(index);
+        let in_window = |i: u64| u128::from(self.counts.get(&i).copied().unwrap_or(0));
+        let estimate = |t: u128| {
+            let i = u64::try_from(t / w).expect("fits");
+            let elapsed = t - u128::from(i) * w;
+            let previous = if SLIDING && i > 0 {
+                in_window(i - 1)
+            } else {
+                0
+            };
+            (previous * (w - elapsed)).div_ceil(w) + in_window(i)
+        };
+        let used = estimate(at);
+        let count_u = u128::from(count);
+        let ns = |x: u128| u64::try_from(x).unwrap_or(u64::MAX);
+        // The window just written holds units: it weighs until the end of the next one.
+        let last = if SLIDING { index + 2 } else { index + 1 };
+        let reset = ns(u128::from(last) * w - u128::from(now));
+        if used <= count_u {
+            return Ok(Decision::allow(count, ns(count_u - used), reset));
+        }
+        // The first instant one unit fits, by bisection over the next two windows.
+        let fits = |t: u128| estimate(t) < count_u;
+        let (mut lo, mut hi) = (at, (u128::from(index) + 2) * w);
+        while lo + 1 < hi {
+            let mid = lo + (hi - lo) / 2;
+            if fits(mid) { hi = mid } else { lo = mid }
+        }
+        Ok(Decision::deny(
+            count,
+            0,
+            lag.saturating_add(ns(hi - at)),
+            reset,
+        ))
+    }
+
     fn max_admitted(limit: &Limit, span_ns: u64) -> u128 {
         u128::from(limit.count()) * (u128::from(span_ns / limit.period_nanos()) + 2)
+    }
+
+    /// Within one aligned window: there, the units admitted plus those recorded before the
+    /// window's last admission are at most `count`. A fixed window forgets its debt when it
+    /// ends, and a sliding one weighs it into the next (where the bound does not count it).
+    fn record_counts(limit: &Limit, recorded_at: u64, admitted_at: u64) -> bool {
+        recorded_at / limit.period_nanos() == admitted_at / limit.period_nanos()
     }
 }

@@ -11,6 +11,8 @@ pub enum Op {
     Back(u64),
     /// Ask for this many units (0 is a peek).
     Check(u64),
+    /// Record this many units of usage that already happened (never refused).
+    Record(u64),
 }
 
 /// Scenarios biased towards the interesting: small steps near the refill interval, zero steps,
@@ -29,7 +31,8 @@ pub fn ops(interval_ns: u64, burst: u64) -> impl Strategy<Value = Vec<Op>> {
         1 => Just(u64::MAX),
     ];
     let op = prop_oneof![
-        6 => cost.prop_map(Op::Check),
+        6 => cost.clone().prop_map(Op::Check),
+        2 => cost.prop_map(Op::Record),
         3 => step.clone().prop_map(Op::Advance),
         1 => step.prop_map(Op::Back),
     ];
@@ -45,12 +48,14 @@ pub fn decode(bytes: &[u8], interval_ns: u64, burst: u64) -> Vec<Op> {
             let mut word = [0u8; 8];
             word.copy_from_slice(&chunk[1..]);
             let value = u64::from_le_bytes(word);
+            let cost = if chunk[0] & 0x80 == 0 {
+                value % burst.saturating_add(2)
+            } else {
+                value
+            };
             match chunk[0] % 8 {
-                0..=3 => Op::Check(if chunk[0] & 0x80 == 0 {
-                    value % burst.saturating_add(2)
-                } else {
-                    value
-                }),
+                0..=2 => Op::Check(cost),
+                3 => Op::Record(cost),
                 4 | 5 => Op::Advance(if chunk[0] & 0x80 == 0 {
                     value % interval_ns.saturating_mul(3).max(1)
                 } else {

@@ -49,6 +49,14 @@ const FINEST_TICKS_PER_NS: u64 = 1 << 7;
 /// [`MIN_CLOCK_RANGE`] ns of clock; past [`max_now_nanos`](Self::max_now_nanos) a call is
 /// refused with [`DecisionError::ClockOutOfRange`] rather than decided wrongly.
 ///
+/// # Debt
+///
+/// [`record`](Algorithm::record) moves the tat ahead by the recorded cost whatever the state,
+/// so it may pass `now + tau`: the bucket is then in debt, and every call is denied until the
+/// clock has paid it back, a unit per `period / count`. The tat is kept at most `2 * tau` ahead
+/// of `now` ([`Usage::MAX_DEBT`]): a bucket owes at most one more burst, and usage recorded
+/// past that is not kept.
+///
 /// # A clock that goes backwards
 ///
 /// The state is read at the earlier instant: that can only show less capacity (a `tat` further
@@ -65,6 +73,8 @@ pub struct Gcra {
     unit_ticks: NonZeroU64,
     /// `tau = burst * p`: how far ahead of `now` the tat may be; at `now + tau` the bucket is empty.
     tau_ticks: u64,
+    /// `MAX_DEBT * tau`: how far ahead of `now` a record may push the tat (a debt of one burst).
+    debt_cap_ticks: u64,
     /// The last clock reading, in ns, whose tick plus `tau` stays below `StateCell::RETIRED`.
     max_now_ns: u64,
     accuracy: Accuracy,
@@ -79,7 +89,7 @@ impl Gcra {
 
     /// Like [`from_limit`](Self::from_limit), with the bucket's depth (`tau`, in ticks) kept at
     /// or below `max_tau_ticks`: for a twin of this algorithm that computes in narrower numbers
-    /// (the Redis script's doubles hold integers below 2^53).
+    /// (the Redis script's doubles hold integers below 2^53; its debt reaches `2 * tau`).
     pub fn with_max_depth(limit: Limit, max_tau_ticks: u64) -> Result<Self, LimitError> {
         limit.check()?;
         Self::derive(limit, max_tau_ticks).ok_or_else(|| {
@@ -130,10 +140,12 @@ impl Gcra {
         let ticks_per_ns = NonZeroU64::new(u64::try_from(q).ok()?)?;
         let unit_ticks = NonZeroU64::new(u64::try_from(unit).ok()?)?;
         let tau_ticks = limit.burst().checked_mul(unit_ticks.get())?;
-        // The largest tat written is now + tau, kept below `StateCell::RETIRED` (u64::MAX).
+        let debt_cap_ticks = tau_ticks.checked_mul(Usage::MAX_DEBT)?;
+        // The largest tat written is now + 2 * tau (a record's), kept below
+        // `StateCell::RETIRED` (u64::MAX).
         let last_tick = StateCell::RETIRED
             .saturating_sub(1)
-            .checked_sub(tau_ticks)?;
+            .checked_sub(debt_cap_ticks)?;
         if tau_ticks > max_tau {
             return None;
         }
@@ -157,6 +169,7 @@ impl Gcra {
             shift,
             unit_ticks,
             tau_ticks,
+            debt_cap_ticks,
             max_now_ns,
             accuracy,
         })
@@ -305,6 +318,46 @@ impl Algorithm for Gcra {
         }
     }
 
+    fn record(&self, tat: u64, cost: u64, now_ns: u64) -> Result<Step, DecisionError> {
+        if cost == 0 {
+            return self.decide(tat, 0, now_ns);
+        }
+        let burst = self.limit.burst();
+        let now = self
+            .tick_of(now_ns)
+            .ok_or_else(|| self.out_of_range(now_ns))?;
+        let start = tat.max(now);
+        // now + 2 * tau is in range by `tick_of`; a tat already past it (a clock that went
+        // back) stays where it is: a record never gives anything back.
+        let cap = now.saturating_add(self.debt_cap_ticks);
+        let next = start
+            .saturating_add(cost.saturating_mul(self.unit_ticks.get()))
+            .min(cap)
+            .max(start);
+        // next >= start >= now.
+        let debt = next.saturating_sub(now);
+        let decision = if debt <= self.tau_ticks {
+            Decision::allow(
+                burst,
+                self.whole_units(self.tau_ticks.saturating_sub(debt)),
+                self.ns_until(now_ns, now, debt),
+            )
+        } else {
+            // One unit fits once the debt is down to tau - p.
+            let one_unit = self.tau_ticks.saturating_sub(self.unit_ticks.get());
+            Decision::deny(
+                burst,
+                0,
+                self.ns_until(now_ns, now, debt.saturating_sub(one_unit)),
+                self.ns_until(now_ns, now, debt),
+            )
+        };
+        Ok(Step {
+            decision,
+            next: Some(next),
+        })
+    }
+
     #[inline]
     fn is_full(&self, tat: u64, now_ns: u64) -> bool {
         // Past the clock range every call is refused, so forgetting the state changes nothing.
@@ -323,8 +376,8 @@ impl Algorithm for Gcra {
         let now = self
             .tick_of(now_ns)
             .ok_or_else(|| self.out_of_range(now_ns))?;
-        // At most tau, so now + debt is in range by `tick_of`.
-        Ok(now.saturating_add(usage.scaled_to(self.tau_ticks)))
+        // At most 2 * tau (a debt carried over), so now + debt is in range by `tick_of`.
+        Ok(now.saturating_add(usage.scaled_to(self.tau_ticks).min(self.debt_cap_ticks)))
     }
 
     fn refund(&self, tat: u64, units: u64, _granted_at: u64, now_ns: u64) -> Option<u64> {
@@ -451,20 +504,64 @@ mod tests {
     }
 
     #[test]
+    fn a_record_is_never_refused_and_leaves_a_debt_paid_back_at_the_rate() {
+        // 10 per second: a unit every 100 ms.
+        let g = gcra(10, 1_000_000_000, 10);
+        // 4 left, then a response that used 6: two units in debt.
+        let tat = g.decide(Gcra::FRESH, 6, 0).unwrap().next.unwrap();
+        let step = g.record(tat, 6, 0).unwrap();
+        let owed = step.next.unwrap();
+        assert!(step.decision.is_denied());
+        assert_eq!(step.decision.remaining(), 0);
+        // Two units of debt, then one unit to admit: 300 ms.
+        assert_eq!(step.decision.retry_after_nanos(), 300_000_000);
+        assert_eq!(step.decision.reset_after_nanos(), 1_200_000_000);
+        assert!(g.decide(owed, 1, 299_999_999).unwrap().decision.is_denied());
+        assert!(
+            g.decide(owed, 1, 300_000_000)
+                .unwrap()
+                .decision
+                .is_allowed()
+        );
+        // A peek while in debt is denied; at exactly the limit it is not.
+        assert!(g.decide(owed, 0, 0).unwrap().decision.is_denied());
+        assert!(
+            g.decide(owed, 0, 200_000_000)
+                .unwrap()
+                .decision
+                .is_allowed()
+        );
+        // A cost above the burst is recorded too, capped at one burst of debt.
+        let capped = g.record(Gcra::FRESH, 1_000, 0).unwrap();
+        assert_eq!(capped.next, Some(2_000_000_000));
+        assert_eq!(
+            g.usage(2_000_000_000, 0),
+            Usage::new(2_000_000_000, 1_000_000_000)
+        );
+        // Within the limit, a record is an admission.
+        let fits = g.record(Gcra::FRESH, 3, 0).unwrap();
+        assert_eq!(fits.decision, g.decide(Gcra::FRESH, 3, 0).unwrap().decision);
+        assert_eq!(fits.next, g.decide(Gcra::FRESH, 3, 0).unwrap().next);
+    }
+
+    #[test]
     fn readings_past_the_range_are_refused_and_count_as_full() {
         let g = gcra(1, 1, 1);
-        // The last reading leaves room for a tat of now + tau below RETIRED.
-        assert_eq!(g.max_now_nanos(), u64::MAX - 2);
+        // The last reading leaves room for a tat of now + 2 * tau (a record's) below RETIRED.
+        assert_eq!(g.max_now_nanos(), u64::MAX - 3);
         assert_eq!(
-            g.decide(0, 1, u64::MAX - 1),
+            g.decide(0, 1, u64::MAX - 2),
             Err(DecisionError::ClockOutOfRange {
-                now_ns: u64::MAX - 1,
-                max_ns: u64::MAX - 2
+                now_ns: u64::MAX - 2,
+                max_ns: u64::MAX - 3
             })
         );
         assert!(g.is_full(u64::MAX - 1, u64::MAX));
-        let last = g.decide(0, 1, u64::MAX - 2).unwrap();
+        let last = g.decide(0, 1, u64::MAX - 3).unwrap();
         assert!(last.decision.is_allowed());
-        assert_eq!(last.next, Some(StateCell::RETIRED - 1));
+        assert_eq!(last.next, Some(StateCell::RETIRED - 2));
+        let owed = g.record(0, u64::MAX, u64::MAX - 3).unwrap();
+        assert!(owed.decision.is_denied());
+        assert_eq!(owed.next, Some(StateCell::RETIRED - 1));
     }
 }

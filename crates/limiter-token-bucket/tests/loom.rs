@@ -91,3 +91,33 @@ fn a_refill_racing_with_callers_is_counted_once() {
         assert_eq!(admitted + last, 1);
     });
 }
+
+#[test]
+fn a_record_racing_a_check_always_lands_and_the_check_sees_it_or_not() {
+    loom::model(|| {
+        let clock = ManualClock::new();
+        // One unit left: the record takes it (and owes one more) or the check does first.
+        let bucket = bucket(2, &clock);
+        assert!(bucket.check().unwrap().is_allowed());
+        let recorder = {
+            let bucket = Arc::clone(&bucket);
+            thread::spawn(move || bucket.record(2).unwrap().is_denied())
+        };
+        let checker = {
+            let bucket = Arc::clone(&bucket);
+            thread::spawn(move || bucket.check().unwrap().is_allowed())
+        };
+        let over = recorder.join().unwrap();
+        let admitted = checker.join().unwrap();
+        // Either order leaves the bucket owing: 1 + 2 (+1 if the check came first) of 2.
+        assert!(over, "a record past the limit says so");
+        let after = bucket.peek().unwrap();
+        assert!(after.is_denied(), "the record was lost: {after:?}");
+        // The debt the bucket carries: when the next unit fits (a unit is 100 ms).
+        let owed = if admitted { 3 } else { 2 };
+        clock.advance(std::time::Duration::from_millis(100 * owed - 1));
+        assert!(bucket.check().unwrap().is_denied());
+        clock.advance(std::time::Duration::from_millis(1));
+        assert!(bucket.check().unwrap().is_allowed());
+    });
+}

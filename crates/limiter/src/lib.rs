@@ -39,7 +39,7 @@
 pub use limiter_core::{
     Accuracy, Algorithm, Clock, ClockSource, CoarseClock, Decision, DecisionError, DefaultClock,
     DirectLimiter, Limit, LimitError, Limiter, MIN_CLOCK_RANGE, ManualClock, MonotonicClock,
-    StateCell, Step, TscClock, Usage,
+    Recording, StateCell, Step, TscClock, Usage,
 };
 pub use limiter_sliding_window::{
     FixedCounter, FixedWindow, KeyedFixedWindow, KeyedSlidingWindow, SlidingCounter, SlidingWindow,

@@ -11,8 +11,9 @@
 //! ```text
 //! POST /v1/ratelimit  {"policy": "api", "identifier": "user-1", "cost": 1}
 //! POST /v1/ratelimit  {"namespace": "email", "identifier": "user-1", "limit": 10, "duration_ms": 60000}
-//! 200 {"success": true, "limit": 20, "remaining": 19, "reset_at_ms": 1763800000050,
-//!      "retry_after_ms": 0, "source": "memory"}
+//! POST /v1/ratelimit  {"policy": "tokens", "identifier": "team-1", "cost": 6000, "record": true}
+//! 200 {"success": true, "limit": 20, "remaining": 19, "current": 1,
+//!      "reset_at_ms": 1763800000050, "retry_after_ms": 0, "source": "memory"}
 //! ```
 
 use std::sync::Arc;
@@ -56,18 +57,21 @@ struct Outcome {
     success: bool,
     limit: u64,
     remaining: u64,
+    current: u64,
     reset_at_ms: u64,
     retry_after_ms: u64,
     source: &'static str,
 }
 
-fn outcome(answer: &Answer, now_ms: u64) -> Outcome {
+fn outcome(answer: &Answer) -> Outcome {
     let d = &answer.decision;
     Outcome {
         success: d.is_allowed(),
         limit: d.limit(),
         remaining: d.remaining(),
-        reset_at_ms: now_ms.saturating_add(d.reset_after_nanos().div_ceil(1_000_000)),
+        // Units in use now (the limit when a key is in debt: it never reads above the limit).
+        current: d.limit().saturating_sub(d.remaining()),
+        reset_at_ms: answer.reset_at_ms(),
         retry_after_ms: d.retry_after_nanos().div_ceil(1_000_000),
         source: answer.origin.name(),
     }
@@ -236,9 +240,12 @@ async fn one<C: Clock + Clone + Send + Sync + 'static>(
             state.metrics.invalid();
             refusal(e)
         }
-        Ok(item) => match engine.decide(std::slice::from_ref(&item)).await {
+        Ok(asked) => match engine
+            .decide_at(std::slice::from_ref(&asked.items), asked.time_ms)
+            .await
+        {
             Ok((_, answers)) => match answers.first() {
-                Some(answer) => json(StatusCode::OK, &outcome(answer, unix_ms())),
+                Some(answer) => json(StatusCode::OK, &outcome(answer)),
                 None => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
             },
             Err(e) => decide_error(e).into_response(),
@@ -269,10 +276,9 @@ async fn many<C: Clock + Clone + Send + Sync + 'static>(
             state.metrics.invalid();
             refusal(e)
         }
-        Ok(items) => match engine.decide(&items).await {
+        Ok(asked) => match engine.decide_at(&asked.items, asked.time_ms).await {
             Ok((success, answers)) => {
-                let now = unix_ms();
-                let results = answers.iter().map(|a| outcome(a, now)).collect();
+                let results = answers.iter().map(outcome).collect();
                 json(StatusCode::OK, &Batch { success, results })
             }
             Err(e) => decide_error(e).into_response(),

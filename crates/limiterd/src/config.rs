@@ -950,6 +950,18 @@ fn parse_policy(
         }
     }
     let lease = parse_lease(source, name, raw)?;
+    if let (Some(lease), Some(slack)) = (&lease, &raw.lease_slack) {
+        // A slack no lease can use on one of the policy's limits: refused here, with the
+        // smallest (or largest) one that works, rather than silently per call.
+        for limit in &limits {
+            if let Some(reason) = lease.slack().refusal(limit.limit.limit().burst()) {
+                return Err(source.at(
+                    slack,
+                    format!("policy `{name}`, limit {}: {reason}", limit.limit.limit()),
+                ));
+            }
+        }
+    }
     Ok(Policy {
         limits,
         on_failure,
@@ -1179,10 +1191,24 @@ mod tests {
                 "line 4, column 13: policy `p`: `lease_ttl = \"1ms\"`: write a period from 10ms to 3600s",
             ),
             ("lease_ttl = \"1s\"", "`lease_ttl` without `lease_slack`"),
+            // A share that is no whole unit of the limit, and more units than the limit: each
+            // refused with the slack that works, where the slack is written.
+            (
+                "lease_slack = \"0.05%\"",
+                "line 3, column 15: policy `p`, limit 1000 per 1s: a slack of 0.05% is no whole unit of a burst of 1000, so nothing would be leased; use at least 0.1% (one unit)",
+            ),
+            (
+                "lease_slack = 5000",
+                "policy `p`, limit 1000 per 1s: a slack of 5000 units is more than the burst of 1000",
+            ),
         ] {
             let got = error(&with(extra));
             assert!(got.contains(want), "{extra}: {got}");
         }
+        // 1% of 10 rounds to no unit: refused (not silently decided per call).
+        let ten = "[policies.p]\nlimits = [{ algorithm = \"token_bucket\", count = 10, period = \"1s\" }]\nlease_slack = \"1%\"\n";
+        let got = error(ten);
+        assert!(got.contains("use at least 10%"), "{got}");
         assert_eq!(parse_percent("100%"), Some(1_000_000));
         assert_eq!(parse_percent(".5%"), Some(5_000));
         assert_eq!(parse_percent("%"), None);

@@ -128,6 +128,33 @@ pub struct Item {
     /// Evaluated and reported but never enforced: a denial of this item does not deny the
     /// batch (envoy's `shadow_mode`).
     pub shadow: bool,
+    /// What the item does to its limits: asks for `cost` units, records them, or gives them
+    /// back.
+    pub charge: Charge,
+}
+
+/// What an item does to its limits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Charge {
+    /// Asks for `cost` units: admitted, or denied and nothing taken.
+    #[default]
+    Ask,
+    /// Records `cost` units of usage that already happened (tokens a response used): counted
+    /// whatever the limits hold, never refused and never denying its batch; a limit it takes
+    /// past its capacity is left in debt, so later calls are denied until the debt is paid
+    /// back. Written even when its batch is denied.
+    Record,
+    /// Gives `cost` units back, without a grant (envoy's `is_negative_hits`): no limit goes
+    /// above full, and the answer is what the item holds after it. Decided alone, never in a
+    /// batch.
+    GiveBack,
+}
+
+impl Item {
+    /// Whether the item never denies its batch: a shadow check, a record, a give-back.
+    fn never_denies(&self) -> bool {
+        self.shadow || self.charge != Charge::Ask
+    }
 }
 
 /// Who answered.
@@ -168,7 +195,25 @@ pub struct Answer {
     pub decision: Decision,
     /// Who answered.
     pub origin: Origin,
+    /// When it was decided, in nanoseconds since the Unix epoch (by Redis's clock for Redis's
+    /// answers and a lease's, by this process's otherwise): the instant its waits count from,
+    /// so `at_unix_ns + reset_after` is when the limits are full again.
+    pub at_unix_ns: u64,
 }
+
+impl Answer {
+    /// When the limits are full again, in whole milliseconds since the Unix epoch (rounded
+    /// up): the same instant for every answer about one window.
+    pub fn reset_at_ms(&self) -> u64 {
+        self.at_unix_ns
+            .saturating_add(self.decision.reset_after_nanos())
+            .div_ceil(1_000_000)
+    }
+}
+
+/// How far ahead of this server's clock a request's `time` may be (a client's clock running
+/// fast): such a time is decided at the server's own reading, and one further ahead is refused.
+pub const MAX_TIME_AHEAD_MS: u64 = 5_000;
 
 /// Why a request could not be decided.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -297,6 +342,9 @@ pub struct Engine<C> {
     metrics: Arc<Metrics>,
     /// While a reload builds this engine: the policies of the one it replaces.
     previous: Option<Previous<C>>,
+    /// The Unix time, in ns, of the clock's reading 0 (the start of a Unix week for the
+    /// OS-backed clocks): what turns readings into Unix time, and a request's `time` back.
+    unix_origin_ns: u64,
 }
 
 impl<C> std::fmt::Debug for Engine<C> {
@@ -408,7 +456,9 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             ad_hoc_counters: metrics.policy(AD_HOC),
             metrics,
             previous: None,
+            unix_origin_ns: 0,
         };
+        engine.unix_origin_ns = limiter_core::unix_origin(&engine.clock);
         if let StoreHandle::Memory { max_keys } = engine.store {
             let mut builder = Stack::builder().clock(engine.clock.clone());
             if let Some(max_keys) = max_keys {
@@ -492,6 +542,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             ad_hoc_counters: self.ad_hoc_counters.clone(),
             metrics: Arc::clone(&self.metrics),
             previous: Some(previous),
+            unix_origin_ns: self.unix_origin_ns,
         };
         for (name, policy) in &config.policies {
             let id = engine.add_policy(name, name, policy)?;
@@ -787,8 +838,69 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         &self.metrics
     }
 
+    /// The Unix time, in ns, of the clock's reading 0 (see [`limiter_core::unix_origin`]).
+    pub fn unix_origin_ns(&self) -> u64 {
+        self.unix_origin_ns
+    }
+
+    /// Uses `origin_ns` as the Unix time of the clock's reading 0 (for tests on a manual
+    /// clock; the engine finds it itself otherwise).
+    #[doc(hidden)]
+    pub fn set_unix_origin_ns(&mut self, origin_ns: u64) {
+        self.unix_origin_ns = origin_ns;
+    }
+
+    /// The clock's reading for a request's `time` (ms since the Unix epoch), as the engine
+    /// decides it: a time before what the clock counts from is refused, and so is one more
+    /// than [`MAX_TIME_AHEAD_MS`] ahead of the clock; one ahead by less is the clock's own
+    /// reading (a time cannot spend what has not come back yet). `None`: now.
+    fn reading_for(&self, time_ms: Option<u64>) -> Result<u64, DecideError> {
+        let now = self.clock.now();
+        let Some(time_ms) = time_ms else {
+            return Ok(now);
+        };
+        let invalid = |message: String| DecideError::Invalid {
+            field: "time",
+            message,
+        };
+        let at = time_ms.saturating_mul(1_000_000);
+        let origin = self.unix_origin_ns;
+        if at < origin {
+            return Err(invalid(format!(
+                "`time` {time_ms} is before {}, where this server's clock starts counting (the \
+                 start of the Unix week it started in): send the time of the request, in ms \
+                 since the Unix epoch",
+                origin / 1_000_000
+            )));
+        }
+        let reading = at - origin;
+        let ahead = reading.saturating_sub(now);
+        if ahead > MAX_TIME_AHEAD_MS * 1_000_000 {
+            return Err(invalid(format!(
+                "`time` {time_ms} is {} ms ahead of this server's clock (more than \
+                 {MAX_TIME_AHEAD_MS} ms): send the time of the request, in ms since the Unix \
+                 epoch, or leave it out",
+                ahead / 1_000_000
+            )));
+        }
+        Ok(reading.min(now))
+    }
+
     /// Decides `items`, all or nothing (see the module docs); one answer per item, in order.
     pub async fn decide(&self, items: &[Item]) -> Result<(bool, Vec<Answer>), DecideError> {
+        self.decide_at(items, None).await
+    }
+
+    /// [`decide`](Self::decide) at a caller's `time` (ms since the Unix epoch; `None`: now).
+    /// In memory the items are decided at that instant; a time ahead of the server's clock is
+    /// decided at its own reading, never later. On Redis, Redis's clock decides (so a fleet
+    /// agrees): the time is checked the same way and changes nothing.
+    pub async fn decide_at(
+        &self,
+        items: &[Item],
+        time_ms: Option<u64>,
+    ) -> Result<(bool, Vec<Answer>), DecideError> {
+        let reading = self.reading_for(time_ms)?;
         let resolved = items
             .iter()
             .map(|item| self.resolve(item))
@@ -797,7 +909,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             .iter()
             .all(|(r, _)| matches!(r.backend(), Backend::Memory(_)))
         {
-            self.decide_in_memory(items, &resolved)
+            self.decide_in_memory(items, &resolved, reading)
         } else {
             self.decide_on_redis(items, &resolved).await
         };
@@ -806,6 +918,10 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                 for ((item, (target, _)), answer) in items.iter().zip(&resolved).zip(answers) {
                     let counted = if item.cost == 0 {
                         Counted::Peeked
+                    } else if item.charge == Charge::Record {
+                        Counted::Recorded
+                    } else if item.charge == Charge::GiveBack {
+                        Counted::GivenBack
                     } else if !answer.decision.is_allowed() {
                         Counted::Denied {
                             shadow: item.shadow,
@@ -828,8 +944,8 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         &self,
         items: &[Item],
         resolved: &[(Resolved<'_, C>, Call)],
+        now: u64,
     ) -> Result<(bool, Vec<Answer>), DecideError> {
-        let now = self.clock.now();
         let mut answers = Vec::with_capacity(items.len());
         let mut grants: Vec<(usize, Grant)> = Vec::new();
         let mut all = true;
@@ -837,20 +953,26 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             let Backend::Memory(stack) = backend.backend() else {
                 unreachable!("checked by the caller");
             };
-            let (decision, grant) = match stack.decide_at(call, item.cost, now) {
+            let decided = match item.charge {
+                Charge::Ask => stack.decide_at(call, item.cost, now),
+                Charge::Record => stack.record_at(call, item.cost, now).map(|d| (d, None)),
+                Charge::GiveBack => stack.give_back(call, item.cost).map(|d| (d, None)),
+            };
+            let (decision, grant) = match decided {
                 Ok(pair) => pair,
                 Err(e) => {
                     self.refund_all(resolved, grants);
                     return Err(call_error(&e));
                 }
             };
-            all &= decision.is_allowed() || item.shadow;
+            all &= decision.is_allowed() || item.never_denies();
             if let Some(grant) = grant {
                 grants.push((i, grant));
             }
             answers.push(Answer {
                 decision: decision.decision(),
                 origin: Origin::Memory,
+                at_unix_ns: self.unix_origin_ns.saturating_add(now),
             });
         }
         if !all {
@@ -858,14 +980,16 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             // Nothing was taken: admitted items report what they hold after the refund, read
             // at a reading no earlier than the refund's (a peek at the batch's own, earlier,
             // reading would count the refunded units as still owed).
-            let now = self.clock.now();
+            let now = self.clock.now().max(now);
             for ((item, (backend, call)), answer) in items.iter().zip(resolved).zip(&mut answers) {
                 if answer.decision.is_allowed()
                     && item.cost > 0
+                    && item.charge == Charge::Ask
                     && let Backend::Memory(stack) = backend.backend()
                     && let Ok((peek, _)) = stack.decide_at(call, 0, now)
                 {
                     answer.decision = peek.decision();
+                    answer.at_unix_ns = self.unix_origin_ns.saturating_add(now);
                 }
             }
         }
@@ -890,8 +1014,16 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
     ) -> Result<(bool, Vec<Answer>), DecideError> {
         if let [item] = items {
             let (backend, call) = &resolved[0];
-            let answer = self.call_one(backend.backend(), call, item.cost).await?;
-            return Ok((answer.decision.is_allowed() || item.shadow, vec![answer]));
+            let answer = match item.charge {
+                Charge::Ask => self.call_one(backend.backend(), call, item.cost).await?,
+                Charge::Record => self.record_one(backend.backend(), call, item.cost).await?,
+                Charge::GiveBack => {
+                    self.give_back_one(backend.backend(), call, item.cost)
+                        .await?
+                }
+            };
+            let admitted = answer.decision.is_allowed() || item.never_denies();
+            return Ok((admitted, vec![answer]));
         }
         let Some((first, _)) = resolved.first() else {
             return Ok((true, Vec::new()));
@@ -908,7 +1040,17 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                     "a batch mixes stores; every policy of one limiterd uses the same store".into(),
                 ));
             };
-            if item.shadow {
+            if item.charge == Charge::GiveBack {
+                return Err(DecideError::Invalid {
+                    field: "cost",
+                    message: "units given back are decided alone, never in a batch: send them \
+                              on their own"
+                        .into(),
+                });
+            }
+            if item.charge == Charge::Record {
+                batch.add_record(stack, call, item.cost);
+            } else if item.shadow {
                 batch.add_shadow(stack, call, item.cost);
             } else {
                 batch.add(stack, call, item.cost);
@@ -920,32 +1062,100 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             .into_decisions()
             .into_iter()
             .zip(resolved)
-            .map(|(decision, (backend, call))| {
-                self.answer(Ok(Outcome::from(decision)), backend.backend(), call)
-            })
+            .map(|(decision, (backend, call))| self.redis_answer(decision, backend.backend(), call))
             .collect::<Result<Vec<_>, _>>()?;
         Ok((admitted, answers))
     }
 
-    /// One call on any store, through the seam.
+    /// One call on any store: in process through the seam, on Redis keeping when Redis
+    /// decided.
     async fn call_one(
         &self,
         backend: &Backend<C>,
         call: &Call,
         cost: u64,
     ) -> Result<Answer, DecideError> {
-        let outcome = backend.limiter().decide_request(call, cost).await;
-        self.answer(outcome, backend, call)
+        let decided = match backend {
+            Backend::Redis(stack) => stack.check_n(call, cost).await,
+            Backend::Leased(stack) => stack.check_n(call, cost).await,
+            Backend::Memory(_) => {
+                let outcome = backend.limiter().decide_request(call, cost).await;
+                return self.answer(outcome, backend, call, None);
+            }
+        };
+        let decision = decided.map_err(|e| call_error(&e.into()))?;
+        self.redis_answer(decision, backend, call)
+    }
+
+    /// A Redis store's answer, read as every answer is ([`answer`](Self::answer)), at the
+    /// instant Redis decided it.
+    fn redis_answer(
+        &self,
+        decision: limiter_redis::RedisDecision,
+        backend: &Backend<C>,
+        call: &Call,
+    ) -> Result<Answer, DecideError> {
+        let at = decision.decided_at_micros();
+        self.answer(Ok(Outcome::from(decision)), backend, call, at)
+    }
+
+    /// One record of usage on a Redis store (per call, or spending the lease first).
+    async fn record_one(
+        &self,
+        backend: &Backend<C>,
+        call: &Call,
+        cost: u64,
+    ) -> Result<Answer, DecideError> {
+        let recorded = match backend {
+            Backend::Redis(stack) => stack.record(call, cost).await,
+            Backend::Leased(stack) => stack.record(call, cost).await,
+            Backend::Memory(stack) => {
+                let outcome = stack.record(call, cost).map(Outcome::in_process);
+                return self.answer(outcome, backend, call, None);
+            }
+        };
+        let decision = recorded.map_err(|e| call_error(&e.into()))?;
+        self.redis_answer(decision, backend, call)
+    }
+
+    /// Units given back on a Redis store (a leased policy's go to Redis: its leases are its own).
+    async fn give_back_one(
+        &self,
+        backend: &Backend<C>,
+        call: &Call,
+        units: u64,
+    ) -> Result<Answer, DecideError> {
+        let stack = match backend {
+            Backend::Redis(stack) => stack,
+            Backend::Leased(stack) => stack.stack(),
+            Backend::Memory(stack) => {
+                let outcome = stack.give_back(call, units).map(Outcome::in_process);
+                return self.answer(outcome, backend, call, None);
+            }
+        };
+        match stack.give_back(call, units).await {
+            Ok(decision) => self.redis_answer(decision, backend, call),
+            Err(e) => {
+                self.metrics.backend_error();
+                Err(DecideError::Unavailable(e.to_string()))
+            }
+        }
     }
 
     /// An [`Outcome`] as the API reports it, counting backend failures and failure-policy
-    /// answers: the one place a store's answer is read.
+    /// answers: the one place a store's answer is read. `at_us` is when Redis decided it (µs
+    /// since the Unix epoch); `None`: this process decided it, now.
     fn answer(
         &self,
         outcome: Result<Outcome, CallError>,
         backend: &Backend<C>,
         call: &Call,
+        at_us: Option<u64>,
     ) -> Result<Answer, DecideError> {
+        let at_unix_ns = match at_us {
+            Some(us) => us.saturating_mul(1_000),
+            None => self.unix_origin_ns.saturating_add(self.clock.now()),
+        };
         let failed = |policy: FailurePolicy| {
             self.metrics.backend_error();
             self.metrics.failure_policy(policy);
@@ -965,6 +1175,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                 Ok(Answer {
                     decision: decision.decision(),
                     origin,
+                    at_unix_ns,
                 })
             }
             Outcome::FailedOpen(_) => {
@@ -974,6 +1185,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                 Ok(Answer {
                     decision: Decision::allow(limit, limit, 0),
                     origin: Origin::FailOpen,
+                    at_unix_ns,
                 })
             }
             Outcome::FailedClosed(e) => {
@@ -1085,6 +1297,7 @@ mod tests {
             identifier: id.into(),
             cost,
             shadow: false,
+            charge: Charge::Ask,
         }
     }
 

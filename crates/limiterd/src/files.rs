@@ -46,7 +46,8 @@ pub fn load_config(path: &Path) -> Result<Config, String> {
     Ok(config)
 }
 
-/// The envoy domains `config` names, read and checked.
+/// The envoy domains `config` names, read and checked; what they say that is ignored is
+/// logged as a warning.
 pub fn load_domains(config: &Config) -> Result<Domains, String> {
     let Some(envoy) = &config.envoy else {
         return Ok(Domains::default());
@@ -55,11 +56,15 @@ pub fn load_domains(config: &Config) -> Result<Domains, String> {
         .iter()
         .map(|f| Ok((f.display().to_string(), read(f)?)))
         .collect::<Result<Vec<_>, String>>()?;
-    Domains::load_merging(
+    let domains = Domains::load_merging(
         texts.iter().map(|(n, t)| (n.as_str(), t.as_str())),
         envoy.merge_domains,
     )
-    .map_err(|e| e.to_string())
+    .map_err(|e| e.to_string())?;
+    for warning in domains.warnings() {
+        tracing::warn!(target: "limiterd::envoy", "{warning}");
+    }
+    Ok(domains)
 }
 
 /// `files` with each directory replaced by the `.yaml` and `.yml` files in it, by name (as

@@ -5,7 +5,7 @@
 
 use crate::app::AppState;
 use crate::config::Config;
-use crate::engine::{Engine, Item, PolicyId, Target};
+use crate::engine::{Charge, Engine, Item, PolicyId, Target};
 use crate::envoy::Envoy;
 use crate::envoy::rules::{Domains, MAX_TEXT, Rule};
 use crate::envoy::service::{Code, EnvoyError};
@@ -26,7 +26,10 @@ fn accepted(item: &Item) {
         namespace,
     } = &item.target
     {
-        assert!(*limit >= 1 && item.cost <= *limit, "{item:?}");
+        assert!(
+            *limit >= 1 && (item.cost <= *limit || item.charge == Charge::Record),
+            "{item:?}"
+        );
         assert!((1..=MAX_DURATION_MS).contains(duration_ms), "{item:?}");
         assert!(!namespace.is_empty() && namespace.len() <= MAX_NAMESPACE);
     }
@@ -36,14 +39,15 @@ fn accepted(item: &Item) {
 pub fn request(bytes: &[u8]) {
     envoy_json(bytes);
     match api::parse_request(bytes, &lookup) {
-        Ok(item) => accepted(&item),
+        Ok(asked) => accepted(&asked.items),
         Err(e) => {
             assert_eq!(e.status().as_u16(), 400, "{e:?}");
             assert!(!e.message.is_empty());
         }
     }
     match api::parse_many(bytes, &lookup) {
-        Ok(items) => {
+        Ok(asked) => {
+            let items = asked.items;
             assert!((1..=MAX_BATCH).contains(&items.len()));
             items.iter().for_each(accepted);
         }

@@ -39,20 +39,14 @@ impl<C: Clock + Clone + Send + Sync + 'static> Grpc<C> {
     }
 }
 
-/// The protocol's request as [`Request`]; `Err` names a field limiterd does not support.
+/// The protocol's request as [`Request`].
 pub fn from_wire(request: RateLimitRequest) -> Result<Request, EnvoyError> {
     let descriptors = request
         .descriptors
         .into_iter()
-        .enumerate()
-        .map(|(i, d)| {
-            if d.is_negative_hits {
-                return Err(EnvoyError::Invalid(format!(
-                    "descriptors[{i}].is_negative_hits: returning hits is not supported; \
-                     send positive hits only"
-                )));
-            }
+        .map(|d| {
             Ok(Descriptor {
+                negative_hits: d.is_negative_hits,
                 entries: d.entries.into_iter().map(|e| (e.key, e.value)).collect(),
                 limit: d.limit.map(|l| Override {
                     requests_per_unit: l.requests_per_unit,

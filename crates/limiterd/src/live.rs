@@ -192,6 +192,7 @@ mod tests {
             identifier: "u".into(),
             cost,
             shadow: false,
+            charge: crate::engine::Charge::Ask,
         };
         let (_, answers) = decided_at_once(state.engine.decide(&[item])).unwrap();
         (

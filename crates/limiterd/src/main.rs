@@ -88,6 +88,9 @@ fn check(file: &Path) -> Result<(), String> {
         let name = file.display().to_string();
         let domains =
             Domains::load([(name.as_str(), read(file)?.as_str())]).map_err(|e| e.to_string())?;
+        for warning in domains.warnings() {
+            eprintln!("warning: {warning}");
+        }
         for domain in domains.iter() {
             println!(
                 "{name}: valid; domain `{}`, {} limits",
@@ -99,6 +102,9 @@ fn check(file: &Path) -> Result<(), String> {
     }
     let config = load_config(file)?;
     let domains = load_domains(&config)?;
+    for warning in domains.warnings() {
+        eprintln!("warning: {warning}");
+    }
     let envoy: Vec<_> = domains.iter().map(|d| d.name.clone()).collect();
     let count = config.policies.len();
     println!(

@@ -50,6 +50,8 @@ pub struct PolicyCounters {
     shadow_denied: Counter,
     peeked: Counter,
     batch_refused: Counter,
+    recorded: Counter,
+    given_back: Counter,
 }
 
 /// One configured envoy descriptor path's statistics ([`Metrics::envoy_rule`]).
@@ -92,6 +94,10 @@ pub enum Counted {
     Peeked,
     /// Its limits admitted it, but another item of its batch was denied, so it took nothing.
     BatchRefused,
+    /// Usage that already happened, recorded whatever the limits held (within them or not).
+    Recorded,
+    /// Units given back without a grant (envoy's `is_negative_hits`).
+    GivenBack,
 }
 
 impl PolicyCounters {
@@ -107,6 +113,8 @@ impl PolicyCounters {
             Counted::Denied { shadow: false } => &self.denied,
             Counted::Peeked => &self.peeked,
             Counted::BatchRefused => &self.batch_refused,
+            Counted::Recorded => &self.recorded,
+            Counted::GivenBack => &self.given_back,
         };
         counter.inc();
     }
@@ -262,6 +270,10 @@ pub struct PolicyTotals {
     pub peeked: u64,
     /// Admitted by their limits, refused with their batch.
     pub batch_refused: u64,
+    /// Usage recorded (never refused; it may have left a debt).
+    pub recorded: u64,
+    /// Units given back without a grant.
+    pub given_back: u64,
 }
 
 /// Every metric, in one registry.
@@ -295,7 +307,7 @@ impl Metrics {
         let decisions = Family::<Labels, Counter>::default();
         registry.register(
             "limiterd_decisions",
-            "Decisions made, by policy and result (allowed: units taken; denied; shadow_denied: a shadow-mode limit over, not enforced; peeked: cost 0, nothing taken; batch_refused: admitted by its limits but its batch was denied, nothing taken)",
+            "Decisions made, by policy and result (allowed: units taken; denied; shadow_denied: a shadow-mode limit over, not enforced; peeked: cost 0, nothing taken; batch_refused: admitted by its limits but its batch was denied, nothing taken; recorded: usage that already happened, recorded whatever the limits held; given_back: units given back without a grant, envoy's is_negative_hits)",
             decisions.clone(),
         );
         let invalid = Counter::default();
@@ -397,6 +409,8 @@ impl Metrics {
             shadow_denied: counter("shadow_denied"),
             peeked: counter("peeked"),
             batch_refused: counter("batch_refused"),
+            recorded: counter("recorded"),
+            given_back: counter("given_back"),
         };
         self.policies
             .lock()
@@ -417,6 +431,8 @@ impl Metrics {
                     shadow_denied: c.shadow_denied.get(),
                     peeked: c.peeked.get(),
                     batch_refused: c.batch_refused.get(),
+                    recorded: c.recorded.get(),
+                    given_back: c.given_back.get(),
                 };
                 (name.clone(), totals)
             })

@@ -6,7 +6,7 @@ use http::StatusCode;
 use limiter_redis::Kind;
 use serde::{Deserialize, Serialize};
 
-use crate::engine::{Item, PolicyId, Target};
+use crate::engine::{Charge, Item, PolicyId, Target};
 
 /// The largest request body accepted.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -68,6 +68,10 @@ struct RawRequest {
     limit: Option<u64>,
     duration_ms: Option<u64>,
     cost: Option<u64>,
+    /// `cost` is usage that already happened: recorded whatever the limits hold.
+    record: Option<bool>,
+    /// The request's instant, in ms since the Unix epoch.
+    time: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -163,20 +167,35 @@ fn from_json<'de, T: Deserialize<'de>>(body: &'de [u8]) -> Result<T, ApiError> {
     Ok(value)
 }
 
+/// What a body asks for: the items, and the instant the caller gave (`time`, ms since the
+/// Unix epoch), if any.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Asked<T> {
+    /// The item (or items, for a batch).
+    pub items: T,
+    /// The `time` the caller gave.
+    pub time_ms: Option<u64>,
+}
+
 /// Parses one `POST /v1/ratelimit` body; `policy` finds a configured policy's index.
 pub fn parse_request(
     body: &[u8],
     policy: &dyn Fn(&str) -> Option<PolicyId>,
-) -> Result<Item, ApiError> {
+) -> Result<Asked<Item>, ApiError> {
     let raw: RawRequest = from_json(body)?;
-    check(raw, policy)
+    let time_ms = raw.time;
+    Ok(Asked {
+        items: check(raw, policy)?,
+        time_ms,
+    })
 }
 
-/// Parses one `POST /v1/ratelimit/many` body.
+/// Parses one `POST /v1/ratelimit/many` body. A batch is decided at one instant: the requests
+/// that give a `time` give the same one.
 pub fn parse_many(
     body: &[u8],
     policy: &dyn Fn(&str) -> Option<PolicyId>,
-) -> Result<Vec<Item>, ApiError> {
+) -> Result<Asked<Vec<Item>>, ApiError> {
     let raw: RawMany = from_json(body)?;
     if raw.requests.is_empty() || raw.requests.len() > MAX_BATCH {
         return Err(ApiError::invalid(
@@ -184,11 +203,29 @@ pub fn parse_many(
             format!("send 1 to {MAX_BATCH} requests, not {}", raw.requests.len()),
         ));
     }
-    raw.requests
+    let mut time_ms = None;
+    for (i, r) in raw.requests.iter().enumerate() {
+        match (time_ms, r.time) {
+            (Some(first), Some(t)) if first != t => {
+                return Err(ApiError::invalid(
+                    format!("requests[{i}].time"),
+                    format!(
+                        "`time` {t} differs from the batch's {first}: a batch is decided at one \
+                         instant, so give every request the same `time`, or none"
+                    ),
+                ));
+            }
+            (None, Some(t)) => time_ms = Some(t),
+            _ => {}
+        }
+    }
+    let items = raw
+        .requests
         .into_iter()
         .enumerate()
         .map(|(i, r)| check(r, policy).map_err(|e| e.at(&format!("requests[{i}]"))))
-        .collect()
+        .collect::<Result<_, _>>()?;
+    Ok(Asked { items, time_ms })
 }
 
 fn check(raw: RawRequest, policy: &dyn Fn(&str) -> Option<PolicyId>) -> Result<Item, ApiError> {
@@ -199,6 +236,7 @@ fn check(raw: RawRequest, policy: &dyn Fn(&str) -> Option<PolicyId>) -> Result<I
         ));
     }
     let cost = raw.cost.unwrap_or(1);
+    let record = raw.record.unwrap_or(false);
     let target = match (raw.policy, raw.limit, raw.duration_ms) {
         (Some(_), Some(_), _) | (Some(_), _, Some(_)) => {
             return Err(ApiError::invalid(
@@ -246,11 +284,12 @@ fn check(raw: RawRequest, policy: &dyn Fn(&str) -> Option<PolicyId>) -> Result<I
                     format!("`duration_ms` must be 1 to {MAX_DURATION_MS} (a year)"),
                 ));
             }
-            if cost > limit {
+            if cost > limit && !record {
                 return Err(ApiError::invalid(
                     "cost",
                     format!(
-                        "`cost` {cost} is above `limit` {limit}, so it could never be admitted"
+                        "`cost` {cost} is above `limit` {limit}, so it could never be admitted; \
+                         to record usage that already happened, add `\"record\": true`"
                     ),
                 ));
             }
@@ -282,6 +321,7 @@ fn check(raw: RawRequest, policy: &dyn Fn(&str) -> Option<PolicyId>) -> Result<I
         identifier: raw.identifier,
         cost,
         shadow: false,
+        charge: if record { Charge::Record } else { Charge::Ask },
     })
 }
 
@@ -299,15 +339,17 @@ mod tests {
 
     #[test]
     fn parses_policy_and_ad_hoc_requests() {
-        let item =
-            parse_request(br#"{"policy":"api","identifier":"u1"}"#, &policies).expect("valid");
+        let item = parse_request(br#"{"policy":"api","identifier":"u1"}"#, &policies)
+            .expect("valid")
+            .items;
         assert_eq!(item.target, Target::Policy(PolicyId::from_index(0)));
         assert_eq!(item.cost, 1);
         let item = parse_request(
             br#"{"namespace":"mail","identifier":"u1","limit":10,"duration_ms":60000,"cost":0}"#,
             &policies,
         )
-        .expect("valid");
+        .expect("valid")
+        .items;
         assert_eq!(
             item.target,
             Target::AdHoc {

@@ -13,7 +13,9 @@ mod support;
 use std::path::{Path, PathBuf};
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+    Entry, RateLimitOverride,
+};
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
@@ -29,6 +31,10 @@ struct Step {
     descriptors: Vec<Vec<(String, String)>>,
     /// Each descriptor's own `hits_addend`, where the case gives one.
     descriptor_hits: Vec<Option<u64>>,
+    /// Each descriptor's limit override (`"override": [count, "UNIT"]`), where it has one.
+    overrides: Vec<Option<(u32, String)>>,
+    /// Each descriptor's `is_negative_hits` (`"negative": true`).
+    negative: Vec<bool>,
     hits: u32,
     repeat: usize,
     overall: String,
@@ -49,6 +55,25 @@ fn steps(path: &Path) -> Vec<Step> {
                 .expect("send")
                 .iter()
                 .map(|d| d.get("hits").and_then(Value::as_u64))
+                .collect(),
+            negative: c["send"]
+                .as_array()
+                .expect("send")
+                .iter()
+                .map(|d| d.get("negative").and_then(Value::as_bool).unwrap_or(false))
+                .collect(),
+            overrides: c["send"]
+                .as_array()
+                .expect("send")
+                .iter()
+                .map(|d| {
+                    d.get("override").map(|o| {
+                        (
+                            o[0].as_u64().expect("count") as u32,
+                            o[1].as_str().expect("unit").to_owned(),
+                        )
+                    })
+                })
                 .collect(),
             descriptors: c["send"]
                 .as_array()
@@ -150,7 +175,10 @@ fn wire_request(domain: &str, step: &Step) -> RateLimitRequest {
             .descriptors
             .iter()
             .zip(&step.descriptor_hits)
-            .map(|(entries, hits)| RateLimitDescriptor {
+            .zip(&step.overrides)
+            .zip(&step.negative)
+            .map(|(((entries, hits), limit), negative)| RateLimitDescriptor {
+                is_negative_hits: *negative,
                 entries: entries
                     .iter()
                     .map(|(key, value)| Entry {
@@ -160,7 +188,10 @@ fn wire_request(domain: &str, step: &Step) -> RateLimitRequest {
                     .collect(),
                 hits_addend: hits
                     .map(|value| envoy_types::pb::google::protobuf::UInt64Value { value }),
-                ..RateLimitDescriptor::default()
+                limit: limit.as_ref().map(|(count, unit)| RateLimitOverride {
+                    requests_per_unit: *count,
+                    unit: Unit::from_str_name(unit).expect("a unit") as i32,
+                }),
             })
             .collect(),
         hits_addend: step.hits,
@@ -171,12 +202,18 @@ fn json_request(domain: &str, step: &Step) -> Value {
     json!({
         "domain": domain,
         "hitsAddend": step.hits,
-        "descriptors": step.descriptors.iter().zip(&step.descriptor_hits).map(|(entries, hits)| {
+        "descriptors": step.descriptors.iter().zip(&step.descriptor_hits).zip(&step.overrides).zip(&step.negative).map(|(((entries, hits), limit), negative)| {
             let mut d = json!({
                 "entries": entries.iter().map(|(k, v)| json!({"key": k, "value": v})).collect::<Vec<_>>()
             });
             if let Some(hits) = hits {
                 d["hitsAddend"] = json!(hits);
+            }
+            if let Some((count, unit)) = limit {
+                d["limit"] = json!({"requestsPerUnit": count, "unit": unit});
+            }
+            if *negative {
+                d["isNegativeHits"] = json!(true);
             }
             d
         }).collect::<Vec<_>>(),
@@ -346,13 +383,13 @@ async fn malformed_requests_are_invalid_argument_and_the_service_goes_on() {
         }],
         ..empty(&domain)
     };
-    let status = grpc.should_rate_limit(negative).await.expect_err("invalid");
-    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
-    assert!(
-        status
-            .message()
-            .starts_with("descriptors[0].is_negative_hits")
-    );
+    // Negative hits are given back (the case files check the counts): answered, never refused.
+    let answer = grpc
+        .should_rate_limit(negative)
+        .await
+        .expect("is_negative_hits is served")
+        .into_inner();
+    assert_eq!(answer.overall_code, Code::Ok as i32, "{answer:?}");
     // A descriptor with no entries, or an empty key, matches no limit and is answered: the
     // request is not refused, so envoy's failure_mode_deny: false cannot wave it through.
     let mut http = Client::connect(daemon.addr).await;
@@ -369,7 +406,7 @@ async fn malformed_requests_are_invalid_argument_and_the_service_goes_on() {
     let (status, metrics) = http.send("GET", "/metrics", "").await;
     assert_eq!(status, 200);
     assert!(
-        metrics.contains("limiterd_invalid_requests_total 4"),
+        metrics.contains("limiterd_invalid_requests_total 3"),
         "{metrics}"
     );
 }
@@ -398,6 +435,28 @@ fn check_config_reads_descriptor_files_and_points_at_the_line() {
         .expect("runs");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("bad.yaml:4:25"));
+
+    // A field the reference ignores where it means nothing: valid, with a warning naming it.
+    let stray = temp_file(
+        "stray.yaml",
+        "domain: web\ndescriptors:\n  - key: a\n    unit: second\n    rate_limit: { unit: minute, requests_per_unit: 1 }\n",
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_limiterd"))
+        .args(["check-config", stray.to_str().expect("UTF-8")])
+        .output()
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("warning: ")
+            && stderr
+                .contains("stray.yaml:4:5: descriptors[0].unit: means nothing here and is ignored"),
+        "{stderr}"
+    );
 
     for file in case_files() {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_limiterd"))
@@ -430,6 +489,8 @@ async fn two_processes_on_one_redis_share_every_descriptor_counter() {
             vec![("tenant".into(), "acme".into())],
         ],
         descriptor_hits: vec![None, None],
+        overrides: vec![None, None],
+        negative: vec![false, false],
         hits: 0,
         repeat: 1,
         overall: String::new(),

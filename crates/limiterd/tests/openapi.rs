@@ -229,6 +229,24 @@ async fn every_endpoint_answers_as_the_document_says() {
             400,
         ),
         ("POST", "/v1/ratelimit", post(json!({"policy": "api"})), 400),
+        (
+            "POST",
+            "/v1/ratelimit",
+            post(json!({"policy": "api", "identifier": "r", "cost": 500, "record": true})),
+            200,
+        ),
+        (
+            "POST",
+            "/v1/ratelimit",
+            post(json!({"policy": "api", "identifier": "t", "time": 1_000})),
+            400,
+        ),
+        (
+            "POST",
+            "/v1/ratelimit",
+            post(json!({"policy": "api", "identifier": "t", "time": u64::MAX / 2_000_000})),
+            400,
+        ),
         ("POST", "/v1/ratelimit", "x".repeat(70_000), 413),
         (
             "POST",
@@ -308,13 +326,39 @@ async fn store_failures_and_readiness_answer_as_the_document_says() {
     let config = temp_file(
         &format!("openapi-redis-{}.toml", server.port),
         &format!(
-            "[store]\nkind = \"redis\"\nurl = \"{}\"\ntimeout_ms = 200\non_failure = \"closed\"\n[policies.api]\nlimits = [{{ algorithm = \"fixed_window\", count = 5, period = \"1h\" }}]\n",
+            "[store]\nkind = \"redis\"\nurl = \"{}\"\ntimeout_ms = 200\non_failure = \"closed\"\n[policies.api]\nlimits = [{{ algorithm = \"fixed_window\", count = 5, period = \"1h\" }}]\n[policies.leased]\nlimits = [{{ algorithm = \"token_bucket\", count = 1000, period = \"1h\" }}]\nlease_slack = \"10%\"\n",
             server.url()
         ),
     );
     let daemon = Daemon::start(&["--config", config.to_str().expect("UTF-8")]);
     let mut client = Client::connect(daemon.addr).await;
     let json_type = [("content-type", "application/json")];
+    // Answers made against a lease are in the document too, as are records on Redis.
+    let mut sources = std::collections::BTreeSet::new();
+    for body in [
+        json!({"policy": "leased", "identifier": "l"}),
+        json!({"policy": "leased", "identifier": "l"}),
+        json!({"policy": "leased", "identifier": "l"}),
+        json!({"policy": "leased", "identifier": "l", "cost": 2, "record": true}),
+        json!({"policy": "api", "identifier": "r", "cost": 9, "record": true}),
+    ] {
+        let (status, text) = call(
+            &doc,
+            &mut client,
+            "POST",
+            "/v1/ratelimit",
+            &json_type,
+            &body.to_string(),
+        )
+        .await;
+        assert_eq!(status, 200, "{text}");
+        let answer: Value = serde_json::from_str(&text).expect("JSON");
+        sources.insert(answer["source"].as_str().unwrap_or_default().to_owned());
+    }
+    assert!(
+        sources.contains("lease") && sources.contains("redis"),
+        "{sources:?}"
+    );
     let body = json!({"policy": "api", "identifier": "u"}).to_string();
     let (status, _) = call(
         &doc,
@@ -355,26 +399,26 @@ async fn store_failures_and_readiness_answer_as_the_document_says() {
 fn the_checker_finds_what_does_not_match() {
     let doc = the_document();
     let outcome = &doc["components"]["schemas"]["Outcome"];
-    let good = json!({"success": true, "limit": 5, "remaining": 4, "reset_at_ms": 1, "retry_after_ms": 0, "source": "memory"});
+    let good = json!({"success": true, "limit": 5, "remaining": 4, "current": 1, "reset_at_ms": 1, "retry_after_ms": 0, "source": "memory"});
     let mut errors = Vec::new();
     check(&doc, outcome, &good, "$", &mut errors);
     assert!(errors.is_empty(), "{errors:?}");
     for (bad, says) in [
         (json!({"success": true}), "`limit` is missing"),
         (
-            json!({"success": "yes", "limit": 5, "remaining": 4, "reset_at_ms": 1, "retry_after_ms": 0, "source": "memory"}),
+            json!({"success": "yes", "limit": 5, "remaining": 4, "current": 1, "reset_at_ms": 1, "retry_after_ms": 0, "source": "memory"}),
             "is not [\"boolean\"]",
         ),
         (
-            json!({"success": true, "limit": 5, "remaining": 4, "reset_at_ms": 1, "retry_after_ms": 0, "source": "disk"}),
+            json!({"success": true, "limit": 5, "remaining": 4, "current": 1, "reset_at_ms": 1, "retry_after_ms": 0, "source": "disk"}),
             "is not one of",
         ),
         (
-            json!({"success": true, "limit": -1, "remaining": 4, "reset_at_ms": 1, "retry_after_ms": 0, "source": "memory"}),
+            json!({"success": true, "limit": -1, "remaining": 4, "current": 1, "reset_at_ms": 1, "retry_after_ms": 0, "source": "memory"}),
             "below 0",
         ),
         (
-            json!({"success": true, "limit": 5, "remaining": 4, "reset_at_ms": 1, "retry_after_ms": 0, "source": "memory", "extra": 1}),
+            json!({"success": true, "limit": 5, "remaining": 4, "current": 1, "reset_at_ms": 1, "retry_after_ms": 0, "source": "memory", "extra": 1}),
             "not in the document",
         ),
     ] {

@@ -854,7 +854,8 @@ async fn windows_are_aligned_to_the_unix_epoch_on_redis() {
 }
 
 /// A day's fixed window resets at the next 00:00 UTC and a minute's on the minute, whichever
-/// store counts, and `reset_at_ms` is the same instant for every call in the window. (A
+/// store counts, and `reset_at_ms` is the same instant, to the millisecond, for every call in
+/// the window. (A
 /// process counting from its own start would reset a day after it started.)
 async fn windows_are_aligned_to_the_unix_epoch(args: &[&str]) {
     let daemon = Daemon::start(args);
@@ -865,8 +866,9 @@ async fn windows_are_aligned_to_the_unix_epoch(args: &[&str]) {
             .expect("after 1970")
             .as_millis() as u64
     };
-    // A few milliseconds for rounding to whole milliseconds and the clocks' readings apart.
-    let near = |got: u64, want: u64| got.abs_diff(want) <= 25;
+    // Exactly: `reset_at_ms` is counted from the instant the store decided, so a window's
+    // answers all name its end, to the millisecond.
+    let near = |got: u64, want: u64| got == want;
     for (policy, period_ms) in [("daily", 86_400_000u64), ("minutely", 60_000)] {
         let mut resets = Vec::new();
         for n in 0..3u64 {

@@ -49,7 +49,7 @@ where
         self.find(&call.targets, &call.order, &guards, &mut cells);
         self.read_all(&cells, &mut call.seen, &mut call.outcome.next);
         self.decide_all(&call.targets, cost, now, &mut call.outcome)?;
-        if call.outcome.decision.is_denied() || cost == 0 {
+        if !call.outcome.writes(cost) {
             return Ok(true);
         }
         let mut all_present = true;
@@ -198,8 +198,8 @@ where
                 self.decide_all(targets, cost, now, outcome)
                     .and_then(|()| self.commit(targets, &cells, seen, outcome, cost, now))
             };
-            let admitted = result.is_ok() && outcome.decision.is_allowed();
-            if !admitted {
+            let written = result.is_ok() && outcome.writes(cost);
+            if !written {
                 // Nobody else has seen the new entries (their shards are write-locked): take
                 // them out again, so a denial leaves nothing behind.
                 self.take_out(targets, &inserted, order, &mut guards);
@@ -301,11 +301,16 @@ where
                 }
                 state.plan = target.plan;
             }
+            let record = out.record;
             if let [algorithm] = limits.as_slice() {
                 // One limit, the usual layer: its answer is the layer's, decided in place.
                 out.decision
                     .push_one(slot, target.layer, target.plan, |decision| {
-                        algorithm.decide(&mut state.words[0], cost, now, decision)
+                        if record {
+                            algorithm.record(&mut state.words[0], cost, now, decision)
+                        } else {
+                            algorithm.decide(&mut state.words[0], cost, now, decision)
+                        }
                     })
                     .map_err(error(0))?;
                 continue;
@@ -316,7 +321,11 @@ where
                 .zip(state.words.iter_mut().zip(&mut parts))
                 .enumerate()
             {
-                algorithm.decide(word, cost, now, part).map_err(error(j))?;
+                if record {
+                    algorithm.record(word, cost, now, part).map_err(error(j))?;
+                } else {
+                    algorithm.decide(word, cost, now, part).map_err(error(j))?;
+                }
             }
             out.decision
                 .push_limits(slot, target.layer, target.plan, &parts[..limits.len()]);

@@ -32,7 +32,7 @@ where
     }
 
     /// Locks every entry, decides again if any changed since `snapshots`, and writes the
-    /// states if every layer still admits.
+    /// states if every layer still admits (a record writes them whatever the answer).
     #[inline]
     pub(super) fn commit(
         &self,
@@ -63,7 +63,7 @@ where
         } else {
             Ok(())
         };
-        let write = decided.is_ok() && outcome.decision.is_allowed();
+        let write = decided.is_ok() && outcome.writes(cost);
         for slot in self.release_order(layers) {
             if let (Some(cell), Some(held)) = (cells[slot], held[slot].take()) {
                 match &outcome.next[slot] {

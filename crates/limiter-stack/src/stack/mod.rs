@@ -245,6 +245,45 @@ where
         Ok((decision, grant))
     }
 
+    /// Records `cost` units of usage that already happened for `request` now (tokens a
+    /// response used, bytes already sent): every layer the request touches is debited, none
+    /// refuses, and a layer may be left in debt, so its later calls are denied until the debt
+    /// is paid back at its limits' rates. The answer is each layer's: allowed if every layer is
+    /// still within its limits, otherwise the layer that went over binds it, and
+    /// `retry_after` says when a call of one unit would be admitted again. A key not yet held
+    /// is inserted ([`CallError::Full`] if `max_keys` leaves no room); cost 0 is a peek.
+    ///
+    /// ```
+    /// use limiter_core::{Limit, ManualClock};
+    /// use limiter_stack::{Kind, Layer, Stack};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // 10,000 tokens a minute per customer: check before the call, record what it used.
+    /// let tokens = Stack::builder()
+    ///     .layer(Layer::keyed("tokens", |c: &u64| Some(*c)).limit(Kind::TokenBucket, Limit::per_minute(10_000)))
+    ///     .clock(ManualClock::new())
+    ///     .build()?;
+    /// assert!(tokens.peek(&7)?.is_allowed());
+    /// tokens.record(&7, 6_000)?;
+    /// assert!(tokens.peek(&7)?.is_allowed()); // 4,000 left
+    /// let over = tokens.record(&7, 6_000)?; // the response used more than was left
+    /// assert!(over.is_denied());
+    /// assert!(tokens.peek(&7)?.is_denied()); // the next check waits until the debt is paid
+    /// # Ok(()) }
+    /// ```
+    pub fn record(&self, request: &R, cost: u64) -> Result<StackDecision, CallError> {
+        self.record_at(request, cost, self.clock.now())
+    }
+
+    /// Records `cost` units of usage for `request` at `now` (see [`record`](Self::record)).
+    pub fn record_at(&self, request: &R, cost: u64, now: u64) -> Result<StackDecision, CallError> {
+        let mut call = Call::new();
+        call.outcome.record = true;
+        self.prepare(request, &mut call)?;
+        self.decide_general(&mut call, cost, now)?;
+        Ok(call.outcome.decision)
+    }
+
     /// The answer for `cost` units of `request` at `now`, built where the caller keeps it.
     #[inline]
     fn decide(&self, request: &R, cost: u64, now: u64) -> Result<StackDecision, CallError> {
@@ -291,6 +330,20 @@ where
         Ok(())
     }
 
+    /// Gives back `units` to every layer `request` touches, now, without a grant: a caller's
+    /// own account of units it took and did not use (envoy's `is_negative_hits`). No layer goes
+    /// above full, and a window takes units back only from its current count (a token bucket
+    /// from its debt). Unlike [`refund`](Self::refund), nothing proves the units were taken:
+    /// expose it only to callers trusted with the limits. Answers with what `request` holds
+    /// after it (a peek); a key not held has nothing to give back.
+    pub fn give_back(&self, request: &R, units: u64) -> Result<StackDecision, CallError> {
+        let now = self.clock.now();
+        if units > 0 {
+            self.refund_at(request, units, now, now)?;
+        }
+        self.decide(request, 0, now)
+    }
+
     /// Gives back `units` of what `grant` took, on every layer the request touches, at the
     /// clock's reading now. At most the grant's units come back in all, and no layer goes above
     /// full: units that have already come back on their own are not returned twice.
@@ -308,7 +361,20 @@ where
         if units == 0 {
             return Ok(());
         }
-        let now = self.clock.now();
+        self.refund_at(request, units, grant.at, self.clock.now())?;
+        grant.left -= units;
+        Ok(())
+    }
+
+    /// Gives `units` taken at `granted_at` back to every present entry `request` touches, at
+    /// `now`, each limit by its algorithm's refund.
+    fn refund_at(
+        &self,
+        request: &R,
+        units: u64,
+        granted_at: u64,
+        now: u64,
+    ) -> Result<(), CallError> {
         let mut call = Call::new();
         self.prepare(request, &mut call)?;
         let mut guards: Guards<'_, K> = [const { None }; MAX_LAYERS];
@@ -328,13 +394,12 @@ where
             let mut snapshot = cell.read_held(&held);
             let limits = &self.layers[target.layer].plan(snapshot.plan).limits;
             for (word, algorithm) in snapshot.words.iter_mut().zip(limits) {
-                if let Some(back) = algorithm.refund(*word, units, grant.at, now) {
+                if let Some(back) = algorithm.refund(*word, units, granted_at, now) {
                     *word = back;
                 }
             }
             cell.write_and_unlock(held, &snapshot);
         }
-        grant.left -= units;
         Ok(())
     }
 

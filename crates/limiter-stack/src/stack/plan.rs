@@ -154,6 +154,18 @@ pub(super) struct Outcome {
     pub(super) decision: StackDecision,
     /// Each layer's state: read into it, decided in place, written from it.
     pub(super) next: [Option<Snapshot>; MAX_LAYERS],
+    /// Whether the call records usage that already happened: every layer is debited, and the
+    /// states are written whatever the answer (see [`Stack::record`]).
+    pub(super) record: bool,
+}
+
+impl Outcome {
+    /// Whether the decided states are to be written: an admission of a positive cost, or any
+    /// record of one.
+    #[inline]
+    pub(super) fn writes(&self, cost: u64) -> bool {
+        cost > 0 && (self.record || self.decision.is_allowed())
+    }
 }
 
 /// One call's working state. It is built once per call and filled in place, never moved or
@@ -176,6 +188,7 @@ impl<K> Call<K> {
             outcome: Outcome {
                 decision: StackDecision::new(),
                 next: [None; MAX_LAYERS],
+                record: false,
             },
         }
     }

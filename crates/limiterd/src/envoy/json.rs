@@ -37,6 +37,8 @@ struct RawDescriptor {
     limit: Option<RawOverride>,
     #[serde(alias = "hits_addend")]
     hits_addend: Option<u64>,
+    #[serde(default, alias = "is_negative_hits")]
+    is_negative_hits: bool,
 }
 
 #[derive(Deserialize)]
@@ -93,6 +95,7 @@ pub fn parse(body: &[u8]) -> Result<Request, EnvoyError> {
                 entries: d.entries.into_iter().map(|e| (e.key, e.value)).collect(),
                 limit,
                 hits_addend: d.hits_addend,
+                negative_hits: d.is_negative_hits,
             })
         })
         .collect::<Result<_, EnvoyError>>()?;

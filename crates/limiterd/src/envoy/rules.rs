@@ -344,6 +344,9 @@ pub struct Domain {
     pub file: String,
     /// The top level.
     pub root: Level,
+    /// What the file says that is ignored, as envoy's reference ignores it (a field the
+    /// reference knows, written where it means nothing): each names the field and its place.
+    pub warnings: Vec<RulesError>,
 }
 
 impl Domain {
@@ -384,13 +387,14 @@ impl Domain {
     /// Adds `other`'s top-level descriptors (same domain, another file) after this one's,
     /// numbering its limits after this one's.
     fn merge(&mut self, other: Domain) -> Result<(), RulesError> {
+        self.warnings.extend(other.warnings);
         for node in other.root.nodes {
-            let id = (node.key.clone(), node.value.clone());
+            let composite = composite_key(&node.key, node.value.as_deref());
             if self
                 .root
                 .nodes
                 .iter()
-                .any(|n| (&n.key, &n.value) == (&id.0, &id.1))
+                .any(|n| composite_key(&n.key, n.value.as_deref()) == composite)
             {
                 return Err(RulesError {
                     file: other.file.clone(),
@@ -501,6 +505,43 @@ impl Domains {
     pub fn is_empty(&self) -> bool {
         self.domains.is_empty()
     }
+
+    /// What the files say that is ignored (see [`Domain::warnings`]), file by file.
+    pub fn warnings(&self) -> impl Iterator<Item = &RulesError> {
+        self.domains.values().flat_map(|d| d.warnings.iter())
+    }
+}
+
+/// The fields envoy's reference server accepts anywhere in a descriptor file (it checks every
+/// key against one list, whatever the level): one written where it means nothing (`unit` beside
+/// `key`) is ignored there, with a warning, as the reference ignores it.
+const REFERENCE_FIELDS: &[&str] = &[
+    "domain",
+    "key",
+    "value",
+    "descriptors",
+    "rate_limit",
+    "unit",
+    "requests_per_unit",
+    "unlimited",
+    "shadow_mode",
+    "quota_mode",
+    "name",
+    "replaces",
+    "detailed_metric",
+    "value_to_metric",
+    "share_threshold",
+    "metadata",
+];
+
+/// A descriptor's name in the reference's tree: its key, and `_value` when it has a value. Two
+/// descriptors of one level with the same composite key (`a_b` with value `c`, `a` with value
+/// `b_c`) are one to the reference, which refuses the file.
+fn composite_key(key: &str, value: Option<&str>) -> String {
+    match value {
+        Some(value) => format!("{key}_{value}"),
+        None => key.to_owned(),
+    }
 }
 
 /// A descriptor file that cannot be used.
@@ -536,6 +577,7 @@ pub fn parse(file: &str, text: &str) -> Result<Domain, RulesError> {
     let loader = Loader {
         file,
         limits: std::cell::Cell::new(0),
+        warnings: std::cell::RefCell::new(Vec::new()),
     };
     let root = yaml::parse(text)
         .map_err(|e| RulesError {
@@ -572,12 +614,14 @@ pub fn parse(file: &str, text: &str) -> Result<Domain, RulesError> {
         name: domain,
         file: file.to_owned(),
         root: root_level,
+        warnings: loader.warnings.take(),
     })
 }
 
 struct Loader<'a> {
     file: &'a str,
     limits: std::cell::Cell<usize>,
+    warnings: std::cell::RefCell<Vec<RulesError>>,
 }
 
 impl Loader<'_> {
@@ -590,7 +634,9 @@ impl Loader<'_> {
         }
     }
 
-    /// A mapping's entries by key, refusing keys outside `allowed` and repeated keys.
+    /// A mapping's entries by key, refusing repeated keys and keys outside `allowed`, except a
+    /// field of the reference's ([`REFERENCE_FIELDS`]) written where it means nothing, which is
+    /// left out with a warning, as the reference ignores it.
     fn mapping<'n>(
         &self,
         node: &'n Node,
@@ -615,6 +661,18 @@ impl Loader<'_> {
             };
             let path = join(field, text);
             if !allowed.contains(&text.as_str()) {
+                if REFERENCE_FIELDS.contains(&text.as_str()) {
+                    self.warnings.borrow_mut().push(self.error(
+                        key,
+                        &path,
+                        format!(
+                            "means nothing here and is ignored, as envoy's reference ignores \
+                             it (the fields here are {}); remove it or move it where it belongs",
+                            allowed.join(", ")
+                        ),
+                    ));
+                    continue;
+                }
                 return Err(self.error(
                     key,
                     &path,
@@ -716,25 +774,39 @@ impl Loader<'_> {
             ));
         }
         let mut level = Level::default();
-        let mut seen: HashMap<(String, Option<String>), usize> = HashMap::new();
+        // By composite key (`key_value`), as the reference names descriptors: two that join
+        // to the same one are one descriptor there, and the file is refused.
+        let mut seen: HashMap<String, (usize, String, Option<String>)> = HashMap::new();
         for (i, item) in items.iter().enumerate() {
             let path = format!("{field}[{i}]");
             let descriptor = self.descriptor(item, &path, parent_key, depth)?;
-            let id = (descriptor.key.clone(), descriptor.value.clone());
-            if let Some(line) = seen.get(&id) {
+            let composite = composite_key(&descriptor.key, descriptor.value.as_deref());
+            if let Some((line, key, value)) = seen.get(&composite) {
                 let what = match &descriptor.value {
                     Some(v) => format!("key `{}` with value `{v}`", descriptor.key),
                     None => format!("key `{}` without a value", descriptor.key),
                 };
-                return Err(self.error(
-                    item,
-                    &path,
+                let message = if (key, value) == (&descriptor.key, &descriptor.value) {
                     format!(
                         "{what} is already configured at line {line} of this level: merge the two"
-                    ),
-                ));
+                    )
+                } else {
+                    format!(
+                        "{what} joins to the composite key `{composite}`, as the descriptor at \
+                         line {line} of this level does: envoy's reference cannot tell them \
+                         apart and refuses the file; rename one"
+                    )
+                };
+                return Err(self.error(item, &path, message));
             }
-            seen.insert(id, item.mark.line);
+            seen.insert(
+                composite,
+                (
+                    item.mark.line,
+                    descriptor.key.clone(),
+                    descriptor.value.clone(),
+                ),
+            );
             level.insert(descriptor);
         }
         Ok(level)
@@ -796,6 +868,21 @@ impl Loader<'_> {
         let shadow = flag("shadow_mode")?;
         let quota_mode = flag("quota_mode")?;
         let share_threshold = flag("share_threshold")?;
+        if share_threshold
+            && !key.contains('*')
+            && !value.as_deref().is_some_and(|v| v.contains('*'))
+        {
+            let at = fields.get("share_threshold").copied().unwrap_or(node);
+            return Err(self.error(
+                at,
+                &join(field, "share_threshold"),
+                format!(
+                    "applies only to a wildcard value (one with a `*`), and `{}` has none: give \
+                     the value a `*`, or remove share_threshold (as envoy's reference requires)",
+                    composite_key(&key, value.as_deref())
+                ),
+            ));
+        }
         let value_to_metric = flag("value_to_metric")?;
         let detailed_metric = flag("detailed_metric")?;
         let metadata = fields.get("metadata").map(|m| flatten(m));
@@ -1273,6 +1360,85 @@ descriptors:
             ),
             (5, 6, 7)
         );
+    }
+
+    #[test]
+    fn loads_and_refuses_as_the_reference_does_at_every_level() {
+        // A field the reference knows, where it means nothing: loaded, ignored, with a warning
+        // naming it (the reference checks every key against one list, whatever the level).
+        let text = "domain: web\nkey: stray\ndescriptors:\n  - key: a\n    unit: second\n    rate_limit: { unit: minute, requests_per_unit: 2, shadow_mode: true }\n    descriptors:\n      - key: b\n        requests_per_unit: 9\n        rate_limit:\n          unit: hour\n          requests_per_unit: 3\n          replaces: [{ name: x, value: y }]\n";
+        let domain = parse("web.yaml", text).expect("the reference loads it");
+        let a = limit_of(&domain, &[("a", "1")]).expect("a's limit");
+        assert_eq!(
+            (a.requests_per_unit, a.unit, a.shadow),
+            (2, Unit::Minute, false)
+        );
+        let b = limit_of(&domain, &[("a", "1"), ("b", "2")]).expect("b's limit");
+        assert_eq!((b.requests_per_unit, b.unit), (3, Unit::Hour));
+        let warned: Vec<String> = domain.warnings.iter().map(ToString::to_string).collect();
+        for (field, line) in [
+            ("key", 2),
+            ("descriptors[0].unit", 5),
+            ("descriptors[0].rate_limit.shadow_mode", 6),
+            ("descriptors[0].descriptors[0].requests_per_unit", 9),
+            (
+                "descriptors[0].descriptors[0].rate_limit.replaces[0].value",
+                13,
+            ),
+        ] {
+            assert!(
+                warned
+                    .iter()
+                    .any(|w| w.contains(&format!("web.yaml:{line}:"))
+                        && w.contains(&format!(": {field}: means nothing here and is ignored"))),
+                "{field} at line {line}: {warned:#?}"
+            );
+        }
+        assert_eq!(warned.len(), 5, "{warned:#?}");
+        // A field nobody knows is still refused.
+        let err = parse(
+            "web.yaml",
+            "domain: web\ndescriptors:\n  - key: a\n    units: second\n",
+        )
+        .expect_err("refused");
+        assert!(err.to_string().contains("unknown field"), "{err}");
+
+        // What the reference refuses: share_threshold on a value with no wildcard, and two
+        // descriptors whose key and value join to one composite key (`a_b` + `c`, `a` + `b_c`).
+        let err = parse(
+            "web.yaml",
+            "domain: web\ndescriptors:\n  - key: files\n    value: report.pdf\n    share_threshold: true\n    rate_limit: { unit: day, requests_per_unit: 1 }\n",
+        )
+        .expect_err("refused")
+        .to_string();
+        assert!(err.starts_with("web.yaml:5:"), "{err}");
+        assert!(
+            err.contains("share_threshold: applies only to a wildcard value"),
+            "{err}"
+        );
+        // On a wildcard, or switched off, it loads.
+        for ok in [
+            "value: report*\n    share_threshold: true",
+            "value: report.pdf\n    share_threshold: false",
+        ] {
+            let text = format!(
+                "domain: web\ndescriptors:\n  - key: files\n    {ok}\n    rate_limit: {{ unit: day, requests_per_unit: 1 }}\n"
+            );
+            assert!(parse("web.yaml", &text).is_ok(), "{ok}");
+        }
+        for (first, second) in [
+            ("key: a_b\n    value: c", "key: a\n    value: b_c"),
+            ("key: a_b", "key: a\n    value: b"),
+        ] {
+            let text = format!("domain: web\ndescriptors:\n  - {first}\n  - {second}\n");
+            let err = parse("web.yaml", &text).expect_err("refused").to_string();
+            assert!(err.contains("joins to the composite key"), "{err}");
+            assert!(err.contains("rename one"), "{err}");
+        }
+        // Across files merged into one domain, too.
+        let first = "domain: web\ndescriptors:\n  - key: a_b\n    value: c\n";
+        let second = "domain: web\ndescriptors:\n  - key: a\n    value: b_c\n";
+        assert!(Domains::load_merging([("1.yaml", first), ("2.yaml", second)], true).is_err());
     }
 
     #[test]

@@ -1,8 +1,16 @@
 //! Envoy's `ShouldRateLimit`, decided on the engine: each request descriptor finds its limit
 //! in the domain's tree (or carries its own override), and the request is all or nothing: if
-//! any enforced descriptor is over its limit, the answer is `OVER_LIMIT` and no descriptor's
-//! counter moves (envoy's reference server counts every descriptor even when another one is
-//! already over, so a blocked caller burns shared quota; here it does not).
+//! any enforced descriptor is over its limit, the answer is `OVER_LIMIT` and no counter that
+//! is within its limit moves (envoy's reference server counts every descriptor even when
+//! another one is already over, so a blocked caller burns shared quota; here it does not).
+//!
+//! Hits on a counter they take over its limit are counted as the reference counts them: the
+//! counter goes over (a debt: every later check of it is over until its window ends, or, for a
+//! token bucket or sliding window, until the debt is paid back). That is envoy's
+//! check-then-charge pattern (a check with `hits_addend: 0` on the request path, the usage
+//! charged on the response path, where the answer is ignored): usage that already happened is
+//! never dropped. A check is over only while its counter is over its limit: exactly at the
+//! limit it is `OK` with nothing left, as there.
 //!
 //! A descriptor in `shadow_mode` is evaluated and counted in the metrics
 //! (`result="shadow_denied"`) but is always answered `OK` and never denies the request.
@@ -20,7 +28,7 @@ use limiter_redis::Kind;
 use super::rules::{Domains, RateLimit, Rule, Unit};
 use crate::config::{CheckedLimit, Keying, Policy, PolicyLimit, StoreKind};
 pub use crate::config::{HeaderNames, Options};
-use crate::engine::{DecideError, Engine, EngineError, Item, PolicyId, Target};
+use crate::engine::{Charge, DecideError, Engine, EngineError, Item, PolicyId, Target};
 use crate::metrics::RuleCounters;
 
 /// The most descriptors one request is decided for: a request with more is answered
@@ -51,6 +59,9 @@ pub struct Descriptor {
     pub limit: Option<Override>,
     /// Units this descriptor takes, overriding the request's (0 only reports).
     pub hits_addend: Option<u64>,
+    /// `is_negative_hits`: the hits are given back to the descriptor's counter instead of
+    /// taken (units taken earlier and not used), never above full.
+    pub negative_hits: bool,
 }
 
 /// A limit sent with a descriptor (`RateLimitOverride`).
@@ -167,10 +178,17 @@ enum Plan<'a> {
         shown: CurrentLimit,
         stats: Stats<'a>,
     },
-    /// Over before counting: `requests_per_unit` is 0, or the hits exceed it.
+    /// Hits given back (`is_negative_hits`): what the counter holds after, if it has one.
+    GivenBack {
+        shown: CurrentLimit,
+        answer: Option<crate::engine::Answer>,
+    },
+    /// Over before counting: `requests_per_unit` is 0 (no counter: `item` is `None`), or the
+    /// hits exceed it (the item that records them, as the reference counts them).
     Refused {
         shown: CurrentLimit,
         stats: Stats<'a>,
+        item: Option<Item>,
     },
 }
 
@@ -381,23 +399,38 @@ impl Envoy {
                 requests_per_unit: o.requests_per_unit,
                 unit,
             };
-            if u64::from(o.requests_per_unit) < hits || o.requests_per_unit == 0 {
-                let stats = Stats::adhoc();
-                return (Plan::Refused { shown, stats }, &[]);
-            }
             let duration_ms = u64::try_from(unit.duration().as_millis()).unwrap_or(u64::MAX);
+            // Each unit counts on its own counter, as the reference keys its counters by the
+            // unit's window: 10 a day and then 42 an hour are two counters.
             let item = Item {
                 target: Target::AdHoc {
                     kind: Kind::FixedWindow,
                     limit: u64::from(o.requests_per_unit),
                     duration_ms,
-                    namespace: format!("envoy:{}", request.domain),
+                    namespace: format!("envoy:{}:{}", request.domain, unit.name()),
                 },
                 identifier: identifier(&descriptor.entries, |_| None),
                 cost: hits,
                 shadow: false,
+                charge: Charge::Ask,
             };
             let stats = Stats::adhoc();
+            if o.requests_per_unit == 0 {
+                let plan = Plan::Refused {
+                    shown,
+                    stats,
+                    item: None,
+                };
+                return (plan, &[]);
+            }
+            if u64::from(o.requests_per_unit) < hits {
+                let plan = Plan::Refused {
+                    shown,
+                    stats,
+                    item: Some(item),
+                };
+                return (plan, &[]);
+            }
             return (Plan::Counted { item, shown, stats }, &[]);
         }
         let Some(matched) = domain.matched(&descriptor.entries) else {
@@ -426,26 +459,26 @@ impl Envoy {
             .policies
             .get(&request.domain)
             .and_then(|ids| ids.get(limit.id).copied().flatten());
-        let plan = match policy {
-            Some(policy) if hits <= u64::from(limit.requests_per_unit) => {
-                let id = identifier(&descriptor.entries, |level| {
-                    matched
-                        .shares(level)
-                        .then(|| matched.path[level].value.clone().unwrap_or_default())
-                });
-                Plan::Counted {
-                    item: Item {
-                        target: Target::Policy(policy),
-                        identifier: id,
-                        cost: hits,
-                        // Neither a shadow nor a quota-mode limit denies the request.
-                        shadow: limit.shadow || limit.quota_mode || self.options.shadow_mode,
-                    },
-                    shown,
-                    stats,
-                }
+        let item = policy.map(|policy| {
+            let id = identifier(&descriptor.entries, |level| {
+                matched
+                    .shares(level)
+                    .then(|| matched.path[level].value.clone().unwrap_or_default())
+            });
+            Item {
+                target: Target::Policy(policy),
+                identifier: id,
+                cost: hits,
+                // Neither a shadow nor a quota-mode limit denies the request.
+                shadow: limit.shadow || limit.quota_mode || self.options.shadow_mode,
+                charge: Charge::Ask,
             }
-            _ => Plan::Refused { shown, stats },
+        });
+        let plan = match item {
+            Some(item) if hits <= u64::from(limit.requests_per_unit) => {
+                Plan::Counted { item, shown, stats }
+            }
+            item => Plan::Refused { shown, stats, item },
         };
         (plan, &limit.replaces)
     }
@@ -465,6 +498,11 @@ impl Envoy {
         for descriptor in &request.descriptors {
             let (plan, replaces) = self.plan(request, descriptor);
             replaced.extend(replaces.iter().map(String::as_str));
+            let plan = if descriptor.negative_hits {
+                self.give_back(engine, plan).await?
+            } else {
+                plan
+            };
             plans.push(plan);
         }
         // A matched limit named in another matched limit's `replaces` does not apply, whether
@@ -481,31 +519,9 @@ impl Envoy {
             }
         }
         let enforced = |stats: &Stats<'_>| !(stats.shadow || stats.quota || self.global(stats));
-        let mut refused = plans
+        let refused = plans
             .iter()
             .any(|p| matches!(p, Plan::Refused { stats, .. } if enforced(stats)));
-        // A check (0 hits) of an exhausted counter is over, so the request is over before
-        // anything is counted: checks are read first when the request also charges.
-        if !refused {
-            let checks: Vec<Item> = plans
-                .iter()
-                .filter_map(|p| match p {
-                    Plan::Counted { item, stats, .. } if item.cost == 0 && enforced(stats) => {
-                        Some(item.clone())
-                    }
-                    _ => None,
-                })
-                .collect();
-            let charges = plans
-                .iter()
-                .any(|p| matches!(p, Plan::Counted { item, .. } if item.cost > 0));
-            if !checks.is_empty() && charges {
-                let (_, read) = engine.decide(&checks).await.map_err(decide_error)?;
-                refused = read
-                    .iter()
-                    .any(|a| !a.decision.is_allowed() || a.decision.remaining() == 0);
-            }
-        }
         // Something is over before counting: only report the others (cost 0), so nothing moves.
         let mut slots = Vec::with_capacity(plans.len());
         let mut items = Vec::new();
@@ -526,10 +542,15 @@ impl Envoy {
         } else {
             engine.decide(&items).await.map_err(decide_error)?
         };
-        if refused || !admitted {
-            self.keep_repeated_hits(engine, &plans, &slots, &mut answers)
-                .await?;
-        }
+        let recorded = self
+            .count_over_hits(
+                engine,
+                &plans,
+                &slots,
+                &mut answers,
+                (refused, !refused && admitted),
+            )
+            .await?;
         let mut outcome = Outcome::default();
         let statuses = plans
             .iter()
@@ -537,7 +558,8 @@ impl Envoy {
             .enumerate()
             .map(|(index, (plan, slot))| {
                 let decided = slot.and_then(|i| answers.get(i));
-                self.status(index, plan, decided, &mut outcome, engine)
+                let over_hits = recorded.get(index).copied().flatten();
+                self.status(index, plan, (decided, over_hits), &mut outcome, engine)
             })
             .collect::<Vec<_>>();
         if outcome.shadowed_globally && !(refused || outcome.over) {
@@ -556,60 +578,150 @@ impl Envoy {
         })
     }
 
+    /// A descriptor's hits given back (`is_negative_hits`), before the rest of the request is
+    /// decided: its counter takes them back (never above full), whatever else the request
+    /// asks, and the descriptor answers `OK` with what the counter holds after.
+    async fn give_back<'a, C: Clock + Clone + Send + Sync + 'static>(
+        &self,
+        engine: &Engine<C>,
+        plan: Plan<'a>,
+    ) -> Result<Plan<'a>, EnvoyError> {
+        let (shown, item) = match plan {
+            Plan::Counted { shown, item, .. }
+            | Plan::Refused {
+                shown,
+                item: Some(item),
+                ..
+            } => (shown, item),
+            Plan::Refused {
+                shown, item: None, ..
+            } => {
+                return Ok(Plan::GivenBack {
+                    shown,
+                    answer: None,
+                });
+            }
+            other => return Ok(other),
+        };
+        let give = Item {
+            charge: Charge::GiveBack,
+            shadow: false,
+            ..item
+        };
+        let (_, mut answers) = engine
+            .decide(std::slice::from_ref(&give))
+            .await
+            .map_err(decide_error)?;
+        Ok(Plan::GivenBack {
+            shown,
+            answer: answers.pop(),
+        })
+    }
+
     /// Whether global shadow mode keeps this limit from denying: every configured limit, never
     /// one envoy sent with the request (as the reference's `SHADOW_MODE`).
     fn global(&self, stats: &Stats<'_>) -> bool {
         self.options.shadow_mode && stats.limit.is_some()
     }
 
-    /// In a request that is over, a counter named by more than one descriptor keeps the hits
-    /// that fit, as the reference counts them: its occurrences are charged one at a time, in
-    /// order, and each reports what it found (the first fits, a later one is over). Other
-    /// counters take nothing, as in every request that is over.
-    async fn keep_repeated_hits<C: Clock + Clone + Send + Sync + 'static>(
+    /// Counts the hits on every counter they take over its limit, as the reference counts
+    /// them, and returns, by descriptor, the answer of each one refused before counting whose
+    /// hits were recorded.
+    ///
+    /// A counter is over when it cannot take all the hits the request names on it: one of
+    /// its charges was denied, or (a request refused before counting, whose items were only
+    /// peeked) it is in debt or the hits are more than it had left. Each of its charges then
+    /// records its hits in order (the first may still fit, a later one is over) and reports
+    /// what it found. In an admitted request only the charges not taken (a shadow or quota
+    /// limit over) are recorded; in one that is over (`taken` false) nothing was taken, and a
+    /// counter within its limit takes nothing (all or nothing).
+    async fn count_over_hits<C: Clock + Clone + Send + Sync + 'static>(
         &self,
         engine: &Engine<C>,
         plans: &[Plan<'_>],
         slots: &[Option<usize>],
         answers: &mut [crate::engine::Answer],
-    ) -> Result<(), EnvoyError> {
-        let mut by_counter: HashMap<&str, Vec<(usize, &Item)>> = HashMap::new();
-        for (plan, slot) in plans.iter().zip(slots) {
-            if let (Plan::Counted { item, .. }, Some(i)) = (plan, slot)
-                && item.cost > 0
-                && !item.shadow
-            {
-                by_counter
-                    .entry(item.identifier.as_str())
-                    .or_default()
-                    .push((*i, item));
+        (peeked, taken): (bool, bool),
+    ) -> Result<Vec<Option<crate::engine::Answer>>, EnvoyError> {
+        struct Counter<'i> {
+            item: &'i Item,
+            /// (descriptor, its answer's index, whether that answer denied it)
+            charges: Vec<(usize, Option<usize>, bool)>,
+            hits: u64,
+            over: bool,
+        }
+        let mut counters: Vec<Counter<'_>> = Vec::new();
+        for (index, (plan, slot)) in plans.iter().zip(slots).enumerate() {
+            let (item, answer, over) = match (plan, slot) {
+                (Plan::Counted { item, .. }, Some(i)) if item.cost > 0 => {
+                    let answer = answers.get(*i);
+                    let denied = answer.is_none_or(|a| !a.decision.is_allowed());
+                    (
+                        item,
+                        Some((*i, answer.map_or(0, |a| a.decision.remaining()))),
+                        denied,
+                    )
+                }
+                (
+                    Plan::Refused {
+                        item: Some(item), ..
+                    },
+                    _,
+                ) => (item, None, true),
+                _ => continue,
+            };
+            let found = counters
+                .iter_mut()
+                .find(|c| c.item.target == item.target && c.item.identifier == item.identifier);
+            let counter = match found {
+                Some(counter) => counter,
+                None => {
+                    counters.push(Counter {
+                        item,
+                        charges: Vec::new(),
+                        hits: 0,
+                        over: false,
+                    });
+                    counters.last_mut().expect("just pushed")
+                }
+            };
+            counter.hits = counter.hits.saturating_add(item.cost);
+            counter.over |= over;
+            if let (true, Some((_, left))) = (peeked, answer) {
+                // A peek: over when its hits are more than the counter had left.
+                counter.over |= counter.hits > left;
+            }
+            counter.charges.push((index, answer.map(|(i, _)| i), over));
+        }
+        let mut recorded = vec![None; plans.len()];
+        for counter in counters.iter().filter(|c| c.over) {
+            for &(index, slot, denied) in &counter.charges {
+                if taken && !denied {
+                    continue; // admitted and taken already
+                }
+                let item = match &plans[index] {
+                    Plan::Counted { item, .. }
+                    | Plan::Refused {
+                        item: Some(item), ..
+                    } => item,
+                    _ => continue,
+                };
+                let record = Item {
+                    charge: Charge::Record,
+                    ..item.clone()
+                };
+                let (_, mut answer) = engine
+                    .decide(std::slice::from_ref(&record))
+                    .await
+                    .map_err(decide_error)?;
+                let Some(answer) = answer.pop() else { continue };
+                match slot.and_then(|i| answers.get_mut(i)) {
+                    Some(to) => *to = answer,
+                    None => recorded[index] = Some(answer),
+                }
             }
         }
-        for occurrences in by_counter.values() {
-            for (n, (_, first)) in occurrences.iter().enumerate() {
-                let same: Vec<&(usize, &Item)> = occurrences[n..]
-                    .iter()
-                    .filter(|(_, other)| other.target == first.target)
-                    .collect();
-                // Only the first occurrence of each target starts a group.
-                let earlier = occurrences[..n]
-                    .iter()
-                    .any(|(_, other)| other.target == first.target);
-                if same.len() < 2 || earlier {
-                    continue;
-                }
-                for (slot, item) in same {
-                    let (_, mut answer) = engine
-                        .decide(std::slice::from_ref(*item))
-                        .await
-                        .map_err(decide_error)?;
-                    if let (Some(answer), Some(to)) = (answer.pop(), answers.get_mut(*slot)) {
-                        *to = answer;
-                    }
-                }
-            }
-        }
-        Ok(())
+        Ok(recorded)
     }
 
     /// A request with more than [`MAX_DESCRIPTORS`] descriptors: over, counting nothing.
@@ -637,11 +749,25 @@ impl Envoy {
         &self,
         index: usize,
         plan: &Plan<'_>,
-        decided: Option<&crate::engine::Answer>,
+        (decided, recorded): (
+            Option<&crate::engine::Answer>,
+            Option<crate::engine::Answer>,
+        ),
         outcome: &mut Outcome,
         engine: &Engine<C>,
     ) -> Status {
         let (shown, stats, status, hits) = match (plan, decided) {
+            (Plan::GivenBack { shown, answer }, _) => {
+                return Status {
+                    code: Code::Ok,
+                    current_limit: Some(shown.clone()),
+                    limit_remaining: answer.map_or(0, |a| {
+                        u32::try_from(a.decision.remaining()).unwrap_or(u32::MAX)
+                    }),
+                    duration_until_reset: answer
+                        .map(|a| Duration::from_nanos(a.decision.reset_after_nanos())),
+                };
+            }
             (Plan::Free, _) => {
                 return Status {
                     code: Code::Ok,
@@ -658,26 +784,35 @@ impl Envoy {
                     duration_until_reset: None,
                 };
             }
-            (Plan::Refused { shown, stats }, _) => {
-                let status = Status {
-                    code: Code::OverLimit,
-                    current_limit: Some(shown.clone()),
-                    limit_remaining: 0,
-                    duration_until_reset: Some(shown.unit.duration()),
+            (Plan::Refused { shown, stats, item }, _) => {
+                // Hits above the limit were recorded (the counter is over until it resets); a
+                // limit of 0 counts nothing.
+                let status = match &recorded {
+                    Some(answer) => Status {
+                        code: Code::OverLimit,
+                        ..counted_status(shown, &answer.decision)
+                    },
+                    None => Status {
+                        code: Code::OverLimit,
+                        current_limit: Some(shown.clone()),
+                        limit_remaining: 0,
+                        duration_until_reset: Some(shown.unit.duration()),
+                    },
                 };
-                (shown, stats, status, 0)
+                let hits = item
+                    .as_ref()
+                    .filter(|_| recorded.is_some())
+                    .map_or(0, |i| i.cost);
+                (shown, stats, status, hits)
             }
-            (Plan::Counted { shown, stats, item }, Some(answer)) => {
-                let mut status = counted_status(shown, &answer.decision);
-                // A check (0 hits) of a counter with nothing left is over, as a charge would
-                // be: envoy's check-then-charge callers must hear "no" before they spend.
-                if item.cost == 0 && status.code == Code::Ok && status.limit_remaining == 0 {
-                    status.code = Code::OverLimit;
-                    status.duration_until_reset =
-                        Some(Duration::from_nanos(answer.decision.reset_after_nanos()));
-                }
-                (shown, stats, status, item.cost)
-            }
+            // A check (0 hits) is over only while its counter is over its limit (a debt):
+            // exactly at the limit it is OK with nothing left, as in the reference.
+            (Plan::Counted { shown, stats, item }, Some(answer)) => (
+                shown,
+                stats,
+                counted_status(shown, &answer.decision),
+                item.cost,
+            ),
             // The engine answers every item; were one missing, say over.
             (Plan::Counted { shown, stats, .. }, None) => {
                 let status = Status {
@@ -930,9 +1065,14 @@ descriptors:
 
         /// What `pairs` has left, without taking anything.
         fn remaining(&self, pairs: &[(&str, &str)]) -> u32 {
+            self.remaining_status(pairs).limit_remaining
+        }
+
+        /// A check (`hits_addend: 0`) of `pairs`: its status.
+        fn remaining_status(&self, pairs: &[(&str, &str)]) -> Status {
             let mut d = descriptor(pairs);
             d.hits_addend = Some(0);
-            self.decide(vec![d]).statuses[0].limit_remaining
+            self.decide(vec![d]).statuses.remove(0)
         }
     }
 
@@ -983,17 +1123,30 @@ descriptors:
         }
         let over = f.decide(vec![descriptor(&[("ip", "10.0.0.1")])]);
         assert_eq!(over.overall, Code::OverLimit);
-        // A token every 100 ms: the wait is exactly one emission interval.
+        // The hit over the limit is counted, as the reference counts it: a token every
+        // 100 ms pays it back, and the next one is admitted: 200 ms.
         assert_eq!(
             over.statuses[0].duration_until_reset,
-            Some(Duration::from_millis(100))
+            Some(Duration::from_millis(200))
         );
         f.clock.advance(Duration::from_millis(99));
-        assert_eq!(
-            f.decide(vec![descriptor(&[("ip", "10.0.0.1")])]).overall,
-            Code::OverLimit
-        );
+        let check = f.remaining_status(&[("ip", "10.0.0.1")]);
+        assert_eq!(check.code, Code::OverLimit, "a check in debt is over");
         f.clock.advance(Duration::from_millis(1));
+        let check = f.remaining_status(&[("ip", "10.0.0.1")]);
+        assert_eq!(
+            (check.code, check.limit_remaining),
+            (Code::Ok, 0),
+            "a check exactly at the limit is OK"
+        );
+        // A request before its wait is over, and its hit is counted too: the wait grows by a
+        // token (a caller that honours the wait it is given is admitted when it ends).
+        f.clock.advance(Duration::from_millis(99));
+        let early = f.decide(vec![descriptor(&[("ip", "10.0.0.1")])]);
+        assert_eq!(early.overall, Code::OverLimit);
+        let wait = early.statuses[0].duration_until_reset.expect("a wait");
+        assert_eq!(wait, Duration::from_millis(101));
+        f.clock.advance(wait);
         let ok = f.decide(vec![descriptor(&[("ip", "10.0.0.1")])]);
         assert_eq!((ok.overall, ok.statuses[0].limit_remaining), (Code::Ok, 0));
         let shown = ok.statuses[0].current_limit.clone().expect("a limit");
@@ -1122,10 +1275,16 @@ descriptors:
         d.hits_addend = Some(7);
         let over = f.decide(vec![d.clone()]);
         assert_eq!(over.overall, Code::OverLimit);
-        assert_eq!(f.remaining(&[("tenant", "h")]), 6);
-        // More hits than the limit could ever hold: over, not an error.
+        // Counted, as the reference counts hits over a limit: 11 of 10, so a check is over.
+        assert_eq!(f.remaining_status(&[("tenant", "h")]).code, Code::OverLimit);
+        // More hits than the limit could ever hold: over, not an error, and counted too.
         d.hits_addend = Some(11);
         assert_eq!(f.decide(vec![d]).overall, Code::OverLimit);
+        assert_eq!(f.remaining(&[("tenant", "h")]), 0);
+        let mut fresh = descriptor(&[("tenant", "i")]);
+        fresh.hits_addend = Some(11);
+        assert_eq!(f.decide(vec![fresh]).overall, Code::OverLimit);
+        assert_eq!(f.remaining_status(&[("tenant", "i")]).code, Code::OverLimit);
 
         // An override replaces the configured limit, with its own counter.
         let mut o = descriptor(&[("tenant", "h")]);
@@ -1139,7 +1298,17 @@ descriptors:
             let shown = r.statuses[0].current_limit.clone().expect("shown");
             assert_eq!((shown.requests_per_unit, shown.unit), (2, Unit::Hour));
         }
-        assert_eq!(f.remaining(&[("tenant", "h")]), 6);
+        // Another unit is another counter (as the reference keys counters by the unit's
+        // window): 10 a day starts afresh beside 2 an hour.
+        o.limit = Some(Override {
+            requests_per_unit: 10,
+            unit: Unit::Day.number(),
+        });
+        let day = f.decide(vec![o.clone()]);
+        assert_eq!(
+            (day.overall, day.statuses[0].limit_remaining),
+            (Code::Ok, 9)
+        );
 
         // Only an empty domain or descriptor list is an error (gRPC UNKNOWN, as the
         // reference answers).
