@@ -1031,7 +1031,7 @@ fn parse_lease(
 }
 
 /// `"N%"` (N a decimal with at most four places, at most 100) in parts per million.
-fn parse_percent(text: &str) -> Option<u64> {
+pub(crate) fn parse_percent(text: &str) -> Option<u64> {
     let number = text.trim().strip_suffix('%')?.trim();
     let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
     if whole.is_empty() && fraction.is_empty()

@@ -152,6 +152,9 @@ pub struct RateLimit {
     pub location: String,
     /// The limit's number within its domain, from 0, in [`Domain::limits`] order.
     pub id: usize,
+    /// `rate_limit.lease_slack` (and `lease_ttl`): on Redis, decided locally against leases
+    /// within this slack (a limiterd addition, as `algorithm` is; ignored in memory).
+    pub lease: Option<limiter_redis::Lease>,
 }
 
 impl RateLimit {
@@ -935,6 +938,8 @@ impl Loader<'_> {
                 "unlimited",
                 "replaces",
                 "algorithm",
+                "lease_slack",
+                "lease_ttl",
             ],
         )?;
         let unlimited = match fields.get("unlimited") {
@@ -950,7 +955,7 @@ impl Loader<'_> {
         if unlimited {
             // As in the reference: a unit says the limit counts something, which an
             // unlimited one does not; a count or `replaces` beside it is harmless.
-            for other in ["unit", "algorithm", "unit_multiplier"] {
+            for other in ["unit", "algorithm", "unit_multiplier", "lease_slack", "lease_ttl"] {
                 if let Some(v) = fields.get(other) {
                     return Err(self.error(
                         v,
@@ -1020,6 +1025,7 @@ impl Loader<'_> {
                 }
             }
         };
+        let lease = self.lease(&fields, field, requests_per_unit)?;
         let limit = RateLimit {
             name,
             requests_per_unit,
@@ -1032,6 +1038,7 @@ impl Loader<'_> {
             full_key: full_key.to_owned(),
             location: format!("{}:{}", self.file, node.mark.line),
             id: self.limits.get(),
+            lease,
         };
         self.limits.set(limit.id + 1);
         if requests_per_unit > 0 && limit.limit().is_none() {
@@ -1062,6 +1069,62 @@ impl Loader<'_> {
             })?;
         }
         Ok(Rule::Limited(limit))
+    }
+
+    /// `lease_slack` (`"N%"` of the limit, or a whole number of units) and `lease_ttl` (a
+    /// period), refused where no lease could use them on a limit of `requests_per_unit`.
+    fn lease(
+        &self,
+        fields: &HashMap<&str, &Node>,
+        field: &str,
+        requests_per_unit: u32,
+    ) -> Result<Option<limiter_redis::Lease>, RulesError> {
+        use limiter_redis::{LEASE_TTL_RANGE, Lease, Slack};
+        let Some(slack) = fields.get("lease_slack") else {
+            if let Some(ttl) = fields.get("lease_ttl") {
+                return Err(self.error(
+                    ttl,
+                    &join(field, "lease_ttl"),
+                    "needs `lease_slack`: add `lease_slack: \"1%\"` (or remove `lease_ttl`)",
+                ));
+            }
+            return Ok(None);
+        };
+        let path = join(field, "lease_slack");
+        let text = self.text(slack, &path)?;
+        let value = match text.parse::<u64>() {
+            Ok(units) => Slack::units(units),
+            Err(_) => crate::config::parse_percent(&text)
+                .map(Slack::PartsPerMillion)
+                .ok_or_else(|| {
+                    self.error(
+                        slack,
+                        &path,
+                        format!(
+                            "`{text}` is no slack: write a share of the limit such as \"1%\", or a whole number of units such as 10"
+                        ),
+                    )
+                })?,
+        };
+        if let Some(reason) = value.refusal(u64::from(requests_per_unit)) {
+            return Err(self.error(slack, &path, reason));
+        }
+        let mut lease = Lease::new(value);
+        if let Some(ttl) = fields.get("lease_ttl") {
+            let path = join(field, "lease_ttl");
+            let text = self.text(ttl, &path)?;
+            let (least, most) = LEASE_TTL_RANGE;
+            let period = crate::config::parse_period(&text).filter(|p| *p >= least && *p <= most);
+            let Some(period) = period else {
+                return Err(self.error(
+                    ttl,
+                    &path,
+                    format!("`{text}` is no time to live: write one from {least:?} to {most:?}, such as \"1s\""),
+                ));
+            };
+            lease = lease.ttl(period);
+        }
+        Ok(Some(lease))
     }
 
     /// `replaces`: the names of the limits this one replaces.

@@ -251,13 +251,13 @@ fn policy_for(
     store: StoreKind,
 ) -> Option<Result<Policy, LimitError>> {
     let checked = CheckedLimit::new(limit.kind, limit.limit()?, store);
-    Some(checked.map(|limit| Policy {
+    Some(checked.map(|checked| Policy {
         limits: vec![PolicyLimit {
-            limit,
+            limit: checked,
             keying: Keying::Identifier,
         }],
         on_failure,
-        lease: None,
+        lease: limit.lease,
     }))
 }
 
