@@ -78,18 +78,6 @@ fn roomy() -> Limit {
     Limit::per_second(1_000_000)
 }
 
-/// The exact arguments the limiter sends for one call of one limit, for the raw script call.
-fn raw_args(limit: &RedisLimit) -> Vec<Vec<u8>> {
-    let (code, params) = limit.script_fields();
-    let mut args: Vec<Vec<u8>> = ["", "0", "1", "0", "1", "1", "1", "1"]
-        .iter()
-        .map(|s| s.as_bytes().to_vec())
-        .collect();
-    args.push(code.to_string().into_bytes());
-    args.extend(params.iter().map(|p| p.to_string().into_bytes()));
-    args
-}
-
 struct Req(u64);
 
 fn redis_benches(c: &mut Criterion) {
@@ -142,14 +130,15 @@ fn redis_benches(c: &mut Criterion) {
         .unwrap();
     let script = redis::Script::new(SCRIPT);
     let key = one.redis_keys("k").remove(0);
-    let args = raw_args(&RedisLimit::new(Kind::TokenBucket, roomy()).unwrap());
+    // The argument the limiter sends for one call of one limit.
+    let argument = RedisLimit::new(Kind::TokenBucket, roomy())
+        .unwrap()
+        .call_argument(1);
     let raw_call = || {
         let mut conn = raw_conn.clone();
         let mut invocation = script.prepare_invoke();
         invocation.key(key.as_str());
-        for arg in &args {
-            invocation.arg(arg.as_slice());
-        }
+        invocation.arg(argument.as_slice());
         async move {
             invocation
                 .invoke_async::<redis::Value>(&mut conn)

@@ -9,6 +9,11 @@
 //! alone. Each target's ratio is reported as the median over the passes with its spread
 //! (min–max), and a target is met only when the whole spread is within it.
 //!
+//! The `redis_server` bench (its own passes, 3 by default) adds what a decision costs Redis:
+//! µs of server CPU per decision from `INFO commandstats`, beside the floors measured in the
+//! same run (a bare `INCR`, a `GET` + `SET PX` script, envoy's `INCRBY` + `EXPIRE`); its
+//! targets are ratios to the `GET` + `SET PX` script, with their spread over those passes.
+//!
 //! `--quick` measures every group briefly (the run takes a few minutes once built; the
 //! medians are noisier).
 
@@ -63,6 +68,7 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
             readings = Readings {
                 memory: csv_values(&target.join("bench-bytes-per-key.csv"), started, 2),
                 counts: csv_values(&target.join("bench-counts.csv"), started, 1),
+                server: server_passes(&target.join("bench-redis-server.csv"), started),
             };
         }
         passes.push(results);
@@ -172,6 +178,34 @@ struct Readings {
     memory: BTreeMap<String, f64>,
     /// `name -> a count per decision`, such as script calls (`target/bench-counts.csv`).
     counts: BTreeMap<String, f64>,
+    /// Per pass of the `redis_server` bench: `subject -> µs of Redis CPU per decision`
+    /// (`target/bench-redis-server.csv`).
+    server: Vec<BTreeMap<String, f64>>,
+}
+
+/// The `redis_server` bench's passes (`subject,pass,µs` lines), if written during this run.
+fn server_passes(csv: &Path, since: SystemTime) -> Vec<BTreeMap<String, f64>> {
+    let fresh = std::fs::metadata(csv)
+        .and_then(|m| m.modified())
+        .is_ok_and(|t| t >= since);
+    let mut passes: BTreeMap<usize, BTreeMap<String, f64>> = BTreeMap::new();
+    if !fresh {
+        return Vec::new();
+    }
+    for line in std::fs::read_to_string(csv).unwrap_or_default().lines() {
+        let mut fields = line.split(',');
+        if let (Some(subject), Some(Ok(pass)), Some(Ok(usec))) = (
+            fields.next(),
+            fields.next().map(str::parse::<usize>),
+            fields.next().map(str::parse::<f64>),
+        ) {
+            passes
+                .entry(pass)
+                .or_default()
+                .insert(subject.to_owned(), usec);
+        }
+    }
+    passes.into_values().collect()
 }
 
 /// `name -> value` (the value is the line's `column`th comma-separated field after the
@@ -252,9 +286,32 @@ fn rate(per_second: f64) -> String {
 /// holds.
 struct Target {
     what: &'static str,
-    measured: fn(&[Measured], &Readings) -> Option<f64>,
+    measured: Measure,
     holds: fn(f64) -> bool,
     unit: &'static str,
+}
+
+/// Where a target's value comes from.
+enum Measure {
+    /// Each criterion pass (with what the benches wrote beside it).
+    Pass(fn(&[Measured], &Readings) -> Option<f64>),
+    /// Each pass of the `redis_server` bench (µs of Redis CPU per decision, by subject).
+    Server(fn(&BTreeMap<String, f64>) -> Option<f64>),
+}
+
+impl Target {
+    /// The target's value in every pass that measured it.
+    fn values(&self, passes: &[Vec<Measured>], readings: &Readings) -> Vec<f64> {
+        match self.measured {
+            Measure::Pass(f) => passes.iter().filter_map(|p| f(p, readings)).collect(),
+            Measure::Server(f) => readings.server.iter().filter_map(f).collect(),
+        }
+    }
+}
+
+/// Redis CPU per decision of `ours` over `floor`'s, in one `redis_server` pass.
+fn server_ratio(pass: &BTreeMap<String, f64>, ours: &str, floor: &str) -> Option<f64> {
+    Some(pass.get(ours)? / pass.get(floor)?)
 }
 
 fn ratio(results: &[Measured], group: &str, ours: &str, theirs: &str) -> Option<f64> {
@@ -267,131 +324,219 @@ fn targets() -> Vec<Target> {
     vec![
         Target {
             what: "Direct allow, 1 thread: token bucket time ≤ 1.0× governor's",
-            measured: |r, _| ratio(r, "direct_allow_1_thread", "token_bucket", "governor"),
+            measured: Measure::Pass(|r, _| {
+                ratio(r, "direct_allow_1_thread", "token_bucket", "governor")
+            }),
             holds: |r| r <= 1.0,
             unit: "×",
         },
         Target {
             what: "Direct allow, 2 threads: token bucket throughput ≥ 1.3× governor's",
-            measured: |r, _| ratio(r, "direct_allow_2_threads", "governor", "token_bucket"),
+            measured: Measure::Pass(|r, _| {
+                ratio(r, "direct_allow_2_threads", "governor", "token_bucket")
+            }),
             holds: |r| r >= 1.3,
             unit: "×",
         },
         Target {
             what: "Direct deny, 2 threads: token bucket throughput ≥ 1.0× governor's",
-            measured: |r, _| ratio(r, "direct_deny_2_threads", "governor", "token_bucket"),
+            measured: Measure::Pass(|r, _| {
+                ratio(r, "direct_deny_2_threads", "governor", "token_bucket")
+            }),
             holds: |r| r >= 1.0,
             unit: "×",
         },
         Target {
             what: "Direct allow, 1 thread: token bucket time ≤ 1.0× the `ratelimit` crate's",
-            measured: |r, _| ratio(r, "direct_allow_1_thread", "token_bucket", "ratelimit"),
+            measured: Measure::Pass(|r, _| {
+                ratio(r, "direct_allow_1_thread", "token_bucket", "ratelimit")
+            }),
             holds: |r| r <= 1.0,
             unit: "×",
         },
         Target {
             what: "Keyed, 1M keys warm: default store time ≤ 0.6× governor's",
-            measured: |r, _| ratio(r, "keyed_1M_keys_warm", "token_bucket_sharded", "governor"),
+            measured: Measure::Pass(|r, _| {
+                ratio(r, "keyed_1M_keys_warm", "token_bucket_sharded", "governor")
+            }),
             holds: |r| r <= 0.6,
             unit: "×",
         },
         Target {
             what: "Keyed, hot key: default store time ≤ 1.0× governor's",
-            measured: |r, _| ratio(r, "keyed_hot_key", "token_bucket_sharded", "governor"),
+            measured: Measure::Pass(|r, _| {
+                ratio(r, "keyed_hot_key", "token_bucket_sharded", "governor")
+            }),
             holds: |r| r <= 1.0,
             unit: "×",
         },
         Target {
             what: "Memory: token bucket in the default store ≤ 36 B/key at 1M keys",
-            measured: |_, x| x.memory.get("keyed_token_bucket_sharded").copied(),
+            measured: Measure::Pass(|_, x| x.memory.get("keyed_token_bucket_sharded").copied()),
             holds: |b| b <= 36.0,
             unit: " B",
         },
         Target {
             what: "Stack of 3 layers: time ≤ 2.0× one check",
-            measured: |r, _| ratio(r, "stack", "stack_3", "one_check"),
+            measured: Measure::Pass(|r, _| ratio(r, "stack", "stack_3", "one_check")),
             holds: |r| r <= 2.0,
             unit: "×",
         },
         Target {
             what: "HTTP layer on an axum router, headers off: overhead ≤ 1.0× tower_governor's",
-            measured: |r, _| {
+            measured: Measure::Pass(|r, _| {
                 let over = |f: &str| over_router(r, f);
                 Some(over("ours_no_headers")? / over("tower_governor")?)
-            },
+            }),
             holds: |r| r <= 1.0,
             unit: "×",
         },
         Target {
             what: "HTTP layer: IETF headers add ≤ 100 ns to the layer without headers",
-            measured: |r, _| {
+            measured: Measure::Pass(|r, _| {
                 let median = |f: &str| Some(find(r, "tower_axum", f)?.median);
                 Some(median("ours_ietf_headers")? - median("ours_no_headers")?)
-            },
+            }),
             holds: |ns| ns <= 100.0,
             unit: " ns",
         },
         Target {
             what: "Redis, 50 in flight on one connection: throughput ≥ 3× the raw per-decision `EVALSHA`",
-            measured: |r, _| ratio(r, "redis/in_flight_50", "raw_evalsha", "limiter_1_limit"),
+            measured: Measure::Pass(|r, _| {
+                ratio(r, "redis/in_flight_50", "raw_evalsha", "limiter_1_limit")
+            }),
             holds: |r| r >= 3.0,
             unit: "×",
         },
         Target {
             what: "Redis, 50 in flight: median latency ≤ 1.2× the raw `EVALSHA`'s",
-            measured: |r, _| {
+            measured: Measure::Pass(|r, _| {
                 ratio(
                     r,
                     "redis/in_flight_50_latency",
                     "limiter_1_limit",
                     "raw_evalsha",
                 )
-            },
+            }),
             holds: |r| r <= 1.2,
             unit: "×",
         },
         Target {
             what: "Redis, sequential: decision latency ≤ 1.05× the raw `EVALSHA`'s",
-            measured: |r, _| ratio(r, "redis/sequential", "limiter_1_limit", "raw_evalsha"),
+            measured: Measure::Pass(|r, _| {
+                ratio(r, "redis/sequential", "limiter_1_limit", "raw_evalsha")
+            }),
             holds: |r| r <= 1.05,
             unit: "×",
         },
         Target {
             what: "Redis, leased (slack 1% of the limit): a hot key's decision ≤ 2× an in-process keyed check",
-            measured: |r, _| ratio(r, "redis/leased", "leased_hot_key", "in_process_keyed"),
+            measured: Measure::Pass(|r, _| {
+                ratio(r, "redis/leased", "leased_hot_key", "in_process_keyed")
+            }),
             holds: |r| r <= 2.0,
             unit: "×",
         },
         Target {
             what: "Redis, leased (slack 10,000 units, 0.001% of the limit): a hot key's decision ≤ 2× an in-process keyed check",
-            measured: |r, _| {
+            measured: Measure::Pass(|r, _| {
                 ratio(
                     r,
                     "redis/leased",
                     "leased_hot_key_slack_10k",
                     "in_process_keyed",
                 )
-            },
+            }),
             holds: |r| r <= 2.0,
             unit: "×",
         },
         Target {
             what: "Redis, leased (slack 10,000 units): ≤ 1 script call per 100 hot-key decisions (decisions per call)",
-            measured: |_, x| {
+            measured: Measure::Pass(|_, x| {
                 x.counts
                     .get("leased_hot_key_slack_10k_calls_per_decision")
                     .map(|calls| 1.0 / calls)
-            },
+            }),
             holds: |n| n >= 100.0,
             unit: "",
         },
         Target {
             what: "Redis, sequential: a 3-layer stack ≤ 1.2× one decision",
-            measured: |r, _| ratio(r, "redis/sequential", "stack_3_layers", "limiter_1_limit"),
+            measured: Measure::Pass(|r, _| {
+                ratio(r, "redis/sequential", "stack_3_layers", "limiter_1_limit")
+            }),
             holds: |r| r <= 1.2,
             unit: "×",
         },
+        Target {
+            what: "Redis CPU per decision (commandstats), one limit, token bucket: ≤ 1.5× a `GET` + `SET PX` script's",
+            measured: Measure::Server(|p| {
+                server_ratio(p, "one_limit_token_bucket", "floor_get_set_px")
+            }),
+            holds: |r| r <= 1.5,
+            unit: "×",
+        },
+        Target {
+            what: "Redis CPU per decision, one limit, fixed window: ≤ 1.5× a `GET` + `SET PX` script's",
+            measured: Measure::Server(|p| {
+                server_ratio(p, "one_limit_fixed_window", "floor_get_set_px")
+            }),
+            holds: |r| r <= 1.5,
+            unit: "×",
+        },
+        Target {
+            what: "Redis CPU per decision, one limit, sliding window: ≤ 1.5× a `GET` + `SET PX` script's",
+            measured: Measure::Server(|p| {
+                server_ratio(p, "one_limit_sliding_window", "floor_get_set_px")
+            }),
+            holds: |r| r <= 1.5,
+            unit: "×",
+        },
+        Target {
+            what: "Redis CPU per decision, a policy of three limits: ≤ 3× a `GET` + `SET PX` script's",
+            measured: Measure::Server(|p| server_ratio(p, "stack_3_limits", "floor_get_set_px")),
+            holds: |r| r <= 3.0,
+            unit: "×",
+        },
+        Target {
+            what: "Redis CPU per decision, 16 callers coalesced: ≤ 0.5× a `GET` + `SET PX` script's",
+            measured: Measure::Server(|p| server_ratio(p, "coalesced_16", "floor_get_set_px")),
+            holds: |r| r <= 0.5,
+            unit: "×",
+        },
+        Target {
+            what: "Redis CPU per decision, a denial: ≤ 1.0× an admitted one-limit decision's",
+            measured: Measure::Server(|p| {
+                server_ratio(p, "denied_1_limit", "one_limit_token_bucket")
+            }),
+            holds: |r| r <= 1.0,
+            unit: "×",
+        },
     ]
+}
+
+/// What a decision costs Redis, from the `redis_server` bench: each subject's µs of server CPU
+/// per decision (the median over its passes), against the `GET` + `SET PX` script, and the
+/// decisions one Redis core serves at that cost.
+fn server_context(readings: &Readings) -> Vec<(String, f64, f64, f64)> {
+    let mut subjects: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    for pass in &readings.server {
+        for (subject, usec) in pass {
+            subjects.entry(subject).or_default().push(*usec);
+        }
+    }
+    let floor = subjects
+        .get("floor_get_set_px")
+        .and_then(|v| spread(v.clone()))
+        .map(|(median, ..)| median);
+    subjects
+        .into_iter()
+        .filter_map(|(subject, values)| {
+            let (median, ..) = spread(values)?;
+            let ratio = floor.map_or(f64::NAN, |f| median / f);
+            Some((subject.to_owned(), median, ratio, 1e6 / median))
+        })
+        .collect()
 }
 
 /// What a layer adds to the bare axum router, in ns (the `tower_axum` group).
@@ -566,11 +711,7 @@ fn render(passes: &[Vec<Measured>], readings: &Readings, quick: bool) -> String 
          | target | median | spread | passes | met |\n| --- | --- | --- | --- | --- |"
     );
     for t in targets() {
-        let values = passes
-            .iter()
-            .filter_map(|pass| (t.measured)(pass, readings))
-            .collect();
-        let line = match spread(values) {
+        let line = match spread(t.values(passes, readings)) {
             Some((median, low, high, n)) => {
                 let met = if (t.holds)(low) && (t.holds)(high) {
                     "yes"
@@ -595,6 +736,22 @@ fn render(passes: &[Vec<Measured>], readings: &Readings, quick: bool) -> String 
         out.push_str("\nWhat bounds the stack target:\n\n| quantity | measured |\n| --- | --- |\n");
         for (what, value, unit) in context {
             let _ = writeln!(out, "| {what} | {value:.2}{unit} |");
+        }
+    }
+    let server = server_context(readings);
+    if !server.is_empty() {
+        out.push_str(
+            "\nWhat a decision costs Redis (`redis_server`: µs of server CPU per decision from \
+             `INFO commandstats`, median over its passes; 2,000 keys; the floors beside ours):\n\n\
+             | subject | µs per decision | × `GET` + `SET PX` | decisions/s per Redis core |\n\
+             | --- | --- | --- | --- |\n",
+        );
+        for (subject, usec, ratio, per_core) in server {
+            let _ = writeln!(
+                out,
+                "| {subject} | {usec:.2} | {ratio:.2} | {} |",
+                rate(per_core)
+            );
         }
     }
     let service: Vec<_> = service_context(results)
@@ -677,6 +834,43 @@ mod tests {
         );
         // Rows whose subject was not measured are left out.
         assert!(!report.contains("`POST /json`"), "{report}");
+    }
+
+    #[test]
+    fn server_targets_take_their_spread_from_the_redis_server_passes() {
+        let pass = |bucket: f64| {
+            [
+                ("floor_get_set_px", 4.0),
+                ("one_limit_token_bucket", bucket),
+                ("coalesced_16", 1.0),
+            ]
+            .into_iter()
+            .map(|(s, v)| (s.to_owned(), v))
+            .collect()
+        };
+        let readings = Readings {
+            server: vec![pass(5.0), pass(6.4), pass(5.6)],
+            ..Readings::default()
+        };
+        let report = render(&[], &readings, false);
+        // 5.6 / 4 is the median; 6.4 / 4 = 1.6 is past 1.5 in one pass: not met.
+        assert!(
+            report.contains("token bucket: ≤ 1.5× a `GET` + `SET PX` script's | 1.40× | 1.25–1.60× | 3 | **no** |"),
+            "{report}"
+        );
+        assert!(
+            report.contains("16 callers coalesced: ≤ 0.5× a `GET` + `SET PX` script's | 0.25× | 0.25–0.25× | 3 | yes |"),
+            "{report}"
+        );
+        assert!(
+            report.contains("| one_limit_token_bucket | 5.60 | 1.40 | 178.6 k/s |"),
+            "{report}"
+        );
+        assert!(
+            report.contains(
+                "a policy of three limits: ≤ 3× a `GET` + `SET PX` script's | not measured"
+            )
+        );
     }
 
     #[test]

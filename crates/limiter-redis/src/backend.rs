@@ -5,23 +5,21 @@
 
 use core::fmt;
 use core::time::Duration;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use limiter_core::{Clock, DefaultClock};
+use redis::Value;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
-use redis::{Script, Value};
 use tokio::sync::oneshot;
 
 use crate::breaker::{Breaker, BreakerConfig, Pass};
 use crate::deny_cache::DenyCache;
 use crate::error::BackendError;
-use crate::reply::GroupAnswer;
-
-/// The Lua script that decides every call: the token bucket, the sliding window and the fixed
-/// window, for a whole stack or batch at once. Public so benchmarks can time a raw `EVALSHA`.
-pub const SCRIPT: &str = include_str!("decide.lua");
+use crate::script::Scripts;
+use crate::script::call::Call;
+use crate::script::reply::GroupAnswer;
 
 /// The default per-call timeout.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(25);
@@ -44,14 +42,34 @@ enum Connection {
     Cluster(ClusterConnection),
 }
 
-/// `EVALSHA` or `EVAL` (`body` the hash or the script), then the keys and arguments.
-fn script_cmd(name: &str, body: &str, keys: &[String], args: &[Vec<u8>]) -> redis::Cmd {
-    let mut cmd = redis::cmd(name);
+/// `cmd_name` (`FCALL`, `EVALSHA` or `EVAL`) of `body` (the function, the hash or the
+/// script), then the keys and arguments.
+fn script_cmd(cmd_name: &str, body: &str, keys: &[String], args: &[&[u8]]) -> redis::Cmd {
+    let mut cmd = redis::cmd(cmd_name);
     cmd.arg(body).arg(keys.len()).arg(keys);
     for arg in args {
-        cmd.arg(arg.as_slice());
+        cmd.arg(*arg);
     }
     cmd
+}
+
+/// Whether `e` says the server has no such function (never loaded, flushed, a new node).
+fn function_missing(e: &redis::RedisError) -> bool {
+    e.to_string().contains("Function not found")
+}
+
+/// Whether `e` says the server cannot run or load functions (before Redis 7, or an ACL that
+/// refuses them): the script then runs by `EVALSHA`.
+fn functions_unavailable(e: &redis::RedisError) -> bool {
+    let text = e.to_string().to_ascii_lowercase();
+    [
+        "unknown command",
+        "unknown subcommand",
+        "noperm",
+        "no permissions",
+    ]
+    .iter()
+    .any(|says| text.contains(says))
 }
 
 impl Connection {
@@ -62,18 +80,39 @@ impl Connection {
         }
     }
 
-    /// Runs the script by its hash; a server without it (restarted, flushed, or a new cluster
-    /// node) gets it in full once, which caches it again. The flag says whether it had to.
-    async fn eval(
+    /// Runs the script: as a function (`FCALL`) while the server has functions, loading the
+    /// library (on every master of a cluster) when the server lacks it; by its hash
+    /// (`EVALSHA`) otherwise, sent in full once when the server lacks it. The flag says
+    /// whether the script had to be loaded.
+    async fn run(
         &self,
-        script: &Script,
+        scripts: &Scripts,
+        functions: &AtomicBool,
         keys: &[String],
-        args: &[Vec<u8>],
+        args: &[&[u8]],
     ) -> redis::RedisResult<(Value, bool)> {
-        let by_hash = script_cmd("EVALSHA", script.get_hash(), keys, args);
+        if functions.load(Ordering::Relaxed) {
+            let fcall = script_cmd("FCALL", &scripts.function, keys, args);
+            match self.query(&fcall).await {
+                Err(e) if function_missing(&e) => {
+                    let mut load = redis::cmd("FUNCTION");
+                    load.arg("LOAD").arg("REPLACE").arg(&scripts.library);
+                    match self.query(&load).await {
+                        Ok(_) => return self.query(&fcall).await.map(|value| (value, true)),
+                        Err(e) if functions_unavailable(&e) => {
+                            functions.store(false, Ordering::Relaxed);
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                Err(e) if functions_unavailable(&e) => functions.store(false, Ordering::Relaxed),
+                answer => return answer.map(|value| (value, false)),
+            }
+        }
+        let by_hash = script_cmd("EVALSHA", scripts.eval.get_hash(), keys, args);
         match self.query(&by_hash).await {
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                let in_full = script_cmd("EVAL", SCRIPT, keys, args);
+                let in_full = script_cmd("EVAL", crate::script::SCRIPT, keys, args);
                 self.query(&in_full).await.map(|value| (value, true))
             }
             answer => answer.map(|value| (value, false)),
@@ -87,9 +126,8 @@ pub(crate) type Answered = Result<(u64, GroupAnswer), BackendError>;
 /// A decision waiting for a script call.
 pub(crate) struct Queued {
     pub(crate) keys: Vec<String>,
-    /// Its group: cost, enforced flag, limit count, then six fields per limit whose first (the
-    /// `KEYS` index) counts from 1 within the group's own keys.
-    pub(crate) group: Vec<Vec<u8>>,
+    /// Its group, written on its own: its `KEYS` indexes count from 1 within its own keys.
+    pub(crate) group: Call,
     pub(crate) limits: usize,
     pub(crate) reply: oneshot::Sender<Answered>,
 }
@@ -156,12 +194,12 @@ impl BackendBuilder {
     }
 
     /// Coalescing on one server: at most `calls` script calls in flight at once for single
-    /// decisions (default [`DEFAULT_MAX_IN_FLIGHT`]). A decision that finds every such call
-    /// busy queues, and what queued leaves in one script call as soon as one ends (up to 32
-    /// decisions, each decided in order as if sent alone), so many decisions in flight cost a
-    /// few script calls, not one each. A lone decision is sent at once. `0` sends every
-    /// decision in a call of its own. Batches and refunds are their own calls either way; a
-    /// cluster backend does not coalesce.
+    /// decisions (default [`DEFAULT_MAX_IN_FLIGHT`]). A lone decision is sent at once; one
+    /// that finds a call in flight queues, and what queued leaves in one script call as soon
+    /// as a call ends (up to 32 decisions, each decided in order as if sent alone), so many
+    /// decisions in flight cost a few full script calls, not one each. A further call leaves
+    /// at once only when 32 have queued, up to `calls` at a time. `0` sends every decision in
+    /// a call of its own. Batches and refunds are their own calls either way.
     pub fn max_in_flight(mut self, calls: usize) -> Self {
         self.max_in_flight = calls;
         self
@@ -242,7 +280,8 @@ impl BackendBuilder {
         Ok(RedisBackend {
             inner: Arc::new(Inner {
                 connection,
-                script: Script::new(SCRIPT),
+                scripts: Scripts::new(),
+                functions: AtomicBool::new(true),
                 timeout: self.timeout,
                 expiry_slack_ms: u64::try_from(self.expiry_slack.as_millis()).unwrap_or(u64::MAX),
                 time: self.time,
@@ -305,7 +344,9 @@ pub struct BackendStats {
 
 struct Inner {
     connection: Connection,
-    script: Script,
+    scripts: Scripts,
+    /// Whether the server runs the script as a function (until it says it cannot).
+    functions: AtomicBool,
     timeout: Duration,
     expiry_slack_ms: u64,
     time: TimeSource,
@@ -446,22 +487,34 @@ impl RedisBackend {
             .fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The script's first two arguments: the time (empty for Redis `TIME`) and the expiry slack.
-    pub(crate) fn header(&self) -> [Vec<u8>; 2] {
-        let now = match &self.inner.time {
-            TimeSource::Server => Vec::new(),
-            TimeSource::Clock(clock) => (clock.now() / 1_000).to_string().into_bytes(),
-        };
-        [now, self.inner.expiry_slack_ms.to_string().into_bytes()]
+    /// Runs the script once on `keys` and `call`, within the timeout and past the breaker.
+    pub(crate) async fn eval(&self, keys: &[String], call: Call) -> Result<Value, BackendError> {
+        self.eval_as(keys, call, None).await
     }
 
-    /// Runs the script once on `keys` and `args`, within the timeout and past the breaker.
-    pub(crate) async fn eval(
+    /// Runs the script once on `keys` and `call` (a lease call naming its `holder`), within
+    /// the timeout and past the breaker. The call's time is read now: the server's `TIME`,
+    /// or the test clock's reading.
+    pub(crate) async fn eval_as(
         &self,
         keys: &[String],
-        args: &[Vec<u8>],
+        call: Call,
+        holder: Option<&str>,
     ) -> Result<Value, BackendError> {
         let inner = &*self.inner;
+        let now_us = match &inner.time {
+            TimeSource::Server => None,
+            TimeSource::Clock(clock) => Some(clock.now() / 1_000),
+        };
+        let argument = call.finish(now_us, inner.expiry_slack_ms);
+        let mut args: [&[u8]; 2] = [&argument, &[]];
+        let args = match holder {
+            Some(holder) => {
+                args[1] = holder.as_bytes();
+                &args[..]
+            }
+            None => &args[..1],
+        };
         let now = self.local_now();
         let pass = inner.breaker.pass(now);
         if let Pass::Refuse(retry_in) = pass {
@@ -474,7 +527,9 @@ impl RedisBackend {
         inner.counters.round_trips.fetch_add(1, Ordering::Relaxed);
         let answer = tokio::time::timeout(
             inner.timeout,
-            inner.connection.eval(&inner.script, keys, args),
+            inner
+                .connection
+                .run(&inner.scripts, &inner.functions, keys, args),
         )
         .await;
         let result = match answer {
@@ -486,7 +541,7 @@ impl RedisBackend {
                     inner.counters.script_loads.fetch_add(1, Ordering::Relaxed);
                     tracing::info!(
                         target: "limiter_redis::backend",
-                        "Redis did not have the decision script (restarted, flushed or a new node); sent it in full, cached again"
+                        "Redis did not have the decision script (restarted, flushed or a new node); loaded it again"
                     );
                 }
                 Ok(value)

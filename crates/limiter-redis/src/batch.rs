@@ -20,11 +20,10 @@ use limiter_stack::{Grant, StackDecision};
 use crate::backend::{RedisBackend, Sent};
 use crate::decision::{RedisDecision, Source};
 use crate::error::{BackendError, CallError};
-use crate::reply::{self, GroupAnswer};
+use crate::keyslot::key_slot;
+use crate::script::call::{Call, Mode};
+use crate::script::reply::{self, GroupAnswer};
 use crate::stack::{Prepared, RedisLimiter, RedisStack};
-
-/// The script's batch mode for all-or-nothing batches (`decide.lua`).
-const ALL_OR_NOTHING: &[u8] = b"1";
 
 /// A batch that cannot be decided at all; nothing was sent to Redis and nothing changed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -277,9 +276,7 @@ impl<'a, R> RedisBatch<'a, R> {
             });
         }
         let sent = self.backend.sent();
-        let mut args = self.backend.header().to_vec();
-        args.push(calls.len().to_string().into_bytes());
-        args.push(ALL_OR_NOTHING.to_vec());
+        let mut args = Call::new(Mode::AllOrNothing);
         let mut keys = Vec::new();
         for (member, call) in self.members.iter().zip(&calls) {
             member
@@ -288,7 +285,7 @@ impl<'a, R> RedisBatch<'a, R> {
             keys.extend(call.keys.iter().cloned());
         }
         let sizes: Vec<usize> = calls.iter().map(Prepared::limits).collect();
-        let answer = match self.backend.eval(&keys, &args).await {
+        let answer = match self.backend.eval(&keys, args).await {
             Ok(value) => reply::parse(&value, &sizes),
             Err(e) => Err(e),
         };
@@ -386,48 +383,4 @@ impl<'a, R> RedisBatch<'a, R> {
 
 fn no_layer() -> RedisDecision {
     RedisDecision::new(true, StackDecision::from_layers([]), Source::NoLayer)
-}
-
-/// The Redis Cluster slot of `key`: CRC16 (XMODEM) of its hash tag (the part between the first
-/// `{` and the next `}`, when not empty) or of the whole key, modulo 16384.
-pub(crate) fn key_slot(key: &str) -> u16 {
-    let bytes = key.as_bytes();
-    let hashed = bytes
-        .iter()
-        .position(|&b| b == b'{')
-        .and_then(|open| {
-            let rest = &bytes[open + 1..];
-            let close = rest.iter().position(|&b| b == b'}')?;
-            (close > 0).then(|| &rest[..close])
-        })
-        .unwrap_or(bytes);
-    let mut crc: u16 = 0;
-    for &byte in hashed {
-        crc ^= u16::from(byte) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc % 16_384
-}
-
-#[cfg(test)]
-mod tests {
-    use super::key_slot;
-
-    #[test]
-    fn slots_match_redis_cluster_keyslot() {
-        // Values from `CLUSTER KEYSLOT` on a Redis Cluster.
-        assert_eq!(key_slot("foo"), 12182);
-        assert_eq!(key_slot("somekey"), 11058);
-        assert_eq!(key_slot("foo{hash_tag}"), 2515);
-        assert_eq!(key_slot("{hash_tag}bar"), 2515);
-        // An empty tag hashes the whole key.
-        assert_eq!(key_slot("{}foo"), key_slot("{}foo"));
-        assert_ne!(key_slot("{}foo"), key_slot("foo"));
-    }
 }

@@ -1,13 +1,18 @@
 //! Coalescing: single decisions on one server share script calls.
 //!
-//! A decision that finds a script call slot free (at most [`RedisBackend`]'s `max_in_flight`
-//! calls at once) sends its own call at once, so a lone caller pays nothing extra. One that
-//! finds every slot busy joins a queue; when a call ends, everything queued meanwhile (up to
-//! [`MAX_GROUPS`] decisions per call) leaves in one script call, in batch mode 0: each
-//! decision is its own group, decided in order, each on the state the ones before it left, at
-//! one `TIME`, exactly as if they had been sent one after another. So a queued decision waits
-//! at most for a call in flight to end, and with 50 in flight a handful of script calls carry
-//! them all.
+//! A decision that finds no script call in flight sends its own call at once, so a lone
+//! caller pays nothing extra. One that finds a call in flight joins a queue; when a call ends,
+//! everything queued meanwhile (up to [`MAX_GROUPS`] decisions per call) leaves in one script
+//! call, in batch mode 0: each decision is its own group, decided in order, each on the state
+//! the ones before it left, at one `TIME`, exactly as if they had been sent one after another.
+//! A further call leaves at once only when a full call's worth has queued and fewer than
+//! [`RedisBackend`]'s `max_in_flight` calls are out: under load calls fill (16 callers share
+//! one call at a time), and past [`MAX_GROUPS`] waiting, up to `max_in_flight` calls carry
+//! them. So a queued decision waits at most for a call in flight to end.
+//!
+//! The task that sent a queue yields once after answering it before it lets its slot go, so
+//! the callers it answered, back for their next decisions, queue for the next call rather
+//! than each take the slot alone.
 //!
 //! The queued calls are sent by a task of their own (`tokio::spawn`), so a caller that stops
 //! waiting (its future dropped, or its timeout passed) never strands the others; a caller that
@@ -18,7 +23,8 @@ use tokio::sync::oneshot;
 
 use crate::backend::{Answered, Queued, RedisBackend, State};
 use crate::error::BackendError;
-use crate::reply;
+use crate::script::call::{Call, Mode};
+use crate::script::reply;
 
 /// The most decisions one coalesced script call carries: more wait for the next, so no call
 /// holds Redis for long.
@@ -39,7 +45,7 @@ impl Drop for Slot<'_> {
 pub(crate) async fn decide(
     backend: &RedisBackend,
     keys: &[String],
-    group: Vec<Vec<u8>>,
+    group: Call,
     limits: usize,
 ) -> Answered {
     let coalescer = backend.coalescer();
@@ -72,13 +78,13 @@ pub(crate) async fn decide(
 fn enqueue(
     backend: &RedisBackend,
     keys: &[String],
-    group: Vec<Vec<u8>>,
+    group: Call,
     limits: usize,
-) -> Result<oneshot::Receiver<Answered>, Vec<Vec<u8>>> {
+) -> Result<oneshot::Receiver<Answered>, Call> {
     let coalescer = backend.coalescer();
     let mut state = coalescer.lock();
-    if state.in_flight < coalescer.max_in_flight && state.queue.is_empty() {
-        state.in_flight = state.in_flight.saturating_add(1);
+    if state.in_flight == 0 && state.queue.is_empty() {
+        state.in_flight = 1;
         return Err(group);
     }
     let (reply, answer) = oneshot::channel();
@@ -88,9 +94,11 @@ fn enqueue(
         limits,
         reply,
     });
-    // Queued behind others while a slot is free (more queued than one call carries): a call
-    // of its own for the queue.
-    if state.in_flight < coalescer.max_in_flight {
+    // A full call's worth queued while a slot is free, or nothing in flight to take the
+    // queue when it ends: a call of its own for the queue.
+    if state.in_flight < coalescer.max_in_flight
+        && (state.queue.len() >= MAX_GROUPS || state.in_flight == 0)
+    {
         state.in_flight = state.in_flight.saturating_add(1);
         spawn_next(backend, state);
     }
@@ -100,14 +108,10 @@ fn enqueue(
 async fn send_alone(
     backend: &RedisBackend,
     keys: &[String],
-    group: Vec<Vec<u8>>,
+    group: Call,
     limits: usize,
 ) -> Answered {
-    let mut args = backend.header().to_vec();
-    args.push(b"1".to_vec());
-    args.push(b"0".to_vec());
-    args.extend(group);
-    let value = backend.eval(keys, &args).await?;
+    let value = backend.eval(keys, group).await?;
     let (now, mut groups) = reply::parse(&value, &[limits])?;
     let group = groups
         .pop()
@@ -138,6 +142,10 @@ fn spawn_next(backend: &RedisBackend, mut state: std::sync::MutexGuard<'_, State
             runtime.spawn(async move {
                 let _slot = Slot(&backend);
                 send_batch(&backend, batch).await;
+                // The callers just answered come back for their next decisions: let them
+                // queue for the call this slot sends next, rather than each take the slot
+                // alone.
+                tokio::task::yield_now().await;
             });
         }
         Err(_) => {
@@ -156,28 +164,21 @@ fn spawn_next(backend: &RedisBackend, mut state: std::sync::MutexGuard<'_, State
 /// Sends queued decisions as one script call (mode 0: independent groups, in order) and
 /// answers each.
 async fn send_batch(backend: &RedisBackend, batch: Vec<Queued>) {
-    let mut args = backend.header().to_vec();
-    args.push(batch.len().to_string().into_bytes());
-    args.push(b"0".to_vec());
+    let mut call = Call::new(Mode::Independent);
     let mut keys = Vec::new();
     let mut sizes = Vec::with_capacity(batch.len());
     let mut replies = Vec::with_capacity(batch.len());
     for queued in batch {
-        let offset = keys.len();
-        let mut group = queued.group;
-        // Each limit's first field is its KEYS index within the group: shift it past the keys
-        // of the groups before.
-        for (i, field) in group.iter_mut().skip(3).step_by(6).enumerate() {
-            let index = offset.saturating_add(i).saturating_add(1);
-            *field = index.to_string().into_bytes();
-        }
-        args.extend(group);
+        // Its keys follow those of the groups before.
+        call.append(&queued.group, keys.len());
         keys.extend(queued.keys);
         sizes.push(queued.limits);
         replies.push(queued.reply);
     }
+    let mut seen = std::collections::HashSet::with_capacity(keys.len());
+    call.keys_distinct(keys.iter().all(|k| seen.insert(k.as_str())));
     backend.count_coalesced(replies.len());
-    let answered = match backend.eval(&keys, &args).await {
+    let answered = match backend.eval(&keys, call).await {
         Ok(value) => reply::parse(&value, &sizes),
         Err(e) => Err(e),
     };

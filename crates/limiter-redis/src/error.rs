@@ -77,13 +77,14 @@ pub enum BuildError {
         /// What is wrong and how to fix it.
         reason: String,
     },
-    /// The stack's keys would not all share one Redis Cluster slot, so no script could decide
-    /// them together.
+    /// A leased stack's keys would not all share one Redis Cluster slot, so no lease script
+    /// could take from them together.
     #[error(
-        "the Redis stack `{stack}` tags keys by each layer's own key, but it has {layers} layers \
-         (or a global one), whose keys would land in different Redis Cluster slots; a stack is \
-         decided by one script, which Redis runs only on keys of one slot. Tag by the stack (the \
-         default) or by a request field every layer shares (`hash_tag_from`), or use one keyed layer"
+        "the Redis stack `{stack}` is leased on a Redis Cluster and tags keys by each layer's own \
+         key, but it has {layers} layers, whose keys land in different slots; a lease is taken \
+         by one script, which Redis runs only on keys of one slot. Tag by a request field every \
+         layer shares (`hash_tag_from`) or by the stack (`tag_by_stack`), or lease a stack of \
+         one layer"
     )]
     CrossSlot {
         /// The stack's name.

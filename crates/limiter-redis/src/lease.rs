@@ -21,7 +21,8 @@ use limiter_stack::{AsyncLimiter, Decide, LayerDecision, LayerInfo, MAX_LAYERS, 
 use crate::backend::Sent;
 use crate::decision::RedisDecision;
 use crate::error::{BackendError, BuildError, CallError};
-use crate::reply;
+use crate::script::call::{Call, Mode};
+use crate::script::reply;
 use crate::spec::RedisLimit;
 use crate::stack::{Prepared, RedisLimiter, RedisStack};
 
@@ -390,6 +391,12 @@ impl<R: Send + Sync + 'static> RedisStack<R> {
     /// Inside a tokio runtime this starts the idle sweep, which ends with the stack.
     pub fn leased(self, lease: Lease) -> Result<LeasedStack<R>, BuildError> {
         lease.check(self.name())?;
+        if self.may_span_slots() {
+            return Err(BuildError::CrossSlot {
+                stack: self.name().to_owned(),
+                layers: self.layers().count(),
+            });
+        }
         for (layer, limits) in self.layers() {
             for limit in limits {
                 lease.slack.check(self.name(), layer, limit)?;
@@ -666,9 +673,9 @@ impl<R> LeasedStack<R> {
         let handed_back = LeaseCell::units_of(old);
         let want = meta.next_want(handed_back, now, ttl, shared.most);
         let sent = backend.sent();
-        let (keys, args) = self.lease_call(call, &meta.field, [cost, want, handed_back]);
+        let (keys, args) = self.lease_call(call, [cost, want, handed_back]);
         shared.renewals.fetch_add(1, Ordering::Relaxed);
-        let reply = backend.eval(&keys, &args).await;
+        let reply = backend.eval_as(&keys, args, Some(&meta.field)).await;
         let answer = match reply {
             Ok(value) => reply::parse_leases(&value, &[call.limits()]),
             Err(e) => Err(e),
@@ -750,21 +757,15 @@ impl<R> LeasedStack<R> {
 
     /// The keys and arguments of a lease call for `call`: `head` is the cost, the units
     /// wanted and the units handed back.
-    fn lease_call(
-        &self,
-        call: &Prepared,
-        field: &str,
-        head: [u64; 3],
-    ) -> (Vec<String>, Vec<Vec<u8>>) {
+    fn lease_call(&self, call: &Prepared, head: [u64; 3]) -> (Vec<String>, Call) {
         let shared = &*self.shared;
         let mut keys = call.keys.clone();
         keys.extend(call.keys.iter().map(|k| format!("{k}:lease")));
-        let [now, slack_ms] = shared.stack.backend().header();
-        let mut args = vec![now, slack_ms, b"1".to_vec(), b"3".to_vec()];
+        let mut args = Call::new(Mode::Lease);
         let ttl_ms = u64::try_from(shared.lease.ttl.as_millis()).unwrap_or(u64::MAX);
         shared
             .stack
-            .encode_lease(call, head, field, ttl_ms, &shared.slack, &mut args);
+            .encode_lease(call, head, ttl_ms, &shared.slack, &mut args);
         (keys, args)
     }
 
@@ -775,10 +776,10 @@ impl<R> LeasedStack<R> {
         if units == 0 {
             return 0;
         }
-        let (keys, args) = self.lease_call(&meta.call, &meta.field, [0, 0, units]);
+        let (keys, args) = self.lease_call(&meta.call, [0, 0, units]);
         let backend = self.shared.stack.backend();
         self.shared.renewals.fetch_add(1, Ordering::Relaxed);
-        let answered = match backend.eval(&keys, &args).await {
+        let answered = match backend.eval_as(&keys, args, Some(&meta.field)).await {
             Ok(value) => reply::parse_leases(&value, &[meta.call.limits()])
                 .is_ok_and(|(_, groups)| groups.iter().all(|(_, answer)| answer.is_ok())),
             Err(_) => false,

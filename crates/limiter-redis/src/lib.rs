@@ -2,14 +2,16 @@
 //! and whole stacks of them, decided on Redis by one Lua script per call.
 //!
 //! - **One round trip, all or nothing.** A call's keys (every limit of every layer) go to one
-//!   `EVALSHA` (reloaded on `NOSCRIPT`); the script decides them all at one instant and writes
-//!   only if every limit admits. [`RedisStack::check_many`] decides many independent calls in
+//!   script call: `FCALL` of a Redis Function library loaded once (loaded again when a server
+//!   lacks it), or `EVALSHA` on servers without functions; the script decides them all at one
+//!   instant and writes only if every limit admits. [`RedisStack::check_many`] decides many independent calls in
 //!   one round trip; a [`RedisBatch`] (or [`RedisStack::check_all`]) decides many calls, of
 //!   any stacks on one backend, all or nothing: a denied call never consumes, and if any is
 //!   denied none does. [`RedisStack::acquire`] hands back a [`RedisGrant`] whose units
 //!   [`RedisStack::refund`] gives back, never more than were taken.
 //! - **The same arithmetic as in process.** The script reimplements each algorithm's pure
-//!   transition on the same `u64` state word, with time in microseconds since the Unix epoch
+//!   transition, on a state that maps one to one to the Rust algorithm's `u64` word
+//!   ([`RedisLimit::twin_state`]), with time in microseconds since the Unix epoch
 //!   (Redis `TIME`, so nodes with skewed clocks agree). [`RedisLimit::in_micros`] gives the limit
 //!   the Rust algorithm must be built on to make exactly the script's decisions; the
 //!   differential tests check that they do. Limits Redis cannot decide exactly are refused
@@ -63,15 +65,17 @@ mod coalesce;
 mod decision;
 mod deny_cache;
 mod error;
+mod keyslot;
 mod lease;
 mod refund;
-mod reply;
+mod script;
 mod seam;
+mod slots;
 mod spec;
 mod stack;
 
 pub use backend::{
-    BackendBuilder, BackendStats, DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT, RedisBackend, SCRIPT,
+    BackendBuilder, BackendStats, DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT, RedisBackend,
 };
 pub use batch::{BatchDecision, BatchError, RedisBatch};
 pub use breaker::BreakerConfig;
@@ -81,6 +85,7 @@ pub use lease::{
     DEFAULT_LEASE_TTL, LEASE_TTL_RANGE, Lease, LeaseStats, LeasedLimiter, LeasedStack, Slack,
 };
 pub use refund::RedisGrant;
+pub use script::SCRIPT;
 pub use spec::{Kind, RedisLimit};
 pub use stack::{
     OnFailure, RedisLayer, RedisLimiter, RedisLimiterBuilder, RedisStack, RedisStackBuilder,

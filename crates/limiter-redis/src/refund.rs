@@ -10,13 +10,13 @@
 
 use std::sync::Arc;
 
+use limiter_stack::StackDecision;
+
 use crate::decision::{RedisDecision, Source};
 use crate::error::{BackendError, CallError, RefundError};
-use crate::reply;
+use crate::script::call::{Call, Mode};
+use crate::script::reply;
 use crate::stack::{Prepared, RedisLimiter, RedisStack};
-
-/// The script's mode for refunds (`decide.lua`).
-const REFUND: &[u8] = b"2";
 
 /// The units an admitted call took on Redis, which [`RedisStack::refund`] can give back. Not
 /// `Clone`: each refund takes its units off the grant.
@@ -118,28 +118,57 @@ impl<R> RedisStack<R> {
         // Spent before sending: whatever happens to the reply, these units never come back
         // twice.
         grant.left = grant.left.saturating_sub(units);
-        let granted = grant.granted_us.to_string().into_bytes();
-        self.send_refund(request, &grant.call, units, &granted)
+        self.send_refund(request, &grant.call, units, Some(grant.granted_us))
             .await
     }
 
-    /// Sends `units` of `call` back, taken at `granted` (µs, or `now`), in one script call
-    /// (mode 2), and answers with what `request` holds after it.
+    /// Sends `units` of `call` back, taken at `granted_us` (`None`: now, without a grant), in
+    /// one script call (mode 2; one per slot for a call across cluster slots), and answers
+    /// with what `request` holds after it.
     async fn send_refund(
         &self,
         request: &R,
         call: &Prepared,
         units: u64,
-        granted: &[u8],
+        granted_us: Option<u64>,
     ) -> Result<RedisDecision, RefundError> {
-        let mut args = self.backend().header().to_vec();
-        args.push(b"1".to_vec());
-        args.push(REFUND.to_vec());
-        self.encode_group(call, units, granted, 0, &mut args);
+        if !call.spans_slots() {
+            return self
+                .send_refund_part(request, call, units, granted_us)
+                .await;
+        }
+        let mut layers = Vec::new();
+        let mut at = None;
+        for part in call.by_slot() {
+            let peek = self
+                .send_refund_part(request, &part, units, granted_us)
+                .await?;
+            at = at.or(peek.decided_at_micros());
+            layers.extend(peek.stack().layers().copied());
+        }
+        let peek = StackDecision::from_layers(layers);
+        let answer = RedisDecision::new(peek.is_allowed(), peek, Source::Redis);
+        Ok(match at {
+            Some(at) => answer.at(at),
+            None => answer,
+        })
+    }
+
+    /// [`send_refund`](Self::send_refund) for a call whose keys share a slot: one script call.
+    pub(crate) async fn send_refund_part(
+        &self,
+        request: &R,
+        call: &Prepared,
+        units: u64,
+        granted_us: Option<u64>,
+    ) -> Result<RedisDecision, RefundError> {
+        let mut args = Call::new(Mode::Refund);
+        args.refund_group(units, granted_us, call.limits());
+        self.encode_limits(call, 0, &mut args);
         let sent = self.backend().sent();
         let value = self
             .backend()
-            .eval(&call.keys, &args)
+            .eval(&call.keys, args)
             .await
             .map_err(RefundError::Backend)?;
         // Units came back: standing denials of these keys may no longer stand.
@@ -174,7 +203,7 @@ impl<R> RedisStack<R> {
                 .await
                 .map_err(|e| RefundError::Backend(BackendError::BadReply(e.to_string())));
         }
-        self.send_refund(request, &call, units, b"now").await
+        self.send_refund(request, &call, units, None).await
     }
 }
 

@@ -12,6 +12,8 @@ use limiter_core::{Accuracy, Algorithm, DecisionError, Limit, LimitError, Step};
 use limiter_sliding_window::{FixedCounter, SlidingCounter};
 use limiter_token_bucket::Gcra;
 
+use crate::script::call::{self, Call, GroupKind, Mode, WIRE};
+
 /// Which algorithm a Redis limit runs: the same name in process (limiter-stack's `Kind`);
 /// each is the same pure transition as its in-process counterpart, reimplemented in Lua.
 pub use limiter_stack::Kind;
@@ -39,9 +41,10 @@ pub struct RedisLimit {
     twin: Twin,
     /// The script's four parameters (see `decide.lua`).
     params: [u64; 4],
-    /// The script's name for the limit, stored beside each state it writes (`code:a:b:c:d`), so
-    /// a call under a changed limit knows to rescale the state.
-    tag: String,
+    /// The algorithm's code and the parameters as the script reads them, encoded once. The
+    /// script stores them beside each state it writes, so a call under a changed limit knows
+    /// to rescale the state.
+    wire: [u8; WIRE],
 }
 
 /// The Rust algorithm a Redis limit's script reimplements, built on the limit in microseconds.
@@ -99,15 +102,18 @@ impl RedisLimit {
                 (Twin::FixedWindow(counter), params)
             }
         };
-        let [a, b, c, d] = params;
-        let tag = format!("{}:{a}:{b}:{c}:{d}", code(kind));
+        let mut wire = [0; WIRE];
+        let fields = [u64::from(code(kind))].into_iter().chain(params);
+        for (slot, field) in wire.chunks_exact_mut(8).zip(fields) {
+            slot.copy_from_slice(&call::number(field));
+        }
         Ok(Self {
             kind,
             limit,
             micros,
             twin,
             params,
-            tag,
+            wire,
         })
     }
 
@@ -215,18 +221,91 @@ impl RedisLimit {
         self.limit.burst()
     }
 
-    /// The script's name for the limit (`code:a:b:c:d`: the algorithm's code and the four
-    /// parameters it receives), stored after each state word it writes, as `<word> <tag>`. Two
-    /// limits the script decides alike have the same tag.
-    pub fn tag(&self) -> &str {
-        &self.tag
-    }
-
     /// The algorithm's code and the four parameters the script receives for this limit (see
-    /// [`SCRIPT`](crate::SCRIPT)), for calling the script directly, as the benchmarks do.
+    /// [`SCRIPT`](crate::SCRIPT)). Two limits the script decides alike have the same fields.
     pub fn script_fields(&self) -> (u8, [u64; 4]) {
         (code(self.kind), self.params)
     }
+
+    /// The algorithm's code and parameters as the script reads them (five doubles).
+    pub(crate) fn wire(&self) -> &[u8; WIRE] {
+        &self.wire
+    }
+
+    /// The script's argument (`ARGV[1]`) for one call of `cost` units on this limit alone,
+    /// its state at `KEYS[1]`, at the server's time: for calling [`SCRIPT`](crate::SCRIPT)
+    /// directly, as the benchmarks do.
+    pub fn call_argument(&self, cost: u64) -> Vec<u8> {
+        let mut call = Call::new(Mode::Independent);
+        call.group(cost, GroupKind::Enforced, 1);
+        call.limit(1, &self.wire);
+        call.finish(None, 0)
+    }
+
+    /// The state a key holds (`GET`'s bytes) as the twin's state word, when this limit wrote
+    /// it; `None` for a state another limit wrote or bytes that are no state. A state written
+    /// by an earlier version of the script (a decimal word, untagged or tagged with this
+    /// limit's fields) is read as well. For tests and inspection: the differential tests hold
+    /// the script's writes to the twin's this way.
+    pub fn twin_state(&self, stored: &[u8]) -> Option<u64> {
+        if stored.len() == 64 {
+            let mut numbers = stored
+                .chunks_exact(8)
+                .map(|c| f64::from_be_bytes(c.try_into().unwrap_or_default()));
+            let state: Vec<u64> = numbers.by_ref().take(3).map(exact).collect::<Option<_>>()?;
+            let written_by: Vec<u8> = stored.get(24..)?.to_vec();
+            if written_by != self.wire {
+                return None;
+            }
+            return self.word_of(state[0], state[1], state[2]);
+        }
+        let text = std::str::from_utf8(stored).ok()?;
+        let (word, tag) = text.split_once(' ').unwrap_or((text, ""));
+        let (code, [a, b, c, d]) = self.script_fields();
+        if !tag.is_empty() && tag != format!("{code}:{a}:{b}:{c}:{d}") {
+            return None;
+        }
+        word.parse().ok()
+    }
+
+    /// The twin's word for the script's state (w1, w2, w3): a bucket's tat, `tick(at) +
+    /// debt`; a window counter's index and counts packed by its layout.
+    fn word_of(&self, w1: u64, w2: u64, w3: u64) -> Option<u64> {
+        let [a, _, c, d] = self.params;
+        match self.kind {
+            Kind::TokenBucket => {
+                let tick = if d > 0 { w1 >> d } else { w1.checked_mul(a)? };
+                tick.checked_add(w2)
+            }
+            Kind::SlidingWindow | Kind::FixedWindow => {
+                let (current_bits, previous_bits, granule_bits) = (c % 64, (c / 64) % 64, c / 4096);
+                let (index_bits, wrapping) = (d % 64, d >= 64);
+                let index = if wrapping { w1 & mask(index_bits) } else { w1 };
+                let previous = w2 >> granule_bits;
+                Some(
+                    index.checked_shl(
+                        u32::try_from(current_bits.checked_add(previous_bits)?).ok()?,
+                    )? | previous.checked_shl(u32::try_from(current_bits).ok()?)?
+                        | w3,
+                )
+            }
+        }
+    }
+}
+
+/// A double the script wrote, as the whole number it holds.
+fn exact(value: f64) -> Option<u64> {
+    // Checked whole and within range first.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    (value >= 0.0 && value.fract() == 0.0 && value < 18_446_744_073_709_551_616.0)
+        .then_some(value as u64)
+}
+
+/// The low `bits` bits set.
+fn mask(bits: u64) -> u64 {
+    u64::MAX
+        .checked_shr(64u32.saturating_sub(u32::try_from(bits).unwrap_or(64)))
+        .unwrap_or(0)
 }
 
 /// A window counter's script parameters: count, window in µs, then its layout packed as

@@ -3,13 +3,14 @@
 //!
 //! # Keys
 //!
-//! Each limit of each layer is one Redis string holding the algorithm's `u64` state word:
+//! Each limit of each layer is one Redis string holding the algorithm's state and the limit
+//! that wrote it (64 bytes; [`RedisLimit::twin_state`] reads it as the Rust algorithm's word):
 //! `<prefix>:{<stack>}:<layer>:<limit>[:<key>]` when the stack is its own hash tag (the
 //! default), `<prefix>:<stack>:{<tag>}:<layer>:<limit>[:<key>]` with a tag from the request,
 //! and `<prefix>:<stack>:{<key>}:<layer>:<limit>` when a one-layer stack is tagged by its key.
 //! `<limit>` is the limit's index in its layer (`0`), so the key is named by what the caller
-//! names, not by the limit's numbers: each state is stored with the tag of the limit that wrote
-//! it ([`RedisLimit::tag`]), and a call under a changed limit rescales it (the same fraction of
+//! names, not by the limit's numbers: a call under a limit other than the one that wrote a
+//! state rescales it (the same fraction of
 //! the capacity stays in use, rounded up), as a stack's plans do in process. Every key of one
 //! call carries the same hash tag, so they share a Redis Cluster slot and one script can decide
 //! them.
@@ -26,7 +27,9 @@ use crate::coalesce;
 use crate::decision::{RedisDecision, Source};
 use crate::deny_cache::Denied;
 use crate::error::{BackendError, BuildError, CallError};
-use crate::reply::{self, GroupAnswer, LimitAnswer};
+use crate::keyslot::key_slot;
+use crate::script::call::{Call, GroupKind, Mode};
+use crate::script::reply::{self, GroupAnswer, LimitAnswer};
 use crate::spec::{Kind, RedisLimit};
 
 type Keyer<R> = Arc<dyn limiter_stack::Keyer<R, String>>;
@@ -118,7 +121,9 @@ enum Tag<R> {
     Stack,
     /// A string from the request.
     Request(Tagger<R>),
-    /// The one layer's key.
+    /// Each keyed layer's own key (a global layer's keys: the stack's name), so a stack's
+    /// per-identifier traffic spreads over a cluster; a call whose layers land in different
+    /// slots is decided slot by slot (`slots.rs`).
     Key,
 }
 
@@ -128,7 +133,8 @@ pub struct RedisStackBuilder<R> {
     name: String,
     prefix: String,
     layers: Vec<RedisLayer<R>>,
-    tag: Tag<R>,
+    /// `None`: by each layer's key on a cluster, by the stack on one server.
+    tag: Option<Tag<R>>,
     on_failure: OnFailure,
     fleet: u64,
 }
@@ -161,18 +167,28 @@ impl<R: 'static> RedisStackBuilder<R> {
         self
     }
 
-    /// Tags each call's keys with `tag(request)` (a tenant, say) instead of the stack's name,
-    /// spreading a stack's keys over a Redis Cluster while each call's keys share a slot.
+    /// Tags each call's keys with `tag(request)` (a tenant, say), spreading a stack's keys over
+    /// a Redis Cluster while each call's keys share a slot: one script decides it.
     pub fn hash_tag_from(mut self, tag: impl Fn(&R) -> String + Send + Sync + 'static) -> Self {
-        self.tag = Tag::Request(Arc::new(tag));
+        self.tag = Some(Tag::Request(Arc::new(tag)));
         self
     }
 
-    /// Tags each call's keys with its one layer's key, spreading keys over a Redis Cluster.
-    /// Only for a stack of one keyed layer: keys of several layers would land in different
-    /// slots, and [`build`](Self::build) refuses that.
+    /// Tags each keyed layer's keys with that layer's key for the call, and a global layer's
+    /// with the stack's name: a stack's per-identifier traffic spreads over every master of a
+    /// Redis Cluster. The default on a cluster backend. A call whose layers land in different
+    /// slots (a user layer and a global one, say) is decided slot by slot, all or nothing:
+    /// see [`RedisStack`]'s "Across slots".
     pub fn tag_by_key(mut self) -> Self {
-        self.tag = Tag::Key;
+        self.tag = Some(Tag::Key);
+        self
+    }
+
+    /// Tags every key with the stack's name: all of the stack's keys in one slot, so every
+    /// call is one script (the default on one server, where slots do not matter). On a
+    /// cluster, the stack then lives on one master.
+    pub fn tag_by_stack(mut self) -> Self {
+        self.tag = Some(Tag::Stack);
         self
     }
 
@@ -214,14 +230,11 @@ impl<R: 'static> RedisStackBuilder<R> {
                 });
             }
         }
-        if matches!(self.tag, Tag::Key)
-            && (self.layers.len() != 1 || self.layers.iter().any(|l| l.keyer.is_none()))
-        {
-            return Err(BuildError::CrossSlot {
-                stack: self.name,
-                layers: self.layers.len(),
-            });
-        }
+        let tag = self.tag.unwrap_or(if self.backend.is_cluster() {
+            Tag::Key
+        } else {
+            Tag::Stack
+        });
         if self.fleet == 0 {
             share(&self.name, Limit::per_second(1), 0)?;
         }
@@ -237,23 +250,10 @@ impl<R: 'static> RedisStackBuilder<R> {
         let layers = self
             .layers
             .into_iter()
-            .map(|layer| {
-                let fields = layer
-                    .limits
-                    .iter()
-                    .map(|limit| {
-                        let (code, params) = limit.script_fields();
-                        let mut fields = vec![code.to_string().into_bytes()];
-                        fields.extend(params.iter().map(|p| p.to_string().into_bytes()));
-                        fields
-                    })
-                    .collect();
-                LayerSpec {
-                    name: layer.name,
-                    keyer: layer.keyer,
-                    limits: layer.limits,
-                    fields,
-                }
+            .map(|layer| LayerSpec {
+                name: layer.name,
+                keyer: layer.keyer,
+                limits: layer.limits,
             })
             .collect();
         Ok(RedisStack {
@@ -261,7 +261,7 @@ impl<R: 'static> RedisStackBuilder<R> {
             name: self.name,
             prefix: self.prefix,
             layers,
-            tag: self.tag,
+            tag,
             on_failure: self.on_failure,
             fallback,
             token: Arc::new(()),
@@ -375,12 +375,7 @@ struct LayerSpec<R> {
     name: String,
     keyer: Option<Keyer<R>>,
     limits: Vec<RedisLimit>,
-    /// Per limit: the script's algorithm code and parameters, encoded once.
-    fields: Vec<Vec<Vec<u8>>>,
 }
-
-/// The script's batch mode for groups decided each on its own (`decide.lua`).
-const INDEPENDENT: &[u8] = b"0";
 
 /// One limit a call touches.
 #[derive(Clone, Copy, Debug)]
@@ -396,7 +391,10 @@ pub(crate) struct Prepared {
     /// Whether the call records usage that already happened (never refused, may leave a
     /// debt), rather than asking for units.
     pub(crate) record: bool,
-    pub(crate) tag: String,
+    /// On a cluster, the one slot every key is in (`None` on one server, or across slots).
+    pub(crate) slot: Option<u16>,
+    /// On a cluster, whether the keys span slots.
+    pub(crate) across_slots: bool,
     pub(crate) keys: Vec<String>,
     targets: Vec<Target>,
 }
@@ -405,6 +403,38 @@ impl Prepared {
     /// How many limits the call touches (its group's size in the script's reply).
     pub(crate) fn limits(&self) -> usize {
         self.targets.len()
+    }
+
+    /// Whether the call's keys span cluster slots (never on one server).
+    pub(crate) fn spans_slots(&self) -> bool {
+        self.across_slots
+    }
+
+    /// The call in parts, one per cluster slot its keys are in, in the order the slots first
+    /// appear; each part is a call of its own (its keys and limits in the call's order).
+    pub(crate) fn by_slot(&self) -> Vec<Prepared> {
+        let mut parts: Vec<(u16, Prepared)> = Vec::new();
+        for (key, target) in self.keys.iter().zip(&self.targets) {
+            let slot = key_slot(key);
+            let at = match parts.iter().position(|(s, _)| *s == slot) {
+                Some(at) => at,
+                None => {
+                    let part = Prepared {
+                        cost: self.cost,
+                        record: self.record,
+                        slot: Some(slot),
+                        across_slots: false,
+                        keys: Vec::new(),
+                        targets: Vec::new(),
+                    };
+                    parts.push((slot, part));
+                    parts.len().saturating_sub(1)
+                }
+            };
+            parts[at].1.keys.push(key.clone());
+            parts[at].1.targets.push(*target);
+        }
+        parts.into_iter().map(|(_, part)| part).collect()
     }
 }
 
@@ -444,7 +474,7 @@ impl<R: 'static> RedisStack<R> {
             name: name.into(),
             prefix: "limiter".to_owned(),
             layers: Vec::new(),
-            tag: Tag::Stack,
+            tag: None,
             on_failure: OnFailure::default(),
             fleet: 1,
         }
@@ -488,10 +518,11 @@ impl<R> RedisStack<R> {
         if let Some(early) = self.answer_locally(call) {
             return (early, None);
         }
+        if call.spans_slots() {
+            return self.decide_across(request, call).await;
+        }
         let sent = self.backend.sent();
-        let mut group = Vec::with_capacity(3 + 6 * call.targets.len());
-        self.encode(call, true, 0, &mut group);
-        match coalesce::decide(&self.backend, &call.keys, group, call.targets.len()).await {
+        match self.send(call).await {
             Ok((now_us, group)) => (
                 self.conclude(request, call, group, sent, true).at(now_us),
                 Some(now_us),
@@ -500,48 +531,64 @@ impl<R> RedisStack<R> {
         }
     }
 
+    /// Sends a call whose keys share a slot as one script call (sharing it with others queued
+    /// meanwhile; see `coalesce.rs`): the script's time and the call's answer.
+    pub(crate) async fn send(&self, call: &Prepared) -> crate::backend::Answered {
+        let mut group = Call::new(Mode::Independent);
+        self.encode(call, true, 0, &mut group);
+        coalesce::decide(&self.backend, &call.keys, group, call.targets.len()).await
+    }
+
     /// Decides many independent calls at once: each is all or nothing on its own, in order,
     /// and all of them take one round trip (on a cluster, one per hash tag, sent together).
     /// Each call gets its own result, in the order given.
     pub async fn check_many(&self, calls: &[(&R, u64)]) -> Vec<Result<RedisDecision, CallError>> {
         let mut results: Vec<Option<Result<RedisDecision, CallError>>> =
             (0..calls.len()).map(|_| None).collect();
-        // Calls that need Redis, grouped by hash tag on a cluster (one group otherwise).
-        let mut rounds: HashMap<String, Vec<(usize, Prepared)>> = HashMap::new();
+        // Calls that need Redis, grouped by slot on a cluster (one group otherwise).
+        let mut rounds: HashMap<Option<u16>, Vec<(usize, Prepared)>> = HashMap::new();
+        let mut across = Vec::new();
         for (i, (request, cost)) in calls.iter().enumerate() {
             match self.prepare(request, *cost) {
                 Err(e) => results[i] = Some(Err(e)),
                 Ok(call) => match self.answer_locally(&call) {
                     Some(early) => results[i] = Some(Ok(early)),
-                    None => {
-                        let round = if self.backend.is_cluster() {
-                            call.tag.clone()
-                        } else {
-                            String::new()
-                        };
-                        rounds.entry(round).or_default().push((i, call));
-                    }
+                    // A call across slots is decided slot by slot, on its own.
+                    None if call.spans_slots() => across.push((i, call)),
+                    None => rounds.entry(call.slot).or_default().push((i, call)),
                 },
             }
         }
         let sent = self.backend.sent();
         let trips = rounds.into_values().map(|round| async move {
-            let mut args = self.backend.header().to_vec();
-            args.push(round.len().to_string().into_bytes());
-            args.push(INDEPENDENT.to_vec());
+            let mut args = Call::new(Mode::Independent);
             let mut keys = Vec::new();
             for (_, call) in &round {
                 self.encode(call, true, keys.len(), &mut args);
                 keys.extend(call.keys.iter().cloned());
             }
+            let mut seen = std::collections::HashSet::with_capacity(keys.len());
+            args.keys_distinct(keys.iter().all(|k| seen.insert(k.as_str())));
             let sizes: Vec<usize> = round.iter().map(|(_, c)| c.targets.len()).collect();
-            let answer = match self.backend.eval(&keys, &args).await {
+            let answer = match self.backend.eval(&keys, args).await {
                 Ok(value) => reply::parse(&value, &sizes),
                 Err(e) => Err(e),
             };
             (round, answer)
         });
-        for (round, answer) in futures_util::future::join_all(trips).await {
+        let across = across.into_iter().map(|(i, call)| async move {
+            let (request, _) = calls[i];
+            (i, self.decide_across(request, &call).await.0)
+        });
+        let (answered, across) = futures_util::future::join(
+            futures_util::future::join_all(trips),
+            futures_util::future::join_all(across),
+        )
+        .await;
+        for (i, decision) in across {
+            results[i] = Some(Ok(decision));
+        }
+        for (round, answer) in answered {
             match answer {
                 Ok((now_us, groups)) => {
                     for ((i, call), group) in round.into_iter().zip(groups) {
@@ -579,6 +626,12 @@ impl<R> RedisStack<R> {
         &self.backend
     }
 
+    /// Whether a call's keys may span cluster slots: keys tagged by each layer's key, on a
+    /// cluster, with more than one layer.
+    pub(crate) fn may_span_slots(&self) -> bool {
+        self.backend.is_cluster() && matches!(self.tag, Tag::Key) && self.layers.len() > 1
+    }
+
     /// This stack's identity, which its grants carry.
     pub(crate) fn token(&self) -> &Arc<()> {
         &self.token
@@ -613,7 +666,8 @@ impl<R> RedisStack<R> {
             .unwrap_or_else(|_| Prepared {
                 cost,
                 record: true,
-                tag: String::new(),
+                slot: None,
+                across_slots: false,
                 keys: Vec::new(),
                 targets: Vec::new(),
             })
@@ -643,23 +697,27 @@ impl<R> RedisStack<R> {
             }
             layer_keys.push((l, key));
         }
-        let tag = match &self.tag {
-            Tag::Stack => self.name.clone(),
-            Tag::Request(tagger) => escape_tag(&tagger(request)),
-            Tag::Key => layer_keys
-                .first()
-                .and_then(|(_, k)| k.clone())
-                .unwrap_or_default(),
-        };
-        let head = match &self.tag {
-            Tag::Stack => format!("{}:{{{}}}", self.prefix, tag),
-            Tag::Request(_) | Tag::Key => format!("{}:{}:{{{}}}", self.prefix, self.name, tag),
+        let stack_head = format!("{}:{{{}}}", self.prefix, self.name);
+        let request_head = match &self.tag {
+            Tag::Request(tagger) => Some(format!(
+                "{}:{}:{{{}}}",
+                self.prefix,
+                self.name,
+                escape_tag(&tagger(request))
+            )),
+            Tag::Stack | Tag::Key => None,
         };
         for (l, key) in layer_keys {
             let layer = &self.layers[l];
+            // `<head>:<layer>:<limit>`, then the layer's key unless the head is tagged by it.
+            let (head, suffix) = match (&self.tag, &key) {
+                (Tag::Key, Some(key)) => (format!("{}:{}:{{{key}}}", self.prefix, self.name), None),
+                (Tag::Request(_), _) => (request_head.clone().unwrap_or_default(), key),
+                _ => (stack_head.clone(), key),
+            };
             for j in 0..layer.limits.len() {
                 let mut name = format!("{head}:{}:{j}", layer.name);
-                if let (Some(key), false) = (&key, matches!(self.tag, Tag::Key)) {
+                if let Some(key) = &suffix {
                     name.push(':');
                     name.push_str(key);
                 }
@@ -667,10 +725,22 @@ impl<R> RedisStack<R> {
                 targets.push(Target { layer: l, limit: j });
             }
         }
+        let (slot, across_slots) = match keys.split_first() {
+            Some((first, rest)) if self.backend.is_cluster() => {
+                let slot = key_slot(first);
+                if rest.iter().all(|k| key_slot(k) == slot) {
+                    (Some(slot), false)
+                } else {
+                    (None, true)
+                }
+            }
+            _ => (None, false),
+        };
         Ok(Prepared {
             cost,
             record,
-            tag,
+            slot,
+            across_slots,
             keys,
             targets,
         })
@@ -716,46 +786,24 @@ impl<R> RedisStack<R> {
         None
     }
 
-    /// Appends a call's group to `args` (cost, its kind: enforced, shadow or a record, limit
-    /// count, six fields per limit); `offset` keys precede the call's own in the script's
-    /// `KEYS`.
-    pub(crate) fn encode(
-        &self,
-        call: &Prepared,
-        enforced: bool,
-        offset: usize,
-        args: &mut Vec<Vec<u8>>,
-    ) {
-        let kind: &[u8] = match (call.record, enforced) {
-            (true, _) => b"2",
-            (false, true) => b"1",
-            (false, false) => b"0",
+    /// Appends a call's group to `args`: its cost, its kind (enforced, shadow or a record),
+    /// then its limits; `offset` keys precede the call's own in the script's `KEYS`.
+    pub(crate) fn encode(&self, call: &Prepared, enforced: bool, offset: usize, args: &mut Call) {
+        let kind = match (call.record, enforced) {
+            (true, _) => GroupKind::Record,
+            (false, true) => GroupKind::Enforced,
+            (false, false) => GroupKind::Shadow,
         };
-        self.encode_group(call, call.cost, kind, offset, args);
+        args.group(call.cost, kind, call.targets.len());
+        self.encode_limits(call, offset, args);
     }
 
-    /// Appends a group for `call`'s limits with the header `first, second, limit count` (cost
-    /// and enforced flag, or a refund's units and grant time); `offset` keys precede the
+    /// Appends `call`'s limits to the group `args` is writing; `offset` keys precede the
     /// call's own in the script's `KEYS`.
-    pub(crate) fn encode_group(
-        &self,
-        call: &Prepared,
-        first: u64,
-        second: &[u8],
-        offset: usize,
-        args: &mut Vec<Vec<u8>>,
-    ) {
-        args.push(first.to_string().into_bytes());
-        args.push(second.to_vec());
-        args.push(call.targets.len().to_string().into_bytes());
+    pub(crate) fn encode_limits(&self, call: &Prepared, offset: usize, args: &mut Call) {
         for (i, target) in call.targets.iter().enumerate() {
             let index = offset.saturating_add(i).saturating_add(1);
-            args.push(index.to_string().into_bytes());
-            args.extend(
-                self.layers[target.layer].fields[target.limit]
-                    .iter()
-                    .cloned(),
-            );
+            args.limit(index, self.layers[target.layer].limits[target.limit].wire());
         }
     }
 
@@ -822,36 +870,27 @@ impl<R> RedisStack<R> {
         RedisDecision::new(stack.is_allowed(), stack, Source::Redis)
     }
 
-    /// Appends a lease group for `call` (`decide.lua`, mode 3): the cost, the units wanted
-    /// ahead, the units handed back, the holder, the lease's time to live, then per limit its
-    /// six fields, its ledger's `KEYS` index (the ledgers follow the call's keys) and its
-    /// slack in units, read from `slack` by layer and limit index.
+    /// Appends a lease group for `call` (mode 3): `head` (the cost, the units wanted ahead,
+    /// the units handed back), the lease's time to live, then per limit its fields, its
+    /// ledger's `KEYS` index (the ledgers follow the call's keys) and its slack in units, read
+    /// from `slack` by layer and limit index.
     pub(crate) fn encode_lease(
         &self,
         call: &Prepared,
         head: [u64; 3],
-        holder: &str,
         ttl_ms: u64,
         slack: &[Vec<u64>],
-        args: &mut Vec<Vec<u8>>,
+        args: &mut Call,
     ) {
-        for value in head {
-            args.push(value.to_string().into_bytes());
-        }
-        args.push(holder.as_bytes().to_vec());
-        args.push(ttl_ms.to_string().into_bytes());
-        args.push(call.targets.len().to_string().into_bytes());
         let n = call.targets.len();
+        args.lease_group(head, ttl_ms, n);
         for (i, target) in call.targets.iter().enumerate() {
-            args.push(i.saturating_add(1).to_string().into_bytes());
-            args.extend(
-                self.layers[target.layer].fields[target.limit]
-                    .iter()
-                    .cloned(),
+            args.limit(
+                i.saturating_add(1),
+                self.layers[target.layer].limits[target.limit].wire(),
             );
             let ledger = n.saturating_add(i).saturating_add(1);
-            args.push(ledger.to_string().into_bytes());
-            args.push(slack[target.layer][target.limit].to_string().into_bytes());
+            args.ledger(ledger, slack[target.layer][target.limit]);
         }
     }
 

@@ -347,7 +347,8 @@ proptest! {
             let mut conn = server.client();
             for (k, key) in keys.iter().enumerate() {
                 for (l, name) in limiter.redis_keys(key).iter().enumerate() {
-                    let stored = common::stored_state(&mut conn, name).map(|(word, _)| word);
+                    let stored = common::stored_state(&mut conn, name)
+                        .map(|raw| specs[l].twin_state(&raw).expect("a state this limit wrote"));
                     prop_assert_eq!(stored, states.get(&(k, l)).copied(), "{} limit {}", key, l);
                 }
             }

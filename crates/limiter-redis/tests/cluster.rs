@@ -1,7 +1,7 @@
 //! A three-master Redis Cluster started by the test: stacks whose keys share a slot work,
-//! keyed limiters spread over the masters, independent batches span slots, all-or-nothing
-//! batches work within one hash tag and are refused across slots, and a stack whose keys could not
-//! share a slot is refused when built.
+//! keyed limiters spread over the masters, independent batches span slots, and all-or-nothing
+//! batches work within one hash tag and are refused across slots (stacks across slots:
+//! `cluster_spread.rs`).
 
 use limiter_testkit::redis_server as common;
 
@@ -9,8 +9,7 @@ use std::collections::HashSet;
 
 use limiter_core::{Limit, ManualClock};
 use limiter_redis::{
-    BatchError, BuildError, Kind, OnFailure, RedisBackend, RedisLayer, RedisLimiter, RedisStack,
-    Source,
+    BatchError, Kind, OnFailure, RedisBackend, RedisLayer, RedisLimiter, RedisStack, Source,
 };
 
 const START: u64 = 1_795_000_000_000_000_000;
@@ -136,34 +135,4 @@ async fn stacks_and_limiters_work_on_a_three_master_cluster() {
     assert_eq!(slot, keyslot("key-1"));
     assert!(error.to_string().contains("check_many"), "{error}");
     assert_eq!(limiter.check_n("key-0", 0).await.unwrap(), before);
-}
-
-#[tokio::test]
-async fn a_stack_whose_keys_cannot_share_a_slot_is_refused_when_built() {
-    let cluster = common::RedisCluster::start();
-    let backend = RedisBackend::cluster_builder(cluster.urls())
-        .connect()
-        .await
-        .unwrap();
-    let error = RedisStack::builder(&backend, "split")
-        .layer(
-            RedisLayer::keyed("user", |r: &Req| Some(r.user.clone()))
-                .limit(Kind::TokenBucket, Limit::per_second(3)),
-        )
-        .layer(
-            RedisLayer::keyed("tenant", |r: &Req| Some(r.tenant.to_owned()))
-                .limit(Kind::TokenBucket, Limit::per_second(30)),
-        )
-        .tag_by_key()
-        .build()
-        .unwrap_err();
-    assert!(
-        matches!(error, BuildError::CrossSlot { layers: 2, .. }),
-        "{error}"
-    );
-    let message = error.to_string();
-    assert!(
-        message.contains("`split`") && message.contains("hash_tag_from"),
-        "{message}"
-    );
 }

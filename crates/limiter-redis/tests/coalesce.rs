@@ -75,6 +75,36 @@ async fn one_call_in_flight_at_a_time_is_exact_too() {
     exact_under_one_burst(1).await;
 }
 
+/// 16 callers, each deciding again as soon as it is answered: after the first call, the
+/// callers answered together queue together, so script calls fill (about one per round of
+/// 16), where a call per free slot would carry two or three.
+#[tokio::test]
+async fn steady_callers_fill_their_calls() {
+    let server = common::RedisServer::start();
+    let backend = backend(&server.url(), limiter_redis::DEFAULT_MAX_IN_FLIGHT).await;
+    let bucket = limiter(&backend, "steady", 1_000_000);
+    let rounds = 50;
+    join_all((0..16).map(|caller| {
+        let bucket = &bucket;
+        async move {
+            for i in 0..rounds {
+                let d = bucket.check(&format!("{caller}-{i}")).await.unwrap();
+                assert_eq!(d.source(), &Source::Redis, "{d:?}");
+                assert!(d.is_allowed());
+            }
+        }
+    }))
+    .await;
+    let stats = backend.stats();
+    let decisions = 16 * rounds;
+    assert!(
+        stats.round_trips * 8 <= decisions,
+        "{decisions} decisions took {} script calls",
+        stats.round_trips
+    );
+    slots_come_back(&backend).await;
+}
+
 /// Tasks on two worker threads, many keys, costs of 1 to 3: every key admits exactly its limit
 /// in units, as the same calls sent one by one would.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -314,7 +314,8 @@ proptest! {
                     prop_assert_eq!(got.decision().unwrap(), common::micros_as_nanos(want), "refund of {}", units);
                 }
             }
-            let stored = common::stored_state(&mut conn, &key).map_or(0, |(word, _)| word);
+            let stored = common::stored_state(&mut conn, &key)
+                .map_or(0, |raw| spec.twin_state(&raw).expect("a state this limit wrote"));
             prop_assert_eq!(stored, state, "{} {} at {} us", kind, limit, now_us);
         }
     }

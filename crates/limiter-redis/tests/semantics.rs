@@ -37,7 +37,7 @@ struct Request {
     user: &'static str,
 }
 
-fn get(server: &common::RedisServer, key: &str) -> Option<String> {
+fn get(server: &common::RedisServer, key: &str) -> Option<Vec<u8>> {
     server.client().get(key).unwrap()
 }
 
@@ -277,8 +277,17 @@ async fn bad_state_in_redis_is_a_clear_error_and_is_left_alone() {
     let hash_key = limiter.redis_keys("hash").remove(0);
     let _: () = conn.set(&junk_key, "not a number").unwrap();
     let _: () = conn.hset(&hash_key, "field", "1").unwrap();
+    // 64 bytes, the size of a state: NaNs, and whole numbers naming no algorithm.
+    let nan_key = limiter.redis_keys("nan").remove(0);
+    let _: () = conn.set(&nan_key, vec![0xff_u8; 64]).unwrap();
+    let unknown_key = limiter.redis_keys("unknown").remove(0);
+    let unknown: Vec<u8> = [1.0_f64, 0.0, 0.0, 9.0, 1.0, 1.0, 1.0, 0.0]
+        .iter()
+        .flat_map(|v| v.to_be_bytes())
+        .collect();
+    let _: () = conn.set(&unknown_key, unknown).unwrap();
 
-    for key in ["junk", "hash"] {
+    for key in ["junk", "hash", "nan", "unknown"] {
         let d = limiter.check(key).await.unwrap();
         assert!(d.is_denied(), "fail closed");
         let Source::FailClosed(BackendError::Script(message)) = d.source() else {
@@ -319,23 +328,53 @@ async fn bad_calls_and_bad_stacks_are_refused_with_the_fix() {
     let error = stack.check_n(&Request { user: "a" }, 6).await.unwrap_err();
     assert!(error.to_string().contains("split the request"), "{error}");
 
+    // Tagged by each layer's key on one server: the keys name their slots (for a cluster),
+    // and one script still decides the call, all or nothing.
     let two_layers = RedisStack::builder(&backend, "cross")
         .layer(
             RedisLayer::keyed("user", |r: &Request| Some(r.user.to_owned()))
                 .limit(Kind::TokenBucket, Limit::per_second(5)),
         )
-        .layer(RedisLayer::global("all").limit(Kind::TokenBucket, Limit::per_second(50)))
+        .layer(RedisLayer::global("all").limit(Kind::TokenBucket, Limit::per_second(6)))
         .tag_by_key()
+        .on_failure(OnFailure::Closed)
         .build()
-        .unwrap_err();
-    assert!(
-        matches!(two_layers, BuildError::CrossSlot { .. }),
-        "{two_layers}"
+        .unwrap();
+    let ada = Request { user: "ada" };
+    assert_eq!(
+        two_layers.redis_keys(&ada),
+        ["limiter:cross:{ada}:user:0", "limiter:{cross}:all:0"]
     );
-    assert!(
+    let trips = backend.stats().round_trips;
+    for _ in 0..5 {
+        assert!(two_layers.check(&ada).await.unwrap().is_allowed());
+    }
+    assert_eq!(
+        backend.stats().round_trips,
+        trips + 5,
+        "one script per call"
+    );
+    let bob = Request { user: "bob" };
+    assert!(two_layers.check(&bob).await.unwrap().is_allowed());
+    let over = two_layers.check(&bob).await.unwrap();
+    assert_eq!(
+        over.stack().binding().unwrap().layer,
+        1,
+        "the global layer binds"
+    );
+    assert_eq!(
         two_layers
-            .to_string()
-            .contains("different Redis Cluster slots")
+            .check_n(&bob, 0)
+            .await
+            .unwrap()
+            .stack()
+            .layers()
+            .next()
+            .unwrap()
+            .decision
+            .remaining(),
+        4,
+        "the denied call took nothing from bob"
     );
 
     let bad_names: [(&str, &str); 3] = [("a{b", "hash tag"), ("a:b", "separates"), ("", "empty")];
@@ -394,54 +433,78 @@ async fn bad_calls_and_bad_stacks_are_refused_with_the_fix() {
     }
 }
 
-/// A server that lost the script (flushed here; restarted or a new cluster node alike) is sent
-/// it in full once, the call is decided as usual, the reload is counted, and the next call
-/// goes by hash again.
+/// A server that lost the script (its functions and scripts flushed here; restarted or a new
+/// cluster node alike) gets the library once, the call is decided as usual, the reload is
+/// counted, and the next call runs the loaded function again.
 #[tokio::test]
 async fn a_server_without_the_script_gets_it_once_and_the_call_is_decided() {
     let server = common::RedisServer::start();
     let clock = ManualClock::starting_at(START);
     let backend = backend(&server, &clock, 0).await;
     let limiter = RedisLimiter::builder(&backend, "script-reload")
-        .limit(Kind::TokenBucket, Limit::per_minute(3))
+        .limit(Kind::TokenBucket, Limit::per_minute(4))
         .build()
         .unwrap();
+    let remaining = |d: limiter_redis::RedisDecision| {
+        assert_eq!(*d.source(), Source::Redis, "{d:?}");
+        d.stack().decision().remaining()
+    };
+    assert_eq!(remaining(limiter.check("k").await.unwrap()), 3);
+    assert_eq!(backend.stats().script_loads, 1, "loaded at the first call");
+    for flush in ["FUNCTION", "SCRIPT"] {
+        let _: () = redis::cmd(flush)
+            .arg("FLUSH")
+            .query(&mut server.client())
+            .unwrap();
+    }
     assert_eq!(
-        limiter
-            .check("k")
-            .await
-            .unwrap()
-            .stack()
-            .decision()
-            .remaining(),
-        2
+        remaining(limiter.check("k").await.unwrap()),
+        2,
+        "state kept, one more taken"
     );
-    let loads_at_start = backend.stats().script_loads;
+    assert_eq!(backend.stats().script_loads, 2);
+    assert_eq!(remaining(limiter.check("k").await.unwrap()), 1);
+    assert_eq!(backend.stats().script_loads, 2, "loaded again, once");
+    let functions: redis::Value = redis::cmd("FUNCTION")
+        .arg("LIST")
+        .query(&mut server.client())
+        .unwrap();
+    assert!(
+        format!("{functions:?}").contains("limiter_decide_"),
+        "run as a function: {functions:?}"
+    );
+}
+
+/// A server that refuses functions (an ACL here; a server before Redis 7 alike) runs the
+/// script by `EVALSHA`, sent in full once, with the same decisions.
+#[tokio::test]
+async fn a_server_that_refuses_functions_runs_the_script_by_hash() {
+    let server = common::RedisServer::start();
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("default")
+        .arg("-fcall")
+        .arg("-function")
+        .query(&mut server.client())
+        .unwrap();
+    let clock = ManualClock::starting_at(START);
+    let backend = backend(&server, &clock, 0).await;
+    let limiter = RedisLimiter::builder(&backend, "no-functions")
+        .limit(Kind::FixedWindow, Limit::per_minute(2))
+        .on_failure(OnFailure::Closed)
+        .build()
+        .unwrap();
+    for allowed in [true, true, false] {
+        let d = limiter.check("k").await.unwrap();
+        assert_eq!(*d.source(), Source::Redis, "{d:?}");
+        assert_eq!(d.is_allowed(), allowed);
+    }
+    assert_eq!(backend.stats().script_loads, 1, "sent in full once");
     let _: () = redis::cmd("SCRIPT")
         .arg("FLUSH")
         .query(&mut server.client())
         .unwrap();
-    let after_flush = limiter.check("k").await.unwrap();
-    assert_eq!(*after_flush.source(), Source::Redis);
-    assert_eq!(
-        after_flush.stack().decision().remaining(),
-        1,
-        "state kept, one more taken"
-    );
-    assert_eq!(backend.stats().script_loads, loads_at_start + 1);
-    assert_eq!(
-        limiter
-            .check("k")
-            .await
-            .unwrap()
-            .stack()
-            .decision()
-            .remaining(),
-        0
-    );
-    assert_eq!(
-        backend.stats().script_loads,
-        loads_at_start + 1,
-        "cached again"
-    );
+    let d = limiter.check("k").await.unwrap();
+    assert_eq!((d.source(), d.is_denied()), (&Source::Redis, true));
+    assert_eq!(backend.stats().script_loads, 2);
 }

@@ -194,6 +194,47 @@ impl RedisCluster {
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()
     }
+
+    /// The index of the master serving `key` (by the slots [`start`](Self::start) gave each,
+    /// the slot as the cluster itself computes it).
+    pub fn master_of(&self, key: &str) -> usize {
+        let slot: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query(&mut self.nodes[0].client())
+            .expect("CLUSTER KEYSLOT");
+        match slot {
+            0..=5460 => 0,
+            5461..=10922 => 1,
+            _ => 2,
+        }
+    }
+
+    /// How many script calls (`FCALL`, `EVALSHA`, `EVAL`) each master has run since its stats
+    /// were last reset.
+    pub fn script_calls(&self) -> Vec<u64> {
+        self.nodes
+            .iter()
+            .map(|node| {
+                let info: String = redis::cmd("INFO")
+                    .arg("commandstats")
+                    .query(&mut node.client())
+                    .expect("INFO commandstats");
+                info.lines()
+                    .filter(|l| {
+                        ["cmdstat_fcall:", "cmdstat_evalsha:", "cmdstat_eval:"]
+                            .iter()
+                            .any(|c| l.starts_with(c))
+                    })
+                    .filter_map(|l| {
+                        l.split([':', ','])
+                            .find_map(|f| f.strip_prefix("calls="))
+                            .and_then(|n| n.parse::<u64>().ok())
+                    })
+                    .sum()
+            })
+            .collect()
+    }
 }
 
 /// A decision of a limit counted in microseconds (the Rust twin of a Redis limit,
@@ -213,17 +254,11 @@ pub fn micros_as_nanos(d: limiter_core::Decision) -> limiter_core::Decision {
     }
 }
 
-/// The state word a limiter key holds and the tag of the limit that wrote it (a value is stored
-/// as `<word> <tag>`; see limiter-redis's `RedisLimit::tag`), or `None` for an absent key.
-pub fn stored_state(conn: &mut redis::Connection, key: &str) -> Option<(u64, String)> {
-    let raw: Option<String> = redis::cmd("GET")
+/// The bytes a limiter key holds (read them with limiter-redis's `RedisLimit::twin_state`), or
+/// `None` for an absent key.
+pub fn stored_state(conn: &mut redis::Connection, key: &str) -> Option<Vec<u8>> {
+    redis::cmd("GET")
         .arg(key)
         .query(conn)
-        .expect("read a limiter key");
-    let raw = raw?;
-    let (word, tag) = raw.split_once(' ').unwrap_or((raw.as_str(), ""));
-    let word = word
-        .parse()
-        .unwrap_or_else(|_| panic!("{key} holds {raw:?}, not a limiter state"));
-    Some((word, tag.to_owned()))
+        .expect("read a limiter key")
 }

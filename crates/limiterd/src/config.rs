@@ -10,6 +10,8 @@
 //! kind = "memory"              # or "redis"
 //! # max_keys = 1000000         # memory: at most this many keys per policy
 //! # url = "redis://127.0.0.1:6379"
+//! # cluster = ["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"]  # a Redis Cluster's seeds
+//! #                            # (instead of `url`): identifiers spread over every master
 //! # timeout_ms = 25
 //! # on_failure = "fallback"    # "open", "closed" or "fallback"
 //! # fleet_size = 1             # processes sharing this Redis: while it is out, each
@@ -329,8 +331,8 @@ pub enum Store {
     },
     /// On Redis: shared by every limiterd pointed at it.
     Redis {
-        /// `redis://host:port`.
-        url: String,
+        /// One server, or a cluster's seed nodes.
+        at: RedisAt,
         /// Each call's timeout.
         timeout: Duration,
         /// What a policy does when Redis fails, unless it says otherwise.
@@ -339,6 +341,25 @@ pub enum Store {
         /// fallback enforces its share (`1/fleet_size`) of every limit.
         fleet_size: u64,
     },
+}
+
+/// Where a Redis store is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RedisAt {
+    /// One server: `redis://host:port`.
+    Server(String),
+    /// A Redis Cluster, reached through any of these seed nodes (`redis://host:port` each):
+    /// each policy's identifiers spread over every master.
+    Cluster(Vec<String>),
+}
+
+impl std::fmt::Display for RedisAt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Server(url) => f.write_str(url),
+            Self::Cluster(seeds) => write!(f, "cluster via {}", seeds.join(", ")),
+        }
+    }
 }
 
 impl Store {
@@ -494,6 +515,7 @@ struct RawStore {
     kind: Spanned<String>,
     max_keys: Option<Spanned<u64>>,
     url: Option<Spanned<String>>,
+    cluster: Option<Spanned<Vec<Spanned<String>>>>,
     timeout_ms: Option<Spanned<u64>>,
     on_failure: Option<Spanned<String>>,
     fleet_size: Option<Spanned<u64>>,
@@ -631,7 +653,7 @@ impl Config {
             }
         }
         self.store = Store::Redis {
-            url: url.to_owned(),
+            at: RedisAt::Server(url.to_owned()),
             timeout,
             on_failure,
             fleet_size,
@@ -821,6 +843,7 @@ fn parse_store(source: &Source<'_>, store: &Spanned<RawStore>) -> Result<Store, 
             };
             for (present, field) in [
                 (raw.url.as_ref().map(Spanned::span), "url"),
+                (raw.cluster.as_ref().map(Spanned::span), "cluster"),
                 (raw.timeout_ms.as_ref().map(Spanned::span), "timeout_ms"),
                 (raw.on_failure.as_ref().map(Spanned::span), "on_failure"),
                 (raw.fleet_size.as_ref().map(Spanned::span), "fleet_size"),
@@ -841,18 +864,49 @@ fn parse_store(source: &Source<'_>, store: &Spanned<RawStore>) -> Result<Store, 
                     "`max_keys` applies to `kind = \"memory\"`: Redis keys expire on their own",
                 ));
             }
-            let url = raw.url.as_ref().ok_or_else(|| {
-                source.at(store, "a redis store needs `url = \"redis://host:port\"`")
-            })?;
-            if !url.get_ref().starts_with("redis://") && !url.get_ref().starts_with("rediss://") {
-                return Err(source.at(
-                    url,
-                    format!(
-                        "`url = {:?}`: write it as \"redis://host:port\"",
-                        url.get_ref()
-                    ),
-                ));
-            }
+            let redis_url = |url: &Spanned<String>, field: &str| {
+                if url.get_ref().starts_with("redis://") || url.get_ref().starts_with("rediss://") {
+                    Ok(url.get_ref().clone())
+                } else {
+                    Err(source.at(
+                        url,
+                        format!(
+                            "`{field}` holds {:?}: write it as \"redis://host:port\"",
+                            url.get_ref()
+                        ),
+                    ))
+                }
+            };
+            let at = match (&raw.url, &raw.cluster) {
+                (Some(_), Some(cluster)) => {
+                    return Err(source.at(
+                        cluster,
+                        "give `url` (one server) or `cluster` (a Redis Cluster's seed nodes), not both",
+                    ));
+                }
+                (None, None) => {
+                    return Err(source.at(
+                        store,
+                        "a redis store needs `url = \"redis://host:port\"` (one server) or \
+                         `cluster = [\"redis://host:port\", ...]` (a Redis Cluster's seed nodes)",
+                    ));
+                }
+                (Some(url), None) => RedisAt::Server(redis_url(url, "url")?),
+                (None, Some(cluster)) => {
+                    if cluster.get_ref().is_empty() {
+                        return Err(source.at(
+                            cluster,
+                            "`cluster = []`: list at least one seed node, \"redis://host:port\"",
+                        ));
+                    }
+                    let seeds = cluster
+                        .get_ref()
+                        .iter()
+                        .map(|url| redis_url(url, "cluster"))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    RedisAt::Cluster(seeds)
+                }
+            };
             let timeout = match &raw.timeout_ms {
                 None => limiter_redis::DEFAULT_TIMEOUT,
                 Some(ms) if (1..=60_000).contains(ms.get_ref()) => {
@@ -886,7 +940,7 @@ fn parse_store(source: &Source<'_>, store: &Spanned<RawStore>) -> Result<Store, 
                 }
             };
             Ok(Store::Redis {
-                url: url.get_ref().clone(),
+                at,
                 timeout,
                 on_failure,
                 fleet_size,

@@ -6,7 +6,7 @@
 use serde_json::{Value, json};
 
 use crate::app::AppState;
-use crate::config::{Config, Keying, Store};
+use crate::config::{Config, Keying, RedisAt, Store};
 use crate::envoy::Domains;
 use crate::live::Readiness;
 
@@ -38,13 +38,14 @@ fn store(store: &Store) -> Value {
     match store {
         Store::Memory { max_keys } => json!({"kind": "memory", "max_keys": max_keys}),
         Store::Redis {
-            url,
+            at,
             timeout,
             on_failure,
             fleet_size,
         } => json!({
             "kind": "redis",
-            "url": url,
+            "url": match at { RedisAt::Server(url) => Some(url), RedisAt::Cluster(_) => None },
+            "cluster": match at { RedisAt::Cluster(seeds) => Some(seeds), RedisAt::Server(_) => None },
             "timeout_ms": millis(*timeout),
             "on_failure": failure_name(*on_failure),
             "fleet_size": fleet_size,

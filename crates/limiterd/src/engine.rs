@@ -596,6 +596,12 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                 for (keying, limits) in &groups {
                     builder = builder.layer(redis_layer(layer_name(*keying), *keying, limits));
                 }
+                // On a cluster, keys follow each identifier (spread over the masters); a
+                // lease takes every limit in one script, so a leased policy of several
+                // groups keeps its keys in one slot (leases keep its traffic to Redis low).
+                if policy.lease.is_some() && groups.len() > 1 {
+                    builder = builder.tag_by_stack();
+                }
                 let refused = |source| EngineError::Redis {
                     policy: stack_name.to_owned(),
                     source,

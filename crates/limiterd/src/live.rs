@@ -154,10 +154,10 @@ pub fn needs_restart(old: &Config, new: &Config) -> Option<String> {
         }
         (
             Store::Redis {
-                url: a, timeout: s, ..
+                at: a, timeout: s, ..
             },
             Store::Redis {
-                url: b, timeout: t, ..
+                at: b, timeout: t, ..
             },
         ) if a != b || s != t => Some("the Redis store's `url` or `timeout_ms` changed"),
         (Store::Memory { .. }, Store::Redis { .. })

@@ -166,7 +166,7 @@ fn store_name(store: &Store) -> String {
     match store {
         Store::Memory { max_keys: None } => "memory".to_owned(),
         Store::Memory { max_keys: Some(n) } => format!("memory (at most {n} keys per policy)"),
-        Store::Redis { url, .. } => format!("redis ({url})"),
+        Store::Redis { at, .. } => format!("redis ({at})"),
     }
 }
 

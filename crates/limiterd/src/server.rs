@@ -25,7 +25,7 @@ use tokio::task::JoinSet;
 
 use crate::api;
 use crate::app::AppState;
-use crate::config::{Config, ServerSettings, Store};
+use crate::config::{Config, RedisAt, ServerSettings, Store};
 use crate::envoy::Domains;
 use crate::files::Sources;
 use crate::grpc::Grpc;
@@ -55,13 +55,19 @@ pub async fn serve(
 ) -> Result<(), String> {
     let backend = match &config.store {
         Store::Memory { .. } => None,
-        Store::Redis { url, timeout, .. } => Some(
-            RedisBackend::builder(url.clone())
-                .timeout(*timeout)
-                .connect()
-                .await
-                .map_err(|e| format!("cannot use Redis at {url}: {e}"))?,
-        ),
+        Store::Redis { at, timeout, .. } => {
+            let builder = match at {
+                RedisAt::Server(url) => RedisBackend::builder(url.clone()),
+                RedisAt::Cluster(seeds) => RedisBackend::cluster_builder(seeds.clone()),
+            };
+            Some(
+                builder
+                    .timeout(*timeout)
+                    .connect()
+                    .await
+                    .map_err(|e| format!("cannot use Redis at {at}: {e}"))?,
+            )
+        }
     };
     let settings = config.server;
     let state = AppState::build(&config, domains, DefaultClock::new(), backend.clone())

@@ -955,7 +955,13 @@ impl Loader<'_> {
         if unlimited {
             // As in the reference: a unit says the limit counts something, which an
             // unlimited one does not; a count or `replaces` beside it is harmless.
-            for other in ["unit", "algorithm", "unit_multiplier", "lease_slack", "lease_ttl"] {
+            for other in [
+                "unit",
+                "algorithm",
+                "unit_multiplier",
+                "lease_slack",
+                "lease_ttl",
+            ] {
                 if let Some(v) = fields.get(other) {
                     return Err(self.error(
                         v,
