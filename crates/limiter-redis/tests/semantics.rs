@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use limiter_core::{Limit, ManualClock};
 use limiter_redis::{
-    BackendError, BuildError, CallError, Kind, OnFailure, RedisBackend, RedisLayer, RedisLimiter,
-    RedisStack, Source,
+    BackendError, BuildError, CallError, Kind, OnFailure, RedisBackend, RedisLayer, RedisLimit,
+    RedisLimiter, RedisStack, Source,
 };
 use redis::Commands;
 
@@ -507,4 +507,56 @@ async fn a_server_that_refuses_functions_runs_the_script_by_hash() {
     let d = limiter.check("k").await.unwrap();
     assert_eq!((d.source(), d.is_denied()), (&Source::Redis, true));
     assert_eq!(backend.stats().script_loads, 2);
+}
+
+/// A state written by the previous version of the script (the Rust word in decimal, tagged
+/// with the limit that wrote it, or untagged) is read as it was meant, rescaled when another
+/// limit wrote it, and rewritten in the new form: nodes can be upgraded one by one.
+#[tokio::test]
+async fn a_state_written_by_the_previous_version_is_read() {
+    let server = common::RedisServer::start();
+    let clock = ManualClock::starting_at(START);
+    let backend = backend(&server, &clock, 0).await;
+    let ten = Limit::per_hour(10);
+    let limiter = RedisLimiter::builder(&backend, "upgrade")
+        .limit(Kind::TokenBucket, ten)
+        .on_failure(OnFailure::Closed)
+        .build()
+        .unwrap();
+    let spec = RedisLimit::new(Kind::TokenBucket, ten).unwrap();
+    // 4 of 10 taken, as the previous version stored it.
+    let now_us = START / 1_000;
+    let mut word = 0;
+    for _ in 0..4 {
+        word = spec.decide(word, 1, now_us).unwrap().next.unwrap();
+    }
+    let (code, [a, b, c, d]) = spec.script_fields();
+    let twenty = RedisLimit::new(Kind::TokenBucket, Limit::per_hour(20)).unwrap();
+    let (code20, [a20, b20, c20, d20]) = twenty.script_fields();
+    let mut conn = server.client();
+    for (key, stored, left) in [
+        ("tagged", format!("{word} {code}:{a}:{b}:{c}:{d}"), 5),
+        ("untagged", word.to_string(), 5),
+        // Written under 20 an hour: 4 of 20 is 2 of 10 taken.
+        (
+            "other",
+            {
+                let mut w = 0;
+                for _ in 0..4 {
+                    w = twenty.decide(w, 1, now_us).unwrap().next.unwrap();
+                }
+                format!("{w} {code20}:{a20}:{b20}:{c20}:{d20}")
+            },
+            7,
+        ),
+    ] {
+        let name = limiter.redis_keys(key).remove(0);
+        let _: () = conn.set(&name, stored).unwrap();
+        let d = limiter.check(key).await.unwrap();
+        assert_eq!(d.source(), &Source::Redis, "{key}: {d:?}");
+        assert_eq!(d.decision().unwrap().remaining(), left, "{key}");
+        let raw = common::stored_state(&mut conn, &name).unwrap();
+        assert_eq!(raw.len(), 64, "{key}: rewritten in the new form");
+        assert!(spec.twin_state(&raw).is_some(), "{key}: by this limit");
+    }
 }

@@ -1188,6 +1188,29 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_redis_cluster_is_given_by_its_seed_nodes() {
+        let config = Config::parse(
+            "[store]\nkind = \"redis\"\ncluster = [\"redis://10.0.0.1:6379\", \"redis://10.0.0.2:6379\"]\n\
+             [policies.p]\nlimits = [{ algorithm = \"token_bucket\", count = 1, period = \"1m\" }]\n",
+        )
+        .unwrap();
+        let Store::Redis { at, .. } = &config.store else {
+            panic!("{:?}", config.store);
+        };
+        assert_eq!(
+            at,
+            &RedisAt::Cluster(vec![
+                "redis://10.0.0.1:6379".to_owned(),
+                "redis://10.0.0.2:6379".to_owned()
+            ])
+        );
+        assert_eq!(
+            at.to_string(),
+            "cluster via redis://10.0.0.1:6379, redis://10.0.0.2:6379"
+        );
+    }
+
+    #[test]
     fn the_built_in_policies_parse() {
         let config = Config::parse(BUILT_IN).expect("valid");
         assert_eq!(config.listen, SocketAddr::from(([127, 0, 0, 1], 8080)));
@@ -1279,6 +1302,10 @@ mod tests {
             ("colour = 1\n".to_owned(), "line 1, column 1: unknown field `colour`"),
             ("[store]\nkind = \"disk\"\n".to_owned(), "line 2, column 8: store `kind = \"disk\"`: use \"memory\" or \"redis\""),
             ("[store]\nkind = \"redis\"\n".to_owned(), "line 1, column 1: a redis store needs `url"),
+            ("[store]\nkind = \"redis\"\nurl = \"redis://a:1\"\ncluster = [\"redis://b:1\"]\n".to_owned(), "line 4, column 11: give `url` (one server) or `cluster`"),
+            ("[store]\nkind = \"redis\"\ncluster = []\n".to_owned(), "line 3, column 11: `cluster = []`: list at least one seed node"),
+            ("[store]\nkind = \"redis\"\ncluster = [\"redis://a:1\", \"b:1\"]\n".to_owned(), "line 3, column 27: `cluster` holds \"b:1\": write it as \"redis://host:port\""),
+            ("[store]\nkind = \"memory\"\ncluster = [\"redis://a:1\"]\n".to_owned(), "line 3, column 11: `cluster` applies to `kind = \"redis\"` only"),
             ("[store]\nkind = \"memory\"\ntimeout_ms = 5\n".to_owned(), "line 3, column 14: `timeout_ms` applies to `kind = \"redis\"` only"),
             ("[store]\nkind = \"memory\"\nmax_keys = 0\n".to_owned(), "line 3, column 12: `max_keys = 0`: use 1 to 1000000000"),
             ("[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:6379\"\nfleet_size = 4\n[policies.p]\nlimits = [\n  { algorithm = \"fixed_window\", count = 3, period = \"1m\" },\n]\n".to_owned(), "line 7, column 3: policy `p`: 3 per 60s cannot be shared by `fleet_size = 4` processes"),

@@ -1062,7 +1062,14 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                 batch.add(stack, call, item.cost);
             }
         }
-        let decided = batch.decide().await.map_err(|e| batch_error(&e))?;
+        let decided = match batch.decide().await {
+            Ok(decided) => decided,
+            // Keys in several slots of a cluster: decided one item at a time instead.
+            Err(BatchError::CrossSlot { .. }) => {
+                return self.decide_across_slots(items, resolved).await;
+            }
+            Err(e) => return Err(batch_error(&e)),
+        };
         let admitted = decided.is_admitted();
         let answers = decided
             .into_decisions()
@@ -1071,6 +1078,58 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             .map(|(decision, (backend, call))| self.redis_answer(decision, backend.backend(), call))
             .collect::<Result<Vec<_>, _>>()?;
         Ok((admitted, answers))
+    }
+
+    /// A batch whose keys span a cluster's slots (several identifiers, or envoy descriptors):
+    /// no script can decide it whole, so each item is decided in turn (records written, the
+    /// others taken with a grant), and if one is denied every grant is refunded and the items
+    /// report what they hold after it, as in memory. Between the take and the refund the
+    /// units are held (a racing call may be denied a moment early); none is ever admitted past
+    /// a limit.
+    async fn decide_across_slots(
+        &self,
+        items: &[Item],
+        resolved: &[(Resolved<'_, C>, Call)],
+    ) -> Result<(bool, Vec<Answer>), DecideError> {
+        let mut answers = Vec::with_capacity(items.len());
+        let mut grants = Vec::new();
+        let mut all = true;
+        for (i, (item, (backend, call))) in items.iter().zip(resolved).enumerate() {
+            let backend = backend.backend();
+            let Some(stack) = backend.redis_stack() else {
+                return Err(DecideError::Unavailable(
+                    "a batch mixes stores; every policy of one limiterd uses the same store".into(),
+                ));
+            };
+            let answer = if item.charge == Charge::Record {
+                self.record_one(backend, call, item.cost).await?
+            } else {
+                let (decision, grant) = stack
+                    .acquire(call, item.cost)
+                    .await
+                    .map_err(|e| call_error(&e.into()))?;
+                if let Some(grant) = grant {
+                    grants.push((i, grant));
+                }
+                self.redis_answer(decision, backend, call)?
+            };
+            all &= answer.decision.is_allowed() || item.never_denies();
+            answers.push(answer);
+        }
+        if !all {
+            for (i, mut grant) in grants {
+                let (backend, call) = &resolved[i];
+                let (Some(stack), units) = (backend.backend().redis_stack(), grant.left()) else {
+                    continue;
+                };
+                // Refunded, the item reports what it holds now; a refund Redis did not take
+                // leaves the units counted (never admitted twice).
+                if let Ok(peek) = stack.refund(call, &mut grant, units).await {
+                    answers[i] = self.redis_answer(peek, backend.backend(), call)?;
+                }
+            }
+        }
+        Ok((all, answers))
     }
 
     /// One call on any store: in process through the seam, on Redis keeping when Redis

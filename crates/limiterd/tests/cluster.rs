@@ -19,6 +19,7 @@ async fn a_policy_spreads_over_a_cluster_and_stays_all_or_nothing() {
         &format!(
             "[store]\nkind = \"redis\"\ncluster = [{}]\non_failure = \"closed\"\n\
              [policies.api]\nlimits = [{{ algorithm = \"token_bucket\", count = 1000, period = \"1h\" }}]\n\
+             [policies.pair]\nlimits = [{{ algorithm = \"token_bucket\", count = 3, period = \"1h\" }}]\n\
              [policies.shared]\nlimits = [\n  {{ algorithm = \"token_bucket\", count = 3, period = \"1h\" }},\n  \
              {{ algorithm = \"fixed_window\", count = 5, period = \"1h\", key = \"global\" }},\n]\n",
             seeds.join(", ")
@@ -75,6 +76,23 @@ async fn a_policy_spreads_over_a_cluster_and_stays_all_or_nothing() {
             "master {master}: {n} of {total} ({calls:?})"
         );
     }
+
+    // A batch across identifiers (so across slots): all or nothing, item by item.
+    let pair = |a: u64, b: u64| {
+        json!({"requests": [
+            {"policy": "pair", "identifier": "x1", "cost": a},
+            {"policy": "pair", "identifier": "x2", "cost": b},
+        ]})
+    };
+    let (status, both) = client.post("/v1/ratelimit/many", &pair(2, 2)).await;
+    assert_eq!(status, 200, "{both}");
+    assert_eq!(both["success"], true, "{both}");
+    let (_, refused) = client.post("/v1/ratelimit/many", &pair(1, 2)).await;
+    assert_eq!(refused["success"], false, "x2 has 1 left: {refused}");
+    let x1 = client
+        .decide(json!({"policy": "pair", "identifier": "x1", "cost": 0}))
+        .await;
+    assert_eq!(x1["remaining"], 1, "x1's unit came back: {x1}");
 
     // Six identifiers against a global 5: the sixth is denied by the global limit, and what
     // its own slot took comes back.
