@@ -23,7 +23,7 @@ const RULES: &[Rule] = &[
             "sync.rs",
             "crates/limiter-core/src/wait.rs",
             "crates/limiter-redis/src/backend.rs",
-            "crates/limiter-redis/src/lease.rs",
+            "crates/limiter-redis/src/lease/",
             "crates/limiter-store/src/bounded.rs",
             "crates/limiter-stack/src/stack/mod.rs",
             "crates/limiterd/src/metrics.rs",
@@ -52,7 +52,7 @@ const RULES: &[Rule] = &[
         allowed: &[
             "crates/limiter-core/src/clock.rs",
             "crates/limiter/src/wait.rs",
-            "crates/limiter-redis/src/lease.rs",
+            "crates/limiter-redis/src/lease/",
             "crates/limiterd/src/",
         ],
         invariant: "library code spawns and sleeps only where a user asks it to",

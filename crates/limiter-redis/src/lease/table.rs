@@ -1,0 +1,308 @@
+//! The table of leased keys: one entry per call identity (its [`LeaseCell`], what the last
+//! answer knew of each layer, and the renewal lock), sharded, and the answers a spend from
+//! the lease gives locally ([`LocalAnswer`]).
+
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use hashbrown::HashTable;
+use limiter_core::{Clock, Decision, LeaseCell, LeaseSpend};
+use limiter_stack::{LayerDecision, MAX_LAYERS};
+
+use crate::decision::RedisDecision;
+use crate::stack::{Prepared, RedisStack};
+
+use super::*;
+
+/// One key's lease here.
+pub(super) struct Entry {
+    pub(super) cell: LeaseCell,
+    /// The layers the key's calls touch, with each one's least burst (what local answers say).
+    pub(super) layers: Touched,
+    /// What the last Redis answer said of the key's budget (what local answers report).
+    pub(super) known: Known,
+    /// The word the previous idle sweep saw (the sweep's alone).
+    pub(super) seen: AtomicU64,
+    pub(super) renewal: tokio::sync::Mutex<Meta>,
+}
+
+/// What the one renewing caller knows (under the entry's renewal lock).
+pub(super) struct Meta {
+    /// The call's keys, for hand-backs that come without a request.
+    pub(super) call: Prepared,
+    /// The lease's field in each ledger: this stack's holder name and the key's identity.
+    pub(super) field: String,
+    /// Units the last lease asked for.
+    pub(super) want: u64,
+    /// Units of the lease now held, and when it was asked for (local ns).
+    pub(super) granted: u64,
+    pub(super) granted_at: u64,
+    /// The entry left the table: renew through the one that replaced it.
+    pub(super) removed: bool,
+}
+
+impl Meta {
+    /// The units to ask for next: about half a time to live of the demand the last lease
+    /// saw, within 1 and `most`.
+    pub(super) fn next_want(&mut self, handed_back: u64, now: u64, ttl: u64, most: u64) -> u64 {
+        if self.granted > 0 {
+            let used = u128::from(self.granted.saturating_sub(handed_back));
+            let elapsed = u128::from(now.saturating_sub(self.granted_at).max(1));
+            let want = used * u128::from(ttl / 2) / elapsed;
+            self.want = u64::try_from(want).unwrap_or(u64::MAX);
+        }
+        self.want = self.want.clamp(1, most.max(1));
+        self.want
+    }
+}
+
+/// What the last Redis answer on a key said, per layer: the units left once it took the call
+/// and the lease, and when the layer is full again (ns of the local clock); with when it was
+/// sent (local ns) and decided (Redis's µs). A local answer reports the key's budget from it:
+/// what Redis had left, plus what the lease still holds, and the same reset instant (the
+/// lease's units were taken from Redis's state already, so spending them moves neither).
+///
+/// Written by the one renewing caller before it grants or denies, read by local answers after
+/// they spend: a reader racing a renewal may pair the new lease with the old answer for a
+/// moment. It is what the answer reports, never what decides it.
+#[derive(Debug, Default)]
+pub(super) struct Known {
+    pub(super) at_local: AtomicU64,
+    pub(super) at_redis_us: AtomicU64,
+    pub(super) remaining: [AtomicU64; MAX_LAYERS],
+    pub(super) full_at: [AtomicU64; MAX_LAYERS],
+}
+
+impl Known {
+    /// Keeps what `decision` (Redis's answer, sent at `sent_at` local ns) says of each layer.
+    pub(super) fn update(&self, decision: &RedisDecision, sent_at: u64) {
+        // Relaxed (every store and load of `Known`): display values, published by nothing
+        // and publishing nothing (see the type's docs).
+        self.at_local.store(sent_at, Ordering::Relaxed);
+        let at_us = decision.decided_at_micros().unwrap_or(0);
+        self.at_redis_us.store(at_us, Ordering::Relaxed);
+        for layer in decision.stack().layers() {
+            if let (Some(remaining), Some(full_at)) = (
+                self.remaining.get(layer.layer),
+                self.full_at.get(layer.layer),
+            ) {
+                remaining.store(layer.decision.remaining(), Ordering::Relaxed);
+                let reset = layer.decision.reset_after_nanos();
+                full_at.store(sent_at.saturating_add(reset), Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// What a local answer reports of the layers in `touched`.
+    #[inline]
+    pub(super) fn snapshot(&self, touched: Touched) -> KnownSnapshot {
+        let mut snapshot = KnownSnapshot {
+            at_local: self.at_local.load(Ordering::Relaxed),
+            at_redis_us: self.at_redis_us.load(Ordering::Relaxed),
+            remaining: [0; MAX_LAYERS],
+            full_at: [0; MAX_LAYERS],
+        };
+        for (layer, _) in touched.iter() {
+            snapshot.remaining[layer] = self.remaining[layer].load(Ordering::Relaxed);
+            snapshot.full_at[layer] = self.full_at[layer].load(Ordering::Relaxed);
+        }
+        snapshot
+    }
+}
+
+/// [`Known`], read for one answer.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct KnownSnapshot {
+    pub(super) at_local: u64,
+    pub(super) at_redis_us: u64,
+    pub(super) remaining: [u64; MAX_LAYERS],
+    pub(super) full_at: [u64; MAX_LAYERS],
+}
+
+/// One shard of the local table: entries found by the identity's hash (computed once per
+/// call, for the shard and the lookup).
+pub(super) type Shard = crossbeam_utils::CachePadded<RwLock<HashTable<(Box<str>, Arc<Entry>)>>>;
+
+pub(super) struct Shared<R> {
+    pub(super) stack: RedisStack<R>,
+    pub(super) lease: Lease,
+    /// This stack's name in the ledgers: unique per process and stack.
+    pub(super) holder: String,
+    /// Per layer, per limit: the slack in units.
+    pub(super) slack: Vec<Vec<u64>>,
+    /// The most one lease asks for: the least slack, within what a lease word holds.
+    pub(super) most: u64,
+    pub(super) least_burst: u64,
+    pub(super) shards: Box<[Shard]>,
+    pub(super) hasher: foldhash::fast::RandomState,
+    /// The backend's local clock, kept here to save a pointer chase on the hot path.
+    pub(super) clock: Arc<dyn Clock>,
+    pub(super) renewals: AtomicU64,
+    pub(super) leased: AtomicU64,
+    pub(super) handed_back: AtomicU64,
+}
+
+impl<R> LeasedStack<R> {
+    /// The identity's hash and its shard.
+    #[inline]
+    pub(super) fn shard(&self, identity: &str) -> (u64, &Shard) {
+        let hash = self.shared.hasher.hash_one(identity);
+        let shards = &self.shared.shards;
+        // A power of two: the mask keeps the index in range. The middle bits pick the shard;
+        // the table uses the top and low bits.
+        (hash, &shards[(hash >> 32) as usize & (shards.len() - 1)])
+    }
+
+    /// The answer of the lease `identity` holds here, if it decides a call of `cost`.
+    #[inline]
+    pub(crate) fn local(&self, identity: &str, cost: u64) -> Option<LocalAnswer> {
+        let shared = &*self.shared;
+        if cost > shared.least_burst || shared.most == 0 {
+            return None;
+        }
+        let now = shared.clock.now();
+        let (hash, shard) = self.shard(identity);
+        let shard = read_lock(shard);
+        let (_, entry) = shard.find(hash, |(k, _)| **k == *identity)?;
+        let answer = match entry.cell.spend(cost, now) {
+            LeaseSpend::Spent { left } => Ok(left),
+            LeaseSpend::Denied { until } => Err(until.saturating_sub(now).max(1)),
+            LeaseSpend::Ask => return None,
+        };
+        Some(LocalAnswer {
+            layers: entry.layers,
+            answer,
+            known: entry.known.snapshot(entry.layers),
+            now,
+        })
+    }
+
+    /// The entry for `identity`, made for `call` if there is none.
+    pub(super) fn entry(&self, identity: &str, call: &Prepared) -> Arc<Entry> {
+        let (hash, shard) = self.shard(identity);
+        if let Some((_, entry)) = read_lock(shard).find(hash, |(k, _)| **k == *identity) {
+            return Arc::clone(entry);
+        }
+        let hasher = &self.shared.hasher;
+        let mut shard = write_lock(shard);
+        let (_, entry) = shard
+            .entry(
+                hash,
+                |(k, _)| **k == *identity,
+                |(k, _)| hasher.hash_one(&**k),
+            )
+            .or_insert_with(|| {
+                let entry = Arc::new(Entry {
+                    cell: LeaseCell::new(),
+                    layers: Touched::new(self.shared.stack.target_bursts(call)),
+                    known: Known::default(),
+                    seen: AtomicU64::new(0),
+                    renewal: tokio::sync::Mutex::new(Meta {
+                        call: call.clone(),
+                        field: format!("{}/{identity}", self.shared.holder),
+                        want: 1,
+                        granted: 0,
+                        granted_at: 0,
+                        removed: false,
+                    }),
+                });
+                (identity.into(), entry)
+            })
+            .into_mut();
+        Arc::clone(entry)
+    }
+}
+
+/// The layers a key's calls touch (those below [`MAX_LAYERS`], as a stacked answer keeps),
+/// each with its least burst: small enough that a local answer is copied out of the table's
+/// lock as a few words, and the full [`RedisDecision`] is built once, where it is returned.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Touched {
+    /// Bit `i` set: layer `i` takes part.
+    mask: u32,
+    bursts: [u64; MAX_LAYERS],
+}
+
+const _: () = assert!(MAX_LAYERS <= 32, "a layer mask is a u32");
+
+impl Touched {
+    /// From each touched limit's layer and burst: per layer, the smallest burst.
+    pub(super) fn new(limits: impl IntoIterator<Item = (usize, u64)>) -> Self {
+        let mut touched = Self {
+            mask: 0,
+            bursts: [u64::MAX; MAX_LAYERS],
+        };
+        for (layer, burst) in limits {
+            if let Some(slot) = touched.bursts.get_mut(layer) {
+                *slot = (*slot).min(burst);
+                touched.mask |= 1 << layer;
+            }
+        }
+        touched
+    }
+
+    pub(super) fn iter(self) -> impl Iterator<Item = (usize, u64)> {
+        (0..MAX_LAYERS)
+            .filter(move |&layer| self.mask & (1 << layer) != 0)
+            .map(move |layer| (layer, self.bursts[layer]))
+    }
+}
+
+/// What a lease decided here: `Ok(units left)`, or `Err(wait ns)` for a standing denial; with
+/// what the last Redis answer said of the key, and the local reading it was decided at.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LocalAnswer {
+    layers: Touched,
+    answer: Result<u64, u64>,
+    known: KnownSnapshot,
+    now: u64,
+}
+
+impl LocalAnswer {
+    /// The answer as a [`RedisDecision`] ([`Source::Lease`](crate::Source::Lease)).
+    #[inline]
+    pub(crate) fn decision(self) -> RedisDecision {
+        local_answer(self.layers, self.answer, &self.known, self.now)
+    }
+}
+
+/// A decision made against a lease at local reading `now`: admitted with `Ok(units left)`, or
+/// denied with `Err(wait ns)` by a standing denial. Each layer reports the key's budget as the
+/// last Redis answer knew it: what Redis had left plus what the lease still holds (within the
+/// layer's burst), and the wait until the instant that answer said the layer is full again.
+#[inline]
+pub(super) fn local_answer(
+    layers: Touched,
+    answer: Result<u64, u64>,
+    known: &KnownSnapshot,
+    now: u64,
+) -> RedisDecision {
+    let allowed = answer.is_ok();
+    let decision = RedisDecision::leased(
+        allowed,
+        layers.iter().map(|(layer, burst)| {
+            let full_after = known.full_at[layer].saturating_sub(now);
+            let decision = match answer {
+                Ok(left) => {
+                    let remaining = known.remaining[layer].saturating_add(left).min(burst);
+                    Decision::allow(burst, remaining, full_after)
+                }
+                Err(wait) => Decision::deny(burst, 0, wait, full_after.max(wait)),
+            };
+            LayerDecision {
+                layer,
+                plan: 0,
+                limit_index: 0,
+                decision,
+                limit_reset_after_nanos: decision.reset_after_nanos(),
+            }
+        }),
+    );
+    if known.at_redis_us == 0 {
+        return decision;
+    }
+    // The answer's instant on Redis's clock: the last answer's, moved on by the local clock.
+    let since_us = now.saturating_sub(known.at_local) / 1_000;
+    decision.leased_at(known.at_redis_us.saturating_add(since_us))
+}

@@ -1,0 +1,205 @@
+//! What a call does when Redis cannot decide ([`OnFailure`]): admit, refuse, or decide on a
+//! local stack with the same limits, each node's share of them when a fleet shares Redis.
+
+use std::sync::Arc;
+
+use limiter_core::Limit;
+use limiter_stack::{Grant, StackDecision};
+
+use super::*;
+use crate::backend::RedisBackend;
+use crate::decision::{RedisDecision, Source};
+use crate::error::{BackendError, BuildError};
+
+/// What a limiter does when Redis fails, times out, or its circuit breaker is open.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnFailure {
+    /// Admit the call ([`Source::FailOpen`]).
+    Open,
+    /// Refuse the call ([`Source::FailClosed`]); not reported as over the limit.
+    Closed,
+    /// Decide on a local in-memory stack with the same limits ([`Source::Fallback`]). By
+    /// default each node then enforces the whole limit on its own, so a fleet of `n` admits up
+    /// to `n` times it while Redis is out; give the builder the fleet's size
+    /// ([`RedisStackBuilder::fleet_size`]) and each node enforces its share, `1/n` of each
+    /// limit, so the fleet admits at most the limit between them (plus what Redis had admitted
+    /// in the current window or burst before it went out).
+    #[default]
+    Fallback,
+}
+
+/// A Redis layer's keyer, shared with its local fallback layer.
+struct SharedKeyer<R>(Keyer<R>);
+
+impl<R> limiter_stack::Keyer<R, String> for SharedKeyer<R> {
+    fn key(&self, request: &R) -> Option<String> {
+        self.0.key(request)
+    }
+
+    fn key_name(&self) -> Option<&'static str> {
+        self.0.key_name()
+    }
+}
+
+/// A node's share of `limit` in a fleet of `fleet`: count and burst divided, rounded down.
+pub(super) fn share(stack: &str, limit: Limit, fleet: u64) -> Result<Limit, BuildError> {
+    let refused = |reason: String| BuildError::FleetSize {
+        stack: stack.to_owned(),
+        fleet,
+        reason,
+    };
+    if fleet == 0 {
+        return Err(refused("which counts no node; give 1 or more".to_owned()));
+    }
+    let (count, burst) = (limit.count() / fleet, limit.burst() / fleet);
+    if count == 0 || burst == 0 {
+        return Err(refused(format!(
+            "which leaves each node no unit of {limit}; give a fleet size of at most {}, or a larger limit",
+            limit.count().min(limit.burst())
+        )));
+    }
+    Ok(Limit::from_nanos(count, limit.period_nanos()).with_burst(burst))
+}
+
+/// The in-memory stack with the same layers and each node's share of their limits, on the
+/// backend's local clock.
+pub(super) fn local_stack<R: 'static>(
+    stack: &str,
+    layers: &[RedisLayer<R>],
+    backend: &RedisBackend,
+    fleet: u64,
+) -> Result<Fallback<R>, BuildError> {
+    let mut builder = limiter_stack::Stack::builder();
+    for layer in layers {
+        let mut local = match &layer.keyer {
+            Some(keyer) => {
+                let keyer = Arc::clone(keyer);
+                limiter_stack::Layer::keyed(layer.name.clone(), SharedKeyer(keyer))
+            }
+            None => limiter_stack::Layer::global(layer.name.clone()),
+        };
+        for limit in &layer.limits {
+            let shared = share(stack, limit.limit(), fleet)?;
+            limit.kind().check(shared).map_err(|e| BuildError::Limit {
+                layer: layer.name.clone(),
+                source: limiter_core::LimitError::Unsupported {
+                    algorithm: limit.kind().name(),
+                    reason: format!("the local fallback cannot hold it: {e}"),
+                },
+            })?;
+            local = local.limit(limit.kind(), shared);
+        }
+        builder = builder.layer(local);
+    }
+    builder
+        .clock(backend.local_clock())
+        .build()
+        .map_err(|e| BuildError::NoLimits {
+            layer: format!("(local fallback: {e})"),
+        })
+}
+
+impl<R> RedisStack<R> {
+    /// The failure policy's answer for `call`: as [`on_failure`](Self::on_failure) for a
+    /// check; for a record, the fallback records on the local stack, and fail open and fail
+    /// closed record nothing.
+    pub(crate) fn on_failure_of(
+        &self,
+        request: &R,
+        call: &Prepared,
+        error: BackendError,
+    ) -> RedisDecision {
+        if !call.record {
+            return self.on_failure(request, call.cost, error);
+        }
+        match (&self.fallback, self.on_failure) {
+            (Some(local), OnFailure::Fallback) => match local.record(request, call.cost) {
+                Ok(stack) => RedisDecision::new(stack.is_allowed(), stack, Source::Fallback(error)),
+                Err(_) => self.on_failure(request, call.cost, error),
+            },
+            _ => self.on_failure(request, call.cost, error),
+        }
+    }
+
+    /// The failure policy's answer.
+    pub(crate) fn on_failure(&self, request: &R, cost: u64, error: BackendError) -> RedisDecision {
+        tracing::debug!(
+            target: "limiter_redis::stack",
+            stack = %self.name,
+            policy = ?self.on_failure,
+            error = %error,
+            "Redis could not decide: the failure policy answers"
+        );
+        let empty = || StackDecision::from_layers([]);
+        match (&self.fallback, self.on_failure) {
+            (Some(local), OnFailure::Fallback) => match local.check_n(request, cost) {
+                Ok(stack) => RedisDecision::new(stack.is_allowed(), stack, Source::Fallback(error)),
+                Err(_) => RedisDecision::new(false, empty(), Source::FailClosed(error)),
+            },
+            (_, OnFailure::Open) => RedisDecision::new(true, empty(), Source::FailOpen(error)),
+            _ => RedisDecision::new(false, empty(), Source::FailClosed(error)),
+        }
+    }
+
+    /// The failure policy's answer for one member of an all-or-nothing batch, at the local
+    /// clock reading `now`: a fallback decision keeps its [`Grant`], so a batch another member
+    /// denied can give it back.
+    pub(crate) fn on_failure_held(
+        &self,
+        request: &R,
+        cost: u64,
+        now: u64,
+        error: BackendError,
+    ) -> (RedisDecision, Option<Grant>) {
+        let empty = || StackDecision::from_layers([]);
+        match (&self.fallback, self.on_failure) {
+            (Some(local), OnFailure::Fallback) => match local.decide_at(request, cost, now) {
+                Ok((stack, grant)) => (
+                    RedisDecision::new(stack.is_allowed(), stack, Source::Fallback(error)),
+                    grant,
+                ),
+                Err(_) => (
+                    RedisDecision::new(false, empty(), Source::FailClosed(error)),
+                    None,
+                ),
+            },
+            (_, OnFailure::Open) => (
+                RedisDecision::new(true, empty(), Source::FailOpen(error)),
+                None,
+            ),
+            _ => (
+                RedisDecision::new(false, empty(), Source::FailClosed(error)),
+                None,
+            ),
+        }
+    }
+
+    /// Gives back everything `grant` holds on the local fallback (a fallback batch another
+    /// member denied).
+    pub(crate) fn refund_fallback(&self, request: &R, mut grant: Grant) {
+        if let Some(local) = &self.fallback {
+            let units = grant.left();
+            // A grant from this very stack, with its own units: the refund cannot fail.
+            let _ = local.refund(request, &mut grant, units);
+        }
+    }
+
+    /// Replaces a fallback decision by what `request` holds on the local fallback at `now` (a
+    /// peek), once a denied batch's grants are back.
+    pub(crate) fn peek_fallback(&self, request: &R, now: u64, decision: &mut RedisDecision) {
+        if let (Some(local), Source::Fallback(e)) = (&self.fallback, decision.source())
+            && let Ok((peek, _)) = local.decide_at(request, 0, now)
+        {
+            *decision = RedisDecision::new(true, peek, Source::Fallback(e.clone()));
+        }
+    }
+
+    pub(super) fn on_failure_without_request(&self) -> RedisDecision {
+        let error = BackendError::BadReply("the batch lost a call".to_owned());
+        RedisDecision::new(
+            false,
+            StackDecision::from_layers([]),
+            Source::FailClosed(error),
+        )
+    }
+}
