@@ -1,6 +1,7 @@
-//! The architecture invariants a text search can check (ARCHITECTURE.md, "Architecture
-//! invariants"): which library files may use std's atomics, read wall time, spawn or sleep;
-//! and that no crate's modules import each other in a circle.
+//! The architecture invariants a text search can check (ARCHITECTURE.md, "Invariants"):
+//! which library files may use std's atomics, read wall time, spawn or sleep; that every
+//! memory ordering carries a comment; that limiter-redis's files stay short; and that no
+//! crate's modules import each other in a circle.
 //! Run by `cargo xtask lint` and `cargo xtask ci` before clippy. A new use elsewhere fails with
 //! the file, the line and the invariant; if the use is right, add the file here and say why
 //! in ARCHITECTURE.md.
@@ -10,6 +11,8 @@ use std::path::{Path, PathBuf};
 struct Rule {
     /// What a line must contain to be checked.
     patterns: &'static [&'static str],
+    /// Where the rule applies (path prefixes); empty: every library file.
+    scope: &'static [&'static str],
     /// Files (relative to the workspace root) allowed to contain it; a path ending in `/`
     /// allows a whole directory, a bare file name allows that name in any crate.
     allowed: &'static [&'static str],
@@ -19,6 +22,7 @@ struct Rule {
 const RULES: &[Rule] = &[
     Rule {
         patterns: &["std::sync::atomic", "core::sync::atomic"],
+        scope: &[],
         allowed: &[
             "sync.rs",
             "crates/limiter-core/src/wait.rs",
@@ -33,6 +37,7 @@ const RULES: &[Rule] = &[
     },
     Rule {
         patterns: &["Instant::now", "SystemTime::now"],
+        scope: &[],
         allowed: &[
             "crates/limiter-core/src/clock.rs",
             "crates/limiterd/src/api.rs",
@@ -42,22 +47,107 @@ const RULES: &[Rule] = &[
         invariant: "every decision reads time through a Clock; wall time only for reporting",
     },
     Rule {
+        scope: &[],
         patterns: &[
             "thread::spawn",
             "thread::Builder",
             "thread::sleep",
             "time::sleep",
             "tokio::spawn",
+            ".spawn(",
         ],
         allowed: &[
             "crates/limiter-core/src/clock.rs",
             "crates/limiter/src/wait.rs",
+            "crates/limiter-redis/src/coalesce.rs",
             "crates/limiter-redis/src/lease/",
             "crates/limiterd/src/",
         ],
         invariant: "library code spawns and sleeps only where a user asks it to",
     },
+    Rule {
+        patterns: &["f64", "f32"],
+        scope: &[
+            "crates/limiter-core/",
+            "crates/limiter-token-bucket/",
+            "crates/limiter-sliding-window/",
+            "crates/limiter-store/",
+            "crates/limiter-stack/",
+        ],
+        allowed: &["crates/limiter-core/src/accuracy.rs"],
+        invariant: "no float on a decision path (an accuracy is printed as a percentage, nothing more)",
+    },
+    Rule {
+        patterns: &["TcpListener", "UdpSocket"],
+        scope: &[],
+        allowed: &["crates/limiterd/src/"],
+        invariant: "limiterd is the only binary that listens",
+    },
+    Rule {
+        patterns: &["redis::"],
+        scope: &[],
+        allowed: &["crates/limiter-redis/src/"],
+        invariant: "only limiter-redis opens connections to a store",
+    },
 ];
+
+/// What limiter-core may depend on (besides loom, for its models): it does no IO.
+const CORE_DEPENDENCIES: &[&str] = &["thiserror", "crossbeam-utils", "quanta"];
+
+/// limiter-core's `[dependencies]`, from its manifest.
+fn core_dependencies(root: &Path) -> Result<Vec<String>, String> {
+    let manifest = root.join("crates/limiter-core/Cargo.toml");
+    if !manifest.exists() {
+        return Ok(Vec::new());
+    }
+    let text =
+        std::fs::read_to_string(&manifest).map_err(|e| format!("{}: {e}", manifest.display()))?;
+    let mut in_dependencies = false;
+    let mut names = Vec::new();
+    for line in text.lines().map(str::trim) {
+        if line.starts_with('[') {
+            in_dependencies = line == "[dependencies]";
+        } else if in_dependencies
+            && let Some((name, _)) = line.split_once('=')
+            && !line.starts_with('#')
+        {
+            // `name = ...` or `name.workspace = true`
+            let name = name.trim();
+            names.push(name.split('.').next().unwrap_or(name).to_owned());
+        }
+    }
+    Ok(names)
+}
+
+/// The crates whose library files are kept short: at most [`MAX_LINES`] lines before their
+/// tests (`#[cfg(test)]`), so each file keeps to one or two jobs.
+const SHORT_FILES: &[&str] = &["crates/limiter-redis/"];
+
+/// The most lines a library file of [`SHORT_FILES`] holds before its tests.
+const MAX_LINES: usize = 600;
+
+/// How many lines above a memory ordering its comment may start.
+const ORDERING_COMMENT_REACH: usize = 6;
+
+/// Whether `code` names a memory ordering (not a `use`, not `cmp::Ordering`).
+fn names_ordering(code: &str) -> bool {
+    !code.starts_with("use ")
+        && ["Relaxed", "Acquire", "Release", "AcqRel", "SeqCst"]
+            .iter()
+            .any(|o| code.contains(&format!("Ordering::{o}")))
+}
+
+/// Whether `code` holds `pattern` not as the tail of a longer name (`redis::` is not in
+/// `limiter_redis::`).
+fn contains_word(code: &str, pattern: &str) -> bool {
+    code.match_indices(pattern).any(|(at, _)| {
+        !pattern.starts_with(|c: char| c.is_alphanumeric())
+            || !code[..at]
+                .chars()
+                .next_back()
+                .is_some_and(|c| c.is_alphanumeric() || c == '_')
+    })
+}
 
 /// Checks every library source file under `crates/*/src` (the testkit is test support, not
 /// library code) and returns every violation.
@@ -79,13 +169,38 @@ pub(crate) fn check(root: &Path) -> Result<(), String> {
             .to_string_lossy()
             .replace('\\', "/");
         let text = std::fs::read_to_string(file).map_err(|e| format!("{relative}: {e}"))?;
-        for (number, line) in text.lines().enumerate() {
+        let lines: Vec<&str> = text.lines().collect();
+        let before_tests = lines
+            .iter()
+            .position(|l| l.trim() == "#[cfg(test)]")
+            .unwrap_or(lines.len());
+        if SHORT_FILES.iter().any(|c| relative.starts_with(c)) && before_tests > MAX_LINES {
+            violations.push(format!(
+                "{relative}: {before_tests} lines before its tests: at most {MAX_LINES}, one or two jobs per file (split it by job)"
+            ));
+        }
+        for (number, line) in lines.iter().enumerate() {
             let code = line.trim_start();
             if code.starts_with("//") {
                 continue;
             }
+            if number < before_tests && names_ordering(code) {
+                let from = number.saturating_sub(ORDERING_COMMENT_REACH);
+                if !lines[from..=number].iter().any(|l| l.contains("//")) {
+                    violations.push(format!(
+                        "{relative}:{}: `{}`: every memory ordering carries a comment (within {ORDERING_COMMENT_REACH} lines above) saying what it pairs with or why Relaxed is enough",
+                        number + 1,
+                        code.trim()
+                    ));
+                }
+            }
             for rule in RULES {
-                if rule.patterns.iter().any(|p| code.contains(p)) && !allowed(rule, &relative) {
+                let in_scope =
+                    rule.scope.is_empty() || rule.scope.iter().any(|c| relative.starts_with(c));
+                if in_scope
+                    && rule.patterns.iter().any(|p| contains_word(code, p))
+                    && !allowed(rule, &relative)
+                {
                     violations.push(format!(
                         "{relative}:{}: `{}`: {}",
                         number + 1,
@@ -94,6 +209,14 @@ pub(crate) fn check(root: &Path) -> Result<(), String> {
                     ));
                 }
             }
+        }
+    }
+    for name in core_dependencies(root)? {
+        if !CORE_DEPENDENCIES.contains(&name.as_str()) {
+            violations.push(format!(
+                "crates/limiter-core/Cargo.toml: depends on `{name}`: limiter-core does no IO and depends on {} only",
+                CORE_DEPENDENCIES.join(", ")
+            ));
         }
     }
     let crates = std::fs::read_dir(root.join("crates")).map_err(|e| format!("crates/: {e}"))?;
@@ -221,6 +344,55 @@ fn collect_rs(dir: &Path, out: &mut Vec<PathBuf>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn orderings_names_and_long_files_are_found() {
+        assert!(names_ordering("x.load(Ordering::Relaxed);"));
+        assert!(names_ordering(
+            ".fetch_update(StdOrdering::AcqRel, StdOrdering::Acquire, f)"
+        ));
+        assert!(!names_ordering(
+            "use std::sync::atomic::{AtomicU64, Ordering};"
+        ));
+        assert!(!names_ordering("core::cmp::Ordering::Less => 1,"));
+        assert!(contains_word("use redis::Value;", "redis::"));
+        assert!(contains_word("(redis::cmd(\"GET\"))", "redis::"));
+        assert!(!contains_word("use limiter_redis::Kind;", "redis::"));
+        assert!(contains_word("x.spawn(f)", ".spawn("));
+
+        let root = std::env::temp_dir().join(format!("xtask-rules-{}", std::process::id()));
+        let src = root.join("crates/limiter-redis/src");
+        std::fs::create_dir_all(&src).unwrap();
+        let core = root.join("crates/limiter-core");
+        std::fs::create_dir_all(core.join("src")).unwrap();
+        std::fs::write(
+            core.join("Cargo.toml"),
+            "[dependencies]\nthiserror.workspace = true\ntokio = \"1\"\n[dev-dependencies]\nproptest = \"1\"\n",
+        )
+        .unwrap();
+        let long: String = (0..650).map(|i| format!("// line {i}\n")).collect();
+        std::fs::write(src.join("long.rs"), long).unwrap();
+        std::fs::write(
+            src.join("lib.rs"),
+            "fn f(a: &AtomicU64) {\n    a.load(Ordering::Relaxed);\n}\n",
+        )
+        .unwrap();
+        let error = check(&root).unwrap_err();
+        std::fs::remove_dir_all(&root).unwrap();
+        assert!(
+            error.contains("long.rs: 650 lines before its tests"),
+            "{error}"
+        );
+        assert!(
+            error.contains("lib.rs:2: `a.load(Ordering::Relaxed);`: every memory ordering"),
+            "{error}"
+        );
+        assert!(error.contains("depends on `tokio`"), "{error}");
+        assert!(
+            !error.contains("`thiserror`") && !error.contains("proptest"),
+            "{error}"
+        );
+    }
 
     #[test]
     fn allow_lists_match_files_directories_and_names() {

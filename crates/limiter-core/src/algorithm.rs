@@ -298,6 +298,7 @@ impl StateCell {
             match self.word.compare_exchange_weak(
                 current,
                 next,
+                // Relaxed: the word's modification order alone orders the exchange (see above).
                 Ordering::Relaxed,
                 Ordering::Relaxed,
             ) {
@@ -330,6 +331,7 @@ impl StateCell {
             match self.word.compare_exchange_weak(
                 current,
                 next,
+                // Relaxed: as in `apply`, the word's modification order alone orders the exchange.
                 Ordering::Relaxed,
                 Ordering::Relaxed,
             ) {
@@ -353,6 +355,7 @@ impl StateCell {
             match self.word.compare_exchange_weak(
                 current,
                 Self::RETIRED,
+                // Relaxed: the exchange is ordered by the word's modification order alone (see `apply`).
                 Ordering::Relaxed,
                 Ordering::Relaxed,
             ) {

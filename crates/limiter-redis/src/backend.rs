@@ -91,6 +91,7 @@ impl Connection {
         keys: &[String],
         args: &[&[u8]],
     ) -> redis::RedisResult<(Value, bool)> {
+        // Relaxed: whether functions work is a hint; each call's outcome corrects it.
         if functions.load(Ordering::Relaxed) {
             let fcall = script_cmd("FCALL", &scripts.function, keys, args);
             match self.query(&fcall).await {
@@ -100,11 +101,13 @@ impl Connection {
                     match self.query(&load).await {
                         Ok(_) => return self.query(&fcall).await.map(|value| (value, true)),
                         Err(e) if functions_unavailable(&e) => {
+                            // Relaxed: a hint, as above.
                             functions.store(false, Ordering::Relaxed);
                         }
                         Err(e) => return Err(e),
                     }
                 }
+                // Relaxed: a hint shared by calls; a call that reads it late tries FCALL once more.
                 Err(e) if functions_unavailable(&e) => functions.store(false, Ordering::Relaxed),
                 answer => return answer.map(|value| (value, false)),
             }
@@ -415,6 +418,7 @@ impl RedisBackend {
             round_trips: c.round_trips.load(Ordering::Relaxed),
             outages: c.outages.load(Ordering::Relaxed),
             refused_by_breaker: c.refused_by_breaker.load(Ordering::Relaxed),
+            // Relaxed: statistics, each read on its own.
             deny_cache_hits: c.deny_cache_hits.load(Ordering::Relaxed),
             script_loads: c.script_loads.load(Ordering::Relaxed),
             coalesced: c.coalesced.load(Ordering::Relaxed),
@@ -473,6 +477,7 @@ impl RedisBackend {
         self.inner
             .counters
             .coalesced
+            // Relaxed: a statistic.
             .fetch_add(n, Ordering::Relaxed);
     }
 
@@ -484,6 +489,7 @@ impl RedisBackend {
         self.inner
             .counters
             .deny_cache_hits
+            // Relaxed: a statistic.
             .fetch_add(1, Ordering::Relaxed);
     }
 
@@ -521,9 +527,11 @@ impl RedisBackend {
             inner
                 .counters
                 .refused_by_breaker
+                // Relaxed: a statistic.
                 .fetch_add(1, Ordering::Relaxed);
             return Err(BackendError::CircuitOpen { retry_in });
         }
+        // Relaxed: a statistic.
         inner.counters.round_trips.fetch_add(1, Ordering::Relaxed);
         let answer = tokio::time::timeout(
             inner.timeout,
@@ -538,6 +546,7 @@ impl RedisBackend {
             }),
             Ok(Ok((value, reloaded))) => {
                 if reloaded {
+                    // Relaxed: a statistic.
                     inner.counters.script_loads.fetch_add(1, Ordering::Relaxed);
                     tracing::info!(
                         target: "limiter_redis::backend",
@@ -557,6 +566,7 @@ impl RedisBackend {
         match &result {
             Err(e) if e.is_outage() => {
                 tracing::debug!(target: "limiter_redis::backend", error = %e, "Redis outage");
+                // Relaxed: a statistic, read by nobody deciding.
                 inner.counters.outages.fetch_add(1, Ordering::Relaxed);
                 inner.breaker.failure(self.local_now(), pass);
                 // Redis may come back without its state: standing denials may no longer stand.

@@ -117,6 +117,7 @@ impl Cells {
                         current,
                         current | LOCKED,
                         Ordering::Acquire,
+                        // (Relaxed on failure: nothing was acquired.)
                         Ordering::Relaxed,
                     )
                     .is_ok()

@@ -51,8 +51,55 @@ impl Kind {
     }
 }
 
+impl Kind {
+    /// The name configuration files and APIs give the algorithm (`token_bucket`,
+    /// `sliding_window`, `fixed_window`): what [`Display`](fmt::Display) prints and
+    /// [`FromStr`](core::str::FromStr) reads.
+    pub fn id(self) -> &'static str {
+        match self {
+            Kind::TokenBucket => "token_bucket",
+            Kind::SlidingWindow => "sliding_window",
+            Kind::FixedWindow => "fixed_window",
+        }
+    }
+}
+
+/// Prints the algorithm's [`id`](Kind::id), which [`FromStr`](core::str::FromStr) reads back.
 impl fmt::Display for Kind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+        f.write_str(self.id())
+    }
+}
+
+/// A name that is no algorithm's [`id`](Kind::id).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("`{given}` is not an algorithm: use token_bucket, sliding_window or fixed_window")]
+pub struct UnknownKind {
+    /// The name given.
+    pub given: String,
+}
+
+/// Reads an algorithm's [`id`](Kind::id) (`"token_bucket"`); anything else is an
+/// [`UnknownKind`] naming the three.
+///
+/// ```
+/// use limiter_stack::Kind;
+///
+/// let kind: Kind = "sliding_window".parse()?;
+/// assert_eq!(kind, Kind::SlidingWindow);
+/// assert_eq!(kind.to_string(), "sliding_window");
+/// assert!("leaky_bucket".parse::<Kind>().unwrap_err().to_string().contains("token_bucket"));
+/// # Ok::<(), limiter_stack::UnknownKind>(())
+/// ```
+impl core::str::FromStr for Kind {
+    type Err = UnknownKind;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Kind::ALL
+            .into_iter()
+            .find(|kind| kind.id() == text)
+            .ok_or_else(|| UnknownKind {
+                given: text.to_owned(),
+            })
     }
 }

@@ -89,7 +89,7 @@ pub use cells::MAX_LIMITS_PER_LAYER;
 pub use decision::{Grant, LayerDecision, MAX_LAYERS, StackDecision};
 pub use error::{BuildError, CallError, RefundError};
 pub use keyer::Keyer;
-pub use kind::Kind;
+pub use kind::{Kind, UnknownKind};
 pub use layer::{Layer, Plan};
 pub use seam::{
     AsyncLimiter, DEFAULT_LAYER_NAME, Decide, Failure, KeyedBy, LayerInfo, Origin, Outcome,

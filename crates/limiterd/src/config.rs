@@ -1121,17 +1121,10 @@ fn parse_limit(
     store: &Store,
 ) -> Result<PolicyLimit, ConfigError> {
     let raw = entry.get_ref();
-    let kind = match raw.algorithm.get_ref().as_str() {
-        "token_bucket" => Kind::TokenBucket,
-        "sliding_window" => Kind::SlidingWindow,
-        "fixed_window" => Kind::FixedWindow,
-        other => {
-            return Err(source.at(
-                &raw.algorithm,
-                format!("`algorithm = {other:?}`: use \"token_bucket\", \"sliding_window\" or \"fixed_window\""),
-            ));
-        }
-    };
+    let kind: Kind = raw.algorithm.get_ref().parse().map_err(|e| {
+        let given = raw.algorithm.get_ref();
+        source.at(&raw.algorithm, format!("`algorithm = {given:?}`: {e}"))
+    })?;
     let period = parse_period(raw.period.get_ref())
         .ok_or_else(|| source.at(&raw.period, format!("`period = {:?}`: write a whole number with a unit, such as \"500ms\", \"1s\", \"1m\", \"1h\" or \"1d\"", raw.period.get_ref())))?;
     let limit = Limit::new(*raw.count.get_ref(), period);

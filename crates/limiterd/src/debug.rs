@@ -22,14 +22,6 @@ fn failure_name(on_failure: limiter_redis::OnFailure) -> &'static str {
     }
 }
 
-fn kind_name(kind: limiter_stack::Kind) -> &'static str {
-    match kind {
-        limiter_stack::Kind::TokenBucket => "token_bucket",
-        limiter_stack::Kind::SlidingWindow => "sliding_window",
-        limiter_stack::Kind::FixedWindow => "fixed_window",
-    }
-}
-
 fn millis(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -67,7 +59,7 @@ pub fn config(config: &Config, domains: &Domains) -> Value {
                 .map(|l| {
                     let limit = l.limit.limit();
                     json!({
-                        "algorithm": kind_name(l.limit.kind()),
+                        "algorithm": limiter_stack::Kind::id(l.limit.kind()),
                         "count": limit.count(),
                         "period_ms": millis(limit.period()),
                         "burst": limit.burst(),
@@ -101,7 +93,7 @@ pub fn config(config: &Config, domains: &Domains) -> Value {
                             "name": l.name,
                             "requests_per_unit": l.requests_per_unit,
                             "unit": l.unit.name(),
-                            "algorithm": kind_name(l.kind),
+                            "algorithm": limiter_stack::Kind::id(l.kind),
                             "shadow_mode": l.shadow,
                             "replaces": l.replaces,
                             "location": l.location,

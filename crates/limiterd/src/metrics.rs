@@ -241,9 +241,11 @@ impl Denials {
         if due
             && self
                 .logged_at_ms
+                // Relaxed: the sampling instant only paces the log; losing a race skips one line.
                 .compare_exchange(last, now_ms, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
         {
+            // Relaxed: a statistic, as above.
             let unlogged = self.unlogged.swap(0, Ordering::Relaxed);
             tracing::info!(
                 policy,
@@ -252,6 +254,7 @@ impl Denials {
                 "denied (one denial a second is logged)"
             );
         } else {
+            // Relaxed: a count of unlogged denials, a statistic.
             self.unlogged.fetch_add(1, Ordering::Relaxed);
         }
     }

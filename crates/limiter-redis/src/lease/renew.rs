@@ -68,6 +68,7 @@ impl<R> LeasedStack<R> {
         let want = meta.next_want(handed_back, now, ttl, shared.most);
         let sent = backend.sent();
         let (keys, args) = self.lease_call(call, [cost, want, handed_back]);
+        // Relaxed: a statistic.
         shared.renewals.fetch_add(1, Ordering::Relaxed);
         let reply = backend.eval_as(&keys, args, Some(&meta.field)).await;
         let answer = match reply {
@@ -77,6 +78,7 @@ impl<R> LeasedStack<R> {
         match answer {
             Ok((now_us, mut groups)) if groups.len() == 1 => match groups.pop() {
                 Some((lease, Ok(answers))) => {
+                    // Relaxed: a statistic.
                     shared.handed_back.fetch_add(handed_back, Ordering::Relaxed);
                     self.take(entry, meta, lease, &answers, (&sent, now_us), request, call)
                 }
@@ -172,6 +174,7 @@ impl<R> LeasedStack<R> {
         }
         let (keys, args) = self.lease_call(&meta.call, [0, 0, units]);
         let backend = self.shared.stack.backend();
+        // Relaxed: a statistic.
         self.shared.renewals.fetch_add(1, Ordering::Relaxed);
         let answered = match backend.eval_as(&keys, args, Some(&meta.field)).await {
             Ok(value) => reply::parse_leases(&value, &[meta.call.limits()])
@@ -209,6 +212,7 @@ impl<R> LeasedStack<R> {
                 .collect();
             for (identity, entry) in entries {
                 let word = entry.cell.load();
+                // Relaxed: the sweep's own reading; the lease word itself is `LeaseCell`'s.
                 let idle = entry.seen.swap(word, Ordering::Relaxed) == word;
                 if !LeaseCell::holds_units(word, now) {
                     // Holds nothing (or a denial, or an expired lease): forget the key, unless

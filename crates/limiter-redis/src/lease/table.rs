@@ -87,6 +87,7 @@ impl Known {
                 self.remaining.get(layer.layer),
                 self.full_at.get(layer.layer),
             ) {
+                // Relaxed: display only, as `snapshot` reads it.
                 remaining.store(layer.decision.remaining(), Ordering::Relaxed);
                 let reset = layer.decision.reset_after_nanos();
                 full_at.store(sent_at.saturating_add(reset), Ordering::Relaxed);
@@ -104,6 +105,7 @@ impl Known {
             full_at: [0; MAX_LAYERS],
         };
         for (layer, _) in touched.iter() {
+            // Relaxed: what local answers report, display only (a racing update may mix two answers).
             snapshot.remaining[layer] = self.remaining[layer].load(Ordering::Relaxed);
             snapshot.full_at[layer] = self.full_at[layer].load(Ordering::Relaxed);
         }

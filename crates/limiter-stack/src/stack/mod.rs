@@ -35,9 +35,7 @@
 //! `general.rs` (steps 2–5), `locks.rs` (the lock protocol).
 
 use std::hash::Hash;
-use std::sync::atomic::{
-    AtomicU64 as StdAtomicU64, AtomicUsize as StdAtomicUsize, Ordering as StdOrdering,
-};
+use std::sync::atomic::{AtomicU64 as StdAtomicU64, Ordering as StdOrdering};
 
 use crossbeam_utils::CachePadded;
 use limiter_core::{Clock, DefaultClock};
@@ -47,7 +45,7 @@ use crate::cells::{Cells, MAX_LIMITS_PER_LAYER, Snapshot};
 use crate::decision::{Grant, MAX_LAYERS, StackDecision};
 use crate::error::{BuildError, CallError, RefundError};
 use crate::layer::{Layer, Plan};
-use crate::sync::EntryHasher;
+use crate::sync::{AtomicU64, EntryHasher, Ordering};
 
 mod general;
 mod lean;
@@ -66,8 +64,8 @@ pub struct Stack<R, K, C = DefaultClock> {
     globals: Box<[Option<CachePadded<Cells>>]>,
     table: ShardedTable<Entry<K>, EntryHasher>,
     /// With `max_keys`: the keyed entries held, a slot reserved before each insert, so the
-    /// bound is exact across shards.
-    held: StdAtomicUsize,
+    /// bound is exact across shards. A decision reads it: from the crate's `sync` shim.
+    held: AtomicU64,
     max_keys: Option<usize>,
     clock: C,
     id: u64,
@@ -181,7 +179,7 @@ impl<R, K, C> StackBuilder<R, K, C> {
             layers: self.layers.into_boxed_slice(),
             globals,
             table,
-            held: StdAtomicUsize::new(0),
+            held: AtomicU64::new(0),
             max_keys: self.max_keys,
             clock: self.clock,
             // Relaxed: a unique number, ordering nothing.
@@ -417,8 +415,11 @@ where
 
     /// With `max_keys`: reserves a place for one more entry, if the bound leaves one.
     fn reserve_key(&self, max: usize) -> bool {
+        let max = u64::try_from(max).unwrap_or(u64::MAX);
         self.held
-            .fetch_update(StdOrdering::AcqRel, StdOrdering::Acquire, |held| {
+            // AcqRel/Acquire: a reservation is ordered with the releases (`forget_held`) it
+            // counts on, so the bound holds across threads and shards.
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
                 (held < max).then(|| held.saturating_add(1))
             })
             .is_ok()
@@ -427,9 +428,11 @@ where
     /// With `max_keys`: `n` entries left the table (or a reservation was not used).
     fn forget_held(&self, n: usize) {
         if self.max_keys.is_some() && n > 0 {
+            let n = u64::try_from(n).unwrap_or(u64::MAX);
             let _ = self
                 .held
-                .fetch_update(StdOrdering::AcqRel, StdOrdering::Acquire, |held| {
+                // AcqRel/Acquire: pairs with `reserve_key`'s (see there).
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
                     Some(held.saturating_sub(n))
                 });
         }

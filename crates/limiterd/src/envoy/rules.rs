@@ -1015,17 +1015,13 @@ impl Loader<'_> {
             None => Kind::FixedWindow,
             Some(a) => {
                 let text = self.text(a, &join(field, "algorithm"))?;
-                match text.as_str() {
-                    "fixed_window" => Kind::FixedWindow,
-                    "token_bucket" => Kind::TokenBucket,
-                    "sliding_window" => Kind::SlidingWindow,
-                    _ => {
+                match text.parse::<Kind>() {
+                    Ok(kind) => kind,
+                    Err(e) => {
                         return Err(self.error(
                             a,
                             &join(field, "algorithm"),
-                            format!(
-                                "`{text}` is not an algorithm: use fixed_window (the default), token_bucket or sliding_window"
-                            ),
+                            format!("{e} (fixed_window is the default)"),
                         ));
                     }
                 }
