@@ -53,6 +53,28 @@ pub enum BuildError {
         /// The most a layer holds.
         max: usize,
     },
+    /// A layer's plans differ in how many limits they hold.
+    #[error(
+        "layer `{layer}`: plan `{plan}` has {count} limits where the layer's first plan has {expected}; give every plan as many"
+    )]
+    PlanShape {
+        /// The layer.
+        layer: String,
+        /// The plan that differs.
+        plan: String,
+        /// Its limits.
+        count: usize,
+        /// The first plan's.
+        expected: usize,
+    },
+    /// A layer open to plans added while a stack serves, which only an in-process stack takes.
+    #[error(
+        "layer `{layer}` is open to plans added while serving (`open_plans`), which only an in-process stack takes; on Redis give its plans when building (`plans`): a key keeps its consumption when its plan changes"
+    )]
+    OpenPlans {
+        /// The layer.
+        layer: String,
+    },
     /// Two layers share a name, so they would share Redis keys.
     #[error("two layers are named `{layer}`; layer names name Redis keys, so give each its own")]
     DuplicateLayer {
@@ -125,6 +147,19 @@ pub enum CallError {
         cost: u64,
         /// That limit's burst.
         burst: u64,
+    },
+    /// A layer's plan function chose a plan the layer does not have.
+    #[error(
+        "layer `{layer}` chose plan {chosen}, but it has {plans} plans (0 to {}); its plan function must return an index into its plans",
+        plans.saturating_sub(1)
+    )]
+    NoSuchPlan {
+        /// The layer.
+        layer: String,
+        /// The index its plan function returned.
+        chosen: usize,
+        /// How many plans it has.
+        plans: usize,
     },
 }
 

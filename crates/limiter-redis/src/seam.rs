@@ -22,6 +22,15 @@ impl From<CallError> for limiter_stack::CallError {
                 limit_index,
                 source: DecisionError::CostExceedsBurst { cost, burst },
             },
+            CallError::NoSuchPlan {
+                layer,
+                chosen,
+                plans,
+            } => Self::NoSuchPlan {
+                layer,
+                chosen,
+                plans,
+            },
         }
     }
 }

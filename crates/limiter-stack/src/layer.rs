@@ -21,6 +21,9 @@ use crate::kind::Kind;
 pub struct Plan {
     pub(crate) name: String,
     pub(crate) limits: Vec<Box<dyn DynAlgorithm>>,
+    /// Every limit added, with its built-in algorithm (`None`: one named by type), refused
+    /// ones included: what another backend builds the plan from ([`Layer::into_parts`]).
+    pub(crate) specs: Vec<(Option<Kind>, Limit)>,
     /// The first limit its algorithm refused, reported by the stack's `build()`.
     pub(crate) refused: Option<BuildError>,
 }
@@ -31,24 +34,31 @@ impl Plan {
         Self {
             name: name.into(),
             limits: Vec::new(),
+            specs: Vec::new(),
             refused: None,
         }
     }
 
     /// Adds `limit`, enforced with the built-in algorithm `kind`. A limit it refuses is
     /// reported once, by the stack's [`build`](crate::StackBuilder::build).
-    pub fn limit(self, kind: Kind, limit: Limit) -> Self {
+    pub fn limit(mut self, kind: Kind, limit: Limit) -> Self {
+        self.specs.push((Some(kind), limit));
         match kind {
-            Kind::TokenBucket => self.limit_with::<Gcra>(limit),
-            Kind::SlidingWindow => self.limit_with::<SlidingCounter>(limit),
-            Kind::FixedWindow => self.limit_with::<FixedCounter>(limit),
+            Kind::TokenBucket => self.add::<Gcra>(limit),
+            Kind::SlidingWindow => self.add::<SlidingCounter>(limit),
+            Kind::FixedWindow => self.add::<FixedCounter>(limit),
         }
     }
 
     /// Adds `limit`, enforced with algorithm `A` (one of your own, or a built-in one by type).
     /// A limit `A` refuses is reported once, by the stack's
-    /// [`build`](crate::StackBuilder::build).
+    /// [`build`](crate::StackBuilder::build). (Only limits named by [`Kind`] run on Redis.)
     pub fn limit_with<A: Algorithm + 'static>(mut self, limit: Limit) -> Self {
+        self.specs.push((None, limit));
+        self.add::<A>(limit)
+    }
+
+    fn add<A: Algorithm + 'static>(mut self, limit: Limit) -> Self {
         match A::new(limit) {
             Ok(algorithm) => self.limits.push(Box::new(algorithm)),
             Err(source) => {
@@ -86,12 +96,15 @@ impl fmt::Debug for Plan {
     }
 }
 
-type PlanFn<R> = Arc<dyn Fn(&R) -> usize + Send + Sync>;
+/// A layer's plan function: the index of the plan a request is decided under.
+pub type PlanChooser<R> = Arc<dyn Fn(&R) -> usize + Send + Sync>;
+type PlanFn<R> = PlanChooser<R>;
 
 /// A plan no layer has: what [`Layer::plan`] returns for an index no call can hold.
 static NO_PLAN: Plan = Plan {
     name: String::new(),
     limits: Vec::new(),
+    specs: Vec::new(),
     refused: None,
 };
 
@@ -407,6 +420,65 @@ impl<R, K> Layer<R, K> {
             }
         }
         Ok(())
+    }
+}
+
+/// A layer's definition taken apart, for a backend that decides it its own way (limiter-redis
+/// builds a Redis stack from the same [`Layer`]s a [`Stack`](crate::Stack) is built from).
+pub struct LayerParts<R, K> {
+    /// The layer's name.
+    pub name: String,
+    /// Its keyer; `None` for a global layer.
+    pub keyer: Option<Arc<dyn Keyer<R, K>>>,
+    /// Its plans, in index order.
+    pub plans: Vec<PlanParts>,
+    /// The plan function; `None`: the first plan, always.
+    pub choose: Option<PlanChooser<R>>,
+    /// Whether the layer is open to plans added while a stack serves (in process only).
+    pub open: bool,
+}
+
+/// A plan taken apart: its name and its limits, each with its built-in algorithm (`None`: an
+/// algorithm named by type, which only an in-process stack decides).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlanParts {
+    /// The plan's name.
+    pub name: String,
+    /// Its limits, in the order they were added.
+    pub limits: Vec<(Option<Kind>, Limit)>,
+}
+
+impl<R, K> fmt::Debug for LayerParts<R, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LayerParts")
+            .field("name", &self.name)
+            .field("global", &self.keyer.is_none())
+            .field("plans", &self.plans)
+            .field("open", &self.open)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<R, K> Layer<R, K> {
+    /// The layer taken apart (see [`LayerParts`]), for another backend to build.
+    pub fn into_parts(self) -> LayerParts<R, K> {
+        LayerParts {
+            keyer: match self.keyer {
+                KeySource::Global => None,
+                KeySource::Keyed(keyer) => Some(keyer),
+            },
+            plans: self
+                .plans
+                .into_iter()
+                .map(|plan| PlanParts {
+                    name: plan.name,
+                    limits: plan.specs,
+                })
+                .collect(),
+            choose: self.choose,
+            open: self.open.is_some(),
+            name: self.name,
+        }
     }
 }
 

@@ -90,7 +90,7 @@ pub use decision::{Grant, LayerDecision, MAX_LAYERS, StackDecision};
 pub use error::{BuildError, CallError, RefundError};
 pub use keyer::Keyer;
 pub use kind::{Kind, UnknownKind};
-pub use layer::{Layer, Plan};
+pub use layer::{Layer, LayerParts, Plan, PlanChooser, PlanParts};
 pub use seam::{
     AsyncLimiter, DEFAULT_LAYER_NAME, Decide, Failure, KeyedBy, LayerInfo, Origin, Outcome,
 };

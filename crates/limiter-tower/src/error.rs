@@ -130,4 +130,8 @@ pub enum ConfigError {
     /// A header key's length bound of zero.
     #[error("a header key's longest value must be at least 1 byte, not 0")]
     ZeroMaxLen,
+    /// The stack a shortcut ([`RateLimitLayer::per_ip`](crate::RateLimitLayer::per_ip))
+    /// builds refused its limit.
+    #[error("{0}")]
+    Stack(#[from] limiter_stack::BuildError),
 }

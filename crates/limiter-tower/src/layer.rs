@@ -14,15 +14,16 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{Request, Response, StatusCode};
 use http_body_util::{Either, Full};
-use limiter_stack::{AsyncLimiter, CallError, Decide, Outcome, StackDecision};
+use limiter_core::Limit;
+use limiter_stack::{AsyncLimiter, CallError, Decide, Kind, Outcome, Stack, StackDecision};
 use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::error::ConfigError;
 use crate::headers::{self, HeaderMode, Policies, RateHeaders};
-use crate::key::KeyExtractor;
-use crate::request::{HttpRequest, KeyList};
+use crate::key::{Key, KeyExtractor, PeerIp};
+use crate::request::{HttpRequest, KeyList, by_key};
 use crate::response::{self, Rejection, RejectionBody, RejectionKind};
 
 type CostFn = Box<dyn Fn(&Parts) -> u64 + Send + Sync>;
@@ -104,6 +105,40 @@ impl<L> fmt::Debug for RateLimitLayerBuilder<L> {
     }
 }
 
+/// The stack [`RateLimitLayer::per_ip`] limits with: a token bucket per client IP.
+pub type PerIpStack = Stack<HttpRequest, Key>;
+
+impl RateLimitLayer<PerIpStack> {
+    /// Every client limited to `limit` by a token bucket per IP (the connection's peer address;
+    /// IPv6 cut to a /64), with the IETF headers: the common case in one call. Serve the
+    /// router with connect info (`into_make_service_with_connect_info::<SocketAddr>()`);
+    /// behind a proxy, or for several limits, build the stack yourself with
+    /// [`builder`](Self::builder) and [`ClientIp`](crate::ClientIp).
+    ///
+    /// ```
+    /// use limiter_core::Limit;
+    /// use limiter_tower::RateLimitLayer;
+    ///
+    /// let layer = RateLimitLayer::per_ip(Limit::per_second(5))?;
+    /// let app = axum::Router::<()>::new()
+    ///     .route("/", axum::routing::get(|| async { "hello" }))
+    ///     .layer(layer);
+    /// # let _ = app;
+    /// # Ok::<(), limiter_tower::ConfigError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`ConfigError::Stack`] if the token bucket refuses `limit`.
+    pub fn per_ip(limit: Limit) -> Result<Self, ConfigError> {
+        let stack = Stack::builder()
+            .layer(
+                limiter_stack::Layer::keyed("per-ip", by_key("ip")).limit(Kind::TokenBucket, limit),
+            )
+            .build()?;
+        Self::builder(stack).key("ip", PeerIp::new()).build()
+    }
+}
+
 impl<L: AsyncLimiter<HttpRequest>> RateLimitLayer<L> {
     /// A builder around `limiter`, with no keys, cost 1 per request, the IETF headers and
     /// plain-text rejections.
@@ -125,7 +160,7 @@ impl<L: AsyncLimiter<HttpRequest>> RateLimitLayer<L> {
 
 impl<L: AsyncLimiter<HttpRequest>> RateLimitLayerBuilder<L> {
     /// Takes a key named `name` from every request with `extractor`; layers read it with
-    /// [`by_key`](crate::by_key)`(name)`. A request it cannot be taken from is rejected with
+    /// [`by_key`]`(name)`. A request it cannot be taken from is rejected with
     /// the extractor's error (400 when the client's fault, 500 when the server's).
     pub fn key(mut self, name: &'static str, extractor: impl KeyExtractor) -> Self {
         self.keys.push(KeySpec {
@@ -168,7 +203,7 @@ impl<L: AsyncLimiter<HttpRequest>> RateLimitLayerBuilder<L> {
     /// Checks the keys and builds the layer, describing every policy for the headers once.
     /// Refused when two keys share a name, when a key's extractor is misconfigured (an IPv6
     /// prefix above 128, a header length bound of 0), or when a layer reads a key
-    /// ([`by_key`](crate::by_key)`(name)`) that no [`key`](Self::key) or
+    /// ([`by_key`]`(name)`) that no [`key`](Self::key) or
     /// [`optional_key`](Self::optional_key) extracts: such a layer would never apply.
     pub fn build(self) -> Result<RateLimitLayer<L>, ConfigError> {
         for (i, key) in self.keys.iter().enumerate() {

@@ -86,7 +86,9 @@ pub use error::{ConfigError, IpNetError, KeyError};
 pub use headers::HeaderMode;
 pub use ip::{ForwardedHeader, IpNet};
 pub use key::{ClientIp, DEFAULT_IPV6_PREFIX, HeaderKey, Key, KeyExtractor, PeerAddr, PeerIp};
-pub use layer::{RateLimit, RateLimitBody, RateLimitLayer, RateLimitLayerBuilder, ResponseFuture};
+pub use layer::{
+    PerIpStack, RateLimit, RateLimitBody, RateLimitLayer, RateLimitLayerBuilder, ResponseFuture,
+};
 pub use limiter_stack::{AsyncLimiter, Decide, LayerInfo, Outcome};
 pub use request::{ByKey, ByKeyString, HttpRequest, by_key, by_key_string};
 pub use response::{Rejection, RejectionBody, RejectionKind};

@@ -630,3 +630,33 @@ async fn direct_and_keyed_limiters_serve_the_middleware_like_a_stack() {
     );
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
+
+/// The shortcut: one call limits every client IP, with the IETF headers; a limit the token
+/// bucket refuses is a clear error. (Its clock is the default one; a limit per hour does not
+/// refill within the test.)
+#[tokio::test]
+async fn per_ip_limits_each_client_in_one_call() {
+    let limits = RateLimitLayer::per_ip(Limit::per_hour(2)).unwrap();
+    let (app, calls) = support::counting_app();
+    let addr = serve(app.layer(limits)).await;
+    for remaining in [1, 0] {
+        let reply = get(addr, &[]).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert_eq!(
+            items(reply.header("ratelimit").unwrap())[0],
+            item(
+                "per-ip",
+                &[
+                    ("r", remaining),
+                    ("t", if remaining == 1 { 1_800 } else { 3_600 })
+                ]
+            )
+        );
+    }
+    let denied = get(addr, &[]).await;
+    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+
+    let refused = RateLimitLayer::per_ip(Limit::per_second(1).with_burst(u64::MAX)).unwrap_err();
+    assert!(refused.to_string().contains("per-ip"), "{refused}");
+}

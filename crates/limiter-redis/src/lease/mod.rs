@@ -111,6 +111,12 @@ impl<R: Send + Sync + 'static> RedisStack<R> {
     /// Inside a tokio runtime this starts the idle sweep, which ends with the stack.
     pub fn leased(self, lease: Lease) -> Result<LeasedStack<R>, BuildError> {
         lease.check(self.name())?;
+        if self.has_plans() {
+            return Err(BuildError::Lease {
+                stack: self.name().to_owned(),
+                reason: "a layer chooses among plans, which a lease does not follow yet; lease a stack whose layers have one plan each".to_owned(),
+            });
+        }
         if self.may_span_slots() {
             return Err(BuildError::CrossSlot {
                 stack: self.name().to_owned(),

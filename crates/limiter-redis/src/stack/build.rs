@@ -5,75 +5,44 @@ use core::fmt;
 use std::sync::Arc;
 
 use limiter_core::Limit;
-use limiter_stack::{MAX_LAYERS, MAX_LIMITS_PER_LAYER};
+use limiter_stack::{LayerParts, MAX_LAYERS, MAX_LIMITS_PER_LAYER};
 
 use super::*;
 use crate::backend::RedisBackend;
 use crate::error::BuildError;
-use crate::spec::{Kind, RedisLimit};
+use crate::spec::RedisLimit;
 
-/// One layer of a [`RedisStack`]: keyed (per user, IP, API key) or global, with up to
-/// [`MAX_LIMITS_PER_LAYER`] limits decided together.
-pub struct RedisLayer<R> {
-    pub(super) name: String,
-    pub(super) keyer: Option<Keyer<R>>,
-    pub(super) limits: Vec<RedisLimit>,
-    /// The first limit refused, reported by the stack's `build()`.
-    refused: Option<BuildError>,
-}
-
-impl<R> RedisLayer<R> {
-    /// A layer with one state per key; a request for which `keyer` returns `None` skips it.
-    /// `keyer` is a closure `|r: &Request| Some(r.user.to_string())` or a
-    /// [`Keyer`](limiter_stack::Keyer) that reads a named key (the middleware's
-    /// `by_key_string("ip")`).
-    pub fn keyed(
-        name: impl Into<String>,
-        keyer: impl limiter_stack::Keyer<R, String> + 'static,
-    ) -> Self {
-        Self {
-            name: name.into(),
-            keyer: Some(Arc::new(keyer)),
-            limits: Vec::new(),
-            refused: None,
-        }
-    }
-
-    /// A layer with one state shared by every request.
-    pub fn global(name: impl Into<String>) -> Self {
-        Self {
-            name: name.into(),
-            keyer: None,
-            limits: Vec::new(),
-            refused: None,
-        }
-    }
-
-    /// Adds `limit`, decided by `kind`. A limit that cannot be counted is reported once, by
-    /// the stack's [`build`](RedisStackBuilder::build), naming the layer.
-    pub fn limit(mut self, kind: Kind, limit: Limit) -> Self {
-        match RedisLimit::new(kind, limit) {
-            Ok(limit) => self.limits.push(limit),
-            Err(source) => {
-                self.refused.get_or_insert(BuildError::Limit {
-                    layer: self.name.clone(),
-                    source,
-                });
-            }
-        }
-        self
-    }
-}
-
-impl<R> fmt::Debug for RedisLayer<R> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisLayer")
-            .field("name", &self.name)
-            .field("global", &self.keyer.is_none())
-            .field("limits", &self.limits)
-            .finish()
-    }
-}
+/// One layer of a [`RedisStack`]: the same [`Layer`](limiter_stack::Layer) an in-process
+/// [`Stack`](limiter_stack::Stack) is built from, keyed by strings: keyed (per user, IP, API
+/// key) or global, with up to [`MAX_LIMITS_PER_LAYER`] limits decided together, or plans
+/// chosen per request. One definition builds in process, on Redis, or leased:
+///
+/// ```no_run
+/// use limiter_core::Limit;
+/// use limiter_redis::{RedisBackend, RedisStack};
+/// use limiter_stack::{Kind, Layer, Stack};
+///
+/// struct Request { user: String }
+/// fn checkout() -> Vec<Layer<Request, String>> {
+///     vec![
+///         Layer::keyed("user", |r: &Request| Some(r.user.clone()))
+///             .limit(Kind::TokenBucket, Limit::per_second(5)),
+///         Layer::global("all").limit(Kind::FixedWindow, Limit::per_second(1_000)),
+///     ]
+/// }
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let in_process = Stack::builder().layers(checkout()).build()?;
+/// let backend = RedisBackend::connect("redis://127.0.0.1:6379").await?;
+/// let on_redis = RedisStack::builder(&backend, "checkout").layers(checkout()).build()?;
+/// # let _ = (in_process, on_redis);
+/// # Ok(()) }
+/// ```
+///
+/// On Redis every limit must be named by [`Kind`](crate::Kind) (an algorithm named by type runs in
+/// process only), and a layer's plans are given when it is built (not `open_plans`); a
+/// key keeps its consumption when its plan changes, as in process. [`build`](RedisStackBuilder::build)
+/// refuses anything else, naming the layer.
+pub type RedisLayer<R> = limiter_stack::Layer<R, String>;
 
 pub(super) enum Tag<R> {
     /// The stack's name: every key in one slot.
@@ -106,7 +75,7 @@ pub struct RedisStackBuilder<R> {
     backend: RedisBackend,
     name: String,
     prefix: String,
-    layers: Vec<RedisLayer<R>>,
+    layers: Vec<LayerParts<R, String>>,
     /// `None`: by each layer's key on a cluster, by the stack on one server.
     tag: Option<Tag<R>>,
     on_failure: OnFailure,
@@ -116,8 +85,14 @@ pub struct RedisStackBuilder<R> {
 impl<R: 'static> RedisStackBuilder<R> {
     /// Adds a layer; a call is admitted only if every layer admits it.
     pub fn layer(mut self, layer: RedisLayer<R>) -> Self {
-        self.layers.push(layer);
+        self.layers.push(layer.into_parts());
         self
+    }
+
+    /// Adds `layers` in order: the same definition an in-process
+    /// [`StackBuilder::layers`](limiter_stack::StackBuilder::layers) takes.
+    pub fn layers(self, layers: impl IntoIterator<Item = RedisLayer<R>>) -> Self {
+        layers.into_iter().fold(self, Self::layer)
     }
 
     /// The first part of every key (default `limiter`), to share one Redis between services.
@@ -181,28 +156,13 @@ impl<R: 'static> RedisStackBuilder<R> {
             });
         }
         let mut seen = std::collections::HashSet::new();
-        for layer in &self.layers {
+        let mut layers = Vec::with_capacity(self.layers.len());
+        for layer in self.layers {
             check_name("layer", &layer.name, false)?;
-            if !seen.insert(layer.name.as_str()) {
-                return Err(BuildError::DuplicateLayer {
-                    layer: layer.name.clone(),
-                });
+            if !seen.insert(layer.name.clone()) {
+                return Err(BuildError::DuplicateLayer { layer: layer.name });
             }
-            if let Some(refused) = &layer.refused {
-                return Err(refused.clone());
-            }
-            if layer.limits.is_empty() {
-                return Err(BuildError::NoLimits {
-                    layer: layer.name.clone(),
-                });
-            }
-            if layer.limits.len() > MAX_LIMITS_PER_LAYER {
-                return Err(BuildError::TooManyLimits {
-                    layer: layer.name.clone(),
-                    count: layer.limits.len(),
-                    max: MAX_LIMITS_PER_LAYER,
-                });
-            }
+            layers.push(layer_spec(layer)?);
         }
         let tag = self.tag.unwrap_or(if self.backend.is_cluster() {
             Tag::Key
@@ -213,23 +173,11 @@ impl<R: 'static> RedisStackBuilder<R> {
             share(&self.name, Limit::per_second(1), 0)?;
         }
         let fallback = match self.on_failure {
-            OnFailure::Fallback => Some(local_stack(
-                &self.name,
-                &self.layers,
-                &self.backend,
-                self.fleet,
-            )?),
+            OnFailure::Fallback => {
+                Some(local_stack(&self.name, &layers, &self.backend, self.fleet)?)
+            }
             OnFailure::Open | OnFailure::Closed => None,
         };
-        let layers = self
-            .layers
-            .into_iter()
-            .map(|layer| LayerSpec {
-                name: layer.name,
-                keyer: layer.keyer,
-                limits: layer.limits,
-            })
-            .collect();
         Ok(RedisStack {
             backend: self.backend,
             name: self.name,
@@ -253,6 +201,68 @@ impl<R> fmt::Debug for RedisStackBuilder<R> {
             .field("fleet", &self.fleet)
             .finish_non_exhaustive()
     }
+}
+
+/// A layer as Redis decides it: each plan's limits checked for Redis, every plan the same
+/// size, the layer not open to plans added later.
+fn layer_spec<R>(layer: LayerParts<R, String>) -> Result<LayerSpec<R>, BuildError> {
+    let name = layer.name;
+    if layer.open {
+        return Err(BuildError::OpenPlans { layer: name });
+    }
+    let mut plans = Vec::with_capacity(layer.plans.len());
+    for plan in &layer.plans {
+        let mut limits = Vec::with_capacity(plan.limits.len());
+        for &(kind, limit) in &plan.limits {
+            let Some(kind) = kind else {
+                return Err(BuildError::Limit {
+                    layer: name,
+                    source: limiter_core::LimitError::Unsupported {
+                        algorithm: "an algorithm named by type",
+                        reason: format!(
+                            "{limit} is decided by an algorithm named by type (`limit_with`), which runs in process only; on Redis name a built-in one with `limit(Kind::..., limit)`"
+                        ),
+                    },
+                });
+            };
+            let limit = RedisLimit::new(kind, limit).map_err(|source| BuildError::Limit {
+                layer: name.clone(),
+                source,
+            })?;
+            limits.push(limit);
+        }
+        plans.push((plan.name.clone(), limits));
+    }
+    let Some((_, first)) = plans.first() else {
+        return Err(BuildError::NoLimits { layer: name });
+    };
+    let expected = first.len();
+    for (plan, limits) in &plans {
+        if limits.is_empty() {
+            return Err(BuildError::NoLimits { layer: name });
+        }
+        if limits.len() > MAX_LIMITS_PER_LAYER {
+            return Err(BuildError::TooManyLimits {
+                layer: name,
+                count: limits.len(),
+                max: MAX_LIMITS_PER_LAYER,
+            });
+        }
+        if limits.len() != expected {
+            return Err(BuildError::PlanShape {
+                layer: name,
+                plan: plan.clone(),
+                count: limits.len(),
+                expected,
+            });
+        }
+    }
+    Ok(LayerSpec {
+        name,
+        keyer: layer.keyer,
+        plans: plans.into_iter().map(|(_, limits)| limits).collect(),
+        choose: layer.choose,
+    })
 }
 
 fn check_name(what: &'static str, name: &str, colons: bool) -> Result<(), BuildError> {

@@ -20,6 +20,8 @@ use crate::spec::RedisLimit;
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Target {
     pub(super) layer: usize,
+    /// The plan its layer chose for the call.
+    pub(super) plan: usize,
     pub(super) limit: usize,
 }
 
@@ -78,6 +80,11 @@ impl Prepared {
 }
 
 impl<R> RedisStack<R> {
+    /// The limit a call's target names.
+    fn limit_of(&self, target: &Target) -> &RedisLimit {
+        &self.layers[target.layer].plans[target.plan][target.limit]
+    }
+
     /// Resolves a call's keys and checks its cost against every limit it touches.
     pub(crate) fn prepare(&self, request: &R, cost: u64) -> Result<Prepared, CallError> {
         self.resolve(request, cost, false)
@@ -100,7 +107,8 @@ impl<R> RedisStack<R> {
     fn resolve(&self, request: &R, cost: u64, record: bool) -> Result<Prepared, CallError> {
         let mut keys = Vec::new();
         let mut targets = Vec::new();
-        let mut layer_keys: Vec<(usize, Option<String>)> = Vec::with_capacity(self.layers.len());
+        let mut layer_keys: Vec<(usize, usize, Option<String>)> =
+            Vec::with_capacity(self.layers.len());
         for (l, layer) in self.layers.iter().enumerate() {
             let key = match &layer.keyer {
                 Some(keyer) => match keyer.key(request) {
@@ -109,7 +117,15 @@ impl<R> RedisStack<R> {
                 },
                 None => None,
             };
-            for (j, limit) in layer.limits.iter().enumerate() {
+            let plan = layer.choose.as_ref().map_or(0, |choose| choose(request));
+            let Some(limits) = layer.plans.get(plan) else {
+                return Err(CallError::NoSuchPlan {
+                    layer: layer.name.clone(),
+                    chosen: plan,
+                    plans: layer.plans.len(),
+                });
+            };
+            for (j, limit) in limits.iter().enumerate() {
                 if !record && cost > limit.burst() {
                     return Err(CallError::CostExceedsBurst {
                         layer: layer.name.clone(),
@@ -119,7 +135,7 @@ impl<R> RedisStack<R> {
                     });
                 }
             }
-            layer_keys.push((l, key));
+            layer_keys.push((l, plan, key));
         }
         let stack_head = format!("{}:{{{}}}", self.prefix, self.name);
         let request_head = match &self.tag {
@@ -131,7 +147,7 @@ impl<R> RedisStack<R> {
             )),
             Tag::Stack | Tag::Key => None,
         };
-        for (l, key) in layer_keys {
+        for (l, plan, key) in layer_keys {
             let layer = &self.layers[l];
             // `<head>:<layer>:<limit>`, then the layer's key unless the head is tagged by it.
             let (head, suffix) = match (&self.tag, &key) {
@@ -139,14 +155,20 @@ impl<R> RedisStack<R> {
                 (Tag::Request(_), _) => (request_head.clone().unwrap_or_default(), key),
                 _ => (stack_head.clone(), key),
             };
-            for j in 0..layer.limits.len() {
+            // Named by the limit's place, never by the plan: a changed plan finds the key and
+            // the script rescales it.
+            for j in 0..layer.plans[plan].len() {
                 let mut name = format!("{head}:{}:{j}", layer.name);
                 if let Some(key) = &suffix {
                     name.push(':');
                     name.push_str(key);
                 }
                 keys.push(name);
-                targets.push(Target { layer: l, limit: j });
+                targets.push(Target {
+                    layer: l,
+                    plan,
+                    limit: j,
+                });
             }
         }
         let (slot, across_slots) = match keys.split_first() {
@@ -186,7 +208,7 @@ impl<R> RedisStack<R> {
         let now = self.backend.local_now();
         let cache = self.backend.deny_cache();
         for (key, target) in call.keys.iter().zip(&call.targets) {
-            let limit = self.layers[target.layer].limits[target.limit].script_fields();
+            let limit = self.limit_of(target).script_fields();
             if let Some(denied) = cache.lookup(key, limit, call.cost, now) {
                 self.backend.count_deny_cache_hit();
                 let wait = denied.until.saturating_sub(now);
@@ -227,7 +249,7 @@ impl<R> RedisStack<R> {
     pub(crate) fn encode_limits(&self, call: &Prepared, offset: usize, args: &mut Call) {
         for (i, target) in call.targets.iter().enumerate() {
             let index = offset.saturating_add(i).saturating_add(1);
-            args.limit(index, self.layers[target.layer].limits[target.limit].wire());
+            args.limit(index, self.limit_of(target).wire());
         }
     }
 
@@ -265,19 +287,14 @@ impl<R> RedisStack<R> {
                 .position(|t| t.layer != layer)
                 .map_or(call.targets.len(), |n| start + n);
             let decisions: Vec<Decision> = (start..end)
-                .map(|i| {
-                    to_decision(
-                        &answers[i],
-                        &self.layers[layer].limits[call.targets[i].limit],
-                    )
-                })
+                .map(|i| to_decision(&answers[i], self.limit_of(&call.targets[i])))
                 .collect();
             layers.extend(LayerDecision::from_limits(layer, 0, &decisions));
             for (i, decision) in (start..end).zip(&decisions) {
                 if remember && decision.is_denied() {
                     let until = sent.at.saturating_add(decision.retry_after_nanos());
                     let denied = Denied {
-                        limit: self.layers[layer].limits[call.targets[i].limit].script_fields(),
+                        limit: self.limit_of(&call.targets[i]).script_fields(),
                         until,
                         // A record in debt: its wait is for a call of one unit.
                         cost: if call.record { 1 } else { call.cost },
@@ -309,10 +326,7 @@ impl<R> RedisStack<R> {
         let n = call.targets.len();
         args.lease_group(head, ttl_ms, n);
         for (i, target) in call.targets.iter().enumerate() {
-            args.limit(
-                i.saturating_add(1),
-                self.layers[target.layer].limits[target.limit].wire(),
-            );
+            args.limit(i.saturating_add(1), self.limit_of(target).wire());
             let ledger = n.saturating_add(i).saturating_add(1);
             args.ledger(ledger, slack[target.layer][target.limit]);
         }
@@ -325,7 +339,7 @@ impl<R> RedisStack<R> {
         call: &'a Prepared,
     ) -> impl Iterator<Item = (usize, u64)> + 'a {
         call.targets.iter().map(|target| {
-            let burst = self.layers[target.layer].limits[target.limit].burst();
+            let burst = self.limit_of(target).burst();
             (target.layer, burst)
         })
     }
@@ -363,7 +377,7 @@ impl<R> RedisStack<R> {
     pub(crate) fn least_burst(&self) -> u64 {
         self.layers
             .iter()
-            .flat_map(|layer| layer.limits.iter().map(RedisLimit::burst))
+            .flat_map(|layer| layer.plans.iter().flatten().map(RedisLimit::burst))
             .min()
             .unwrap_or(0)
     }

@@ -61,34 +61,46 @@ pub(super) fn share(stack: &str, limit: Limit, fleet: u64) -> Result<Limit, Buil
     Ok(Limit::from_nanos(count, limit.period_nanos()).with_burst(burst))
 }
 
-/// The in-memory stack with the same layers and each node's share of their limits, on the
-/// backend's local clock.
+/// The in-memory stack with the same layers (and plans) and each node's share of their
+/// limits, on the backend's local clock.
 pub(super) fn local_stack<R: 'static>(
     stack: &str,
-    layers: &[RedisLayer<R>],
+    layers: &[LayerSpec<R>],
     backend: &RedisBackend,
     fleet: u64,
 ) -> Result<Fallback<R>, BuildError> {
     let mut builder = limiter_stack::Stack::builder();
     for layer in layers {
-        let mut local = match &layer.keyer {
+        let local = match &layer.keyer {
             Some(keyer) => {
                 let keyer = Arc::clone(keyer);
                 limiter_stack::Layer::keyed(layer.name.clone(), SharedKeyer(keyer))
             }
             None => limiter_stack::Layer::global(layer.name.clone()),
         };
-        for limit in &layer.limits {
-            let shared = share(stack, limit.limit(), fleet)?;
-            limit.kind().check(shared).map_err(|e| BuildError::Limit {
-                layer: layer.name.clone(),
-                source: limiter_core::LimitError::Unsupported {
-                    algorithm: limit.kind().name(),
-                    reason: format!("the local fallback cannot hold it: {e}"),
-                },
-            })?;
-            local = local.limit(limit.kind(), shared);
+        let mut plans = Vec::with_capacity(layer.plans.len());
+        for (index, limits) in layer.plans.iter().enumerate() {
+            let mut plan = limiter_stack::Plan::new(format!("{index}"));
+            for limit in limits {
+                let shared = share(stack, limit.limit(), fleet)?;
+                limit.kind().check(shared).map_err(|e| BuildError::Limit {
+                    layer: layer.name.clone(),
+                    source: limiter_core::LimitError::Unsupported {
+                        algorithm: limit.kind().name(),
+                        reason: format!("the local fallback cannot hold it: {e}"),
+                    },
+                })?;
+                plan = plan.limit(limit.kind(), shared);
+            }
+            plans.push(plan);
         }
+        let local = match &layer.choose {
+            Some(choose) => {
+                let choose = Arc::clone(choose);
+                local.plans(plans, move |request: &R| choose(request))
+            }
+            None => local.plans(plans, |_: &R| 0),
+        };
         builder = builder.layer(local);
     }
     builder

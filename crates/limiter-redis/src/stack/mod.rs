@@ -47,12 +47,16 @@ use failure::{local_stack, share};
 
 type Keyer<R> = Arc<dyn limiter_stack::Keyer<R, String>>;
 type Tagger<R> = Arc<dyn Fn(&R) -> String + Send + Sync>;
+type Chooser<R> = limiter_stack::PlanChooser<R>;
 type Fallback<R> = limiter_stack::Stack<R, String, Arc<dyn Clock>>;
 
 struct LayerSpec<R> {
     name: String,
     keyer: Option<Keyer<R>>,
-    limits: Vec<RedisLimit>,
+    /// Each plan's limits, as Redis decides them (every plan the same size).
+    plans: Vec<Vec<RedisLimit>>,
+    /// The plan function; `None`: the first plan, always.
+    choose: Option<Chooser<R>>,
 }
 
 /// Layers of limits on Redis, decided in one script per call: admitted only if every limit of
@@ -239,12 +243,18 @@ impl<R> RedisStack<R> {
         &self.token
     }
 
-    /// Each layer's name and limits, in stack order (the positions a
-    /// [`LayerDecision`](limiter_stack::LayerDecision) names).
+    /// Each layer's name and limits (its first plan's, for a layer of several), in stack
+    /// order (the positions a [`LayerDecision`](limiter_stack::LayerDecision) names).
     pub fn layers(&self) -> impl Iterator<Item = (&str, &[RedisLimit])> {
-        self.layers
-            .iter()
-            .map(|layer| (layer.name.as_str(), layer.limits.as_slice()))
+        self.layers.iter().map(|layer| {
+            let limits = layer.plans.first().map_or(&[][..], Vec::as_slice);
+            (layer.name.as_str(), limits)
+        })
+    }
+
+    /// Whether some layer chooses among several plans.
+    pub(crate) fn has_plans(&self) -> bool {
+        self.layers.iter().any(|layer| layer.plans.len() > 1)
     }
 
     /// Per layer in stack order, the name of the request key its keyer reads

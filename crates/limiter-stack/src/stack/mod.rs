@@ -111,6 +111,12 @@ impl<R, K, C> StackBuilder<R, K, C> {
         self
     }
 
+    /// Adds `layers` in order: one definition, which limiter-redis's
+    /// `RedisStackBuilder::layers` also takes, to decide the same stack on Redis.
+    pub fn layers(self, layers: impl IntoIterator<Item = Layer<R, K>>) -> Self {
+        layers.into_iter().fold(self, Self::layer)
+    }
+
     /// Reads time from `clock` (a `ManualClock` in tests).
     pub fn clock<C2: Clock>(self, clock: C2) -> StackBuilder<R, K, C2> {
         StackBuilder {

@@ -239,7 +239,7 @@ pub enum AttachError {
         location: String,
         /// Why.
         #[source]
-        source: EngineError,
+        source: Box<EngineError>,
     },
 }
 
@@ -312,9 +312,9 @@ impl Envoy {
             let mut stats = Vec::new();
             for limit in domain.limits() {
                 stats.push(engine.metrics().envoy_rule(&limit.full_key));
-                let located = |source| AttachError::Engine {
+                let located = |source: EngineError| AttachError::Engine {
                     location: limit.location.to_string(),
-                    source,
+                    source: Box::new(source),
                 };
                 let id = match policy_for(limit, on_failure, store) {
                     None => None,

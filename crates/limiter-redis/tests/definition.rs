@@ -1,0 +1,200 @@
+//! One stack definition (the same `limiter_stack::Layer`s, plans included) built in process,
+//! on Redis and leased: the three decide the same calls alike, through the one seam
+//! (`AsyncLimiter`); a plan change keeps a key's consumption on Redis as in process; and what
+//! only runs in process (an algorithm named by type, plans added while serving) is refused on
+//! Redis with the fix.
+//!
+//! Time is injected and frozen, so nothing refills and every count is exact.
+
+use limiter_testkit::redis_server as common;
+
+use std::time::Duration;
+
+use limiter_core::{Limit, ManualClock};
+use limiter_redis::{BuildError, CallError, Lease, RedisBackend, RedisStack, Slack};
+use limiter_stack::{AsyncLimiter, Kind, Layer, Outcome, Plan, Stack};
+use limiter_token_bucket::Gcra;
+
+const START: u64 = 1_795_000_000_000_000_000;
+
+#[derive(Clone)]
+struct Request {
+    user: String,
+    pro: bool,
+}
+
+fn req(user: &str, pro: bool) -> Request {
+    Request {
+        user: user.to_owned(),
+        pro,
+    }
+}
+
+/// The definition: per user, a free or a pro plan; a global cap.
+fn checkout() -> Vec<Layer<Request, String>> {
+    vec![
+        Layer::keyed("user", |r: &Request| Some(r.user.clone())).plans(
+            [
+                Plan::new("free").limit(Kind::FixedWindow, Limit::per_hour(4)),
+                Plan::new("pro").limit(Kind::FixedWindow, Limit::per_hour(8)),
+            ],
+            |r: &Request| usize::from(r.pro),
+        ),
+        Layer::global("all").limit(Kind::TokenBucket, Limit::per_hour(20)),
+    ]
+}
+
+/// What a call's answer says, whoever decided it.
+fn answer(outcome: Result<Outcome, limiter_stack::CallError>) -> (bool, u64, Option<usize>) {
+    let outcome = outcome.expect("decidable");
+    let Outcome::Decided { decision, .. } = outcome else {
+        panic!("a failure: {outcome:?}");
+    };
+    (
+        decision.is_allowed(),
+        decision.decision().remaining(),
+        decision.binding().map(|b| b.layer),
+    )
+}
+
+#[tokio::test]
+async fn one_definition_decides_alike_in_process_on_redis_and_leased() {
+    let server = common::RedisServer::start();
+    let clock = ManualClock::starting_at(START);
+    let backend = RedisBackend::builder(server.url())
+        .time_from(clock.clone())
+        .clock(clock.clone())
+        .timeout(Duration::from_secs(5))
+        .deny_cache(0)
+        .connect()
+        .await
+        .unwrap();
+    let in_process = Stack::builder()
+        .layers(checkout())
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let on_redis = RedisStack::builder(&backend, "checkout")
+        .layers(checkout())
+        .build()
+        .unwrap();
+    // Leased with no slack: every call goes to Redis, and it answers as the per-call path.
+    let leased = RedisStack::builder(&backend, "checkout-leased")
+        .layers(checkout())
+        .build()
+        .unwrap();
+    let leased = leased.leased(Lease::new(Slack::units(0)));
+    let error = leased.unwrap_err();
+    assert!(error.to_string().contains("plans"), "{error}");
+    let one_plan = || {
+        vec![
+            Layer::keyed("user", |r: &Request| Some(r.user.clone()))
+                .limit(Kind::FixedWindow, Limit::per_hour(4)),
+            Layer::global("all").limit(Kind::TokenBucket, Limit::per_hour(20)),
+        ]
+    };
+    let leased = RedisStack::builder(&backend, "checkout-leased")
+        .layers(one_plan())
+        .build()
+        .unwrap()
+        .leased(Lease::new(Slack::units(0)))
+        .unwrap();
+    let plain = Stack::builder()
+        .layers(one_plan())
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+
+    // ada free, then pro (half of free's 4 used is half of pro's 8), bob pro; past the caps.
+    let calls = [
+        ("ada", false),
+        ("ada", false),
+        ("bob", true),
+        ("ada", true),
+        ("ada", true),
+        ("ada", false),
+        ("ada", false),
+        ("ada", false),
+        ("bob", true),
+    ];
+    for (i, &(user, pro)) in calls.iter().enumerate() {
+        let request = req(user, pro);
+        let here = answer(in_process.decide_request(&request, 1).await);
+        let there = answer(on_redis.decide_request(&request, 1).await);
+        assert_eq!(here, there, "call {i}: {user} (pro: {pro})");
+        let plain_answer = answer(plain.decide_request(&request, 1).await);
+        let leased_answer = answer(leased.decide_request(&request, 1).await);
+        assert_eq!(plain_answer, leased_answer, "call {i} with one plan");
+    }
+    // The plan change kept ada's consumption: after 2 of 4 (free), 4 of 8 (pro) were in use.
+    let peek = in_process.check_n(&req("ada", true), 0).unwrap();
+    let on_redis_peek = on_redis.check_n(&req("ada", true), 0).await.unwrap();
+    assert_eq!(
+        peek.decision().remaining(),
+        on_redis_peek.decision().unwrap().remaining()
+    );
+}
+
+#[tokio::test]
+async fn what_runs_only_in_process_is_refused_on_redis_with_the_fix() {
+    let server = common::RedisServer::start();
+    let backend = RedisBackend::connect(server.url()).await.unwrap();
+    let by_type = RedisStack::<Request>::builder(&backend, "typed")
+        .layer(Layer::global("all").limit_with::<Gcra>(Limit::per_second(5)))
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(&by_type, BuildError::Limit { layer, .. } if layer == "all")
+            && by_type.to_string().contains("limit(Kind::"),
+        "{by_type}"
+    );
+    let open = RedisStack::builder(&backend, "open")
+        .layer(
+            Layer::keyed("user", |r: &Request| Some(r.user.clone())).open_plans(
+                4,
+                1,
+                |_: &Request| 0,
+            ),
+        )
+        .build()
+        .unwrap_err();
+    assert!(matches!(open, BuildError::OpenPlans { .. }), "{open}");
+    let uneven = RedisStack::builder(&backend, "uneven")
+        .layer(
+            Layer::keyed("user", |r: &Request| Some(r.user.clone())).plans(
+                [
+                    Plan::new("one").limit(Kind::FixedWindow, Limit::per_hour(1)),
+                    Plan::new("two")
+                        .limit(Kind::FixedWindow, Limit::per_hour(1))
+                        .limit(Kind::TokenBucket, Limit::per_second(1)),
+                ],
+                |_: &Request| 0,
+            ),
+        )
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(&uneven, BuildError::PlanShape { plan, count: 2, expected: 1, .. } if plan == "two"),
+        "{uneven}"
+    );
+    // A plan function past the plans: the call is refused, naming the layer.
+    let stack = RedisStack::builder(&backend, "chooser")
+        .layer(
+            Layer::keyed("user", |r: &Request| Some(r.user.clone())).plans(
+                [Plan::new("only").limit(Kind::FixedWindow, Limit::per_hour(1))],
+                |_: &Request| 3,
+            ),
+        )
+        .build()
+        .unwrap();
+    let error = stack.check(&req("ada", false)).await.unwrap_err();
+    assert_eq!(
+        error,
+        CallError::NoSuchPlan {
+            layer: "user".to_owned(),
+            chosen: 3,
+            plans: 1
+        }
+    );
+    assert!(error.to_string().contains("0 to 0"), "{error}");
+}
