@@ -9,9 +9,10 @@
 //! | path | crate | what |
 //! | --- | --- | --- |
 //! | [`Limit`], [`Decision`], clocks, errors | `limiter-core` | the vocabulary |
-//! | [`TokenBucket`], [`KeyedTokenBucket`], [`Gcra`] | `limiter-token-bucket` | the token bucket |
+//! | [`TokenBucket`], [`KeyedTokenBucket`] | `limiter-token-bucket` | the token bucket |
 //! | [`SlidingWindow`], [`FixedWindow`], keyed forms | `limiter-sliding-window` | window counters |
 //! | [`store`] | `limiter-store` | key stores: sharded (default), bounded |
+//! | [`algorithm`] | core and the algorithm crates | for implementers: transitions by type, the state word |
 //! | [`stack`] | `limiter-stack` | several limits decided all or nothing |
 //! | `tower` (feature `tower`) | `limiter-tower` | the HTTP/gRPC middleware |
 //! | `redis` (feature `redis`) | `limiter-redis` | the same limits on Redis |
@@ -38,16 +39,23 @@
 
 pub use limiter_core::{
     Accuracy, Algorithm, Clock, ClockSource, CoarseClock, Decision, DecisionError, DefaultClock,
-    DirectLimiter, Limit, LimitError, Limiter, MIN_CLOCK_RANGE, ManualClock, MonotonicClock,
-    Recording, StateCell, Step, TscClock, Usage,
+    DirectLimiter, Limit, LimitError, Limiter, ManualClock, MonotonicClock, TscClock,
 };
 pub use limiter_sliding_window::{
-    FixedCounter, FixedWindow, KeyedFixedWindow, KeyedSlidingWindow, SlidingCounter, SlidingWindow,
-    WindowCounter,
+    FixedWindow, KeyedFixedWindow, KeyedSlidingWindow, SlidingWindow,
 };
 pub use limiter_stack::Kind;
 pub use limiter_store::KeyedLimiter;
-pub use limiter_token_bucket::{Gcra, KeyedTokenBucket, TokenBucket};
+pub use limiter_token_bucket::{KeyedTokenBucket, TokenBucket};
+
+/// For implementers of a new algorithm (or a new store of states): the pure transitions of
+/// the built-in ones by type, the state word's compare-and-swap, and what a transition returns.
+/// A user choosing among the built-in algorithms needs none of it ([`Kind`], the limiters).
+pub mod algorithm {
+    pub use limiter_core::{Algorithm, MIN_CLOCK_RANGE, Recording, StateCell, Step, Usage};
+    pub use limiter_sliding_window::{FixedCounter, SlidingCounter, WindowCounter};
+    pub use limiter_token_bucket::Gcra;
+}
 
 /// Key stores: where a keyed limiter keeps one state word per key (`limiter-store`).
 pub mod store {

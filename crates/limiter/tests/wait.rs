@@ -8,9 +8,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use limiter::Kind;
+use limiter::algorithm::Gcra;
 use limiter::stack::{Layer, Stack};
 use limiter::wait::{Jitter, UntilKeyReady, UntilReady, UntilRequestReady};
-use limiter::{Clock, DecisionError, Gcra, KeyedLimiter, Limit, TokenBucket};
+use limiter::{Clock, DecisionError, KeyedLimiter, Limit, TokenBucket};
 use tokio::time::Instant;
 
 /// tokio's (virtual) time since the clock was made, counting its readings.
