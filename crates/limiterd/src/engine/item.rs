@@ -1,0 +1,177 @@
+//! What the engine is asked ([`Item`]: a policy or an ad-hoc limit, an identifier, a cost
+//! and how to charge it) and what it answers ([`Answer`], who decided it), and its errors.
+
+use super::*;
+
+/// What a request asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// A policy of the engine.
+    Policy(PolicyId),
+    /// `limit` per `duration_ms`, keyed by namespace and identifier.
+    AdHoc {
+        /// The algorithm.
+        kind: Kind,
+        /// Units per duration (and the burst).
+        limit: u64,
+        /// The duration in milliseconds.
+        duration_ms: u64,
+        /// Keeps one caller's identifiers apart from another's.
+        namespace: String,
+    },
+}
+
+/// One decision asked for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Item {
+    /// Which limits.
+    pub target: Target,
+    /// Whose state.
+    pub identifier: String,
+    /// Units; 0 only reports.
+    pub cost: u64,
+    /// Evaluated and reported but never enforced: a denial of this item does not deny the
+    /// batch (envoy's `shadow_mode`).
+    pub shadow: bool,
+    /// What the item does to its limits: asks for `cost` units, records them, or gives them
+    /// back.
+    pub charge: Charge,
+}
+
+/// What an item does to its limits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Charge {
+    /// Asks for `cost` units: admitted, or denied and nothing taken.
+    #[default]
+    Ask,
+    /// Records `cost` units of usage that already happened (tokens a response used): counted
+    /// whatever the limits hold, never refused and never denying its batch; a limit it takes
+    /// past its capacity is left in debt, so later calls are denied until the debt is paid
+    /// back. Written even when its batch is denied.
+    Record,
+    /// Gives `cost` units back, without a grant (envoy's `is_negative_hits`): no limit goes
+    /// above full, and the answer is what the item holds after it. Decided alone, never in a
+    /// batch.
+    GiveBack,
+}
+
+impl Item {
+    /// Whether the item never denies its batch: a shadow check, a record, a give-back.
+    pub(super) fn never_denies(&self) -> bool {
+        self.shadow || self.charge != Charge::Ask
+    }
+}
+
+/// Who answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// This process's memory.
+    Memory,
+    /// Redis.
+    Redis,
+    /// The deny cache, for a key Redis had just denied.
+    DenyCache,
+    /// The local fallback while Redis is out.
+    Fallback,
+    /// Redis failed and the policy admits: nothing was counted.
+    FailOpen,
+    /// A lease of Redis's budget, spent in this process (`lease_slack`).
+    Lease,
+}
+
+impl Origin {
+    /// The name the API reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Memory => "memory",
+            Self::Redis => "redis",
+            Self::DenyCache => "deny_cache",
+            Self::Fallback => "fallback",
+            Self::FailOpen => "fail_open",
+            Self::Lease => "lease",
+        }
+    }
+}
+
+/// The answer for one item.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Answer {
+    /// The decision (least remaining, longest waits across the stack's limits).
+    pub decision: Decision,
+    /// Who answered.
+    pub origin: Origin,
+    /// When it was decided, in nanoseconds since the Unix epoch (by Redis's clock for Redis's
+    /// answers and a lease's, by this process's otherwise): the instant its waits count from,
+    /// so `at_unix_ns + reset_after` is when the limits are full again.
+    pub at_unix_ns: u64,
+}
+
+impl Answer {
+    /// When the limits are full again, in whole milliseconds since the Unix epoch (rounded
+    /// up): the same instant for every answer about one window.
+    pub fn reset_at_ms(&self) -> u64 {
+        self.at_unix_ns
+            .saturating_add(self.decision.reset_after_nanos())
+            .div_ceil(1_000_000)
+    }
+}
+
+/// How far ahead of this server's clock a request's `time` may be (a client's clock running
+/// fast): such a time is decided at the server's own reading, and one further ahead is refused.
+pub const MAX_TIME_AHEAD_MS: u64 = 5_000;
+
+/// Why a request could not be decided.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DecideError {
+    /// The request is one no limit can ever decide: a cost above the burst (`field` is
+    /// `cost`), or an ad-hoc limit no algorithm can count (`limit`).
+    #[error("{message}")]
+    Invalid {
+        /// The request field at fault.
+        field: &'static str,
+        /// What was wrong and how to fix it.
+        message: String,
+    },
+    /// Too many distinct ad-hoc limits.
+    #[error(
+        "this process already serves {MAX_AD_HOC_SHAPES} distinct ad-hoc limits: configure a \
+         policy for this one"
+    )]
+    TooManyShapes,
+    /// The backend failed and the policy refuses.
+    #[error("the store is unavailable ({0}); try again later")]
+    Unavailable(String),
+    /// A bounded store holds its `max_keys` and none is full again yet: a new identifier
+    /// must wait (held ones go on).
+    #[error("{0}")]
+    Full(String),
+}
+
+/// Why the engine could not be built.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    /// The configuration names a Redis store but no connection was given.
+    #[error(
+        "the store is Redis but no Redis connection was made; connect first (limiterd does this from `[store] url`)"
+    )]
+    NoBackend,
+    /// An in-process policy's stack was refused.
+    #[error("policy `{policy}`: {source}")]
+    Memory {
+        /// The policy.
+        policy: String,
+        /// Why.
+        #[source]
+        source: limiter_stack::BuildError,
+    },
+    /// A Redis policy's stack was refused.
+    #[error("policy `{policy}`: {source}")]
+    Redis {
+        /// The policy.
+        policy: String,
+        /// Why.
+        #[source]
+        source: limiter_redis::BuildError,
+    },
+}
