@@ -21,7 +21,7 @@
 //! Redis keys are named by the policy, its layer and the limit's place, so the script rescales
 //! them by itself. Ad-hoc limits keep their state.
 //!
-//! Every call goes through the workspace's one seam, [`AsyncLimiter`], and its [`Outcome`]
+//! Every call goes through the workspace's one seam, [`AsyncLimiter`], and its [`Outcome`](limiter_stack::Outcome)
 //! becomes an [`Answer`] in one place (`Engine::answer`), whatever the store.
 //!
 //! A batch is all or nothing: in process, its items are decided in order at one clock reading,
@@ -325,7 +325,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         self.previous.take().map(|p| p.carried).unwrap_or_default()
     }
 
-    /// Which store policies are checked for ([`CheckedLimit::new`]).
+    /// Which store policies are checked for ([`CheckedLimit::new`](crate::config::CheckedLimit::new)).
     pub fn store_kind(&self) -> StoreKind {
         match self.store {
             StoreHandle::Memory { .. } => StoreKind::Memory,
