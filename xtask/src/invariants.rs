@@ -121,7 +121,7 @@ fn core_dependencies(root: &Path) -> Result<Vec<String>, String> {
 
 /// The crates whose library files are kept short: at most [`MAX_LINES`] lines before their
 /// tests (`#[cfg(test)]`), so each file keeps to one or two jobs.
-const SHORT_FILES: &[&str] = &["crates/limiter-redis/"];
+const SHORT_FILES: &[&str] = &["crates/limiter-redis/", "crates/limiterd/"];
 
 /// The most lines a library file of [`SHORT_FILES`] holds before its tests.
 const MAX_LINES: usize = 600;
