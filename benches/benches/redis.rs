@@ -19,8 +19,6 @@
 //! Starts its own `redis-server` on a free loopback port (`$REDIS_SERVER` or the `PATH`), and
 //! skips every case if there is none.
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
@@ -32,47 +30,6 @@ use limiter_redis::{
 };
 use limiter_token_bucket::KeyedTokenBucket;
 
-struct Server(Child, u16);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start_server() -> Option<Server> {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .ok()?
-        .local_addr()
-        .ok()?
-        .port();
-    let binary = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".to_owned());
-    let child = Command::new(binary)
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .ok()?;
-    let server = Server(child, port);
-    for _ in 0..200 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return Some(server);
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    None
-}
-
 /// A limit the benchmark never exhausts.
 fn roomy() -> Limit {
     Limit::per_second(1_000_000)
@@ -81,11 +38,11 @@ fn roomy() -> Limit {
 struct Req(u64);
 
 fn redis_benches(c: &mut Criterion) {
-    let Some(server) = start_server() else {
+    let Some(server) = limiter_benches::RedisProcess::start() else {
         eprintln!("redis: no redis-server to start; skipping the Redis benchmarks");
         return;
     };
-    let url = format!("redis://127.0.0.1:{}", server.1);
+    let url = server.url();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -15,8 +15,6 @@
 //! `subject,pass,µs per decision`, which `cargo xtask bench` reads for the targets. Starts its
 //! own `redis-server` (skipped if there is none); criterion is not involved (no timing here).
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use futures_util::future::join_all;
@@ -24,39 +22,6 @@ use limiter_core::Limit;
 use limiter_redis::{Kind, OnFailure, RedisBackend, RedisLayer, RedisLimiter, RedisStack};
 
 const KEYS: u64 = 2_000;
-
-struct Server(Child, u16);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start_server() -> Option<Server> {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .ok()?
-        .local_addr()
-        .ok()?
-        .port();
-    let binary = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".to_owned());
-    let child = Command::new(binary)
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-        .args(["--save", "", "--appendonly", "no"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .ok()?;
-    let server = Server(child, port);
-    for _ in 0..200 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return Some(server);
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    None
-}
 
 /// Server CPU, in µs, spent in the commands named (from `INFO commandstats`).
 async fn usec_in(conn: &mut redis::aio::MultiplexedConnection, commands: &[&str]) -> f64 {
@@ -136,7 +101,7 @@ fn main() {
     {
         return;
     }
-    let Some(server) = start_server() else {
+    let Some(server) = limiter_benches::RedisProcess::start() else {
         eprintln!("redis_server: no redis-server to start; skipping");
         return;
     };
@@ -150,7 +115,7 @@ fn main() {
             .unwrap_or(3)
     };
     let decisions: u64 = if quick { 4_000 } else { 20_000 };
-    let url = format!("redis://127.0.0.1:{}", server.1);
+    let url = server.url();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

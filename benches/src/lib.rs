@@ -1,7 +1,7 @@
 //! Shared setup for the criterion benchmarks in `benches/`: limits and quotas that always admit,
 //! always deny, or keep keys from ever being full again (sticky), the benchmark group settings,
-//! a multi-threaded runner, a scattered key order, and the resident bytes-per-key
-//! measurement run in child processes.
+//! a multi-threaded runner, a scattered key order, the resident bytes-per-key
+//! measurement run in child processes, and a `redis-server` of the benchmarks' own.
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
@@ -279,4 +279,53 @@ pub fn target_dir() -> std::path::PathBuf {
         .iter()
         .find_map(|name| std::env::var_os(name).filter(|v| !v.is_empty()))
         .map_or_else(|| workspace.join("target"), |dir| workspace.join(dir))
+}
+
+/// A `redis-server` the Redis benchmarks start on a free loopback port (`$REDIS_SERVER` if set),
+/// without persistence, killed on drop.
+#[derive(Debug)]
+pub struct RedisProcess {
+    child: std::process::Child,
+    /// Its port.
+    pub port: u16,
+}
+
+impl RedisProcess {
+    /// Starts one and waits until it accepts connections; `None` if there is no
+    /// `redis-server` to start.
+    pub fn start() -> Option<Self> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .ok()?
+            .local_addr()
+            .ok()?
+            .port();
+        let binary = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".to_owned());
+        let child = std::process::Command::new(binary)
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .ok()?;
+        let server = Self { child, port };
+        for _ in 0..200 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return Some(server);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        None
+    }
+
+    /// Its URL.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for RedisProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
