@@ -1,0 +1,208 @@
+//! The configuration's tests: every field parsed, every mistake named with its line, column and fix.
+use limiter_redis::{Kind, Lease, Slack};
+
+use super::*;
+
+#[test]
+fn a_redis_cluster_is_given_by_its_seed_nodes() {
+    let config = Config::parse(
+            "[store]\nkind = \"redis\"\ncluster = [\"redis://10.0.0.1:6379\", \"redis://10.0.0.2:6379\"]\n\
+             [policies.p]\nlimits = [{ algorithm = \"token_bucket\", count = 1, period = \"1m\" }]\n",
+        )
+        .unwrap();
+    let Store::Redis { at, .. } = &config.store else {
+        panic!("{:?}", config.store);
+    };
+    assert_eq!(
+        at,
+        &RedisAt::Cluster(vec![
+            "redis://10.0.0.1:6379".to_owned(),
+            "redis://10.0.0.2:6379".to_owned()
+        ])
+    );
+    assert_eq!(
+        at.to_string(),
+        "cluster via redis://10.0.0.1:6379, redis://10.0.0.2:6379"
+    );
+}
+
+#[test]
+fn the_built_in_policies_parse() {
+    let config = Config::parse(BUILT_IN).expect("valid");
+    assert_eq!(config.listen, SocketAddr::from(([127, 0, 0, 1], 8080)));
+    assert_eq!(config.store, Store::Memory { max_keys: None });
+    assert_eq!(
+        config.policies.keys().collect::<Vec<_>>(),
+        ["api", "global", "login"]
+    );
+    let api = &config.policies["api"];
+    assert_eq!(api.limits[0].limit.limit().burst(), 20);
+    assert_eq!(api.limits[1].limit.kind(), Kind::SlidingWindow);
+    assert_eq!(config.policies["global"].limits[1].keying, Keying::Global);
+}
+
+fn error(text: &str) -> String {
+    Config::parse(text).expect_err("refused").to_string()
+}
+
+#[test]
+fn lease_slack_reads_a_share_or_units_and_refuses_anything_else() {
+    let with = |extra: &str| {
+        format!(
+            "[policies.p]\nlimits = [{{ algorithm = \"token_bucket\", count = 1000, period = \"1s\" }}]\n{extra}\n"
+        )
+    };
+    let lease = |extra: &str| Config::parse(&with(extra)).expect("valid").policies["p"].lease;
+    assert_eq!(lease(""), None);
+    assert_eq!(
+        lease("lease_slack = \"1%\""),
+        Some(Lease::new(Slack::PartsPerMillion(10_000)))
+    );
+    assert_eq!(
+        lease("lease_slack = \"0.25%\""),
+        Some(Lease::new(Slack::PartsPerMillion(2_500)))
+    );
+    assert_eq!(
+        lease("lease_slack = 40\nlease_ttl = \"2s\""),
+        Some(Lease::new(Slack::Units(40)).ttl(Duration::from_secs(2)))
+    );
+    for (extra, want) in [
+        (
+            "lease_slack = \"5\"",
+            "line 3, column 15: policy `p`: `lease_slack = \"5\"`: write a share",
+        ),
+        (
+            "lease_slack = \"101%\"",
+            "`lease_slack = \"101%\"`: write a share",
+        ),
+        ("lease_slack = \"0.12345%\"", "write a share"),
+        ("lease_slack = \"-1%\"", "write a share"),
+        ("lease_slack = -3", "`lease_slack = -3` is negative"),
+        ("lease_slack = 1.5", "`lease_slack` is a float"),
+        (
+            "lease_slack = \"1%\"\nlease_ttl = \"1ms\"",
+            "line 4, column 13: policy `p`: `lease_ttl = \"1ms\"`: write a period from 10ms to 3600s",
+        ),
+        ("lease_ttl = \"1s\"", "`lease_ttl` without `lease_slack`"),
+        // A share that is no whole unit of the limit, and more units than the limit: each
+        // refused with the slack that works, where the slack is written.
+        (
+            "lease_slack = \"0.05%\"",
+            "line 3, column 15: policy `p`, limit 1000 per 1s: a slack of 0.05% is no whole unit of a burst of 1000, so nothing would be leased; use at least 0.1% (one unit)",
+        ),
+        (
+            "lease_slack = 5000",
+            "policy `p`, limit 1000 per 1s: a slack of 5000 units is more than the burst of 1000",
+        ),
+    ] {
+        let got = error(&with(extra));
+        assert!(got.contains(want), "{extra}: {got}");
+    }
+    // 1% of 10 rounds to no unit: refused (not silently decided per call).
+    let ten = "[policies.p]\nlimits = [{ algorithm = \"token_bucket\", count = 10, period = \"1s\" }]\nlease_slack = \"1%\"\n";
+    let got = error(ten);
+    assert!(got.contains("use at least 10%"), "{got}");
+    assert_eq!(parse_percent("100%"), Some(1_000_000));
+    assert_eq!(parse_percent(".5%"), Some(5_000));
+    assert_eq!(parse_percent("%"), None);
+    assert_eq!(parse_percent("1.%"), Some(10_000));
+    assert_eq!(parse_percent("99999999999999999999%"), None);
+}
+
+#[test]
+fn every_error_names_the_line_and_the_fix() {
+    let policy = |limit: &str| format!("[policies.p]\nlimits = [\n  {limit},\n]\n");
+    for (text, want) in [
+            ("listen = 8080\n".to_owned(), "line 1, column 10: invalid type: integer `8080`, expected a string"),
+            ("listen = \"nowhere\"\n".to_owned(), "line 1, column 10: `listen = \"nowhere\"` is not an address"),
+            ("colour = 1\n".to_owned(), "line 1, column 1: unknown field `colour`"),
+            ("[store]\nkind = \"disk\"\n".to_owned(), "line 2, column 8: store `kind = \"disk\"`: use \"memory\" or \"redis\""),
+            ("[store]\nkind = \"redis\"\n".to_owned(), "line 1, column 1: a redis store needs `url"),
+            ("[store]\nkind = \"redis\"\nurl = \"redis://a:1\"\ncluster = [\"redis://b:1\"]\n".to_owned(), "line 4, column 11: give `url` (one server) or `cluster`"),
+            ("[store]\nkind = \"redis\"\ncluster = []\n".to_owned(), "line 3, column 11: `cluster = []`: list at least one seed node"),
+            ("[store]\nkind = \"redis\"\ncluster = [\"redis://a:1\", \"b:1\"]\n".to_owned(), "line 3, column 27: `cluster` holds \"b:1\": write it as \"redis://host:port\""),
+            ("[store]\nkind = \"memory\"\ncluster = [\"redis://a:1\"]\n".to_owned(), "line 3, column 11: `cluster` applies to `kind = \"redis\"` only"),
+            ("[store]\nkind = \"memory\"\ntimeout_ms = 5\n".to_owned(), "line 3, column 14: `timeout_ms` applies to `kind = \"redis\"` only"),
+            ("[store]\nkind = \"memory\"\nmax_keys = 0\n".to_owned(), "line 3, column 12: `max_keys = 0`: use 1 to 1000000000"),
+            ("[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:6379\"\nfleet_size = 4\n[policies.p]\nlimits = [\n  { algorithm = \"fixed_window\", count = 3, period = \"1m\" },\n]\n".to_owned(), "line 7, column 3: policy `p`: 3 per 60s cannot be shared by `fleet_size = 4` processes"),
+            ("[store]\nkind = \"memory\"\nfleet_size = 3\n".to_owned(), "line 3, column 14: `fleet_size` applies to `kind = \"redis\"` only"),
+            ("[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:6379\"\nfleet_size = 0\n".to_owned(), "line 4, column 14: `fleet_size = 0`: give the number of limiterd processes"),
+            ("".to_owned(), "no policies"),
+            (policy("{ algorithm = \"leaky\", count = 1, period = \"1s\" }"), "line 3, column 17: `algorithm = \"leaky\"`"),
+            (policy("{ algorithm = \"token_bucket\", count = 0, period = \"1s\" }"), "line 3, column 41: policy `p`: invalid limit: `count` is 0"),
+            (policy("{ algorithm = \"token_bucket\", count = 5, period = \"1s\", burst = 0 }"), "line 3, column 67: policy `p`: invalid limit: `burst` is 0"),
+            (policy("{ algorithm = \"token_bucket\", count = 1, period = \"1 sec\" }"), "line 3, column 53: `period = \"1 sec\"`: write a whole number with a unit"),
+            (policy("{ algorithm = \"token_bucket\", count = -1, period = \"1s\" }"), "line 3, column 41: invalid value: integer `-1`, expected u64"),
+            (policy("{ algorithm = \"fixed_window\", count = 10, period = \"1s\", burst = 20 }"), "line 3, column 3: policy `p`: invalid limit for the fixed window"),
+            (policy("{ algorithm = \"token_bucket\", count = 1, period = \"1s\", key = \"ip\" }"), "line 3, column 65: `key = \"ip\"`: use \"identifier\""),
+            ("[policies.\"bad name\"]\nlimits = []\n".to_owned(), "line 1, column 11: policy name \"bad name\""),
+            ("[policies.p]\nlimits = []\n".to_owned(), "line 2, column 10: policy `p` has no limits"),
+            ("[policies.p]\nlimits = [{ algorithm = \"token_bucket\", count = 1, period = \"1s\" }]\non_failure = \"maybe\"\n".to_owned(), "line 3, column 14: `on_failure = \"maybe\"`"),
+        ] {
+            let got = error(&text);
+            assert!(got.starts_with(want), "{text:?}\n got: {got}\nwant: {want}");
+        }
+}
+
+#[test]
+fn too_many_limits_on_one_keying_are_refused() {
+    let limit = "{ algorithm = \"token_bucket\", count = 1, period = \"1s\" }";
+    let text = format!("[policies.p]\nlimits = [\n{}\n]\n", [limit; 5].join(",\n"));
+    assert!(error(&text).starts_with("line 7, column 1: policy `p` has more than 4 limits"));
+}
+
+#[test]
+fn periods_have_units() {
+    assert_eq!(parse_period("500ms"), Some(Duration::from_millis(500)));
+    assert_eq!(parse_period("2h"), Some(Duration::from_secs(7200)));
+    for bad in [
+        "",
+        "s",
+        "1",
+        "1.5s",
+        "1 s",
+        "-1s",
+        "99999999999999999999d",
+        "1w",
+    ] {
+        assert_eq!(parse_period(bad), None, "{bad}");
+    }
+}
+
+#[test]
+fn envoy_switches_come_from_the_table_or_the_references_environment() {
+    let text = "[envoy]\nfiles = [\"a.yaml\"]\nresponse_headers = true\nlimit_header = \"X-RateLimit-Limit\"\nshadow_mode = false\n";
+    let mut envoy = Config::parse(text).expect("valid").envoy.expect("envoy");
+    let names = envoy.options.headers.clone().expect("enabled");
+    assert_eq!(
+        (names.limit.as_str(), names.remaining.as_str()),
+        ("X-RateLimit-Limit", "RateLimit-Remaining")
+    );
+    let env = |name: &str| match name {
+        "SHADOW_MODE" | "MERGE_DOMAIN_CONFIG" | "RESPONSE_DYNAMIC_METADATA" => {
+            Some("true".to_owned())
+        }
+        "NEAR_LIMIT_RATIO" => Some("0.5".to_owned()),
+        "LIMIT_LIMIT_HEADER" => Some("From-Env".to_owned()),
+        _ => None,
+    };
+    envoy.apply_reference_env(env).expect("valid");
+    // The file said shadow_mode and the header names; the environment fills in the rest.
+    assert!(!envoy.options.shadow_mode);
+    assert!(envoy.merge_domains && envoy.options.dynamic_metadata);
+    assert!((envoy.options.near_limit_ratio - 0.5).abs() < f64::EPSILON);
+    assert_eq!(
+        envoy.options.headers.as_ref().map(|h| h.limit.as_str()),
+        Some("X-RateLimit-Limit")
+    );
+    envoy.set_in_file = EnvoySwitches::default();
+    let err = envoy
+        .apply_reference_env(|n| (n == "NEAR_LIMIT_RATIO").then(|| "2".to_owned()))
+        .expect_err("out of range");
+    assert!(err.starts_with("NEAR_LIMIT_RATIO=\"2\""), "{err}");
+    let err = Config::parse(
+        "[envoy]\nfiles = [\"a.yaml\"]\nresponse_headers = true\nreset_header = \"bad header\"\n",
+    )
+    .expect_err("not a header name");
+    assert!(err.to_string().contains("`reset_header`"), "{err}");
+}

@@ -1,0 +1,98 @@
+//! The metrics' tests: counts by policy and result, the exposition format, denial-log sampling.
+use super::*;
+
+#[test]
+fn counts_by_policy_name_and_failure_policy_with_escaped_labels() {
+    let metrics = Metrics::new();
+    let api = metrics.policy("api");
+    api.count(Counted::Allowed, "u");
+    api.count(Counted::Allowed, "u");
+    api.count(Counted::Denied { shadow: false }, "u");
+    api.count(Counted::Denied { shadow: true }, "u");
+    api.count(Counted::Peeked, "u");
+    api.count(Counted::BatchRefused, "u");
+    // A second registration shares the counters.
+    metrics.policy("api").count(Counted::Allowed, "u");
+    metrics
+        .policy("envoy:a\"b\\c\nd")
+        .count(Counted::Denied { shadow: false }, "u");
+    metrics.store_full();
+    metrics.failure_policy(FailurePolicy::Closed);
+    metrics.invalid();
+    metrics.observe(Duration::from_micros(30));
+    let text = metrics.render(7);
+    for line in [
+        "limiterd_decisions_total{policy=\"api\",result=\"allowed\"} 3",
+        "limiterd_decisions_total{policy=\"api\",result=\"denied\"} 1",
+        "limiterd_decisions_total{policy=\"api\",result=\"shadow_denied\"} 1",
+        "limiterd_decisions_total{policy=\"api\",result=\"peeked\"} 1",
+        "limiterd_decisions_total{policy=\"api\",result=\"batch_refused\"} 1",
+        "limiterd_store_full_total 1",
+        "limiterd_decisions_total{policy=\"envoy:a\\\"b\\\\c\\nd\",result=\"denied\"} 1",
+        "limiterd_failure_policy_total{policy=\"closed\"} 1",
+        "limiterd_failure_policy_total{policy=\"open\"} 0",
+        "limiterd_failure_policy_total{policy=\"fallback\"} 0",
+        "limiterd_invalid_requests_total 1",
+        "limiterd_backend_errors_total 0",
+        "limiterd_store_keys 7",
+        "limiterd_request_duration_seconds_count 1",
+        "limiterd_request_duration_seconds_bucket{le=\"0.00005\"} 1",
+        "limiterd_request_duration_seconds_bucket{le=\"0.000025\"} 0",
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "{line:?} missing from\n{text}"
+        );
+    }
+    assert!(text.ends_with("# EOF\n"), "{text}");
+    let totals = metrics.totals();
+    assert_eq!(totals["api"].allowed, 3);
+    assert_eq!(totals["api"].shadow_denied, 1);
+    // Only enforced denials are in the sketch.
+    let top = metrics.top_denied();
+    assert_eq!(top.len(), 2, "{top:?}");
+    assert!(top.iter().all(|h| h.denied == 1 && h.identifier == "u"));
+}
+
+#[test]
+fn top_denied_finds_the_heavy_hitters_in_bounded_memory() {
+    let mut top = TopDenied::default();
+    // 3 heavy identifiers among 10,000 one-off ones, interleaved.
+    let mut truth = std::collections::HashMap::new();
+    for i in 0..10_000u32 {
+        top.record("api", &format!("once-{i}"));
+        if i % 10 == 0 {
+            for heavy in ["h1", "h2", "h3"] {
+                top.record("api", heavy);
+                *truth.entry(heavy).or_insert(0u64) += 1;
+            }
+        }
+        assert!(top.entries.len() <= TOP_DENIED);
+    }
+    let found = top.top();
+    assert_eq!(found.len(), TOP_DENIED);
+    for (rank, hit) in found.iter().take(3).enumerate() {
+        assert!(hit.identifier.starts_with('h'), "rank {rank}: {found:?}");
+        let exact = truth[hit.identifier.as_str()];
+        // Never under the truth, at most `error` over it.
+        assert!(
+            hit.denied >= exact && hit.denied - hit.error <= exact,
+            "{hit:?} vs {exact}"
+        );
+    }
+    // The same identifier under another policy is another entry; long ones are cut and
+    // still counted together.
+    let long = "x".repeat(1_000);
+    let mut top = TopDenied::default();
+    top.record("a", "u");
+    top.record("b", "u");
+    top.record("a", &long);
+    top.record("a", &long);
+    let found = top.top();
+    assert_eq!(found.len(), 3, "{found:?}");
+    assert_eq!(found[0].denied, 2);
+    assert_eq!(
+        found[0].identifier.len(),
+        TOP_DENIED_KEY_BYTES + '…'.len_utf8()
+    );
+}
