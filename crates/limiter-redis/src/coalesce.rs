@@ -175,8 +175,7 @@ async fn send_batch(backend: &RedisBackend, batch: Vec<Queued>) {
         sizes.push(queued.limits);
         replies.push(queued.reply);
     }
-    let mut seen = std::collections::HashSet::with_capacity(keys.len());
-    call.keys_distinct(keys.iter().all(|k| seen.insert(k.as_str())));
+    call.note_keys(&keys);
     backend.count_coalesced(replies.len());
     let answered = match backend.eval(&keys, call).await {
         Ok(value) => reply::parse(&value, &sizes),

@@ -50,6 +50,20 @@ impl RedisDecision {
         }
     }
 
+    /// Redis's answer to a call decided in parts (one per cluster slot): their layers stacked
+    /// by the stack's rule, decided at the first part's instant (`None`: no part answered).
+    pub(crate) fn from_parts(
+        layers: impl IntoIterator<Item = LayerDecision>,
+        at_us: Option<u64>,
+    ) -> Self {
+        let stack = StackDecision::from_layers(layers);
+        let answer = Self::new(stack.is_allowed(), stack, Source::Redis);
+        match at_us {
+            Some(at) => answer.at(at),
+            None => answer,
+        }
+    }
+
     /// This decision, if Redis made it, made at `now_us` (its `TIME`, in microseconds).
     #[inline]
     pub(crate) fn at(mut self, now_us: u64) -> Self {

@@ -10,8 +10,6 @@
 
 use std::sync::Arc;
 
-use limiter_stack::StackDecision;
-
 use crate::decision::{RedisDecision, Source};
 use crate::error::{BackendError, CallError, RefundError};
 use crate::script::call::{Call, Mode};
@@ -146,12 +144,7 @@ impl<R> RedisStack<R> {
             at = at.or(peek.decided_at_micros());
             layers.extend(peek.stack().layers().copied());
         }
-        let peek = StackDecision::from_layers(layers);
-        let answer = RedisDecision::new(peek.is_allowed(), peek, Source::Redis);
-        Ok(match at {
-            Some(at) => answer.at(at),
-            None => answer,
-        })
+        Ok(RedisDecision::from_parts(layers, at))
     }
 
     /// [`send_refund`](Self::send_refund) for a call whose keys share a slot: one script call.

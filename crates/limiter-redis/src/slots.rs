@@ -23,9 +23,7 @@
 //! naming the slots; leased stacks must keep a call in one slot.
 #![deny(clippy::arithmetic_side_effects)]
 
-use limiter_stack::StackDecision;
-
-use crate::decision::{RedisDecision, Source};
+use crate::decision::RedisDecision;
 use crate::error::BackendError;
 use crate::stack::{Prepared, RedisStack};
 
@@ -67,22 +65,14 @@ impl<R> RedisStack<R> {
                 for peek in give_back(self, request, call.cost, taken).await {
                     layers.extend(peek.stack().layers().copied());
                 }
-                let denied = StackDecision::from_layers(layers);
-                return (
-                    RedisDecision::new(false, denied, Source::Redis).at(decided_at),
-                    Some(decided_at),
-                );
+                let denied = RedisDecision::from_parts(layers, Some(decided_at));
+                return (denied, Some(decided_at));
             }
             if undoable {
                 taken.push((part, now_us));
             }
         }
-        let decision = StackDecision::from_layers(layers);
-        let answer = RedisDecision::new(decision.is_allowed(), decision, Source::Redis);
-        match first_us {
-            Some(at) => (answer.at(at), Some(at)),
-            None => (answer, None),
-        }
+        (RedisDecision::from_parts(layers, first_us), first_us)
     }
 }
 

@@ -283,7 +283,7 @@ pub(super) fn local_answer(
     let allowed = answer.is_ok();
     let decision = RedisDecision::leased(
         allowed,
-        layers.iter().map(|(layer, burst)| {
+        layers.iter().flat_map(|(layer, burst)| {
             let full_after = known.full_at[layer].saturating_sub(now);
             let decision = match answer {
                 Ok(left) => {
@@ -292,13 +292,7 @@ pub(super) fn local_answer(
                 }
                 Err(wait) => Decision::deny(burst, 0, wait, full_after.max(wait)),
             };
-            LayerDecision {
-                layer,
-                plan: 0,
-                limit_index: 0,
-                decision,
-                limit_reset_after_nanos: decision.reset_after_nanos(),
-            }
+            LayerDecision::from_limits(layer, 0, &[decision])
         }),
     );
     if known.at_redis_us == 0 {

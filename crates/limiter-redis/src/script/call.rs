@@ -92,9 +92,11 @@ impl Call {
         }
     }
 
-    /// Says that no key appears in two groups, so the script keeps no state between them.
-    pub(crate) fn keys_distinct(&mut self, distinct: bool) {
-        self.distinct = distinct;
+    /// Notes whether `keys` (the call's, in `KEYS` order) are all distinct: then no key
+    /// appears in two groups, and the script keeps no state between them.
+    pub(crate) fn note_keys(&mut self, keys: &[String]) {
+        let mut seen = std::collections::HashSet::with_capacity(keys.len());
+        self.distinct = keys.iter().all(|k| seen.insert(k.as_str()));
     }
 
     fn push(&mut self, value: u64) {
@@ -232,12 +234,24 @@ mod tests {
         let mut all = Call::new(Mode::Independent);
         all.append(&one, 0);
         all.append(&one, 2);
-        all.keys_distinct(true);
+        all.note_keys(&[
+            "a".to_owned(),
+            "b".to_owned(),
+            "c".to_owned(),
+            "d".to_owned(),
+        ]);
         let n = numbers(&all.finish(None, 0));
         assert_eq!((n[2], n[4]), (2.0, 1.0), "two groups, keys distinct");
         // group 1: head at 5, limits at 8 and 14; group 2: head at 20, limits at 23 and 29
         assert_eq!([n[8], n[14], n[23], n[29]], [1.0, 2.0, 3.0, 4.0]);
         assert_eq!(n[21], 2.0, "the kind is kept");
+        let mut repeated = Call::new(Mode::Independent);
+        repeated.note_keys(&["a".to_owned(), "a".to_owned()]);
+        assert_eq!(
+            numbers(&repeated.finish(None, 0))[4],
+            0.0,
+            "a key named twice"
+        );
     }
 
     #[test]

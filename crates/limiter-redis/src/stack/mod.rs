@@ -173,8 +173,7 @@ impl<R> RedisStack<R> {
                 self.encode(call, true, keys.len(), &mut args);
                 keys.extend(call.keys.iter().cloned());
             }
-            let mut seen = std::collections::HashSet::with_capacity(keys.len());
-            args.keys_distinct(keys.iter().all(|k| seen.insert(k.as_str())));
+            args.note_keys(&keys);
             let sizes: Vec<usize> = round.iter().map(|(_, c)| c.targets.len()).collect();
             let answer = match self.backend.eval(&keys, args).await {
                 Ok(value) => reply::parse(&value, &sizes),
