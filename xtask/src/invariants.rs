@@ -84,6 +84,12 @@ const RULES: &[Rule] = &[
         invariant: "limiterd is the only binary that listens",
     },
     Rule {
+        patterns: &["limiter_redis", "limiter-redis"],
+        scope: &["crates/limiterd/src/engine/"],
+        allowed: &[],
+        invariant: "limiterd's engine decides through the seam (AsyncLimiter) and names no store crate; stores are built in limiterd's stacks module",
+    },
+    Rule {
         patterns: &["redis::"],
         scope: &[],
         allowed: &["crates/limiter-redis/src/"],

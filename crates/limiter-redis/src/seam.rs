@@ -1,13 +1,27 @@
-//! The Redis stack behind the workspace's one seam, [`limiter_stack::AsyncLimiter`]: its
+//! The Redis stacks behind the workspace's one seam, [`limiter_stack::AsyncLimiter`]: their
 //! answers map to an [`Outcome`] once, here, for every adapter (the tower middleware,
-//! limiterd), and its errors to the stack's [`CallError`](limiter_stack::CallError).
+//! limiterd), and their errors to the stack's [`CallError`](limiter_stack::CallError).
+//!
+//! Through the seam a per-call stack takes, holds (a [`RedisGrant`] inside the seam's
+//! [`Held`]), records, gives back and refunds in one script call each; a batch of Redis stacks
+//! on one backend is one [`RedisBatch`](crate::RedisBatch) (one script call, all or nothing at
+//! one `TIME`), and one Redis cannot decide whole (keys across a cluster's slots, a give-back,
+//! another store's limiter among its items) is decided item by item by the seam's
+//! [`decide_each`]. A leased stack decides single calls against its lease and everything
+//! else on its per-call stack.
 
+use std::any::Any;
 use std::sync::Arc;
 
 use limiter_core::DecisionError;
-use limiter_stack::{AsyncLimiter, Decide, LayerInfo, Origin, Outcome};
+use limiter_stack::{
+    Ask, Asked, AsyncLimiter, BatchAnswer, BatchItem, Charge, Decide, Held, LayerInfo, Origin,
+    Outcome, Pending, decide_each,
+};
 
-use crate::{CallError, RedisDecision, RedisStack, Source};
+use crate::{
+    BatchError, CallError, LeasedStack, RedisDecision, RedisGrant, RedisStack, RefundError, Source,
+};
 
 impl From<CallError> for limiter_stack::CallError {
     fn from(error: CallError) -> Self {
@@ -51,11 +65,12 @@ impl From<RedisDecision> for Outcome {
         Self::Decided {
             decision: *answer.stack(),
             origin,
+            at_unix_us: answer.decided_at_micros(),
         }
     }
 }
 
-impl<R: Sync> AsyncLimiter<R> for RedisStack<R> {
+impl<R: Sync + 'static> AsyncLimiter<R> for RedisStack<R> {
     fn decide_request<'a>(&'a self, request: &'a R, cost: u64) -> Decide<'a> {
         Decide::Later(Box::pin(async move {
             self.check_n(request, cost)
@@ -74,5 +89,136 @@ impl<R: Sync> AsyncLimiter<R> for RedisStack<R> {
                 plans: vec![limits.iter().map(|l| l.limit()).collect()],
             })
             .collect()
+    }
+
+    fn ask<'a>(
+        &'a self,
+        request: &'a R,
+        ask: Ask,
+    ) -> Pending<'a, Result<Asked, limiter_stack::CallError>> {
+        Box::pin(ask_per_call(self, request, ask))
+    }
+
+    fn refund<'a>(
+        &'a self,
+        request: &'a R,
+        held: Held,
+    ) -> Pending<'a, Result<Outcome, limiter_stack::CallError>> {
+        Box::pin(refund(self, request, held))
+    }
+
+    fn decide_batch<'a>(
+        &'a self,
+        items: &'a [BatchItem<'a, R>],
+        at: Option<u64>,
+    ) -> Pending<'a, Result<BatchAnswer, limiter_stack::CallError>> {
+        Box::pin(decide_batch(items, at))
+    }
+
+    fn as_any(&self) -> Option<&dyn Any> {
+        Some(self)
+    }
+}
+
+/// An ask of a per-call stack (a leased stack's takes and refunds go to Redis this way too):
+/// each in one script call; a give-back Redis did not take answers the store's failure.
+pub(crate) async fn ask_per_call<R>(
+    stack: &RedisStack<R>,
+    request: &R,
+    ask: Ask,
+) -> Result<Asked, limiter_stack::CallError> {
+    let cost = ask.cost;
+    let (decision, held) = match ask.charge {
+        Charge::Take => (stack.check_n(request, cost).await?, None),
+        Charge::TakeHeld => {
+            let (decision, grant) = stack.acquire(request, cost).await?;
+            (decision, grant.map(|g| Held::new(g.left(), g)))
+        }
+        Charge::Record => (stack.record(request, cost).await?, None),
+        Charge::GiveBack => match stack.give_back(request, cost).await {
+            Ok(decision) => (decision, None),
+            Err(e) => {
+                return Ok(Asked {
+                    outcome: Outcome::FailedClosed(Arc::new(e)),
+                    held: None,
+                });
+            }
+        },
+    };
+    Ok(Asked {
+        outcome: Outcome::from(decision),
+        held,
+    })
+}
+
+/// A refund of what a per-call stack's take held, in one script call; a refund Redis did not
+/// take answers the store's failure (the units stay counted, never given back twice).
+pub(crate) async fn refund<R>(
+    stack: &RedisStack<R>,
+    request: &R,
+    held: Held,
+) -> Result<Outcome, limiter_stack::CallError> {
+    let refused = |reason: String| limiter_stack::CallError::Refund { reason };
+    let Ok(mut grant) = held.into_grant::<RedisGrant>() else {
+        return Err(refused(
+            "the grant came from another kind of limiter; refund it where it was taken".into(),
+        ));
+    };
+    let units = grant.left();
+    match stack.refund(request, &mut grant, units).await {
+        Ok(decision) => Ok(Outcome::from(decision)),
+        Err(RefundError::Backend(e)) => Ok(Outcome::FailedClosed(Arc::new(e))),
+        Err(other) => Err(refused(other.to_string())),
+    }
+}
+
+/// The per-call Redis stack a batch item decides on, if it is one of this crate's.
+fn redis_stack_of<'a, R: 'static>(item: &BatchItem<'a, R>) -> Option<&'a RedisStack<R>> {
+    let any = item.limiter.as_any()?;
+    any.downcast_ref::<RedisStack<R>>()
+        .or_else(|| any.downcast_ref::<LeasedStack<R>>().map(LeasedStack::stack))
+}
+
+/// A batch as one script call when every item is a Redis stack's take or record on one
+/// backend and one slot; otherwise item by item ([`decide_each`]).
+pub(crate) async fn decide_batch<R: Sync + 'static>(
+    items: &[BatchItem<'_, R>],
+    at: Option<u64>,
+) -> Result<BatchAnswer, limiter_stack::CallError> {
+    let stacks: Option<Vec<&RedisStack<R>>> = items
+        .iter()
+        .map(|item| redis_stack_of(item).filter(|_| item.charge != Charge::GiveBack))
+        .collect();
+    let (Some(stacks), Some(first)) = (stacks, items.first()) else {
+        return decide_each(items, at).await;
+    };
+    let Some(backend) = redis_stack_of(first).map(RedisStack::backend) else {
+        return decide_each(items, at).await;
+    };
+    let mut batch = backend.batch();
+    for (item, stack) in items.iter().zip(stacks) {
+        if item.charge == Charge::Record {
+            batch.add_record(stack, item.request, item.cost);
+        } else if item.shadow {
+            batch.add_shadow(stack, item.request, item.cost);
+        } else {
+            batch.add(stack, item.request, item.cost);
+        }
+    }
+    match batch.decide().await {
+        Ok(decided) => Ok(BatchAnswer {
+            admitted: decided.is_admitted(),
+            outcomes: decided
+                .into_decisions()
+                .into_iter()
+                .map(Outcome::from)
+                .collect(),
+        }),
+        Err(BatchError::Call { source, .. }) => Err(source.into()),
+        // Keys in several slots of a cluster, or stacks on several backends: no one script
+        // call can decide it, so each item in turn, with refunds.
+        Err(BatchError::CrossSlot { .. } | BatchError::OtherBackend { .. }) => {
+            decide_each(items, at).await
+        }
     }
 }

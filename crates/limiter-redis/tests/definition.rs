@@ -4,6 +4,9 @@
 //! only runs in process (an algorithm named by type, plans added while serving) is refused on
 //! Redis with the fix.
 //!
+//! Every backend also does the seam's wider calls alike (held takes and refunds, records,
+//! give-backs, all-or-nothing batches, Redis's in one script call or item by item).
+//!
 //! Time is injected and frozen, so nothing refills and every count is exact.
 
 use limiter_testkit::redis_server as common;
@@ -12,7 +15,9 @@ use std::time::Duration;
 
 use limiter_core::{Limit, ManualClock};
 use limiter_redis::{BuildError, CallError, Lease, RedisBackend, RedisStack, Slack};
-use limiter_stack::{AsyncLimiter, Kind, Layer, Outcome, Plan, Stack};
+use limiter_stack::{
+    Ask, AsyncLimiter, BatchItem, Charge, Kind, Layer, Outcome, Plan, Stack, decide_all,
+};
 use limiter_token_bucket::Gcra;
 
 const START: u64 = 1_795_000_000_000_000_000;
@@ -197,4 +202,121 @@ async fn what_runs_only_in_process_is_refused_on_redis_with_the_fix() {
         }
     );
     assert!(error.to_string().contains("0 to 0"), "{error}");
+}
+
+/// What one backend answered to the seam's wider calls, step by step.
+async fn wider_calls(stack: &dyn AsyncLimiter<Request>) -> Vec<(bool, u64)> {
+    let (ada, bob) = (req("ada", false), req("bob", false));
+    let mut seen = Vec::new();
+    let note = |seen: &mut Vec<(bool, u64)>, outcome: &Outcome| {
+        let Outcome::Decided { decision, .. } = outcome else {
+            panic!("a failure: {outcome:?}");
+        };
+        seen.push((decision.is_allowed(), decision.decision().remaining()));
+    };
+    let held = stack
+        .ask(&ada, Ask::new(3, Charge::TakeHeld))
+        .await
+        .unwrap();
+    note(&mut seen, &held.outcome);
+    let refunded = stack
+        .refund(&ada, held.held.expect("a grant"))
+        .await
+        .unwrap();
+    note(&mut seen, &refunded);
+    for (request, cost, charge) in [
+        (&bob, 3, Charge::Record),
+        (&bob, 2, Charge::Take),
+        (&bob, 1, Charge::GiveBack),
+    ] {
+        let asked = stack.ask(request, Ask::new(cost, charge)).await.unwrap();
+        note(&mut seen, &asked.outcome);
+    }
+    let item = |request, cost, charge| BatchItem {
+        limiter: stack,
+        request,
+        cost,
+        charge,
+        shadow: false,
+    };
+    for batch in [
+        [item(&ada, 2, Charge::Take), item(&bob, 3, Charge::Take)],
+        [item(&ada, 2, Charge::Take), item(&bob, 2, Charge::Take)],
+        [
+            item(&ada, 1, Charge::Record),
+            item(&bob, 1, Charge::GiveBack),
+        ],
+    ] {
+        let answer = decide_all(&batch, None).await.unwrap();
+        seen.push((answer.admitted, 0));
+        for outcome in &answer.outcomes {
+            note(&mut seen, outcome);
+        }
+    }
+    for request in [&ada, &bob] {
+        note(&mut seen, &stack.decide_request(request, 0).await.unwrap());
+    }
+    seen
+}
+
+#[tokio::test]
+async fn every_backend_does_the_seams_wider_calls_alike() {
+    let server = common::RedisServer::start();
+    let clock = ManualClock::starting_at(START);
+    let backend = RedisBackend::builder(server.url())
+        .time_from(clock.clone())
+        .clock(clock.clone())
+        .timeout(Duration::from_secs(5))
+        .deny_cache(0)
+        .connect()
+        .await
+        .unwrap();
+    let layers = || {
+        vec![
+            Layer::keyed("user", |r: &Request| Some(r.user.clone()))
+                .limit(Kind::FixedWindow, Limit::per_hour(4)),
+            Layer::global("all").limit(Kind::TokenBucket, Limit::per_hour(20)),
+        ]
+    };
+    let in_process = Stack::builder()
+        .layers(layers())
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let on_redis = RedisStack::builder(&backend, "seam")
+        .layers(layers())
+        .build()
+        .unwrap();
+    let leased = RedisStack::builder(&backend, "seam-leased")
+        .layers(layers())
+        .build()
+        .unwrap()
+        .leased(Lease::new(Slack::units(0)))
+        .unwrap();
+    let expected = wider_calls(&in_process).await;
+    // The refund gave ada's 3 back; bob's record, denial and give-back; a refused batch took
+    // nothing from ada; the last batch recorded ada's unit and gave bob's back.
+    assert_eq!(
+        expected,
+        [
+            (true, 1),
+            (true, 4),
+            (true, 1),
+            (false, 1),
+            (true, 2),
+            (false, 0),
+            (true, 4),
+            (false, 2),
+            (true, 0),
+            (true, 2),
+            (true, 0),
+            (true, 0),
+            (true, 1),
+            (true, 1),
+            (true, 1),
+            (true, 1),
+        ]
+    );
+    assert_eq!(wider_calls(&on_redis).await, expected, "on Redis");
+    assert_eq!(wider_calls(&leased).await, expected, "leased");
 }

@@ -151,6 +151,22 @@ pub enum CallError {
         /// The stack's bound.
         max_keys: usize,
     },
+    /// The limiter cannot do what was asked through the seam (records, give-backs, refunds or
+    /// a decision at another reading, from a limiter that only decides now).
+    #[error(
+        "this limiter does not support {what}; build a `Stack` (or a Redis stack) for calls that need them"
+    )]
+    Unsupported {
+        /// What was asked.
+        what: &'static str,
+    },
+    /// A refund through the seam was refused (a grant of another limiter, or more units than
+    /// it has left); nothing was given back.
+    #[error("refund refused: {reason}")]
+    Refund {
+        /// Why.
+        reason: String,
+    },
     /// The layer's plan function chose a plan that does not exist.
     #[error("layer `{layer}`: the plan function chose plan {chosen}, but the layer has {plans} plans (0 to {}); fix the function passed to `Layer::plans`", plans.saturating_sub(1))]
     NoSuchPlan {
@@ -180,7 +196,7 @@ pub enum RefundError {
     /// The grant came from another stack.
     #[error("this grant was taken from another stack; refund it to the stack that granted it")]
     WrongStack,
-    /// The layer's plan function chose a plan that does not exist.
+    /// The call itself cannot be decided.
     #[error(transparent)]
     Call(#[from] CallError),
 }

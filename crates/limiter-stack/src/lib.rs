@@ -92,6 +92,7 @@ pub use keyer::Keyer;
 pub use kind::{Kind, UnknownKind};
 pub use layer::{Layer, LayerParts, Plan, PlanChooser, PlanParts};
 pub use seam::{
-    AsyncLimiter, DEFAULT_LAYER_NAME, Decide, Failure, KeyedBy, LayerInfo, Origin, Outcome,
+    Ask, Asked, AsyncLimiter, BatchAnswer, BatchItem, Charge, DEFAULT_LAYER_NAME, Decide, Failure,
+    Held, KeyedBy, LayerInfo, Origin, Outcome, Pending, decide_all, decide_each,
 };
 pub use stack::{Stack, StackBuilder};

@@ -12,7 +12,7 @@ use limiter_core::Clock;
 use limiter_redis::RedisBackend;
 
 use crate::config::Config;
-use crate::engine::{Carried, Engine, EngineError};
+use crate::engine::{Carried, Engine, EngineError, Stacks};
 use crate::envoy::service::AttachError;
 use crate::envoy::{Domains, Envoy};
 use crate::metrics::Metrics;
@@ -52,7 +52,8 @@ impl<C: Clock + Clone + Send + Sync + 'static> AppState<C> {
         backend: Option<RedisBackend>,
     ) -> Result<Self, StartError> {
         let metrics = Arc::new(Metrics::new());
-        let mut engine = Engine::new(config, clock, backend, Arc::clone(&metrics))?;
+        let stacks = Stacks::open(&config.store, clock, backend)?;
+        let mut engine = Engine::new(config, stacks, Arc::clone(&metrics))?;
         let envoy = Envoy::attach(domains, &mut engine)?.with_options(envoy_options(config));
         Ok(Self {
             engine,

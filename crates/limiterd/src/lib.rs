@@ -39,6 +39,7 @@ pub mod grpc;
 pub mod live;
 pub mod metrics;
 pub mod request;
+pub mod stacks;
 
 #[cfg(feature = "server")]
 mod server;

@@ -20,7 +20,10 @@ use std::sync::{Arc, RwLock, Weak};
 
 use hashbrown::HashTable;
 use limiter_core::{Clock, LeaseCell, LeaseSpend, MAX_LEASE_UNITS};
-use limiter_stack::{AsyncLimiter, Decide, LayerInfo, Outcome};
+use limiter_stack::{
+    Ask, Asked, AsyncLimiter, BatchAnswer, BatchItem, Charge, Decide, Held, LayerInfo, Outcome,
+    Pending,
+};
 
 use crate::decision::RedisDecision;
 use crate::error::{BuildError, CallError};
@@ -282,7 +285,7 @@ impl<R> LeasedStack<R> {
     }
 }
 
-impl<R: Sync> AsyncLimiter<R> for LeasedStack<R> {
+impl<R: Sync + 'static> AsyncLimiter<R> for LeasedStack<R> {
     fn decide_request<'a>(&'a self, request: &'a R, cost: u64) -> Decide<'a> {
         let mut identity = String::new();
         self.shared.stack.identity(request, &mut identity);
@@ -299,6 +302,59 @@ impl<R: Sync> AsyncLimiter<R> for LeasedStack<R> {
 
     fn layers(&self) -> Vec<LayerInfo> {
         AsyncLimiter::layers(&self.shared.stack)
+    }
+
+    /// Takes against the lease; holds, refunds and give-backs on the per-call stack (a grant
+    /// is Redis's), records spending the lease first.
+    fn ask<'a>(
+        &'a self,
+        request: &'a R,
+        ask: Ask,
+    ) -> Pending<'a, Result<Asked, limiter_stack::CallError>> {
+        match ask.charge {
+            Charge::Take => {
+                let decided = self.decide_request(request, ask.cost);
+                Box::pin(async move {
+                    Ok(Asked {
+                        outcome: decided.await?,
+                        held: None,
+                    })
+                })
+            }
+            Charge::Record => Box::pin(async move {
+                Ok(Asked {
+                    outcome: Outcome::from(self.record(request, ask.cost).await?),
+                    held: None,
+                })
+            }),
+            Charge::TakeHeld | Charge::GiveBack => {
+                Box::pin(crate::seam::ask_per_call(self.stack(), request, ask))
+            }
+        }
+    }
+
+    fn refund<'a>(
+        &'a self,
+        request: &'a R,
+        held: Held,
+    ) -> Pending<'a, Result<Outcome, limiter_stack::CallError>> {
+        Box::pin(crate::seam::refund(self.stack(), request, held))
+    }
+
+    fn decide_batch<'a>(
+        &'a self,
+        items: &'a [BatchItem<'a, R>],
+        at: Option<u64>,
+    ) -> Pending<'a, Result<BatchAnswer, limiter_stack::CallError>> {
+        Box::pin(crate::seam::decide_batch(items, at))
+    }
+
+    fn shutdown(&self) -> Pending<'_, u64> {
+        Box::pin(LeasedStack::shutdown(self))
+    }
+
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
     }
 }
 

@@ -56,6 +56,17 @@ pub enum Keying {
     Global,
 }
 
+impl Keying {
+    /// The name of the layer a policy's limits of this keying make (in metrics, headers and
+    /// Redis keys).
+    pub fn layer_name(self) -> &'static str {
+        match self {
+            Self::Identifier => "identifier",
+            Self::Global => "global",
+        }
+    }
+}
+
 /// One limit of a policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PolicyLimit {

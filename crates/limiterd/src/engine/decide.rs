@@ -1,14 +1,15 @@
-//! Items resolved to their policies and decided, all or nothing: in memory (grants refunded
-//! when one is denied), on Redis (one batch, or item by item across a cluster's slots), and
-//! every store's outcome read as an [`Answer`] in one place.
+//! Items resolved to their policies and decided through the seam, all or nothing (one ask, or
+//! [`decide_all`] for a batch), and every store's outcome read as an [`Answer`] in one place.
 
 use limiter_core::{Clock, Decision, Limit};
-use limiter_redis::BatchError;
-use limiter_stack::{CallError, Grant, Outcome};
+use limiter_stack::{Ask, BatchItem, CallError, Outcome, decide_all};
 
 use crate::metrics::{Counted, FailurePolicy};
 
 use super::*;
+
+/// An item's policy stack, what it decides on, and the counters its answer goes to.
+pub(super) type Resolved<'a> = (PolicyStack, Call, &'a PolicyCounters);
 
 /// A call that can never be decided, as the API reports it.
 pub(super) fn call_error(e: &CallError) -> DecideError {
@@ -25,7 +26,7 @@ pub(super) fn call_error(e: &CallError) -> DecideError {
 }
 
 impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
-    pub(super) fn resolve(&self, item: &Item) -> Result<(Resolved<'_, C>, Call), DecideError> {
+    pub(super) fn resolve(&self, item: &Item) -> Result<Resolved<'_>, DecideError> {
         match &item.target {
             Target::Policy(id) => {
                 let entry = self
@@ -39,7 +40,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                     identifier: item.identifier.as_str().into(),
                     plan: entry.plan,
                 };
-                Ok((Resolved::Configured(&entry.backend, &entry.counters), call))
+                Ok((Arc::clone(&entry.stack), call, &entry.counters))
             }
             Target::AdHoc {
                 kind,
@@ -47,7 +48,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                 duration_ms,
                 namespace,
             } => {
-                let (backend, plan) = self.ad_hoc_backend(*kind, *limit, *duration_ms)?;
+                let (stack, plan) = self.ad_hoc_stack(*kind, *limit, *duration_ms)?;
                 // The namespace keeps callers apart; its length is bounded, so the separator
                 // cannot be forged into another namespace's key.
                 let call = Call {
@@ -55,7 +56,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                         .into(),
                     plan,
                 };
-                Ok((Resolved::AdHoc(backend, &self.ad_hoc_counters), call))
+                Ok((stack, call, &self.ad_hoc_counters))
             }
         }
     }
@@ -65,7 +66,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
     /// than [`MAX_TIME_AHEAD_MS`] ahead of the clock; one ahead by less is the clock's own
     /// reading (a time cannot spend what has not come back yet). `None`: now.
     fn reading_for(&self, time_ms: Option<u64>) -> Result<u64, DecideError> {
-        let now = self.clock.now();
+        let now = self.stacks.clock().now();
         let Some(time_ms) = time_ms else {
             return Ok(now);
         };
@@ -115,17 +116,10 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             .iter()
             .map(|item| self.resolve(item))
             .collect::<Result<Vec<_>, _>>()?;
-        let result = if resolved
-            .iter()
-            .all(|(r, _)| matches!(r.backend(), Backend::Memory(_)))
-        {
-            self.decide_in_memory(items, &resolved, reading)
-        } else {
-            self.decide_on_redis(items, &resolved).await
-        };
+        let result = self.decide_resolved(items, &resolved, reading).await;
         match &result {
             Ok((admitted, answers)) => {
-                for ((item, (target, _)), answer) in items.iter().zip(&resolved).zip(answers) {
+                for ((item, (_, _, counters)), answer) in items.iter().zip(&resolved).zip(answers) {
                     let counted = if item.cost == 0 {
                         Counted::Peeked
                     } else if item.charge == Charge::Record {
@@ -141,7 +135,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                     } else {
                         Counted::BatchRefused
                     };
-                    target.counters().count(counted, &item.identifier);
+                    counters.count(counted, &item.identifier);
                 }
             }
             Err(DecideError::Full(_)) => self.metrics.store_full(),
@@ -150,287 +144,75 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         result
     }
 
-    fn decide_in_memory(
+    /// One item is one ask of its stack; more are a batch, all or nothing, decided by the
+    /// first item's store (one script call on Redis, takes and refunds otherwise).
+    async fn decide_resolved(
         &self,
         items: &[Item],
-        resolved: &[(Resolved<'_, C>, Call)],
-        now: u64,
+        resolved: &[Resolved<'_>],
+        reading: u64,
     ) -> Result<(bool, Vec<Answer>), DecideError> {
-        let mut answers = Vec::with_capacity(items.len());
-        let mut grants: Vec<(usize, Grant)> = Vec::new();
-        let mut all = true;
-        for (i, (item, (backend, call))) in items.iter().zip(resolved).enumerate() {
-            let Backend::Memory(stack) = backend.backend() else {
-                unreachable!("checked by the caller");
-            };
-            let decided = match item.charge {
-                Charge::Ask => stack.decide_at(call, item.cost, now),
-                Charge::Record => stack.record_at(call, item.cost, now).map(|d| (d, None)),
-                Charge::GiveBack => stack.give_back(call, item.cost).map(|d| (d, None)),
-            };
-            let (decision, grant) = match decided {
-                Ok(pair) => pair,
-                Err(e) => {
-                    self.refund_all(resolved, grants);
-                    return Err(call_error(&e));
-                }
-            };
-            all &= decision.is_allowed() || item.never_denies();
-            if let Some(grant) = grant {
-                grants.push((i, grant));
-            }
-            answers.push(Answer {
-                decision: decision.decision(),
-                origin: Origin::Memory,
-                at_unix_ns: self.unix_origin_ns.saturating_add(now),
-            });
-        }
-        if !all {
-            self.refund_all(resolved, grants);
-            // Nothing was taken: admitted items report what they hold after the refund, read
-            // at a reading no earlier than the refund's (a peek at the batch's own, earlier,
-            // reading would count the refunded units as still owed).
-            let now = self.clock.now().max(now);
-            for ((item, (backend, call)), answer) in items.iter().zip(resolved).zip(&mut answers) {
-                if answer.decision.is_allowed()
-                    && item.cost > 0
-                    && item.charge == Charge::Ask
-                    && let Backend::Memory(stack) = backend.backend()
-                    && let Ok((peek, _)) = stack.decide_at(call, 0, now)
-                {
-                    answer.decision = peek.decision();
-                    answer.at_unix_ns = self.unix_origin_ns.saturating_add(now);
-                }
-            }
-        }
-        Ok((all, answers))
-    }
-
-    fn refund_all(&self, resolved: &[(Resolved<'_, C>, Call)], grants: Vec<(usize, Grant)>) {
-        for (i, mut grant) in grants {
-            let (backend, call) = &resolved[i];
-            if let Backend::Memory(stack) = backend.backend() {
-                let units = grant.left();
-                // A grant from this stack, with its own units: a refund cannot fail.
-                let _ = stack.refund(call, &mut grant, units);
-            }
-        }
-    }
-
-    async fn decide_on_redis(
-        &self,
-        items: &[Item],
-        resolved: &[(Resolved<'_, C>, Call)],
-    ) -> Result<(bool, Vec<Answer>), DecideError> {
-        if let [item] = items {
-            let (backend, call) = &resolved[0];
-            let answer = match item.charge {
-                Charge::Ask => self.call_one(backend.backend(), call, item.cost).await?,
-                Charge::Record => self.record_one(backend.backend(), call, item.cost).await?,
-                Charge::GiveBack => {
-                    self.give_back_one(backend.backend(), call, item.cost)
-                        .await?
-                }
-            };
+        if let ([item], [(stack, call, _)]) = (items, resolved) {
+            let ask = Ask::new(item.cost, item.charge.seam()).at(Some(reading));
+            let asked = stack.ask(call, ask).await.map(|asked| asked.outcome);
+            let answer = self.answer(asked, stack, call, reading)?;
             let admitted = answer.decision.is_allowed() || item.never_denies();
             return Ok((admitted, vec![answer]));
         }
-        let Some((first, _)) = resolved.first() else {
-            return Ok((true, Vec::new()));
-        };
-        let Some(first) = first.backend().redis_stack() else {
-            return Err(DecideError::Unavailable(
-                "a batch mixes stores; every policy of one limiterd uses the same store".into(),
-            ));
-        };
-        let mut batch = first.backend().batch();
-        for (item, (backend, call)) in items.iter().zip(resolved) {
-            let Some(stack) = backend.backend().redis_stack() else {
-                return Err(DecideError::Unavailable(
-                    "a batch mixes stores; every policy of one limiterd uses the same store".into(),
-                ));
-            };
-            if item.charge == Charge::GiveBack {
-                return Err(DecideError::Invalid {
-                    field: "cost",
-                    message: "units given back are decided alone, never in a batch: send them \
-                              on their own"
-                        .into(),
-                });
-            }
-            if item.charge == Charge::Record {
-                batch.add_record(stack, call, item.cost);
-            } else if item.shadow {
-                batch.add_shadow(stack, call, item.cost);
-            } else {
-                batch.add(stack, call, item.cost);
-            }
-        }
-        let decided = match batch.decide().await {
-            Ok(decided) => decided,
-            // Keys in several slots of a cluster: decided one item at a time instead.
-            Err(BatchError::CrossSlot { .. }) => {
-                return self.decide_across_slots(items, resolved).await;
-            }
-            Err(e) => return Err(batch_error(&e)),
-        };
-        let admitted = decided.is_admitted();
-        let answers = decided
-            .into_decisions()
-            .into_iter()
+        let batch: Vec<BatchItem<'_, Call>> = items
+            .iter()
             .zip(resolved)
-            .map(|(decision, (backend, call))| self.redis_answer(decision, backend.backend(), call))
+            .map(|(item, (stack, call, _))| BatchItem {
+                limiter: stack.as_ref(),
+                request: call,
+                cost: item.cost,
+                charge: item.charge.seam(),
+                shadow: item.shadow,
+            })
+            .collect();
+        let decided = decide_all(&batch, Some(reading))
+            .await
+            .map_err(|e| call_error(&e))?;
+        // A refused batch's admitted takes were refunded and report what they hold after the
+        // refund, read at the clock's reading then (no earlier than the batch's).
+        let refunded_at = self.stacks.clock().now().max(reading);
+        let answers = decided
+            .outcomes
+            .into_iter()
+            .zip(items.iter().zip(resolved))
+            .map(|(outcome, (item, (stack, call, _)))| {
+                let refunded = !decided.admitted
+                    && item.cost > 0
+                    && item.charge == Charge::Ask
+                    && matches!(&outcome, Outcome::Decided { decision, .. } if decision.is_allowed());
+                let at = if refunded { refunded_at } else { reading };
+                self.answer(Ok(outcome), stack, call, at)
+            })
             .collect::<Result<Vec<_>, _>>()?;
-        Ok((admitted, answers))
-    }
-
-    /// A batch whose keys span a cluster's slots (several identifiers, or envoy descriptors):
-    /// no script can decide it whole, so each item is decided in turn (records written, the
-    /// others taken with a grant), and if one is denied every grant is refunded and the items
-    /// report what they hold after it, as in memory. Between the take and the refund the
-    /// units are held (a racing call may be denied a moment early); none is ever admitted past
-    /// a limit.
-    async fn decide_across_slots(
-        &self,
-        items: &[Item],
-        resolved: &[(Resolved<'_, C>, Call)],
-    ) -> Result<(bool, Vec<Answer>), DecideError> {
-        let mut answers = Vec::with_capacity(items.len());
-        let mut grants = Vec::new();
-        let mut all = true;
-        for (i, (item, (backend, call))) in items.iter().zip(resolved).enumerate() {
-            let backend = backend.backend();
-            let Some(stack) = backend.redis_stack() else {
-                return Err(DecideError::Unavailable(
-                    "a batch mixes stores; every policy of one limiterd uses the same store".into(),
-                ));
-            };
-            let answer = if item.charge == Charge::Record {
-                self.record_one(backend, call, item.cost).await?
-            } else {
-                let (decision, grant) = stack
-                    .acquire(call, item.cost)
-                    .await
-                    .map_err(|e| call_error(&e.into()))?;
-                if let Some(grant) = grant {
-                    grants.push((i, grant));
-                }
-                self.redis_answer(decision, backend, call)?
-            };
-            all &= answer.decision.is_allowed() || item.never_denies();
-            answers.push(answer);
-        }
-        if !all {
-            for (i, mut grant) in grants {
-                let (backend, call) = &resolved[i];
-                let (Some(stack), units) = (backend.backend().redis_stack(), grant.left()) else {
-                    continue;
-                };
-                // Refunded, the item reports what it holds now; a refund Redis did not take
-                // leaves the units counted (never admitted twice).
-                if let Ok(peek) = stack.refund(call, &mut grant, units).await {
-                    answers[i] = self.redis_answer(peek, backend.backend(), call)?;
-                }
-            }
-        }
-        Ok((all, answers))
-    }
-
-    /// One call on any store: in process through the seam, on Redis keeping when Redis
-    /// decided.
-    async fn call_one(
-        &self,
-        backend: &Backend<C>,
-        call: &Call,
-        cost: u64,
-    ) -> Result<Answer, DecideError> {
-        let decided = match backend {
-            Backend::Redis(stack) => stack.check_n(call, cost).await,
-            Backend::Leased(stack) => stack.check_n(call, cost).await,
-            Backend::Memory(_) => {
-                let outcome = backend.limiter().decide_request(call, cost).await;
-                return self.answer(outcome, backend, call, None);
-            }
-        };
-        let decision = decided.map_err(|e| call_error(&e.into()))?;
-        self.redis_answer(decision, backend, call)
-    }
-
-    /// A Redis store's answer, read as every answer is ([`answer`](Self::answer)), at the
-    /// instant Redis decided it.
-    fn redis_answer(
-        &self,
-        decision: limiter_redis::RedisDecision,
-        backend: &Backend<C>,
-        call: &Call,
-    ) -> Result<Answer, DecideError> {
-        let at = decision.decided_at_micros();
-        self.answer(Ok(Outcome::from(decision)), backend, call, at)
-    }
-
-    /// One record of usage on a Redis store (per call, or spending the lease first).
-    async fn record_one(
-        &self,
-        backend: &Backend<C>,
-        call: &Call,
-        cost: u64,
-    ) -> Result<Answer, DecideError> {
-        let recorded = match backend {
-            Backend::Redis(stack) => stack.record(call, cost).await,
-            Backend::Leased(stack) => stack.record(call, cost).await,
-            Backend::Memory(stack) => {
-                let outcome = stack.record(call, cost).map(Outcome::in_process);
-                return self.answer(outcome, backend, call, None);
-            }
-        };
-        let decision = recorded.map_err(|e| call_error(&e.into()))?;
-        self.redis_answer(decision, backend, call)
-    }
-
-    /// Units given back on a Redis store (a leased policy's go to Redis: its leases are its own).
-    async fn give_back_one(
-        &self,
-        backend: &Backend<C>,
-        call: &Call,
-        units: u64,
-    ) -> Result<Answer, DecideError> {
-        let stack = match backend {
-            Backend::Redis(stack) => stack,
-            Backend::Leased(stack) => stack.stack(),
-            Backend::Memory(stack) => {
-                let outcome = stack.give_back(call, units).map(Outcome::in_process);
-                return self.answer(outcome, backend, call, None);
-            }
-        };
-        match stack.give_back(call, units).await {
-            Ok(decision) => self.redis_answer(decision, backend, call),
-            Err(e) => {
-                self.metrics.backend_error();
-                Err(DecideError::Unavailable(e.to_string()))
-            }
-        }
+        Ok((decided.admitted, answers))
     }
 
     /// An [`Outcome`] as the API reports it, counting backend failures and failure-policy
-    /// answers: the one place a store's answer is read. `at_us` is when Redis decided it (µs
-    /// since the Unix epoch); `None`: this process decided it, now.
+    /// answers: the one place a store's answer is read. A remote store's answer is at the
+    /// instant it decided it; one of this process at the clock's `reading`.
     fn answer(
         &self,
         outcome: Result<Outcome, CallError>,
-        backend: &Backend<C>,
+        stack: &PolicyStack,
         call: &Call,
-        at_us: Option<u64>,
+        reading: u64,
     ) -> Result<Answer, DecideError> {
-        let at_unix_ns = match at_us {
-            Some(us) => us.saturating_mul(1_000),
-            None => self.unix_origin_ns.saturating_add(self.clock.now()),
-        };
+        let here = |reading: u64| self.unix_origin_ns.saturating_add(reading);
         let failed = |policy: FailurePolicy| {
             self.metrics.backend_error();
             self.metrics.failure_policy(policy);
         };
         match outcome.map_err(|e| call_error(&e))? {
-            Outcome::Decided { decision, origin } => {
+            Outcome::Decided {
+                decision,
+                origin,
+                at_unix_us,
+            } => {
                 let origin = match origin {
                     limiter_stack::Origin::InProcess => Origin::Memory,
                     limiter_stack::Origin::DenyCache => Origin::DenyCache,
@@ -441,6 +223,11 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                     }
                     _ => Origin::Redis,
                 };
+                let at_unix_ns = match (at_unix_us, origin) {
+                    (Some(us), _) => us.saturating_mul(1_000),
+                    (None, Origin::Memory) => here(reading),
+                    (None, _) => here(self.stacks.clock().now()),
+                };
                 Ok(Answer {
                     decision: decision.decision(),
                     origin,
@@ -450,11 +237,11 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             Outcome::FailedOpen(_) => {
                 failed(FailurePolicy::Open);
                 // Admitted without counting: the policy's tightest limit, with nothing taken.
-                let limit = policy_limit(backend, call.plan);
+                let limit = policy_limit(stack.as_ref(), call.plan);
                 Ok(Answer {
                     decision: Decision::allow(limit, limit, 0),
                     origin: Origin::FailOpen,
-                    at_unix_ns,
+                    at_unix_ns: here(self.stacks.clock().now()),
                 })
             }
             Outcome::FailedClosed(e) => {
@@ -465,14 +252,10 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
     }
 }
 
-/// The smallest count among the limits `backend` applies under `plan` (a configured policy's
+/// The smallest count among the limits `stack` applies under `plan` (a configured policy's
 /// one plan, or an ad-hoc shape's): what a fail-open answer reports as its limit.
-pub(super) fn policy_limit<C: Clock + Send + Sync + 'static>(
-    backend: &Backend<C>,
-    plan: usize,
-) -> u64 {
-    backend
-        .limiter()
+fn policy_limit(stack: &dyn AsyncLimiter<Call>, plan: usize) -> u64 {
+    stack
         .layers()
         .iter()
         .filter_map(|layer| layer.plans.get(plan).or_else(|| layer.plans.first()))
@@ -480,12 +263,4 @@ pub(super) fn policy_limit<C: Clock + Send + Sync + 'static>(
         .map(Limit::count)
         .min()
         .unwrap_or(0)
-}
-
-/// A batch Redis cannot decide as the API reports it.
-pub(super) fn batch_error(error: &BatchError) -> DecideError {
-    match error {
-        BatchError::Call { source, .. } => call_error(&source.clone().into()),
-        other => DecideError::Unavailable(other.to_string()),
-    }
 }

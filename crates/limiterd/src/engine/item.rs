@@ -55,6 +55,17 @@ pub enum Charge {
     GiveBack,
 }
 
+impl Charge {
+    /// The same charge as the seam names it.
+    pub(super) fn seam(self) -> limiter_stack::Charge {
+        match self {
+            Self::Ask => limiter_stack::Charge::Take,
+            Self::Record => limiter_stack::Charge::Record,
+            Self::GiveBack => limiter_stack::Charge::GiveBack,
+        }
+    }
+}
+
 impl Item {
     /// Whether the item never denies its batch: a shadow check, a record, a give-back.
     pub(super) fn never_denies(&self) -> bool {
@@ -145,33 +156,4 @@ pub enum DecideError {
     /// must wait (held ones go on).
     #[error("{0}")]
     Full(String),
-}
-
-/// Why the engine could not be built.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum EngineError {
-    /// The configuration names a Redis store but no connection was given.
-    #[error(
-        "the store is Redis but no Redis connection was made; connect first (limiterd does this from `[store] url`)"
-    )]
-    NoBackend,
-    /// An in-process policy's stack was refused.
-    #[error("policy `{policy}`: {source}")]
-    Memory {
-        /// The policy.
-        policy: String,
-        /// Why.
-        #[source]
-        source: limiter_stack::BuildError,
-    },
-    /// A Redis policy's stack was refused.
-    #[error("policy `{policy}`: {source}")]
-    Redis {
-        /// The policy.
-        policy: String,
-        /// Why.
-        #[source]
-        source: limiter_redis::BuildError,
-    },
 }

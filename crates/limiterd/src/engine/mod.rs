@@ -6,7 +6,7 @@
 //! limit it sends: a caller that changes the limit keeps its consumption, rescaled as the same
 //! fraction of the new limit (rounded up), so it cannot reset its budget by sending another
 //! limit. In process every ad-hoc limit is a plan of one open layer
-//! ([`Layer::open_plans`]), added on first use; on Redis each shape's stack names the same
+//! ([`Layer::open_plans`](limiter_stack::Layer::open_plans)), added on first use; on Redis each shape's stack names the same
 //! keys, and the script rescales a key written under another limit.
 //!
 //! # Reloading
@@ -21,45 +21,38 @@
 //! Redis keys are named by the policy, its layer and the limit's place, so the script rescales
 //! them by itself. Ad-hoc limits keep their state.
 //!
-//! Every call goes through the workspace's one seam, [`AsyncLimiter`], and its [`Outcome`](limiter_stack::Outcome)
-//! becomes an [`Answer`] in one place (`Engine::answer`), whatever the store.
+//! The engine knows no store: [`Stacks`] builds each policy's stack, and every call goes
+//! through the workspace's one seam, [`AsyncLimiter`] (one ask, or a batch by
+//! [`decide_all`](limiter_stack::decide_all)); its [`Outcome`](limiter_stack::Outcome) becomes
+//! an [`Answer`] in one place (`Engine::answer`), whatever the store.
 //!
 //! A batch is all or nothing: in process, its items are decided in order at one clock reading,
-//! each admitted item keeping a grant; if any item is denied, every grant is refunded at that
-//! same reading, so the batch leaves no trace, and the admitted items report what they hold
-//! after it. (A concurrent caller may be denied while the
-//! units are briefly held; none is ever admitted past a limit.) On Redis a batch is one
-//! [`RedisBatch`](limiter_redis::RedisBatch): one script call decides every item at one `TIME`
-//! and writes only if every enforced item admitted, so no caller can slip in between and a
-//! denied batch takes nothing.
+//! each admitted item keeping a grant; if any item is denied, every grant is refunded, so the
+//! batch leaves no trace, and the admitted items report what they hold after it. (A concurrent
+//! caller may be denied while the units are briefly held; none is ever admitted past a limit.)
+//! On Redis a batch is one script call that decides every item at one `TIME` and writes only
+//! if every enforced item admitted, so no caller can slip in between and a denied batch takes
+//! nothing (across a cluster's slots, grants and refunds as in process).
 //!
-//! Its parts: `build.rs` (a policy's stack for the store, carried over on reload; ad-hoc
-//! shapes), `decide.rs` (items resolved and decided, all or nothing, in memory or on Redis,
-//! and every store's outcome read as an [`Answer`]).
+//! Its parts: `reload.rs` (a policy's stack carried over on reload; ad-hoc shapes),
+//! `decide.rs` (items resolved and decided through the seam, and every store's outcome read as
+//! an [`Answer`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
 use limiter_core::{Clock, Decision};
-use limiter_redis::{Kind, LeasedStack, OnFailure, RedisBackend, RedisStack};
-use limiter_stack::{AsyncLimiter, Layer, Stack};
+use limiter_stack::{AsyncLimiter, Kind};
 
-use crate::config::{Config, Policy, Store, StoreKind};
+use crate::config::{Config, Policy, StoreKind};
 use crate::metrics::{AD_HOC, Metrics, PolicyCounters};
+pub use crate::stacks::{Call, EngineError, MAX_AD_HOC_SHAPES, PolicyStack, RELOAD_PLANS, Stacks};
 
-mod build;
 mod decide;
 mod item;
+mod reload;
 
-pub use item::{Answer, Charge, DecideError, EngineError, Item, MAX_TIME_AHEAD_MS, Origin, Target};
-
-/// The most distinct ad-hoc limit shapes (`limit` and `duration_ms` pairs) one process keeps a
-/// stack for; a request for another is refused and should become a configured policy.
-pub const MAX_AD_HOC_SHAPES: usize = 1_024;
-
-/// How many times one in-process policy's limits can change by reload with its counters kept
-/// (each change is a plan of its layers); past that, a change starts its counters afresh.
-pub const RELOAD_PLANS: usize = 32;
+pub use item::{Answer, Charge, DecideError, Item, MAX_TIME_AHEAD_MS, Origin, Target};
 
 /// What a reload did with each policy's counters, by policy name (configured policies and
 /// envoy descriptor limits, as the metrics name them).
@@ -74,18 +67,12 @@ pub struct Carried {
 }
 
 /// A serving engine's policies, offered to the engine replacing it, by stack name.
-struct Previous<C> {
-    entries: HashMap<String, (Policy, Arc<Backend<C>>, usize)>,
-    /// Whether a Redis store's failure policy or fleet size changed (its stacks hold both).
+struct Previous {
+    entries: HashMap<String, (Policy, PolicyStack, usize)>,
+    /// Whether the stacks' store settings (a Redis store's failure policy or fleet size)
+    /// changed: its stacks hold both.
     store_changed: bool,
     carried: Carried,
-}
-
-/// What a stack decides on: one identifier, and the plan of the ad-hoc layer (0 elsewhere).
-#[derive(Debug)]
-pub struct Call {
-    identifier: Arc<str>,
-    plan: usize,
 }
 
 /// The stack name of every ad-hoc limit on Redis (so every shape names the same keys): no
@@ -106,77 +93,37 @@ impl PolicyId {
     }
 }
 
-type MemoryStack<C> = Stack<Call, Arc<str>, C>;
-
 /// An ad-hoc limit's shape: the algorithm, `limit` per `duration_ms`.
 type Shape = (Kind, u64, u64);
 
 /// Where an ad-hoc shape is decided: a stack, and the shape's plan in it.
-type AdHocStack<C> = (Arc<Backend<C>>, usize);
-
-/// A policy's stack, in this process or on Redis (per call, or against leases).
-enum Backend<C> {
-    Memory(MemoryStack<C>),
-    Redis(RedisStack<Call>),
-    Leased(LeasedStack<Call>),
-}
-
-impl<C: Clock + Send + Sync + 'static> Backend<C> {
-    /// The stack, through the seam every store shares.
-    fn limiter(&self) -> &dyn AsyncLimiter<Call> {
-        match self {
-            Self::Memory(stack) => stack,
-            Self::Redis(stack) => stack,
-            Self::Leased(stack) => stack,
-        }
-    }
-}
-
-impl<C> Backend<C> {
-    /// The per-call Redis stack (a leased policy's too): what batches decide on.
-    fn redis_stack(&self) -> Option<&RedisStack<Call>> {
-        match self {
-            Self::Memory(_) => None,
-            Self::Redis(stack) => Some(stack),
-            Self::Leased(stack) => Some(stack.stack()),
-        }
-    }
-}
-
-enum StoreHandle {
-    Memory {
-        max_keys: Option<usize>,
-    },
-    /// The backend, the default failure policy and the fleet's size.
-    Redis(RedisBackend, OnFailure, u64),
-}
+type AdHocStack = (PolicyStack, usize);
 
 /// A policy: its name (its metrics label), what it was built from, its stack (shared with
 /// the engine it was carried over from), the plan its calls choose, and its counters.
-struct Entry<C> {
+struct Entry {
     name: String,
     stack_name: String,
     spec: Policy,
-    backend: Arc<Backend<C>>,
+    stack: PolicyStack,
     plan: usize,
     counters: PolicyCounters,
 }
 
 /// Every policy's stack, the ad-hoc stacks, and the clock they share.
 pub struct Engine<C> {
-    clock: C,
-    store: StoreHandle,
-    policies: Vec<Entry<C>>,
+    stacks: Stacks<C>,
+    policies: Vec<Entry>,
     by_name: HashMap<String, PolicyId>,
     /// Each ad-hoc shape's stack and plan: in process, the one open stack and the shape's plan
     /// in it; on Redis, the shape's own stack (plan 0).
-    ad_hoc: RwLock<HashMap<Shape, AdHocStack<C>>>,
+    ad_hoc: RwLock<HashMap<Shape, AdHocStack>>,
     /// In process, the stack every ad-hoc shape is a plan of.
-    ad_hoc_memory: Option<Arc<Backend<C>>>,
+    ad_hoc_home: Option<PolicyStack>,
     ad_hoc_counters: PolicyCounters,
     metrics: Arc<Metrics>,
     /// While a reload builds this engine: the policies of the one it replaces.
-    previous: Option<Previous<C>>,
+    previous: Option<Previous>,
     /// The Unix time, in ns, of the clock's reading 0 (the start of a Unix week for the
     /// OS-backed clocks): what turns readings into Unix time, and a request's `time` back.
     unix_origin_ns: u64,
@@ -192,61 +139,25 @@ impl<C> std::fmt::Debug for Engine<C> {
 }
 
 impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
-    /// Builds every configured policy's stack on `clock` (and, for a Redis store, `backend`),
-    /// registering each policy's counters in `metrics` under its name.
+    /// Builds every configured policy's stack with `stacks`, registering each policy's
+    /// counters in `metrics` under its name.
     pub fn new(
         config: &Config,
-        clock: C,
-        backend: Option<RedisBackend>,
+        stacks: Stacks<C>,
         metrics: Arc<Metrics>,
     ) -> Result<Self, EngineError> {
-        let store = match (&config.store, backend) {
-            (Store::Memory { max_keys }, _) => StoreHandle::Memory {
-                max_keys: *max_keys,
-            },
-            (
-                Store::Redis {
-                    on_failure,
-                    fleet_size,
-                    ..
-                },
-                Some(backend),
-            ) => StoreHandle::Redis(backend, *on_failure, *fleet_size),
-            (Store::Redis { .. }, None) => return Err(EngineError::NoBackend),
-        };
         let mut engine = Self {
-            clock,
-            store,
+            ad_hoc_home: stacks.ad_hoc_home()?,
+            unix_origin_ns: limiter_core::unix_origin(stacks.clock()),
+            stacks,
             policies: Vec::new(),
             by_name: HashMap::new(),
             ad_hoc: RwLock::new(HashMap::new()),
-            ad_hoc_memory: None,
             ad_hoc_counters: metrics.policy(AD_HOC),
             metrics,
             previous: None,
-            unix_origin_ns: 0,
         };
-        engine.unix_origin_ns = limiter_core::unix_origin(&engine.clock);
-        if let StoreHandle::Memory { max_keys } = engine.store {
-            let mut builder = Stack::builder().clock(engine.clock.clone());
-            if let Some(max_keys) = max_keys {
-                builder = builder.max_keys(max_keys);
-            }
-            let layer = Layer::keyed("identifier", |c: &Call| Some(Arc::clone(&c.identifier)))
-                .open_plans(MAX_AD_HOC_SHAPES, 1, |c: &Call| c.plan);
-            let stack = builder
-                .layer(layer)
-                .build()
-                .map_err(|source| EngineError::Memory {
-                    policy: AD_HOC.to_owned(),
-                    source,
-                })?;
-            engine.ad_hoc_memory = Some(Arc::new(Backend::Memory(stack)));
-        }
-        for (name, policy) in &config.policies {
-            let id = engine.add_policy(name, name, policy)?;
-            engine.by_name.insert(name.clone(), id);
-        }
+        engine.add_configured(config)?;
         Ok(engine)
     }
 
@@ -255,82 +166,53 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
     /// changed ones keep their consumption (see the module docs). Add envoy's limits with
     /// [`add_policy`](Self::add_policy), then call [`carried`](Self::carried).
     ///
-    /// The store itself (memory or Redis, `max_keys`, the URL and timeout) cannot change: the
-    /// caller refuses such a configuration. The failure policy and the fleet's size can.
+    /// The store itself (memory or Redis, the URL and timeout) cannot change: the caller
+    /// refuses such a configuration. The failure policy, the fleet's size and `max_keys` can.
     pub fn reloaded(&self, config: &Config) -> Result<Self, EngineError> {
-        let store = match (&self.store, &config.store) {
-            (
-                StoreHandle::Redis(backend, ..),
-                Store::Redis {
-                    on_failure,
-                    fleet_size,
-                    ..
-                },
-            ) => StoreHandle::Redis(backend.clone(), *on_failure, *fleet_size),
-            (StoreHandle::Memory { .. }, Store::Memory { max_keys }) => StoreHandle::Memory {
-                max_keys: *max_keys,
-            },
-            (_, Store::Redis { .. }) => return Err(EngineError::NoBackend),
-            (_, Store::Memory { max_keys }) => StoreHandle::Memory {
-                max_keys: *max_keys,
-            },
-        };
-        // Ad-hoc stacks carry over unless a Redis store's failure policy or fleet changed
-        // (their stacks hold those; the keys they name stay in Redis either way).
-        let same_store = match (&self.store, &store) {
-            (StoreHandle::Redis(_, a, n), StoreHandle::Redis(_, b, m)) => a == b && n == m,
-            _ => true,
-        };
+        let stacks = self.stacks.reconfigured(&config.store)?;
+        // Ad-hoc stacks carry over unless the stacks' settings changed (a Redis store's
+        // failure policy or fleet: its stacks hold those; the keys they name stay in Redis).
+        let same_store = stacks.same_as(&self.stacks);
         let ad_hoc = if same_store {
             self.ad_hoc.read().map(|m| m.clone()).unwrap_or_default()
         } else {
             HashMap::new()
         };
-        let previous = Previous {
-            entries: self
-                .policies
-                .iter()
-                .map(|e| {
-                    (
-                        e.stack_name.clone(),
-                        (e.spec.clone(), Arc::clone(&e.backend), e.plan),
-                    )
-                })
-                .collect(),
-            store_changed: !same_store,
-            carried: Carried::default(),
-        };
+        let entries = self.policies.iter().map(|e| {
+            let carried = (e.spec.clone(), Arc::clone(&e.stack), e.plan);
+            (e.stack_name.clone(), carried)
+        });
         let mut engine = Self {
-            clock: self.clock.clone(),
-            store,
+            stacks,
             policies: Vec::new(),
             by_name: HashMap::new(),
             ad_hoc: RwLock::new(ad_hoc),
-            ad_hoc_memory: self.ad_hoc_memory.clone(),
+            ad_hoc_home: self.ad_hoc_home.clone(),
             ad_hoc_counters: self.ad_hoc_counters.clone(),
             metrics: Arc::clone(&self.metrics),
-            previous: Some(previous),
+            previous: Some(Previous {
+                entries: entries.collect(),
+                store_changed: !same_store,
+                carried: Carried::default(),
+            }),
             unix_origin_ns: self.unix_origin_ns,
         };
-        for (name, policy) in &config.policies {
-            let id = engine.add_policy(name, name, policy)?;
-            engine.by_name.insert(name.clone(), id);
-        }
+        engine.add_configured(config)?;
         Ok(engine)
+    }
+
+    fn add_configured(&mut self, config: &Config) -> Result<(), EngineError> {
+        for (name, policy) in &config.policies {
+            let id = self.add_policy(name, name, policy)?;
+            self.by_name.insert(name.clone(), id);
+        }
+        Ok(())
     }
 
     /// Ends a reload: what happened to each policy's counters, and the replaced engine's
     /// policies let go. Empty for an engine not built by [`reloaded`](Self::reloaded).
     pub fn carried(&mut self) -> Carried {
         self.previous.take().map(|p| p.carried).unwrap_or_default()
-    }
-
-    /// Which store policies are checked for ([`CheckedLimit::new`](crate::config::CheckedLimit::new)).
-    pub fn store_kind(&self) -> StoreKind {
-        match self.store {
-            StoreHandle::Memory { .. } => StoreKind::Memory,
-            StoreHandle::Redis(..) => StoreKind::Redis,
-        }
     }
 
     /// Adds a policy counted under `name` in the metrics, with its state under `stack_name`
@@ -342,27 +224,31 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         stack_name: &str,
         policy: &Policy,
     ) -> Result<PolicyId, EngineError> {
-        let (backend, plan) = match self.carry_over(name, stack_name, policy) {
+        let (stack, plan) = match self.carry_over(name, stack_name, policy) {
             Some(found) => found,
-            None => (Arc::new(self.build(stack_name, policy)?), 0),
+            None => (self.stacks.build(stack_name, policy)?, 0),
         };
         self.policies.push(Entry {
             name: name.to_owned(),
             stack_name: stack_name.to_owned(),
             spec: policy.clone(),
-            backend,
+            stack,
             plan,
             counters: self.metrics.policy(name),
         });
         Ok(PolicyId(self.policies.len() - 1))
     }
+}
 
-    /// What a policy does when Redis fails unless it says otherwise: the store's choice.
-    pub fn default_failure(&self) -> OnFailure {
-        match &self.store {
-            StoreHandle::Redis(_, on_failure, _) => *on_failure,
-            StoreHandle::Memory { .. } => OnFailure::default(),
-        }
+impl<C> Engine<C> {
+    /// Which store policies are checked for ([`CheckedLimit::new`](crate::config::CheckedLimit::new)).
+    pub fn store_kind(&self) -> StoreKind {
+        self.stacks.kind()
+    }
+
+    /// The stacks' store: what it is, and what its policies do when it fails.
+    pub fn stacks(&self) -> &Stacks<C> {
+        &self.stacks
     }
 
     /// The configured policy named `name`.
@@ -377,8 +263,8 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
 
     /// Keys held in memory (0 on Redis, whose keys expire there).
     pub fn keys_held(&self) -> u64 {
-        let policies = self.policies.iter().map(|p| held(&p.backend));
-        let ad_hoc = self.ad_hoc_memory.as_deref().map_or(0, held);
+        let policies = self.policies.iter().map(|p| p.stack.keys_held());
+        let ad_hoc = self.ad_hoc_home.as_ref().map_or(0, |s| s.keys_held());
         policies.sum::<u64>() + ad_hoc
     }
 
@@ -398,6 +284,16 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
     pub fn set_unix_origin_ns(&mut self, origin_ns: u64) {
         self.unix_origin_ns = origin_ns;
     }
+
+    /// Hands back every lease the leased policies hold (at shutdown: leases not handed back
+    /// are lost until they expire). Returns the units handed back.
+    pub async fn release_leases(&self) -> u64 {
+        let mut units = 0u64;
+        for entry in &self.policies {
+            units = units.saturating_add(entry.stack.shutdown().await);
+        }
+        units
+    }
 }
 
 /// Polls `future` once and returns its output: a memory engine decides at once, so its
@@ -415,48 +311,6 @@ pub fn decided_at_once<T>(future: impl std::future::Future<Output = T>) -> T {
     }
 }
 
-impl<C> Engine<C> {
-    /// Hands back every lease the leased policies hold (at shutdown: leases not handed back
-    /// are lost until they expire). Returns the units handed back.
-    pub async fn release_leases(&self) -> u64 {
-        let mut units = 0u64;
-        for entry in &self.policies {
-            if let Backend::Leased(stack) = entry.backend.as_ref() {
-                units = units.saturating_add(stack.shutdown().await);
-            }
-        }
-        units
-    }
-}
-
-fn held<C: Clock>(backend: &Backend<C>) -> u64 {
-    match backend {
-        Backend::Memory(stack) => stack.len(),
-        Backend::Redis(_) | Backend::Leased(_) => 0,
-    }
-}
-
-/// A policy's backend, or a shared ad-hoc one, with the counters its answers go to.
-enum Resolved<'a, C> {
-    Configured(&'a Arc<Backend<C>>, &'a PolicyCounters),
-    AdHoc(Arc<Backend<C>>, &'a PolicyCounters),
-}
-
-impl<C> Resolved<'_, C> {
-    fn backend(&self) -> &Backend<C> {
-        match self {
-            Self::Configured(b, _) => b,
-            Self::AdHoc(b, _) => b,
-        }
-    }
-
-    fn counters(&self) -> &PolicyCounters {
-        match self {
-            Self::Configured(_, c) | Self::AdHoc(_, c) => c,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -469,7 +323,8 @@ mod tests {
         let config = Config::parse(text).expect("valid");
         let clock = ManualClock::new();
         let metrics = Arc::new(Metrics::new());
-        let engine = Engine::new(&config, clock.clone(), None, metrics).expect("builds");
+        let stacks = Stacks::open(&config.store, clock.clone(), None).expect("memory");
+        let engine = Engine::new(&config, stacks, metrics).expect("builds");
         (engine, clock)
     }
 

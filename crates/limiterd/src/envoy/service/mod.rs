@@ -207,7 +207,7 @@ impl Envoy {
         domains: Domains,
         engine: &mut Engine<C>,
     ) -> Result<Self, AttachError> {
-        let on_failure = engine.default_failure();
+        let on_failure = engine.stacks().default_failure();
         let store = engine.store_kind();
         let mut policies = HashMap::new();
         let mut counters = HashMap::new();

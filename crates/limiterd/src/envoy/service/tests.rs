@@ -42,8 +42,12 @@ fn fixture() -> Fixture {
     let domains = Domains::load([("web.yaml", WEB)]).expect("valid");
     let clock = ManualClock::new();
     let metrics = Arc::new(Metrics::new());
-    let mut engine =
-        Engine::new(&config, clock.clone(), None, Arc::clone(&metrics)).expect("builds");
+    let mut engine = Engine::new(
+        &config,
+        crate::engine::Stacks::open(&config.store, clock.clone(), None).expect("memory"),
+        Arc::clone(&metrics),
+    )
+    .expect("builds");
     let envoy = Envoy::attach(domains, &mut engine).expect("attaches");
     Fixture {
         envoy,
@@ -414,8 +418,12 @@ fn with_options(options: Options) -> Fixture {
     let domains = Domains::load([("web.yaml", SWITCHES)]).expect("valid");
     let clock = ManualClock::new();
     let metrics = Arc::new(Metrics::new());
-    let mut engine =
-        Engine::new(&config, clock.clone(), None, Arc::clone(&metrics)).expect("builds");
+    let mut engine = Engine::new(
+        &config,
+        crate::engine::Stacks::open(&config.store, clock.clone(), None).expect("memory"),
+        Arc::clone(&metrics),
+    )
+    .expect("builds");
     let envoy = Envoy::attach(domains, &mut engine)
         .expect("attaches")
         .with_options(options);

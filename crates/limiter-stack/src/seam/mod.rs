@@ -1,9 +1,9 @@
 //! [`AsyncLimiter`]: the one seam adapters decide through. The tower middleware and limiterd
-//! take it; an in-process [`Stack`], a `RedisStack` (limiter-redis), any direct limiter of the
-//! core ([`Limiter`] with `Key = ()`) and a keyed one with its keyer ([`KeyedBy`]) implement
+//! take it; an in-process [`Stack`](crate::Stack), a `RedisStack` (limiter-redis), any direct limiter of the
+//! core ([`Limiter`](limiter_core::Limiter) with `Key = ()`) and a keyed one with its keyer ([`KeyedBy`]) implement
 //! it, so one code path serves them all.
 //!
-//! It is the asynchronous counterpart of the core's [`Limiter`]: a remote backend can fail, so
+//! It is the asynchronous counterpart of the core's [`Limiter`](limiter_core::Limiter): a remote backend can fail, so
 //! an answer is an [`Outcome`] (decided, or failed open or closed by the backend's policy),
 //! and it may have to wait. An in-process limiter answers [`Decide::Now`], with no future and
 //! no allocation, so an adapter can take its fast path synchronously.
@@ -15,9 +15,19 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use limiter_core::{Clock, Limit, Limiter};
+use limiter_core::Limit;
 
-use crate::{CallError, Keyer, LayerDecision, Stack, StackDecision};
+use crate::{BuildError, CallError, Keyer, Plan, StackDecision};
+
+mod batch;
+mod impls;
+
+pub use batch::{Ask, Asked, BatchAnswer, BatchItem, Charge, Held, decide_all, decide_each};
+pub use impls::{DEFAULT_LAYER_NAME, KeyedBy};
+
+/// A boxed future of the seam's wider calls (the hot single decision is [`Decide`], with no
+/// box when in process).
+pub type Pending<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Why a backend could not decide, as its failure policy reports it.
 pub type Failure = Arc<dyn Error + Send + Sync>;
@@ -50,6 +60,10 @@ pub enum Outcome {
         decision: StackDecision,
         /// Who decided.
         origin: Origin,
+        /// When a remote store decided it, in microseconds since the Unix epoch by the store's
+        /// clock (so every node of a fleet reads the same instant); `None` when this process
+        /// decided it, at its clock's reading.
+        at_unix_us: Option<u64>,
     },
     /// The backend failed and its policy is to admit: nothing was counted.
     FailedOpen(Failure),
@@ -64,6 +78,7 @@ impl Outcome {
         Self::Decided {
             decision,
             origin: Origin::InProcess,
+            at_unix_us: None,
         }
     }
 }
@@ -154,130 +169,85 @@ pub trait AsyncLimiter<R: ?Sized>: Send + Sync {
     /// Decides `cost` units for `request`; cost 0 only reports. A denial changes nothing.
     fn decide_request<'a>(&'a self, request: &'a R, cost: u64) -> Decide<'a>;
 
-    /// Every layer in order, as a [`LayerDecision`] refers to them (by layer, plan and limit
-    /// index).
+    /// Every layer in order, as a [`LayerDecision`](crate::LayerDecision) refers to them (by
+    /// layer, plan and limit index).
     fn layers(&self) -> Vec<LayerInfo>;
-}
 
-impl<R, K, C> AsyncLimiter<R> for Stack<R, K, C>
-where
-    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
-    C: Clock + Send + Sync,
-    Self: Send + Sync,
-{
-    #[inline]
-    fn decide_request<'a>(&'a self, request: &'a R, cost: u64) -> Decide<'a> {
-        // Built in place: the decision is hundreds of bytes, and each move would copy it.
-        let mut answer = Decide::Now(Ok(Outcome::in_process(StackDecision::from_layers([]))));
-        if let Decide::Now(Ok(Outcome::Decided { decision, .. })) = &mut answer
-            && let Err(e) = self.check_into(request, cost, decision)
-        {
-            answer = Decide::Now(Err(e));
-        }
-        answer
-    }
-
-    fn layers(&self) -> Vec<LayerInfo> {
-        Stack::layers(self)
-            .iter()
-            .map(|layer| LayerInfo {
-                name: layer.name().to_owned(),
-                key: layer.key_name(),
-                plans: layer
-                    .all_plans()
-                    .map(|plan| plan.limits().copied().collect())
-                    .collect(),
-            })
-            .collect()
-    }
-}
-
-/// The name a direct or keyed limiter's one layer reports when it was given none.
-pub const DEFAULT_LAYER_NAME: &str = "limit";
-
-fn one_layer(limit: &Limit, name: &str, key: Option<&'static str>) -> Vec<LayerInfo> {
-    vec![LayerInfo {
-        name: name.to_owned(),
-        key,
-        plans: vec![vec![*limit]],
-    }]
-}
-
-fn as_layer(
-    name: &str,
-    decided: Result<limiter_core::Decision, limiter_core::DecisionError>,
-) -> Result<Outcome, CallError> {
-    match decided {
-        Ok(decision) => Ok(Outcome::in_process(StackDecision::from_layers(
-            LayerDecision::from_limits(0, 0, &[decision]),
-        ))),
-        Err(source) => Err(CallError::Decision {
-            layer: name.to_owned(),
-            limit_index: 0,
-            source,
-        }),
-    }
-}
-
-/// A direct limiter (one state for every call) decides any request as a one-layer stack named
-/// [`DEFAULT_LAYER_NAME`].
-impl<R: ?Sized, L: Limiter<Key = ()>> AsyncLimiter<R> for L {
-    #[inline]
-    fn decide_request<'a>(&'a self, _: &'a R, cost: u64) -> Decide<'a> {
-        Decide::Now(as_layer(
-            DEFAULT_LAYER_NAME,
-            Limiter::decide(self, &(), cost),
-        ))
-    }
-
-    fn layers(&self) -> Vec<LayerInfo> {
-        one_layer(self.limit(), DEFAULT_LAYER_NAME, None)
-    }
-}
-
-/// A keyed limiter and the keyer that names a request's key: a one-layer stack to adapters. A
-/// request the keyer returns `None` for is admitted with nothing counted (no layer applied).
-#[derive(Clone, Debug)]
-pub struct KeyedBy<L, F> {
-    name: String,
-    limiter: L,
-    keyer: F,
-}
-
-impl<L, F> KeyedBy<L, F> {
-    /// `limiter`, keyed by `keyer`, reported as a layer named `name`.
-    pub fn new(name: impl Into<String>, limiter: L, keyer: F) -> Self {
-        Self {
-            name: name.into(),
-            limiter,
-            keyer,
-        }
-    }
-
-    /// The keyed limiter.
-    pub fn limiter(&self) -> &L {
-        &self.limiter
-    }
-}
-
-impl<R, L, F> AsyncLimiter<R> for KeyedBy<L, F>
-where
-    L: Limiter,
-    L::Key: Sized,
-    F: Keyer<R, L::Key> + Send + Sync,
-{
-    fn decide_request<'a>(&'a self, request: &'a R, cost: u64) -> Decide<'a> {
-        let Some(key) = self.keyer.key(request) else {
-            return Decide::Now(Ok(Outcome::in_process(StackDecision::from_layers([]))));
+    /// Everything a backend can be asked for one request: take units (keeping a [`Held`] to
+    /// refund when `charge` is [`Charge::TakeHeld`]), record usage that already happened, or
+    /// give units back, at a reading of the limiter's clock (`at`; `None`: now; a remote store
+    /// decides by its own clock and ignores it). A limiter that cannot do what is asked
+    /// answers [`CallError::Unsupported`]; the default does plain takes at the clock's reading
+    /// through [`decide_request`](Self::decide_request).
+    fn ask<'a>(&'a self, request: &'a R, ask: Ask) -> Pending<'a, Result<Asked, CallError>> {
+        let decided = match ask {
+            Ask {
+                charge: Charge::Take,
+                at: None,
+                cost,
+            } => self.decide_request(request, cost),
+            Ask { charge, .. } => Decide::Now(Err(CallError::Unsupported {
+                what: charge.unsupported(),
+            })),
         };
-        Decide::Now(as_layer(
-            &self.name,
-            Limiter::decide(&self.limiter, &key, cost),
-        ))
+        Box::pin(async move {
+            decided.await.map(|outcome| Asked {
+                outcome,
+                held: None,
+            })
+        })
     }
 
-    fn layers(&self) -> Vec<LayerInfo> {
-        one_layer(self.limiter.limit(), &self.name, self.keyer.key_name())
+    /// Gives back what `held` has left (from this limiter's [`ask`](Self::ask) with
+    /// [`Charge::TakeHeld`]) and answers what `request` holds after it. Never more than was
+    /// taken, never above full; a store that fails answers its failure policy and keeps the
+    /// units counted.
+    fn refund<'a>(&'a self, request: &'a R, held: Held) -> Pending<'a, Result<Outcome, CallError>> {
+        let _ = (request, held);
+        Box::pin(std::future::ready(Err(CallError::Unsupported {
+            what: "refunds",
+        })))
+    }
+
+    /// Decides `items` (this limiter is the first one's) all or nothing: see [`decide_all`],
+    /// which calls it. The default is [`decide_each`]; a store that can decide a batch in one
+    /// step (Redis: one script call) does so, falling back to [`decide_each`] when it cannot.
+    fn decide_batch<'a>(
+        &'a self,
+        items: &'a [BatchItem<'a, R>],
+        at: Option<u64>,
+    ) -> Pending<'a, Result<BatchAnswer, CallError>>
+    where
+        R: Sync,
+    {
+        Box::pin(decide_each(items, at))
+    }
+
+    /// Keys this limiter holds in this process's memory (0 for a remote store, whose keys
+    /// expire there).
+    fn keys_held(&self) -> u64 {
+        0
+    }
+
+    /// Adds `plan` to layer `layer` while serving (see [`Stack::add_plan`](crate::Stack::add_plan)),
+    /// returning its index. Limiters without open plans refuse.
+    fn add_plan(&self, layer: usize, plan: Plan) -> Result<usize, BuildError> {
+        let _ = plan;
+        Err(BuildError::NotOpen {
+            layer: format!("{layer} (a limiter without open plans)"),
+        })
+    }
+
+    /// Hands back what the limiter holds of a remote store's budget (leases) before it is
+    /// dropped, answering the units handed back; 0 for a limiter that holds none.
+    fn shutdown(&self) -> Pending<'_, u64> {
+        Box::pin(std::future::ready(0))
+    }
+
+    /// The limiter as [`Any`](std::any::Any), for a store's own [`decide_batch`](Self::decide_batch)
+    /// to find its own limiters among a batch's; `None` by default.
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        None
     }
 }
 
@@ -304,7 +274,9 @@ mod tests {
 
     fn allowed(outcome: &Result<Outcome, CallError>) -> Option<bool> {
         match outcome {
-            Ok(Outcome::Decided { decision, origin }) => {
+            Ok(Outcome::Decided {
+                decision, origin, ..
+            }) => {
                 assert_eq!(*origin, Origin::InProcess);
                 Some(decision.is_allowed())
             }

@@ -1,0 +1,495 @@
+//! The seam's wider calls: what one request asks of a backend ([`Ask`]: take, take and hold,
+//! record, give back, at a reading), the units it holds for a refund ([`Held`]), and batches
+//! decided all or nothing ([`decide_all`]).
+//!
+//! # The all-or-nothing protocol ([`decide_each`])
+//!
+//! Items are asked in order, each enforced take keeping a [`Held`]; records and give-backs are
+//! applied as they come and never deny. If any enforced item is denied (a shadow item never
+//! denies), or its store fails closed, every held grant is refunded and each refunded item
+//! reports what it holds after the refund, so a denied batch leaves what it took behind. A call
+//! that can never be decided ([`CallError`]) refunds the same way and ends the batch with that
+//! error. Between a take and its refund the units are held, so a racing call may be denied a
+//! moment early; none is ever admitted past a limit. A store that can decide a batch in one
+//! atomic step overrides [`AsyncLimiter::decide_batch`] and has no such window.
+
+use std::any::Any;
+use std::fmt;
+
+use super::{AsyncLimiter, Outcome};
+use crate::CallError;
+
+/// What a request does to its limits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Charge {
+    /// Takes `cost` units: admitted, or denied with nothing taken. Cost 0 only reports.
+    #[default]
+    Take,
+    /// As [`Take`](Self::Take), and an admitted call keeps a [`Held`] that
+    /// [`AsyncLimiter::refund`] can give back.
+    TakeHeld,
+    /// Records `cost` units of usage that already happened: counted whatever the limits hold
+    /// (a limit may be left in debt), never refused.
+    Record,
+    /// Gives `cost` units back without a grant (a caller's own account of units it did not
+    /// use): no limit goes above full; the answer is what the request holds after it.
+    GiveBack,
+}
+
+impl Charge {
+    /// What a limiter that only decides now cannot do, for [`CallError::Unsupported`].
+    pub(crate) fn unsupported(self) -> &'static str {
+        match self {
+            Self::Take => "decisions at another clock reading",
+            Self::TakeHeld => "grants (acquire and refund)",
+            Self::Record => "records of usage",
+            Self::GiveBack => "units given back",
+        }
+    }
+}
+
+/// One request's ask of a limiter ([`AsyncLimiter::ask`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ask {
+    /// Units.
+    pub cost: u64,
+    /// What the units do.
+    pub charge: Charge,
+    /// A reading of the limiter's clock to decide at; `None`: now. A remote store decides by
+    /// its own clock and ignores it.
+    pub at: Option<u64>,
+}
+
+impl Ask {
+    /// Takes `cost` units now.
+    pub const fn take(cost: u64) -> Self {
+        Self {
+            cost,
+            charge: Charge::Take,
+            at: None,
+        }
+    }
+
+    /// `cost` units charged as `charge`, now.
+    pub const fn new(cost: u64, charge: Charge) -> Self {
+        Self {
+            cost,
+            charge,
+            at: None,
+        }
+    }
+
+    /// The same ask, decided at the clock's reading `at`.
+    pub const fn at(self, at: Option<u64>) -> Self {
+        Self { at, ..self }
+    }
+}
+
+/// A limiter's answer to an [`Ask`]: the outcome and, for an admitted
+/// [`Charge::TakeHeld`], the units held for a refund.
+#[derive(Debug)]
+pub struct Asked {
+    /// What was decided.
+    pub outcome: Outcome,
+    /// What an admitted [`Charge::TakeHeld`] took, to refund to the same limiter.
+    pub held: Option<Held>,
+}
+
+/// Units a limiter took for one call, which its [`refund`](AsyncLimiter::refund) can give
+/// back: the limiter's own grant, held by the seam without knowing its type. Not `Clone`, so
+/// nothing is given back twice.
+pub struct Held {
+    left: u64,
+    grant: Box<dyn Any + Send + Sync>,
+}
+
+impl fmt::Debug for Held {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Held").field("left", &self.left).finish()
+    }
+}
+
+impl Held {
+    /// `grant`, a limiter's own record of `left` units it may give back.
+    pub fn new<G: Any + Send + Sync>(left: u64, grant: G) -> Self {
+        Self {
+            left,
+            grant: Box::new(grant),
+        }
+    }
+
+    /// Units that may come back.
+    pub fn left(&self) -> u64 {
+        self.left
+    }
+
+    /// The limiter's grant, if it is a `G` (a grant of another kind of limiter is handed back
+    /// unchanged).
+    pub fn into_grant<G: Any>(self) -> Result<G, Self> {
+        let left = self.left;
+        match self.grant.downcast::<G>() {
+            Ok(grant) => Ok(*grant),
+            Err(grant) => Err(Self { left, grant }),
+        }
+    }
+}
+
+/// One item of a batch: a limiter, the request it decides, and what the request asks.
+pub struct BatchItem<'a, R: ?Sized> {
+    /// The limiter (any backend; a batch's items may use different limiters of one store).
+    pub limiter: &'a dyn AsyncLimiter<R>,
+    /// Whose state.
+    pub request: &'a R,
+    /// Units.
+    pub cost: u64,
+    /// What the units do ([`Charge::TakeHeld`] is treated as [`Charge::Take`]).
+    pub charge: Charge,
+    /// Decided and reported, but a denial does not deny the batch.
+    pub shadow: bool,
+}
+
+impl<R: ?Sized> BatchItem<'_, R> {
+    /// Whether the item can deny its batch: an enforced take.
+    pub fn enforced(&self) -> bool {
+        !self.shadow && matches!(self.charge, Charge::Take | Charge::TakeHeld)
+    }
+}
+
+impl<R: ?Sized> fmt::Debug for BatchItem<'_, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BatchItem")
+            .field("cost", &self.cost)
+            .field("charge", &self.charge)
+            .field("shadow", &self.shadow)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A batch's answer: whether every enforced item was admitted (and so took its units), and
+/// each item's outcome in order. When refused, nothing was taken: admitted items report what
+/// they hold after the batch.
+#[derive(Debug)]
+pub struct BatchAnswer {
+    /// Every enforced item admitted.
+    pub admitted: bool,
+    /// Each item's outcome, in order.
+    pub outcomes: Vec<Outcome>,
+}
+
+/// Decides `items` all or nothing, at the clock reading `at` (`None`: now): one item is one
+/// [`ask`](AsyncLimiter::ask); more are the first item's limiter's
+/// [`decide_batch`](AsyncLimiter::decide_batch).
+///
+/// ```
+/// use limiter_core::{Limit, ManualClock};
+/// use limiter_stack::{BatchItem, Charge, Kind, Layer, Stack, decide_all};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let stack: Stack<&str, String, ManualClock> = Stack::builder()
+///     .layer(Layer::keyed("user", |u: &&str| Some(u.to_string())).limit(Kind::TokenBucket, Limit::per_minute(3)))
+///     .clock(ManualClock::new())
+///     .build()?;
+/// let (ann, bob) = ("ann", "bob");
+/// let item = |request, cost| BatchItem { limiter: &stack, request, cost, charge: Charge::Take, shadow: false };
+/// assert!(poll(decide_all(&[item(&bob, 2)], None))?.admitted);
+/// // Ann's 2 and Bob's 2 more: Bob's is denied, so the batch takes nothing from Ann either.
+/// let answer = poll(decide_all(&[item(&ann, 2), item(&bob, 2)], None))?;
+/// assert!(!answer.admitted);
+/// assert!(poll(decide_all(&[item(&ann, 3)], None))?.admitted);
+/// # Ok(()) }
+/// # fn poll<T>(f: impl std::future::Future<Output = T>) -> T {
+/// #     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+/// #     match std::pin::pin!(f).poll(&mut cx) { std::task::Poll::Ready(v) => v, _ => unreachable!() }
+/// # }
+/// ```
+pub async fn decide_all<R: ?Sized + Sync>(
+    items: &[BatchItem<'_, R>],
+    at: Option<u64>,
+) -> Result<BatchAnswer, CallError> {
+    match items {
+        [] => Ok(BatchAnswer {
+            admitted: true,
+            outcomes: Vec::new(),
+        }),
+        [first, ..] => first.limiter.decide_batch(items, at).await,
+    }
+}
+
+/// The all-or-nothing protocol by takes and refunds (see the module docs): what every
+/// limiter's [`decide_batch`](AsyncLimiter::decide_batch) does unless its store decides a
+/// batch in one step.
+pub async fn decide_each<R: ?Sized + Sync>(
+    items: &[BatchItem<'_, R>],
+    at: Option<u64>,
+) -> Result<BatchAnswer, CallError> {
+    let mut outcomes = Vec::with_capacity(items.len());
+    let mut held: Vec<(usize, Held)> = Vec::new();
+    let mut admitted = true;
+    for (i, item) in items.iter().enumerate() {
+        let charge = match item.charge {
+            Charge::Take | Charge::TakeHeld if items.len() > 1 => Charge::TakeHeld,
+            other => other,
+        };
+        let ask = Ask {
+            cost: item.cost,
+            charge,
+            at,
+        };
+        let asked = match item.limiter.ask(item.request, ask).await {
+            Ok(asked) => asked,
+            Err(e) => {
+                refund_held(items, held, &mut outcomes).await;
+                return Err(e);
+            }
+        };
+        if let Some(h) = asked.held {
+            held.push((i, h));
+        }
+        let denied = match &asked.outcome {
+            Outcome::Decided { decision, .. } => !decision.is_allowed(),
+            Outcome::FailedOpen(_) => false,
+            Outcome::FailedClosed(_) => true,
+        };
+        let closed = matches!(asked.outcome, Outcome::FailedClosed(_));
+        admitted &= !(denied && (item.enforced() || closed));
+        outcomes.push(asked.outcome);
+        if closed {
+            // The store cannot decide: the rest are answered with its failure, unasked.
+            let failed = outcomes[i].clone();
+            outcomes.resize(items.len(), failed);
+            break;
+        }
+    }
+    if !admitted {
+        refund_held(items, held, &mut outcomes).await;
+    }
+    Ok(BatchAnswer { admitted, outcomes })
+}
+
+/// Gives every held grant back; a refunded item reports what it holds after it (a refund its
+/// store did not take keeps the item's first answer, its units counted: never admitted twice).
+async fn refund_held<R: ?Sized + Sync>(
+    items: &[BatchItem<'_, R>],
+    held: Vec<(usize, Held)>,
+    outcomes: &mut [Outcome],
+) {
+    for (i, h) in held {
+        let item = &items[i];
+        if let Ok(after @ Outcome::Decided { .. }) = item.limiter.refund(item.request, h).await
+            && let Some(slot) = outcomes.get_mut(i)
+        {
+            *slot = after;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use limiter_core::{Limit, ManualClock};
+    use limiter_token_bucket::TokenBucket;
+
+    use super::*;
+    use crate::{Decide, Kind, Layer, LayerInfo, Pending, Stack};
+
+    type Users = Stack<&'static str, &'static str, ManualClock>;
+
+    fn users(per_minute: u64) -> Users {
+        Stack::builder()
+            .layer(
+                Layer::keyed("user", |u: &&'static str| Some(*u))
+                    .limit(Kind::TokenBucket, Limit::per_minute(per_minute)),
+            )
+            .clock(ManualClock::new())
+            .build()
+            .expect("valid")
+    }
+
+    fn now<T>(f: impl std::future::Future<Output = T>) -> T {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match std::pin::pin!(f).poll(&mut cx) {
+            std::task::Poll::Ready(v) => v,
+            std::task::Poll::Pending => panic!("in process answers at once"),
+        }
+    }
+
+    fn remaining(stack: &Users, user: &'static str) -> u64 {
+        stack.peek(&user).expect("valid").decision().remaining()
+    }
+
+    fn item<'a>(
+        limiter: &'a dyn AsyncLimiter<&'static str>,
+        request: &'a &'static str,
+        cost: u64,
+        charge: Charge,
+    ) -> BatchItem<'a, &'static str> {
+        BatchItem {
+            limiter,
+            request,
+            cost,
+            charge,
+            shadow: false,
+        }
+    }
+
+    /// A store that is down and whose policy refuses: every ask fails closed.
+    struct Down;
+
+    impl AsyncLimiter<&'static str> for Down {
+        fn decide_request<'a>(&'a self, _: &'a &'static str, _: u64) -> Decide<'a> {
+            Decide::Now(Ok(Outcome::FailedClosed(Arc::new(std::io::Error::other(
+                "down",
+            )))))
+        }
+
+        fn layers(&self) -> Vec<LayerInfo> {
+            Vec::new()
+        }
+
+        fn ask<'a>(
+            &'a self,
+            r: &'a &'static str,
+            ask: Ask,
+        ) -> Pending<'a, Result<Asked, CallError>> {
+            let outcome = self.decide_request(r, ask.cost);
+            Box::pin(async move {
+                let outcome = outcome.await?;
+                Ok(Asked {
+                    outcome,
+                    held: None,
+                })
+            })
+        }
+    }
+
+    #[test]
+    fn a_denied_batch_across_stacks_gives_every_take_back_and_reports_after_it() {
+        let (per_user, per_team) = (users(5), users(3));
+        let (ann, team) = ("ann", "red");
+        let items = [
+            item(&per_user, &ann, 4, Charge::Take),
+            item(&per_team, &team, 2, Charge::Take),
+            item(&per_team, &team, 2, Charge::Take), // 1 left: denied
+        ];
+        let answer = now(decide_all(&items, None)).expect("decidable");
+        assert!(!answer.admitted);
+        assert_eq!(remaining(&per_user, "ann"), 5);
+        assert_eq!(remaining(&per_team, "red"), 3);
+        // The admitted items report what they hold after the refund, not before it.
+        let Outcome::Decided { decision, .. } = &answer.outcomes[0] else {
+            panic!("decided");
+        };
+        assert!(decision.is_allowed());
+        assert_eq!(decision.decision().remaining(), 5);
+        // Admitted, every item keeps its units.
+        let answer = now(decide_all(&items[..2], None)).expect("decidable");
+        assert!(answer.admitted);
+        assert_eq!(
+            (remaining(&per_user, "ann"), remaining(&per_team, "red")),
+            (1, 1)
+        );
+    }
+
+    #[test]
+    fn shadow_items_and_records_never_deny_and_records_stay_written() {
+        let stack = users(2);
+        let (ann, bob) = ("ann", "bob");
+        let mut shadow = item(&stack, &bob, 2, Charge::Take);
+        shadow.shadow = true;
+        now(stack.ask(&bob, Ask::take(2))).expect("valid");
+        let items = [
+            item(&stack, &ann, 1, Charge::Record),
+            shadow, // bob has nothing left: denied, but only reported
+        ];
+        let answer = now(decide_all(&items, None)).expect("decidable");
+        assert!(answer.admitted);
+        assert_eq!(remaining(&stack, "ann"), 1);
+        // Denied by another item, a record is still written.
+        let items = [
+            item(&stack, &ann, 1, Charge::Record),
+            item(&stack, &bob, 1, Charge::Take),
+        ];
+        assert!(!now(decide_all(&items, None)).expect("decidable").admitted);
+        assert_eq!(remaining(&stack, "ann"), 0);
+    }
+
+    #[test]
+    fn an_undecidable_item_or_a_store_failing_closed_leaves_nothing_taken() {
+        let stack = users(3);
+        let ann = "ann";
+        let items = [
+            item(&stack, &ann, 2, Charge::Take),
+            item(&stack, &ann, 9, Charge::Take), // above the burst: an error
+        ];
+        assert!(matches!(
+            now(decide_all(&items, None)),
+            Err(CallError::Decision { .. })
+        ));
+        assert_eq!(remaining(&stack, "ann"), 3);
+        let items = [
+            item(&stack, &ann, 2, Charge::Take),
+            item(&Down, &ann, 1, Charge::Take),
+            item(&stack, &ann, 1, Charge::Take),
+        ];
+        let answer = now(decide_all(&items, None)).expect("decidable");
+        assert!(!answer.admitted);
+        assert!(matches!(answer.outcomes[1], Outcome::FailedClosed(_)));
+        assert!(matches!(answer.outcomes[2], Outcome::FailedClosed(_)));
+        assert_eq!(remaining(&stack, "ann"), 3, "the first take was given back");
+    }
+
+    #[test]
+    fn a_held_take_refunds_once_and_only_to_its_own_kind_of_limiter() {
+        let stack = users(4);
+        let ann = "ann";
+        let asked = now(stack.ask(&ann, Ask::new(3, Charge::TakeHeld))).expect("valid");
+        let held = asked.held.expect("admitted with a grant");
+        assert_eq!((held.left(), remaining(&stack, "ann")), (3, 1));
+        now(AsyncLimiter::refund(&stack, &ann, held)).expect("refunded");
+        assert_eq!(remaining(&stack, "ann"), 4);
+        // A plain take holds nothing; a grant of another type is refused, nothing given back.
+        assert!(
+            now(stack.ask(&ann, Ask::take(1)))
+                .expect("valid")
+                .held
+                .is_none()
+        );
+        let foreign = Held::new(1, "not a grant");
+        assert!(matches!(
+            now(AsyncLimiter::refund(&stack, &ann, foreign)),
+            Err(CallError::Refund { .. })
+        ));
+        assert_eq!(remaining(&stack, "ann"), 3);
+    }
+
+    #[test]
+    fn a_limiter_that_only_decides_now_names_what_it_cannot_do() {
+        let direct = TokenBucket::with_clock(Limit::per_second(2), ManualClock::new()).unwrap();
+        for charge in [Charge::TakeHeld, Charge::Record, Charge::GiveBack] {
+            let asked = now(AsyncLimiter::<()>::ask(&direct, &(), Ask::new(1, charge)));
+            let Err(CallError::Unsupported { what }) = asked else {
+                panic!("{charge:?}: {asked:?}");
+            };
+            assert_eq!(what, charge.unsupported());
+        }
+        let at = Ask::take(1).at(Some(5));
+        assert!(matches!(
+            now(AsyncLimiter::<()>::ask(&direct, &(), at)),
+            Err(CallError::Unsupported { .. })
+        ));
+        assert!(now(AsyncLimiter::<()>::ask(&direct, &(), Ask::take(2))).is_ok());
+        // In a batch, where every take must be refundable, it says so instead of deciding.
+        let items = [0, 1].map(|_| BatchItem {
+            limiter: &direct as &dyn AsyncLimiter<()>,
+            request: &(),
+            cost: 1,
+            charge: Charge::Take,
+            shadow: false,
+        });
+        assert!(matches!(
+            now(decide_all(&items, None)),
+            Err(CallError::Unsupported { .. })
+        ));
+    }
+}

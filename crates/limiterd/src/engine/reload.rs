@@ -1,0 +1,155 @@
+//! A policy's stack carried over on reload when it can keep its counters, and the stacks of
+//! ad-hoc shapes: both through the seam, whatever the store.
+
+use std::sync::Arc;
+
+use limiter_core::{Clock, Limit, LimitError};
+use limiter_stack::{BuildError, Plan};
+
+use crate::config::{CheckedLimit, Keying, Policy, PolicyLimit};
+use crate::stacks::groups;
+
+use super::*;
+
+/// Whether two policies' layers have the same shape: the same keyings, in order, with the
+/// same number of limits each (what a new plan of the same layers can hold).
+fn same_shape(a: &Policy, b: &Policy) -> bool {
+    let shape = |p: &Policy| -> Vec<(Keying, usize)> {
+        groups(p).iter().map(|(k, l)| (*k, l.len())).collect()
+    };
+    shape(a) == shape(b)
+}
+
+impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
+    /// During a reload, the stack and plan `stack_name` had, if its counters can go on under
+    /// `policy`: the same stack for the same limits (and the same store settings); for
+    /// changed limits, on a store that names keys (Redis) a new stack that finds them, in
+    /// process a new plan of its layers if they keep their shape. Records what it did in
+    /// [`Carried`].
+    pub(super) fn carry_over(
+        &mut self,
+        name: &str,
+        stack_name: &str,
+        policy: &Policy,
+    ) -> Option<(PolicyStack, usize)> {
+        let names_keys = self.stacks.names_keys();
+        let previous = self.previous.as_mut()?;
+        let carried = &mut previous.carried;
+        let Some((spec, stack, plan)) = previous.entries.remove(stack_name) else {
+            carried.fresh.push(name.to_owned());
+            return None;
+        };
+        if spec == *policy && !previous.store_changed {
+            carried.kept.push(name.to_owned());
+            return Some((stack, plan));
+        }
+        if names_keys {
+            // Keys are named by stack, layer and place: a new stack finds them in Redis, and
+            // the script rescales those written under other limits. (A leased stack's leases
+            // stay with the old stack until they expire.)
+            if spec.limits == policy.limits {
+                carried.kept.push(name.to_owned());
+            } else {
+                carried.rescaled.push(name.to_owned());
+            }
+            return None;
+        }
+        if !same_shape(&spec, policy) {
+            carried.fresh.push(name.to_owned());
+            return None;
+        }
+        let mut plans = groups(policy)
+            .into_iter()
+            .enumerate()
+            .map(|(i, (_, limits))| {
+                let plan = limits
+                    .iter()
+                    .fold(Plan::new(format!("reload of {name}")), |p, l| {
+                        p.limit(l.limit.kind(), l.limit.limit())
+                    });
+                stack.add_plan(i, plan)
+            });
+        let first = plans.next()?.ok();
+        // Every layer gains its plan in step, so one index names them all.
+        let lockstep = plans.all(|p| p.ok() == first);
+        match first {
+            Some(index) if lockstep => {
+                carried.rescaled.push(name.to_owned());
+                Some((stack, index))
+            }
+            _ => {
+                tracing::warn!(
+                    policy = name,
+                    "a policy's limits changed more than {RELOAD_PLANS} times: its counters start afresh"
+                );
+                carried.fresh.push(name.to_owned());
+                None
+            }
+        }
+    }
+
+    /// The stack and plan of the ad-hoc shape `limit` per `duration_ms` counted by `kind`:
+    /// found, or added (a plan of the one in-process ad-hoc stack, or a stack of its own on
+    /// Redis), up to [`MAX_AD_HOC_SHAPES`].
+    pub(super) fn ad_hoc_stack(
+        &self,
+        kind: Kind,
+        limit: u64,
+        duration_ms: u64,
+    ) -> Result<AdHocStack, DecideError> {
+        let shape = (kind, limit, duration_ms);
+        if let Some(found) = self.ad_hoc.read().ok().and_then(|m| m.get(&shape).cloned()) {
+            return Ok(found);
+        }
+        let mut map = self
+            .ad_hoc
+            .write()
+            .map_err(|_| DecideError::Unavailable("a poisoned lock".into()))?;
+        if let Some(found) = map.get(&shape) {
+            return Ok(found.clone());
+        }
+        if map.len() >= MAX_AD_HOC_SHAPES {
+            return Err(DecideError::TooManyShapes);
+        }
+        let invalid = |field: &'static str, message: String| DecideError::Invalid {
+            field,
+            message: format!("`limit` per `duration_ms`: {message}"),
+        };
+        let limit = Limit::new(limit, std::time::Duration::from_millis(duration_ms));
+        let checked = CheckedLimit::new(kind, limit, self.store_kind()).map_err(|e| match e {
+            LimitError::ZeroPeriod | LimitError::PeriodTooLong { .. } => {
+                invalid("duration_ms", e.to_string())
+            }
+            _ => invalid("limit", e.to_string()),
+        })?;
+        let found = match &self.ad_hoc_home {
+            Some(home) => {
+                let name = format!("{} per {duration_ms} ms", checked.limit().count());
+                let plan = home
+                    .add_plan(0, Plan::new(name).limit(kind, checked.limit()))
+                    .map_err(|e| match e {
+                        BuildError::PlansFull { .. } => DecideError::TooManyShapes,
+                        other => invalid("limit", other.to_string()),
+                    })?;
+                (Arc::clone(home), plan)
+            }
+            None => {
+                let policy = Policy {
+                    limits: vec![PolicyLimit {
+                        limit: checked,
+                        keying: Keying::Identifier,
+                    }],
+                    on_failure: self.stacks.default_failure(),
+                    lease: None,
+                };
+                let stack = self
+                    .stacks
+                    .build(AD_HOC_STACK, &policy)
+                    .map_err(|e| invalid("limit", e.to_string()))?;
+                (stack, 0)
+            }
+        };
+        map.insert(shape, found.clone());
+        Ok(found)
+    }
+}

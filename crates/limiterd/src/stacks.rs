@@ -1,0 +1,284 @@
+//! Where the engine's policies live: [`Stacks`] builds a policy's stack for the configured
+//! store (in this process, on Redis per call, or against leases on Redis) from one definition
+//! of its layers, and hands it to the engine behind the workspace's one seam
+//! ([`AsyncLimiter`]). This is the one module of limiterd that names a store crate; the
+//! engine above it decides, batches, refunds and reloads through the seam alone.
+//!
+//! In process a layer is open to more plans ([`RELOAD_PLANS`] of them: a reload's changed
+//! limits become a plan, see the engine), and the ad-hoc limits share one stack whose plans
+//! are their shapes ([`Stacks::ad_hoc_home`]). On Redis keys are named by stack, layer and
+//! limit's place, so a new stack for changed limits finds them and the script rescales them
+//! ([`Stacks::names_keys`]); every ad-hoc shape is a stack of its own under one name.
+
+use std::sync::Arc;
+
+use limiter_core::Clock;
+use limiter_redis::{OnFailure, RedisBackend, RedisStack};
+use limiter_stack::{AsyncLimiter, Layer, Stack};
+
+use crate::config::{Keying, Policy, PolicyLimit, Store, StoreKind};
+
+/// How many times one in-process policy's limits can change by reload with its counters kept
+/// (each change is a plan of its layers); past that, a change starts its counters afresh.
+pub const RELOAD_PLANS: usize = 32;
+
+/// The most distinct ad-hoc limit shapes (`limit` and `duration_ms` pairs) one process keeps a
+/// stack for; a request for another is refused and should become a configured policy.
+pub const MAX_AD_HOC_SHAPES: usize = 1_024;
+
+/// What a stack decides on: one identifier, and the plan its calls choose (a reload's plan of
+/// a policy, an ad-hoc shape's plan; 0 elsewhere).
+#[derive(Debug)]
+pub struct Call {
+    /// Whose state.
+    pub identifier: Arc<str>,
+    /// The plan of every layer.
+    pub plan: usize,
+}
+
+/// A policy's stack on any store, as the engine holds it.
+pub type PolicyStack = Arc<dyn AsyncLimiter<Call>>;
+
+/// Why a policy's stack could not be built.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    /// The configuration names a Redis store but no connection was given.
+    #[error(
+        "the store is Redis but no Redis connection was made; connect first (limiterd does this from `[store] url`)"
+    )]
+    NoBackend,
+    /// An in-process policy's stack was refused.
+    #[error("policy `{policy}`: {source}")]
+    Memory {
+        /// The policy.
+        policy: String,
+        /// Why.
+        #[source]
+        source: limiter_stack::BuildError,
+    },
+    /// A Redis policy's stack was refused.
+    #[error("policy `{policy}`: {source}")]
+    Redis {
+        /// The policy.
+        policy: String,
+        /// Why.
+        #[source]
+        source: limiter_redis::BuildError,
+    },
+}
+
+enum Place {
+    Memory {
+        max_keys: Option<usize>,
+    },
+    /// The backend, the default failure policy and the fleet's size.
+    Redis(RedisBackend, OnFailure, u64),
+}
+
+/// Builds policies' stacks on one store, on one clock.
+pub struct Stacks<C> {
+    clock: C,
+    place: Place,
+}
+
+impl<C> std::fmt::Debug for Stacks<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stacks")
+            .field("store", &self.kind())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C> Stacks<C> {
+    /// Which store the stacks are on (what limits are checked for).
+    pub fn kind(&self) -> StoreKind {
+        match self.place {
+            Place::Memory { .. } => StoreKind::Memory,
+            Place::Redis(..) => StoreKind::Redis,
+        }
+    }
+
+    /// What a policy does when Redis fails unless it says otherwise: the store's choice.
+    pub fn default_failure(&self) -> OnFailure {
+        match &self.place {
+            Place::Redis(_, on_failure, _) => *on_failure,
+            Place::Memory { .. } => OnFailure::default(),
+        }
+    }
+
+    /// The clock every in-process stack reads.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    /// Whether a new stack for a policy finds the old one's keys by name (Redis: keys are named
+    /// by stack, layer and place, and the script rescales those written under other limits),
+    /// rather than holding them itself (in process).
+    pub fn names_keys(&self) -> bool {
+        matches!(self.place, Place::Redis(..))
+    }
+
+    /// Whether stacks built by `self` and `other` behave alike: the same failure policy and
+    /// fleet size on Redis (a Redis stack holds both).
+    pub fn same_as(&self, other: &Self) -> bool {
+        match (&self.place, &other.place) {
+            (Place::Redis(_, a, n), Place::Redis(_, b, m)) => a == b && n == m,
+            (Place::Memory { .. }, Place::Memory { .. }) => true,
+            _ => false,
+        }
+    }
+}
+
+impl<C: Clock + Clone + Send + Sync + 'static> Stacks<C> {
+    /// Stacks on `store` (a Redis store needs `backend`, connected by the caller).
+    pub fn open(
+        store: &Store,
+        clock: C,
+        backend: Option<RedisBackend>,
+    ) -> Result<Self, EngineError> {
+        let place = match (store, backend) {
+            (Store::Memory { max_keys }, _) => Place::Memory {
+                max_keys: *max_keys,
+            },
+            (
+                Store::Redis {
+                    on_failure,
+                    fleet_size,
+                    ..
+                },
+                Some(backend),
+            ) => Place::Redis(backend, *on_failure, *fleet_size),
+            (Store::Redis { .. }, None) => return Err(EngineError::NoBackend),
+        };
+        Ok(Self { clock, place })
+    }
+
+    /// Stacks for a reloaded `store`, on the same connection and clock. The store itself
+    /// cannot change (the caller refuses such a configuration); its failure policy, fleet
+    /// size and `max_keys` can.
+    pub fn reconfigured(&self, store: &Store) -> Result<Self, EngineError> {
+        let place = match (&self.place, store) {
+            (
+                Place::Redis(backend, ..),
+                Store::Redis {
+                    on_failure,
+                    fleet_size,
+                    ..
+                },
+            ) => Place::Redis(backend.clone(), *on_failure, *fleet_size),
+            (_, Store::Redis { .. }) => return Err(EngineError::NoBackend),
+            (_, Store::Memory { max_keys }) => Place::Memory {
+                max_keys: *max_keys,
+            },
+        };
+        Ok(Self {
+            clock: self.clock.clone(),
+            place,
+        })
+    }
+
+    /// The stack of `policy`, its state named `stack_name` (part of its Redis keys): one
+    /// layer per keying (identifier first), each with the policy's limits of that keying.
+    pub fn build(&self, stack_name: &str, policy: &Policy) -> Result<PolicyStack, EngineError> {
+        let groups = groups(policy);
+        match &self.place {
+            Place::Memory { max_keys } => {
+                let layers =
+                    groups.iter().map(|(keying, limits)| {
+                        layer(*keying, limits, |c: &Call| Some(Arc::clone(&c.identifier)))
+                            .open_plans(RELOAD_PLANS, limits.len(), |c: &Call| c.plan)
+                    });
+                self.memory_stack(*max_keys, layers)
+                    .map_err(|source| EngineError::Memory {
+                        policy: stack_name.to_owned(),
+                        source,
+                    })
+            }
+            Place::Redis(backend, _, fleet) => {
+                let layers = groups.iter().map(|(keying, limits)| {
+                    layer(*keying, limits, |c: &Call| {
+                        Some(c.identifier.as_ref().to_owned())
+                    })
+                });
+                let mut builder = RedisStack::builder(backend, stack_name)
+                    .prefix("limiterd")
+                    .on_failure(policy.on_failure)
+                    .fleet_size(*fleet)
+                    .layers(layers);
+                // On a cluster, keys follow each identifier (spread over the masters); a
+                // lease takes every limit in one script, so a leased policy of several
+                // groups keeps its keys in one slot (leases keep its traffic to Redis low).
+                if policy.lease.is_some() && groups.len() > 1 {
+                    builder = builder.tag_by_stack();
+                }
+                let refused = |source| EngineError::Redis {
+                    policy: stack_name.to_owned(),
+                    source,
+                };
+                let stack = builder.build().map_err(refused)?;
+                Ok(match policy.lease {
+                    None => Arc::new(stack),
+                    Some(lease) => Arc::new(stack.leased(lease).map_err(refused)?),
+                })
+            }
+        }
+    }
+
+    /// In process, the one stack every ad-hoc shape is a plan of (an open layer keyed by
+    /// identifier, room for [`MAX_AD_HOC_SHAPES`] plans of one limit); `None` on Redis, where
+    /// each shape is a stack of its own.
+    pub fn ad_hoc_home(&self) -> Result<Option<PolicyStack>, EngineError> {
+        let Place::Memory { max_keys } = self.place else {
+            return Ok(None);
+        };
+        let layer = Layer::keyed("identifier", |c: &Call| Some(Arc::clone(&c.identifier)))
+            .open_plans(MAX_AD_HOC_SHAPES, 1, |c: &Call| c.plan);
+        self.memory_stack(max_keys, [layer])
+            .map(Some)
+            .map_err(|source| EngineError::Memory {
+                policy: crate::metrics::AD_HOC.to_owned(),
+                source,
+            })
+    }
+
+    fn memory_stack(
+        &self,
+        max_keys: Option<usize>,
+        layers: impl IntoIterator<Item = Layer<Call, Arc<str>>>,
+    ) -> Result<PolicyStack, limiter_stack::BuildError> {
+        let mut builder = Stack::builder().clock(self.clock.clone()).layers(layers);
+        if let Some(max_keys) = max_keys {
+            builder = builder.max_keys(max_keys);
+        }
+        Ok(Arc::new(builder.build()?))
+    }
+}
+
+/// One layer of a policy's definition, the same for every store but its key's type: named by
+/// its keying, keyed by `key` (or global), with `limits` in order.
+fn layer<K>(
+    keying: Keying,
+    limits: &[&PolicyLimit],
+    key: impl Fn(&Call) -> Option<K> + Send + Sync + 'static,
+) -> Layer<Call, K> {
+    let layer = match keying {
+        Keying::Identifier => Layer::keyed(keying.layer_name(), key),
+        Keying::Global => Layer::global(keying.layer_name()),
+    };
+    limits.iter().fold(layer, |layer, l| {
+        layer.limit(l.limit.kind(), l.limit.limit())
+    })
+}
+
+/// The limits of `policy` grouped by keying, identifier first: its layers, in order.
+pub fn groups(policy: &Policy) -> Vec<(Keying, Vec<&PolicyLimit>)> {
+    [Keying::Identifier, Keying::Global]
+        .into_iter()
+        .map(|k| {
+            let limits = policy.limits.iter().filter(|l| l.keying == k).collect();
+            (k, limits)
+        })
+        .filter(|(_, limits): &(Keying, Vec<&PolicyLimit>)| !limits.is_empty())
+        .collect()
+}
