@@ -53,6 +53,7 @@ mod lease;
 mod limit;
 mod limiter;
 mod sync;
+pub mod text;
 pub mod wait;
 
 pub use accuracy::Accuracy;

@@ -86,7 +86,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> AppState<C> {
 }
 
 /// The `[envoy]` table's service-wide switches (defaults without one).
-fn envoy_options(config: &Config) -> crate::envoy::service::Options {
+fn envoy_options(config: &Config) -> crate::config::Options {
     config
         .envoy
         .as_ref()

@@ -28,8 +28,9 @@ use crate::app::AppState;
 use crate::config::{Config, RedisAt, ServerSettings, Store};
 use crate::envoy::Domains;
 use crate::files::Sources;
-use crate::grpc::Grpc;
+use crate::grpc::Serving;
 use crate::live::{Live, Reloaded};
+use limiter_envoy::grpc::Grpc;
 
 /// How often the store's readiness is probed.
 const PROBE_EVERY: Duration = Duration::from_secs(1);
@@ -85,7 +86,7 @@ pub async fn serve(
     tokio::spawn(reloads(Arc::clone(&live), sources, config, stopped.clone()));
 
     let grpc = listeners.grpc.map(|listener| {
-        let service = Grpc::service(Arc::clone(&live));
+        let service = Grpc::service(Serving(Arc::clone(&live)));
         let incoming = tonic::transport::server::TcpIncoming::from(listener);
         tokio::spawn(
             tonic::transport::Server::builder()

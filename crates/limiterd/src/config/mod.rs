@@ -50,10 +50,12 @@ mod policy;
 mod store;
 
 use envoy::parse_envoy;
-pub use envoy::{DEFAULT_GRPC_LISTEN, EnvoySettings, EnvoySwitches, HeaderNames, Options};
-pub(crate) use policy::parse_percent;
+pub use limiter_core::text::parse_period;
+pub use limiter_envoy::settings::{
+    DEFAULT_GRPC_LISTEN, EnvoySettings, EnvoySwitches, HeaderNames, Options,
+};
 use policy::parse_policy;
-pub use policy::{CheckedLimit, Keying, Policy, PolicyLimit, parse_period};
+pub use policy::{CheckedLimit, Keying, Policy, PolicyLimit};
 use store::parse_store;
 pub use store::{RedisAt, Store, StoreKind};
 

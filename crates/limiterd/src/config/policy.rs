@@ -1,8 +1,7 @@
 //! `[policies.*]`: each policy's limits (algorithm, count, period, burst, keying), checked
 //! for the store they run on, its failure policy and its lease.
 
-use std::time::Duration;
-
+use limiter_core::text::{parse_percent, parse_period};
 use limiter_core::{Limit, LimitError};
 use limiter_redis::{Kind, LEASE_TTL_RANGE, Lease, OnFailure, RedisLimit, Slack};
 use toml::Spanned;
@@ -219,36 +218,6 @@ fn parse_lease(
     Ok(Some(lease))
 }
 
-/// `"N%"` (N a decimal with at most four places, at most 100) in parts per million.
-pub(crate) fn parse_percent(text: &str) -> Option<u64> {
-    let number = text.trim().strip_suffix('%')?.trim();
-    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
-    if whole.is_empty() && fraction.is_empty()
-        || fraction.len() > 4
-        || !whole
-            .bytes()
-            .chain(fraction.bytes())
-            .all(|b| b.is_ascii_digit())
-    {
-        return None;
-    }
-    let whole: u64 = if whole.is_empty() {
-        0
-    } else {
-        whole.parse().ok()?
-    };
-    let mut places: u64 = if fraction.is_empty() {
-        0
-    } else {
-        fraction.parse().ok()?
-    };
-    for _ in fraction.len()..4 {
-        places *= 10;
-    }
-    let ppm = whole.checked_mul(10_000)?.checked_add(places)?;
-    (ppm <= 1_000_000).then_some(ppm)
-}
-
 fn parse_limit(
     source: &Source<'_>,
     policy: &str,
@@ -291,22 +260,4 @@ fn parse_limit(
     let limit = CheckedLimit::new(kind, limit, store.kind())
         .map_err(|e| source.at(entry, format!("policy `{policy}`: {e}")))?;
     Ok(PolicyLimit { limit, keying })
-}
-
-/// `"500ms"`, `"1s"`, `"15m"`, `"1h"`, `"1d"`: a whole number and a unit.
-pub fn parse_period(text: &str) -> Option<Duration> {
-    let digits = text.bytes().take_while(u8::is_ascii_digit).count();
-    let (number, unit) = text.split_at(digits);
-    let n: u64 = number.parse().ok()?;
-    let nanos_per = match unit {
-        "ns" => 1,
-        "us" => 1_000,
-        "ms" => 1_000_000,
-        "s" => 1_000_000_000,
-        "m" => 60_000_000_000,
-        "h" => 3_600_000_000_000,
-        "d" => 86_400_000_000_000,
-        _ => return None,
-    };
-    n.checked_mul(nanos_per).map(Duration::from_nanos)
 }

@@ -2,6 +2,7 @@
 use limiter_redis::{Kind, Lease, Slack};
 
 use super::*;
+use limiter_core::text::parse_percent;
 
 #[test]
 fn a_redis_cluster_is_given_by_its_seed_nodes() {

@@ -1,47 +1,44 @@
-//! What each request descriptor asks of the engine: its limit in the domain's tree (or its
-//! override), the identifier it is counted under, and the rule's statistics.
+//! What each request descriptor asks of the [`Decider`]: its limit in the domain's tree (or
+//! its override), the identifier it is counted under, and the rule's statistics.
 
 use std::fmt::Write as _;
 
-use limiter_core::LimitError;
-use limiter_redis::Kind;
+use limiter_stack::Kind;
 
-use crate::config::{CheckedLimit, Keying, Policy, PolicyLimit, StoreKind};
-use crate::engine::{Charge, Item, Target};
-use crate::envoy::rules::{RateLimit, Rule, Unit};
-use crate::metrics::RuleCounters;
+use crate::decider::{Answer, Charge, Item, LimitSpec, RuleStats, Target};
+use crate::rules::{RateLimit, Rule, Unit};
 
 use super::*;
 
 /// How a request descriptor is decided.
-pub(super) enum Plan<'a> {
+pub(super) enum Plan<'a, L, S> {
     /// No limit applies: `OK`.
     Free,
     /// `unlimited: true`: `OK` with `u32::MAX` left.
     Unlimited,
     /// Counted on the engine.
     Counted {
-        item: Item,
+        item: Item<L>,
         shown: CurrentLimit,
-        stats: Stats<'a>,
+        stats: Stats<'a, S>,
     },
     /// Hits given back (`is_negative_hits`): what the counter holds after, if it has one.
     GivenBack {
         shown: CurrentLimit,
-        answer: Option<crate::engine::Answer>,
+        answer: Option<Answer>,
     },
     /// Over before counting: `requests_per_unit` is 0 (no counter: `item` is `None`), or the
     /// hits exceed it (the item that records them, as the reference counts them).
     Refused {
         shown: CurrentLimit,
-        stats: Stats<'a>,
-        item: Option<Item>,
+        stats: Stats<'a, S>,
+        item: Option<Item<L>>,
     },
 }
 
 /// What a matched limit reports besides its status: how it is enforced and where it is
 /// counted in the metrics.
-pub(super) struct Stats<'a> {
+pub(super) struct Stats<'a, S> {
     /// The configured limit (`None` for a limit sent with the request).
     pub(super) limit: Option<&'a RateLimit>,
     /// `shadow_mode`: never denies.
@@ -49,12 +46,12 @@ pub(super) struct Stats<'a> {
     /// `quota_mode`: never denies; an over answer is named in the dynamic metadata.
     pub(super) quota: bool,
     /// The configured limit's statistics.
-    pub(super) counters: Option<&'a RuleCounters>,
+    pub(super) counters: Option<&'a S>,
     /// The metric name, where `value_to_metric` or `detailed_metric` makes one per value.
     pub(super) detailed_key: Option<String>,
 }
 
-impl Stats<'_> {
+impl<S> Stats<'_, S> {
     pub(super) fn adhoc() -> Self {
         Self {
             limit: None,
@@ -66,22 +63,14 @@ impl Stats<'_> {
     }
 }
 
-/// The engine policy for a configured limit (one layer, keyed by the descriptor's values):
-/// `None` for a limit that counts nothing, or why the store cannot count it.
-pub(super) fn policy_for(
-    limit: &RateLimit,
-    on_failure: limiter_redis::OnFailure,
-    store: StoreKind,
-) -> Option<Result<Policy, LimitError>> {
-    let checked = CheckedLimit::new(limit.kind, limit.limit()?, store);
-    Some(checked.map(|checked| Policy {
-        limits: vec![PolicyLimit {
-            limit: checked,
-            keying: Keying::Identifier,
-        }],
-        on_failure,
+/// What the decider is asked to count for a configured limit: `None` for one that counts
+/// nothing (`requests_per_unit: 0` refuses without a counter).
+pub(super) fn spec_for(limit: &RateLimit) -> Option<LimitSpec> {
+    Some(LimitSpec {
+        kind: limit.kind,
+        limit: limit.limit()?,
         lease: limit.lease,
-    }))
+    })
 }
 
 /// The counter key for a descriptor's entries: each key and value length-prefixed, so no two
@@ -120,12 +109,12 @@ pub(super) fn stack_name(full_key: &str) -> String {
     format!("envoy-{hash:016x}")
 }
 
-impl Envoy {
+impl<L: Copy + PartialEq, S: RuleStats> Envoy<L, S> {
     pub(super) fn plan<'a>(
         &'a self,
         request: &Request,
         descriptor: &Descriptor,
-    ) -> (Plan<'a>, &'a [String]) {
+    ) -> (Plan<'a, L, S>, &'a [String]) {
         let Some(domain) = self.domains.get(&request.domain) else {
             return (Plan::Free, &[]);
         };
@@ -210,7 +199,7 @@ impl Envoy {
                     .then(|| matched.path[level].value.clone().unwrap_or_default())
             });
             Item {
-                target: Target::Policy(policy),
+                target: Target::Limit(policy),
                 identifier: id,
                 cost: hits,
                 // Neither a shadow nor a quota-mode limit denies the request.

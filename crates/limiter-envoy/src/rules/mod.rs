@@ -38,7 +38,7 @@ use std::time::Duration;
 use limiter_core::Limit;
 use limiter_redis::Kind;
 
-use crate::envoy::yaml::Mark;
+use crate::yaml::Mark;
 
 mod load;
 mod rate_limit;

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use crate::envoy::yaml::{self, Node, Value};
+use crate::yaml::{self, Node, Value};
 
 use super::*;
 

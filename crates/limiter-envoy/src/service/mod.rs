@@ -1,4 +1,4 @@
-//! Envoy's `ShouldRateLimit`, decided on the engine: each request descriptor finds its limit
+//! Envoy's `ShouldRateLimit`, decided on a [`Decider`]: each request descriptor finds its limit
 //! in the domain's tree (or carries its own override), and the request is all or nothing: if
 //! any enforced descriptor is over its limit, the answer is `OVER_LIMIT` and no counter that
 //! is within its limit moves (envoy's reference server counts every descriptor even when
@@ -15,29 +15,30 @@
 //! A descriptor in `shadow_mode` is evaluated and counted in the metrics
 //! (`result="shadow_denied"`) but is always answered `OK` and never denies the request.
 //!
-//! This module is protocol-free: `crate::grpc` (feature `server`) and the HTTP `POST /json`
-//! endpoint translate their wire forms to [`Request`] and from [`Response`].
+//! This module is protocol-free: `crate::grpc` (feature `grpc`) and [`crate::json`] (the
+//! HTTP `POST /json` endpoint of the service mounting this crate) translate their wire forms
+//! to [`Request`] and from [`Response`].
 //!
-//! Its parts: `plan.rs` (what each descriptor asks of the engine), `decide.rs` (the
+//! Its parts: `plan.rs` (what each descriptor asks of the decider), `decide.rs` (the
 //! request decided all or nothing, over hits counted, negative hits given back),
 //! `answer.rs` (statuses, headers and metadata as the reference sends them).
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use limiter_core::{Clock, LimitError};
+use limiter_core::LimitError;
 
-use super::rules::{Domains, Unit};
-pub use crate::config::{HeaderNames, Options};
-use crate::engine::{Engine, EngineError, PolicyId};
-use crate::metrics::RuleCounters;
+pub use crate::decider::EnvoyError;
+use crate::decider::{AddLimitError, Decider};
+use crate::rules::{Domains, Unit};
+pub use crate::settings::{HeaderNames, Options};
 
 mod answer;
 mod decide;
 mod plan;
 
 use decide::Outcome;
-use plan::{Plan, Stats, policy_for, stack_name};
+use plan::{Plan, Stats, spec_for, stack_name};
 
 /// The most descriptors one request is decided for: a request with more is answered
 /// `OVER_LIMIT` for every descriptor, counting nothing (never an error, which envoy's default
@@ -147,34 +148,39 @@ pub struct Response {
     pub dynamic_metadata: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
-/// A request that cannot be decided.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum EnvoyError {
-    /// The request is malformed (gRPC `INVALID_ARGUMENT`, HTTP 400); names the field.
-    #[error("{0}")]
-    Invalid(String),
-    /// No domain or no descriptors: nothing to decide (gRPC `UNKNOWN`, as the reference
-    /// answers; HTTP 400).
-    #[error("{0}")]
-    Empty(String),
-    /// The store failed and the policy refuses, or is full (gRPC `UNAVAILABLE`, HTTP 503).
-    #[error("{0}")]
-    Unavailable(String),
-}
-
-/// The loaded domains, with each configured limit's policy in the engine.
-#[derive(Debug, Default)]
-pub struct Envoy {
+/// The loaded domains, with each configured limit counted by a [`Decider`] whose limits are
+/// `L` and whose statistics are `S` (its [`Decider::Limit`] and [`Decider::Stats`]).
+pub struct Envoy<L, S> {
     domains: Domains,
-    /// Per domain, the engine policy of each limit, by [`RateLimit::id`](crate::envoy::rules::RateLimit::id).
+    /// Per domain, the decider's handle of each limit, by [`RateLimit::id`](crate::rules::RateLimit::id).
     /// `None` for a limit of `requests_per_unit: 0`, which refuses without a counter.
-    policies: HashMap<String, Vec<Option<PolicyId>>>,
-    /// Per domain, each limit's statistics, by [`RateLimit::id`](crate::envoy::rules::RateLimit::id).
-    counters: HashMap<String, Vec<RuleCounters>>,
+    policies: HashMap<String, Vec<Option<L>>>,
+    /// Per domain, each limit's statistics, by [`RateLimit::id`](crate::rules::RateLimit::id).
+    counters: HashMap<String, Vec<S>>,
     options: Options,
 }
 
-/// Why envoy's domains could not be attached to the engine: a descriptor's limit, where it is.
+impl<L, S> std::fmt::Debug for Envoy<L, S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Envoy")
+            .field("domains", &self.domains)
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<L, S> Default for Envoy<L, S> {
+    fn default() -> Self {
+        Self {
+            domains: Domains::default(),
+            policies: HashMap::new(),
+            counters: HashMap::new(),
+            options: Options::default(),
+        }
+    }
+}
+
+/// Why envoy's domains could not be attached to the decider: a descriptor's limit, where it is.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum AttachError {
@@ -187,56 +193,49 @@ pub enum AttachError {
         #[source]
         source: LimitError,
     },
-    /// The limit's stack was refused.
+    /// The decider refused the limit.
     #[error("{location}: {source}")]
-    Engine {
+    Refused {
         /// `file:line` of the descriptor.
         location: String,
         /// Why.
         #[source]
-        source: Box<EngineError>,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
 }
 
-impl Envoy {
-    /// Envoy's `domains`, with a policy on `engine` for every configured limit that counts
+impl<L, S> Envoy<L, S> {
+    /// Envoy's `domains`, with every configured limit that counts added to `decider`
     /// (`requests_per_unit: 0` refuses without a counter), in [`Domains::iter`] and
-    /// [`super::Domain::limits`] order, counted in the metrics as `envoy:<full key>`. A limit's
-    /// failure policy is the store's.
-    pub fn attach<C: Clock + Clone + Send + Sync + 'static>(
+    /// [`crate::Domain::limits`] order, named `envoy:<full key>` in the metrics.
+    pub fn attach<D: Decider<Limit = L, Stats = S>>(
         domains: Domains,
-        engine: &mut Engine<C>,
+        decider: &mut D,
     ) -> Result<Self, AttachError> {
-        let on_failure = engine.stacks().default_failure();
-        let store = engine.store_kind();
         let mut policies = HashMap::new();
         let mut counters = HashMap::new();
         for domain in domains.iter() {
             let mut ids = Vec::new();
             let mut stats = Vec::new();
             for limit in domain.limits() {
-                stats.push(engine.metrics().envoy_rule(&limit.full_key));
-                let located = |source: EngineError| AttachError::Engine {
-                    location: limit.location.to_string(),
-                    source: Box::new(source),
-                };
-                let id = match policy_for(limit, on_failure, store) {
+                stats.push(decider.rule_stats(&limit.full_key));
+                let location = || limit.location.to_string();
+                let id = match spec_for(limit) {
                     None => None,
-                    Some(Err(e)) => {
-                        return Err(AttachError::Limit {
-                            location: limit.location.to_string(),
-                            source: e,
-                        });
+                    Some(spec) => {
+                        let name = format!("envoy:{}", limit.full_key);
+                        let added = decider.add_limit(&name, &stack_name(&limit.full_key), &spec);
+                        Some(added.map_err(|e| match e {
+                            AddLimitError::Limit(source) => AttachError::Limit {
+                                location: location(),
+                                source,
+                            },
+                            AddLimitError::Refused(source) => AttachError::Refused {
+                                location: location(),
+                                source,
+                            },
+                        })?)
                     }
-                    Some(Ok(policy)) => Some(
-                        engine
-                            .add_policy(
-                                &format!("envoy:{}", limit.full_key),
-                                &stack_name(&limit.full_key),
-                                &policy,
-                            )
-                            .map_err(located)?,
-                    ),
                 };
                 ids.push(id);
             }
@@ -285,6 +284,3 @@ impl Envoy {
         Ok(())
     }
 }
-
-#[cfg(test)]
-mod tests;

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use limiter_core::Limit;
 use limiter_redis::Kind;
 
-use crate::envoy::yaml::{Node, Value};
+use crate::yaml::{Node, Value};
 
 use super::load::{Loader, join};
 use super::*;
@@ -188,7 +188,7 @@ impl Loader<'_> {
         let text = self.text(slack, &path)?;
         let value = match text.parse::<u64>() {
             Ok(units) => Slack::units(units),
-            Err(_) => crate::config::parse_percent(&text)
+            Err(_) => limiter_core::text::parse_percent(&text)
                 .map(Slack::PartsPerMillion)
                 .ok_or_else(|| {
                     self.error(
@@ -208,7 +208,8 @@ impl Loader<'_> {
             let path = join(field, "lease_ttl");
             let text = self.text(ttl, &path)?;
             let (least, most) = LEASE_TTL_RANGE;
-            let period = crate::config::parse_period(&text).filter(|p| *p >= least && *p <= most);
+            let period =
+                limiter_core::text::parse_period(&text).filter(|p| *p >= least && *p <= most);
             let Some(period) = period else {
                 return Err(self.error(
                     ttl,

@@ -1,5 +1,12 @@
-//! The envoy service's tests: all or nothing, over hits counted, shadow mode, overrides, headers and metadata.
+//! Envoy's service on limiterd's engine: all or nothing, over hits counted, shadow mode,
+//! overrides, headers and metadata.
 use std::sync::Arc;
+use std::time::Duration;
+
+use limiter_envoy::rules::Unit;
+use limiter_envoy::service::{
+    Code, Descriptor, HeaderNames, MAX_DESCRIPTORS, Options, Override, Request, Response, Status,
+};
 
 use limiter_core::ManualClock;
 

@@ -1,20 +1,18 @@
-//! A request decided on the engine, all or nothing: the descriptors within their limits move
+//! A request decided on the [`Decider`], all or nothing: the descriptors within their limits move
 //! together or not at all, hits that go over are counted as the reference counts them, and
 //! negative hits are given back first.
 
 use std::collections::HashSet;
 
-use limiter_core::Clock;
-
-use crate::engine::{Charge, DecideError, Engine, Item};
+use crate::decider::{Answer, Charge, Decider, Item, RuleStats};
 
 use super::*;
 
-impl Envoy {
+impl<L: Copy + PartialEq, S: RuleStats> Envoy<L, S> {
     /// Decides `request` on `engine`, all or nothing across its enforced descriptors.
-    pub async fn decide<C: Clock + Clone + Send + Sync + 'static>(
+    pub async fn decide<D: Decider<Limit = L, Stats = S>>(
         &self,
-        engine: &Engine<C>,
+        engine: &D,
         request: &Request,
     ) -> Result<Response, EnvoyError> {
         Self::check(request)?;
@@ -46,7 +44,7 @@ impl Envoy {
                 }
             }
         }
-        let enforced = |stats: &Stats<'_>| !(stats.shadow || stats.quota || self.global(stats));
+        let enforced = |stats: &Stats<'_, S>| !(stats.shadow || stats.quota || self.global(stats));
         let refused = plans
             .iter()
             .any(|p| matches!(p, Plan::Refused { stats, .. } if enforced(stats)));
@@ -68,7 +66,7 @@ impl Envoy {
         let (admitted, mut answers) = if items.is_empty() {
             (true, Vec::new())
         } else {
-            engine.decide(&items).await.map_err(decide_error)?
+            engine.decide(&items).await?
         };
         let recorded = self
             .count_over_hits(
@@ -91,7 +89,7 @@ impl Envoy {
             })
             .collect::<Vec<_>>();
         if outcome.shadowed_globally && !(refused || outcome.over) {
-            engine.metrics().envoy_stat("", "global_shadow_mode", 1);
+            engine.stat("", "global_shadow_mode", 1);
         }
         let overall = if refused || outcome.over {
             Code::OverLimit
@@ -109,11 +107,11 @@ impl Envoy {
     /// A descriptor's hits given back (`is_negative_hits`), before the rest of the request is
     /// decided: its counter takes them back (never above full), whatever else the request
     /// asks, and the descriptor answers `OK` with what the counter holds after.
-    async fn give_back<'a, C: Clock + Clone + Send + Sync + 'static>(
+    async fn give_back<'a, D: Decider<Limit = L, Stats = S>>(
         &self,
-        engine: &Engine<C>,
-        plan: Plan<'a>,
-    ) -> Result<Plan<'a>, EnvoyError> {
+        engine: &D,
+        plan: Plan<'a, L, S>,
+    ) -> Result<Plan<'a, L, S>, EnvoyError> {
         let (shown, item) = match plan {
             Plan::Counted { shown, item, .. }
             | Plan::Refused {
@@ -136,10 +134,7 @@ impl Envoy {
             shadow: false,
             ..item
         };
-        let (_, mut answers) = engine
-            .decide(std::slice::from_ref(&give))
-            .await
-            .map_err(decide_error)?;
+        let (_, mut answers) = engine.decide(std::slice::from_ref(&give)).await?;
         Ok(Plan::GivenBack {
             shown,
             answer: answers.pop(),
@@ -148,7 +143,7 @@ impl Envoy {
 
     /// Whether global shadow mode keeps this limit from denying: every configured limit, never
     /// one envoy sent with the request (as the reference's `SHADOW_MODE`).
-    pub(super) fn global(&self, stats: &Stats<'_>) -> bool {
+    pub(super) fn global(&self, stats: &Stats<'_, S>) -> bool {
         self.options.shadow_mode && stats.limit.is_some()
     }
 
@@ -163,22 +158,22 @@ impl Envoy {
     /// what it found. In an admitted request only the charges not taken (a shadow or quota
     /// limit over) are recorded; in one that is over (`taken` false) nothing was taken, and a
     /// counter within its limit takes nothing (all or nothing).
-    async fn count_over_hits<C: Clock + Clone + Send + Sync + 'static>(
+    async fn count_over_hits<D: Decider<Limit = L, Stats = S>>(
         &self,
-        engine: &Engine<C>,
-        plans: &[Plan<'_>],
+        engine: &D,
+        plans: &[Plan<'_, L, S>],
         slots: &[Option<usize>],
-        answers: &mut [crate::engine::Answer],
+        answers: &mut [Answer],
         (peeked, taken): (bool, bool),
-    ) -> Result<Vec<Option<crate::engine::Answer>>, EnvoyError> {
-        struct Counter<'i> {
-            item: &'i Item,
+    ) -> Result<Vec<Option<Answer>>, EnvoyError> {
+        struct Counter<'i, L> {
+            item: &'i Item<L>,
             /// (descriptor, its answer's index, whether that answer denied it)
             charges: Vec<(usize, Option<usize>, bool)>,
             hits: u64,
             over: bool,
         }
-        let mut counters: Vec<Counter<'_>> = Vec::new();
+        let mut counters: Vec<Counter<'_, L>> = Vec::new();
         for (index, (plan, slot)) in plans.iter().zip(slots).enumerate() {
             let (item, answer, over) = match (plan, slot) {
                 (Plan::Counted { item, .. }, Some(i)) if item.cost > 0 => {
@@ -238,10 +233,7 @@ impl Envoy {
                     charge: Charge::Record,
                     ..item.clone()
                 };
-                let (_, mut answer) = engine
-                    .decide(std::slice::from_ref(&record))
-                    .await
-                    .map_err(decide_error)?;
+                let (_, mut answer) = engine.decide(std::slice::from_ref(&record)).await?;
                 let Some(answer) = answer.pop() else { continue };
                 match slot.and_then(|i| answers.get_mut(i)) {
                     Some(to) => *to = answer,
@@ -250,17 +242,6 @@ impl Envoy {
             }
         }
         Ok(recorded)
-    }
-}
-
-fn decide_error(e: DecideError) -> EnvoyError {
-    match e {
-        DecideError::Invalid { .. } | DecideError::TooManyShapes => {
-            EnvoyError::Invalid(e.to_string())
-        }
-        DecideError::Full(_) | DecideError::Unavailable(_) => {
-            EnvoyError::Unavailable(e.to_string())
-        }
     }
 }
 

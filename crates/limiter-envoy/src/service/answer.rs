@@ -3,13 +3,13 @@
 
 use std::time::Duration;
 
-use limiter_core::{Clock, Decision};
+use limiter_core::Decision;
 
-use crate::engine::Engine;
+use crate::decider::{Answer, Decider, RuleStats};
 
 use super::*;
 
-impl Envoy {
+impl<L: Copy + PartialEq, S: RuleStats> Envoy<L, S> {
     /// A request with more than [`MAX_DESCRIPTORS`] descriptors: over, counting nothing.
     pub(super) fn too_many(&self, request: &Request) -> Response {
         let statuses: Vec<Status> = request
@@ -31,16 +31,13 @@ impl Envoy {
     }
 
     /// One descriptor's status, counting its reference-style statistics.
-    pub(super) fn status<C: Clock + Clone + Send + Sync + 'static>(
+    pub(super) fn status<D: Decider<Limit = L, Stats = S>>(
         &self,
         index: usize,
-        plan: &Plan<'_>,
-        (decided, recorded): (
-            Option<&crate::engine::Answer>,
-            Option<crate::engine::Answer>,
-        ),
+        plan: &Plan<'_, L, S>,
+        (decided, recorded): (Option<&Answer>, Option<Answer>),
         outcome: &mut Outcome,
-        engine: &Engine<C>,
+        engine: &D,
     ) -> Status {
         let (shown, stats, status, hits) = match (plan, decided) {
             (Plan::GivenBack { shown, answer }, _) => {
@@ -122,13 +119,12 @@ impl Envoy {
             outcome.over = true;
         }
         if stats.limit.is_some() {
-            let metrics = engine.metrics();
             let count = |stat: &'static str, n: u64| {
                 if let Some(counters) = stats.counters {
                     counters.add(stat, n);
                 }
                 if let Some(key) = &stats.detailed_key {
-                    metrics.envoy_stat(key, stat, n);
+                    engine.stat(key, stat, n);
                 }
             };
             count("total_hits", hits);
