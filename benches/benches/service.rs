@@ -25,7 +25,7 @@ use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 use limiterd::config::Config;
 use limiterd::envoy::Domains;
-use limiterd::files::Sources;
+use limiterd::ops::files::Sources;
 use limiterd::{Listeners, serve};
 
 const CONFIG: &str = r#"

@@ -1,10 +1,10 @@
 //! The composition root: [`AppState::build`] turns a checked [`Config`] and envoy's loaded
 //! [`Domains`] into the parts the adapters share: the metrics, then the engine (every
 //! configured policy, counting into the metrics), then envoy's domains attached to the engine
-//! (one policy per configured descriptor limit). The adapters (the HTTP API in `crate::api`,
+//! (one policy per configured descriptor limit). The adapters (the HTTP API in `crate::http`,
 //! envoy's gRPC protocol in `crate::grpc`) take the result; nothing below depends on an
 //! adapter, and no part builds another. [`AppState::reloaded`] builds the parts for a new
-//! configuration from the serving ones, keeping their counters (see [`crate::live`]).
+//! configuration from the serving ones, keeping their counters (see [`crate::ops::live`]).
 
 use std::sync::Arc;
 

@@ -9,7 +9,9 @@ use crate::engine::{Charge, Engine, Item, PolicyId, Target};
 use crate::envoy::Envoy;
 use crate::envoy::rules::{Domains, MAX_TEXT, Rule};
 use crate::envoy::service::{Code, EnvoyError};
-use crate::request::{self as api, MAX_BATCH, MAX_DURATION_MS, MAX_IDENTIFIER, MAX_NAMESPACE};
+use crate::http::request::{
+    self as api, MAX_BATCH, MAX_DURATION_MS, MAX_IDENTIFIER, MAX_NAMESPACE,
+};
 use limiter_core::ManualClock;
 use std::sync::OnceLock;
 

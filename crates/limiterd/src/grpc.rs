@@ -8,7 +8,7 @@ use std::time::Instant;
 use limiter_core::Clock;
 use limiter_envoy::service::{EnvoyError, Request, Response};
 
-use crate::live::Live;
+use crate::ops::live::Live;
 
 /// The gRPC adapter's handler: decides on the serving configuration, counting the call's
 /// latency and bad input in the metrics.

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use limiterd::config::{BUILT_IN, Store};
 use limiterd::envoy::Domains;
-use limiterd::files::{Sources, load_config, load_domains, read};
+use limiterd::ops::files::{Sources, load_config, load_domains, read};
 
 const AFTER_HELP: &str = "\
 Examples:

@@ -23,13 +23,13 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::api;
 use crate::app::AppState;
 use crate::config::{Config, RedisAt, ServerSettings, Store};
 use crate::envoy::Domains;
-use crate::files::Sources;
 use crate::grpc::Serving;
-use crate::live::{Live, Reloaded};
+use crate::http;
+use crate::ops::files::Sources;
+use crate::ops::live::{Live, Reloaded};
 use limiter_envoy::grpc::Grpc;
 
 /// How often the store's readiness is probed.
@@ -107,7 +107,13 @@ pub async fn serve(
     });
 
     let releasing = Arc::clone(&live);
-    let http = serve_http(listeners.http, api::router(live), settings, stopped.clone()).await;
+    let http = serve_http(
+        listeners.http,
+        http::router(live),
+        settings,
+        stopped.clone(),
+    )
+    .await;
     if let Some(grpc) = grpc {
         match tokio::time::timeout(settings.shutdown_timeout, grpc).await {
             Err(_) => tracing::warn!("gRPC streams still open at the shutdown deadline were cut"),

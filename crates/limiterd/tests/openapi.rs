@@ -182,7 +182,7 @@ async fn call(
 }
 
 fn the_document() -> Value {
-    serde_json::from_str(limiterd::api::OPENAPI).expect("the document is JSON")
+    serde_json::from_str(limiterd::http::OPENAPI).expect("the document is JSON")
 }
 
 #[tokio::test]

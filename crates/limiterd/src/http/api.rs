@@ -2,9 +2,9 @@
 //! `ShouldRateLimit` as JSON, see [`crate::envoy::json`]); health (`GET /healthz` liveness,
 //! `GET /readyz` readiness as JSON, `GET /healthcheck` as envoy's reference answers it);
 //! `GET /metrics`; the status page `GET /` over `GET /debug/status`, and `GET /debug/config`
-//! (the loaded configuration, see [`crate::debug`]); `GET /openapi.json`, the API described
+//! (the loaded configuration, see [`crate::ops::debug`]); `GET /openapi.json`, the API described
 //! for client generators ([`OPENAPI`]).
-//! Requests are parsed in [`crate::request`]; anything invalid is a 400 whose JSON names the
+//! Requests are parsed in [`crate::http::request`]; anything invalid is a 400 whose JSON names the
 //! field and the fix, never a 500. Every refusal (400, 404, 405, 408, 413, 415, 503) is one
 //! JSON shape: `{"error": {"code", "field"?, "message"}}`.
 //!
@@ -28,11 +28,11 @@ use axum::routing::{get, post};
 use limiter_core::Clock;
 use serde::Serialize;
 
+use super::request::{ApiError, MAX_BODY_BYTES, parse_many, parse_request};
 use crate::engine::{Answer, DecideError};
 use crate::envoy::json as envoy_json;
 use crate::envoy::service::{Code, EnvoyError};
-use crate::live::Live;
-use crate::request::{ApiError, MAX_BODY_BYTES, parse_many, parse_request};
+use crate::ops::live::Live;
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -147,7 +147,7 @@ async fn read_body(headers: &HeaderMap, body: Body, timeout: Duration) -> Result
         field: None,
         message: format!(
             "the body is over {MAX_BODY_BYTES} bytes: send less (a batch holds at most {} requests)",
-            crate::request::MAX_BATCH
+            super::request::MAX_BATCH
         ),
     };
     let limited = http_body_util::Limited::new(body, MAX_BODY_BYTES);
@@ -374,7 +374,7 @@ async fn debug_config<C: Clock + Clone + Send + Sync + 'static>(
     let state = live.current();
     json(
         StatusCode::OK,
-        &crate::debug::config(&state.config, state.envoy.domains()),
+        &crate::ops::debug::config(&state.config, state.envoy.domains()),
     )
 }
 
@@ -382,7 +382,7 @@ async fn debug_status<C: Clock + Clone + Send + Sync + 'static>(
     State(live): State<Arc<Live<C>>>,
 ) -> Response {
     let state = live.current();
-    let status = crate::debug::status(&state, &live.health.readiness(), unix_ms());
+    let status = crate::ops::debug::status(&state, &live.health.readiness(), unix_ms());
     let mut response = json(StatusCode::OK, &status);
     response.headers_mut().insert(
         header::CACHE_CONTROL,
@@ -393,7 +393,7 @@ async fn debug_status<C: Clock + Clone + Send + Sync + 'static>(
 
 /// The OpenAPI document (`crates/limiterd/api/openapi.json`), which a test checks real
 /// responses against.
-pub const OPENAPI: &str = include_str!("../api/openapi.json");
+pub const OPENAPI: &str = include_str!("../../api/openapi.json");
 
 async fn openapi() -> Response {
     ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
@@ -403,7 +403,7 @@ async fn openapi() -> Response {
 async fn status_page() -> Response {
     (
         [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
-        crate::debug::STATUS_PAGE,
+        crate::ops::debug::STATUS_PAGE,
     )
         .into_response()
 }

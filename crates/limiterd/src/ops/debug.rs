@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use crate::app::AppState;
 use crate::config::{Config, Keying, RedisAt, Store};
 use crate::envoy::Domains;
-use crate::live::Readiness;
+use crate::ops::live::Readiness;
 
 /// The status page: one static file, no external resources; its script polls
 /// `/debug/status` and derives rates from the totals' differences.
