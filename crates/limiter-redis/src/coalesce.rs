@@ -136,28 +136,18 @@ fn spawn_next(backend: &RedisBackend, mut state: std::sync::MutexGuard<'_, State
     let take = state.queue.len().min(MAX_GROUPS);
     let batch: Vec<Queued> = state.queue.drain(..take).collect();
     drop(state);
-    match tokio::runtime::Handle::try_current() {
-        Ok(runtime) => {
-            let backend = backend.clone();
-            runtime.spawn(async move {
-                let _slot = Slot(&backend);
-                send_batch(&backend, batch).await;
-                // The callers just answered come back for their next decisions: let them
-                // queue for the call this slot sends next, rather than each take the slot
-                // alone.
-                tokio::task::yield_now().await;
-            });
-        }
-        Err(_) => {
-            // No runtime to send from (it is shutting down): the queued calls fail, and the
-            // slot is given back.
-            for queued in batch {
-                let _ = queued.reply.send(Err(BackendError::Redis(
-                    "the runtime stopped before the call was sent".to_owned(),
-                )));
-            }
-            release(backend);
-        }
+    let sender = backend.clone();
+    let send = async move {
+        let _slot = Slot(&sender);
+        send_batch(&sender, batch).await;
+        // The callers just answered come back for their next decisions: let them queue for
+        // the call this slot sends next, rather than each take the slot alone.
+        tokio::task::yield_now().await;
+    };
+    if crate::task::spawn(send).is_err() {
+        // No runtime to send from (it is shutting down): the unsent call drops the queued
+        // replies, so each caller hears the runtime stopped, and the slot is given back.
+        release(backend);
     }
 }
 

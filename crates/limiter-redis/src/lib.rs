@@ -73,6 +73,7 @@ mod seam;
 mod slots;
 mod spec;
 mod stack;
+mod task;
 
 pub use backend::{
     BackendBuilder, BackendStats, DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT, RedisBackend,

@@ -159,10 +159,9 @@ impl<R: Send + Sync + 'static> RedisStack<R> {
             leased: AtomicU64::new(0),
             handed_back: AtomicU64::new(0),
         });
-        if most > 0
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
-        {
-            runtime.spawn(sweep(Arc::downgrade(&shared)));
+        if most > 0 {
+            // Without a runtime nothing sweeps: idle leases then expire in Redis on their own.
+            let _ = crate::task::spawn(sweep(Arc::downgrade(&shared)));
         }
         Ok(LeasedStack { shared })
     }

@@ -1,0 +1,21 @@
+//! The one place limiter-redis starts work of its own: [`spawn`] runs a future on the
+//! caller's tokio runtime (a leased stack's idle sweep, the coalescer's next call). Library
+//! code spawns nowhere else (`cargo xtask lint`), so what runs in the background is listed
+//! here by its callers.
+
+use std::future::Future;
+
+/// Runs `task` on the current tokio runtime, if there is one; `Err(task)` hands it back when
+/// none is running (the caller decides what not running it means).
+pub(crate) fn spawn<F>(task: F) -> Result<(), F>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => {
+            runtime.spawn(task);
+            Ok(())
+        }
+        Err(_) => Err(task),
+    }
+}
