@@ -9,6 +9,7 @@ use std::future::Future;
 
 use limiter_core::{Decision, Limit, LimitError};
 use limiter_redis::Lease;
+pub use limiter_stack::Charge;
 use limiter_stack::Kind;
 
 /// Which counter an item is decided on.
@@ -30,19 +31,6 @@ pub enum Target<L> {
     },
 }
 
-/// What an item does to its counter.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Charge {
-    /// Asks for the units: admitted, or denied with nothing taken.
-    #[default]
-    Ask,
-    /// Records units that already happened (hits that go over, as the reference counts
-    /// them): counted whatever the limit holds, never denying.
-    Record,
-    /// Gives the units back (`is_negative_hits`), never above full. Decided alone.
-    GiveBack,
-}
-
 /// One decision asked of the [`Decider`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Item<L> {
@@ -54,7 +42,8 @@ pub struct Item<L> {
     pub cost: u64,
     /// Decided and reported, but a denial does not deny the request.
     pub shadow: bool,
-    /// What the units do.
+    /// What the units do: taken (`Take`), recorded as the reference counts hits that go over
+    /// (`Record`), or given back (`GiveBack`, `is_negative_hits`; decided alone).
     pub charge: Charge,
 }
 

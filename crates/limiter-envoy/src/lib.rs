@@ -23,7 +23,7 @@
 //! ```
 //! use limiter_envoy::service::{Code, Descriptor, EnvoyError, Request};
 //! use limiter_envoy::{
-//!     AddLimitError, Answer, Charge, Decider, Domains, Envoy, Item, LimitSpec, RuleStats, Target,
+//!     AddLimitError, Answer, Decider, Domains, Envoy, Item, LimitSpec, RuleStats, Target,
 //! };
 //! use limiter_stack::{BatchItem, Layer, Outcome, Stack, decide_all};
 //!
@@ -54,12 +54,8 @@
 //!             let Target::Limit(limit) = item.target else {
 //!                 return Err(EnvoyError::Invalid("this decider counts configured limits only".into()));
 //!             };
-//!             let charge = match item.charge {
-//!                 Charge::Ask => limiter_stack::Charge::Take,
-//!                 Charge::Record => limiter_stack::Charge::Record,
-//!                 Charge::GiveBack => limiter_stack::Charge::GiveBack,
-//!             };
-//!             let (request, cost, shadow) = (&item.identifier, item.cost, item.shadow);
+//!             let (request, cost, charge, shadow) =
+//!                 (&item.identifier, item.cost, item.charge, item.shadow);
 //!             batch.push(BatchItem { limiter: &self.0[limit], request, cost, charge, shadow });
 //!         }
 //!         let decided = decide_all(&batch, None).await;

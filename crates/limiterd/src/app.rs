@@ -120,7 +120,7 @@ mod tests {
             identifier: "u".into(),
             cost: 1,
             shadow: false,
-            charge: crate::engine::Charge::Ask,
+            charge: crate::engine::Charge::Take,
         };
         for _ in 0..2 {
             decided_at_once(app.engine.decide(std::slice::from_ref(&item))).unwrap();

@@ -145,7 +145,7 @@ impl<L: Copy + PartialEq, S: RuleStats> Envoy<L, S> {
                 identifier: identifier(&descriptor.entries, |_| None),
                 cost: hits,
                 shadow: false,
-                charge: Charge::Ask,
+                charge: Charge::Take,
             };
             let stats = Stats::adhoc();
             if o.requests_per_unit == 0 {
@@ -204,7 +204,7 @@ impl<L: Copy + PartialEq, S: RuleStats> Envoy<L, S> {
                 cost: hits,
                 // Neither a shadow nor a quota-mode limit denies the request.
                 shadow: limit.shadow || limit.quota_mode || self.options.shadow_mode,
-                charge: Charge::Ask,
+                charge: Charge::Take,
             }
         });
         let plan = match item {

@@ -153,7 +153,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         reading: u64,
     ) -> Result<(bool, Vec<Answer>), DecideError> {
         if let ([item], [(stack, call, _)]) = (items, resolved) {
-            let ask = Ask::new(item.cost, item.charge.seam()).at(Some(reading));
+            let ask = Ask::new(item.cost, item.charge).at(Some(reading));
             let asked = stack.ask(call, ask).await.map(|asked| asked.outcome);
             let answer = self.answer(asked, stack, call, reading)?;
             let admitted = answer.decision.is_allowed() || item.never_denies();
@@ -166,7 +166,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                 limiter: stack.as_ref(),
                 request: call,
                 cost: item.cost,
-                charge: item.charge.seam(),
+                charge: item.charge,
                 shadow: item.shadow,
             })
             .collect();
@@ -183,7 +183,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             .map(|(outcome, (item, (stack, call, _)))| {
                 let refunded = !decided.admitted
                     && item.cost > 0
-                    && item.charge == Charge::Ask
+                    && matches!(item.charge, Charge::Take | Charge::TakeHeld)
                     && matches!(&outcome, Outcome::Decided { decision, .. } if decision.is_allowed());
                 let at = if refunded { refunded_at } else { reading };
                 self.answer(Ok(outcome), stack, call, at)

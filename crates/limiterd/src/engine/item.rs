@@ -1,6 +1,8 @@
 //! What the engine is asked ([`Item`]: a policy or an ad-hoc limit, an identifier, a cost
 //! and how to charge it) and what it answers ([`Answer`], who decided it), and its errors.
 
+use limiter_stack::Charge;
+
 use super::*;
 
 /// What a request asks for.
@@ -33,43 +35,16 @@ pub struct Item {
     /// Evaluated and reported but never enforced: a denial of this item does not deny the
     /// batch (envoy's `shadow_mode`).
     pub shadow: bool,
-    /// What the item does to its limits: asks for `cost` units, records them, or gives them
-    /// back.
+    /// What the item does to its limits: takes `cost` units, records them (usage that already
+    /// happened: counted whatever the limits hold, never denying, written even when its batch
+    /// is denied), or gives them back (envoy's `is_negative_hits`). A held take is a take.
     pub charge: Charge,
-}
-
-/// What an item does to its limits.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Charge {
-    /// Asks for `cost` units: admitted, or denied and nothing taken.
-    #[default]
-    Ask,
-    /// Records `cost` units of usage that already happened (tokens a response used): counted
-    /// whatever the limits hold, never refused and never denying its batch; a limit it takes
-    /// past its capacity is left in debt, so later calls are denied until the debt is paid
-    /// back. Written even when its batch is denied.
-    Record,
-    /// Gives `cost` units back, without a grant (envoy's `is_negative_hits`): no limit goes
-    /// above full, and the answer is what the item holds after it. Decided alone, never in a
-    /// batch.
-    GiveBack,
-}
-
-impl Charge {
-    /// The same charge as the seam names it.
-    pub(super) fn seam(self) -> limiter_stack::Charge {
-        match self {
-            Self::Ask => limiter_stack::Charge::Take,
-            Self::Record => limiter_stack::Charge::Record,
-            Self::GiveBack => limiter_stack::Charge::GiveBack,
-        }
-    }
 }
 
 impl Item {
     /// Whether the item never denies its batch: a shadow check, a record, a give-back.
     pub(super) fn never_denies(&self) -> bool {
-        self.shadow || self.charge != Charge::Ask
+        self.shadow || !matches!(self.charge, Charge::Take | Charge::TakeHeld)
     }
 }
 

@@ -52,7 +52,8 @@ mod decide;
 mod item;
 mod reload;
 
-pub use item::{Answer, Charge, DecideError, Item, MAX_TIME_AHEAD_MS, Origin, Target};
+pub use item::{Answer, DecideError, Item, MAX_TIME_AHEAD_MS, Origin, Target};
+pub use limiter_stack::Charge;
 
 /// What a reload did with each policy's counters, by policy name (configured policies and
 /// envoy descriptor limits, as the metrics name them).
@@ -334,7 +335,7 @@ mod tests {
             identifier: id.into(),
             cost,
             shadow: false,
-            charge: Charge::Ask,
+            charge: Charge::Take,
         }
     }
 

@@ -77,7 +77,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Decider for Engine<C> {
 
 /// An envoy item as the engine decides it.
 fn engine_item(item: &Item<PolicyId>) -> engine::Item {
-    use limiter_envoy::{Charge, Target};
+    use limiter_envoy::Target;
     engine::Item {
         target: match &item.target {
             Target::Limit(id) => engine::Target::Policy(*id),
@@ -96,11 +96,7 @@ fn engine_item(item: &Item<PolicyId>) -> engine::Item {
         identifier: item.identifier.clone(),
         cost: item.cost,
         shadow: item.shadow,
-        charge: match item.charge {
-            Charge::Ask => engine::Charge::Ask,
-            Charge::Record => engine::Charge::Record,
-            Charge::GiveBack => engine::Charge::GiveBack,
-        },
+        charge: item.charge,
     }
 }
 

@@ -321,7 +321,7 @@ fn check(raw: RawRequest, policy: &dyn Fn(&str) -> Option<PolicyId>) -> Result<I
         identifier: raw.identifier,
         cost,
         shadow: false,
-        charge: if record { Charge::Record } else { Charge::Ask },
+        charge: if record { Charge::Record } else { Charge::Take },
     })
 }
 

@@ -192,7 +192,7 @@ mod tests {
             identifier: "u".into(),
             cost,
             shadow: false,
-            charge: crate::engine::Charge::Ask,
+            charge: crate::engine::Charge::Take,
         };
         let (_, answers) = decided_at_once(state.engine.decide(&[item])).unwrap();
         (
