@@ -7,50 +7,15 @@
 //! 2. after traffic (a client over its limit), the totals and the top denied identifier show it;
 //! 3. while traffic flows, the page refreshes itself and shows live rates.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use crate::daemon::start_limiterd;
 use crate::run::cargo;
-
-/// limiterd, killed when dropped.
-struct Daemon {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_limiterd() -> Result<Daemon, String> {
-    let binary = crate::run::target_dir().join("debug/limiterd");
-    let mut child = Command::new(&binary)
-        .args(["--listen", "127.0.0.1:0", "--log-level", "warn"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cannot start {}: {e}", binary.display()))?;
-    let stdout = child.stdout.take().ok_or("no stdout")?;
-    let mut reader = BufReader::new(stdout);
-    let mut first = String::new();
-    reader
-        .read_line(&mut first)
-        .map_err(|e| format!("limiterd's banner: {e}"))?;
-    // Keep reading the rest of its output, so its stdout stays open while it serves.
-    std::thread::spawn(move || std::io::copy(&mut reader, &mut std::io::sink()));
-    let addr = first
-        .trim()
-        .strip_prefix("limiterd listening on http://")
-        .and_then(|a| a.parse().ok())
-        .ok_or_else(|| format!("unexpected first line from limiterd: {first:?}"))?;
-    Ok(Daemon { child, addr })
-}
 
 /// One `POST /v1/ratelimit` over its own connection; the status line.
 fn decide(addr: SocketAddr, policy: &str, identifier: &str) -> Result<String, String> {
@@ -138,7 +103,7 @@ fn check(ok: bool, what: &str, dom: &str) -> Result<(), String> {
 /// The task.
 pub(crate) fn run() -> Result<(), String> {
     cargo(&["build", "-p", "limiterd", "--bin", "limiterd"], &[])?;
-    let daemon = start_limiterd()?;
+    let daemon = start_limiterd(&[])?;
     let url = format!("http://{}/", daemon.addr);
 
     // 1. It loads, is ready, and lists the policies, nothing denied.

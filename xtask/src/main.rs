@@ -3,10 +3,12 @@
 mod bench;
 mod browser;
 mod ci;
+mod daemon;
 mod fuzz;
 mod invariants;
 mod loom;
 mod run;
+mod unkey;
 
 use std::process::ExitCode;
 
@@ -18,6 +20,7 @@ tasks:
   loom                   the loom models of every atomic protocol (release, --cfg limiter_loom)
   fuzz [--seconds N]     every fuzz target for N seconds each (default 60)
   browser                limiterd's status page in headless Chromium (Debian's `chromium`)
+  unkey                  unkey's published SDKs (npm, pinned) driving limiterd's v2 API
   bench [--quick] [-- ARGS]  the criterion benchmarks and target/bench-report.md (ratios to governor
                          and the floor, bytes per key, the targets); ARGS go to criterion";
 
@@ -32,6 +35,7 @@ fn main() -> ExitCode {
         Some("fuzz") => fuzz::run(&rest),
         Some("bench") => bench::run(&rest),
         Some("browser") => browser::run(),
+        Some("unkey") => unkey::run(),
         Some("help" | "--help" | "-h") => {
             println!("{USAGE}");
             Ok(())

@@ -192,12 +192,15 @@ async fn every_endpoint_answers_as_the_document_says() {
         "openapi.yaml",
         "domain: web\ndescriptors:\n  - key: ip\n    rate_limit: { unit: hour, requests_per_unit: 1 }\n",
     );
-    let daemon = Daemon::start(&[
-        "--envoy",
-        descriptors.to_str().expect("UTF-8"),
-        "--grpc-listen",
-        "127.0.0.1:0",
-    ]);
+    let daemon = Daemon::start_with_env(
+        &[
+            "--envoy",
+            descriptors.to_str().expect("UTF-8"),
+            "--grpc-listen",
+            "127.0.0.1:0",
+        ],
+        &[("LIMITERD_ROOT_KEY", "openapi-key")],
+    );
     let mut client = Client::connect(daemon.addr).await;
     let json_type = [("content-type", "application/json")];
     let post = |body: Value| body.to_string();
@@ -289,6 +292,35 @@ async fn every_endpoint_answers_as_the_document_says() {
     ] {
         let (status, text) = call(&doc, &mut client, method, path, &json_type, &body).await;
         assert_eq!(status, want, "{method} {path}: {text}");
+    }
+
+    // unkey's v2 API: with the key, without it, and bad input, each as documented.
+    let keyed = [
+        ("content-type", "application/json"),
+        ("authorization", "Bearer openapi-key"),
+    ];
+    let v2 = |limit: u64| json!({"namespace": "n", "identifier": "u", "limit": limit, "duration": 60_000});
+    for (path, headers, body, want) in [
+        ("/v2/ratelimit.limit", &keyed[..], post(v2(1)), 200),
+        ("/v2/ratelimit.limit", &keyed[..], post(v2(1)), 200),
+        ("/v2/ratelimit.limit", &keyed[..], post(v2(0)), 400),
+        ("/v2/ratelimit.limit", &json_type[..], post(v2(1)), 401),
+        (
+            "/v2/ratelimit.multiLimit",
+            &keyed[..],
+            post(json!([v2(5), v2(1)])),
+            200,
+        ),
+        ("/v2/ratelimit.multiLimit", &keyed[..], post(json!([])), 400),
+        (
+            "/v2/ratelimit.multiLimit",
+            &json_type[..],
+            post(json!([v2(1)])),
+            401,
+        ),
+    ] {
+        let (status, text) = call(&doc, &mut client, "POST", path, headers, &body).await;
+        assert_eq!(status, want, "POST {path}: {text}");
     }
 
     // 415 in the error shape too; a wrong method (405) or path (404) has no operation in the

@@ -49,11 +49,24 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                 namespace,
             } => {
                 let (stack, plan) = self.ad_hoc_stack(*kind, *limit, *duration_ms)?;
-                // The namespace keeps callers apart; its length is bounded, so the separator
-                // cannot be forged into another namespace's key.
+                // The namespace keeps callers apart, its length first, so the separator cannot
+                // be forged into another namespace's key; an algorithm other than the token
+                // bucket (the native API's) names itself first, so no key is ever counted by
+                // two algorithms (a token bucket's key starts with a digit, the others' with
+                // the algorithm's name).
+                let identifier = match kind {
+                    Kind::TokenBucket => {
+                        format!("{}:{namespace}:{}", namespace.len(), item.identifier)
+                    }
+                    other => format!(
+                        "{}/{}:{namespace}:{}",
+                        other.id(),
+                        namespace.len(),
+                        item.identifier
+                    ),
+                };
                 let call = Call {
-                    identifier: format!("{}:{namespace}:{}", namespace.len(), item.identifier)
-                        .into(),
+                    identifier: identifier.into(),
                     plan,
                 };
                 Ok((stack, call, &self.ad_hoc_counters))

@@ -28,6 +28,7 @@ use axum::routing::{get, post};
 use limiter_core::Clock;
 use serde::Serialize;
 
+use super::keys::Keys;
 use super::request::{ApiError, MAX_BODY_BYTES, parse_many, parse_request};
 use crate::engine::{Answer, DecideError};
 use crate::envoy::json as envoy_json;
@@ -113,7 +114,11 @@ fn decide_error(e: DecideError) -> ApiError {
 /// the connection is then closed), one that could not be read (400), or a `Content-Type` that
 /// is not JSON (415). No type, `application/json`, any `+json` type and curl's default form
 /// type (what `curl -d` sends) are read as JSON.
-async fn read_body(headers: &HeaderMap, body: Body, timeout: Duration) -> Result<Bytes, ApiError> {
+pub(super) async fn read_body(
+    headers: &HeaderMap,
+    body: Body,
+    timeout: Duration,
+) -> Result<Bytes, ApiError> {
     if let Some(value) = headers.get(header::CONTENT_TYPE) {
         let essence = value
             .to_str()
@@ -187,7 +192,8 @@ fn refusal(error: ApiError) -> Response {
 }
 
 /// The routes, for messages.
-const ROUTES: &str = "POST /v1/ratelimit, POST /v1/ratelimit/many, POST /json, GET /healthz, \
+const ROUTES: &str = "POST /v1/ratelimit, POST /v1/ratelimit/many, POST /v2/ratelimit.limit, \
+     POST /v2/ratelimit.multiLimit, POST /json, GET /healthz, \
      GET /readyz, GET /healthcheck, GET /metrics, GET /debug/config, GET /debug/status, GET /, \
      GET /openapi.json";
 
@@ -221,7 +227,11 @@ pub fn router<C: Clock + Clone + Send + Sync + 'static>(live: Arc<Live<C>>) -> R
                 message: format!("{method} is not served here: {ROUTES}"),
             }
         })
-        .with_state(live)
+        .with_state(Arc::clone(&live))
+        .merge(super::unkey::router(
+            live,
+            Keys::new(Vec::new(), |name| std::env::var(name).ok()),
+        ))
 }
 
 async fn one<C: Clock + Clone + Send + Sync + 'static>(

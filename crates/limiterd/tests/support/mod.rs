@@ -18,8 +18,14 @@ pub(crate) struct Daemon {
 
 impl Daemon {
     pub(crate) fn start(args: &[&str]) -> Self {
+        Self::start_with_env(args, &[])
+    }
+
+    /// [`start`](Self::start) with environment variables set for the process.
+    pub(crate) fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_limiterd"))
             .args(args)
+            .envs(env.iter().copied())
             .args(["--listen", "127.0.0.1:0"])
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

@@ -1,0 +1,90 @@
+// unkey's published SDKs, unchanged, against limiterd: `node sdk.mjs <baseUrl> <rootKey>`.
+// Every check prints what it saw; the first that fails ends the run with exit code 1.
+import { Unkey } from "@unkey/api";
+import * as errors from "@unkey/api/models/errors";
+import { Ratelimit } from "@unkey/ratelimit";
+
+const [baseUrl, rootKey] = process.argv.slice(2);
+if (!baseUrl || !rootKey) {
+  console.error("usage: node sdk.mjs <baseUrl> <rootKey>");
+  process.exit(2);
+}
+
+let checks = 0;
+function check(ok, what, seen) {
+  checks += 1;
+  if (!ok) {
+    console.error(`FAIL ${what}: ${JSON.stringify(seen)}`);
+    process.exit(1);
+  }
+  console.log(`ok   ${what}`);
+}
+
+// No retries: a 5xx would be a failure here, not something to wait out.
+const client = (key) =>
+  new Unkey({ serverURL: baseUrl, rootKey: key, retryConfig: { strategy: "none" } });
+const unkey = client(rootKey);
+const limit = (identifier, limit, extra = {}) =>
+  unkey.ratelimit.limit({ namespace: "sdk", identifier, limit, duration: 60_000, ...extra });
+
+// ratelimit.limit: a budget of 2, then a denial; cost and cost 0.
+const first = await limit("ada", 2);
+check(first.data.success && first.data.remaining === 1 && first.data.limit === 2, "limit admits", first);
+check(typeof first.meta.requestId === "string" && first.meta.requestId.length > 0, "a request id", first.meta);
+check(first.data.reset > Date.now() - 1000, "reset is Unix ms", first.data);
+check(!("overrideId" in first.data), "no overrideId without an override", first.data);
+const second = await limit("ada", 2);
+check(second.data.success && second.data.remaining === 0, "the last unit", second.data);
+check(second.meta.requestId !== first.meta.requestId, "a fresh request id", [first.meta, second.meta]);
+const third = await limit("ada", 2);
+check(!third.data.success && third.data.remaining === 0, "over the limit", third.data);
+const costly = await limit("bob", 10, { cost: 7 });
+check(costly.data.success && costly.data.remaining === 3, "a cost of 7", costly.data);
+const peek = await limit("bob", 10, { cost: 0 });
+check(peek.data.success && peek.data.remaining === 3, "cost 0 only reports", peek.data);
+
+// ratelimit.multiLimit: all or nothing.
+const multi = await unkey.ratelimit.multiLimit([
+  { namespace: "sdk", identifier: "cy", limit: 5, duration: 60_000, cost: 2 },
+  { namespace: "sdk", identifier: "ada", limit: 2, duration: 60_000 },
+]);
+check(!multi.data.passed && multi.data.limits.length === 2, "multiLimit refused as a whole", multi.data);
+check(multi.data.limits[0].passed && !multi.data.limits[1].passed, "each check says why", multi.data.limits);
+check(multi.data.limits[0].identifier === "cy" && multi.data.limits[0].namespace === "sdk", "in order", multi.data.limits);
+const cy = await limit("cy", 5, { cost: 0 });
+check(cy.data.remaining === 5, "a refused multiLimit took nothing", cy.data);
+const passed = await unkey.ratelimit.multiLimit([
+  { namespace: "sdk", identifier: "cy", limit: 5, duration: 60_000, cost: 2 },
+  { namespace: "sdk", identifier: "dee", limit: 1, duration: 60_000 },
+]);
+check(passed.data.passed && passed.data.limits.every((l) => l.passed), "multiLimit admitted", passed.data);
+
+// Keys: missing and wrong keys are refused in unkey's shape.
+for (const [what, key] of [["a wrong key", "not-the-key"], ["a missing key", ""]]) {
+  try {
+    const r = await client(key).ratelimit.limit({ namespace: "sdk", identifier: "ada", limit: 2, duration: 60_000 });
+    check(false, `${what} is refused`, r);
+  } catch (e) {
+    const refused = e instanceof errors.UnauthorizedErrorResponse || e instanceof errors.BadRequestErrorResponse;
+    check(refused && [400, 401].includes(e.error?.status), `${what} is refused`, { name: e?.name, error: e?.error, message: e?.message });
+  }
+}
+
+// Bad input: a 400 naming the field, never a 5xx.
+try {
+  const r = await unkey.ratelimit.limit({ namespace: "sdk", identifier: "ada", limit: 2, duration: 10 });
+  check(false, "a 10 ms window is refused", r);
+} catch (e) {
+  check(e instanceof errors.BadRequestErrorResponse && e.error.errors[0].location === "body.duration",
+    "a 10 ms window is refused, naming body.duration", { name: e?.name, error: e?.error, message: e?.message });
+}
+
+// @unkey/ratelimit, as an application uses it.
+const limiter = new Ratelimit({ rootKey, baseUrl, namespace: "app", limit: 2, duration: "60s" });
+const answers = [];
+for (let i = 0; i < 3; i++) answers.push((await limiter.limit("eve")).success);
+check(JSON.stringify(answers) === "[true,true,false]", "@unkey/ratelimit: 2 a minute", answers);
+const other = await limiter.limit("fay", { cost: 2 });
+check(other.success && other.remaining === 0, "@unkey/ratelimit: a cost", other);
+
+console.log(`all ${checks} checks passed`);
