@@ -33,7 +33,7 @@ const RULES: &[Rule] = &[
             "crates/limiter-stack/src/stack/mod.rs",
             "crates/limiterd/src/metrics/",
             "crates/limiterd/src/ops/live.rs",
-            "crates/limiterd/src/http/unkey.rs",
+            "crates/limiterd/src/http/unkey/mod.rs",
         ],
         invariant: "decision atomics come from the crate's sync.rs (so loom can swap them); std atomics only for statistics and ids",
     },
@@ -43,7 +43,7 @@ const RULES: &[Rule] = &[
         allowed: &[
             "crates/limiter-core/src/clock.rs",
             "crates/limiterd/src/http/api.rs",
-            "crates/limiterd/src/http/unkey.rs",
+            "crates/limiterd/src/http/unkey/mod.rs",
             "crates/limiterd/src/grpc.rs",
             "crates/limiterd/src/metrics/",
         ],

@@ -2,7 +2,7 @@
 // Every check prints what it saw; the first that fails ends the run with exit code 1.
 import { Unkey } from "@unkey/api";
 import * as errors from "@unkey/api/models/errors";
-import { Ratelimit } from "@unkey/ratelimit";
+import { Overrides, Ratelimit } from "@unkey/ratelimit";
 
 const [baseUrl, rootKey] = process.argv.slice(2);
 if (!baseUrl || !rootKey) {
@@ -86,5 +86,34 @@ for (let i = 0; i < 3; i++) answers.push((await limiter.limit("eve")).success);
 check(JSON.stringify(answers) === "[true,true,false]", "@unkey/ratelimit: 2 a minute", answers);
 const other = await limiter.limit("fay", { cost: 2 });
 check(other.success && other.remaining === 0, "@unkey/ratelimit: a cost", other);
+
+// Overrides: every operation, a pattern, and the limit they put on calls.
+const set = await unkey.ratelimit.setOverride({ namespace: "ovr", identifier: "team_*", limit: 3, duration: 60_000 });
+check(set.data.overrideId.startsWith("ovr_"), "setOverride answers an id", set.data);
+const exact = await unkey.ratelimit.setOverride({ namespace: "ovr", identifier: "team_red", limit: 1, duration: 60_000 });
+const again = await unkey.ratelimit.setOverride({ namespace: "ovr", identifier: "team_*", limit: 2, duration: 60_000 });
+check(again.data.overrideId === set.data.overrideId, "setting again keeps the id", [set.data, again.data]);
+const got = await unkey.ratelimit.getOverride({ namespace: "ovr", identifier: "team_*" });
+check(got.data.limit === 2 && got.data.duration === 60_000 && got.data.identifier === "team_*", "getOverride", got.data);
+const viaPattern = await unkey.ratelimit.limit({ namespace: "ovr", identifier: "team_blue", limit: 100, duration: 60_000 });
+check(viaPattern.data.limit === 2 && viaPattern.data.overrideId === set.data.overrideId, "a pattern's override applies", viaPattern.data);
+const viaExact = await unkey.ratelimit.limit({ namespace: "ovr", identifier: "team_red", limit: 100, duration: 60_000 });
+check(viaExact.data.limit === 1 && viaExact.data.overrideId === exact.data.overrideId, "an exact override beats a pattern", viaExact.data);
+const overLimit = await unkey.ratelimit.limit({ namespace: "ovr", identifier: "team_red", limit: 100, duration: 60_000 });
+check(!overLimit.data.success, "the override's limit holds", overLimit.data);
+const listed = [];
+const pages = await unkey.ratelimit.listOverrides({ namespace: "ovr", limit: 1 });
+for await (const page of pages) listed.push(...page.result.data.map((o) => o.identifier));
+check(JSON.stringify(listed) === JSON.stringify(["team_*", "team_red"]), "listOverrides follows its cursor to the end", listed);
+const admin = new Overrides({ rootKey, baseUrl });
+await admin.deleteOverride({ namespace: "ovr", identifier: "team_red" });
+try {
+  const r = await unkey.ratelimit.getOverride({ namespace: "ovr", identifier: "team_red" });
+  check(false, "a deleted override is gone", r);
+} catch (e) {
+  check(e instanceof errors.NotFoundErrorResponse && e.error.status === 404, "a deleted override is a 404", { name: e?.name, error: e?.error });
+}
+const afterDelete = await unkey.ratelimit.limit({ namespace: "ovr", identifier: "team_red", limit: 100, duration: 60_000 });
+check(afterDelete.data.limit === 2, "without its exact override, the pattern applies", afterDelete.data);
 
 console.log(`all ${checks} checks passed`);

@@ -46,6 +46,10 @@ struct Cli {
     /// Where envoy's gRPC protocol listens, overriding the file (port 0 picks a free port).
     #[arg(long, value_name = "ADDR")]
     grpc_listen: Option<SocketAddr>,
+    /// Where unkey's overrides are kept (JSON, written atomically on every change); by default
+    /// `limiterd-overrides.json` beside --config, in memory only without one.
+    #[arg(long, value_name = "FILE")]
+    overrides: Option<PathBuf>,
     /// How much to log to stderr: error, warn, info, debug or trace (Redis outages and the
     /// failure policy at debug; the circuit breaker and a full key store at warn).
     #[arg(long, value_name = "LEVEL", default_value = "info")]
@@ -187,6 +191,7 @@ fn run(cli: &Cli) -> Result<(), String> {
         envoy: cli.envoy.clone(),
         grpc_listen: cli.grpc_listen,
         reference_env: true,
+        overrides: cli.overrides.clone(),
     };
     let (config, domains) = sources.load()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()

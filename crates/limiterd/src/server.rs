@@ -30,6 +30,7 @@ use crate::grpc::Serving;
 use crate::http;
 use crate::ops::files::Sources;
 use crate::ops::live::{Live, Reloaded};
+use crate::ops::overrides::{DEFAULT_MAX_PER_NAMESPACE, Overrides};
 use limiter_envoy::grpc::Grpc;
 
 /// How often the store's readiness is probed.
@@ -73,7 +74,16 @@ pub async fn serve(
     let settings = config.server;
     let state = AppState::build(&config, domains, DefaultClock::new(), backend.clone())
         .map_err(|e| e.to_string())?;
-    let live = Arc::new(Live::new(state));
+    let overrides = match sources.overrides_file() {
+        Some(path) => Overrides::load(&path, DEFAULT_MAX_PER_NAMESPACE)?,
+        None => {
+            tracing::warn!(
+                "unkey's overrides are kept in memory only and lost at exit: give --overrides FILE or --config FILE to keep them"
+            );
+            Overrides::in_memory(DEFAULT_MAX_PER_NAMESPACE)
+        }
+    };
+    let live = Arc::new(Live::with_overrides(state, overrides));
     let (stop, stopped) = watch::channel(false);
 
     let (reporter, health_service) = tonic_health::server::health_reporter();

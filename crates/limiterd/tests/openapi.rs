@@ -318,6 +318,43 @@ async fn every_endpoint_answers_as_the_document_says() {
             post(json!([v2(1)])),
             401,
         ),
+        (
+            "/v2/ratelimit.setOverride",
+            &keyed[..],
+            post(json!({"namespace": "n", "identifier": "u*", "limit": 3, "duration": 60_000})),
+            200,
+        ),
+        (
+            "/v2/ratelimit.getOverride",
+            &keyed[..],
+            post(json!({"namespace": "n", "identifier": "u*"})),
+            200,
+        ),
+        (
+            "/v2/ratelimit.getOverride",
+            &keyed[..],
+            post(json!({"namespace": "n", "identifier": "v"})),
+            404,
+        ),
+        (
+            "/v2/ratelimit.listOverrides",
+            &keyed[..],
+            post(json!({"namespace": "n"})),
+            200,
+        ),
+        ("/v2/ratelimit.limit", &keyed[..], post(v2(1)), 200),
+        (
+            "/v2/ratelimit.deleteOverride",
+            &keyed[..],
+            post(json!({"namespace": "n", "identifier": "u*"})),
+            200,
+        ),
+        (
+            "/v2/ratelimit.setOverride",
+            &keyed[..],
+            post(json!({"namespace": "n", "identifier": "u", "limit": 0, "duration": 60_000})),
+            400,
+        ),
     ] {
         let (status, text) = call(&doc, &mut client, "POST", path, headers, &body).await;
         assert_eq!(status, want, "POST {path}: {text}");

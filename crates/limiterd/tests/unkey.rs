@@ -1,7 +1,8 @@
 //! unkey's v2 ratelimit API on a limiterd process, over a real socket, as unkey's SDKs call it
 //! (`POST /v2/ratelimit.<op>`, a bearer key, JSON bodies): answers and refusals in unkey's
 //! shapes, a key always required, counting by namespace, identifier and duration, and
-//! `multiLimit` all or nothing. (The SDKs themselves drive it in `cargo xtask unkey`.)
+//! `multiLimit` all or nothing, and overrides (exact and patterns, paged, kept across a
+//! restart in their file). (The SDKs themselves drive it in `cargo xtask unkey`.)
 
 #[allow(dead_code)]
 mod support;
@@ -72,7 +73,6 @@ async fn a_key_is_always_required_and_refusals_are_in_unkeys_shape() {
         (limit("api", "ada", 5, 10, None), "body.duration"),
         (limit("", "ada", 5, 60_000, None), "body.namespace"),
         (limit("api", "", 5, 60_000, None), "body.identifier"),
-        (limit("api", "ada", 5, 60_000, Some(6)), "body.cost"),
         (
             json!({"namespace": "api", "identifier": "ada", "limit": -1, "duration": 60_000}),
             "body.limit",
@@ -218,4 +218,224 @@ async fn multi_limit_is_all_or_nothing() {
     )
     .await;
     assert_eq!(value["data"]["passed"], true, "{value}");
+}
+
+#[tokio::test]
+async fn a_cost_above_the_limit_is_a_denial_that_takes_nothing() {
+    let daemon = start();
+    let mut client = Client::connect(daemon.addr).await;
+    let (status, value) = call(
+        &mut client,
+        "limit",
+        Some(KEY),
+        &limit("api", "ada", 5, 60_000, Some(6)),
+    )
+    .await;
+    assert_eq!(
+        (status, value["data"]["success"].as_bool()),
+        (200, Some(false)),
+        "{value}"
+    );
+    let (_, value) = call(
+        &mut client,
+        "limit",
+        Some(KEY),
+        &limit("api", "ada", 5, 60_000, Some(5)),
+    )
+    .await;
+    assert_eq!(value["data"]["success"], true, "nothing was taken: {value}");
+    let both = json!([
+        limit("api", "bob", 5, 60_000, None),
+        limit("api", "cy", 1, 60_000, Some(2))
+    ]);
+    let (_, value) = call(&mut client, "multiLimit", Some(KEY), &both).await;
+    assert_eq!(value["data"]["passed"], false, "{value}");
+    let (_, value) = call(
+        &mut client,
+        "limit",
+        Some(KEY),
+        &limit("api", "bob", 5, 60_000, Some(5)),
+    )
+    .await;
+    assert_eq!(
+        value["data"]["success"], true,
+        "bob's unit was not taken: {value}"
+    );
+}
+
+fn name(namespace: &str, identifier: &str) -> Value {
+    json!({"namespace": namespace, "identifier": identifier})
+}
+
+#[tokio::test]
+async fn overrides_apply_exact_before_patterns_and_survive_a_restart() {
+    let file = support::temp_file("overrides.json", "{}");
+    let path = file.to_str().expect("UTF-8").to_owned();
+    let start_kept = || {
+        Daemon::start_with_env(
+            &["--log-level", "warn", "--overrides", &path],
+            &[("LIMITERD_ROOT_KEY", KEY)],
+        )
+    };
+    let daemon = start_kept();
+    let mut client = Client::connect(daemon.addr).await;
+    let set = |identifier: &str, limit: u64| json!({"namespace": "api", "identifier": identifier, "limit": limit, "duration": 60_000});
+    let (status, value) = call(&mut client, "setOverride", Some(KEY), &set("user_*", 3)).await;
+    assert_eq!(status, 200, "{value}");
+    let pattern_id = value["data"]["overrideId"].as_str().unwrap().to_owned();
+    let (_, value) = call(&mut client, "setOverride", Some(KEY), &set("user_vip", 5)).await;
+    let exact_id = value["data"]["overrideId"].as_str().unwrap().to_owned();
+    let (_, again) = call(&mut client, "setOverride", Some(KEY), &set("user_*", 2)).await;
+    assert_eq!(
+        again["data"]["overrideId"],
+        pattern_id.as_str(),
+        "setting again keeps the id"
+    );
+
+    // The caller asks for 100 a minute; the overrides decide, each identifier on its own counter.
+    for (identifier, want_limit, want_id) in [
+        ("user_1", 2, &pattern_id),
+        ("user_2", 2, &pattern_id),
+        ("user_vip", 5, &exact_id),
+    ] {
+        let (_, value) = call(
+            &mut client,
+            "limit",
+            Some(KEY),
+            &limit("api", identifier, 100, 60_000, None),
+        )
+        .await;
+        let data = &value["data"];
+        assert_eq!(
+            (data["limit"].as_u64(), data["overrideId"].as_str()),
+            (Some(want_limit), Some(want_id.as_str())),
+            "{identifier}: {value}"
+        );
+        assert_eq!(data["success"], true);
+    }
+    let (_, value) = call(
+        &mut client,
+        "limit",
+        Some(KEY),
+        &limit("api", "ada", 100, 60_000, None),
+    )
+    .await;
+    assert!(
+        value["data"].get("overrideId").is_none(),
+        "no override applies to ada: {value}"
+    );
+
+    // get, list in pages, delete; a missing one is a 404.
+    let (_, value) = call(
+        &mut client,
+        "getOverride",
+        Some(KEY),
+        &name("api", "user_*"),
+    )
+    .await;
+    assert_eq!(
+        (
+            value["data"]["limit"].as_u64(),
+            value["data"]["duration"].as_u64()
+        ),
+        (Some(2), Some(60_000)),
+        "{value}"
+    );
+    let (_, page) = call(
+        &mut client,
+        "listOverrides",
+        Some(KEY),
+        &json!({"namespace": "api", "limit": 1}),
+    )
+    .await;
+    assert_eq!(
+        (
+            page["data"].as_array().unwrap().len(),
+            page["pagination"]["hasMore"].as_bool()
+        ),
+        (1, Some(true)),
+        "{page}"
+    );
+    let cursor = page["pagination"]["cursor"].as_str().unwrap().to_owned();
+    let (_, rest) = call(
+        &mut client,
+        "listOverrides",
+        Some(KEY),
+        &json!({"namespace": "api", "cursor": cursor}),
+    )
+    .await;
+    assert_eq!(rest["data"].as_array().unwrap().len(), 1, "{rest}");
+    assert!(
+        rest["pagination"].get("cursor").is_none() && rest["pagination"]["hasMore"] == false,
+        "{rest}"
+    );
+    let (status, value) = call(
+        &mut client,
+        "deleteOverride",
+        Some(KEY),
+        &name("api", "user_vip"),
+    )
+    .await;
+    assert_eq!((status, &value["data"]), (200, &json!({})));
+    let (status, value) = call(
+        &mut client,
+        "getOverride",
+        Some(KEY),
+        &name("api", "user_vip"),
+    )
+    .await;
+    assert_eq!(
+        (status, value["error"]["status"].as_u64()),
+        (404, Some(404)),
+        "{value}"
+    );
+    let (status, _) = call(
+        &mut client,
+        "deleteOverride",
+        Some(KEY),
+        &name("api", "user_vip"),
+    )
+    .await;
+    assert_eq!(status, 404);
+    for (op, body) in [
+        ("setOverride", set("x", 1)),
+        ("getOverride", name("api", "x")),
+        ("listOverrides", json!({"namespace": "api"})),
+    ] {
+        let (status, _) = call(&mut client, op, None, &body).await;
+        assert_eq!(status, 401, "{op} without a key");
+    }
+
+    // A restart keeps them (the file), and /debug/config shows them.
+    drop(client);
+    drop(daemon);
+    let daemon = start_kept();
+    let mut client = Client::connect(daemon.addr).await;
+    let (_, value) = call(
+        &mut client,
+        "getOverride",
+        Some(KEY),
+        &name("api", "user_*"),
+    )
+    .await;
+    assert_eq!(value["data"]["overrideId"], pattern_id.as_str(), "{value}");
+    let (_, value) = call(
+        &mut client,
+        "getOverride",
+        Some(KEY),
+        &name("api", "user_vip"),
+    )
+    .await;
+    assert_eq!(
+        value["error"]["status"], 404,
+        "the deleted one stays deleted"
+    );
+    let (status, text) = client.send("GET", "/debug/config", "").await;
+    assert_eq!(status, 200);
+    let view: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(view["overrides"]["file"], path.as_str());
+    assert_eq!(
+        view["overrides"]["namespaces"]["api"][0]["identifier"], "user_*",
+        "{view}"
+    );
 }

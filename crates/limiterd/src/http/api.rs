@@ -382,10 +382,9 @@ async fn debug_config<C: Clock + Clone + Send + Sync + 'static>(
     State(live): State<Arc<Live<C>>>,
 ) -> Response {
     let state = live.current();
-    json(
-        StatusCode::OK,
-        &crate::ops::debug::config(&state.config, state.envoy.domains()),
-    )
+    let mut view = crate::ops::debug::config(&state.config, state.envoy.domains());
+    view["overrides"] = crate::ops::debug::overrides(&live.overrides);
+    json(StatusCode::OK, &view)
 }
 
 async fn debug_status<C: Clock + Clone + Send + Sync + 'static>(

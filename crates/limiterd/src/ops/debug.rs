@@ -45,6 +45,32 @@ fn store(store: &Store) -> Value {
     }
 }
 
+/// unkey's overrides, by namespace, as `/debug/config` shows them (and where they are kept).
+pub fn overrides(overrides: &super::overrides::Overrides) -> Value {
+    let namespaces: serde_json::Map<String, Value> = overrides
+        .snapshot()
+        .into_iter()
+        .map(|(namespace, list)| {
+            let shown = list
+                .iter()
+                .map(|o| {
+                    serde_json::json!({
+                        "override_id": o.id,
+                        "identifier": o.identifier,
+                        "limit": o.limit,
+                        "duration_ms": o.duration_ms,
+                    })
+                })
+                .collect();
+            (namespace, Value::Array(shown))
+        })
+        .collect();
+    serde_json::json!({
+        "file": overrides.path().map(|p| p.display().to_string()),
+        "namespaces": namespaces,
+    })
+}
+
 /// The configuration as served: every policy's limits as checked (`period_ms`, `burst`
 /// resolved), the store, the `[server]` settings, and each envoy domain's effective limits
 /// (one per descriptor path, with where it was written).

@@ -25,7 +25,12 @@ pub struct Sources {
     /// Read the reference service's environment variables for the `[envoy]` switches the
     /// file leaves unset ([`EnvoySettings::apply_reference_env`]); the binary sets it.
     pub reference_env: bool,
+    /// `--overrides`: where unkey's overrides are kept (see [`Sources::overrides_file`]).
+    pub overrides: Option<PathBuf>,
 }
+
+/// The overrides file's name beside the configuration file.
+pub const OVERRIDES_FILE: &str = "limiterd-overrides.json";
 
 /// The text of `path`, or a message naming it.
 pub fn read(path: &Path) -> Result<String, String> {
@@ -95,6 +100,15 @@ pub fn descriptor_files(files: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
 }
 
 impl Sources {
+    /// Where unkey's overrides are kept: `--overrides`, else [`OVERRIDES_FILE`] beside the
+    /// configuration file; `None` (in memory only) with neither.
+    pub fn overrides_file(&self) -> Option<PathBuf> {
+        self.overrides.clone().or_else(|| {
+            let config = self.config.as_ref()?;
+            Some(config.with_file_name(OVERRIDES_FILE))
+        })
+    }
+
     /// Reads and checks every file, then applies the overrides.
     pub fn load(&self) -> Result<(Config, Domains), String> {
         let mut config = match &self.config {

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use limiter_core::Clock;
 
+use super::overrides::{DEFAULT_MAX_PER_NAMESPACE, Overrides};
 use crate::app::AppState;
 use crate::config::{Config, Store};
 use crate::engine::Carried;
@@ -26,6 +27,8 @@ pub struct Live<C> {
     /// Whether the service is ready: what the server's probe last found, and whether it is
     /// shutting down.
     pub health: Health,
+    /// unkey's overrides: run-time data, kept across reloads.
+    pub overrides: Arc<Overrides>,
 }
 
 /// Readiness: the store's reachability as last probed, and whether the service is draining.
@@ -94,11 +97,17 @@ pub enum Reloaded {
 }
 
 impl<C: Clock + Clone + Send + Sync + 'static> Live<C> {
-    /// Serves `state`.
+    /// Serves `state`, with overrides held in memory only.
     pub fn new(state: AppState<C>) -> Self {
+        Self::with_overrides(state, Overrides::in_memory(DEFAULT_MAX_PER_NAMESPACE))
+    }
+
+    /// Serves `state` with `overrides`.
+    pub fn with_overrides(state: AppState<C>, overrides: Overrides) -> Self {
         Self {
             current: RwLock::new(Arc::new(state)),
             health: Health::default(),
+            overrides: Arc::new(overrides),
         }
     }
 
