@@ -103,7 +103,7 @@ fn check(ok: bool, what: &str, dom: &str) -> Result<(), String> {
 /// The task.
 pub(crate) fn run() -> Result<(), String> {
     cargo(&["build", "-p", "limiterd", "--bin", "limiterd"], &[])?;
-    let daemon = start_limiterd(&[])?;
+    let daemon = start_limiterd(&[], &[])?;
     let url = format!("http://{}/", daemon.addr);
 
     // 1. It loads, is ready, and lists the policies, nothing denied.

@@ -18,11 +18,13 @@ impl Drop for Daemon {
     }
 }
 
-/// The debug build of limiterd on a free loopback port, with `env` set for it.
-pub(crate) fn start_limiterd(env: &[(&str, &str)]) -> Result<Daemon, String> {
+/// The debug build of limiterd on a free loopback port, with `env` set for it and `args`
+/// added.
+pub(crate) fn start_limiterd(env: &[(&str, &str)], args: &[&str]) -> Result<Daemon, String> {
     let binary = crate::run::target_dir().join("debug/limiterd");
     let mut child = Command::new(&binary)
         .args(["--listen", "127.0.0.1:0", "--log-level", "warn"])
+        .args(args)
         .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .spawn()

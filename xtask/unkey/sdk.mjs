@@ -1,10 +1,11 @@
-// unkey's published SDKs, unchanged, against limiterd: `node sdk.mjs <baseUrl> <rootKey>`.
+// unkey's published SDKs, unchanged, against limiterd: `node sdk.mjs <baseUrl> <rootKey>
+// [<otherUrl>]`, the third a second limiterd on the same Redis (the fleet checks run then).
 // Every check prints what it saw; the first that fails ends the run with exit code 1.
 import { Unkey } from "@unkey/api";
 import * as errors from "@unkey/api/models/errors";
 import { Overrides, Ratelimit } from "@unkey/ratelimit";
 
-const [baseUrl, rootKey] = process.argv.slice(2);
+const [baseUrl, rootKey, otherUrl] = process.argv.slice(2);
 if (!baseUrl || !rootKey) {
   console.error("usage: node sdk.mjs <baseUrl> <rootKey>");
   process.exit(2);
@@ -115,5 +116,28 @@ try {
 }
 const afterDelete = await unkey.ratelimit.limit({ namespace: "ovr", identifier: "team_red", limit: 100, duration: 60_000 });
 check(afterDelete.data.limit === 2, "without its exact override, the pattern applies", afterDelete.data);
+
+// A fleet: two instances on one Redis count one budget, and share overrides.
+if (otherUrl) {
+  const other = new Unkey({ serverURL: otherUrl, rootKey, retryConfig: { strategy: "none" } });
+  const both = [unkey, other];
+  let passedCalls = 0;
+  for (let i = 0; i < 6; i++) {
+    const r = await both[i % 2].ratelimit.limit({ namespace: "fleet", identifier: "ada", limit: 4, duration: 60_000 });
+    if (r.data.success) passedCalls += 1;
+  }
+  check(passedCalls === 4, "two instances on one Redis admit exactly the budget", passedCalls);
+  const vip = await unkey.ratelimit.setOverride({ namespace: "fleet", identifier: "vip_*", limit: 1, duration: 60_000 });
+  let applied = null;
+  for (const deadline = Date.now() + 5_000; Date.now() < deadline; ) {
+    const r = await other.ratelimit.limit({ namespace: "fleet", identifier: "vip_7", limit: 100, duration: 60_000, cost: 0 });
+    if (r.data.overrideId === vip.data.overrideId) {
+      applied = r.data;
+      break;
+    }
+    await new Promise((resolve) => setTimeout(resolve, 25));
+  }
+  check(applied !== null && applied.limit === 1, "an override set on one instance applies on the other", applied);
+}
 
 console.log(`all ${checks} checks passed`);

@@ -444,6 +444,15 @@ impl RedisBackend {
         }
     }
 
+    /// Runs `cmd` within the backend's timeout (the records beside the limits use it).
+    pub(crate) async fn query(&self, cmd: &redis::Cmd) -> Result<Value, BackendError> {
+        let timeout = self.inner.timeout;
+        match tokio::time::timeout(timeout, self.inner.connection.query(cmd)).await {
+            Err(_) => Err(BackendError::Timeout { after: timeout }),
+            Ok(result) => result.map_err(|e| BackendError::Redis(e.to_string())),
+        }
+    }
+
     /// What a request records as it is sent: the local clock's reading (a denial's deadline
     /// counts from it) and the deny cache's refund epoch.
     pub(crate) fn sent(&self) -> Sent {

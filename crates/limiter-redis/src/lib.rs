@@ -67,6 +67,7 @@ mod deny_cache;
 mod error;
 mod keyslot;
 mod lease;
+mod records;
 mod refund;
 mod script;
 mod seam;
@@ -85,6 +86,7 @@ pub use error::{BackendError, BuildError, CallError, RefundError};
 pub use lease::{
     DEFAULT_LEASE_TTL, LEASE_TTL_RANGE, Lease, LeaseStats, LeasedLimiter, LeasedStack, Slack,
 };
+pub use records::RedisRecords;
 pub use refund::RedisGrant;
 pub use script::SCRIPT;
 pub use spec::{Kind, RedisLimit};

@@ -560,3 +560,44 @@ async fn a_state_written_by_the_previous_version_is_read() {
         assert!(spec.twin_state(&raw).is_some(), "{key}: by this limit");
     }
 }
+
+#[tokio::test]
+async fn records_move_their_version_with_every_change_and_read_whole() {
+    let server = common::RedisServer::start();
+    let backend = RedisBackend::connect(server.url()).await.unwrap();
+    let records = backend.records("overrides");
+    assert_eq!(records.version().await.unwrap(), 0);
+    assert_eq!(records.all().await.unwrap(), (0, Vec::new()));
+    assert_eq!(records.put("a", "1").await.unwrap(), 1);
+    assert_eq!(records.put("b", "{\"x\": 2}").await.unwrap(), 2);
+    assert_eq!(
+        records.put("a", "3").await.unwrap(),
+        3,
+        "a change of a field moves it too"
+    );
+    let (version, mut fields) = records.all().await.unwrap();
+    fields.sort();
+    assert_eq!(version, 3);
+    assert_eq!(
+        fields,
+        [("a".into(), "3".into()), ("b".into(), "{\"x\": 2}".into())]
+    );
+    assert!(records.remove("a").await.unwrap());
+    assert!(!records.remove("a").await.unwrap(), "gone already");
+    assert_eq!(
+        records.version().await.unwrap(),
+        4,
+        "only a real removal moves it"
+    );
+    // Another backend on the same server sees the same records; another name does not.
+    let other = RedisBackend::connect(server.url()).await.unwrap();
+    assert_eq!(other.records("overrides").all().await.unwrap().1.len(), 1);
+    assert_eq!(other.records("else").version().await.unwrap(), 0);
+    // Both keys share a hash tag: one slot on a cluster.
+    let mut connection = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let keys: Vec<String> = connection.keys("limiterd:{records:overrides}:*").unwrap();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+}

@@ -30,7 +30,7 @@ use crate::grpc::Serving;
 use crate::http;
 use crate::ops::files::Sources;
 use crate::ops::live::{Live, Reloaded};
-use crate::ops::overrides::{DEFAULT_MAX_PER_NAMESPACE, Overrides};
+use crate::ops::overrides::{DEFAULT_MAX_PER_NAMESPACE, Overrides, REFRESH_EVERY};
 use limiter_envoy::grpc::Grpc;
 
 /// How often the store's readiness is probed.
@@ -74,9 +74,12 @@ pub async fn serve(
     let settings = config.server;
     let state = AppState::build(&config, domains, DefaultClock::new(), backend.clone())
         .map_err(|e| e.to_string())?;
-    let overrides = match sources.overrides_file() {
-        Some(path) => Overrides::load(&path, DEFAULT_MAX_PER_NAMESPACE)?,
-        None => {
+    let overrides = match (&backend, sources.overrides_file()) {
+        (Some(backend), _) => {
+            Overrides::on_redis(backend.records("overrides"), DEFAULT_MAX_PER_NAMESPACE).await?
+        }
+        (None, Some(path)) => Overrides::load(&path, DEFAULT_MAX_PER_NAMESPACE)?,
+        (None, None) => {
             tracing::warn!(
                 "unkey's overrides are kept in memory only and lost at exit: give --overrides FILE or --config FILE to keep them"
             );
@@ -84,6 +87,18 @@ pub async fn serve(
         }
     };
     let live = Arc::new(Live::with_overrides(state, overrides));
+    if backend.is_some() {
+        // Overrides another instance changed apply here within one interval.
+        let refreshing = Arc::clone(&live);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(REFRESH_EVERY).await;
+                if let Err(e) = refreshing.overrides.refresh().await {
+                    tracing::debug!(error = %e, "the overrides could not be read from Redis; retrying");
+                }
+            }
+        });
+    }
     let (stop, stopped) = watch::channel(false);
 
     let (reporter, health_service) = tonic_health::server::health_reporter();

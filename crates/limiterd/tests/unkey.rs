@@ -439,3 +439,90 @@ async fn overrides_apply_exact_before_patterns_and_survive_a_restart() {
         "{view}"
     );
 }
+
+#[tokio::test]
+async fn two_instances_on_one_redis_count_one_budget_and_share_overrides() {
+    let redis = limiter_testkit::redis_server::RedisServer::start();
+    let url = redis.url();
+    let start_on_redis = || {
+        Daemon::start_with_env(
+            &["--log-level", "warn", "--redis", &url],
+            &[("LIMITERD_ROOT_KEY", KEY)],
+        )
+    };
+    let (a, b) = (start_on_redis(), start_on_redis());
+    let mut clients = [Client::connect(a.addr).await, Client::connect(b.addr).await];
+    // Five calls of a budget of 3, alternating between the instances: exactly 3 pass.
+    let mut passed = 0;
+    for i in 0..5 {
+        let (status, value) = call(
+            &mut clients[i % 2],
+            "limit",
+            Some(KEY),
+            &limit("fleet", "ada", 3, 60_000, None),
+        )
+        .await;
+        assert_eq!(status, 200, "{value}");
+        passed += usize::from(value["data"]["success"] == true);
+    }
+    assert_eq!(passed, 3);
+    // An override set on one instance applies on the other (it polls every 250 ms).
+    let set = json!({"namespace": "fleet", "identifier": "vip_*", "limit": 1, "duration": 60_000});
+    let (status, value) = call(&mut clients[0], "setOverride", Some(KEY), &set).await;
+    assert_eq!(status, 200, "{value}");
+    let id = value["data"]["overrideId"].clone();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let (_, value) = call(
+            &mut clients[1],
+            "limit",
+            Some(KEY),
+            &limit("fleet", "vip_1", 100, 60_000, Some(0)),
+        )
+        .await;
+        if value["data"]["overrideId"] == id {
+            assert_eq!(value["data"]["limit"], 1, "{value}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the other instance never applied the override"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    let (_, value) = call(
+        &mut clients[1],
+        "getOverride",
+        Some(KEY),
+        &name("fleet", "vip_*"),
+    )
+    .await;
+    assert_eq!(value["data"]["overrideId"], id, "{value}");
+    // Deleted on the second, gone on the first too.
+    let (status, _) = call(
+        &mut clients[1],
+        "deleteOverride",
+        Some(KEY),
+        &name("fleet", "vip_*"),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let (status, _) = call(
+            &mut clients[0],
+            "getOverride",
+            Some(KEY),
+            &name("fleet", "vip_*"),
+        )
+        .await;
+        if status == 404 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first instance never saw the deletion"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+}

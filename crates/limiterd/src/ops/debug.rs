@@ -66,7 +66,7 @@ pub fn overrides(overrides: &super::overrides::Overrides) -> Value {
         })
         .collect();
     serde_json::json!({
-        "file": overrides.path().map(|p| p.display().to_string()),
+        "file": overrides.kept_in(),
         "namespaces": namespaces,
     })
 }

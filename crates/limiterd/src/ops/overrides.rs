@@ -1,8 +1,12 @@
 //! Per-identifier overrides of unkey's v2 API, set at run time: in each namespace, an
 //! identifier (or a pattern with `*`, matching any run of characters) gets its own limit and
-//! duration. They are data, not configuration: a reload keeps them, and in memory they are
-//! kept in a JSON file written atomically (a temporary file beside it, synced, then renamed
-//! over it) on every change and read at start, so they survive a restart.
+//! duration. They are data, not configuration: a reload keeps them. In memory they are kept
+//! in a JSON file written atomically (a temporary file beside it, synced, then renamed over
+//! it) on every change and read at start, so they survive a restart. On Redis they live in
+//! Redis ([`limiter_redis::RedisRecords`]) and apply on every instance: each change is written
+//! there first, and every instance polls their version every [`REFRESH_EVERY`], reading them
+//! again when it moved, so an override set on one instance applies on the others within that
+//! interval and a round trip. Decisions read the copy held here, never Redis.
 //!
 //! Which override applies to an identifier: an exact one first; otherwise the matching pattern
 //! with the most literal characters (the most specific), ties broken by the pattern's text
@@ -16,10 +20,22 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 
+use limiter_redis::RedisRecords;
 use serde::{Deserialize, Serialize};
 
 /// The most overrides one namespace holds unless the configuration says otherwise.
 pub const DEFAULT_MAX_PER_NAMESPACE: usize = 10_000;
+
+/// How often an instance on Redis looks for overrides another instance changed.
+pub const REFRESH_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Where overrides are kept besides this process's copy.
+#[derive(Debug)]
+enum Keeping {
+    Memory,
+    File(PathBuf),
+    Redis(RedisRecords),
+}
 
 /// One override.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -70,19 +86,72 @@ type Table = BTreeMap<String, BTreeMap<String, Override>>;
 /// Every namespace's overrides, and where they are kept.
 #[derive(Debug)]
 pub struct Overrides {
-    path: Option<PathBuf>,
+    keeping: Keeping,
     max_per_namespace: usize,
-    table: Mutex<Table>,
+    /// The copy decisions read, and (on Redis) the version it was read at (`None`: not read
+    /// from Redis yet).
+    table: Mutex<(Table, Option<u64>)>,
+}
+
+/// One override as Redis keeps it (its namespace with it, so the table can be rebuilt).
+#[derive(Serialize, Deserialize)]
+struct Stored {
+    namespace: String,
+    #[serde(flatten)]
+    entry: Override,
 }
 
 impl Overrides {
     /// Overrides held in memory only (tests, and a service told to keep none).
     pub fn in_memory(max_per_namespace: usize) -> Self {
+        Self::kept(Keeping::Memory, max_per_namespace, Table::new())
+    }
+
+    fn kept(keeping: Keeping, max_per_namespace: usize, table: Table) -> Self {
         Self {
-            path: None,
+            keeping,
             max_per_namespace,
-            table: Mutex::new(Table::new()),
+            table: Mutex::new((table, None)),
         }
+    }
+
+    /// Overrides kept in Redis, shared by every instance on it: read now, then kept fresh by
+    /// [`refresh`](Self::refresh).
+    pub async fn on_redis(records: RedisRecords, max_per_namespace: usize) -> Result<Self, String> {
+        let overrides = Self::kept(Keeping::Redis(records), max_per_namespace, Table::new());
+        overrides
+            .refresh()
+            .await
+            .map_err(|e| format!("cannot read the overrides from Redis: {e}"))?;
+        Ok(overrides)
+    }
+
+    /// On Redis, reads the overrides again if another instance changed them (one `GET` when
+    /// nothing changed); whether they changed. Elsewhere, nothing to do.
+    pub async fn refresh(&self) -> Result<bool, limiter_redis::BackendError> {
+        let Keeping::Redis(records) = &self.keeping else {
+            return Ok(false);
+        };
+        let seen = self.table().1;
+        if let Some(seen) = seen
+            && records.version().await? == seen
+        {
+            return Ok(false);
+        }
+        let (version, fields) = records.all().await?;
+        let mut table = Table::new();
+        for (_, value) in fields {
+            // A record this version cannot read is skipped, not fatal.
+            if let Ok(stored) = serde_json::from_str::<Stored>(&value) {
+                let entry = stored.entry;
+                table
+                    .entry(stored.namespace)
+                    .or_default()
+                    .insert(entry.identifier.clone(), entry);
+            }
+        }
+        *self.table() = (table, Some(version));
+        Ok(true)
     }
 
     /// Overrides kept in `path`: read from it if it exists (a missing file is no overrides;
@@ -94,61 +163,88 @@ impl Overrides {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Table::new(),
             Err(e) => return Err(format!("{}: {e}", path.display())),
         };
-        Ok(Self {
-            path: Some(path.to_owned()),
+        Ok(Self::kept(
+            Keeping::File(path.to_owned()),
             max_per_namespace,
-            table: Mutex::new(table),
-        })
+            table,
+        ))
     }
 
-    /// Where they are kept, if in a file.
-    pub fn path(&self) -> Option<&Path> {
-        self.path.as_deref()
+    /// Where they are kept: a file, `redis`, or `None` (this process's memory only).
+    pub fn kept_in(&self) -> Option<String> {
+        match &self.keeping {
+            Keeping::Memory => None,
+            Keeping::File(path) => Some(path.display().to_string()),
+            Keeping::Redis(_) => Some("redis".to_owned()),
+        }
     }
 
-    fn table(&self) -> std::sync::MutexGuard<'_, Table> {
+    fn table(&self) -> std::sync::MutexGuard<'_, (Table, Option<u64>)> {
         // A poisoned table is still the table: every change completes before it is visible.
         self.table.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Sets (or changes) the override of `identifier` in `namespace`; its id.
-    pub fn set(
+    pub async fn set(
         &self,
         namespace: &str,
         identifier: &str,
         limit: u64,
         duration_ms: u64,
     ) -> Result<String, OverrideError> {
-        let mut table = self.table();
-        let held = table.get(namespace).map_or(0, BTreeMap::len);
-        let exists = table
-            .get(namespace)
-            .is_some_and(|n| n.contains_key(identifier));
-        if !exists && held >= self.max_per_namespace {
-            return Err(OverrideError::Full {
-                namespace: namespace.to_owned(),
-                max: self.max_per_namespace,
-            });
-        }
         let id = override_id(namespace, identifier);
-        let mut changed = table.clone();
-        changed.entry(namespace.to_owned()).or_default().insert(
-            identifier.to_owned(),
-            Override {
-                id: id.clone(),
-                identifier: identifier.to_owned(),
-                limit,
-                duration_ms,
-            },
-        );
+        let entry = Override {
+            id: id.clone(),
+            identifier: identifier.to_owned(),
+            limit,
+            duration_ms,
+        };
+        let changed = {
+            let table = &self.table().0;
+            let held = table.get(namespace).map_or(0, BTreeMap::len);
+            let exists = table
+                .get(namespace)
+                .is_some_and(|n| n.contains_key(identifier));
+            if !exists && held >= self.max_per_namespace {
+                return Err(OverrideError::Full {
+                    namespace: namespace.to_owned(),
+                    max: self.max_per_namespace,
+                });
+            }
+            let mut changed = table.clone();
+            changed
+                .entry(namespace.to_owned())
+                .or_default()
+                .insert(identifier.to_owned(), entry.clone());
+            changed
+        };
+        if let Keeping::Redis(records) = &self.keeping {
+            let stored = Stored {
+                namespace: namespace.to_owned(),
+                entry,
+            };
+            let value = serde_json::to_string(&stored).unwrap_or_default();
+            records
+                .put(&field(namespace, identifier), &value)
+                .await
+                .map_err(|e| saving("redis", e))?;
+            // Another instance's changes come with the next refresh; this one is seen now.
+            let mut table = self.table();
+            table.0.entry(namespace.to_owned()).or_default().insert(
+                identifier.to_owned(),
+                changed[namespace][identifier].clone(),
+            );
+            return Ok(id);
+        }
         self.save(&changed)?;
-        *table = changed;
+        self.table().0 = changed;
         Ok(id)
     }
 
     /// The override set for exactly `identifier` (a pattern is asked for by its text).
     pub fn get(&self, namespace: &str, identifier: &str) -> Result<Override, OverrideError> {
         self.table()
+            .0
             .get(namespace)
             .and_then(|n| n.get(identifier))
             .cloned()
@@ -156,23 +252,39 @@ impl Overrides {
     }
 
     /// Deletes the override set for exactly `identifier`.
-    pub fn delete(&self, namespace: &str, identifier: &str) -> Result<(), OverrideError> {
-        let mut table = self.table();
-        if !table
-            .get(namespace)
-            .is_some_and(|n| n.contains_key(identifier))
-        {
-            return Err(not_found(namespace, identifier));
-        }
-        let mut changed = table.clone();
+    pub async fn delete(&self, namespace: &str, identifier: &str) -> Result<(), OverrideError> {
+        let mut changed = {
+            let table = &self.table().0;
+            if !table
+                .get(namespace)
+                .is_some_and(|n| n.contains_key(identifier))
+            {
+                return Err(not_found(namespace, identifier));
+            }
+            table.clone()
+        };
         if let Some(n) = changed.get_mut(namespace) {
             n.remove(identifier);
             if n.is_empty() {
                 changed.remove(namespace);
             }
         }
+        if let Keeping::Redis(records) = &self.keeping {
+            let removed = records
+                .remove(&field(namespace, identifier))
+                .await
+                .map_err(|e| saving("redis", e))?;
+            if let Some(n) = self.table().0.get_mut(namespace) {
+                n.remove(identifier);
+            }
+            return if removed {
+                Ok(())
+            } else {
+                Err(not_found(namespace, identifier))
+            };
+        }
         self.save(&changed)?;
-        *table = changed;
+        self.table().0 = changed;
         Ok(())
     }
 
@@ -185,7 +297,7 @@ impl Overrides {
         limit: usize,
     ) -> (Vec<Override>, Option<String>) {
         let table = self.table();
-        let Some(n) = table.get(namespace) else {
+        let Some(n) = table.0.get(namespace) else {
             return (Vec::new(), None);
         };
         let after = |id: &&String| cursor.is_none_or(|c| id.as_str() > c);
@@ -207,7 +319,7 @@ impl Overrides {
     /// The override that applies to `identifier` in `namespace` (see the module docs).
     pub fn find(&self, namespace: &str, identifier: &str) -> Option<Override> {
         let table = self.table();
-        let n = table.get(namespace)?;
+        let n = table.0.get(namespace)?;
         if let Some(exact) = n.get(identifier) {
             return Some(exact.clone());
         }
@@ -225,6 +337,7 @@ impl Overrides {
     /// Every namespace's overrides, for the debug views.
     pub fn snapshot(&self) -> BTreeMap<String, Vec<Override>> {
         self.table()
+            .0
             .iter()
             .map(|(ns, n)| (ns.clone(), n.values().cloned().collect()))
             .collect()
@@ -232,7 +345,7 @@ impl Overrides {
 
     /// Writes `table` to the file atomically; nothing in memory changes if it fails.
     fn save(&self, table: &Table) -> Result<(), OverrideError> {
-        let Some(path) = &self.path else {
+        let Keeping::File(path) = &self.keeping else {
             return Ok(());
         };
         let failed = |e: std::io::Error| OverrideError::Save {
@@ -250,6 +363,18 @@ impl Overrides {
             file.sync_all().map_err(failed)?;
         }
         std::fs::rename(&temporary, path).map_err(failed)
+    }
+}
+
+/// An override's field in Redis: the namespace length-prefixed, then the identifier.
+fn field(namespace: &str, identifier: &str) -> String {
+    format!("{}:{namespace}{identifier}", namespace.len())
+}
+
+fn saving(place: &str, e: impl std::fmt::Display) -> OverrideError {
+    OverrideError::Save {
+        path: place.to_owned(),
+        reason: e.to_string(),
     }
 }
 
@@ -292,6 +417,7 @@ fn matches(pattern: &str, text: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::decided_at_once as now;
 
     #[test]
     fn patterns_match_any_run_of_characters() {
@@ -315,10 +441,10 @@ mod tests {
     #[test]
     fn exact_beats_patterns_and_the_most_specific_pattern_wins() {
         let o = Overrides::in_memory(10);
-        o.set("api", "*", 1, 1_000).unwrap();
-        o.set("api", "user_*", 2, 1_000).unwrap();
-        o.set("api", "*_vip", 3, 1_000).unwrap();
-        o.set("api", "user_ada", 4, 1_000).unwrap();
+        now(o.set("api", "*", 1, 1_000)).unwrap();
+        now(o.set("api", "user_*", 2, 1_000)).unwrap();
+        now(o.set("api", "*_vip", 3, 1_000)).unwrap();
+        now(o.set("api", "user_ada", 4, 1_000)).unwrap();
         let limit = |id: &str| o.find("api", id).map(|o| o.limit);
         assert_eq!(limit("user_ada"), Some(4), "exact");
         assert_eq!(limit("user_bob"), Some(2), "5 literal characters beat 0");
@@ -329,8 +455,8 @@ mod tests {
         assert_eq!(o.find("web", "user_ada"), None, "per namespace");
         // Ties go to the smaller pattern text, whatever order they were set in.
         let t = Overrides::in_memory(10);
-        t.set("n", "b*", 1, 1_000).unwrap();
-        t.set("n", "*b", 2, 1_000).unwrap();
+        now(t.set("n", "b*", 1, 1_000)).unwrap();
+        now(t.set("n", "*b", 2, 1_000)).unwrap();
         assert_eq!(
             t.find("n", "bb").map(|o| o.identifier),
             Some("*b".to_owned())
@@ -340,21 +466,21 @@ mod tests {
     #[test]
     fn ids_are_stable_pages_follow_cursors_and_namespaces_are_bounded() {
         let o = Overrides::in_memory(3);
-        let id = o.set("api", "a", 1, 1_000).unwrap();
+        let id = now(o.set("api", "a", 1, 1_000)).unwrap();
         assert_eq!(
-            o.set("api", "a", 9, 2_000).unwrap(),
+            now(o.set("api", "a", 9, 2_000)).unwrap(),
             id,
             "setting again keeps the id"
         );
         assert_eq!(o.get("api", "a").unwrap().limit, 9);
-        assert_ne!(o.set("api", "b", 1, 1_000).unwrap(), id);
-        o.set("api", "c", 1, 1_000).unwrap();
+        assert_ne!(now(o.set("api", "b", 1, 1_000)).unwrap(), id);
+        now(o.set("api", "c", 1, 1_000)).unwrap();
         assert!(matches!(
-            o.set("api", "d", 1, 1_000),
+            now(o.set("api", "d", 1, 1_000)),
             Err(OverrideError::Full { max: 3, .. })
         ));
         assert!(
-            o.set("api", "c", 2, 1_000).is_ok(),
+            now(o.set("api", "c", 2, 1_000)).is_ok(),
             "changing one is not adding one"
         );
         let (first, cursor) = o.list("api", None, 2);
@@ -367,9 +493,9 @@ mod tests {
         );
         let (rest, end) = o.list("api", cursor.as_deref(), 2);
         assert_eq!((rest.len(), end), (1, None));
-        o.delete("api", "b").unwrap();
+        now(o.delete("api", "b")).unwrap();
         assert!(matches!(
-            o.delete("api", "b"),
+            now(o.delete("api", "b")),
             Err(OverrideError::NotFound { .. })
         ));
         assert!(matches!(
@@ -385,9 +511,9 @@ mod tests {
         let path = dir.join("overrides.json");
         let _ = std::fs::remove_file(&path);
         let o = Overrides::load(&path, 10).unwrap();
-        let id = o.set("api", "user_*", 5, 60_000).unwrap();
-        o.set("api", "gone", 1, 1_000).unwrap();
-        o.delete("api", "gone").unwrap();
+        let id = now(o.set("api", "user_*", 5, 60_000)).unwrap();
+        now(o.set("api", "gone", 1, 1_000)).unwrap();
+        now(o.delete("api", "gone")).unwrap();
         drop(o);
         let again = Overrides::load(&path, 10).unwrap();
         assert_eq!(

@@ -93,6 +93,7 @@ pub(super) async fn set<C: Clock + Clone + Send + Sync + 'static>(
         let overrides = &shared.live.overrides;
         let id = overrides
             .set(&raw.namespace, &raw.identifier, raw.limit, raw.duration)
+            .await
             .map_err(override_error)?;
         Ok::<_, Refusal>(ok(json!({ "overrideId": id })))
     };
@@ -126,6 +127,7 @@ pub(super) async fn delete<C: Clock + Clone + Send + Sync + 'static>(
         let overrides = &shared.live.overrides;
         overrides
             .delete(&raw.namespace, &raw.identifier)
+            .await
             .map_err(override_error)?;
         Ok::<_, Refusal>(ok(json!({})))
     };

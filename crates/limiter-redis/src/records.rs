@@ -1,0 +1,112 @@
+//! [`RedisRecords`]: a named set of small records kept in Redis beside the limits (one hash,
+//! and a version counter every change moves on), for a service's run-time data that every
+//! node must see (limiterd's overrides). A change and its version move in one script call, so
+//! a node that reads the version and then the records never misses a change; nodes poll the
+//! version (one `GET`) and read the records again only when it moved.
+//!
+//! Both keys share a hash tag, so on a cluster they live in one slot.
+
+use redis::Value;
+
+use crate::backend::RedisBackend;
+use crate::error::BackendError;
+
+/// Sets a field and moves the version on: `KEYS = [hash, version]`, `ARGV = [field, value]`.
+const PUT: &str =
+    "redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) return redis.call('INCR', KEYS[2])";
+/// Deletes a field and, if it was there, moves the version on; the number of fields deleted.
+const REMOVE: &str = "local n = redis.call('HDEL', KEYS[1], ARGV[1]) if n > 0 then redis.call('INCR', KEYS[2]) end return n";
+/// The version and every field, read together.
+const ALL: &str = "return {redis.call('GET', KEYS[2]) or '0', redis.call('HGETALL', KEYS[1])}";
+
+/// A named set of records in Redis (see the module docs).
+#[derive(Clone, Debug)]
+pub struct RedisRecords {
+    backend: RedisBackend,
+    keys: [String; 2],
+}
+
+impl RedisBackend {
+    /// The records named `name` (keys `limiterd:{records:<name>}:hash` and `…:version`).
+    pub fn records(&self, name: &str) -> RedisRecords {
+        let tag = format!("limiterd:{{records:{name}}}");
+        RedisRecords {
+            backend: self.clone(),
+            keys: [format!("{tag}:hash"), format!("{tag}:version")],
+        }
+    }
+}
+
+impl RedisRecords {
+    fn script(&self, body: &str, args: &[&str]) -> redis::Cmd {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(body).arg(2).arg(&self.keys[0]).arg(&self.keys[1]);
+        for arg in args {
+            cmd.arg(*arg);
+        }
+        cmd
+    }
+
+    /// Sets `field` to `value`; the version after the change.
+    pub async fn put(&self, field: &str, value: &str) -> Result<u64, BackendError> {
+        let reply = self
+            .backend
+            .query(&self.script(PUT, &[field, value]))
+            .await?;
+        number(&reply)
+    }
+
+    /// Deletes `field`; whether it was there.
+    pub async fn remove(&self, field: &str) -> Result<bool, BackendError> {
+        let reply = self.backend.query(&self.script(REMOVE, &[field])).await?;
+        Ok(number(&reply)? > 0)
+    }
+
+    /// The version now (0 before any change).
+    pub async fn version(&self) -> Result<u64, BackendError> {
+        let mut cmd = redis::cmd("GET");
+        cmd.arg(&self.keys[1]);
+        match self.backend.query(&cmd).await? {
+            Value::Nil => Ok(0),
+            other => number(&other),
+        }
+    }
+
+    /// The version and every `(field, value)`, as of one instant.
+    pub async fn all(&self) -> Result<(u64, Vec<(String, String)>), BackendError> {
+        let reply = self.backend.query(&self.script(ALL, &[])).await?;
+        let Value::Array(parts) = reply else {
+            return Err(bad(&reply));
+        };
+        let (Some(version), Some(Value::Array(flat))) = (parts.first(), parts.get(1)) else {
+            return Err(bad(&Value::Array(parts)));
+        };
+        let version = number(version)?;
+        let mut fields = Vec::with_capacity(flat.len() / 2);
+        for pair in flat.chunks(2) {
+            if let [field, value] = pair {
+                fields.push((text(field)?, text(value)?));
+            }
+        }
+        Ok((version, fields))
+    }
+}
+
+fn bad(reply: &Value) -> BackendError {
+    BackendError::BadReply(format!("records: an unexpected reply {reply:?}"))
+}
+
+fn text(value: &Value) -> Result<String, BackendError> {
+    match value {
+        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).map_err(|_| bad(value)),
+        Value::SimpleString(s) => Ok(s.clone()),
+        other => Err(bad(other)),
+    }
+}
+
+fn number(value: &Value) -> Result<u64, BackendError> {
+    match value {
+        Value::Int(n) => u64::try_from(*n).map_err(|_| bad(value)),
+        other => text(other)?.parse().map_err(|_| bad(other)),
+    }
+}
