@@ -12,6 +12,7 @@ use limiter_core::Clock;
 use limiter_redis::RedisBackend;
 
 use crate::config::Config;
+use crate::config::keys::Keys;
 use crate::engine::{Carried, Engine, EngineError, Stacks};
 use crate::envoy::service::AttachError;
 use crate::envoy::{Domains, Envoy};
@@ -28,6 +29,13 @@ pub struct AppState<C> {
     pub metrics: Arc<Metrics>,
     /// The configuration these parts were built from.
     pub config: Config,
+    /// The keys accepted: the file's, and the root key from `LIMITERD_ROOT_KEY`.
+    pub keys: Keys,
+}
+
+/// The keys `config` names, and the root key from the environment.
+fn keys(config: &Config) -> Keys {
+    Keys::new(config.auth.keys.clone(), |name| std::env::var(name).ok())
 }
 
 /// Why the service's parts could not be built.
@@ -60,6 +68,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> AppState<C> {
             envoy,
             metrics,
             config: config.clone(),
+            keys: keys(config),
         })
     }
 
@@ -80,6 +89,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> AppState<C> {
             envoy,
             metrics: Arc::clone(&self.metrics),
             config: config.clone(),
+            keys: keys(config),
         };
         Ok((state, carried))
     }

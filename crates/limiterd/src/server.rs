@@ -76,7 +76,7 @@ pub async fn serve(
         .map_err(|e| e.to_string())?;
     let overrides = match (&backend, sources.overrides_file()) {
         (Some(backend), _) => {
-            Overrides::on_redis(backend.records("overrides"), DEFAULT_MAX_PER_NAMESPACE).await?
+            Overrides::on_redis(backend.records("overrides"), DEFAULT_MAX_PER_NAMESPACE).await
         }
         (None, Some(path)) => Overrides::load(&path, DEFAULT_MAX_PER_NAMESPACE)?,
         (None, None) => {
@@ -86,6 +86,19 @@ pub async fn serve(
             Overrides::in_memory(DEFAULT_MAX_PER_NAMESPACE)
         }
     };
+    if !config.listen.ip().is_loopback() {
+        if state.keys.is_empty() {
+            tracing::warn!(
+                listen = %config.listen,
+                "listening beyond loopback without keys: /v1, /json, /debug, /metrics and the status page are open to anyone who can reach this address; add `[auth] keys` (unkey's v2 API stays closed without a key)"
+            );
+        } else if !config.protects_native(true) {
+            tracing::warn!(
+                listen = %config.listen,
+                "listening beyond loopback with `[auth] protect_native = false`: the native API is open to anyone who can reach this address"
+            );
+        }
+    }
     let live = Arc::new(Live::with_overrides(state, overrides));
     if backend.is_some() {
         // Overrides another instance changed apply here within one interval.

@@ -526,3 +526,100 @@ async fn two_instances_on_one_redis_count_one_budget_and_share_overrides() {
         tokio::time::sleep(std::time::Duration::from_millis(25)).await;
     }
 }
+
+/// A configuration with two keys from `[auth]`: one that decides, one that reads overrides.
+fn keyed_config(protect: bool) -> std::path::PathBuf {
+    let text = format!(
+        "[policies.api]\nlimits = [{{ algorithm = \"token_bucket\", count = 10, period = \"1m\" }}]\n\
+         [auth]\nprotect_native = {protect}\nkeys = [\n\
+           {{ name = \"decider\", sha256 = \"%DECIDER%\", permissions = [\"decide\"] }},\n\
+           {{ name = \"reader\", sha256 = \"%READER%\", permissions = [\"read_overrides\"] }},\n]\n"
+    );
+    let text = text
+        .replace(
+            "%DECIDER%",
+            "89455d58f808c17e99cbbe843e386d3b5ffdc15ab3d6c5b38b0048e03b82fa67",
+        )
+        .replace(
+            "%READER%",
+            "ec4408df15da46b328f6f3246fa723d0aa6cb0f0a0dd9c4626080ab1b02aa3b2",
+        );
+    support::temp_file(&format!("auth-{protect}.toml"), &text)
+}
+
+#[tokio::test]
+async fn keys_from_the_file_carry_their_permissions_and_can_guard_the_native_api() {
+    let config = keyed_config(true);
+    let daemon = Daemon::start(&["--log-level", "warn", "--config", config.to_str().unwrap()]);
+    let mut client = Client::connect(daemon.addr).await;
+    // v2: each key does what its permissions say.
+    let body = limit("api", "ada", 5, 60_000, None);
+    let (status, _) = call(&mut client, "limit", Some("decider-key"), &body).await;
+    assert_eq!(status, 200);
+    let (status, value) = call(&mut client, "limit", Some("reader-key"), &body).await;
+    assert_eq!(status, 403, "{value}");
+    assert!(
+        value["error"]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("decide"),
+        "{value}"
+    );
+    let set = json!({"namespace": "api", "identifier": "x", "limit": 1, "duration": 60_000});
+    let (status, _) = call(&mut client, "setOverride", Some("reader-key"), &set).await;
+    assert_eq!(status, 403, "reading is not writing");
+    let (status, _) = call(
+        &mut client,
+        "listOverrides",
+        Some("reader-key"),
+        &json!({"namespace": "api"}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    // The native API: a decision needs `decide`, the views `read_overrides`; health is open.
+    let v1 = json!({"policy": "api", "identifier": "ada"}).to_string();
+    for (key, path, method, want) in [
+        (None, "/v1/ratelimit", "POST", 401),
+        (Some("wrong"), "/v1/ratelimit", "POST", 401),
+        (Some("reader-key"), "/v1/ratelimit", "POST", 403),
+        (Some("decider-key"), "/v1/ratelimit", "POST", 200),
+        (None, "/metrics", "GET", 401),
+        (Some("decider-key"), "/debug/config", "GET", 403),
+        (Some("reader-key"), "/debug/config", "GET", 200),
+        (None, "/healthz", "GET", 200),
+        (None, "/readyz", "GET", 200),
+    ] {
+        let bearer = key.map(|k| format!("Bearer {k}"));
+        let mut headers = vec![("content-type", "application/json")];
+        if let Some(b) = &bearer {
+            headers.push(("authorization", b));
+        }
+        let body = if method == "POST" { v1.as_str() } else { "" };
+        let reply = client.request(method, path, &headers, body).await;
+        assert_eq!(
+            reply.status.as_u16(),
+            want,
+            "{method} {path} with {key:?}: {}",
+            reply.body
+        );
+        if want == 401 || want == 403 {
+            let value: Value = serde_json::from_str(&reply.body).unwrap();
+            let code = if want == 401 {
+                "unauthorized"
+            } else {
+                "forbidden"
+            };
+            assert_eq!(value["error"]["code"], code, "{}", reply.body);
+        }
+    }
+    drop(client);
+    drop(daemon);
+    // Unprotected (the default on loopback), the native API needs no key; v2 still does.
+    let open = keyed_config(false);
+    let daemon = Daemon::start(&["--log-level", "warn", "--config", open.to_str().unwrap()]);
+    let mut client = Client::connect(daemon.addr).await;
+    let (status, _) = client.send("POST", "/v1/ratelimit", &v1).await;
+    assert_eq!(status, 200);
+    let (status, _) = call(&mut client, "limit", None, &body).await;
+    assert_eq!(status, 401);
+}

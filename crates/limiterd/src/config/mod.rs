@@ -45,10 +45,14 @@ use limiter_redis::OnFailure;
 use serde::Deserialize;
 use toml::Spanned;
 
+mod auth;
 mod envoy;
+pub mod keys;
 mod policy;
 mod store;
 
+pub use auth::AuthSettings;
+use auth::{RawAuth, parse_auth};
 use envoy::parse_envoy;
 pub use limiter_core::text::parse_period;
 pub use limiter_envoy::settings::{
@@ -116,6 +120,20 @@ pub struct Config {
     pub envoy: Option<EnvoySettings>,
     /// Timeouts and reloading (`[server]`).
     pub server: ServerSettings,
+    /// The keys limiterd accepts, and whether the native API needs one (`[auth]`).
+    pub auth: AuthSettings,
+}
+
+impl Config {
+    /// Whether the native API needs a key: as `[auth]` says, else exactly when `listen` is not
+    /// a loopback address and keys exist (without keys it cannot, and limiterd warns).
+    pub fn protects_native(&self, has_keys: bool) -> bool {
+        has_keys
+            && self
+                .auth
+                .protect_native
+                .unwrap_or(!self.listen.ip().is_loopback())
+    }
 }
 
 /// How the servers treat slow clients, how long a shutdown may take, and how often the files
@@ -181,6 +199,7 @@ struct RawConfig {
     policies: BTreeMap<Spanned<String>, Spanned<RawPolicy>>,
     envoy: Option<Spanned<RawEnvoy>>,
     server: Option<Spanned<RawServer>>,
+    auth: Option<Spanned<RawAuth>>,
 }
 
 #[derive(Deserialize)]
@@ -293,6 +312,10 @@ impl Config {
             None => ServerSettings::default(),
             Some(server) => parse_server(&source, server.get_ref())?,
         };
+        let auth = match &raw.auth {
+            None => AuthSettings::default(),
+            Some(auth) => parse_auth(&source, auth.get_ref())?,
+        };
         let default_failure = match &store {
             Store::Redis { on_failure, .. } => *on_failure,
             Store::Memory { .. } => OnFailure::default(),
@@ -316,6 +339,7 @@ impl Config {
             policies,
             envoy,
             server,
+            auth,
         })
     }
 }

@@ -207,3 +207,49 @@ fn envoy_switches_come_from_the_table_or_the_references_environment() {
     .expect_err("not a header name");
     assert!(err.to_string().contains("`reset_header`"), "{err}");
 }
+
+#[test]
+fn auth_keys_are_digests_with_permissions_and_errors_name_their_place() {
+    let head =
+        "[policies.p]\nlimits = [{ algorithm = \"token_bucket\", count = 1, period = \"1s\" }]\n";
+    let digest = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+    let ok = Config::parse(&format!(
+        "{head}[auth]\nkeys = [{{ name = \"ci\", sha256 = \"{digest}\", permissions = [\"decide\", \"write_overrides\"] }}]\n"
+    ))
+    .expect("valid");
+    assert_eq!(ok.auth.keys.len(), 1);
+    assert!(ok.auth.keys[0].permissions.decide && !ok.auth.keys[0].permissions.read_overrides);
+    // Protection follows the listener unless the file says.
+    assert!(!ok.protects_native(true), "loopback: off by default");
+    let public = Config::parse(&format!(
+        "listen = \"0.0.0.0:8080\"\n{head}[auth]\nkeys = [{{ name = \"ci\", sha256 = \"{digest}\", permissions = [\"decide\"] }}]\n"
+    ))
+    .expect("valid");
+    assert!(public.protects_native(true) && !public.protects_native(false));
+    for (auth, line, needle) in [
+        (
+            "keys = [{ name = \"ci\", sha256 = \"test\", permissions = [] }]",
+            4,
+            "64 hex",
+        ),
+        (
+            &format!(
+                "keys = [{{ name = \"ci\", sha256 = \"{digest}\", permissions = [\"admin\"] }}]"
+            ),
+            4,
+            "unknown permission",
+        ),
+        (
+            &format!(
+                "keys = [{{ name = \"ci\", sha256 = \"{digest}\", permissions = [] }}, {{ name = \"ci\", sha256 = \"{digest}\", permissions = [] }}]"
+            ),
+            4,
+            "twice",
+        ),
+        ("colour = 1", 4, "colour"),
+    ] {
+        let err = Config::parse(&format!("{head}[auth]\n{auth}\n")).expect_err(auth);
+        assert_eq!(err.line, Some(line), "{auth}: {err}");
+        assert!(err.message.contains(needle), "{auth}: {err}");
+    }
+}

@@ -28,7 +28,6 @@ use axum::routing::{get, post};
 use limiter_core::Clock;
 use serde::Serialize;
 
-use super::keys::Keys;
 use super::request::{ApiError, MAX_BODY_BYTES, parse_many, parse_request};
 use crate::engine::{Answer, DecideError};
 use crate::envoy::json as envoy_json;
@@ -191,6 +190,55 @@ fn refusal(error: ApiError) -> Response {
     response
 }
 
+/// Lets a request to the native API through when the configuration does not protect it, or
+/// when its bearer key may: decisions (`/v1`, `/json`) need `decide`, the views (`/metrics`,
+/// `/debug`, the status page) `read_overrides`. A refusal is a 401 (no key, or one limiterd
+/// does not accept) or a 403 (a key without the permission), in the API's error shape.
+async fn guard<C: Clock + Clone + Send + Sync + 'static>(
+    State(live): State<Arc<Live<C>>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let state = live.current();
+    if !state.config.protects_native(!state.keys.is_empty()) {
+        return next.run(request).await;
+    }
+    let path = request.uri().path();
+    let decides = path.starts_with("/v1/") || path == "/json";
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .map(|v| v.as_bytes());
+    let refused = |status, code, message: String| ApiError {
+        status,
+        code,
+        field: None,
+        message,
+    };
+    match state.keys.check(presented) {
+        Ok(key) if (decides && key.permissions.decide) || (!decides && key.permissions.read_overrides) => {
+            drop(state);
+            next.run(request).await
+        }
+        Ok(key) => refused(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!(
+                "the key `{}` lacks the `{}` permission: use a key that has it",
+                key.name,
+                if decides { "decide" } else { "read_overrides" }
+            ),
+        )
+        .into_response(),
+        Err(_) => refused(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "this listener is behind keys: send `Authorization: Bearer <key>` with a key from `[auth]` or `LIMITERD_ROOT_KEY`".into(),
+        )
+        .into_response(),
+    }
+}
+
 /// The routes, for messages.
 const ROUTES: &str = "POST /v1/ratelimit, POST /v1/ratelimit/many, POST /v2/ratelimit.limit, \
      POST /v2/ratelimit.multiLimit, POST /json, GET /healthz, \
@@ -199,17 +247,24 @@ const ROUTES: &str = "POST /v1/ratelimit, POST /v1/ratelimit/many, POST /v2/rate
 
 /// The API's routes over `live`.
 pub fn router<C: Clock + Clone + Send + Sync + 'static>(live: Arc<Live<C>>) -> Router {
-    Router::new()
+    // Behind keys when the configuration protects the native API (see `guard`).
+    let native = Router::new()
         .route("/v1/ratelimit", post(one::<C>))
         .route("/v1/ratelimit/many", post(many::<C>))
         .route("/json", post(envoy::<C>))
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz::<C>))
-        .route("/healthcheck", get(healthcheck::<C>))
         .route("/metrics", get(metrics::<C>))
         .route("/debug/config", get(debug_config::<C>))
         .route("/debug/status", get(debug_status::<C>))
         .route("/", get(status_page))
+        .route_layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&live),
+            guard::<C>,
+        ));
+    Router::new()
+        .merge(native)
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz::<C>))
+        .route("/healthcheck", get(healthcheck::<C>))
         .route("/openapi.json", get(openapi))
         .fallback(|| async {
             ApiError {
@@ -228,10 +283,7 @@ pub fn router<C: Clock + Clone + Send + Sync + 'static>(live: Arc<Live<C>>) -> R
             }
         })
         .with_state(Arc::clone(&live))
-        .merge(super::unkey::router(
-            live,
-            Keys::new(Vec::new(), |name| std::env::var(name).ok()),
-        ))
+        .merge(super::unkey::router(live))
 }
 
 async fn one<C: Clock + Clone + Send + Sync + 'static>(

@@ -115,15 +115,15 @@ impl Overrides {
         }
     }
 
-    /// Overrides kept in Redis, shared by every instance on it: read now, then kept fresh by
-    /// [`refresh`](Self::refresh).
-    pub async fn on_redis(records: RedisRecords, max_per_namespace: usize) -> Result<Self, String> {
+    /// Overrides kept in Redis, shared by every instance on it: read now if Redis answers
+    /// (else none until it does; the store's failure policy keeps deciding meanwhile), then
+    /// kept fresh by [`refresh`](Self::refresh).
+    pub async fn on_redis(records: RedisRecords, max_per_namespace: usize) -> Self {
         let overrides = Self::kept(Keeping::Redis(records), max_per_namespace, Table::new());
+        if let Err(e) = overrides.refresh().await {
+            tracing::warn!(error = %e, "the overrides could not be read from Redis yet; they apply once it answers");
+        }
         overrides
-            .refresh()
-            .await
-            .map_err(|e| format!("cannot read the overrides from Redis: {e}"))?;
-        Ok(overrides)
     }
 
     /// On Redis, reads the overrides again if another instance changed them (one `GET` when

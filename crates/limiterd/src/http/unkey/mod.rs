@@ -1,5 +1,5 @@
 //! unkey's v2 ratelimit API, so unkey's own SDKs (`@unkey/api`, `@unkey/ratelimit`) work
-//! against limiterd unchanged: `POST /v2/ratelimit.<op>`, each behind a key ([`super::keys`];
+//! against limiterd unchanged: `POST /v2/ratelimit.<op>`, each behind a key ([`crate::config::keys`];
 //! the v2 API always requires one, with the permission the operation needs), each answer
 //! `{meta: {requestId}, data}` and each refusal `{meta, error: {title, detail, status, type,
 //! errors?}}` as the SDK's generated models read them.
@@ -23,8 +23,8 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::api::read_body;
-use super::keys::{Keys, Permissions, Refused};
 use super::request::{MAX_DURATION_MS, MAX_IDENTIFIER, MAX_NAMESPACE};
+use crate::config::keys::{Keys, Permissions, Refused};
 use crate::ops::live::Live;
 
 mod limit;
@@ -35,11 +35,10 @@ pub const MIN_DURATION_MS: u64 = 1_000;
 
 struct Shared<C> {
     live: Arc<Live<C>>,
-    keys: Keys,
 }
 
-/// The v2 routes over `live`, accepting `keys`.
-pub fn router<C: Clock + Clone + Send + Sync + 'static>(live: Arc<Live<C>>, keys: Keys) -> Router {
+/// The v2 routes over `live`, accepting the keys its serving state holds.
+pub fn router<C: Clock + Clone + Send + Sync + 'static>(live: Arc<Live<C>>) -> Router {
     Router::new()
         .route("/v2/ratelimit.limit", post(limit::limit::<C>))
         .route("/v2/ratelimit.multiLimit", post(limit::multi_limit::<C>))
@@ -47,7 +46,7 @@ pub fn router<C: Clock + Clone + Send + Sync + 'static>(live: Arc<Live<C>>, keys
         .route("/v2/ratelimit.getOverride", post(overrides::get::<C>))
         .route("/v2/ratelimit.deleteOverride", post(overrides::delete::<C>))
         .route("/v2/ratelimit.listOverrides", post(overrides::list::<C>))
-        .with_state(Arc::new(Shared { live, keys }))
+        .with_state(Arc::new(Shared { live }))
 }
 
 /// A fresh request id: the process's start and a count, so no two answers share one.
@@ -194,14 +193,14 @@ fn parse<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Refusal> {
 
 /// The body of an authorized call; any body that cannot be read is a 400 (the SDK retries a
 /// 5xx for seconds, and a bad body would fail again).
-async fn read<C>(
+async fn read<C: Clock + Clone + Send + Sync + 'static>(
     shared: &Shared<C>,
     headers: &HeaderMap,
     body: Body,
     timeout: Duration,
     needs: Needs,
 ) -> Result<axum::body::Bytes, Refusal> {
-    authorized(&shared.keys, headers, needs)?;
+    authorized(&shared.live.current().keys, headers, needs)?;
     read_body(headers, body, timeout).await.map_err(|e| {
         let problem = Problem {
             location: "body".into(),
