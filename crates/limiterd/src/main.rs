@@ -128,6 +128,22 @@ fn check(file: &Path) -> Result<(), String> {
             format!("; envoy domains: {}", envoy.join(", "))
         }
     );
+    // unkey's overrides kept beside the file (in memory; on Redis they live in Redis).
+    let beside = file.with_file_name(limiterd::ops::files::OVERRIDES_FILE);
+    if beside.exists() {
+        let overrides = limiterd::ops::overrides::Overrides::load(
+            &beside,
+            limiterd::ops::overrides::DEFAULT_MAX_PER_NAMESPACE,
+        )?;
+        let snapshot = overrides.snapshot();
+        let count: usize = snapshot.values().map(Vec::len).sum();
+        println!(
+            "{}: {count} overrides in {} namespaces ({})",
+            beside.display(),
+            snapshot.len(),
+            snapshot.keys().cloned().collect::<Vec<_>>().join(", ")
+        );
+    }
     Ok(())
 }
 

@@ -623,3 +623,65 @@ async fn keys_from_the_file_carry_their_permissions_and_can_guard_the_native_api
     let (status, _) = call(&mut client, "limit", None, &body).await;
     assert_eq!(status, 401);
 }
+
+#[test]
+fn check_config_lists_the_overrides_kept_beside_the_file() {
+    let config = support::temp_file(
+        "check-limiterd.toml",
+        "[policies.api]\nlimits = [{ algorithm = \"token_bucket\", count = 10, period = \"1m\" }]\n",
+    );
+    let overrides = config.with_file_name("limiterd-overrides.json");
+    let entry = |id: &str| json!({"id": id, "identifier": id, "limit": 1, "duration_ms": 60_000});
+    let table = json!({"api": {"a": entry("a"), "b*": entry("b*")}, "web": {"c": entry("c")}});
+    std::fs::write(&overrides, table.to_string()).unwrap();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_limiterd"))
+        .args(["check-config", config.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("3 overrides in 2 namespaces (api, web)"),
+        "{stdout}"
+    );
+}
+
+#[tokio::test]
+async fn keys_reload_with_the_file() {
+    let with = |digest: &str| {
+        format!(
+            "[policies.api]\nlimits = [{{ algorithm = \"token_bucket\", count = 10, period = \"1m\" }}]\n\
+             [auth]\nkeys = [{{ name = \"k\", sha256 = \"{digest}\", permissions = [\"decide\"] }}]\n"
+        )
+    };
+    let config = support::temp_file(
+        "reload-keys.toml",
+        &with("762c08fc17a1cc5f00d248f8b50f2f2f4d17ff2934ac31e64deacb3f5bb3f2ec"),
+    );
+    let daemon = Daemon::start(&["--log-level", "warn", "--config", config.to_str().unwrap()]);
+    let mut client = Client::connect(daemon.addr).await;
+    let body = limit("api", "ada", 5, 60_000, None);
+    assert_eq!(
+        call(&mut client, "limit", Some("old-key"), &body).await.0,
+        200
+    );
+    std::fs::write(
+        &config,
+        with("479a61d5370a0351ad498a8f324e0f9ad50bfafbe4c044ea49cbe3981e8cb573"),
+    )
+    .unwrap();
+    daemon.signal("HUP");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while call(&mut client, "limit", Some("new-key"), &body).await.0 != 200 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the new key was never accepted"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    assert_eq!(
+        call(&mut client, "limit", Some("old-key"), &body).await.0,
+        401,
+        "the old key is gone"
+    );
+}
