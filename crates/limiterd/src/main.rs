@@ -131,10 +131,7 @@ fn check(file: &Path) -> Result<(), String> {
     // unkey's overrides kept beside the file (in memory; on Redis they live in Redis).
     let beside = file.with_file_name(limiterd::ops::files::OVERRIDES_FILE);
     if beside.exists() {
-        let overrides = limiterd::ops::overrides::Overrides::load(
-            &beside,
-            limiterd::ops::overrides::DEFAULT_MAX_PER_NAMESPACE,
-        )?;
+        let overrides = limiterd::ops::overrides::Overrides::load(&beside)?;
         let snapshot = overrides.snapshot();
         let count: usize = snapshot.values().map(Vec::len).sum();
         println!(

@@ -30,7 +30,7 @@ use crate::grpc::Serving;
 use crate::http;
 use crate::ops::files::Sources;
 use crate::ops::live::{Live, Reloaded};
-use crate::ops::overrides::{DEFAULT_MAX_PER_NAMESPACE, Overrides, REFRESH_EVERY};
+use crate::ops::overrides::{Overrides, REFRESH_EVERY};
 use limiter_envoy::grpc::Grpc;
 
 /// How often the store's readiness is probed.
@@ -75,15 +75,13 @@ pub async fn serve(
     let state = AppState::build(&config, domains, DefaultClock::new(), backend.clone())
         .map_err(|e| e.to_string())?;
     let overrides = match (&backend, sources.overrides_file()) {
-        (Some(backend), _) => {
-            Overrides::on_redis(backend.records("overrides"), DEFAULT_MAX_PER_NAMESPACE).await
-        }
-        (None, Some(path)) => Overrides::load(&path, DEFAULT_MAX_PER_NAMESPACE)?,
+        (Some(backend), _) => Overrides::on_redis(backend.records("overrides")).await,
+        (None, Some(path)) => Overrides::load(&path)?,
         (None, None) => {
             tracing::warn!(
                 "unkey's overrides are kept in memory only and lost at exit: give --overrides FILE or --config FILE to keep them"
             );
-            Overrides::in_memory(DEFAULT_MAX_PER_NAMESPACE)
+            Overrides::in_memory()
         }
     };
     if !config.listen.ip().is_loopback() {

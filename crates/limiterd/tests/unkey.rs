@@ -626,10 +626,12 @@ async fn keys_from_the_file_carry_their_permissions_and_can_guard_the_native_api
 
 #[test]
 fn check_config_lists_the_overrides_kept_beside_the_file() {
-    let config = support::temp_file(
-        "check-limiterd.toml",
-        "[policies.api]\nlimits = [{ algorithm = \"token_bucket\", count = 10, period = \"1m\" }]\n",
-    );
+    // A directory of its own: the other tests' daemons read the file beside their configuration.
+    let dir = std::env::temp_dir().join(format!("limiterd-check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("limiterd.toml");
+    let policies = "[policies.api]\nlimits = [{ algorithm = \"token_bucket\", count = 10, period = \"1m\" }]\n";
+    std::fs::write(&config, policies).unwrap();
     let overrides = config.with_file_name("limiterd-overrides.json");
     let entry = |id: &str| json!({"id": id, "identifier": id, "limit": 1, "duration_ms": 60_000});
     let table = json!({"api": {"a": entry("a"), "b*": entry("b*")}, "web": {"c": entry("c")}});
@@ -683,5 +685,57 @@ async fn keys_reload_with_the_file() {
         call(&mut client, "limit", Some("old-key"), &body).await.0,
         401,
         "the old key is gone"
+    );
+}
+
+#[tokio::test]
+async fn a_namespace_holds_at_most_the_configured_overrides() {
+    let config = support::temp_file(
+        "max-overrides.toml",
+        "[policies.api]\nlimits = [{ algorithm = \"token_bucket\", count = 10, period = \"1m\" }]\n[overrides]\nmax_per_namespace = 1\n",
+    );
+    // Its own overrides file (not the one beside the configuration other tests write).
+    let kept = support::temp_file("max-overrides.json", "{}");
+    let daemon = Daemon::start_with_env(
+        &[
+            "--log-level",
+            "warn",
+            "--config",
+            config.to_str().unwrap(),
+            "--overrides",
+            kept.to_str().unwrap(),
+        ],
+        &[("LIMITERD_ROOT_KEY", KEY)],
+    );
+    let mut client = Client::connect(daemon.addr).await;
+    let set = |namespace: &str, identifier: &str| json!({"namespace": namespace, "identifier": identifier, "limit": 1, "duration": 60_000});
+    assert_eq!(
+        call(&mut client, "setOverride", Some(KEY), &set("api", "a"))
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        call(&mut client, "setOverride", Some(KEY), &set("api", "a"))
+            .await
+            .0,
+        200,
+        "changing one"
+    );
+    let (status, value) = call(&mut client, "setOverride", Some(KEY), &set("api", "b")).await;
+    assert_eq!(status, 400, "{value}");
+    assert!(
+        value["error"]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("max_per_namespace"),
+        "{value}"
+    );
+    assert_eq!(
+        call(&mut client, "setOverride", Some(KEY), &set("web", "b"))
+            .await
+            .0,
+        200,
+        "per namespace"
     );
 }

@@ -122,6 +122,27 @@ pub struct Config {
     pub server: ServerSettings,
     /// The keys limiterd accepts, and whether the native API needs one (`[auth]`).
     pub auth: AuthSettings,
+    /// unkey's overrides (`[overrides]`).
+    pub overrides: OverrideSettings,
+}
+
+/// The most overrides one namespace holds unless `[overrides] max_per_namespace` says.
+pub const DEFAULT_MAX_OVERRIDES: usize = 10_000;
+
+/// The `[overrides]` table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OverrideSettings {
+    /// `max_per_namespace`: the most overrides one namespace holds (10,000); a new one past it
+    /// is refused, naming this setting.
+    pub max_per_namespace: usize,
+}
+
+impl Default for OverrideSettings {
+    fn default() -> Self {
+        Self {
+            max_per_namespace: DEFAULT_MAX_OVERRIDES,
+        }
+    }
 }
 
 impl Config {
@@ -200,6 +221,13 @@ struct RawConfig {
     envoy: Option<Spanned<RawEnvoy>>,
     server: Option<Spanned<RawServer>>,
     auth: Option<Spanned<RawAuth>>,
+    overrides: Option<Spanned<RawOverrides>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawOverrides {
+    max_per_namespace: Spanned<u64>,
 }
 
 #[derive(Deserialize)]
@@ -316,6 +344,18 @@ impl Config {
             None => AuthSettings::default(),
             Some(auth) => parse_auth(&source, auth.get_ref())?,
         };
+        let overrides = match &raw.overrides {
+            None => OverrideSettings::default(),
+            Some(o) => {
+                let max = &o.get_ref().max_per_namespace;
+                if *max.get_ref() == 0 {
+                    return Err(source.at(max, "`max_per_namespace` must be at least 1"));
+                }
+                OverrideSettings {
+                    max_per_namespace: usize::try_from(*max.get_ref()).unwrap_or(usize::MAX),
+                }
+            }
+        };
         let default_failure = match &store {
             Store::Redis { on_failure, .. } => *on_failure,
             Store::Memory { .. } => OnFailure::default(),
@@ -340,6 +380,7 @@ impl Config {
             envoy,
             server,
             auth,
+            overrides,
         })
     }
 }

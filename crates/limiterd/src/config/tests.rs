@@ -253,3 +253,16 @@ fn auth_keys_are_digests_with_permissions_and_errors_name_their_place() {
         assert!(err.message.contains(needle), "{auth}: {err}");
     }
 }
+
+#[test]
+fn overrides_per_namespace_are_bounded_by_the_file() {
+    let head =
+        "[policies.p]\nlimits = [{ algorithm = \"token_bucket\", count = 1, period = \"1s\" }]\n";
+    let default = Config::parse(head).expect("valid");
+    assert_eq!(default.overrides.max_per_namespace, DEFAULT_MAX_OVERRIDES);
+    let set = Config::parse(&format!("{head}[overrides]\nmax_per_namespace = 3\n")).expect("valid");
+    assert_eq!(set.overrides.max_per_namespace, 3);
+    let zero =
+        Config::parse(&format!("{head}[overrides]\nmax_per_namespace = 0\n")).expect_err("0");
+    assert_eq!(zero.line, Some(4), "{zero}");
+}

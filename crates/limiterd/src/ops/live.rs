@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use limiter_core::Clock;
 
-use super::overrides::{DEFAULT_MAX_PER_NAMESPACE, Overrides};
+use super::overrides::Overrides;
 use crate::app::AppState;
 use crate::config::{Config, Store};
 use crate::engine::Carried;
@@ -99,7 +99,7 @@ pub enum Reloaded {
 impl<C: Clock + Clone + Send + Sync + 'static> Live<C> {
     /// Serves `state`, with overrides held in memory only.
     pub fn new(state: AppState<C>) -> Self {
-        Self::with_overrides(state, Overrides::in_memory(DEFAULT_MAX_PER_NAMESPACE))
+        Self::with_overrides(state, Overrides::in_memory())
     }
 
     /// Serves `state` with `overrides`.

@@ -23,9 +23,6 @@ use std::sync::{Mutex, PoisonError};
 use limiter_redis::RedisRecords;
 use serde::{Deserialize, Serialize};
 
-/// The most overrides one namespace holds unless the configuration says otherwise.
-pub const DEFAULT_MAX_PER_NAMESPACE: usize = 10_000;
-
 /// How often an instance on Redis looks for overrides another instance changed.
 pub const REFRESH_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
 
@@ -63,7 +60,7 @@ pub enum OverrideError {
     },
     /// The namespace holds as many overrides as it may.
     #[error(
-        "namespace `{namespace}` already holds its {max} overrides: delete one, or raise `[unkey] max_overrides_per_namespace`"
+        "namespace `{namespace}` already holds its {max} overrides: delete one, or raise `[overrides] max_per_namespace`"
     )]
     Full {
         /// The namespace.
@@ -87,7 +84,6 @@ type Table = BTreeMap<String, BTreeMap<String, Override>>;
 #[derive(Debug)]
 pub struct Overrides {
     keeping: Keeping,
-    max_per_namespace: usize,
     /// The copy decisions read, and (on Redis) the version it was read at (`None`: not read
     /// from Redis yet).
     table: Mutex<(Table, Option<u64>)>,
@@ -103,14 +99,13 @@ struct Stored {
 
 impl Overrides {
     /// Overrides held in memory only (tests, and a service told to keep none).
-    pub fn in_memory(max_per_namespace: usize) -> Self {
-        Self::kept(Keeping::Memory, max_per_namespace, Table::new())
+    pub fn in_memory() -> Self {
+        Self::kept(Keeping::Memory, Table::new())
     }
 
-    fn kept(keeping: Keeping, max_per_namespace: usize, table: Table) -> Self {
+    fn kept(keeping: Keeping, table: Table) -> Self {
         Self {
             keeping,
-            max_per_namespace,
             table: Mutex::new((table, None)),
         }
     }
@@ -118,8 +113,8 @@ impl Overrides {
     /// Overrides kept in Redis, shared by every instance on it: read now if Redis answers
     /// (else none until it does; the store's failure policy keeps deciding meanwhile), then
     /// kept fresh by [`refresh`](Self::refresh).
-    pub async fn on_redis(records: RedisRecords, max_per_namespace: usize) -> Self {
-        let overrides = Self::kept(Keeping::Redis(records), max_per_namespace, Table::new());
+    pub async fn on_redis(records: RedisRecords) -> Self {
+        let overrides = Self::kept(Keeping::Redis(records), Table::new());
         if let Err(e) = overrides.refresh().await {
             tracing::warn!(error = %e, "the overrides could not be read from Redis yet; they apply once it answers");
         }
@@ -156,18 +151,14 @@ impl Overrides {
 
     /// Overrides kept in `path`: read from it if it exists (a missing file is no overrides;
     /// an unreadable one is an error naming it).
-    pub fn load(path: &Path, max_per_namespace: usize) -> Result<Self, String> {
+    pub fn load(path: &Path) -> Result<Self, String> {
         let table = match std::fs::read(path) {
             Ok(bytes) => serde_json::from_slice(&bytes)
                 .map_err(|e| format!("{}: not an overrides file ({e})", path.display()))?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Table::new(),
             Err(e) => return Err(format!("{}: {e}", path.display())),
         };
-        Ok(Self::kept(
-            Keeping::File(path.to_owned()),
-            max_per_namespace,
-            table,
-        ))
+        Ok(Self::kept(Keeping::File(path.to_owned()), table))
     }
 
     /// Where they are kept: a file, `redis`, or `None` (this process's memory only).
@@ -184,13 +175,14 @@ impl Overrides {
         self.table.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Sets (or changes) the override of `identifier` in `namespace`; its id.
+    /// Sets (or changes) the override of `identifier` in `namespace`, which holds at most
+    /// `max` (on Redis, as far as this instance has seen); its id.
     pub async fn set(
         &self,
         namespace: &str,
         identifier: &str,
-        limit: u64,
-        duration_ms: u64,
+        (limit, duration_ms): (u64, u64),
+        max: usize,
     ) -> Result<String, OverrideError> {
         let id = override_id(namespace, identifier);
         let entry = Override {
@@ -205,10 +197,10 @@ impl Overrides {
             let exists = table
                 .get(namespace)
                 .is_some_and(|n| n.contains_key(identifier));
-            if !exists && held >= self.max_per_namespace {
+            if !exists && held >= max {
                 return Err(OverrideError::Full {
                     namespace: namespace.to_owned(),
-                    max: self.max_per_namespace,
+                    max,
                 });
             }
             let mut changed = table.clone();
@@ -419,6 +411,8 @@ mod tests {
     use super::*;
     use crate::engine::decided_at_once as now;
 
+    const MAX: usize = 10;
+
     #[test]
     fn patterns_match_any_run_of_characters() {
         for (pattern, text, want) in [
@@ -440,11 +434,11 @@ mod tests {
 
     #[test]
     fn exact_beats_patterns_and_the_most_specific_pattern_wins() {
-        let o = Overrides::in_memory(10);
-        now(o.set("api", "*", 1, 1_000)).unwrap();
-        now(o.set("api", "user_*", 2, 1_000)).unwrap();
-        now(o.set("api", "*_vip", 3, 1_000)).unwrap();
-        now(o.set("api", "user_ada", 4, 1_000)).unwrap();
+        let o = Overrides::in_memory();
+        now(o.set("api", "*", (1, 1_000), MAX)).unwrap();
+        now(o.set("api", "user_*", (2, 1_000), MAX)).unwrap();
+        now(o.set("api", "*_vip", (3, 1_000), MAX)).unwrap();
+        now(o.set("api", "user_ada", (4, 1_000), MAX)).unwrap();
         let limit = |id: &str| o.find("api", id).map(|o| o.limit);
         assert_eq!(limit("user_ada"), Some(4), "exact");
         assert_eq!(limit("user_bob"), Some(2), "5 literal characters beat 0");
@@ -454,9 +448,9 @@ mod tests {
         assert_eq!(limit("cy"), Some(1));
         assert_eq!(o.find("web", "user_ada"), None, "per namespace");
         // Ties go to the smaller pattern text, whatever order they were set in.
-        let t = Overrides::in_memory(10);
-        now(t.set("n", "b*", 1, 1_000)).unwrap();
-        now(t.set("n", "*b", 2, 1_000)).unwrap();
+        let t = Overrides::in_memory();
+        now(t.set("n", "b*", (1, 1_000), MAX)).unwrap();
+        now(t.set("n", "*b", (2, 1_000), MAX)).unwrap();
         assert_eq!(
             t.find("n", "bb").map(|o| o.identifier),
             Some("*b".to_owned())
@@ -465,22 +459,22 @@ mod tests {
 
     #[test]
     fn ids_are_stable_pages_follow_cursors_and_namespaces_are_bounded() {
-        let o = Overrides::in_memory(3);
-        let id = now(o.set("api", "a", 1, 1_000)).unwrap();
+        let o = Overrides::in_memory();
+        let id = now(o.set("api", "a", (1, 1_000), 3)).unwrap();
         assert_eq!(
-            now(o.set("api", "a", 9, 2_000)).unwrap(),
+            now(o.set("api", "a", (9, 2_000), 3)).unwrap(),
             id,
             "setting again keeps the id"
         );
         assert_eq!(o.get("api", "a").unwrap().limit, 9);
-        assert_ne!(now(o.set("api", "b", 1, 1_000)).unwrap(), id);
-        now(o.set("api", "c", 1, 1_000)).unwrap();
+        assert_ne!(now(o.set("api", "b", (1, 1_000), 3)).unwrap(), id);
+        now(o.set("api", "c", (1, 1_000), 3)).unwrap();
         assert!(matches!(
-            now(o.set("api", "d", 1, 1_000)),
+            now(o.set("api", "d", (1, 1_000), 3)),
             Err(OverrideError::Full { max: 3, .. })
         ));
         assert!(
-            now(o.set("api", "c", 2, 1_000)).is_ok(),
+            now(o.set("api", "c", (2, 1_000), 3)).is_ok(),
             "changing one is not adding one"
         );
         let (first, cursor) = o.list("api", None, 2);
@@ -510,12 +504,12 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("overrides.json");
         let _ = std::fs::remove_file(&path);
-        let o = Overrides::load(&path, 10).unwrap();
-        let id = now(o.set("api", "user_*", 5, 60_000)).unwrap();
-        now(o.set("api", "gone", 1, 1_000)).unwrap();
+        let o = Overrides::load(&path).unwrap();
+        let id = now(o.set("api", "user_*", (5, 60_000), MAX)).unwrap();
+        now(o.set("api", "gone", (1, 1_000), MAX)).unwrap();
         now(o.delete("api", "gone")).unwrap();
         drop(o);
-        let again = Overrides::load(&path, 10).unwrap();
+        let again = Overrides::load(&path).unwrap();
         assert_eq!(
             again.find("api", "user_7").map(|o| (o.id, o.limit)),
             Some((id, 5))
@@ -523,7 +517,7 @@ mod tests {
         assert!(again.get("api", "gone").is_err());
         std::fs::write(&path, "not json").unwrap();
         assert!(
-            Overrides::load(&path, 10)
+            Overrides::load(&path)
                 .unwrap_err()
                 .contains("overrides.json")
         );

@@ -90,9 +90,15 @@ pub(super) async fn set<C: Clock + Clone + Send + Sync + 'static>(
             ));
         }
         check_duration("body", raw.duration)?;
+        let max = shared.live.current().config.overrides.max_per_namespace;
         let overrides = &shared.live.overrides;
         let id = overrides
-            .set(&raw.namespace, &raw.identifier, raw.limit, raw.duration)
+            .set(
+                &raw.namespace,
+                &raw.identifier,
+                (raw.limit, raw.duration),
+                max,
+            )
             .await
             .map_err(override_error)?;
         Ok::<_, Refusal>(ok(json!({ "overrideId": id })))
