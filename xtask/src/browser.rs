@@ -5,7 +5,8 @@
 //!
 //! 1. the page loads, shows readiness and lists every built-in policy, with nothing denied;
 //! 2. after traffic (a client over its limit), the totals and the top denied identifier show it;
-//! 3. while traffic flows, the page refreshes itself and shows live rates.
+//! 3. while traffic flows, the page refreshes itself and shows live rates;
+//! 4. an override set over unkey's v2 API is listed.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -17,12 +18,20 @@ use std::time::Duration;
 use crate::daemon::start_limiterd;
 use crate::run::cargo;
 
+/// The key the page's limiterd accepts (for setting an override).
+const ROOT_KEY: &str = "xtask-browser-root-key";
+
 /// One `POST /v1/ratelimit` over its own connection; the status line.
 fn decide(addr: SocketAddr, policy: &str, identifier: &str) -> Result<String, String> {
     let body = format!(r#"{{"policy":"{policy}","identifier":"{identifier}"}}"#);
+    post(addr, "/v1/ratelimit", &body)
+}
+
+/// One keyed `POST` over its own connection; the status line.
+fn post(addr: SocketAddr, path: &str, body: &str) -> Result<String, String> {
     let mut stream = TcpStream::connect(addr).map_err(|e| format!("connect: {e}"))?;
     let request = format!(
-        "POST /v1/ratelimit HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        "POST {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\nauthorization: Bearer {ROOT_KEY}\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     );
     stream
@@ -103,7 +112,7 @@ fn check(ok: bool, what: &str, dom: &str) -> Result<(), String> {
 /// The task.
 pub(crate) fn run() -> Result<(), String> {
     cargo(&["build", "-p", "limiterd", "--bin", "limiterd"], &[])?;
-    let daemon = start_limiterd(&[], &[])?;
+    let daemon = start_limiterd(&[("LIMITERD_ROOT_KEY", ROOT_KEY)], &[])?;
     let url = format!("http://{}/", daemon.addr);
 
     // 1. It loads, is ready, and lists the policies, nothing denied.
@@ -187,6 +196,23 @@ pub(crate) fn run() -> Result<(), String> {
         &format!("a live rate for `api` (saw {rate:?}, {sent} requests sent)"),
         &dom,
     )?;
-    println!("xtask browser: the status page loads, lists the policies and follows traffic");
+
+    // 4. An override set over unkey's v2 API is listed.
+    let set = r#"{"namespace":"api","identifier":"team_*","limit":7,"duration":60000}"#;
+    let status = post(daemon.addr, "/v2/ratelimit.setOverride", set)?;
+    if !status.contains("200") {
+        return Err(format!("setOverride answered {status:?}"));
+    }
+    let dom = dump_dom(&url, 1_500)?;
+    check(
+        dom.contains(
+            r#"data-override="api/team_*"><td>api</td><td>team_*</td><td class="n">7</td>"#,
+        ),
+        "the override of `team_*`",
+        &dom,
+    )?;
+    println!(
+        "xtask browser: the status page loads, lists the policies and overrides, and follows traffic"
+    );
     Ok(())
 }

@@ -443,7 +443,8 @@ async fn debug_status<C: Clock + Clone + Send + Sync + 'static>(
     State(live): State<Arc<Live<C>>>,
 ) -> Response {
     let state = live.current();
-    let status = crate::ops::debug::status(&state, &live.health.readiness(), unix_ms());
+    let mut status = crate::ops::debug::status(&state, &live.health.readiness(), unix_ms());
+    status["overrides"] = crate::ops::debug::override_list(&live.overrides);
     let mut response = json(StatusCode::OK, &status);
     response.headers_mut().insert(
         header::CACHE_CONTROL,

@@ -71,6 +71,31 @@ pub fn overrides(overrides: &super::overrides::Overrides) -> Value {
     })
 }
 
+/// How many overrides there are, and the first [`SHOWN_OVERRIDES`] (by namespace, then
+/// identifier), as the status page lists them.
+pub fn override_list(overrides: &super::overrides::Overrides) -> Value {
+    let all = overrides.snapshot();
+    let count: usize = all.values().map(Vec::len).sum();
+    let shown: Vec<Value> = all
+        .iter()
+        .flat_map(|(namespace, list)| {
+            list.iter().map(move |o| {
+                json!({
+                    "namespace": namespace,
+                    "identifier": o.identifier,
+                    "limit": o.limit,
+                    "duration_ms": o.duration_ms,
+                })
+            })
+        })
+        .take(SHOWN_OVERRIDES)
+        .collect();
+    json!({ "count": count, "shown": shown })
+}
+
+/// The most overrides the status page lists.
+pub const SHOWN_OVERRIDES: usize = 100;
+
 /// The configuration as served: every policy's limits as checked (`period_ms`, `burst`
 /// resolved), the store, the `[server]` settings, and each envoy domain's effective limits
 /// (one per descriptor path, with where it was written).
