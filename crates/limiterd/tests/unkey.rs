@@ -12,6 +12,11 @@ use support::{Client, Daemon};
 
 const KEY: &str = "unkey_test_root_key";
 
+/// A v2 call with the root key.
+async fn root(client: &mut Client, op: &str, body: &Value) -> (u16, Value) {
+    call(client, op, Some(KEY), body).await
+}
+
 async fn call(client: &mut Client, op: &str, key: Option<&str>, body: &Value) -> (u16, Value) {
     let bearer = key.map(|k| format!("Bearer {k}"));
     let mut headers = vec![("content-type", "application/json")];
@@ -82,12 +87,12 @@ async fn a_key_is_always_required_and_refusals_are_in_unkeys_shape() {
             "body",
         ),
     ] {
-        let (status, value) = call(&mut client, "limit", Some(KEY), &bad).await;
+        let (status, value) = root(&mut client, "limit", &bad).await;
         assert_eq!(status, 400, "{bad}: {value}");
         let errors = value["error"]["errors"].as_array().expect("errors");
         assert_eq!(errors[0]["location"], location, "{bad}: {value}");
     }
-    let (status, value) = call(&mut client, "multiLimit", Some(KEY), &json!([])).await;
+    let (status, value) = root(&mut client, "multiLimit", &json!([])).await;
     assert_eq!(status, 400, "{value}");
 }
 
@@ -98,13 +103,8 @@ async fn limits_count_by_namespace_identifier_and_duration() {
     let mut ids = std::collections::HashSet::new();
     let mut seen = Vec::new();
     for _ in 0..3 {
-        let (status, value) = call(
-            &mut client,
-            "limit",
-            Some(KEY),
-            &limit("api", "ada", 2, 60_000, None),
-        )
-        .await;
+        let (status, value) =
+            root(&mut client, "limit", &limit("api", "ada", 2, 60_000, None)).await;
         assert_eq!(status, 200, "{value}");
         assert!(
             ids.insert(value["meta"]["requestId"].to_string()),
@@ -128,10 +128,9 @@ async fn limits_count_by_namespace_identifier_and_duration() {
     assert_eq!(seen, [(true, 1), (true, 0), (false, 0)]);
     // Cost 0 only reports (0 more units always fit, as unkey answers); another duration is
     // another counter; another namespace too.
-    let (_, value) = call(
+    let (_, value) = root(
         &mut client,
         "limit",
-        Some(KEY),
         &limit("api", "ada", 2, 60_000, Some(0)),
     )
     .await;
@@ -146,17 +145,11 @@ async fn limits_count_by_namespace_identifier_and_duration() {
         limit("api", "ada", 2, 30_000, None),
         limit("web", "ada", 2, 60_000, None),
     ] {
-        let (_, value) = call(&mut client, "limit", Some(KEY), &other).await;
+        let (_, value) = root(&mut client, "limit", &other).await;
         assert_eq!(value["data"]["success"], true, "{other}");
     }
     // Another limit on the same window keeps what was used (2 of 2 is 4 of 4).
-    let (_, value) = call(
-        &mut client,
-        "limit",
-        Some(KEY),
-        &limit("api", "ada", 4, 60_000, None),
-    )
-    .await;
+    let (_, value) = root(&mut client, "limit", &limit("api", "ada", 4, 60_000, None)).await;
     assert_eq!(value["data"]["success"], false, "{value}");
     // The native API cannot reach these counters by naming their namespace.
     let v1 =
@@ -173,19 +166,13 @@ async fn limits_count_by_namespace_identifier_and_duration() {
 async fn multi_limit_is_all_or_nothing() {
     let daemon = start();
     let mut client = Client::connect(daemon.addr).await;
-    let (_, value) = call(
-        &mut client,
-        "limit",
-        Some(KEY),
-        &limit("api", "bob", 1, 60_000, None),
-    )
-    .await;
+    let (_, value) = root(&mut client, "limit", &limit("api", "bob", 1, 60_000, None)).await;
     assert_eq!(value["data"]["success"], true);
     let both = json!([
         limit("api", "ada", 3, 60_000, Some(2)),
         limit("api", "bob", 1, 60_000, None)
     ]);
-    let (status, value) = call(&mut client, "multiLimit", Some(KEY), &both).await;
+    let (status, value) = root(&mut client, "multiLimit", &both).await;
     assert_eq!(status, 200, "{value}");
     let data = &value["data"];
     assert_eq!(data["passed"], false, "{value}");
@@ -202,18 +189,16 @@ async fn multi_limit_is_all_or_nothing() {
         (Some(true), Some(false))
     );
     // ada's two units were not taken: all three are there.
-    let (_, value) = call(
+    let (_, value) = root(
         &mut client,
         "limit",
-        Some(KEY),
         &limit("api", "ada", 3, 60_000, Some(3)),
     )
     .await;
     assert_eq!(value["data"]["success"], true, "{value}");
-    let (_, value) = call(
+    let (_, value) = root(
         &mut client,
         "multiLimit",
-        Some(KEY),
         &json!([limit("api", "cy", 3, 60_000, None)]),
     )
     .await;
@@ -224,10 +209,9 @@ async fn multi_limit_is_all_or_nothing() {
 async fn a_cost_above_the_limit_is_a_denial_that_takes_nothing() {
     let daemon = start();
     let mut client = Client::connect(daemon.addr).await;
-    let (status, value) = call(
+    let (status, value) = root(
         &mut client,
         "limit",
-        Some(KEY),
         &limit("api", "ada", 5, 60_000, Some(6)),
     )
     .await;
@@ -236,10 +220,9 @@ async fn a_cost_above_the_limit_is_a_denial_that_takes_nothing() {
         (200, Some(false)),
         "{value}"
     );
-    let (_, value) = call(
+    let (_, value) = root(
         &mut client,
         "limit",
-        Some(KEY),
         &limit("api", "ada", 5, 60_000, Some(5)),
     )
     .await;
@@ -248,12 +231,11 @@ async fn a_cost_above_the_limit_is_a_denial_that_takes_nothing() {
         limit("api", "bob", 5, 60_000, None),
         limit("api", "cy", 1, 60_000, Some(2))
     ]);
-    let (_, value) = call(&mut client, "multiLimit", Some(KEY), &both).await;
+    let (_, value) = root(&mut client, "multiLimit", &both).await;
     assert_eq!(value["data"]["passed"], false, "{value}");
-    let (_, value) = call(
+    let (_, value) = root(
         &mut client,
         "limit",
-        Some(KEY),
         &limit("api", "bob", 5, 60_000, Some(5)),
     )
     .await;
@@ -280,12 +262,12 @@ async fn overrides_apply_exact_before_patterns_and_survive_a_restart() {
     let daemon = start_kept();
     let mut client = Client::connect(daemon.addr).await;
     let set = |identifier: &str, limit: u64| json!({"namespace": "api", "identifier": identifier, "limit": limit, "duration": 60_000});
-    let (status, value) = call(&mut client, "setOverride", Some(KEY), &set("user_*", 3)).await;
+    let (status, value) = root(&mut client, "setOverride", &set("user_*", 3)).await;
     assert_eq!(status, 200, "{value}");
     let pattern_id = value["data"]["overrideId"].as_str().unwrap().to_owned();
-    let (_, value) = call(&mut client, "setOverride", Some(KEY), &set("user_vip", 5)).await;
+    let (_, value) = root(&mut client, "setOverride", &set("user_vip", 5)).await;
     let exact_id = value["data"]["overrideId"].as_str().unwrap().to_owned();
-    let (_, again) = call(&mut client, "setOverride", Some(KEY), &set("user_*", 2)).await;
+    let (_, again) = root(&mut client, "setOverride", &set("user_*", 2)).await;
     assert_eq!(
         again["data"]["overrideId"],
         pattern_id.as_str(),
@@ -298,10 +280,9 @@ async fn overrides_apply_exact_before_patterns_and_survive_a_restart() {
         ("user_2", 2, &pattern_id),
         ("user_vip", 5, &exact_id),
     ] {
-        let (_, value) = call(
+        let (_, value) = root(
             &mut client,
             "limit",
-            Some(KEY),
             &limit("api", identifier, 100, 60_000, None),
         )
         .await;
@@ -313,10 +294,9 @@ async fn overrides_apply_exact_before_patterns_and_survive_a_restart() {
         );
         assert_eq!(data["success"], true);
     }
-    let (_, value) = call(
+    let (_, value) = root(
         &mut client,
         "limit",
-        Some(KEY),
         &limit("api", "ada", 100, 60_000, None),
     )
     .await;
@@ -326,13 +306,7 @@ async fn overrides_apply_exact_before_patterns_and_survive_a_restart() {
     );
 
     // get, list in pages, delete; a missing one is a 404.
-    let (_, value) = call(
-        &mut client,
-        "getOverride",
-        Some(KEY),
-        &name("api", "user_*"),
-    )
-    .await;
+    let (_, value) = root(&mut client, "getOverride", &name("api", "user_*")).await;
     assert_eq!(
         (
             value["data"]["limit"].as_u64(),
@@ -341,10 +315,9 @@ async fn overrides_apply_exact_before_patterns_and_survive_a_restart() {
         (Some(2), Some(60_000)),
         "{value}"
     );
-    let (_, page) = call(
+    let (_, page) = root(
         &mut client,
         "listOverrides",
-        Some(KEY),
         &json!({"namespace": "api", "limit": 1}),
     )
     .await;
@@ -357,10 +330,9 @@ async fn overrides_apply_exact_before_patterns_and_survive_a_restart() {
         "{page}"
     );
     let cursor = page["pagination"]["cursor"].as_str().unwrap().to_owned();
-    let (_, rest) = call(
+    let (_, rest) = root(
         &mut client,
         "listOverrides",
-        Some(KEY),
         &json!({"namespace": "api", "cursor": cursor}),
     )
     .await;
@@ -369,33 +341,15 @@ async fn overrides_apply_exact_before_patterns_and_survive_a_restart() {
         rest["pagination"].get("cursor").is_none() && rest["pagination"]["hasMore"] == false,
         "{rest}"
     );
-    let (status, value) = call(
-        &mut client,
-        "deleteOverride",
-        Some(KEY),
-        &name("api", "user_vip"),
-    )
-    .await;
+    let (status, value) = root(&mut client, "deleteOverride", &name("api", "user_vip")).await;
     assert_eq!((status, &value["data"]), (200, &json!({})));
-    let (status, value) = call(
-        &mut client,
-        "getOverride",
-        Some(KEY),
-        &name("api", "user_vip"),
-    )
-    .await;
+    let (status, value) = root(&mut client, "getOverride", &name("api", "user_vip")).await;
     assert_eq!(
         (status, value["error"]["status"].as_u64()),
         (404, Some(404)),
         "{value}"
     );
-    let (status, _) = call(
-        &mut client,
-        "deleteOverride",
-        Some(KEY),
-        &name("api", "user_vip"),
-    )
-    .await;
+    let (status, _) = root(&mut client, "deleteOverride", &name("api", "user_vip")).await;
     assert_eq!(status, 404);
     for (op, body) in [
         ("setOverride", set("x", 1)),
@@ -411,21 +365,9 @@ async fn overrides_apply_exact_before_patterns_and_survive_a_restart() {
     drop(daemon);
     let daemon = start_kept();
     let mut client = Client::connect(daemon.addr).await;
-    let (_, value) = call(
-        &mut client,
-        "getOverride",
-        Some(KEY),
-        &name("api", "user_*"),
-    )
-    .await;
+    let (_, value) = root(&mut client, "getOverride", &name("api", "user_*")).await;
     assert_eq!(value["data"]["overrideId"], pattern_id.as_str(), "{value}");
-    let (_, value) = call(
-        &mut client,
-        "getOverride",
-        Some(KEY),
-        &name("api", "user_vip"),
-    )
-    .await;
+    let (_, value) = root(&mut client, "getOverride", &name("api", "user_vip")).await;
     assert_eq!(
         value["error"]["status"], 404,
         "the deleted one stays deleted"
@@ -455,10 +397,9 @@ async fn two_instances_on_one_redis_count_one_budget_and_share_overrides() {
     // Five calls of a budget of 3, alternating between the instances: exactly 3 pass.
     let mut passed = 0;
     for i in 0..5 {
-        let (status, value) = call(
+        let (status, value) = root(
             &mut clients[i % 2],
             "limit",
-            Some(KEY),
             &limit("fleet", "ada", 3, 60_000, None),
         )
         .await;
@@ -468,15 +409,14 @@ async fn two_instances_on_one_redis_count_one_budget_and_share_overrides() {
     assert_eq!(passed, 3);
     // An override set on one instance applies on the other (it polls every 250 ms).
     let set = json!({"namespace": "fleet", "identifier": "vip_*", "limit": 1, "duration": 60_000});
-    let (status, value) = call(&mut clients[0], "setOverride", Some(KEY), &set).await;
+    let (status, value) = root(&mut clients[0], "setOverride", &set).await;
     assert_eq!(status, 200, "{value}");
     let id = value["data"]["overrideId"].clone();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     loop {
-        let (_, value) = call(
+        let (_, value) = root(
             &mut clients[1],
             "limit",
-            Some(KEY),
             &limit("fleet", "vip_1", 100, 60_000, Some(0)),
         )
         .await;
@@ -490,32 +430,14 @@ async fn two_instances_on_one_redis_count_one_budget_and_share_overrides() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(25)).await;
     }
-    let (_, value) = call(
-        &mut clients[1],
-        "getOverride",
-        Some(KEY),
-        &name("fleet", "vip_*"),
-    )
-    .await;
+    let (_, value) = root(&mut clients[1], "getOverride", &name("fleet", "vip_*")).await;
     assert_eq!(value["data"]["overrideId"], id, "{value}");
     // Deleted on the second, gone on the first too.
-    let (status, _) = call(
-        &mut clients[1],
-        "deleteOverride",
-        Some(KEY),
-        &name("fleet", "vip_*"),
-    )
-    .await;
+    let (status, _) = root(&mut clients[1], "deleteOverride", &name("fleet", "vip_*")).await;
     assert_eq!(status, 200);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     loop {
-        let (status, _) = call(
-            &mut clients[0],
-            "getOverride",
-            Some(KEY),
-            &name("fleet", "vip_*"),
-        )
-        .await;
+        let (status, _) = root(&mut clients[0], "getOverride", &name("fleet", "vip_*")).await;
         if status == 404 {
             break;
         }
@@ -710,19 +632,15 @@ async fn a_namespace_holds_at_most_the_configured_overrides() {
     let mut client = Client::connect(daemon.addr).await;
     let set = |namespace: &str, identifier: &str| json!({"namespace": namespace, "identifier": identifier, "limit": 1, "duration": 60_000});
     assert_eq!(
-        call(&mut client, "setOverride", Some(KEY), &set("api", "a"))
-            .await
-            .0,
+        root(&mut client, "setOverride", &set("api", "a")).await.0,
         200
     );
     assert_eq!(
-        call(&mut client, "setOverride", Some(KEY), &set("api", "a"))
-            .await
-            .0,
+        root(&mut client, "setOverride", &set("api", "a")).await.0,
         200,
         "changing one"
     );
-    let (status, value) = call(&mut client, "setOverride", Some(KEY), &set("api", "b")).await;
+    let (status, value) = root(&mut client, "setOverride", &set("api", "b")).await;
     assert_eq!(status, 400, "{value}");
     assert!(
         value["error"]["detail"]
@@ -732,9 +650,7 @@ async fn a_namespace_holds_at_most_the_configured_overrides() {
         "{value}"
     );
     assert_eq!(
-        call(&mut client, "setOverride", Some(KEY), &set("web", "b"))
-            .await
-            .0,
+        root(&mut client, "setOverride", &set("web", "b")).await.0,
         200,
         "per namespace"
     );

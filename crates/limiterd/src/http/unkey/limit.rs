@@ -128,10 +128,8 @@ pub(super) async fn limit<C: Clock + Clone + Send + Sync + 'static>(
     body: Body,
 ) -> Response {
     let state = shared.live.current();
-    let timeout = state.config.server.body_timeout;
-    let checked = match read(&shared, &headers, body, timeout, DECIDE)
+    let checked = match read_json::<RawLimit, C>(&shared, &headers, body, DECIDE)
         .await
-        .and_then(|bytes| parse::<RawLimit>(&bytes))
         .and_then(|raw| check(raw, "body", &shared.live.overrides))
     {
         Ok(checked) => checked,
@@ -161,11 +159,7 @@ pub(super) async fn multi_limit<C: Clock + Clone + Send + Sync + 'static>(
     body: Body,
 ) -> Response {
     let state = shared.live.current();
-    let timeout = state.config.server.body_timeout;
-    let raw = match read(&shared, &headers, body, timeout, DECIDE)
-        .await
-        .and_then(|bytes| parse::<Vec<RawLimit>>(&bytes))
-    {
+    let raw = match read_json::<Vec<RawLimit>, C>(&shared, &headers, body, DECIDE).await {
         Ok(raw) => raw,
         Err(refused) => return refused.into_response(),
     };

@@ -211,6 +211,21 @@ async fn read<C: Clock + Clone + Send + Sync + 'static>(
     })
 }
 
+/// The body of an authorized call, read as `T`.
+async fn read_json<
+    T: serde::de::DeserializeOwned,
+    C: Clock + Clone + Send + Sync + 'static,
+>(
+    shared: &Shared<C>,
+    headers: &HeaderMap,
+    body: Body,
+    needs: Needs,
+) -> Result<T, Refusal> {
+    let timeout = shared.live.current().config.server.body_timeout;
+    let bytes = read(shared, headers, body, timeout, needs).await?;
+    parse(&bytes)
+}
+
 /// A namespace and an identifier (or pattern) as every operation checks them.
 fn check_names(at: &str, namespace: &str, identifier: &str) -> Result<(), Refusal> {
     if namespace.is_empty() || namespace.len() > MAX_NAMESPACE {

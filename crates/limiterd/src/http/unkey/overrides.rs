@@ -60,18 +60,6 @@ fn shown(o: &Override) -> Value {
     })
 }
 
-/// Reads an authorized body of type `T`.
-async fn body_of<T: serde::de::DeserializeOwned, C: Clock + Clone + Send + Sync + 'static>(
-    shared: &Shared<C>,
-    headers: &HeaderMap,
-    body: Body,
-    needs: Needs,
-) -> Result<T, Refusal> {
-    let timeout = shared.live.current().config.server.body_timeout;
-    let bytes = read(shared, headers, body, timeout, needs).await?;
-    parse(&bytes)
-}
-
 /// `POST /v2/ratelimit.setOverride`.
 pub(super) async fn set<C: Clock + Clone + Send + Sync + 'static>(
     State(shared): State<Arc<Shared<C>>>,
@@ -79,7 +67,7 @@ pub(super) async fn set<C: Clock + Clone + Send + Sync + 'static>(
     body: Body,
 ) -> Response {
     let result = async {
-        let raw: RawSet = body_of(&shared, &headers, body, WRITE_OVERRIDES).await?;
+        let raw: RawSet = read_json(&shared, &headers, body, WRITE_OVERRIDES).await?;
         check_names("body", &raw.namespace, &raw.identifier)?;
         if raw.limit == 0 {
             let fix = "send a positive limit (delete the override to use the caller's own)";
@@ -113,7 +101,7 @@ pub(super) async fn get<C: Clock + Clone + Send + Sync + 'static>(
     body: Body,
 ) -> Response {
     let result = async {
-        let raw: RawName = body_of(&shared, &headers, body, READ_OVERRIDES).await?;
+        let raw: RawName = read_json(&shared, &headers, body, READ_OVERRIDES).await?;
         check_names("body", &raw.namespace, &raw.identifier)?;
         let found = shared.live.overrides.get(&raw.namespace, &raw.identifier);
         Ok::<_, Refusal>(ok(shown(&found.map_err(override_error)?)))
@@ -128,7 +116,7 @@ pub(super) async fn delete<C: Clock + Clone + Send + Sync + 'static>(
     body: Body,
 ) -> Response {
     let result = async {
-        let raw: RawName = body_of(&shared, &headers, body, WRITE_OVERRIDES).await?;
+        let raw: RawName = read_json(&shared, &headers, body, WRITE_OVERRIDES).await?;
         check_names("body", &raw.namespace, &raw.identifier)?;
         let overrides = &shared.live.overrides;
         overrides
@@ -148,7 +136,7 @@ pub(super) async fn list<C: Clock + Clone + Send + Sync + 'static>(
     body: Body,
 ) -> Response {
     let result = async {
-        let raw: RawList = body_of(&shared, &headers, body, READ_OVERRIDES).await?;
+        let raw: RawList = read_json(&shared, &headers, body, READ_OVERRIDES).await?;
         check_names("body", &raw.namespace, "-")?;
         let size = match raw.limit {
             None => MAX_PAGE,
