@@ -212,10 +212,7 @@ async fn read<C: Clock + Clone + Send + Sync + 'static>(
 }
 
 /// The body of an authorized call, read as `T`.
-async fn read_json<
-    T: serde::de::DeserializeOwned,
-    C: Clock + Clone + Send + Sync + 'static,
->(
+async fn read_json<T: serde::de::DeserializeOwned, C: Clock + Clone + Send + Sync + 'static>(
     shared: &Shared<C>,
     headers: &HeaderMap,
     body: Body,
