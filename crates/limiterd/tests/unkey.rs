@@ -655,3 +655,36 @@ async fn a_namespace_holds_at_most_the_configured_overrides() {
         "per namespace"
     );
 }
+
+#[tokio::test]
+async fn v1_counting_as_unkey_does_shares_the_v2_budget() {
+    let daemon = start();
+    let mut client = Client::connect(daemon.addr).await;
+    let v2 = limit("api", "ada", 3, 60_000, None);
+    assert_eq!(
+        root(&mut client, "limit", &v2).await.1["data"]["remaining"],
+        2
+    );
+    let v1 = |algorithm: &str| json!({"namespace": "api", "identifier": "ada", "limit": 3, "duration_ms": 60_000, "algorithm": algorithm});
+    let shared = client.decide(v1("sliding_window")).await;
+    assert_eq!(
+        (shared["success"].as_bool(), shared["remaining"].as_u64()),
+        (Some(true), Some(1)),
+        "{shared}"
+    );
+    assert_eq!(
+        root(&mut client, "limit", &v2).await.1["data"]["remaining"],
+        0
+    );
+    let (_, over) = root(&mut client, "limit", &v2).await;
+    assert_eq!(over["data"]["success"], false, "{over}");
+    assert_eq!(client.decide(v1("sliding_window")).await["success"], false);
+    // The native default, a token bucket, is a budget of its own.
+    assert_eq!(client.decide(v1("token_bucket")).await["remaining"], 2);
+    let (status, refused) = client.post("/v1/ratelimit", &v1("leaky_bucket")).await;
+    assert_eq!(
+        (status, refused["error"]["field"].as_str()),
+        (400, Some("algorithm")),
+        "{refused}"
+    );
+}

@@ -72,6 +72,8 @@ struct RawRequest {
     record: Option<bool>,
     /// The request's instant, in ms since the Unix epoch.
     time: Option<u64>,
+    /// An ad-hoc limit's algorithm (`token_bucket` by default).
+    algorithm: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -228,6 +230,16 @@ pub fn parse_many(
     Ok(Asked { items, time_ms })
 }
 
+/// Where an ad-hoc limit is counted: a token bucket (the native API's default) by namespace and
+/// identifier; any other algorithm, as unkey counts, by namespace, identifier and duration, so
+/// `/v1` with `"algorithm": "sliding_window"` and unkey's `/v2` share one budget.
+pub(crate) fn ad_hoc_namespace(kind: Kind, duration_ms: u64, namespace: &str) -> String {
+    match kind {
+        Kind::TokenBucket => namespace.to_owned(),
+        _ => format!("{duration_ms}ms:{namespace}"),
+    }
+}
+
 fn check(raw: RawRequest, policy: &dyn Fn(&str) -> Option<PolicyId>) -> Result<Item, ApiError> {
     if raw.identifier.is_empty() || raw.identifier.len() > MAX_IDENTIFIER {
         return Err(ApiError::invalid(
@@ -245,6 +257,12 @@ fn check(raw: RawRequest, policy: &dyn Fn(&str) -> Option<PolicyId>) -> Result<I
             ));
         }
         (Some(name), None, None) => {
+            if raw.algorithm.is_some() {
+                return Err(ApiError::invalid(
+                    "algorithm",
+                    "`algorithm` goes with `limit` and `duration_ms`; a policy has its own",
+                ));
+            }
             if raw.namespace.is_some() {
                 return Err(ApiError::invalid(
                     "namespace",
@@ -293,11 +311,17 @@ fn check(raw: RawRequest, policy: &dyn Fn(&str) -> Option<PolicyId>) -> Result<I
                     ),
                 ));
             }
+            let kind = match raw.algorithm.as_deref() {
+                None => Kind::TokenBucket,
+                Some(name) => name.parse().map_err(|e| {
+                    ApiError::invalid("algorithm", format!("`algorithm` {name:?}: {e}"))
+                })?,
+            };
             Target::AdHoc {
-                kind: Kind::TokenBucket,
+                kind,
                 limit,
                 duration_ms,
-                namespace,
+                namespace: ad_hoc_namespace(kind, duration_ms, &namespace),
             }
         }
         (None, Some(_), None) => {

@@ -93,7 +93,6 @@ pub struct Overrides {
 #[derive(Serialize, Deserialize)]
 struct Stored {
     namespace: String,
-    #[serde(flatten)]
     entry: Override,
 }
 

@@ -15,7 +15,7 @@ use serde::Deserialize;
 
 use super::*;
 use crate::engine::{Answer, DecideError, Item, Target};
-use crate::http::request::MAX_BATCH;
+use crate::http::request::{MAX_BATCH, ad_hoc_namespace};
 use crate::ops::overrides::Overrides;
 
 /// One limit as the SDK sends it.
@@ -55,8 +55,9 @@ fn check(raw: RawLimit, at: &str, overrides: &Overrides) -> Result<Checked, Refu
         .map_or((raw.limit, raw.duration), |o| (o.limit, o.duration_ms));
     let cost = raw.cost.unwrap_or(1);
     let never = cost > limit;
-    // Keyed by namespace, identifier and duration (never by the limit).
-    let namespace = format!("{duration}ms:{}", raw.namespace);
+    // Keyed by namespace, identifier and duration (never by the limit), as `/v1` counts a
+    // sliding window.
+    let namespace = ad_hoc_namespace(Kind::SlidingWindow, duration, &raw.namespace);
     Ok(Checked {
         item: Item {
             target: Target::AdHoc {
