@@ -62,18 +62,23 @@ fn answer(outcome: Result<Outcome, limiter_stack::CallError>) -> (bool, u64, Opt
     )
 }
 
-#[tokio::test]
-async fn one_definition_decides_alike_in_process_on_redis_and_leased() {
-    let server = common::RedisServer::start();
-    let clock = ManualClock::starting_at(START);
-    let backend = RedisBackend::builder(server.url())
+/// A backend deciding at `clock`'s time (frozen unless advanced), without a deny cache.
+async fn frozen_backend(server: &common::RedisServer, clock: &ManualClock) -> RedisBackend {
+    RedisBackend::builder(server.url())
         .time_from(clock.clone())
         .clock(clock.clone())
         .timeout(Duration::from_secs(5))
         .deny_cache(0)
         .connect()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+#[tokio::test]
+async fn one_definition_decides_alike_in_process_on_redis_and_leased() {
+    let server = common::RedisServer::start();
+    let clock = ManualClock::starting_at(START);
+    let backend = frozen_backend(&server, &clock).await;
     let in_process = Stack::builder()
         .layers(checkout())
         .clock(clock.clone())
@@ -263,14 +268,7 @@ async fn wider_calls(stack: &dyn AsyncLimiter<Request>) -> Vec<(bool, u64)> {
 async fn every_backend_does_the_seams_wider_calls_alike() {
     let server = common::RedisServer::start();
     let clock = ManualClock::starting_at(START);
-    let backend = RedisBackend::builder(server.url())
-        .time_from(clock.clone())
-        .clock(clock.clone())
-        .timeout(Duration::from_secs(5))
-        .deny_cache(0)
-        .connect()
-        .await
-        .unwrap();
+    let backend = frozen_backend(&server, &clock).await;
     let layers = || {
         vec![
             Layer::keyed("user", |r: &Request| Some(r.user.clone()))

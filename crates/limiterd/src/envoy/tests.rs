@@ -45,8 +45,13 @@ struct Fixture {
 }
 
 fn fixture() -> Fixture {
+    fixture_of(WEB, Options::default())
+}
+
+/// `file` attached to an in-memory engine on a manual clock, with `options`.
+fn fixture_of(file: &str, options: Options) -> Fixture {
     let config = Config::parse("[envoy]\nfiles = [\"web.yaml\"]\n").expect("valid");
-    let domains = Domains::load([("web.yaml", WEB)]).expect("valid");
+    let domains = Domains::load([("web.yaml", file)]).expect("valid");
     let clock = ManualClock::new();
     let metrics = Arc::new(Metrics::new());
     let mut engine = Engine::new(
@@ -55,7 +60,9 @@ fn fixture() -> Fixture {
         Arc::clone(&metrics),
     )
     .expect("builds");
-    let envoy = Envoy::attach(domains, &mut engine).expect("attaches");
+    let envoy = Envoy::attach(domains, &mut engine)
+        .expect("attaches")
+        .with_options(options);
     Fixture {
         envoy,
         engine,
@@ -421,25 +428,7 @@ descriptors:
 ";
 
 fn with_options(options: Options) -> Fixture {
-    let config = Config::parse("[envoy]\nfiles = [\"web.yaml\"]\n").expect("valid");
-    let domains = Domains::load([("web.yaml", SWITCHES)]).expect("valid");
-    let clock = ManualClock::new();
-    let metrics = Arc::new(Metrics::new());
-    let mut engine = Engine::new(
-        &config,
-        crate::engine::Stacks::open(&config.store, clock.clone(), None).expect("memory"),
-        Arc::clone(&metrics),
-    )
-    .expect("builds");
-    let envoy = Envoy::attach(domains, &mut engine)
-        .expect("attaches")
-        .with_options(options);
-    Fixture {
-        envoy,
-        engine,
-        metrics,
-        clock,
-    }
+    fixture_of(SWITCHES, options)
 }
 
 #[test]

@@ -190,45 +190,29 @@ impl Overrides {
             limit,
             duration_ms,
         };
-        let changed = {
+        {
             let table = &self.table().0;
-            let held = table.get(namespace).map_or(0, BTreeMap::len);
-            let exists = table
-                .get(namespace)
-                .is_some_and(|n| n.contains_key(identifier));
-            if !exists && held >= max {
+            let held = table.get(namespace);
+            let exists = held.is_some_and(|n| n.contains_key(identifier));
+            if !exists && held.map_or(0, BTreeMap::len) >= max {
                 return Err(OverrideError::Full {
                     namespace: namespace.to_owned(),
                     max,
                 });
             }
-            let mut changed = table.clone();
-            changed
-                .entry(namespace.to_owned())
-                .or_default()
-                .insert(identifier.to_owned(), entry.clone());
-            changed
-        };
+        }
         if let Keeping::Redis(records) = &self.keeping {
             let stored = Stored {
                 namespace: namespace.to_owned(),
-                entry,
+                entry: entry.clone(),
             };
             let value = serde_json::to_string(&stored).unwrap_or_default();
             records
                 .put(&field(namespace, identifier), &value)
                 .await
                 .map_err(|e| saving("redis", e))?;
-            // Another instance's changes come with the next refresh; this one is seen now.
-            let mut table = self.table();
-            table.0.entry(namespace.to_owned()).or_default().insert(
-                identifier.to_owned(),
-                changed[namespace][identifier].clone(),
-            );
-            return Ok(id);
         }
-        self.save(&changed)?;
-        self.table().0 = changed;
+        self.change(namespace, identifier, Some(entry))?;
         Ok(id)
     }
 
@@ -244,38 +228,62 @@ impl Overrides {
 
     /// Deletes the override set for exactly `identifier`.
     pub async fn delete(&self, namespace: &str, identifier: &str) -> Result<(), OverrideError> {
-        let mut changed = {
-            let table = &self.table().0;
-            if !table
-                .get(namespace)
-                .is_some_and(|n| n.contains_key(identifier))
-            {
-                return Err(not_found(namespace, identifier));
-            }
-            table.clone()
-        };
-        if let Some(n) = changed.get_mut(namespace) {
-            n.remove(identifier);
-            if n.is_empty() {
-                changed.remove(namespace);
-            }
-        }
+        let exists = self
+            .table()
+            .0
+            .get(namespace)
+            .is_some_and(|n| n.contains_key(identifier));
         if let Keeping::Redis(records) = &self.keeping {
+            // Redis decides: another instance may have set or deleted it since this copy.
             let removed = records
                 .remove(&field(namespace, identifier))
                 .await
                 .map_err(|e| saving("redis", e))?;
-            if let Some(n) = self.table().0.get_mut(namespace) {
-                n.remove(identifier);
-            }
+            self.change(namespace, identifier, None)?;
             return if removed {
                 Ok(())
             } else {
                 Err(not_found(namespace, identifier))
             };
         }
-        self.save(&changed)?;
-        self.table().0 = changed;
+        if !exists {
+            return Err(not_found(namespace, identifier));
+        }
+        self.change(namespace, identifier, None)
+    }
+
+    /// Sets (`Some`) or deletes (`None`) one override in this process's copy, written first to
+    /// the file when overrides are kept in one (nothing changes if that fails; Redis was
+    /// written by the caller).
+    fn change(
+        &self,
+        namespace: &str,
+        identifier: &str,
+        entry: Option<Override>,
+    ) -> Result<(), OverrideError> {
+        let apply = |table: &mut Table| match entry.clone() {
+            Some(entry) => {
+                let n = table.entry(namespace.to_owned()).or_default();
+                n.insert(identifier.to_owned(), entry);
+            }
+            None => {
+                if let Some(n) = table.get_mut(namespace) {
+                    n.remove(identifier);
+                    if n.is_empty() {
+                        table.remove(namespace);
+                    }
+                }
+            }
+        };
+        let mut table = self.table();
+        if let Keeping::File(_) = &self.keeping {
+            let mut changed = table.0.clone();
+            apply(&mut changed);
+            self.save(&changed)?;
+            table.0 = changed;
+        } else {
+            apply(&mut table.0);
+        }
         Ok(())
     }
 
