@@ -9,10 +9,14 @@
 //!   deadlock.
 //! - A stack with a global layer uses that layer's entry lock as its commit lock. Every call that
 //!   writes (commits, refunds) touches every global layer, so it takes that one lock instead of
-//!   one per entry, and holds its other entries through it ([`Cells::hold_under_commit_lock`]):
+//!   one per entry, and holds its other entries through it ([`Cells::hold_under_guard`]):
 //!   no call writes them without it, and none locks them on their own. Such calls were already
 //!   ordered by the global entry; they now take one locked instruction where they took one per
 //!   layer.
+//! - Keyed layers that share a keyer keep their cells in one table entry ([`EntryCells`]). In a
+//!   stack without a global layer, the first of them (the group's lead) is the entry's lock:
+//!   every call that touches one of them touches all (one key, skipped by all or none), so a
+//!   writer locks the lead alone and holds the others through it, as under a commit lock.
 //! - Calls that only read (denials, peeks, the first look of every call) take no lock: each word
 //!   they read is a value some committed call wrote.
 //! - A change of plan rewrites every word in the new plan's terms. It bumps the header's
@@ -49,6 +53,9 @@ pub(crate) struct Snapshot {
 #[must_use]
 pub(crate) struct Held {
     header: u32,
+    /// Whether the caller took this entry's own lock (else it holds it through a guard's: the
+    /// commit lock or its group's lead, and letting go writes no header unless a plan changed).
+    owned: bool,
 }
 
 impl Cells {
@@ -122,21 +129,25 @@ impl Cells {
                     )
                     .is_ok()
                 {
-                    return Held { header: current };
+                    return Held {
+                        header: current,
+                        owned: true,
+                    };
                 }
             }
             back_off(&mut spins);
         }
     }
 
-    /// Holds the entry through the stack's commit lock, which the caller holds: every writer of
-    /// the entry holds that lock too, and none takes the entry's own, so the header read here
-    /// stays until the caller lets go, and releasing the hold writes back the header as it was.
+    /// Holds the entry through the lock that guards it, which the caller holds (the stack's
+    /// commit lock, or its group's lead): every writer of the entry holds that lock too, and
+    /// none takes the entry's own, so the header read here stays until the caller lets go.
     #[inline]
-    pub(crate) fn hold_under_commit_lock(&self) -> Held {
-        // Relaxed: the commit lock's Acquire already ordered the last writer's stores before us.
+    pub(crate) fn hold_under_guard(&self) -> Held {
+        // Relaxed: the guard's Acquire already ordered the last writer's stores before us.
         Held {
             header: self.header.load(Ordering::Relaxed),
+            owned: false,
         }
     }
 
@@ -170,29 +181,12 @@ impl Cells {
         plan_of(held.header) == plan && self.words[0].load(Ordering::Relaxed) == word
     }
 
-    /// Whether the plan and the first word are still `plan` and `word`, read under the stack's
-    /// commit lock (see [`hold_under_commit_lock`](Self::hold_under_commit_lock)).
-    #[inline]
-    pub(crate) fn first_still_under_commit_lock(&self, plan: usize, word: u64) -> bool {
-        // Relaxed: the commit lock's Acquire already ordered the last writer's stores before us.
-        plan_of(self.header.load(Ordering::Relaxed)) == plan
-            && self.words[0].load(Ordering::Relaxed) == word
-    }
-
-    /// Writes the first word under the stack's commit lock, keeping the plan (the header, which
-    /// no one else writes meanwhile, stays as it is).
-    #[inline]
-    pub(crate) fn write_first_under_commit_lock(&self, word: u64) {
-        // Release: as in `write_and_unlock`.
-        self.words[0].store(word, Ordering::Release);
-    }
-
     /// Writes the first word under the lock, keeping the plan, and releases it.
     #[inline]
     pub(crate) fn write_first_and_unlock(&self, held: Held, word: u64) {
         // Release: as in `write_and_unlock` (the plan is unchanged: no odd version).
         self.words[0].store(word, Ordering::Release);
-        self.header.store(held.header, Ordering::Release);
+        self.unlock(held);
     }
 
     /// Writes `next` under the lock and releases it. A change of plan goes through an odd
@@ -212,17 +206,59 @@ impl Cells {
             // Release: a reader that Acquire-loads this value also sees the odd version above.
             word.store(value, Ordering::Release);
         }
-        // Release: pairs with the next locker's Acquire and with readers' Acquire header loads.
-        self.header
-            .store(header(next.plan, version), Ordering::Release);
+        if held.owned || next.plan != old_plan {
+            // Release: pairs with the next locker's Acquire and with readers' Acquire header
+            // loads.
+            self.header
+                .store(header(next.plan, version), Ordering::Release);
+        }
     }
 
-    /// Releases the lock without writing.
+    /// Releases the lock without writing (a hold through a guard writes nothing: the guard's
+    /// release orders the handover).
     #[inline]
     pub(crate) fn unlock(&self, held: Held) {
-        // Release: pairs with the next locker's Acquire (nothing was written, but the
-        // handover must still be ordered).
-        self.header.store(held.header, Ordering::Release);
+        if held.owned {
+            // Release: pairs with the next locker's Acquire (nothing was written, but the
+            // handover must still be ordered).
+            self.header.store(held.header, Ordering::Release);
+        }
+    }
+}
+
+/// The cells of one table entry: one keyed layer's, or those of every layer of a group sharing a
+/// keyer (by position in the group, the lead first), found by one lookup.
+#[derive(Debug)]
+pub(crate) enum EntryCells {
+    One(Cells),
+    Group(Box<[Cells]>),
+}
+
+impl EntryCells {
+    /// Cells starting from `snapshots`, one per layer of the group, in position order.
+    pub(crate) fn new(snapshots: &[Snapshot]) -> Self {
+        match snapshots {
+            [only] => Self::One(Cells::new(*only)),
+            group => Self::Group(group.iter().copied().map(Cells::new).collect()),
+        }
+    }
+
+    /// The cells of the layer at `position` in the group. Positions are fixed when the stack is
+    /// built and every entry holds its whole group, so the index is always in range.
+    #[inline]
+    pub(crate) fn get(&self, position: usize) -> &Cells {
+        match self {
+            Self::One(cells) => cells,
+            Self::Group(group) => &group[position],
+        }
+    }
+
+    /// Every layer's cells, in position order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Cells> {
+        match self {
+            Self::One(cells) => std::slice::from_ref(cells).iter(),
+            Self::Group(group) => group.iter(),
+        }
     }
 }
 

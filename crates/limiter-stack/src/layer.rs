@@ -244,6 +244,56 @@ impl<R, K> Layer<R, K> {
         Self::with_keyer(name.into(), KeySource::Keyed(Arc::new(keyer)))
     }
 
+    /// Another keyed layer on this layer's key (its keyer, shared), called `name`, with no
+    /// limits yet: per customer, a per-second and a per-minute limit as two layers, each with
+    /// its own name, plans and answer. In one stack, layers on one key keep their state in one
+    /// entry per key, found by one lookup and written under one lock, so the second layer costs
+    /// little more than a second limit. (Layers whose keyers read the same named key, such as
+    /// the middleware's `by_key("ip")`, share an entry too.) On a global layer: another
+    /// global layer, with its own state.
+    ///
+    /// ```
+    /// use limiter_core::{Limit, ManualClock};
+    /// use limiter_stack::{Kind, Layer, Stack};
+    ///
+    /// struct Request { customer: u64 }
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let per_second = Layer::keyed("per-second", |r: &Request| Some(r.customer))
+    ///     .limit(Kind::TokenBucket, Limit::per_second(2));
+    /// let per_minute = per_second.same_key("per-minute").limit(Kind::TokenBucket, Limit::per_minute(3));
+    /// let stack = Stack::builder()
+    ///     .layer(per_second)
+    ///     .layer(per_minute)
+    ///     .layer(Layer::global("everyone").limit(Kind::TokenBucket, Limit::per_second(1_000)))
+    ///     .clock(ManualClock::new())
+    ///     .build()?;
+    /// assert!(stack.check(&Request { customer: 7 })?.is_allowed());
+    /// assert!(stack.check(&Request { customer: 7 })?.is_allowed());
+    /// let third = stack.check(&Request { customer: 7 })?;
+    /// assert_eq!(third.binding().map(|l| stack.layers()[l.layer].name()), Some("per-second"));
+    /// assert_eq!(stack.len(), 1); // one entry holds both of customer 7's layers
+    /// # Ok(()) }
+    /// ```
+    pub fn same_key(&self, name: impl Into<String>) -> Self {
+        let keyer = match &self.keyer {
+            KeySource::Global => KeySource::Global,
+            KeySource::Keyed(keyer) => KeySource::Keyed(Arc::clone(keyer)),
+        };
+        Self::with_keyer(name.into(), keyer)
+    }
+
+    /// Whether both layers are keyed and derive one key from every request: one keyer, or
+    /// keyers that read the same named key.
+    pub(crate) fn shares_key_with(&self, other: &Self) -> bool {
+        match (&self.keyer, &other.keyer) {
+            (KeySource::Keyed(a), KeySource::Keyed(b)) => {
+                Arc::ptr_eq(a, b) || a.key_name().is_some_and(|name| b.key_name() == Some(name))
+            }
+            _ => false,
+        }
+    }
+
     /// A layer with one state shared by every request: a global cap.
     pub fn global(name: impl Into<String>) -> Self {
         Self::with_keyer(name.into(), KeySource::Global)

@@ -4,8 +4,10 @@
 //! plan's words with another's limits; and, in a stack with a global layer (whose entry lock is
 //! the commit lock every writing call takes instead of one lock per entry), racing calls and
 //! refunds lose no update on the keyed entries the commit lock alone guards, a denial still
-//! changes nothing, and a plan change written under it never shows a reader mixed words. Run
-//! with `cargo xtask loom`.
+//! changes nothing, and a plan change written under it never shows a reader mixed words; and
+//! for layers on one key (one entry, written under its lead's lock alone), racing calls lose no
+//! update, the last unit of either layer goes once, and a plan change of a layer held through
+//! its lead never shows a reader mixed words. Run with `cargo xtask loom`.
 #![cfg(limiter_loom)]
 
 use limiter_core::{Limit, ManualClock};
@@ -70,6 +72,30 @@ fn global_then_user(global: u64, user: u64) -> Arc<Users> {
             .layer(
                 Layer::keyed("user", |r: &Request| r.user).limit(Kind::TokenBucket, per_hour(user)),
             )
+            .clock(ManualClock::new())
+            .shards(1)
+            .build()
+            .unwrap(),
+    )
+}
+
+/// Per user `user` per hour and, on the same key (one entry: `Layer::same_key`), per user
+/// `minute` per hour, that second layer with a free plan (a fixed window of `minute`) and a pro
+/// plan (a token bucket of twice `minute`); no global layer, so the lead's lock guards the
+/// entry. On one shard.
+fn one_key(user: u64, minute: u64) -> Arc<Users> {
+    let lead = Layer::keyed("user", |r: &Request| r.user).limit(Kind::TokenBucket, per_hour(user));
+    let second = lead.same_key("user-minute").plans(
+        [
+            Plan::new("free").limit(Kind::FixedWindow, per_hour(minute)),
+            Plan::new("pro").limit(Kind::TokenBucket, per_hour(2 * minute)),
+        ],
+        |r: &Request| usize::from(r.pro),
+    );
+    Arc::new(
+        Stack::builder()
+            .layer(lead)
+            .layer(second)
             .clock(ManualClock::new())
             .shards(1)
             .build()
@@ -309,5 +335,62 @@ fn a_refund_racing_a_call_under_the_commit_lock_is_never_lost() {
         stack.refund(&request, &mut grant, 1).unwrap();
         assert!(racer.join().unwrap());
         assert_eq!(left(&stack, 1), [3, 1], "a refund or a call was lost");
+    });
+}
+
+#[test]
+fn racing_calls_on_layers_of_one_key_lose_no_update() {
+    loom::model(|| {
+        // Both calls fit on both layers. Only the lead's cells are locked; the second layer's
+        // are written under that lock. Written without it, or after its release, one call
+        // would decide on a stale word and write over the other's unit.
+        let stack = one_key(4, 4);
+        assert!(call(&stack, Some(1), false));
+        assert_eq!(stack.len(), 1, "both layers share one entry");
+        let other = Arc::clone(&stack);
+        let racer = thread::spawn(move || call(&other, Some(1), false));
+        assert!(call(&stack, Some(1), false));
+        assert!(racer.join().unwrap());
+        assert_eq!(left(&stack, 1), [1, 1], "a unit was lost");
+    });
+}
+
+#[test]
+fn the_last_unit_of_a_layer_held_through_its_lead_goes_once() {
+    loom::model(|| {
+        // The second layer has one unit left, the lead plenty: exactly one racer gets it, and
+        // the loser's lead unit stays.
+        let stack = one_key(5, 2);
+        assert!(call(&stack, Some(1), false));
+        let other = Arc::clone(&stack);
+        let racer = thread::spawn(move || call(&other, Some(1), false));
+        let here = call(&stack, Some(1), false);
+        let there = racer.join().unwrap();
+        assert!(here ^ there, "admitted {here} and {there}");
+        assert_eq!(left(&stack, 1), [3, 0]);
+    });
+}
+
+#[test]
+fn a_reader_never_mixes_two_plans_of_a_layer_held_through_its_lead() {
+    loom::model(|| {
+        // The second layer switches user 1 from free (a window of 2) to pro (a bucket of 4)
+        // under the lead's lock, its own never taken. Before: 1 of 2 left; after: 3 of 4 used,
+        // rescaled back to 2 of 2 (the lead, 10 per hour, never binds).
+        let stack = one_key(10, 2);
+        let free = Request {
+            user: Some(1),
+            shared: false,
+            pro: false,
+        };
+        assert!(stack.check(&free).unwrap().is_allowed());
+        let other = Arc::clone(&stack);
+        let writer = thread::spawn(move || {
+            let pro = Request { pro: true, ..free };
+            other.check(&pro).unwrap().is_allowed()
+        });
+        let seen = stack.peek(&free).unwrap().decision().remaining();
+        assert!(writer.join().unwrap());
+        assert!(seen == 1 || seen == 0, "a reader saw {seen} left");
     });
 }

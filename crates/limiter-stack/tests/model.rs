@@ -3,7 +3,8 @@
 //! transitions, and the words written only if every layer admits (always, for a record of
 //! usage). Random sequences of checks (mixed plans, costs, skipped layers), records, peeks,
 //! refunds, reclaims and clock steps must give the same decisions, the same errors and the
-//! same refunds.
+//! same refunds; with a layer on the user layer's key (`Layer::same_key`, one entry for both
+//! in the stack, two states in the model) too.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -73,14 +74,17 @@ fn limit(count: u64, ms: u64) -> Limit {
 /// The layers, as (name, keyer, plans), shared by the stack and the model.
 struct Spec {
     name: &'static str,
+    /// The earlier layer whose keyer this one shares (`Layer::same_key`).
+    shares: Option<usize>,
     key: fn(&Request) -> Option<u64>,
     choose: fn(&Request) -> usize,
     plans: Vec<Vec<Alg>>,
 }
 
 /// The layers; with `one_limit_each`, the user layer keeps only its first limit, so every
-/// plan has one limit and the stack decides on its lean path where it can.
-fn specs(one_limit_each: bool) -> Vec<Spec> {
+/// plan has one limit and the stack decides on its lean path where it can; with `grouped`, a
+/// last layer on the user layer's key, with two plans of its own.
+fn specs(one_limit_each: bool, grouped: bool) -> Vec<Spec> {
     let mut user = vec![
         Alg::Bucket(Gcra::new(limit(3, 1_000)).unwrap()),
         Alg::Sliding(SlidingCounter::new(limit(5, 2_000)).unwrap()),
@@ -88,15 +92,17 @@ fn specs(one_limit_each: bool) -> Vec<Spec> {
     if one_limit_each {
         user.truncate(1);
     }
-    vec![
+    let mut specs = vec![
         Spec {
             name: "user",
+            shares: None,
             key: |r| Some(r.user),
             choose: |_| 0,
             plans: vec![user],
         },
         Spec {
             name: "writes",
+            shares: None,
             key: |r| r.write.then_some(r.user),
             choose: |r| usize::from(r.pro),
             plans: vec![
@@ -106,6 +112,7 @@ fn specs(one_limit_each: bool) -> Vec<Spec> {
         },
         Spec {
             name: "pair",
+            shares: None,
             key: |r| Some(r.user % 2),
             choose: |_| 0,
             plans: vec![vec![Alg::Fixed(
@@ -114,13 +121,27 @@ fn specs(one_limit_each: bool) -> Vec<Spec> {
         },
         Spec {
             name: "global",
+            shares: None,
             key: |_| None, // global: see `build`
             choose: |_| 0,
             plans: vec![vec![Alg::Bucket(
                 Gcra::new(limit(6, 1_000).with_burst(4)).unwrap(),
             )]],
         },
-    ]
+    ];
+    if grouped {
+        specs.push(Spec {
+            name: "user-minute",
+            shares: Some(0),
+            key: |r| Some(r.user),
+            choose: |r| usize::from(r.pro),
+            plans: vec![
+                vec![Alg::Bucket(Gcra::new(limit(4, 1_500)).unwrap())],
+                vec![Alg::Fixed(FixedCounter::new(limit(6, 1_000)).unwrap())],
+            ],
+        });
+    }
+    specs
 }
 
 fn add(plan: Plan, alg: &Alg) -> Plan {
@@ -131,23 +152,28 @@ fn add(plan: Plan, alg: &Alg) -> Plan {
     }
 }
 
-fn build(clock: &ManualClock, one_limit_each: bool) -> Stack<Request, u64, ManualClock> {
-    let mut builder = Stack::builder().clock(clock.clone()).shards(1);
-    for spec in specs(one_limit_each) {
+fn build(clock: &ManualClock, specs: Vec<Spec>) -> Stack<Request, u64, ManualClock> {
+    let mut layers: Vec<Layer<Request, u64>> = Vec::new();
+    for spec in specs {
         let plans: Vec<Plan> = spec
             .plans
             .iter()
             .enumerate()
             .map(|(i, algs)| algs.iter().fold(Plan::new(format!("{i}")), add))
             .collect();
-        let layer = if spec.name == "global" {
-            Layer::global(spec.name)
-        } else {
-            Layer::keyed(spec.name, spec.key)
+        let layer = match spec.shares {
+            _ if spec.name == "global" => Layer::global(spec.name),
+            Some(lead) => layers[lead].same_key(spec.name),
+            None => Layer::keyed(spec.name, spec.key),
         };
-        builder = builder.layer(layer.plans(plans, spec.choose));
+        layers.push(layer.plans(plans, spec.choose));
     }
-    builder.build().unwrap()
+    Stack::builder()
+        .clock(clock.clone())
+        .shards(1)
+        .layers(layers)
+        .build()
+        .unwrap()
 }
 
 /// One layer's expected part: (layer, plan, binding limit, decision).
@@ -312,11 +338,11 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-fn run(ops: &[Op], one_limit_each: bool) -> Result<(), TestCaseError> {
+fn run(ops: &[Op], one_limit_each: bool, grouped: bool) -> Result<(), TestCaseError> {
     let clock = ManualClock::new();
-    let stack = build(&clock, one_limit_each);
+    let stack = build(&clock, specs(one_limit_each, grouped));
     let mut model = Model {
-        specs: specs(one_limit_each),
+        specs: specs(one_limit_each, grouped),
         states: HashMap::new(),
     };
     let mut grants: Vec<(Request, Grant, u64)> = Vec::new();
@@ -386,13 +412,27 @@ proptest! {
     #![proptest_config(proptest_config(512))]
     #[test]
     fn the_stack_decides_like_the_sequential_model(ops in proptest::collection::vec(op(), 1..120)) {
-        run(&ops, false)?;
+        run(&ops, false, false)?;
+    }
+
+    #[test]
+    fn a_stack_with_layers_on_one_key_decides_like_the_sequential_model(
+        ops in proptest::collection::vec(op(), 1..120),
+    ) {
+        run(&ops, false, true)?;
+    }
+
+    #[test]
+    fn a_stack_of_one_limit_layers_on_one_key_decides_like_the_sequential_model(
+        ops in proptest::collection::vec(op(), 1..120),
+    ) {
+        run(&ops, true, true)?;
     }
 
     #[test]
     fn a_stack_of_one_limit_layers_decides_like_the_sequential_model(
         ops in proptest::collection::vec(op(), 1..120),
     ) {
-        run(&ops, true)?;
+        run(&ops, true, false)?;
     }
 }

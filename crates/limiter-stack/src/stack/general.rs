@@ -9,7 +9,7 @@ use limiter_core::{Clock, Decision};
 
 use super::plan::{Call, Guard, Guards, Outcome, Place, ShardOrder, Target, Targets};
 use super::{Entry, Stack, fresh};
-use crate::cells::{Cells, MAX_LIMITS_PER_LAYER, Snapshot};
+use crate::cells::{Cells, EntryCells, MAX_LIMITS_PER_LAYER, Snapshot};
 use crate::decision::{MAX_LAYERS, StackDecision};
 use crate::error::CallError;
 
@@ -128,10 +128,22 @@ where
                     retry = true;
                     break;
                 };
+                // The entry holds the whole group, each layer fresh under the plan it chose
+                // (the group takes part as one: every member has its target).
+                let mut fresh_states = [Snapshot {
+                    plan: 0,
+                    words: [0; MAX_LIMITS_PER_LAYER],
+                }; MAX_LAYERS];
+                let mut members = 0;
+                for (state, member) in fresh_states.iter_mut().zip(self.group(*layer)) {
+                    let chosen = targets[member].as_ref().map_or(*plan, |t| t.plan);
+                    *state = fresh(&self.layers[member], chosen);
+                    members += 1;
+                }
                 let entry = Entry {
                     layer: *layer as u32,
                     key: key.clone(),
-                    cells: Cells::new(fresh(&self.layers[*layer], *plan)),
+                    cells: EntryCells::new(&fresh_states[..members]),
                 };
                 // The entries this call inserted are fresh, so full: the sweep an insert may
                 // run must spare them, or a second insert could drop the first.
@@ -241,16 +253,26 @@ where
         guards: &'g Guards<'_, K>,
         cells: &mut [Option<&'g Cells>; MAX_LAYERS],
     ) {
-        for (cell, target) in cells.iter_mut().zip(&targets[..self.layers.len()]) {
+        // Each lead's entry, for the rest of its group (which comes after it).
+        let mut entries: [Option<&EntryCells>; MAX_LAYERS] = [None; MAX_LAYERS];
+        for (slot, (cell, target)) in cells
+            .iter_mut()
+            .zip(&targets[..self.layers.len()])
+            .enumerate()
+        {
             let Some(target) = target else { continue };
             *cell = match &target.place {
                 Place::Global => self.globals[target.layer].as_deref(),
-                Place::Keyed { key, hash, shard } => guards[order.position(*shard)]
-                    .as_ref()
-                    .and_then(|g| {
-                        g.find(*hash, |e| e.layer as usize == target.layer && e.key == *key)
-                    })
-                    .map(|e| &e.cells),
+                Place::Keyed { key, hash, shard } => {
+                    entries[slot] = guards[order.position(*shard)]
+                        .as_ref()
+                        .and_then(|g| {
+                            g.find(*hash, |e| e.layer as usize == target.layer && e.key == *key)
+                        })
+                        .map(|e| &e.cells);
+                    entries[slot].map(|e| e.get(0))
+                }
+                Place::InGroup { lead, position } => entries[*lead].map(|e| e.get(*position)),
             };
         }
     }

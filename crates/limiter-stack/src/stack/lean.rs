@@ -7,10 +7,9 @@ use std::hash::Hash;
 use limiter_core::{Clock, Decision};
 use limiter_store::table::ShardReadGuard;
 
-use super::locks::lock_in_address_order;
 use super::plan::{Call, GLOBAL, LeanTargets, SKIPPED, ShardOrder, fill_shard_order};
-use super::{Entry, Stack};
-use crate::cells::Cells;
+use super::{Entry, Member, Stack};
+use crate::cells::{Cells, EntryCells};
 use crate::decision::StackDecision;
 use crate::error::CallError;
 use crate::layer::KeySource;
@@ -37,7 +36,7 @@ where
             return Ok(());
         }
         let mut call = Call::new();
-        targets.into_targets(&mut call.targets);
+        targets.into_targets(&self.members, &mut call.targets);
         fill_shard_order(&call.targets[..self.layers.len()], &mut call.order);
         self.decide_general(&mut call, cost, now)?;
         *decision = call.outcome.decision;
@@ -53,7 +52,13 @@ where
         targets: &mut LeanTargets<K, N>,
     ) -> Result<(), CallError> {
         for (index, layer) in self.layers.iter().enumerate().take(N) {
-            if let KeySource::Keyed(keyer) = &layer.keyer {
+            let lead = self.members[index].lead;
+            if lead != index {
+                // Shares its lead's key and entry: takes part exactly when the lead does.
+                if targets.plans[lead] == SKIPPED {
+                    continue;
+                }
+            } else if let KeySource::Keyed(keyer) = &layer.keyer {
                 let Some(key) = keyer.key(request) else {
                     continue;
                 };
@@ -94,6 +99,8 @@ where
             *guard = Some(self.table.read(shard));
         }
         let mut cells: [Option<&Cells>; N] = [None; N];
+        // Each lead's entry, for the rest of its group (which comes after it).
+        let mut entries: [Option<&EntryCells>; N] = [None; N];
         // Each layer's word as read, and as the call would leave it.
         let mut seen = [0_u64; N];
         let mut next = [0_u64; N];
@@ -103,17 +110,21 @@ where
                 continue;
             }
             let shard = targets.shards[slot];
-            let cell = if shard == GLOBAL {
+            let Member { lead, position } = self.members[slot];
+            let cell = if lead != slot {
+                entries[lead].map(|e| e.get(position))
+            } else if shard == GLOBAL {
                 self.globals[slot].as_deref()
             } else {
-                guards[order.position(shard)]
+                entries[slot] = guards[order.position(shard)]
                     .as_ref()
                     .and_then(|g| {
                         g.find(targets.hashes[slot], |e| {
                             e.layer as usize == slot && Some(&e.key) == targets.keys[slot].as_ref()
                         })
                     })
-                    .map(|e| &e.cells)
+                    .map(|e| &e.cells);
+                entries[slot].map(|e| e.get(0))
             };
             let Some(cell) = cell else {
                 return Ok(false);
@@ -160,9 +171,9 @@ where
     }
 
     /// Writes a lean call's `next` words into its `cells` (by slot; `plans` and `seen` what each
-    /// was decided under and on) if none changed since it was read; whether it did. Under the
-    /// commit lock where the stack has one (see [`hold`](Self::hold)), else with each entry
-    /// locked in address order.
+    /// was decided under and on) if none changed since it was read; whether it did. Held as
+    /// every commit holds them ([`hold`](Self::hold)): under the commit lock where the stack
+    /// has one, else with each group's lead locked in address order.
     #[inline(always)]
     pub(super) fn commit_lean<const N: usize>(
         &self,
@@ -171,46 +182,22 @@ where
         seen: &[u64; N],
         next: &[u64; N],
     ) -> bool {
-        let Some(commit) = self.commit_layer else {
-            let mut held = lock_in_address_order(cells, N);
-            let mut unchanged = true;
-            for slot in 0..N {
-                if let (Some(cell), Some(held)) = (cells[slot], &held[slot]) {
-                    unchanged &= cell.first_still(held, plans[slot], seen[slot]);
-                }
-            }
-            for slot in 0..N {
-                if let (Some(cell), Some(held)) = (cells[slot], held[slot].take()) {
-                    if unchanged {
-                        cell.write_first_and_unlock(held, next[slot]);
-                    } else {
-                        cell.unlock(held);
-                    }
-                }
-            }
-            return unchanged;
-        };
-        // The commit layer is global: it takes part in every call, so its slot holds its entry
-        // (were it ever empty, the general path would decide the call).
-        let Some(lock) = cells.get(commit).copied().flatten() else {
-            return false;
-        };
-        let held = lock.lock();
-        let mut unchanged = lock.first_still(&held, plans[commit], seen[commit]);
+        let mut cells = *cells;
+        let mut held = self.hold(&mut cells, N);
+        let mut unchanged = true;
         for slot in 0..N {
-            if let (false, Some(cell)) = (slot == commit, cells[slot]) {
-                unchanged &= cell.first_still_under_commit_lock(plans[slot], seen[slot]);
+            if let (Some(cell), Some(held)) = (cells[slot], &held[slot]) {
+                unchanged &= cell.first_still(held, plans[slot], seen[slot]);
             }
         }
-        if unchanged {
-            for slot in 0..N {
-                if let (false, Some(cell)) = (slot == commit, cells[slot]) {
-                    cell.write_first_under_commit_lock(next[slot]);
+        for slot in self.release_order(N) {
+            if let (Some(cell), Some(held)) = (cells[slot], held[slot].take()) {
+                if unchanged {
+                    cell.write_first_and_unlock(held, next[slot]);
+                } else {
+                    cell.unlock(held);
                 }
             }
-            lock.write_first_and_unlock(held, next[commit]);
-        } else {
-            lock.unlock(held);
         }
         unchanged
     }

@@ -1,7 +1,7 @@
 //! The lock protocol, beside the cells it guards (`crate::cells`): shard locks in ascending
-//! shard order; entry locks in ascending address order, or, with a global layer, that layer's
-//! entry lock alone (the commit lock), under which the other entries are held and which is
-//! released last.
+//! shard order; entry locks (a group's lead's) in ascending address order, or, with a global
+//! layer, that layer's entry lock alone (the commit lock), under which the other entries are
+//! held and which is released last.
 
 use std::hash::Hash;
 
@@ -81,8 +81,10 @@ where
     /// that writes touches every global layer, so it takes that one lock, and holds its other
     /// entries through it without locking them (no writer of them goes without it). The
     /// calls were serialised by the global entry already; each now takes one locked
-    /// instruction instead of one per layer. A stack of keyed layers alone locks each entry,
-    /// in ascending address order. Release the holds in [`release_order`](Self::release_order).
+    /// instruction instead of one per layer. A stack of keyed layers alone locks each group's
+    /// lead, in ascending address order, and holds the rest of the group through it (a call
+    /// touches all of a group or none of it). Release the holds in
+    /// [`release_order`](Self::release_order).
     #[inline]
     pub(super) fn hold<'c, const N: usize>(
         &'c self,
@@ -92,32 +94,44 @@ where
         let commit = self
             .commit_layer
             .and_then(|slot| Some((slot, self.globals.get(slot)?.as_deref()?)));
-        let Some((commit, lock)) = commit.filter(|&(slot, _)| slot < layers) else {
-            return lock_in_address_order(cells, layers);
+        let mut held = match commit.filter(|&(slot, _)| slot < layers) {
+            Some((commit, lock)) => {
+                // A global layer takes part in every call, so its slot holds this entry already.
+                cells[commit] = Some(lock);
+                let mut held: [Option<Held>; N] = [const { None }; N];
+                held[commit] = Some(lock.lock());
+                held
+            }
+            None => {
+                let mut leads = *cells;
+                for (slot, lead) in leads[..layers].iter_mut().enumerate() {
+                    if !self.leads(slot) {
+                        *lead = None;
+                    }
+                }
+                lock_in_address_order(&leads, layers)
+            }
         };
-        // A global layer takes part in every call, so its slot holds this entry already.
-        cells[commit] = Some(lock);
-        let mut held: [Option<Held>; N] = [const { None }; N];
-        held[commit] = Some(lock.lock());
-        for (slot, (cell, held)) in cells[..layers].iter().zip(&mut held).enumerate() {
-            if let (false, Some(cell)) = (slot == commit, cell) {
-                *held = Some(cell.hold_under_commit_lock());
+        for (cell, held) in cells[..layers].iter().zip(&mut held) {
+            if let (None, Some(cell)) = (&held, cell) {
+                *held = Some(cell.hold_under_guard());
             }
         }
         held
     }
 
-    /// The first `layers` slots in the order their holds are released: the commit layer's last,
-    /// so the writes made under the commit lock are all published when it is let go.
+    /// The first `layers` slots in the order their holds are released: those held through a
+    /// guard first, then the locks (the commit layer's, or each group's lead), so the writes made
+    /// under a lock are all published when it is let go.
     #[inline]
-    pub(super) fn release_order(
-        &self,
-        layers: usize,
-    ) -> impl Iterator<Item = usize> + use<R, K, C> {
+    pub(super) fn release_order(&self, layers: usize) -> impl Iterator<Item = usize> + '_ {
         let commit = self.commit_layer.filter(|&slot| slot < layers);
-        (0..layers)
-            .filter(move |&slot| Some(slot) != commit)
-            .chain(commit)
+        let locked = move |slot: usize| match commit {
+            Some(commit) => slot == commit,
+            None => self.leads(slot),
+        };
+        let guarded = (0..layers).filter(move |&slot| !locked(slot));
+        guarded.chain((0..layers).filter(move |&slot| locked(slot)))
     }
 }
 

@@ -3,8 +3,10 @@
 //! # How a call is decided
 //!
 //! 1. Each layer derives its key (keyed layers) and its plan from the request. Keyed layers
-//!    share one [`ShardedTable`] of entries, one per `(layer, key)`, each holding a word per
-//!    limit; global layers each hold one entry of their own.
+//!    share one [`ShardedTable`] of entries, one per key and *group* (the keyed layers that
+//!    share a keyer: [`Layer::same_key`], or keyers reading one named key), found by one lookup
+//!    and holding each layer's cells, a word per limit; global layers each hold one entry of
+//!    their own. A group's first layer, its lead, derives the key; the others take it.
 //! 2. The shards the keys fall in are read-locked in ascending shard order (the locks prefer
 //!    waiting writers, so any other order could deadlock). Every entry is read without a lock
 //!    and every limit decided with the pure transition of its algorithm.
@@ -13,7 +15,8 @@
 //!    they changed, and written (or, if some limit now denies, released unwritten). An entry is
 //!    only ever locked by a call that already holds all its shard locks, and that call then
 //!    never waits for anything but other entry locks further up the order, so no order of
-//!    layers or keys can deadlock and some call always completes. In a stack with a global
+//!    layers or keys can deadlock and some call always completes. A group's entry is locked by
+//!    its lead's lock alone, which holds the group's other cells. In a stack with a global
 //!    layer, the first global layer's entry lock is the *commit lock*: every call that writes
 //!    touches every global layer, so it takes that lock alone, holds its other entries through
 //!    it (none of them is locked on its own, none written without it) and releases it last.
@@ -41,7 +44,7 @@ use crossbeam_utils::CachePadded;
 use limiter_core::{Clock, DefaultClock};
 use limiter_store::table::ShardedTable;
 
-use crate::cells::{Cells, MAX_LIMITS_PER_LAYER, Snapshot};
+use crate::cells::{Cells, EntryCells, MAX_LIMITS_PER_LAYER, Snapshot};
 use crate::decision::{Grant, MAX_LAYERS, StackDecision};
 use crate::error::{BuildError, CallError, RefundError};
 use crate::layer::{Layer, Plan};
@@ -74,14 +77,27 @@ pub struct Stack<R, K, C = DefaultClock> {
     /// The first global layer, whose entry lock is the stack's commit lock (see
     /// [`Stack::hold`]); `None` when every layer is keyed.
     commit_layer: Option<usize>,
+    /// Each layer's group (by layer position): the layers sharing its keyer keep their state
+    /// in one entry.
+    members: Box<[Member]>,
 }
 
-/// A keyed layer's state for one key.
+/// Where a layer's state lives in its group's entry: the group's lead (its first layer, whose
+/// keyer derives the key and whose lock guards the entry) and its position there. A global
+/// layer, and a keyed one sharing no keyer, leads a group of one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Member {
+    pub(crate) lead: usize,
+    pub(crate) position: usize,
+}
+
+/// A group of keyed layers' state for one key.
 #[derive(Debug)]
 pub(crate) struct Entry<K> {
+    /// The group's lead layer.
     layer: u32,
     key: K,
-    cells: Cells,
+    cells: EntryCells,
 }
 
 /// Builds a [`Stack`].
@@ -181,6 +197,7 @@ impl<R, K, C> StackBuilder<R, K, C> {
         let table = ShardedTable::with_shards_and_hasher(shards, EntryHasher::default());
         let commit_layer = globals.iter().position(Option::is_some);
         let lean = self.layers.iter().all(|layer| layer.limits_per_plan() == 1);
+        let members = group_members(&self.layers);
         Ok(Stack {
             layers: self.layers.into_boxed_slice(),
             globals,
@@ -192,8 +209,29 @@ impl<R, K, C> StackBuilder<R, K, C> {
             id: IDS.fetch_add(1, StdOrdering::Relaxed),
             lean,
             commit_layer,
+            members,
         })
     }
+}
+
+/// Each layer's group: a keyed layer joins the first earlier lead that shares its key
+/// ([`Layer::shares_key_with`]); any other layer leads its own.
+fn group_members<R, K>(layers: &[Layer<R, K>]) -> Box<[Member]> {
+    let mut members: Vec<Member> = Vec::with_capacity(layers.len());
+    for (index, layer) in layers.iter().enumerate() {
+        let lead = (0..index).find(|&j| members[j].lead == j && layer.shares_key_with(&layers[j]));
+        members.push(match lead {
+            Some(lead) => Member {
+                lead,
+                position: members.iter().filter(|m| m.lead == lead).count(),
+            },
+            None => Member {
+                lead: index,
+                position: 0,
+            },
+        });
+    }
+    members.into_boxed_slice()
 }
 
 impl<R, K, C> Stack<R, K, C>
@@ -444,7 +482,8 @@ where
         }
     }
 
-    /// Keyed entries held (one per layer and key), full ones not yet reclaimed included.
+    /// Keyed entries held (one per key and group of layers sharing a keyer), full ones not yet
+    /// reclaimed included.
     pub fn len(&self) -> u64 {
         self.table.counts().0
     }
@@ -483,15 +522,32 @@ where
         &self.clock
     }
 
-    /// Whether every limit of `entry` is full at `now` under the plan it was written with.
+    /// Whether every limit of `entry` is full at `now` under the plan each layer's cells were
+    /// written with.
     fn entry_is_full(&self, entry: &Entry<K>, now: u64) -> bool {
-        let state = entry.cells.read();
-        self.layers[entry.layer as usize]
-            .plan(state.plan)
-            .limits
-            .iter()
-            .zip(state.words)
-            .all(|(algorithm, word)| algorithm.is_full(word, now))
+        self.group(entry.layer as usize)
+            .zip(entry.cells.iter())
+            .all(|(layer, cells)| {
+                let state = cells.read();
+                self.layers[layer]
+                    .plan(state.plan)
+                    .limits
+                    .iter()
+                    .zip(state.words)
+                    .all(|(algorithm, word)| algorithm.is_full(word, now))
+            })
+    }
+
+    /// The layers of the group `lead` leads, in position order.
+    fn group(&self, lead: usize) -> impl Iterator<Item = usize> + '_ {
+        (lead..self.layers.len()).filter(move |&layer| self.members[layer].lead == lead)
+    }
+
+    /// Whether the layer in `slot` holds its own lock (it leads its group) rather than being
+    /// held through its lead's.
+    #[inline]
+    fn leads(&self, slot: usize) -> bool {
+        self.members.get(slot).is_none_or(|m| m.lead == slot)
     }
 }
 

@@ -8,7 +8,7 @@ use std::ops::Deref;
 use limiter_core::Clock;
 use limiter_store::table::{Shard, ShardReadGuard, ShardWriteGuard};
 
-use super::{Entry, Stack};
+use super::{Entry, Member, Stack};
 use crate::cells::Snapshot;
 use crate::decision::{MAX_LAYERS, StackDecision};
 use crate::error::CallError;
@@ -17,7 +17,10 @@ use crate::layer::KeySource;
 /// Where one layer's state for a call lives.
 pub(super) enum Place<K> {
     Global,
+    /// In the entry of `key`, which this layer leads (see [`Member`](super::Member)).
     Keyed { key: K, hash: u64, shard: usize },
+    /// In the entry the layer `lead` finds, at `position`: the layer shares its keyer.
+    InGroup { lead: usize, position: usize },
 }
 
 /// One layer's part in a call: its plan and where its state lives.
@@ -123,9 +126,9 @@ impl<K, const N: usize> LeanTargets<K, N> {
         }
     }
 
-    /// The same targets as the general path keeps them.
+    /// The same targets as the general path keeps them (`members`: each layer's group).
     #[inline]
-    pub(super) fn into_targets(self, targets: &mut Targets<K>) {
+    pub(super) fn into_targets(self, members: &[Member], targets: &mut Targets<K>) {
         let Self {
             keys,
             hashes,
@@ -140,9 +143,12 @@ impl<K, const N: usize> LeanTargets<K, N> {
             if plan == SKIPPED {
                 continue;
             }
-            let place = match key {
-                Some(key) => Place::Keyed { key, hash, shard },
-                None => Place::Global,
+            let place = match (key, members.get(layer)) {
+                (_, Some(&Member { lead, position })) if lead != layer => {
+                    Place::InGroup { lead, position }
+                }
+                (Some(key), _) => Place::Keyed { key, hash, shard },
+                (None, _) => Place::Global,
             };
             targets[layer] = Some(Target { layer, plan, place });
         }
@@ -216,7 +222,15 @@ where
         targets: &mut Targets<K>,
     ) -> Result<(), CallError> {
         for (index, layer) in self.layers.iter().enumerate() {
+            let Member { lead, position } = self.members[index];
             let place = match &layer.keyer {
+                // The lead came first: this layer takes part exactly when it does.
+                KeySource::Keyed(_) if lead != index => {
+                    if targets[lead].is_none() {
+                        continue;
+                    }
+                    Place::InGroup { lead, position }
+                }
                 KeySource::Global => Place::Global,
                 KeySource::Keyed(keyer) => {
                     let Some(key) = keyer.key(request) else {
