@@ -1,7 +1,11 @@
-//! [`DynAlgorithm`]: an [`Algorithm`] behind a pointer, so one layer can hold a token bucket
-//! beside a sliding window and a plan can choose among limits at run time.
+//! [`DynAlgorithm`]: an [`Algorithm`] chosen at run time, so one layer can hold a token bucket
+//! beside a sliding window and a plan can choose among limits at run time; [`PlanLimit`] holds
+//! one: the built-in algorithms by value (their transitions inlined into the stack's paths, the
+//! answer kept in registers), any other behind a pointer.
 
 use limiter_core::{Algorithm, Decision, DecisionError, Limit, Step, Usage};
+use limiter_sliding_window::{FixedCounter, SlidingCounter};
+use limiter_token_bucket::Gcra;
 
 /// The object-safe face of [`Algorithm`]; every algorithm has it.
 pub(crate) trait DynAlgorithm: Send + Sync {
@@ -37,6 +41,84 @@ pub(crate) trait DynAlgorithm: Send + Sync {
     /// `Result<(), DecisionError>` and the state go back through memory; `None` when the call
     /// cannot be decided, which [`decide`](Self::decide) then explains.
     fn decide_word(&self, word: u64, cost: u64, now: u64, decision: &mut Decision) -> Option<u64>;
+}
+
+/// One limit of a plan: a built-in algorithm by value, or one of the user's behind a pointer.
+pub(crate) enum PlanLimit {
+    TokenBucket(Gcra),
+    SlidingWindow(SlidingCounter),
+    FixedWindow(FixedCounter),
+    Other(Box<dyn DynAlgorithm>),
+}
+
+/// Calls `$method` on whichever algorithm `$self` holds, statically for the built-in ones.
+macro_rules! dispatch {
+    ($self:expr, $a:ident => $call:expr) => {
+        match $self {
+            PlanLimit::TokenBucket($a) => $call,
+            PlanLimit::SlidingWindow($a) => $call,
+            PlanLimit::FixedWindow($a) => $call,
+            PlanLimit::Other(boxed) => {
+                let $a = &**boxed;
+                $call
+            }
+        }
+    };
+}
+
+impl DynAlgorithm for PlanLimit {
+    #[inline]
+    fn name(&self) -> &'static str {
+        dispatch!(self, a => a.name())
+    }
+    #[inline]
+    fn fresh(&self) -> u64 {
+        dispatch!(self, a => DynAlgorithm::fresh(a))
+    }
+    #[inline]
+    fn limit(&self) -> &Limit {
+        dispatch!(self, a => DynAlgorithm::limit(a))
+    }
+    #[inline]
+    fn is_full(&self, state: u64, now: u64) -> bool {
+        dispatch!(self, a => DynAlgorithm::is_full(a, state, now))
+    }
+    #[inline]
+    fn usage(&self, state: u64, now: u64) -> Usage {
+        dispatch!(self, a => DynAlgorithm::usage(a, state, now))
+    }
+    #[inline]
+    fn with_usage(&self, usage: Usage, now: u64) -> Result<u64, DecisionError> {
+        dispatch!(self, a => DynAlgorithm::with_usage(a, usage, now))
+    }
+    #[inline]
+    fn refund(&self, state: u64, units: u64, granted_at: u64, now: u64) -> Option<u64> {
+        dispatch!(self, a => DynAlgorithm::refund(a, state, units, granted_at, now))
+    }
+    #[inline]
+    fn decide(
+        &self,
+        word: &mut u64,
+        cost: u64,
+        now: u64,
+        decision: &mut Decision,
+    ) -> Result<(), DecisionError> {
+        dispatch!(self, a => DynAlgorithm::decide(a, word, cost, now, decision))
+    }
+    #[inline]
+    fn record(
+        &self,
+        word: &mut u64,
+        cost: u64,
+        now: u64,
+        decision: &mut Decision,
+    ) -> Result<(), DecisionError> {
+        dispatch!(self, a => DynAlgorithm::record(a, word, cost, now, decision))
+    }
+    #[inline]
+    fn decide_word(&self, word: u64, cost: u64, now: u64, decision: &mut Decision) -> Option<u64> {
+        dispatch!(self, a => DynAlgorithm::decide_word(a, word, cost, now, decision))
+    }
 }
 
 impl<A: Algorithm> DynAlgorithm for A {
@@ -79,6 +161,7 @@ impl<A: Algorithm> DynAlgorithm for A {
     ) -> Result<(), DecisionError> {
         Algorithm::record(self, *word, cost, now).map(|step| in_place(step, word, decision))
     }
+    #[inline]
     fn decide_word(&self, word: u64, cost: u64, now: u64, decision: &mut Decision) -> Option<u64> {
         let step = Algorithm::decide(self, word, cost, now).ok()?;
         *decision = step.decision;

@@ -7,11 +7,11 @@
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-use limiter_core::{Algorithm, Limit};
+use limiter_core::{Algorithm, Limit, LimitError};
 use limiter_sliding_window::{FixedCounter, SlidingCounter};
 use limiter_token_bucket::Gcra;
 
-use crate::algorithms::DynAlgorithm;
+use crate::algorithms::{DynAlgorithm, PlanLimit};
 use crate::cells::MAX_LIMITS_PER_LAYER;
 use crate::error::{BuildError, CallError};
 use crate::keyer::Keyer;
@@ -20,7 +20,7 @@ use crate::kind::Kind;
 /// A named set of limits one layer enforces together on a key, such as `free: 10/s and 100/min`.
 pub struct Plan {
     pub(crate) name: String,
-    pub(crate) limits: Vec<Box<dyn DynAlgorithm>>,
+    pub(crate) limits: Vec<PlanLimit>,
     /// Every limit added, with its built-in algorithm (`None`: one named by type), refused
     /// ones included: what another backend builds the plan from ([`Layer::into_parts`]).
     pub(crate) specs: Vec<(Option<Kind>, Limit)>,
@@ -44,9 +44,9 @@ impl Plan {
     pub fn limit(mut self, kind: Kind, limit: Limit) -> Self {
         self.specs.push((Some(kind), limit));
         match kind {
-            Kind::TokenBucket => self.add::<Gcra>(limit),
-            Kind::SlidingWindow => self.add::<SlidingCounter>(limit),
-            Kind::FixedWindow => self.add::<FixedCounter>(limit),
+            Kind::TokenBucket => self.add(Gcra::new(limit), PlanLimit::TokenBucket),
+            Kind::SlidingWindow => self.add(SlidingCounter::new(limit), PlanLimit::SlidingWindow),
+            Kind::FixedWindow => self.add(FixedCounter::new(limit), PlanLimit::FixedWindow),
         }
     }
 
@@ -55,12 +55,13 @@ impl Plan {
     /// [`build`](crate::StackBuilder::build). (Only limits named by [`Kind`] run on Redis.)
     pub fn limit_with<A: Algorithm + 'static>(mut self, limit: Limit) -> Self {
         self.specs.push((None, limit));
-        self.add::<A>(limit)
+        self.add(A::new(limit), |a| PlanLimit::Other(Box::new(a)))
     }
 
-    fn add<A: Algorithm + 'static>(mut self, limit: Limit) -> Self {
-        match A::new(limit) {
-            Ok(algorithm) => self.limits.push(Box::new(algorithm)),
+    /// Adds the limit `built` holds, as `hold` keeps it, or the refusal.
+    fn add<A>(mut self, built: Result<A, LimitError>, hold: impl FnOnce(A) -> PlanLimit) -> Self {
+        match built {
+            Ok(algorithm) => self.limits.push(hold(algorithm)),
             Err(source) => {
                 self.refused.get_or_insert(BuildError::Limit {
                     owner: format!("plan `{}`", self.name),

@@ -13,6 +13,7 @@
 
 use core::num::NonZeroU64;
 
+use crate::reciprocal::Reciprocal;
 use limiter_core::{
     Accuracy, Algorithm, Decision, DecisionError, Limit, LimitError, MIN_CLOCK_RANGE, StateCell,
     Step, Usage,
@@ -81,6 +82,10 @@ pub struct Gcra {
     shift: u32,
     /// `p`: ticks one unit takes to refill.
     unit_ticks: NonZeroU64,
+    /// Division by `p` (the units in a headroom) without a division instruction.
+    per_unit: Reciprocal,
+    /// Division by `q` (ticks to nanoseconds) without a division instruction.
+    per_ns: Reciprocal,
     /// `tau = burst * p`: how far ahead of `now` the tat may be; at `now + tau` the bucket is empty.
     tau_ticks: u64,
     /// `MAX_DEBT * tau`: how far ahead of `now` a record may push the tat (a debt of one burst).
@@ -178,6 +183,8 @@ impl Gcra {
             ticks_per_ns,
             shift,
             unit_ticks,
+            per_unit: Reciprocal::new(unit_ticks),
+            per_ns: Reciprocal::new(ticks_per_ns),
             tau_ticks,
             debt_cap_ticks,
             max_now_ns,
@@ -236,7 +243,7 @@ impl Gcra {
             if self.ticks_per_ns == NonZeroU64::MIN {
                 return ticks;
             }
-            return ticks.div_ceil(self.ticks_per_ns.get());
+            return self.per_ns.divide_ceil(ticks);
         }
         // Below 2^65 shifted by at most 63: fits a u128.
         let at = (u128::from(now).wrapping_add(u128::from(ticks))).wrapping_shl(self.shift);
@@ -245,8 +252,7 @@ impl Gcra {
 
     /// Whole units in `headroom` ticks below `tau`, floored.
     fn whole_units(&self, headroom_ticks: u64) -> u64 {
-        // Division by `NonZeroU64` cannot fail.
-        headroom_ticks / self.unit_ticks
+        self.per_unit.divide(headroom_ticks)
     }
 
     fn out_of_range(&self, now_ns: u64) -> DecisionError {
@@ -274,7 +280,9 @@ impl Algorithm for Gcra {
         self.accuracy
     }
 
-    #[inline]
+    // Always inlined: a caller that stores the `Step` it returns and reads it back (a `dyn`
+    // stack layer) stalls on the copy; inlined, the answer stays in registers.
+    #[inline(always)]
     fn decide(&self, tat: u64, cost: u64, now_ns: u64) -> Result<Step, DecisionError> {
         let burst = self.limit.burst();
         if cost > burst {

@@ -66,6 +66,7 @@
 #![warn(clippy::unwrap_used)]
 
 mod gcra;
+mod reciprocal;
 
 pub use gcra::Gcra;
 pub use limiter_core::{

@@ -9,6 +9,7 @@ use limiter_core::{Clock, Decision};
 
 use super::plan::{Call, Guard, Guards, Outcome, Place, ShardOrder, Target, Targets};
 use super::{Entry, Stack, fresh};
+use crate::algorithms::DynAlgorithm;
 use crate::cells::{Cells, EntryCells, MAX_LIMITS_PER_LAYER, Snapshot};
 use crate::decision::{MAX_LAYERS, StackDecision};
 use crate::error::CallError;

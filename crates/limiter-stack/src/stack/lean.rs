@@ -9,6 +9,7 @@ use limiter_store::table::ShardReadGuard;
 
 use super::plan::{Call, GLOBAL, LeanTargets, SKIPPED, ShardOrder, fill_shard_order};
 use super::{Entry, Member, Stack};
+use crate::algorithms::DynAlgorithm;
 use crate::cells::{Cells, EntryCells};
 use crate::decision::StackDecision;
 use crate::error::CallError;

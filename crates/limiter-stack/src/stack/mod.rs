@@ -44,6 +44,7 @@ use crossbeam_utils::CachePadded;
 use limiter_core::{Clock, DefaultClock};
 use limiter_store::table::ShardedTable;
 
+use crate::algorithms::DynAlgorithm;
 use crate::cells::{Cells, EntryCells, MAX_LIMITS_PER_LAYER, Snapshot};
 use crate::decision::{Grant, MAX_LAYERS, StackDecision};
 use crate::error::{BuildError, CallError, RefundError};

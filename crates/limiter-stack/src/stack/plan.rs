@@ -18,9 +18,16 @@ use crate::layer::KeySource;
 pub(super) enum Place<K> {
     Global,
     /// In the entry of `key`, which this layer leads (see [`Member`](super::Member)).
-    Keyed { key: K, hash: u64, shard: usize },
+    Keyed {
+        key: K,
+        hash: u64,
+        shard: usize,
+    },
     /// In the entry the layer `lead` finds, at `position`: the layer shares its keyer.
-    InGroup { lead: usize, position: usize },
+    InGroup {
+        lead: usize,
+        position: usize,
+    },
 }
 
 /// One layer's part in a call: its plan and where its state lives.
