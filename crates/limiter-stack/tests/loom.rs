@@ -103,6 +103,24 @@ fn one_key(user: u64, minute: u64) -> Arc<Users> {
     )
 }
 
+/// Per user `user` per hour and, on the same key, `minute` per hour, each layer one limit and
+/// no global layer: the one-key path, committing under the entry's lead alone. On one shard.
+fn one_key_lean(user: u64, minute: u64) -> Arc<Users> {
+    let lead = Layer::keyed("user", |r: &Request| r.user).limit(Kind::TokenBucket, per_hour(user));
+    let second = lead
+        .same_key("user-minute")
+        .limit(Kind::TokenBucket, per_hour(minute));
+    Arc::new(
+        Stack::builder()
+            .layer(lead)
+            .layer(second)
+            .clock(ManualClock::new())
+            .shards(1)
+            .build()
+            .unwrap(),
+    )
+}
+
 fn call(stack: &Users, user: Option<u64>, shared: bool) -> bool {
     let request = Request {
         user,
@@ -340,11 +358,34 @@ fn a_refund_racing_a_call_under_the_commit_lock_is_never_lost() {
 
 #[test]
 fn racing_calls_on_layers_of_one_key_lose_no_update() {
+    loom::model(|| racing_calls_on_one_key(one_key(4, 4)));
+}
+
+#[test]
+fn racing_calls_on_the_one_key_path_lose_no_update() {
+    loom::model(|| racing_calls_on_one_key(one_key_lean(4, 4)));
+}
+
+#[test]
+fn the_last_unit_on_the_one_key_path_goes_once() {
     loom::model(|| {
-        // Both calls fit on both layers. Only the lead's cells are locked; the second layer's
-        // are written under that lock. Written without it, or after its release, one call
-        // would decide on a stale word and write over the other's unit.
-        let stack = one_key(4, 4);
+        let stack = one_key_lean(5, 2);
+        assert!(call(&stack, Some(1), false));
+        let other = Arc::clone(&stack);
+        let racer = thread::spawn(move || call(&other, Some(1), false));
+        let here = call(&stack, Some(1), false);
+        let there = racer.join().unwrap();
+        assert!(here ^ there, "admitted {here} and {there}");
+        assert_eq!(left(&stack, 1), [3, 0]);
+    });
+}
+
+/// Two calls racing on user 1 of `stack` (two layers on one key, 4 per hour each); both fit.
+/// Only the lead's cells are locked; the second layer's are written under that lock. Written
+/// without it, or after its release, one call would decide on a stale word and write over the
+/// other's unit.
+fn racing_calls_on_one_key(stack: Arc<Users>) {
+    {
         assert!(call(&stack, Some(1), false));
         assert_eq!(stack.len(), 1, "both layers share one entry");
         let other = Arc::clone(&stack);
@@ -352,7 +393,7 @@ fn racing_calls_on_layers_of_one_key_lose_no_update() {
         assert!(call(&stack, Some(1), false));
         assert!(racer.join().unwrap());
         assert_eq!(left(&stack, 1), [1, 1], "a unit was lost");
-    });
+    }
 }
 
 #[test]

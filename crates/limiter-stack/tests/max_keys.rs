@@ -106,3 +106,46 @@ fn threads_racing_for_places_never_pass_the_bound() {
         assert_eq!(stack.len(), max as u64);
     }
 }
+
+#[test]
+fn layers_on_one_key_hold_one_entry_against_the_bound_and_a_denial_leaves_none() {
+    let clock = ManualClock::new();
+    let per_second =
+        Layer::keyed("second", |r: &u64| Some(*r)).limit(Kind::TokenBucket, Limit::per_second(5));
+    // The second layer, on the same key, holds its state in the first one's entry.
+    let per_minute = per_second
+        .same_key("minute")
+        .limit(Kind::FixedWindow, Limit::per_minute(2));
+    let stack = Stack::builder()
+        .layer(per_second)
+        .layer(per_minute)
+        .max_keys(2)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    assert!(stack.check(&1).unwrap().is_allowed());
+    assert!(stack.check(&2).unwrap().is_allowed());
+    assert_eq!(stack.len(), 2, "one entry per key for both layers");
+    assert!(matches!(
+        stack.check(&3),
+        Err(CallError::Full { max_keys: 2, .. })
+    ));
+    // Key 1's minute runs out on the second layer: denied, and its first layer untouched.
+    assert!(stack.check(&1).unwrap().is_allowed());
+    let denied = stack.check(&1).unwrap();
+    assert!(denied.is_denied());
+    assert_eq!(denied.binding().map(|l| l.layer), Some(1));
+    let left: Vec<u64> = stack
+        .peek(&1)
+        .unwrap()
+        .layers()
+        .map(|l| l.decision.remaining())
+        .collect();
+    assert_eq!(left, [3, 0]);
+    // A minute on, both held keys are full again: a new key takes a place, and a peek of an
+    // unseen key inserts nothing.
+    clock.advance(Duration::from_secs(60));
+    assert!(stack.peek(&9).unwrap().is_allowed());
+    assert!(stack.check(&3).unwrap().is_allowed());
+    assert!(stack.len() <= 2);
+}

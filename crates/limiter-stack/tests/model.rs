@@ -4,7 +4,7 @@
 //! usage). Random sequences of checks (mixed plans, costs, skipped layers), records, peeks,
 //! refunds, reclaims and clock steps must give the same decisions, the same errors and the
 //! same refunds; with a layer on the user layer's key (`Layer::same_key`, one entry for both
-//! in the stack, two states in the model) too.
+//! in the stack, two states in the model) too, and for a stack on the one-key path.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -79,6 +79,38 @@ struct Spec {
     key: fn(&Request) -> Option<u64>,
     choose: fn(&Request) -> usize,
     plans: Vec<Vec<Alg>>,
+}
+
+/// The layers of a stack on the one-key path: per user one token bucket and, on the same key,
+/// a sliding window, and a global token bucket; every layer one plan of one limit.
+fn one_key_specs() -> Vec<Spec> {
+    let one = |name, shares, key: fn(&Request) -> Option<u64>, alg| Spec {
+        name,
+        shares,
+        key,
+        choose: |_| 0,
+        plans: vec![vec![alg]],
+    };
+    vec![
+        one(
+            "user",
+            None,
+            |r| Some(r.user),
+            Alg::Bucket(Gcra::new(limit(3, 1_000)).unwrap()),
+        ),
+        one(
+            "user-window",
+            Some(0),
+            |r| Some(r.user),
+            Alg::Sliding(SlidingCounter::new(limit(5, 2_000)).unwrap()),
+        ),
+        one(
+            "global",
+            None,
+            |_| None,
+            Alg::Bucket(Gcra::new(limit(6, 1_000).with_burst(4)).unwrap()),
+        ),
+    ]
 }
 
 /// The layers; with `one_limit_each`, the user layer keeps only its first limit, so every
@@ -166,7 +198,16 @@ fn build(clock: &ManualClock, specs: Vec<Spec>) -> Stack<Request, u64, ManualClo
             Some(lead) => layers[lead].same_key(spec.name),
             None => Layer::keyed(spec.name, spec.key),
         };
-        layers.push(layer.plans(plans, spec.choose));
+        // A layer of one plan is built without a plan function, as users build it (a stack
+        // of such layers on one key takes the one-key path).
+        layers.push(match &spec.plans[..] {
+            [only] => only.iter().fold(layer, |layer, alg| match alg {
+                Alg::Bucket(a) => layer.limit(Kind::TokenBucket, *a.limit()),
+                Alg::Sliding(a) => layer.limit(Kind::SlidingWindow, *a.limit()),
+                Alg::Fixed(a) => layer.limit(Kind::FixedWindow, *a.limit()),
+            }),
+            _ => layer.plans(plans, spec.choose),
+        });
     }
     Stack::builder()
         .clock(clock.clone())
@@ -339,10 +380,14 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 fn run(ops: &[Op], one_limit_each: bool, grouped: bool) -> Result<(), TestCaseError> {
+    run_specs(ops, || specs(one_limit_each, grouped))
+}
+
+fn run_specs(ops: &[Op], specs: impl Fn() -> Vec<Spec>) -> Result<(), TestCaseError> {
     let clock = ManualClock::new();
-    let stack = build(&clock, specs(one_limit_each, grouped));
+    let stack = build(&clock, specs());
     let mut model = Model {
-        specs: specs(one_limit_each, grouped),
+        specs: specs(),
         states: HashMap::new(),
     };
     let mut grants: Vec<(Request, Grant, u64)> = Vec::new();
@@ -420,6 +465,13 @@ proptest! {
         ops in proptest::collection::vec(op(), 1..120),
     ) {
         run(&ops, false, true)?;
+    }
+
+    #[test]
+    fn a_stack_on_the_one_key_path_decides_like_the_sequential_model(
+        ops in proptest::collection::vec(op(), 1..120),
+    ) {
+        run_specs(&ops, one_key_specs)?;
     }
 
     #[test]

@@ -54,6 +54,7 @@ use crate::sync::{AtomicU64, EntryHasher, Ordering};
 mod general;
 mod lean;
 mod locks;
+mod one_key;
 mod plan;
 
 use plan::{Call, Guards};
@@ -81,6 +82,11 @@ pub struct Stack<R, K, C = DefaultClock> {
     /// Each layer's group (by layer position): the layers sharing its keyer keep their state
     /// in one entry.
     members: Box<[Member]>,
+    /// Whether calls take the one-key path (`one_key.rs`): every keyed layer in one group, each
+    /// layer one plan of one limit.
+    one_key_path: bool,
+    /// The lead of the keyed group (`None`: every layer is global), for the one-key path.
+    one_key: Option<usize>,
 }
 
 /// Where a layer's state lives in its group's entry: the group's lead (its first layer, whose
@@ -199,6 +205,14 @@ impl<R, K, C> StackBuilder<R, K, C> {
         let commit_layer = globals.iter().position(Option::is_some);
         let lean = self.layers.iter().all(|layer| layer.limits_per_plan() == 1);
         let members = group_members(&self.layers);
+        let leads: Vec<usize> = members.iter().map(|m| m.lead).collect();
+        let one_key_path = one_key::fits(&self.layers, &leads);
+        let one_key = self
+            .layers
+            .iter()
+            .zip(&members)
+            .find(|(layer, _)| !layer.is_global())
+            .map(|(_, member)| member.lead);
         Ok(Stack {
             layers: self.layers.into_boxed_slice(),
             globals,
@@ -211,6 +225,8 @@ impl<R, K, C> StackBuilder<R, K, C> {
             lean,
             commit_layer,
             members,
+            one_key_path,
+            one_key,
         })
     }
 }
@@ -357,6 +373,14 @@ where
         now: u64,
         decision: &mut StackDecision,
     ) -> Result<(), CallError> {
+        if self.one_key_path {
+            return match self.layers.len() {
+                1 => self.decide_one_key::<1>(request, cost, now, decision),
+                2 => self.decide_one_key::<2>(request, cost, now, decision),
+                3 => self.decide_one_key::<3>(request, cost, now, decision),
+                _ => self.decide_one_key::<4>(request, cost, now, decision),
+            };
+        }
         if self.lean {
             return match self.layers.len() {
                 1 => self.decide_sized::<1>(request, cost, now, decision),
