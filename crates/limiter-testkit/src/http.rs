@@ -15,13 +15,15 @@ use std::net::IpAddr;
 use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 
+use bytes::Bytes;
 use http::{HeaderValue, Request, Response};
+use http_body_util::Full;
 use limiter_core::{Limit, ManualClock};
 use limiter_stack::Kind;
 use limiter_stack::{Layer, Stack};
 use limiter_tower::{
     ClientIp, ForwardedHeader, HeaderKey, HeaderMode, HttpRequest, IpNet, Key, PeerAddr,
-    RateLimitBody, RateLimitLayer, RejectionBody, by_key,
+    RateLimitLayer, RejectionBody, by_key,
 };
 use tower_layer::Layer as _;
 use tower_service::Service;
@@ -29,22 +31,25 @@ use tower_service::Service;
 /// The ranges the fuzzed middleware trusts as proxies.
 const TRUSTED: [&str; 2] = ["10.0.0.0/8", "fd00::/8"];
 
-/// An inner service that answers 200 with no body, at once (for the fuzz body and the
+/// The response body of [`Ok200`] and of the middleware in front of it.
+pub type Body = Full<Bytes>;
+
+/// An inner service that answers 200 with an empty body, at once (for the fuzz body and the
 /// middleware's benchmark).
 #[derive(Clone, Copy, Debug)]
 pub struct Ok200;
 
 impl Service<Request<()>> for Ok200 {
-    type Response = Response<()>;
+    type Response = Response<Body>;
     type Error = Infallible;
-    type Future = Ready<Result<Response<()>, Infallible>>;
+    type Future = Ready<Result<Response<Body>, Infallible>>;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, _: Request<()>) -> Self::Future {
-        ready(Ok(Response::new(())))
+        ready(Ok(Response::new(Body::default())))
     }
 }
 
@@ -156,9 +161,9 @@ fn single(
 
 /// Calls `service` once and polls the future once: an in-memory stack decides at once, so
 /// the answer is there without a runtime.
-pub fn call<S>(service: &mut S, request: Request<()>) -> Response<RateLimitBody<()>>
+pub fn call<S>(service: &mut S, request: Request<()>) -> Response<Body>
 where
-    S: Service<Request<()>, Response = Response<RateLimitBody<()>>, Error = Infallible>,
+    S: Service<Request<()>, Response = Response<Body>, Error = Infallible>,
 {
     let mut cx = Context::from_waker(Waker::noop());
     let mut future = pin!(service.call(request));
@@ -169,7 +174,7 @@ where
     }
 }
 
-fn check(response: &Response<RateLimitBody<()>>, mode: HeaderMode, peer_trusted: bool) {
+fn check(response: &Response<Body>, mode: HeaderMode, peer_trusted: bool) {
     let status = response.status().as_u16();
     let headers = response.headers();
     match status {

@@ -14,6 +14,8 @@ use limiter_stack::StackDecision;
 
 use limiter_stack::LayerInfo;
 
+use crate::digits;
+
 /// Which rate limit headers responses carry (denied and allowed alike).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum HeaderMode {
@@ -45,23 +47,6 @@ pub(crate) fn ceil_seconds(nanos: u64) -> u64 {
 }
 
 /// Appends `n` in decimal (the hot path's `write!`, without the formatting machinery).
-fn push_u64(out: &mut String, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    // ASCII digits: always UTF-8.
-    out.push_str(std::str::from_utf8(&digits[i..]).unwrap_or_default());
-}
-
-/// `text` as a Structured Field String: quoted, `"` and `\` escaped, and every byte outside
-/// printable ASCII replaced by `?` (a String cannot carry it).
 pub(crate) fn sf_string(text: &str) -> String {
     let mut out = String::with_capacity(text.len() + 2);
     out.push('"');
@@ -136,8 +121,9 @@ impl Policies {
     }
 
     fn ietf(&self, decision: &StackDecision) -> RateHeaders {
-        let mut policy = String::new();
-        let mut state = String::with_capacity(64);
+        // The usual answer (one layer) reuses its plan's policy value; several are joined.
+        let mut policy: Vec<u8> = Vec::new();
+        let mut state: Vec<u8> = Vec::with_capacity(64);
         let mut only: Option<&PlanHeaders> = None;
         let mut applied = 0;
         for layer in decision.layers() {
@@ -160,20 +146,19 @@ impl Policies {
                 only = Some(plan);
             } else {
                 if applied == 2 {
-                    policy.push_str(only.map_or("", |p| p.policy.as_str()));
+                    policy.extend_from_slice(only.map_or(&[][..], |p| p.policy.as_bytes()));
                 }
-                policy.push_str(", ");
-                policy.push_str(&plan.policy);
-                state.push_str(", ");
+                policy.extend_from_slice(b", ");
+                policy.extend_from_slice(plan.policy.as_bytes());
+                state.extend_from_slice(b", ");
             }
-            state.push_str(name);
-            state.push_str(";r=");
-            push_u64(&mut state, d.remaining().min(SF_INTEGER_MAX));
-            state.push_str(";t=");
-            push_u64(&mut state, ceil_seconds(wait));
+            state.extend_from_slice(name.as_bytes());
+            state.extend_from_slice(b";r=");
+            digits::push(&mut state, d.remaining().min(SF_INTEGER_MAX));
+            state.extend_from_slice(b";t=");
+            digits::push(&mut state, ceil_seconds(wait));
         }
-        // One layer (the usual case) reuses its plan's value; several are joined. Both are
-        // printable ASCII by construction (`sf_string` and digits).
+        // Both are printable ASCII by construction (`sf_string` and digits).
         let policy = match (applied, only) {
             (0, _) | (_, None) => return RateHeaders::None,
             (1, Some(plan)) => plan.policy_value.clone(),
@@ -287,15 +272,6 @@ mod tests {
         assert_eq!(sf_string("per-ip"), r#""per-ip""#);
         assert_eq!(sf_string(r#"a"b\c"#), r#""a\"b\\c""#);
         assert_eq!(sf_string("café\n"), r#""caf??""#);
-    }
-
-    #[test]
-    fn integers_are_written_in_decimal() {
-        for n in [0, 7, 10, 999, 1_000_000_000_000, u64::MAX] {
-            let mut out = String::from("x");
-            push_u64(&mut out, n);
-            assert_eq!(out, format!("x{n}"));
-        }
     }
 
     #[test]

@@ -77,9 +77,7 @@ pub struct PeerAddr(pub SocketAddr);
 
 /// The peer's address from the request's extensions.
 pub(crate) fn peer_addr(parts: &Parts) -> Option<IpAddr> {
-    if let Some(PeerAddr(addr)) = parts.extensions.get::<PeerAddr>() {
-        return Some(addr.ip());
-    }
+    // axum's first, with its feature (axum serves most requests that reach here).
     #[cfg(feature = "axum")]
     if let Some(info) = parts
         .extensions
@@ -87,7 +85,10 @@ pub(crate) fn peer_addr(parts: &Parts) -> Option<IpAddr> {
     {
         return Some(info.0.ip());
     }
-    None
+    parts
+        .extensions
+        .get::<PeerAddr>()
+        .map(|PeerAddr(addr)| addr.ip())
 }
 
 /// The default IPv6 prefix a client is keyed by: a /64 is what one host (one LAN) gets, so
@@ -133,7 +134,7 @@ impl PeerIp {
 
 impl KeyExtractor for PeerIp {
     fn extract(&self, parts: &Parts) -> Result<Key, KeyError> {
-        let peer = peer_addr(parts).ok_or(KeyError::NoPeerAddress)?;
+        let peer = peer_addr(parts).ok_or_else(|| KeyError::NoPeerAddress)?;
         Ok(Key::Ip(ip::client_key(peer, self.v6_prefix.min(128))))
     }
 
@@ -192,7 +193,7 @@ impl ClientIp {
 
 impl KeyExtractor for ClientIp {
     fn extract(&self, parts: &Parts) -> Result<Key, KeyError> {
-        let peer = peer_addr(parts).ok_or(KeyError::NoPeerAddress)?;
+        let peer = peer_addr(parts).ok_or_else(|| KeyError::NoPeerAddress)?;
         let client = self.resolve(peer, &parts.headers)?;
         Ok(Key::Ip(ip::client_key(client, self.v6_prefix.min(128))))
     }

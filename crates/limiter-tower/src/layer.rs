@@ -10,16 +10,15 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::request::Parts;
 use http::{Request, Response, StatusCode};
-use http_body_util::{Either, Full};
 use limiter_core::Limit;
 use limiter_stack::{AsyncLimiter, CallError, Decide, Kind, Outcome, Stack, StackDecision};
 use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
+use crate::body::AnswerBody;
 use crate::error::ConfigError;
 use crate::headers::{self, HeaderMode, Policies, RateHeaders};
 use crate::key::{Key, KeyExtractor, PeerIp};
@@ -278,9 +277,6 @@ impl<S: fmt::Debug, L> fmt::Debug for RateLimit<S, L> {
     }
 }
 
-/// The body of a rate-limited response: the inner service's, or the middleware's own.
-pub type RateLimitBody<B> = Either<B, Full<Bytes>>;
-
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 impl<S, L, B, RB> Service<Request<B>> for RateLimit<S, L>
@@ -289,8 +285,9 @@ where
     S::Future: Send,
     L: AsyncLimiter<HttpRequest> + 'static,
     B: Send + 'static,
+    RB: AnswerBody,
 {
-    type Response = Response<RateLimitBody<RB>>;
+    type Response = Response<RB>;
     type Error = S::Error;
     type Future = ResponseFuture<S::Future, RB, S::Error>;
 
@@ -343,7 +340,7 @@ where
                 Err(response) => return Ok(response),
             };
             let request = Request::from_parts(request.parts, body);
-            let mut response = inner.call(request).await?.map(Either::Left);
+            let mut response = inner.call(request).await?;
             headers.apply(response.headers_mut());
             Ok(response)
         }))
@@ -369,10 +366,10 @@ pin_project! {
             headers: RateHeaders,
         },
         Answered {
-            response: Option<Response<RateLimitBody<RB>>>,
+            response: Option<Response<RB>>,
         },
         Waiting {
-            future: BoxFuture<Result<Response<RateLimitBody<RB>>, E>>,
+            future: BoxFuture<Result<Response<RB>, E>>,
         },
     }
 }
@@ -384,7 +381,7 @@ impl<F, RB, E> ResponseFuture<F, RB, E> {
         }
     }
 
-    fn answered(response: Response<RateLimitBody<RB>>) -> Self {
+    fn answered(response: Response<RB>) -> Self {
         Self {
             state: State::Answered {
                 response: Some(response),
@@ -392,7 +389,7 @@ impl<F, RB, E> ResponseFuture<F, RB, E> {
         }
     }
 
-    fn waiting(future: BoxFuture<Result<Response<RateLimitBody<RB>>, E>>) -> Self {
+    fn waiting(future: BoxFuture<Result<Response<RB>, E>>) -> Self {
         Self {
             state: State::Waiting { future },
         }
@@ -416,12 +413,12 @@ impl<F, RB, E> Future for ResponseFuture<F, RB, E>
 where
     F: Future<Output = Result<Response<RB>, E>>,
 {
-    type Output = Result<Response<RateLimitBody<RB>>, E>;
+    type Output = Result<Response<RB>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().state.project() {
             StateProj::Inner { future, headers } => {
-                let mut response = std::task::ready!(future.poll(cx))?.map(Either::Left);
+                let mut response = std::task::ready!(future.poll(cx))?;
                 std::mem::take(headers).apply(response.headers_mut());
                 Poll::Ready(Ok(response))
             }
@@ -457,11 +454,11 @@ impl<L: AsyncLimiter<HttpRequest>> Shared<L> {
     /// The headers for an admitted request, or the response for any other answer.
     // The error is the response itself, returned as is: boxing it would cost an allocation.
     #[allow(clippy::result_large_err)]
-    fn verdict<RB>(
+    fn verdict<RB: AnswerBody>(
         &self,
         answer: &Result<Outcome, CallError>,
         request: &HttpRequest,
-    ) -> Result<RateHeaders, Response<RateLimitBody<RB>>> {
+    ) -> Result<RateHeaders, Response<RB>> {
         // Read only to answer: an admitted request never looks.
         let grpc = || response::is_grpc(request.headers());
         match answer {
@@ -491,11 +488,11 @@ impl<L: AsyncLimiter<HttpRequest>> Shared<L> {
         }
     }
 
-    fn respond<RB>(&self, rejection: &Rejection, grpc: bool) -> Response<RateLimitBody<RB>> {
-        self.body.render(rejection, grpc).map(Either::Right)
+    fn respond<RB: AnswerBody>(&self, rejection: &Rejection, grpc: bool) -> Response<RB> {
+        self.body.render(rejection, grpc).map(RB::from_answer)
     }
 
-    fn denied<RB>(&self, decision: &StackDecision, grpc: bool) -> Response<RateLimitBody<RB>> {
+    fn denied<RB: AnswerBody>(&self, decision: &StackDecision, grpc: bool) -> Response<RB> {
         let wait = decision.decision().retry_after_nanos();
         let policy = decision
             .binding()
@@ -518,7 +515,7 @@ impl<L: AsyncLimiter<HttpRequest>> Shared<L> {
         self.policies
             .render(self.mode, decision)
             .apply(response.headers_mut());
-        response.map(Either::Right)
+        response.map(RB::from_answer)
     }
 }
 

@@ -74,6 +74,8 @@
 #![forbid(unsafe_code)]
 #![warn(clippy::unwrap_used)]
 
+mod body;
+mod digits;
 mod error;
 mod headers;
 mod ip;
@@ -82,13 +84,12 @@ mod layer;
 mod request;
 mod response;
 
+pub use body::AnswerBody;
 pub use error::{ConfigError, IpNetError, KeyError};
 pub use headers::HeaderMode;
 pub use ip::{ForwardedHeader, IpNet};
 pub use key::{ClientIp, DEFAULT_IPV6_PREFIX, HeaderKey, Key, KeyExtractor, PeerAddr, PeerIp};
-pub use layer::{
-    PerIpStack, RateLimit, RateLimitBody, RateLimitLayer, RateLimitLayerBuilder, ResponseFuture,
-};
+pub use layer::{PerIpStack, RateLimit, RateLimitLayer, RateLimitLayerBuilder, ResponseFuture};
 pub use limiter_stack::{AsyncLimiter, Decide, LayerInfo, Outcome};
 pub use request::{ByKey, ByKeyString, HttpRequest, by_key, by_key_string};
 pub use response::{Rejection, RejectionBody, RejectionKind};
