@@ -331,6 +331,14 @@ fn targets() -> Vec<Target> {
             unit: "×",
         },
         Target {
+            what: "Direct allow, 1 thread: token bucket time ≤ 1.05× the floor in the same group (clock, load, compare-exchange)",
+            measured: Measure::Pass(|r, _| {
+                ratio(r, "direct_allow_1_thread", "token_bucket", "floor")
+            }),
+            holds: |r| r <= 1.05,
+            unit: "×",
+        },
+        Target {
             what: "Direct allow, 2 threads: token bucket throughput ≥ 1.3× governor's",
             measured: Measure::Pass(|r, _| {
                 ratio(r, "direct_allow_2_threads", "governor", "token_bucket")
@@ -355,11 +363,11 @@ fn targets() -> Vec<Target> {
             unit: "×",
         },
         Target {
-            what: "Keyed, 1M keys warm: default store time ≤ 0.6× governor's",
+            what: "Keyed, 1M keys warm: default store time at the floor (≤ 1.1× one map lookup and a compare-exchange in the same group; the lookup's cache misses are the cost, for governor too)",
             measured: Measure::Pass(|r, _| {
-                ratio(r, "keyed_1M_keys_warm", "token_bucket_sharded", "governor")
+                ratio(r, "keyed_1M_keys_warm", "token_bucket_sharded", "floor")
             }),
-            holds: |r| r <= 0.6,
+            holds: |r| r <= 1.1,
             unit: "×",
         },
         Target {
@@ -930,7 +938,15 @@ mod tests {
             ),
             "{report}"
         );
-        assert!(report.contains("Stack of 3 layers: time ≤ 2.0× one check | not measured"));
+        assert!(report.contains(
+            "Stack of 3 layers on different keys (two keys and a global one): time ≤ 2.0× one keyed check | not measured"
+        ));
+        assert!(
+            report.contains(
+                "| Direct allow, 1 thread: token bucket time ≤ 1.05× the floor in the same group (clock, load, compare-exchange) | 3.00× | 3.00–3.00× | 1 | **no** |"
+            ),
+            "{report}"
+        );
         assert!(!report.contains("What bounds the stack target"), "{report}");
         assert_eq!(rate(5_236.0), "5.2 k/s");
 
@@ -944,7 +960,7 @@ mod tests {
         let report = render(&[stacked.to_vec()], &Readings::default(), false);
         assert!(
             report.contains(
-                "| Stack of 3 layers: time ≤ 2.0× one check | 3.00× | 3.00–3.00× | 1 | **no** |"
+                "| Stack of 3 layers on different keys (two keys and a global one): time ≤ 2.0× one keyed check | 3.00× | 3.00–3.00× | 1 | **no** |"
             ),
             "{report}"
         );
