@@ -13,6 +13,8 @@
 //! - a layer with several [`Plan`]s picks one per request (by customer tier, HTTP method or
 //!   route); when a key's plan changes, its consumption carries over as the same fraction of
 //!   the new limits, rounded up;
+//! - layers on one key ([`Layer::same_key`]) keep their state in one entry, found by one
+//!   lookup and written under one lock;
 //! - the [`StackDecision`] names the layer that bound the answer and has each layer's own;
 //! - an admitted call's [`Grant`] can be refunded, never beyond what was taken, never above full.
 //!

@@ -34,8 +34,13 @@
 //! insert, a plan to change, an entry another call changed) goes to steps 2–5 from the start,
 //! with the targets the lean path found and a new answer.
 //!
-//! The jobs live apart: `plan.rs` (what a call touches), `lean.rs` (the lean path),
-//! `general.rs` (steps 2–5), `locks.rs` (the lock protocol).
+//! A stack whose layers each have one plan of one limit, every keyed layer on one key, takes
+//! the one-key path before the lean path: one lookup, each word read without a sequence lock
+//! (its plan never changes), decided inline into a local answer, committed under one lock, the
+//! answer built after the last locked instruction.
+//!
+//! The jobs live apart: `plan.rs` (what a call touches), `one_key.rs` (the one-key path),
+//! `lean.rs` (the lean path), `general.rs` (steps 2–5), `locks.rs` (the lock protocol).
 
 use std::hash::Hash;
 use std::sync::atomic::{AtomicU64 as StdAtomicU64, Ordering as StdOrdering};
@@ -52,11 +57,13 @@ use crate::layer::{Layer, Plan};
 use crate::sync::{AtomicU64, EntryHasher, Ordering};
 
 mod general;
+mod groups;
 mod lean;
 mod locks;
 mod one_key;
 mod plan;
 
+use groups::{Member, group_members};
 use plan::{Call, Guards};
 
 /// Layers of limits over requests of type `R`, keyed layers keyed by `K`, decided as one
@@ -87,15 +94,6 @@ pub struct Stack<R, K, C = DefaultClock> {
     one_key_path: bool,
     /// The lead of the keyed group (`None`: every layer is global), for the one-key path.
     one_key: Option<usize>,
-}
-
-/// Where a layer's state lives in its group's entry: the group's lead (its first layer, whose
-/// keyer derives the key and whose lock guards the entry) and its position there. A global
-/// layer, and a keyed one sharing no keyer, leads a group of one.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Member {
-    pub(crate) lead: usize,
-    pub(crate) position: usize,
 }
 
 /// A group of keyed layers' state for one key.
@@ -229,26 +227,6 @@ impl<R, K, C> StackBuilder<R, K, C> {
             one_key,
         })
     }
-}
-
-/// Each layer's group: a keyed layer joins the first earlier lead that shares its key
-/// ([`Layer::shares_key_with`]); any other layer leads its own.
-fn group_members<R, K>(layers: &[Layer<R, K>]) -> Box<[Member]> {
-    let mut members: Vec<Member> = Vec::with_capacity(layers.len());
-    for (index, layer) in layers.iter().enumerate() {
-        let lead = (0..index).find(|&j| members[j].lead == j && layer.shares_key_with(&layers[j]));
-        members.push(match lead {
-            Some(lead) => Member {
-                lead,
-                position: members.iter().filter(|m| m.lead == lead).count(),
-            },
-            None => Member {
-                lead: index,
-                position: 0,
-            },
-        });
-    }
-    members.into_boxed_slice()
 }
 
 impl<R, K, C> Stack<R, K, C>
@@ -561,18 +539,6 @@ where
                     .zip(state.words)
                     .all(|(algorithm, word)| algorithm.is_full(word, now))
             })
-    }
-
-    /// The layers of the group `lead` leads, in position order.
-    fn group(&self, lead: usize) -> impl Iterator<Item = usize> + '_ {
-        (lead..self.layers.len()).filter(move |&layer| self.members[layer].lead == lead)
-    }
-
-    /// Whether the layer in `slot` holds its own lock (it leads its group) rather than being
-    /// held through its lead's.
-    #[inline]
-    fn leads(&self, slot: usize) -> bool {
-        self.members.get(slot).is_none_or(|m| m.lead == slot)
     }
 }
 
