@@ -17,7 +17,7 @@ use crate::layer::KeySource;
 /// Where one layer's state for a call lives.
 pub(super) enum Place<K> {
     Global,
-    /// In the entry of `key`, which this layer leads (see [`Member`](super::Member)).
+    /// In the entry of `key`, which this layer leads (see [`Member`]).
     Keyed {
         key: K,
         hash: u64,
