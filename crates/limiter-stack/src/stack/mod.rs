@@ -368,6 +368,18 @@ where
                 _ => self.decide_sized::<MAX_LAYERS>(request, cost, now, decision),
             };
         }
+        self.decide_from_scratch(request, cost, now, decision)
+    }
+
+    /// Decides `cost` units for `request` at `now` on the general path from the start, into
+    /// `decision` (new): any stack the fast paths do not take, and any call they cannot finish.
+    pub(super) fn decide_from_scratch(
+        &self,
+        request: &R,
+        cost: u64,
+        now: u64,
+        decision: &mut StackDecision,
+    ) -> Result<(), CallError> {
         let mut call = Call::new();
         self.prepare(request, &mut call)?;
         self.decide_general(&mut call, cost, now)?;

@@ -13,7 +13,6 @@ use std::hash::Hash;
 use limiter_core::{Algorithm, Clock, Decision};
 
 use super::Stack;
-use super::plan::Call;
 use crate::algorithms::{DynAlgorithm, PlanLimit};
 use crate::cells::Cells;
 use crate::decision::{LayerDecision, StackDecision};
@@ -62,11 +61,7 @@ where
         if self.one_key_path::<N>(request, cost, now, decision)? {
             return Ok(());
         }
-        let mut call = Call::new();
-        self.prepare(request, &mut call)?;
-        self.decide_general(&mut call, cost, now)?;
-        *decision = call.outcome.decision;
-        Ok(())
+        self.decide_from_scratch(request, cost, now, decision)
     }
 
     /// The one-key path (see the module docs); `false`, having changed and answered nothing,
