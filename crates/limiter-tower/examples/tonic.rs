@@ -5,6 +5,9 @@
 //! cargo run -p limiter-tower --example tonic
 //! ```
 //!
+//! In your own crate, turn on limiter-tower's feature `tonic`: the middleware answers in the
+//! inner service's body type, here tonic's.
+//!
 //! The server is tonic's standard health service, limited per `x-api-key` metadata value to 2
 //! calls per second; it listens on a free loopback port and the client calls it three times.
 
