@@ -22,7 +22,9 @@ pub trait Keyer<R, K>: Send + Sync {
     fn key(&self, request: &R) -> Option<K>;
 
     /// The name of the request key this keyer reads, when it reads one by name; `None` (the
-    /// default, and what closures answer) when it derives the key some other way.
+    /// default, and what closures answer) when it derives the key some other way. Keyers that
+    /// answer the same name are taken to derive the same key from every request: a stack keeps
+    /// layers keyed by them in one entry (see [`Layer::same_key`](crate::Layer::same_key)).
     fn key_name(&self) -> Option<&'static str> {
         None
     }
