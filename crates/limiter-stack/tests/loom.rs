@@ -368,16 +368,7 @@ fn racing_calls_on_the_one_key_path_lose_no_update() {
 
 #[test]
 fn the_last_unit_on_the_one_key_path_goes_once() {
-    loom::model(|| {
-        let stack = one_key_lean(5, 2);
-        assert!(call(&stack, Some(1), false));
-        let other = Arc::clone(&stack);
-        let racer = thread::spawn(move || call(&other, Some(1), false));
-        let here = call(&stack, Some(1), false);
-        let there = racer.join().unwrap();
-        assert!(here ^ there, "admitted {here} and {there}");
-        assert_eq!(left(&stack, 1), [3, 0]);
-    });
+    loom::model(|| last_unit_of_the_second_layer_goes_once(one_key_lean(5, 2)));
 }
 
 /// Two calls racing on user 1 of `stack` (two layers on one key, 4 per hour each); both fit.
@@ -398,18 +389,20 @@ fn racing_calls_on_one_key(stack: Arc<Users>) {
 
 #[test]
 fn the_last_unit_of_a_layer_held_through_its_lead_goes_once() {
-    loom::model(|| {
-        // The second layer has one unit left, the lead plenty: exactly one racer gets it, and
-        // the loser's lead unit stays.
-        let stack = one_key(5, 2);
-        assert!(call(&stack, Some(1), false));
-        let other = Arc::clone(&stack);
-        let racer = thread::spawn(move || call(&other, Some(1), false));
-        let here = call(&stack, Some(1), false);
-        let there = racer.join().unwrap();
-        assert!(here ^ there, "admitted {here} and {there}");
-        assert_eq!(left(&stack, 1), [3, 0]);
-    });
+    loom::model(|| last_unit_of_the_second_layer_goes_once(one_key(5, 2)));
+}
+
+/// Two calls racing on user 1 of `stack` (two layers on one key, the lead 5 per hour, the
+/// second 2), after one call: the second layer has one unit left, the lead plenty, so exactly
+/// one racer gets it, and the loser's lead unit stays.
+fn last_unit_of_the_second_layer_goes_once(stack: Arc<Users>) {
+    assert!(call(&stack, Some(1), false));
+    let other = Arc::clone(&stack);
+    let racer = thread::spawn(move || call(&other, Some(1), false));
+    let here = call(&stack, Some(1), false);
+    let there = racer.join().unwrap();
+    assert!(here ^ there, "admitted {here} and {there}");
+    assert_eq!(left(&stack, 1), [3, 0]);
 }
 
 #[test]
