@@ -81,9 +81,11 @@ fn redis_benches(c: &mut Criterion) {
         .unwrap();
     // The raw floor: the same script through a connection of the same client.
     let raw_conn = rt
-        .block_on(redis::aio::ConnectionManager::new(
-            redis::Client::open(url.as_str()).unwrap(),
-        ))
+        .block_on(
+            redis::Client::open(url.as_str())
+                .unwrap()
+                .get_multiplexed_async_connection(),
+        )
         .unwrap();
     let script = redis::Script::new(SCRIPT);
     let key = one.redis_keys("k").remove(0);

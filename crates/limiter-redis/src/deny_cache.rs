@@ -18,7 +18,7 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use limiter_core::Decision;
 
@@ -50,17 +50,26 @@ pub(crate) struct DenyCache {
     hasher: RandomState,
     /// Refunds so far: a denial decided before one is not recorded after it. A lock, not an
     /// atomic: it is read once per round trip, and the lock orders it with the shards'.
-    refunds: Mutex<u64>,
+    /// Shared by every node's cache of one backend (a request reads it before it knows which
+    /// node answers; counting every node's refunds only records fewer denials).
+    refunds: Arc<Mutex<u64>>,
 }
 
 impl DenyCache {
     /// A cache of at most about `capacity` keys (0 disables it).
+    #[cfg(test)]
     pub(crate) fn new(capacity: usize) -> Self {
+        Self::sharing(capacity, Arc::default())
+    }
+
+    /// A cache of at most about `capacity` keys (0 disables it) counting refunds in `refunds`,
+    /// which other nodes' caches share.
+    pub(crate) fn sharing(capacity: usize, refunds: Arc<Mutex<u64>>) -> Self {
         Self {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             per_shard: capacity.div_ceil(SHARDS),
             hasher: RandomState::new(),
-            refunds: Mutex::new(0),
+            refunds,
         }
     }
 

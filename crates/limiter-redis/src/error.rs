@@ -192,9 +192,31 @@ pub enum BackendError {
     /// Redis answered something the script never sends.
     #[error("Redis sent a reply the limiter cannot read: {0}")]
     BadReply(String),
-    /// The backend could not be set up.
+    /// The backend could not be set up (a URL, TLS settings or a secret that cannot be
+    /// used). The message says what to fix and never holds a password.
     #[error("cannot connect to Redis: {0}")]
     Connect(String),
+    /// Redis refused the login: a wrong user name or password, or none where one is needed.
+    #[error("Redis authentication failed: {0}")]
+    Authentication(String),
+    /// The TLS session could not be opened: an untrusted CA, a certificate not valid for the
+    /// name checked, a refused client certificate, or a port that does not speak TLS.
+    #[error("TLS to Redis failed: {0}")]
+    Tls(String),
+    /// The call's writes were made, but fewer replicas than asked acknowledged them in time
+    /// ([`BackendBuilder::wait_for_replicas`](crate::BackendBuilder::wait_for_replicas)), so a
+    /// failover could lose them: the failure policy answers.
+    #[error(
+        "{acked} of the {wanted} replicas asked for acknowledged the write within {within:?}; a failover could lose it"
+    )]
+    NotReplicated {
+        /// Replicas that acknowledged.
+        acked: u32,
+        /// Replicas asked for.
+        wanted: u32,
+        /// How long the call waited for them.
+        within: Duration,
+    },
 }
 
 impl BackendError {
@@ -207,6 +229,9 @@ impl BackendError {
                 | BackendError::Redis(_)
                 | BackendError::Connect(_)
                 | BackendError::CircuitOpen { .. }
+                | BackendError::Authentication(_)
+                | BackendError::Tls(_)
+                | BackendError::NotReplicated { .. }
         )
     }
 }

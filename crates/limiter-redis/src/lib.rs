@@ -61,10 +61,13 @@
 mod backend;
 mod batch;
 mod breaker;
+mod builder;
 mod coalesce;
+mod connect;
 mod decision;
 mod deny_cache;
 mod error;
+mod health;
 mod keyslot;
 mod lease;
 mod records;
@@ -75,10 +78,15 @@ mod slots;
 mod spec;
 mod stack;
 mod task;
+mod topology;
 
-pub use backend::{
-    BackendBuilder, BackendStats, DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT, RedisBackend,
-};
+pub use backend::{BackendStats, DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT, RedisBackend};
+pub use builder::{BackendBuilder, MIN_CONNECT_TIMEOUT};
+pub use connect::secret::{REDACTED, Secret, SecretError};
+#[cfg(feature = "tls")]
+pub use connect::tls::{TlsError, TlsOptions};
+pub use connect::url::{DEFAULT_PORT, NodeAddr, RedisUrl, UrlError};
+pub use health::{Deployment, MasterHealth, SentinelHealth, StoreHealth, slot_ranges};
 pub use batch::{BatchDecision, BatchError, RedisBatch};
 pub use breaker::BreakerConfig;
 pub use decision::{RedisDecision, Source};

@@ -51,14 +51,14 @@ impl RedisRecords {
     pub async fn put(&self, field: &str, value: &str) -> Result<u64, BackendError> {
         let reply = self
             .backend
-            .query(&self.script(PUT, &[field, value]))
+            .query(&self.keys[0], &self.script(PUT, &[field, value]))
             .await?;
         number(&reply)
     }
 
     /// Deletes `field`; whether it was there.
     pub async fn remove(&self, field: &str) -> Result<bool, BackendError> {
-        let reply = self.backend.query(&self.script(REMOVE, &[field])).await?;
+        let reply = self.backend.query(&self.keys[0], &self.script(REMOVE, &[field])).await?;
         Ok(number(&reply)? > 0)
     }
 
@@ -66,7 +66,7 @@ impl RedisRecords {
     pub async fn version(&self) -> Result<u64, BackendError> {
         let mut cmd = redis::cmd("GET");
         cmd.arg(&self.keys[1]);
-        match self.backend.query(&cmd).await? {
+        match self.backend.query(&self.keys[1], &cmd).await? {
             Value::Nil => Ok(0),
             other => number(&other),
         }
@@ -74,7 +74,7 @@ impl RedisRecords {
 
     /// The version and every `(field, value)`, as of one instant.
     pub async fn all(&self) -> Result<(u64, Vec<(String, String)>), BackendError> {
-        let reply = self.backend.query(&self.script(ALL, &[])).await?;
+        let reply = self.backend.query(&self.keys[0], &self.script(ALL, &[])).await?;
         let Value::Array(parts) = reply else {
             return Err(bad(&reply));
         };

@@ -165,7 +165,7 @@ impl<R> RedisStack<R> {
             .await
             .map_err(RefundError::Backend)?;
         // Units came back: standing denials of these keys may no longer stand.
-        self.backend().deny_cache().forget(&call.keys);
+        self.backend().forget_denials(&call.keys);
         let (now_us, mut groups) =
             reply::parse(&value, &[call.limits()]).map_err(RefundError::Backend)?;
         match groups.pop() {

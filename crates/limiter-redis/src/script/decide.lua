@@ -871,3 +871,14 @@ local function decide(keys, args)
   end
   return table.concat(reply)
 end
+
+-- A cluster node's coalesced decisions, whose keys are in several of its slots: KEYS is empty
+-- (Redis refuses declared keys of several slots) and the keys follow the call and the holder
+-- in ARGV[3], ARGV[4], ...; registered with the flag allow-cross-slot-keys. A key this node
+-- does not serve (its slot moved) cannot be read, so its group alone is refused ("Script
+-- attempted to access a non local key") and the caller sends it again on its own.
+local function decide_node(_, args)
+  local keys = {}
+  for i = 3, #args do keys[i - 2] = args[i] end
+  return decide(keys, args)
+end

@@ -9,6 +9,7 @@
 
 pub(crate) mod call;
 pub(crate) mod reply;
+pub(crate) mod run;
 
 /// The decision script's Lua source: every algorithm's transition, for a whole stack or batch
 /// at once, as a library whose entry point is `decide(KEYS, ARGV)`.
@@ -27,6 +28,9 @@ pub(crate) struct Scripts {
     pub(crate) library: String,
     /// The function `FCALL` names.
     pub(crate) function: String,
+    /// The function a cluster node runs coalesced decisions of several slots with: no keys
+    /// declared, the keys after the call in `ARGV`, flagged `allow-cross-slot-keys`.
+    pub(crate) node_function: String,
 }
 
 impl Scripts {
@@ -35,13 +39,16 @@ impl Scripts {
         // The first 16 hex digits of the script's SHA-1: the version.
         let version: String = eval.get_hash().chars().take(16).collect();
         let function = format!("limiter_decide_{version}");
+        let node_function = format!("limiter_node_{version}");
         let library = format!(
-            "#!lua name=limiter_{version}\n{LIBRARY}\nredis.register_function('{function}', decide)\n"
+            "#!lua name=limiter_{version}\n{LIBRARY}\nredis.register_function('{function}', decide)\n\
+             redis.register_function{{function_name='{node_function}', callback=decide_node, flags={{'allow-cross-slot-keys'}}}}\n"
         );
         Self {
             eval,
             library,
             function,
+            node_function,
         }
     }
 }
@@ -63,6 +70,10 @@ mod tests {
         assert!(scripts.library.contains(&format!(
             "register_function('{}', decide)",
             scripts.function
+        )));
+        assert!(scripts.library.contains(&format!(
+            "function_name='{}', callback=decide_node, flags={{'allow-cross-slot-keys'}}",
+            scripts.node_function
         )));
         assert!(SCRIPT.ends_with("return decide(KEYS, ARGV)\n"));
     }

@@ -206,11 +206,9 @@ impl<R> RedisStack<R> {
             return None;
         }
         let now = self.backend.local_now();
-        let cache = self.backend.deny_cache();
         for (key, target) in call.keys.iter().zip(&call.targets) {
             let limit = self.limit_of(target).script_fields();
-            if let Some(denied) = cache.lookup(key, limit, call.cost, now) {
-                self.backend.count_deny_cache_hit();
+            if let Some(denied) = self.backend.denied(key, limit, call.cost, now) {
                 let wait = denied.until.saturating_sub(now);
                 let d = denied.decision;
                 let decision =
@@ -301,8 +299,7 @@ impl<R> RedisStack<R> {
                         decision: *decision,
                     };
                     self.backend
-                        .deny_cache()
-                        .record(&call.keys[i], denied, sent.epoch);
+                        .remember_denial(&call.keys[i], denied, sent.epoch);
                 }
             }
             start = end;

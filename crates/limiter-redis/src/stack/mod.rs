@@ -139,7 +139,7 @@ impl<R> RedisStack<R> {
 
     /// Sends a call whose keys share a slot as one script call (sharing it with others queued
     /// meanwhile; see `coalesce.rs`): the script's time and the call's answer.
-    pub(crate) async fn send(&self, call: &Prepared) -> crate::backend::Answered {
+    pub(crate) async fn send(&self, call: &Prepared) -> crate::coalesce::Answered {
         let mut group = Call::new(Mode::Independent);
         self.encode(call, true, 0, &mut group);
         coalesce::decide(&self.backend, &call.keys, group, call.targets.len()).await

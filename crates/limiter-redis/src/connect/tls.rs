@@ -1,0 +1,332 @@
+//! TLS to Redis (feature `tls`), on rustls with the ring provider: [`TlsOptions`] says which
+//! certificate authorities to trust (the system's roots by default, or a CA file), which
+//! client certificate to show (mutual TLS) and which name the server's certificate must
+//! hold; [`handshake`] opens a session and names what went wrong in the operator's terms (an
+//! untrusted CA, a name the certificate does not hold, a refused client certificate, a
+//! plaintext port). A `rediss://` connection is TLS or nothing: there is no fallback.
+
+use core::fmt;
+use std::path::Path;
+use std::sync::Arc;
+
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::rustls;
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+
+use super::secret::Secret;
+use super::url::NodeAddr;
+use crate::error::BackendError;
+
+/// How to speak TLS to Redis: whom to trust, which certificate to show, which name to check.
+///
+/// ```
+/// use limiter_redis::{Secret, TlsOptions};
+///
+/// // The system's roots, checking the certificate against the URL's host: `TlsOptions::new()`.
+/// // A private CA, mutual TLS, and the name the server's certificate holds:
+/// let tls = TlsOptions::new()
+///     .ca_pem(b"-----BEGIN CERTIFICATE-----\n...".to_vec())
+///     .client_identity(b"-----BEGIN CERTIFICATE-----\n...".to_vec(), Secret::new("-----BEGIN PRIVATE KEY-----\n..."))
+///     .server_name("redis.internal");
+/// # let _ = tls;
+/// ```
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct TlsOptions {
+    ca_pem: Option<Vec<u8>>,
+    client: Option<(Vec<u8>, Secret)>,
+    server_name: Option<String>,
+}
+
+/// TLS settings that cannot be used. Never prints a key.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TlsError {
+    /// A file cannot be read. Fix: point at a readable PEM file.
+    #[error("cannot read the TLS {what} {}: {reason}", path.display())]
+    File {
+        /// "CA file", "certificate file" or "key file".
+        what: &'static str,
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// PEM text holding no usable certificate or key. Fix: give PEM (`-----BEGIN ...`).
+    #[error("the TLS {what} holds no usable PEM {expected}: {reason}")]
+    Pem {
+        /// Which setting.
+        what: &'static str,
+        /// What it should hold.
+        expected: &'static str,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// No CA given and the system has no root certificates. Fix: give a CA file.
+    #[error(
+        "no CA file was given and the system has no root certificates to trust; give the CA that signed Redis's certificate (`ca_file`)"
+    )]
+    NoRoots,
+    /// The name to check is not a DNS name or an IP address.
+    #[error("`{name}` is not a DNS name or an IP address to check Redis's certificate against")]
+    ServerName {
+        /// The name given.
+        name: String,
+    },
+    /// rustls refused the settings (a key that does not match its certificate, say).
+    #[error("the TLS settings were refused: {0}")]
+    Refused(String),
+}
+
+impl TlsOptions {
+    /// TLS trusting the system's root certificates, checking the certificate against the
+    /// host Redis is reached at.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Trusts the certificate authorities in `pem` (PEM, one or more certificates) instead of
+    /// the system's roots.
+    pub fn ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.ca_pem = Some(pem.into());
+        self
+    }
+
+    /// Trusts the certificate authorities in the PEM file at `path`.
+    pub fn ca_file(self, path: impl AsRef<Path>) -> Result<Self, TlsError> {
+        Ok(self.ca_pem(read(path.as_ref(), "CA file")?))
+    }
+
+    /// Shows this certificate chain and private key (both PEM) to servers that ask for one
+    /// (mutual TLS, `tls-auth-clients yes`).
+    pub fn client_identity(mut self, cert_pem: impl Into<Vec<u8>>, key_pem: Secret) -> Self {
+        self.client = Some((cert_pem.into(), key_pem));
+        self
+    }
+
+    /// [`client_identity`](Self::client_identity) from PEM files.
+    pub fn client_identity_files(
+        self,
+        cert: impl AsRef<Path>,
+        key: impl AsRef<Path>,
+    ) -> Result<Self, TlsError> {
+        let cert_pem = read(cert.as_ref(), "certificate file")?;
+        let key_pem = read(key.as_ref(), "key file")?;
+        let key_text = String::from_utf8(key_pem).map_err(|_| TlsError::Pem {
+            what: "key file",
+            expected: "private key",
+            reason: "it is not text".to_owned(),
+        })?;
+        Ok(self.client_identity(cert_pem, Secret::new(key_text)))
+    }
+
+    /// Checks the server's certificate against `name` (a DNS name or an IP address) instead
+    /// of the host it is reached at; also sent as the TLS server name (SNI).
+    pub fn server_name(mut self, name: impl Into<String>) -> Self {
+        self.server_name = Some(name.into());
+        self
+    }
+
+    /// The name certificates are checked against, if set.
+    pub fn checked_name(&self) -> Option<&str> {
+        self.server_name.as_deref()
+    }
+
+    /// Builds the rustls configuration once, for every connection.
+    pub(crate) fn build(&self) -> Result<TlsSetup, TlsError> {
+        let roots = self.roots()?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| TlsError::Refused(e.to_string()))?
+            .with_root_certificates(roots);
+        let config = match &self.client {
+            None => builder.with_no_client_auth(),
+            Some((cert_pem, key_pem)) => {
+                let chain = CertificateDer::pem_slice_iter(cert_pem)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| pem_error("certificate file", "certificate", e))?;
+                if chain.is_empty() {
+                    return Err(pem_error("certificate file", "certificate", "none found"));
+                }
+                let key = PrivateKeyDer::from_pem_slice(key_pem.expose().as_bytes())
+                    .map_err(|e| pem_error("key file", "private key", e))?;
+                builder
+                    .with_client_auth_cert(chain, key)
+                    .map_err(|e| TlsError::Refused(e.to_string()))?
+            }
+        };
+        let server_name = match &self.server_name {
+            None => None,
+            Some(name) => Some(
+                ServerName::try_from(name.clone()).map_err(|_| TlsError::ServerName {
+                    name: name.clone(),
+                })?,
+            ),
+        };
+        Ok(TlsSetup {
+            connector: TlsConnector::from(Arc::new(config)),
+            server_name,
+        })
+    }
+
+    fn roots(&self) -> Result<rustls::RootCertStore, TlsError> {
+        let mut roots = rustls::RootCertStore::empty();
+        match &self.ca_pem {
+            Some(pem) => {
+                for cert in CertificateDer::pem_slice_iter(pem) {
+                    let cert = cert.map_err(|e| pem_error("CA file", "certificate", e))?;
+                    roots
+                        .add(cert)
+                        .map_err(|e| pem_error("CA file", "certificate", e))?;
+                }
+            }
+            None => {
+                let found = rustls_native_certs::load_native_certs();
+                roots.add_parsable_certificates(found.certs);
+            }
+        }
+        if roots.is_empty() {
+            return Err(match self.ca_pem {
+                Some(_) => pem_error("CA file", "certificate", "none found"),
+                None => TlsError::NoRoots,
+            });
+        }
+        Ok(roots)
+    }
+}
+
+fn read(path: &Path, what: &'static str) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|e| TlsError::File {
+        what,
+        path: path.to_owned(),
+        reason: e.to_string(),
+    })
+}
+
+fn pem_error(what: &'static str, expected: &'static str, reason: impl fmt::Display) -> TlsError {
+    TlsError::Pem {
+        what,
+        expected,
+        reason: reason.to_string(),
+    }
+}
+
+impl fmt::Debug for TlsOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsOptions")
+            .field(
+                "roots",
+                &if self.ca_pem.is_some() {
+                    "CA given"
+                } else {
+                    "system"
+                },
+            )
+            .field("client_identity", &self.client.is_some())
+            .field("server_name", &self.server_name)
+            .finish()
+    }
+}
+
+/// TLS ready to connect: the configuration, built once, and the name to check if not the
+/// host's.
+#[derive(Clone)]
+pub(crate) struct TlsSetup {
+    connector: TlsConnector,
+    server_name: Option<ServerName<'static>>,
+}
+
+impl fmt::Debug for TlsSetup {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsSetup")
+            .field("server_name", &self.server_name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Opens a TLS session over `tcp` to `addr`, checking the certificate against the configured
+/// name or else `addr`'s host.
+pub(crate) async fn handshake(
+    setup: &TlsSetup,
+    addr: &NodeAddr,
+    tcp: TcpStream,
+) -> Result<TlsStream<TcpStream>, BackendError> {
+    let name = match &setup.server_name {
+        Some(name) => name.clone(),
+        None => ServerName::try_from(addr.host().to_owned()).map_err(|_| {
+            BackendError::Tls(format!(
+                "{addr}: `{}` is not a name a certificate can be checked against; set the TLS server name",
+                addr.host()
+            ))
+        })?,
+    };
+    let shown = name.to_str().into_owned();
+    setup
+        .connector
+        .connect(name, tcp)
+        .await
+        .map_err(|e| BackendError::Tls(explain(addr, &shown, &e)))
+}
+
+/// What a failed handshake means, in the operator's terms.
+fn explain(addr: &NodeAddr, name: &str, error: &std::io::Error) -> String {
+    use rustls::CertificateError as C;
+    let Some(tls) = error
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+    else {
+        return format!(
+            "{addr}: the TLS handshake failed ({error}); is this a TLS port (rediss:// needs Redis's tls-port)?"
+        );
+    };
+    let why = match tls {
+        rustls::Error::InvalidCertificate(C::UnknownIssuer | C::BadSignature) => {
+            "the server's certificate is not signed by a CA this client trusts; give the CA that signed it (`ca_file`)".to_owned()
+        }
+        rustls::Error::InvalidCertificate(C::NotValidForName | C::NotValidForNameContext { .. }) => {
+            format!(
+                "the server's certificate is not valid for the name `{name}`; connect by a name it holds or set the TLS server name to one"
+            )
+        }
+        rustls::Error::InvalidCertificate(C::Expired | C::ExpiredContext { .. }) => {
+            "the server's certificate has expired".to_owned()
+        }
+        rustls::Error::InvalidCertificate(other) => {
+            format!("the server's certificate was refused ({other:?})")
+        }
+        rustls::Error::AlertReceived(alert) => format!(
+            "the server refused the session ({alert:?}); with mutual TLS, give a client certificate and key signed by a CA the server trusts"
+        ),
+        rustls::Error::InvalidMessage(_) | rustls::Error::InappropriateMessage { .. } => {
+            "the server did not answer in TLS; is this Redis's tls-port?".to_owned()
+        }
+        other => format!("the TLS handshake failed ({other})"),
+    };
+    format!("{addr}: {why}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_settings_are_named_and_never_print_a_key() {
+        let key = Secret::new("-----BEGIN PRIVATE KEY-----\nTOPSECRETKEY\n-----END PRIVATE KEY-----\n");
+        let options = TlsOptions::new()
+            .ca_pem(b"not pem".to_vec())
+            .client_identity(b"not pem".to_vec(), key);
+        assert!(!format!("{options:?}").contains("TOPSECRETKEY"));
+        let error = options.build().unwrap_err().to_string();
+        assert!(error.contains("CA file"), "{error}");
+        let missing = TlsOptions::new().ca_file("/surely/not/here.pem").unwrap_err();
+        assert!(missing.to_string().contains("/surely/not/here.pem"), "{missing}");
+        let name = TlsOptions::new().server_name("not a name!").build();
+        assert!(
+            matches!(name, Err(TlsError::ServerName { .. }) | Err(TlsError::NoRoots)),
+            "{name:?}"
+        );
+    }
+}
