@@ -143,8 +143,7 @@ impl RedisBackend {
                 scripts: Scripts::new(),
                 functions: AtomicBool::new(true),
                 timeout: parts.timeout,
-                expiry_slack_ms: u64::try_from(parts.expiry_slack.as_millis())
-                    .unwrap_or(u64::MAX),
+                expiry_slack_ms: u64::try_from(parts.expiry_slack.as_millis()).unwrap_or(u64::MAX),
                 time: parts.time,
                 clock: parts.clock,
                 wait: parts.wait,
@@ -413,6 +412,8 @@ impl RedisBackend {
                     .counters
                     .refused_by_breaker
                     .fetch_add(1, Ordering::Relaxed);
+                // Its slots may have a new master by now (a promoted replica, a failover).
+                inner.topology.outage();
                 return Err(BackendError::CircuitOpen { retry_in });
             }
             // Relaxed: a statistic.

@@ -291,7 +291,10 @@ impl BackendBuilder {
         seeds: &[String],
         maker: NodeMaker,
     ) -> Result<(Topology, String), BackendError> {
-        let urls = seeds.iter().map(|s| parse(s)).collect::<Result<Vec<_>, _>>()?;
+        let urls = seeds
+            .iter()
+            .map(|s| parse(s))
+            .collect::<Result<Vec<_>, _>>()?;
         let Some(first) = urls.first() else {
             return Err(BackendError::Connect(
                 "a cluster needs at least one seed node's URL".to_owned(),
@@ -367,8 +370,13 @@ impl BackendBuilder {
                 .cloned()
                 .map(Password::Given)
                 .or_else(|| self.sentinel_password.clone());
-            let settings =
-                self.data_settings_from(username, password, url.tls(), 0, DataOrSentinel::Sentinel)?;
+            let settings = self.data_settings_from(
+                username,
+                password,
+                url.tls(),
+                0,
+                DataOrSentinel::Sentinel,
+            )?;
             links.push(Link::new(url.addr().clone(), Arc::new(settings)));
         }
         let sentinel = Arc::new(Sentinel::new(
@@ -388,7 +396,12 @@ impl BackendBuilder {
     }
 
     /// A data node's settings: the builder's login, else `url`'s.
-    fn data_settings(&self, url: &RedisUrl, tls: bool, db: i64) -> Result<LinkSettings, BackendError> {
+    fn data_settings(
+        &self,
+        url: &RedisUrl,
+        tls: bool,
+        db: i64,
+    ) -> Result<LinkSettings, BackendError> {
         let username = self
             .username
             .clone()

@@ -185,7 +185,11 @@ pub(crate) async fn send_alone(
 
 /// With a slot held (`state` locked): sends up to [`MAX_GROUPS`] queued decisions in a task
 /// that keeps the slot, or gives the slot back when none is queued.
-fn spawn_next(backend: &RedisBackend, node: &Arc<Node>, mut state: std::sync::MutexGuard<'_, State>) {
+fn spawn_next(
+    backend: &RedisBackend,
+    node: &Arc<Node>,
+    mut state: std::sync::MutexGuard<'_, State>,
+) {
     state.queue.retain(|q| !q.reply.is_closed());
     if state.queue.is_empty() {
         state.in_flight = state.in_flight.saturating_sub(1);

@@ -212,7 +212,10 @@ mod tests {
         assert!(health.is_ready());
         assert_eq!(health.masters_answering(), 1);
         let problem = health.problem().unwrap();
-        assert!(problem.contains("1 of 2 masters do not answer"), "{problem}");
+        assert!(
+            problem.contains("1 of 2 masters do not answer"),
+            "{problem}"
+        );
         assert!(problem.contains("slots 5461-16383"), "{problem}");
         assert!(problem.contains("127.0.0.1:7001"), "{problem}");
         assert_eq!(slot_ranges(&[3..=3, 5..=9]), "3, 5-9");

@@ -81,16 +81,16 @@ mod task;
 mod topology;
 
 pub use backend::{BackendStats, DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT, RedisBackend};
+pub use batch::{BatchDecision, BatchError, RedisBatch};
+pub use breaker::BreakerConfig;
 pub use builder::{BackendBuilder, MIN_CONNECT_TIMEOUT};
 pub use connect::secret::{REDACTED, Secret, SecretError};
 #[cfg(feature = "tls")]
 pub use connect::tls::{TlsError, TlsOptions};
 pub use connect::url::{DEFAULT_PORT, NodeAddr, RedisUrl, UrlError};
-pub use health::{Deployment, MasterHealth, SentinelHealth, StoreHealth, slot_ranges};
-pub use batch::{BatchDecision, BatchError, RedisBatch};
-pub use breaker::BreakerConfig;
 pub use decision::{RedisDecision, Source};
 pub use error::{BackendError, BuildError, CallError, RefundError};
+pub use health::{Deployment, MasterHealth, SentinelHealth, StoreHealth, slot_ranges};
 pub use lease::{
     DEFAULT_LEASE_TTL, LEASE_TTL_RANGE, Lease, LeaseStats, LeasedLimiter, LeasedStack, Slack,
 };

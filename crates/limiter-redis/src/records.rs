@@ -58,7 +58,10 @@ impl RedisRecords {
 
     /// Deletes `field`; whether it was there.
     pub async fn remove(&self, field: &str) -> Result<bool, BackendError> {
-        let reply = self.backend.query(&self.keys[0], &self.script(REMOVE, &[field])).await?;
+        let reply = self
+            .backend
+            .query(&self.keys[0], &self.script(REMOVE, &[field]))
+            .await?;
         Ok(number(&reply)? > 0)
     }
 
@@ -74,7 +77,10 @@ impl RedisRecords {
 
     /// The version and every `(field, value)`, as of one instant.
     pub async fn all(&self) -> Result<(u64, Vec<(String, String)>), BackendError> {
-        let reply = self.backend.query(&self.keys[0], &self.script(ALL, &[])).await?;
+        let reply = self
+            .backend
+            .query(&self.keys[0], &self.script(ALL, &[]))
+            .await?;
         let Value::Array(parts) = reply else {
             return Err(bad(&reply));
         };

@@ -97,7 +97,11 @@ async fn a_policy_of_10_000_identifiers_spreads_over_every_master() {
         .map(|node| redis::cmd("DBSIZE").query(&mut node.client()).unwrap())
         .collect();
     let total: u64 = keys.iter().sum();
-    assert_eq!(total, 2 * 10_001, "every identifier's keys, and warm's: {keys:?}");
+    assert_eq!(
+        total,
+        2 * 10_001,
+        "every identifier's keys, and warm's: {keys:?}"
+    );
     for (master, &n) in keys.iter().enumerate() {
         assert!(
             n * 100 <= total * 40,

@@ -210,26 +210,29 @@ impl Link {
     async fn connect(&self) -> Result<MultiplexedConnection, BackendError> {
         let timeout = self.settings.connect_timeout;
         let addr = &self.addr;
-        let tcp = match tokio::time::timeout(
-            timeout,
-            TcpStream::connect((addr.host(), addr.port())),
-        )
-        .await
-        {
-            Err(_) => return Err(BackendError::Timeout { after: timeout }),
-            Ok(Err(e)) => {
-                return Err(BackendError::Redis(format!("cannot reach {addr}: {e}")));
-            }
-            Ok(Ok(tcp)) => tcp,
-        };
+        let tcp =
+            match tokio::time::timeout(timeout, TcpStream::connect((addr.host(), addr.port())))
+                .await
+            {
+                Err(_) => return Err(BackendError::Timeout { after: timeout }),
+                Ok(Err(e)) => {
+                    return Err(BackendError::Redis(format!("cannot reach {addr}: {e}")));
+                }
+                Ok(Ok(tcp)) => tcp,
+            };
         let _ = tcp.set_nodelay(true);
         #[cfg(feature = "tls")]
         if let Some(tls) = &self.settings.tls {
-            let stream =
-                match tokio::time::timeout(timeout, super::tls::handshake(tls, addr, tcp)).await {
-                    Err(_) => return Err(BackendError::Timeout { after: timeout }),
-                    Ok(stream) => stream?,
-                };
+            let stream = match tokio::time::timeout(timeout, super::tls::handshake(tls, addr, tcp))
+                .await
+            {
+                Err(_) => {
+                    return Err(BackendError::Tls(format!(
+                        "{addr}: no TLS answer within {timeout:?}; is this Redis's tls-port (rediss:// needs it)?"
+                    )));
+                }
+                Ok(stream) => stream?,
+            };
             return self.log_in(stream).await;
         }
         self.log_in(tcp).await
@@ -273,11 +276,8 @@ impl Link {
                 "no tokio runtime to drive the connection".to_owned(),
             ));
         }
-        match tokio::time::timeout(
-            timeout,
-            connection.send_packed_command(&redis::cmd("PING")),
-        )
-        .await
+        match tokio::time::timeout(timeout, connection.send_packed_command(&redis::cmd("PING")))
+            .await
         {
             Err(_) => Err(BackendError::Timeout { after: timeout }),
             Ok(Err(e)) => Err(classify(&self.addr, settings, &e)),
@@ -299,8 +299,7 @@ pub(crate) fn classify(
 ) -> BackendError {
     let user = settings.username.as_deref().unwrap_or("default");
     let code = e.code().unwrap_or("");
-    if e.kind() == redis::ErrorKind::AuthenticationFailed
-        || matches!(code, "WRONGPASS" | "NOAUTH")
+    if e.kind() == redis::ErrorKind::AuthenticationFailed || matches!(code, "WRONGPASS" | "NOAUTH")
     {
         let why = if code == "NOAUTH" {
             "Redis asks for a password and none was given"

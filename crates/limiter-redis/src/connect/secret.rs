@@ -150,8 +150,13 @@ mod tests {
         assert_eq!(Secret::from_file(&file).unwrap().expose(), "s3cret");
         std::fs::write(&file, "\n").unwrap();
         let empty = Secret::from_file(&file).unwrap_err().to_string();
-        assert!(empty.contains("password") && empty.contains("empty"), "{empty}");
-        let missing = Secret::from_file(dir.join("absent")).unwrap_err().to_string();
+        assert!(
+            empty.contains("password") && empty.contains("empty"),
+            "{empty}"
+        );
+        let missing = Secret::from_file(dir.join("absent"))
+            .unwrap_err()
+            .to_string();
         assert!(missing.contains("absent"), "{missing}");
         let env = Secret::from_env("LIMITER_TEST_SURELY_UNSET_VARIABLE")
             .unwrap_err()

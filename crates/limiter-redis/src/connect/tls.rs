@@ -161,9 +161,8 @@ impl TlsOptions {
         let server_name = match &self.server_name {
             None => None,
             Some(name) => Some(
-                ServerName::try_from(name.clone()).map_err(|_| TlsError::ServerName {
-                    name: name.clone(),
-                })?,
+                ServerName::try_from(name.clone())
+                    .map_err(|_| TlsError::ServerName { name: name.clone() })?,
             ),
         };
         Ok(TlsSetup {
@@ -314,18 +313,27 @@ mod tests {
 
     #[test]
     fn bad_settings_are_named_and_never_print_a_key() {
-        let key = Secret::new("-----BEGIN PRIVATE KEY-----\nTOPSECRETKEY\n-----END PRIVATE KEY-----\n");
+        let key =
+            Secret::new("-----BEGIN PRIVATE KEY-----\nTOPSECRETKEY\n-----END PRIVATE KEY-----\n");
         let options = TlsOptions::new()
             .ca_pem(b"not pem".to_vec())
             .client_identity(b"not pem".to_vec(), key);
         assert!(!format!("{options:?}").contains("TOPSECRETKEY"));
         let error = options.build().unwrap_err().to_string();
         assert!(error.contains("CA file"), "{error}");
-        let missing = TlsOptions::new().ca_file("/surely/not/here.pem").unwrap_err();
-        assert!(missing.to_string().contains("/surely/not/here.pem"), "{missing}");
+        let missing = TlsOptions::new()
+            .ca_file("/surely/not/here.pem")
+            .unwrap_err();
+        assert!(
+            missing.to_string().contains("/surely/not/here.pem"),
+            "{missing}"
+        );
         let name = TlsOptions::new().server_name("not a name!").build();
         assert!(
-            matches!(name, Err(TlsError::ServerName { .. }) | Err(TlsError::NoRoots)),
+            matches!(
+                name,
+                Err(TlsError::ServerName { .. }) | Err(TlsError::NoRoots)
+            ),
             "{name:?}"
         );
     }

@@ -98,7 +98,10 @@ pub(crate) async fn send(
             .max(1);
         pipeline.cmd("WAIT").arg(wait.replicas).arg(ms);
     }
-    let replies = [asking, true, wait.is_some()].iter().filter(|&&sent| sent).count();
+    let replies = [asking, true, wait.is_some()]
+        .iter()
+        .filter(|&&sent| sent)
+        .count();
     let mut values = link.pipeline(&pipeline, replies).await?.into_iter();
     if asking {
         values.next();

@@ -51,7 +51,12 @@ impl SlotMap {
     }
 
     /// Each master's slots as ranges, in slot order, and the slots no master serves.
-    fn ranges(&self) -> (Vec<Vec<core::ops::RangeInclusive<u16>>>, Vec<core::ops::RangeInclusive<u16>>) {
+    fn ranges(
+        &self,
+    ) -> (
+        Vec<Vec<core::ops::RangeInclusive<u16>>>,
+        Vec<core::ops::RangeInclusive<u16>>,
+    ) {
         let mut per_master = vec![Vec::new(); self.masters.len()];
         let mut unserved = Vec::new();
         let mut start = 0_u16;
@@ -129,7 +134,10 @@ impl Cluster {
     }
 
     /// The master serving `key`'s slot.
-    pub(crate) fn node_for_key(self: &Arc<Self>, key: Option<&str>) -> Result<Arc<Node>, BackendError> {
+    pub(crate) fn node_for_key(
+        self: &Arc<Self>,
+        key: Option<&str>,
+    ) -> Result<Arc<Node>, BackendError> {
         let slot = key.map_or(0, key_slot);
         match self.map().node(slot) {
             Some(node) => Ok(Arc::clone(node)),
@@ -249,13 +257,19 @@ impl Cluster {
             match answer.and_then(|value| self.read_slots(&addr, &value)) {
                 Ok(map) => {
                     *self.map.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(map);
-                    *self.last_error.lock().unwrap_or_else(PoisonError::into_inner) = None;
+                    *self
+                        .last_error
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner) = None;
                     return Ok(());
                 }
                 Err(e) => last = e,
             }
         }
-        *self.last_error.lock().unwrap_or_else(PoisonError::into_inner) = Some(last.clone());
+        *self
+            .last_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(last.clone());
         Err(last)
     }
 
@@ -336,9 +350,11 @@ impl Cluster {
         }
         slots_failing.sort_by_key(|r| *r.start());
         let down = if map.masters.is_empty() {
-            Some(refreshed.err().unwrap_or_else(|| {
-                BackendError::Redis("the cluster serves no slots".to_owned())
-            }))
+            Some(
+                refreshed.err().unwrap_or_else(|| {
+                    BackendError::Redis("the cluster serves no slots".to_owned())
+                }),
+            )
         } else if !state_ok {
             Some(match state_fail {
                 Some(addr) => BackendError::Redis(format!(

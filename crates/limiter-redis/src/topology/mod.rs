@@ -35,9 +35,7 @@ impl Node {
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
-            .ok_or_else(|| {
-                BackendError::Redis("no sentinel has named the master yet".to_owned())
-            })
+            .ok_or_else(|| BackendError::Redis("no sentinel has named the master yet".to_owned()))
     }
 
     /// Where the master is, if known.
@@ -131,7 +129,11 @@ impl Topology {
     }
 
     /// Probes every master, past the breakers (see [`StoreHealth`]).
-    pub(crate) async fn health(&self, timeout: core::time::Duration, clock: &dyn Clock) -> StoreHealth {
+    pub(crate) async fn health(
+        &self,
+        timeout: core::time::Duration,
+        clock: &dyn Clock,
+    ) -> StoreHealth {
         match self {
             Self::Single(node) => StoreHealth::server(node, timeout, clock).await,
             Self::Sentinel(sentinel) => sentinel.health(timeout, clock).await,

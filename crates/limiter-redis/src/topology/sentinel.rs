@@ -1,6 +1,7 @@
 //! Redis Sentinel: the master is whichever server the sentinels name for the master's name.
-//! It is asked at connect and then every [`WATCH_EVERY`] by a background watch (at once when a
-//! call to the master fails), each time from the first sentinel that answers. When the answer
+//! It is asked at connect and then every [`WATCH_EVERY`] by a background watch (sooner when a
+//! call to the master fails, at most every [`WATCH_GAP`]), each time from the first sentinel
+//! that answers. When the answer
 //! changes (a failover promoted a replica), the master's node switches to the new address: its
 //! breaker closes and its deny cache is forgotten, so calls go back to Redis within one watch
 //! round (and a connection) of the promotion. The watch ends with the backend.
@@ -21,6 +22,9 @@ use crate::health::{Deployment, SentinelHealth, StoreHealth};
 
 /// How often the watch asks the sentinels where the master is.
 pub(crate) const WATCH_EVERY: Duration = Duration::from_millis(250);
+
+/// The least time between two rounds, however often failing calls wake the watch.
+pub(crate) const WATCH_GAP: Duration = Duration::from_millis(50);
 
 /// The sentinels, the master's name, and the master's node (see the module docs).
 pub(crate) struct Sentinel {
@@ -78,8 +82,9 @@ impl Sentinel {
                 };
                 sentinel.follow().await;
                 drop(sentinel);
+                crate::task::pause(WATCH_GAP).await;
                 tokio::select! {
-                    () = crate::task::pause(WATCH_EVERY) => {}
+                    () = crate::task::pause(WATCH_EVERY.saturating_sub(WATCH_GAP)) => {}
                     () = wake.notified() => {}
                 }
             }
@@ -92,8 +97,10 @@ impl Sentinel {
     pub(crate) async fn follow(&self) {
         match self.ask_all(false).await {
             Ok((addr, _)) => {
-                *self.last_error.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
-                    None;
+                *self
+                    .last_error
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
                 let current = self.node.addr();
                 if current.as_ref() != Some(&addr) {
                     match &current {
@@ -111,14 +118,15 @@ impl Sentinel {
                             "Sentinel named the master"
                         ),
                     }
-                    self.node
-                        .switch_to(Link::new(addr, Arc::clone(&self.data)));
+                    self.node.switch_to(Link::new(addr, Arc::clone(&self.data)));
                 }
             }
             Err(e) => {
                 tracing::debug!(target: "limiter_redis::sentinel", error = %e, "no sentinel named the master");
-                *self.last_error.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
-                    Some(e);
+                *self
+                    .last_error
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(e);
             }
         }
     }

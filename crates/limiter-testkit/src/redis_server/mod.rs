@@ -1,9 +1,20 @@
 //! Real `redis-server` processes for the tests (feature `redis-server`), each on a free
 //! loopback port, killed on drop: the Redis backend's, the middleware's and limiterd's tests.
+//! One server here (with a TLS port and ACL users when asked); clusters with or without
+//! replicas in [`cluster`]; a master, a replica and three sentinels in [`sentinel`];
+//! certificates generated per test in [`tls`] (feature `tls-certs`).
 //!
 //! The server binary is `$REDIS_SERVER` if set, else `redis-server` on the `PATH` (Debian's
 //! `redis-server` package; `.ci/run` installs it when missing). Nothing here depends on a server
 //! already running.
+
+mod cluster;
+mod sentinel;
+#[cfg(feature = "tls-certs")]
+pub mod tls;
+
+pub use cluster::{ClusterOptions, RedisCluster};
+pub use sentinel::{DOWN_AFTER_MS, MASTER_NAME, SentinelSet};
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -11,7 +22,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn server_binary() -> String {
+pub(crate) fn server_binary() -> String {
     std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".to_owned())
 }
 
@@ -43,7 +54,8 @@ pub fn raw_command(port: u16, command: &str) -> Option<String> {
     Some(String::from_utf8_lossy(&buffer[..n]).into_owned())
 }
 
-fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
+/// Waits (polling every 20 ms, at most 20 s) until `ready`.
+pub fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !ready() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
@@ -54,8 +66,11 @@ fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
 /// One `redis-server` process.
 #[derive(Debug)]
 pub struct RedisServer {
-    /// The loopback port the server listens on; kept across [`RedisServer::restart`].
+    /// The loopback port the server listens on in plaintext (the tests' own inspection port
+    /// when it also has a TLS port); kept across [`RedisServer::restart`].
     pub port: u16,
+    /// Its TLS port, if it has one.
+    pub tls_port: Option<u16>,
     child: Option<Child>,
     dir: PathBuf,
     extra: Vec<String>,
@@ -70,17 +85,41 @@ impl RedisServer {
     /// A fresh server on a free port, with `extra` command-line arguments after the defaults
     /// (for example `--cluster-enabled yes`).
     pub fn start_with(extra: Vec<String>) -> Self {
-        let port = free_port();
+        Self::start_on(free_port(), None, extra)
+    }
+
+    /// A fresh server on `port`, with a TLS port if given, and `extra` arguments.
+    pub(crate) fn start_on(port: u16, tls_port: Option<u16>, mut extra: Vec<String>) -> Self {
         let dir = std::env::temp_dir().join(format!("limiter-redis-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("create the server's directory");
+        if let Some(tls_port) = tls_port {
+            extra.splice(0..0, ["--tls-port".to_owned(), tls_port.to_string()]);
+        }
         let mut server = Self {
             port,
+            tls_port,
             child: None,
             dir,
             extra,
         };
         server.spawn();
         server
+    }
+
+    /// A fresh server with ACL `users` beside the `default` user (each a rule list as
+    /// `ACL SETUSER` takes it, the name first: `limiter on >secret ~limiter:* +@all`).
+    pub fn start_with_users(users: &[&str]) -> Self {
+        let mut extra = Vec::new();
+        for user in users {
+            extra.push("--user".to_owned());
+            extra.extend(user.split_whitespace().map(str::to_owned));
+        }
+        Self::start_with(extra)
+    }
+
+    /// The server's own directory (for files it reads, such as certificates).
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
     }
 
     fn spawn(&mut self) {
@@ -101,14 +140,28 @@ impl RedisServer {
             });
         self.child = Some(child);
         let port = self.port;
+        // A server whose default user needs a password answers NOAUTH: it is up.
         wait_until("redis-server to answer PING", || {
-            raw_command(port, "PING").is_some_and(|r| r.starts_with("+PONG"))
+            raw_command(port, "PING")
+                .is_some_and(|r| r.starts_with("+PONG") || r.starts_with("-NOAUTH"))
         });
     }
 
     /// The `redis://` URL a client connects with.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The `rediss://` URL of its TLS port at `host` (`localhost`, `127.0.0.1`, or a name
+    /// its certificate does not hold).
+    pub fn tls_url(&self, host: &str) -> String {
+        let port = self.tls_port.expect("a server started with a TLS port");
+        format!("rediss://{host}:{port}")
+    }
+
+    /// Whether the process is running.
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
     }
 
     /// Kills the process (SIGKILL): connections drop, state is lost.
@@ -137,103 +190,6 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// A Redis Cluster of three masters, each slot range on its own process.
-#[derive(Debug)]
-pub struct RedisCluster {
-    /// The three masters, in slot order.
-    pub nodes: Vec<RedisServer>,
-}
-
-impl RedisCluster {
-    /// Starts three masters, assigns each a third of the slots and waits for `cluster_state:ok`.
-    pub fn start() -> Self {
-        let nodes: Vec<RedisServer> = (0..3)
-            .map(|_| {
-                RedisServer::start_with(vec![
-                    "--cluster-enabled".into(),
-                    "yes".into(),
-                    "--cluster-node-timeout".into(),
-                    "2000".into(),
-                ])
-            })
-            .collect();
-        // Each master takes a third of the 16384 slots, then they meet.
-        let thirds = [(0, 5460), (5461, 10922), (10923, 16383)];
-        for (node, (first, last)) in nodes.iter().zip(thirds) {
-            let reply = raw_command(node.port, &format!("CLUSTER ADDSLOTSRANGE {first} {last}"));
-            assert!(
-                reply.as_deref().is_some_and(|r| r.starts_with("+OK")),
-                "{reply:?}"
-            );
-        }
-        for node in &nodes[1..] {
-            let reply = raw_command(
-                nodes[0].port,
-                &format!("CLUSTER MEET 127.0.0.1 {}", node.port),
-            );
-            assert!(
-                reply.as_deref().is_some_and(|r| r.starts_with("+OK")),
-                "{reply:?}"
-            );
-        }
-        for node in &nodes {
-            let port = node.port;
-            wait_until("the cluster to be ok", || {
-                raw_command(port, "CLUSTER INFO").is_some_and(|r| {
-                    r.contains("cluster_state:ok") && r.contains("cluster_known_nodes:3")
-                })
-            });
-        }
-        Self { nodes }
-    }
-
-    /// Every node's URL, the seed list a cluster client takes.
-    pub fn urls(&self) -> Vec<String> {
-        self.nodes.iter().map(RedisServer::url).collect()
-    }
-
-    /// The index of the master serving `key` (by the slots [`start`](Self::start) gave each,
-    /// the slot as the cluster itself computes it).
-    pub fn master_of(&self, key: &str) -> usize {
-        let slot: u16 = redis::cmd("CLUSTER")
-            .arg("KEYSLOT")
-            .arg(key)
-            .query(&mut self.nodes[0].client())
-            .expect("CLUSTER KEYSLOT");
-        match slot {
-            0..=5460 => 0,
-            5461..=10922 => 1,
-            _ => 2,
-        }
-    }
-
-    /// How many script calls (`FCALL`, `EVALSHA`, `EVAL`) each master has run since its stats
-    /// were last reset.
-    pub fn script_calls(&self) -> Vec<u64> {
-        self.nodes
-            .iter()
-            .map(|node| {
-                let info: String = redis::cmd("INFO")
-                    .arg("commandstats")
-                    .query(&mut node.client())
-                    .expect("INFO commandstats");
-                info.lines()
-                    .filter(|l| {
-                        ["cmdstat_fcall:", "cmdstat_evalsha:", "cmdstat_eval:"]
-                            .iter()
-                            .any(|c| l.starts_with(c))
-                    })
-                    .filter_map(|l| {
-                        l.split([':', ','])
-                            .find_map(|f| f.strip_prefix("calls="))
-                            .and_then(|n| n.parse::<u64>().ok())
-                    })
-                    .sum()
-            })
-            .collect()
     }
 }
 

@@ -1,0 +1,172 @@
+//! Logging in to a real `redis-server` as an ACL user: the password from the URL, from the
+//! builder or from a file (read again at each connection, so a rotated secret applies); a
+//! wrong password named as authentication, never as a slow server, and never printed; and a
+//! least-privilege user (the README's ACL rule: the limiter's commands on its key prefixes)
+//! deciding every kind of call exactly.
+
+use limiter_testkit::redis_server::RedisServer;
+
+use std::time::Duration;
+
+use limiter_core::Limit;
+use limiter_redis::{
+    BackendError, Kind, Lease, OnFailure, RedisBackend, RedisLimiter, Secret, Slack, Source,
+};
+
+const PASSWORD: &str = "s3cret-Pa55-word";
+
+/// The README's rule for limiterd's user: its commands, on its key prefixes, nothing else.
+pub const LEAST_PRIVILEGE: &str = "limiter on >s3cret-Pa55-word ~limiter:* ~limiterd:* \
+     resetchannels -@all +ping +fcall +function|load +evalsha +eval +get +set +time +pttl \
+     +pexpire +hset +hdel +hgetall +incr +cluster|slots +cluster|info +asking +wait";
+
+fn limiter(backend: &RedisBackend, name: &str, count: u64) -> RedisLimiter {
+    RedisLimiter::builder(backend, name)
+        .limit(Kind::TokenBucket, Limit::per_hour(count))
+        .on_failure(OnFailure::Closed)
+        .build()
+        .unwrap()
+}
+
+fn with_password(url: &str, user: &str, password: &str) -> String {
+    url.replacen("redis://", &format!("redis://{user}:{password}@"), 1)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_least_privilege_user_decides_every_kind_of_call_exactly() {
+    let server = RedisServer::start_with_users(&[LEAST_PRIVILEGE]);
+    let backend = RedisBackend::builder(with_password(&server.url(), "limiter", PASSWORD))
+        .timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap();
+    assert!(backend.health().await.is_ready());
+    let three = limiter(&backend, "acl", 3);
+    for left in [2, 1, 0] {
+        let d = three.check("k").await.unwrap();
+        assert_eq!(d.source(), &Source::Redis, "{d:?}");
+        assert_eq!(d.decision().unwrap().remaining(), left);
+    }
+    assert!(three.check("k").await.unwrap().is_denied());
+    // A batch, all or nothing: 2 + 2 of 3 is refused and takes nothing.
+    let batch = three.check_all(&[("b", 2), ("b", 2)]).await.unwrap();
+    assert!(!batch.is_admitted());
+    assert_eq!(
+        three.check_n("b", 3).await.unwrap().source(),
+        &Source::Redis
+    );
+    // A grant and its refund.
+    let (d, grant) = three.acquire("g", 3).await.unwrap();
+    assert!(d.is_allowed());
+    let mut grant = grant.unwrap();
+    three.refund("g", &mut grant, 2).await.unwrap();
+    assert_eq!(
+        three.check_n("g", 2).await.unwrap().source(),
+        &Source::Redis
+    );
+    // A record of usage, and a lease.
+    assert!(three.record("r", 5).await.unwrap().source() == &Source::Redis);
+    let leased = limiter(&backend, "leased", 100)
+        .leased(Lease::new(Slack::units(10)))
+        .unwrap();
+    for _ in 0..20 {
+        assert!(leased.check("l").await.unwrap().is_allowed());
+    }
+    leased.shutdown().await;
+    // Records beside the limits (limiterd's overrides).
+    let records = backend.records("acl");
+    assert_eq!(records.put("a", "1").await.unwrap(), 1);
+    assert_eq!(
+        records.all().await.unwrap().1,
+        [("a".to_owned(), "1".to_owned())]
+    );
+    assert_eq!(backend.stats().outages, 0, "{:?}", backend.stats());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_is_an_authentication_failure_and_is_never_printed() {
+    let server = RedisServer::start_with_users(&[LEAST_PRIVILEGE]);
+    let wrong = "not-the-Pa55-word";
+    let backend = RedisBackend::builder(with_password(&server.url(), "limiter", wrong))
+        .timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap();
+    let health = backend.health().await;
+    let Some(down) = &health.down else {
+        panic!("not ready with a wrong password: {health:?}");
+    };
+    assert!(matches!(down, BackendError::Authentication(_)), "{down:?}");
+    let text = down.to_string();
+    assert!(
+        text.contains("authentication failed as user `limiter`"),
+        "{text}"
+    );
+    let d = limiter(&backend, "wrong", 3).check("k").await.unwrap();
+    assert!(
+        matches!(
+            d.source(),
+            Source::FailClosed(BackendError::Authentication(_))
+        ),
+        "{d:?}"
+    );
+    // No surface prints the password: errors, the backend, its health, the decision.
+    for shown in [
+        text,
+        format!("{d:?}"),
+        format!("{backend:?}"),
+        format!("{health:?}"),
+        format!(
+            "{:?}",
+            RedisBackend::builder(with_password(&server.url(), "limiter", wrong))
+        ),
+    ] {
+        assert!(!shown.contains(wrong), "{shown}");
+    }
+    // No password where one is needed: named too.
+    let server = RedisServer::start_with(vec!["--requirepass".into(), PASSWORD.into()]);
+    let backend = RedisBackend::connect(server.url()).await.unwrap();
+    let down = backend.health().await.down.unwrap().to_string();
+    assert!(
+        down.contains("asks for a password and none was given"),
+        "{down}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_file_is_read_at_each_connection() {
+    let server = RedisServer::start_with_users(&[LEAST_PRIVILEGE]);
+    let file = server.dir().join("redis-password");
+    std::fs::write(&file, "an old password\n").unwrap();
+    let backend = RedisBackend::builder(server.url())
+        .username("limiter")
+        .password_file(&file)
+        .timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap();
+    let down = backend.health().await.down;
+    assert!(
+        matches!(down, Some(BackendError::Authentication(_))),
+        "{down:?}"
+    );
+    // The secret is rotated in place: the next connection reads it.
+    std::fs::write(&file, format!("{PASSWORD}\n")).unwrap();
+    let health = backend.health().await;
+    assert!(health.is_ready(), "{health:?}");
+    assert_eq!(
+        limiter(&backend, "file", 3)
+            .check("k")
+            .await
+            .unwrap()
+            .source(),
+        &Source::Redis
+    );
+    // The builder's password wins over the URL's.
+    let backend = RedisBackend::builder(with_password(&server.url(), "limiter", "stale"))
+        .password(Secret::new(PASSWORD))
+        .connect()
+        .await
+        .unwrap();
+    assert!(backend.health().await.is_ready());
+}
