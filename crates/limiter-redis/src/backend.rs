@@ -155,7 +155,7 @@ impl RedisBackend {
     }
 
     /// A backend on the Redis server at `url` (`redis://127.0.0.1:6379`), with the defaults.
-    pub async fn connect(url: impl Into<String>) -> Result<Self, BackendError> {
+    pub async fn connect(url: impl crate::ToRedisUrl) -> Result<Self, BackendError> {
         Self::builder(url).connect().await
     }
 
@@ -434,6 +434,7 @@ impl RedisBackend {
                 Ok(Ok((value, reloaded))) => {
                     if reloaded {
                         self.count_script_load(link.addr());
+                        self.load_on_every_master(&link).await;
                     }
                     Ok(value)
                 }
@@ -469,6 +470,31 @@ impl RedisBackend {
         let moved = e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::Moved);
         let next = self.inner.topology.redirected(slot, &to, moved)?;
         Some((next, moved))
+    }
+
+    /// On a cluster, after one master was found without the library (flushed, restarted, new):
+    /// loads it on every other master too, within the timeout, so their next calls do not each
+    /// find it missing. Best effort: a master that misses it still loads it on its own.
+    async fn load_on_every_master(&self, loaded: &Arc<Link>) {
+        // Relaxed: a hint (see `functions`).
+        if !self.is_cluster() || !self.inner.functions.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut load = redis::cmd("FUNCTION");
+        load.arg("LOAD")
+            .arg("REPLACE")
+            .arg(&self.inner.scripts.library);
+        let load = &load;
+        let others = self
+            .inner
+            .topology
+            .nodes()
+            .into_iter()
+            .filter_map(|node| node.link().ok())
+            .filter(|link| link.addr() != loaded.addr())
+            .map(|link| async move { link.query(load).await });
+        let _ =
+            tokio::time::timeout(self.inner.timeout, futures_util::future::join_all(others)).await;
     }
 
     fn count_script_load(&self, addr: &NodeAddr) {

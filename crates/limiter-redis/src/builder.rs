@@ -14,7 +14,7 @@ use crate::backend::{DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT, Parts, RedisBackend
 use crate::breaker::BreakerConfig;
 use crate::connect::link::{Link, LinkSettings};
 use crate::connect::secret::{Password, Secret};
-use crate::connect::url::RedisUrl;
+use crate::connect::url::{RedisUrl, ToRedisUrl, UrlError};
 use crate::error::BackendError;
 use crate::script::run::Wait;
 use crate::topology::cluster::Cluster;
@@ -25,14 +25,17 @@ use crate::topology::{NodeMaker, Topology};
 /// callers wait for it within their own timeout, and the next ones find it open.
 pub const MIN_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// A URL as given: parsed, or why it is not one (reported by `connect`).
+type Given = Result<RedisUrl, UrlError>;
+
 /// Where Redis is.
 #[derive(Clone)]
 enum Target {
-    Server(String),
-    Cluster(Vec<String>),
+    Server(Given),
+    Cluster(Vec<Given>),
     Sentinel {
         master: String,
-        sentinels: Vec<String>,
+        sentinels: Vec<Given>,
     },
 }
 
@@ -61,14 +64,16 @@ pub struct BackendBuilder {
 impl RedisBackend {
     /// A backend on one Redis server at `url` (`redis://[user[:password]@]host[:port][/db]`,
     /// `rediss://` for TLS), to configure before [`connect`](BackendBuilder::connect).
-    pub fn builder(url: impl Into<String>) -> BackendBuilder {
-        BackendBuilder::new(Target::Server(url.into()))
+    pub fn builder(url: impl ToRedisUrl) -> BackendBuilder {
+        BackendBuilder::new(Target::Server(url.to_redis_url()))
     }
 
     /// A backend on a Redis Cluster, reached through any of `nodes` (its seed nodes' URLs; the
     /// first URL's user and password log in to every node, unless the builder gives them).
-    pub fn cluster_builder(nodes: impl IntoIterator<Item = impl Into<String>>) -> BackendBuilder {
-        BackendBuilder::new(Target::Cluster(nodes.into_iter().map(Into::into).collect()))
+    pub fn cluster_builder(nodes: impl IntoIterator<Item = impl ToRedisUrl>) -> BackendBuilder {
+        BackendBuilder::new(Target::Cluster(
+            nodes.into_iter().map(ToRedisUrl::to_redis_url).collect(),
+        ))
     }
 
     /// A backend on the master that Redis Sentinel names `master_name`, asking the sentinels
@@ -78,11 +83,14 @@ impl RedisBackend {
     /// `tls`); the sentinels' are their URLs' or the `sentinel_*` settings.
     pub fn sentinel_builder(
         master_name: impl Into<String>,
-        sentinels: impl IntoIterator<Item = impl Into<String>>,
+        sentinels: impl IntoIterator<Item = impl ToRedisUrl>,
     ) -> BackendBuilder {
         BackendBuilder::new(Target::Sentinel {
             master: master_name.into(),
-            sentinels: sentinels.into_iter().map(Into::into).collect(),
+            sentinels: sentinels
+                .into_iter()
+                .map(ToRedisUrl::to_redis_url)
+                .collect(),
         })
     }
 }
@@ -260,6 +268,7 @@ impl BackendBuilder {
         let (topology, shown) = match &self.target {
             Target::Server(url) => {
                 let url = parse(url)?;
+                let url = &url;
                 let settings = self.data_settings(&url, url.tls(), url.db())?;
                 let link = Link::new(url.addr().clone(), Arc::new(settings));
                 let node = Arc::new(maker.make(Some(link)));
@@ -288,7 +297,7 @@ impl BackendBuilder {
 
     async fn cluster(
         &self,
-        seeds: &[String],
+        seeds: &[Given],
         maker: NodeMaker,
     ) -> Result<(Topology, String), BackendError> {
         let urls = seeds
@@ -336,7 +345,7 @@ impl BackendBuilder {
     async fn sentinel(
         &self,
         master: &str,
-        sentinels: &[String],
+        sentinels: &[Given],
         maker: NodeMaker,
     ) -> Result<(Topology, String), BackendError> {
         if master.is_empty() || sentinels.is_empty() {
@@ -344,10 +353,7 @@ impl BackendBuilder {
                 "Sentinel needs the master's name and at least one sentinel's URL".to_owned(),
             ));
         }
-        let urls = sentinels
-            .iter()
-            .map(|s| parse(s))
-            .collect::<Result<Vec<_>, _>>()?;
+        let urls = sentinels.iter().map(parse).collect::<Result<Vec<_>, _>>()?;
         #[cfg(feature = "tls")]
         let data_tls = self.tls.is_some();
         #[cfg(not(feature = "tls"))]
@@ -474,14 +480,16 @@ enum DataOrSentinel {
     Sentinel,
 }
 
-/// Parses `url`, the error never repeating a password.
-fn parse(url: &str) -> Result<RedisUrl, BackendError> {
-    RedisUrl::parse(url).map_err(|e| BackendError::Connect(e.to_string()))
+/// The URL given, or why it is not one (the error never repeats a password).
+fn parse(url: &Given) -> Result<RedisUrl, BackendError> {
+    url.clone()
+        .map_err(|e| BackendError::Connect(e.to_string()))
 }
 
 /// `url` as it may be shown: redacted, or a placeholder for a URL that does not parse.
-fn shown(url: &str) -> String {
-    RedisUrl::parse(url).map_or_else(|_| "<not a Redis URL>".to_owned(), |u| u.to_string())
+fn shown(url: &Given) -> String {
+    url.as_ref()
+        .map_or_else(|_| "<not a Redis URL>".to_owned(), ToString::to_string)
 }
 
 impl fmt::Debug for BackendBuilder {
@@ -489,11 +497,11 @@ impl fmt::Debug for BackendBuilder {
         let target = match &self.target {
             Target::Server(url) => shown(url),
             Target::Cluster(seeds) => {
-                let seeds: Vec<String> = seeds.iter().map(|s| shown(s)).collect();
+                let seeds: Vec<String> = seeds.iter().map(shown).collect();
                 format!("cluster via {}", seeds.join(", "))
             }
             Target::Sentinel { master, sentinels } => {
-                let sentinels: Vec<String> = sentinels.iter().map(|s| shown(s)).collect();
+                let sentinels: Vec<String> = sentinels.iter().map(shown).collect();
                 format!("master `{master}` via sentinels {}", sentinels.join(", "))
             }
         };

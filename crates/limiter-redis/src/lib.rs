@@ -87,7 +87,7 @@ pub use builder::{BackendBuilder, MIN_CONNECT_TIMEOUT};
 pub use connect::secret::{REDACTED, Secret, SecretError};
 #[cfg(feature = "tls")]
 pub use connect::tls::{TlsError, TlsOptions};
-pub use connect::url::{DEFAULT_PORT, NodeAddr, RedisUrl, UrlError};
+pub use connect::url::{DEFAULT_PORT, NodeAddr, RedisUrl, ToRedisUrl, UrlError};
 pub use decision::{RedisDecision, Source};
 pub use error::{BackendError, BuildError, CallError, RefundError};
 pub use health::{Deployment, MasterHealth, SentinelHealth, StoreHealth, slot_ranges};

@@ -16,6 +16,8 @@ Examples:
   limiterd                                   serve the built-in policies in memory
   limiterd --config limiterd.toml            serve the policies in a file
   limiterd --redis redis://127.0.0.1:6379    share state with every limiterd on that Redis
+  limiterd --redis cluster:redis://10.0.0.1:6379,redis://10.0.0.2:6379   on a Redis Cluster
+  limiterd --redis sentinel:mymaster@redis://10.0.0.1:26379,redis://10.0.0.2:26379   via Sentinel
   limiterd --envoy ratelimit/web.yaml        also serve envoy's rate-limit gRPC protocol (127.0.0.1:8081)
   limiterd check-config limiterd.toml        check a file, with line numbers (or a descriptor .yaml)
   limiterd example-config                    print the built-in file, to start one from
@@ -36,8 +38,11 @@ struct Cli {
     /// Where to listen, overriding the file (port 0 picks a free port).
     #[arg(long, value_name = "ADDR")]
     listen: Option<SocketAddr>,
-    /// Keep state on this Redis (redis://host:port), overriding the file's store.
-    #[arg(long, value_name = "URL")]
+    /// Keep state on this Redis, overriding where the file's store is: one server
+    /// (redis://host:port, rediss:// for TLS), a cluster (cluster:URL,URL,...) or Sentinel
+    /// (sentinel:MASTER@URL,URL,...). A password in a URL shows in the process list: give it
+    /// in `[store]` (`password_file`, `password_env`) instead, with TLS files.
+    #[arg(long, value_name = "WHERE")]
     redis: Option<String>,
     /// An envoy descriptor file (YAML, one domain) to serve over envoy's rate-limit gRPC
     /// protocol; repeat for more domains.
@@ -183,7 +188,7 @@ fn store_name(store: &Store) -> String {
     match store {
         Store::Memory { max_keys: None } => "memory".to_owned(),
         Store::Memory { max_keys: Some(n) } => format!("memory (at most {n} keys per policy)"),
-        Store::Redis { at, .. } => format!("redis ({at})"),
+        Store::Redis { connection, .. } => format!("redis ({})", connection.at),
     }
 }
 

@@ -24,7 +24,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::app::AppState;
-use crate::config::{Config, RedisAt, ServerSettings, Store};
+use crate::config::{Config, ServerSettings, Store};
 use crate::envoy::Domains;
 use crate::grpc::Serving;
 use crate::http;
@@ -57,19 +57,13 @@ pub async fn serve(
 ) -> Result<(), String> {
     let backend = match &config.store {
         Store::Memory { .. } => None,
-        Store::Redis { at, timeout, .. } => {
-            let builder = match at {
-                RedisAt::Server(url) => RedisBackend::builder(url.clone()),
-                RedisAt::Cluster(seeds) => RedisBackend::cluster_builder(seeds.clone()),
-            };
-            Some(
-                builder
-                    .timeout(*timeout)
-                    .connect()
-                    .await
-                    .map_err(|e| format!("cannot use Redis at {at}: {e}"))?,
-            )
-        }
+        Store::Redis { connection, .. } => Some(
+            connection
+                .builder()?
+                .connect()
+                .await
+                .map_err(|e| format!("cannot use Redis at {}: {e}", connection.at))?,
+        ),
     };
     let settings = config.server;
     let state = AppState::build(&config, domains, DefaultClock::new(), backend.clone())
@@ -99,6 +93,7 @@ pub async fn serve(
     }
     let live = Arc::new(Live::with_overrides(state, overrides));
     if backend.is_some() {
+        live.health.await_first_probe();
         // Overrides another instance changed apply here within one interval.
         let refreshing = Arc::clone(&live);
         tokio::spawn(async move {
@@ -113,11 +108,15 @@ pub async fn serve(
     let (stop, stopped) = watch::channel(false);
 
     let (reporter, health_service) = tonic_health::server::health_reporter();
+    // The first probe before the first request is served: readiness is what Redis answered
+    // (a wrong password or certificate is logged now), never a guess.
+    let first = probe_round(&live, backend.as_ref(), &reporter, None).await;
     tokio::spawn(probe(
         Arc::clone(&live),
         backend,
         reporter.clone(),
         stopped.clone(),
+        first,
     ));
     tokio::spawn(reloads(Arc::clone(&live), sources, config, stopped.clone()));
 
@@ -236,43 +235,82 @@ async fn serve_http(
     Ok(())
 }
 
-/// Probes the store every [`PROBE_EVERY`] and reports it: HTTP readiness and gRPC health, and
-/// one log line when reachability changes.
+/// Probes the store every [`PROBE_EVERY`] (every master, on a cluster) and reports it: HTTP
+/// readiness and gRPC health, and a log line when what it finds changes (an error at the first
+/// probe: a wrong password or certificate is named at start).
 async fn probe(
     live: Arc<Live<DefaultClock>>,
     backend: Option<RedisBackend>,
     reporter: tonic_health::server::HealthReporter,
     stopped: watch::Receiver<bool>,
+    first: Found,
 ) {
-    let mut last: Option<bool> = None;
+    let mut last = first;
     loop {
-        let result = match &backend {
-            None => Ok(()),
-            Some(backend) => backend.ping().await.map(drop).map_err(|e| e.to_string()),
-        };
-        let reachable = result.is_ok();
-        live.health.set_store(result.clone());
-        if last != Some(reachable) && !live.health.is_draining() {
-            let status = if reachable {
-                tonic_health::ServingStatus::Serving
-            } else {
-                tonic_health::ServingStatus::NotServing
-            };
-            reporter.set_service_status("", status).await;
-            reporter
-                .set_service_status("envoy.service.ratelimit.v3.RateLimitService", status)
-                .await;
-            match (&result, last) {
-                (Ok(()), None) => {}
-                (Ok(()), Some(_)) => tracing::info!("the store is reachable again: ready"),
-                (Err(e), _) => tracing::warn!(error = %e, "the store is unreachable: not ready"),
-            }
-            last = Some(reachable);
-        }
         tokio::select! {
             () = tokio::time::sleep(PROBE_EVERY) => {}
             () = signalled(stopped.clone()) => return,
         }
+        last = probe_round(&live, backend.as_ref(), &reporter, Some(last)).await;
+    }
+}
+
+/// What a probe found: whether the store can decide, and what is wrong if anything.
+type Found = (bool, Option<String>);
+
+/// One probe: readiness, gRPC health and a log line when they change from `last`.
+async fn probe_round(
+    live: &Live<DefaultClock>,
+    backend: Option<&RedisBackend>,
+    reporter: &tonic_health::server::HealthReporter,
+    last: Option<Found>,
+) -> Found {
+    let (reachable, problem) = match backend {
+        None => (true, None),
+        Some(backend) => {
+            let health = backend.health().await;
+            let found = (health.is_ready(), health.problem());
+            live.health.record(
+                found.0,
+                found.1.clone(),
+                Some(crate::ops::live::StoreStatus::of(&health)),
+            );
+            found
+        }
+    };
+    if last.as_ref().map(|l| l.0) != Some(reachable) && !live.health.is_draining() {
+        let status = if reachable {
+            tonic_health::ServingStatus::Serving
+        } else {
+            tonic_health::ServingStatus::NotServing
+        };
+        reporter.set_service_status("", status).await;
+        reporter
+            .set_service_status("envoy.service.ratelimit.v3.RateLimitService", status)
+            .await;
+    }
+    if backend.is_some() && last.as_ref() != Some(&(reachable, problem.clone())) {
+        log_probe(last.as_ref(), reachable, problem.as_deref());
+    }
+    (reachable, problem)
+}
+
+/// One log line for what a probe found, when it differs from the last.
+fn log_probe(last: Option<&(bool, Option<String>)>, reachable: bool, problem: Option<&str>) {
+    match (last, reachable, problem) {
+        (None, true, None) => tracing::info!("the store answered: ready"),
+        (Some(_), true, None) => tracing::info!("the store is reachable again: ready"),
+        (None, false, Some(e)) => {
+            tracing::error!(error = %e, "the store cannot be used: not ready");
+        }
+        (_, false, e) => tracing::warn!(
+            error = e.unwrap_or("unknown"),
+            "the store is unreachable: not ready"
+        ),
+        (_, true, Some(e)) => tracing::warn!(
+            error = %e,
+            "the store is reachable but part of it fails: its keys follow the failure policy"
+        ),
     }
 }
 

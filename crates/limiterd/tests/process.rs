@@ -576,7 +576,13 @@ fn sigterm_stops_it_after_answering() {
     daemon.signal("TERM");
     let exit = daemon.exits_within(Duration::from_secs(10));
     assert!(exit.success(), "{exit}");
-    let rest: Vec<String> = (&mut daemon.stdout).lines().map_while(Result::ok).collect();
+    let rest: Vec<String> = daemon
+        .stdout
+        .as_mut()
+        .expect("not recorded")
+        .lines()
+        .map_while(Result::ok)
+        .collect();
     assert!(rest.iter().any(|l| l == "limiterd stopped"), "{rest:?}");
 }
 

@@ -134,6 +134,12 @@ impl TlsOptions {
         self.server_name.as_deref()
     }
 
+    /// Checks that the settings can be used (the PEM parses, the key matches, the name is a
+    /// name), without connecting.
+    pub fn check(&self) -> Result<(), TlsError> {
+        self.build().map(drop)
+    }
+
     /// Builds the rustls configuration once, for every connection.
     pub(crate) fn build(&self) -> Result<TlsSetup, TlsError> {
         let roots = self.roots()?;

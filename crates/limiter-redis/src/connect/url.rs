@@ -296,6 +296,43 @@ impl fmt::Debug for RedisUrl {
     }
 }
 
+/// What names a Redis server to a builder: a URL's text (checked when the backend connects)
+/// or a [`RedisUrl`] already parsed.
+pub trait ToRedisUrl {
+    /// The URL, or why the text is not one.
+    fn to_redis_url(self) -> Result<RedisUrl, UrlError>;
+}
+
+impl ToRedisUrl for RedisUrl {
+    fn to_redis_url(self) -> Result<RedisUrl, UrlError> {
+        Ok(self)
+    }
+}
+
+impl ToRedisUrl for &RedisUrl {
+    fn to_redis_url(self) -> Result<RedisUrl, UrlError> {
+        Ok(self.clone())
+    }
+}
+
+impl ToRedisUrl for &str {
+    fn to_redis_url(self) -> Result<RedisUrl, UrlError> {
+        RedisUrl::parse(self)
+    }
+}
+
+impl ToRedisUrl for String {
+    fn to_redis_url(self) -> Result<RedisUrl, UrlError> {
+        RedisUrl::parse(&self)
+    }
+}
+
+impl ToRedisUrl for &String {
+    fn to_redis_url(self) -> Result<RedisUrl, UrlError> {
+        RedisUrl::parse(self)
+    }
+}
+
 impl core::str::FromStr for RedisUrl {
     type Err = UrlError;
 

@@ -49,6 +49,8 @@ mod auth;
 mod envoy;
 pub mod keys;
 mod policy;
+mod redis;
+mod redis_builder;
 mod store;
 
 pub use auth::AuthSettings;
@@ -60,8 +62,9 @@ pub use limiter_envoy::settings::{
 };
 use policy::parse_policy;
 pub use policy::{CheckedLimit, Keying, Policy, PolicyLimit};
+pub use redis::{Login, PasswordFrom, RedisAt, RedisConnection, SentinelAt, TlsFiles, WaitFor};
 use store::parse_store;
-pub use store::{RedisAt, Store, StoreKind};
+pub use store::{Store, StoreKind};
 
 /// The policies limiterd serves when started without a file: per-identifier API limits, a
 /// login limit, and a global cap.
@@ -261,9 +264,19 @@ struct RawStore {
     max_keys: Option<Spanned<u64>>,
     url: Option<Spanned<String>>,
     cluster: Option<Spanned<Vec<Spanned<String>>>>,
+    sentinel: Option<Spanned<redis::RawSentinel>>,
     timeout_ms: Option<Spanned<u64>>,
     on_failure: Option<Spanned<String>>,
     fleet_size: Option<Spanned<u64>>,
+    username: Option<Spanned<String>>,
+    password: Option<Spanned<toml::Value>>,
+    password_env: Option<Spanned<String>>,
+    password_file: Option<Spanned<String>>,
+    tls: Option<Spanned<redis::RawTls>>,
+    breaker_failures: Option<Spanned<u64>>,
+    breaker_open_ms: Option<Spanned<u64>>,
+    wait_replicas: Option<Spanned<u64>>,
+    wait_timeout_ms: Option<Spanned<u64>>,
 }
 
 #[derive(Deserialize)]
@@ -285,8 +298,19 @@ struct RawLimit {
     key: Option<Spanned<String>>,
 }
 
-/// Turns byte offsets into lines and columns.
-struct Source<'a>(&'a str);
+/// Turns byte offsets into lines and columns, and relative paths into paths beside the file.
+struct Source<'a>(&'a str, Option<&'a std::path::Path>);
+
+impl Source<'_> {
+    /// `path` as written, relative to the configuration file's directory when it is relative.
+    fn path(&self, path: &str) -> std::path::PathBuf {
+        let path = std::path::Path::new(path);
+        match self.1 {
+            Some(dir) if path.is_relative() => dir.join(path),
+            _ => path.to_owned(),
+        }
+    }
+}
 
 impl Source<'_> {
     fn error(&self, span: Option<Range<usize>>, message: impl Into<String>) -> ConfigError {
@@ -312,9 +336,15 @@ impl Source<'_> {
 }
 
 impl Config {
-    /// Parses and checks `text`.
+    /// Parses and checks `text` (relative file names relative to the working directory).
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
-        let source = Source(text);
+        Self::parse_in(text, None)
+    }
+
+    /// Parses and checks `text`, read from a file in `dir`: relative file names in it (TLS
+    /// and password files) are relative to `dir`.
+    pub fn parse_in(text: &str, dir: Option<&std::path::Path>) -> Result<Self, ConfigError> {
+        let source = Source(text, dir);
         let raw: RawConfig = toml::from_str(text).map_err(|e| {
             let message = e.message().trim_end().to_owned();
             source.error(
@@ -386,29 +416,26 @@ impl Config {
 }
 
 impl Config {
-    /// The same policies on the Redis at `url` (the `--redis` flag): the file's Redis timeout
-    /// and failure policy if it had a Redis store, else the defaults. Refused if a limit cannot
-    /// be decided exactly on Redis.
-    pub fn with_redis(mut self, url: &str) -> Result<Self, ConfigError> {
+    /// The same policies on the Redis `--redis` names ([`RedisAt::from_flag`]: one server, a
+    /// cluster or Sentinel): the file's other Redis settings (login, TLS, timeout, failure
+    /// policy) if it had a Redis store, else the defaults. Refused if a limit cannot be
+    /// decided exactly on Redis.
+    pub fn with_redis(mut self, flag: &str) -> Result<Self, ConfigError> {
         let plain = |message: String| ConfigError {
             line: None,
             column: None,
             message,
         };
-        if !url.starts_with("redis://") && !url.starts_with("rediss://") {
-            return Err(plain(format!(
-                "--redis {url:?}: write it as redis://host:port"
-            )));
-        }
-        let (timeout, on_failure, fleet_size) = match self.store {
+        let at = RedisAt::from_flag(flag).map_err(plain)?;
+        let (connection, on_failure, fleet_size) = match self.store {
             Store::Redis {
-                timeout,
+                connection,
                 on_failure,
                 fleet_size,
-                ..
-            } => (timeout, on_failure, fleet_size),
-            Store::Memory { .. } => (limiter_redis::DEFAULT_TIMEOUT, OnFailure::default(), 1),
+            } => (connection, on_failure, fleet_size),
+            Store::Memory { .. } => (RedisConnection::new(at.clone()), OnFailure::default(), 1),
         };
+        let connection = connection.at(at).map_err(plain)?;
         for (name, policy) in &mut self.policies {
             for l in &mut policy.limits {
                 l.limit = CheckedLimit::new(l.limit.kind(), l.limit.limit(), StoreKind::Redis)
@@ -416,8 +443,7 @@ impl Config {
             }
         }
         self.store = Store::Redis {
-            at: RedisAt::Server(url.to_owned()),
-            timeout,
+            connection,
             on_failure,
             fleet_size,
         };

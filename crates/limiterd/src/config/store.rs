@@ -1,11 +1,11 @@
-//! The `[store]` table: in memory (optionally bounded), or Redis (one server or a cluster's
-//! seed nodes) with its timeout, failure policy and fleet size.
-
-use std::time::Duration;
+//! The `[store]` table: in memory (optionally bounded), or Redis (`redis.rs`: one server, a
+//! cluster's seed nodes or Sentinel, with its login, TLS, breaker and timeout) with a failure
+//! policy and fleet size.
 
 use limiter_redis::OnFailure;
 use toml::Spanned;
 
+use super::redis::{RawRedis, RedisConnection, parse_redis};
 use super::*;
 
 /// Where state lives.
@@ -20,35 +20,14 @@ pub enum Store {
     },
     /// On Redis: shared by every limiterd pointed at it.
     Redis {
-        /// One server, or a cluster's seed nodes.
-        at: RedisAt,
-        /// Each call's timeout.
-        timeout: Duration,
+        /// How to reach it (a reload cannot change it).
+        connection: RedisConnection,
         /// What a policy does when Redis fails, unless it says otherwise.
         on_failure: OnFailure,
         /// How many limiterd processes share the policies: while Redis is out, each one's
         /// fallback enforces its share (`1/fleet_size`) of every limit.
         fleet_size: u64,
     },
-}
-
-/// Where a Redis store is.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum RedisAt {
-    /// One server: `redis://host:port`.
-    Server(String),
-    /// A Redis Cluster, reached through any of these seed nodes (`redis://host:port` each):
-    /// each policy's identifiers spread over every master.
-    Cluster(Vec<String>),
-}
-
-impl std::fmt::Display for RedisAt {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Server(url) => f.write_str(url),
-            Self::Cluster(seeds) => write!(f, "cluster via {}", seeds.join(", ")),
-        }
-    }
 }
 
 impl Store {
@@ -95,9 +74,34 @@ pub(super) fn parse_store(
             for (present, field) in [
                 (raw.url.as_ref().map(Spanned::span), "url"),
                 (raw.cluster.as_ref().map(Spanned::span), "cluster"),
+                (raw.sentinel.as_ref().map(Spanned::span), "sentinel"),
                 (raw.timeout_ms.as_ref().map(Spanned::span), "timeout_ms"),
                 (raw.on_failure.as_ref().map(Spanned::span), "on_failure"),
                 (raw.fleet_size.as_ref().map(Spanned::span), "fleet_size"),
+                (raw.username.as_ref().map(Spanned::span), "username"),
+                (raw.password.as_ref().map(Spanned::span), "password"),
+                (raw.password_env.as_ref().map(Spanned::span), "password_env"),
+                (
+                    raw.password_file.as_ref().map(Spanned::span),
+                    "password_file",
+                ),
+                (raw.tls.as_ref().map(Spanned::span), "tls"),
+                (
+                    raw.breaker_failures.as_ref().map(Spanned::span),
+                    "breaker_failures",
+                ),
+                (
+                    raw.breaker_open_ms.as_ref().map(Spanned::span),
+                    "breaker_open_ms",
+                ),
+                (
+                    raw.wait_replicas.as_ref().map(Spanned::span),
+                    "wait_replicas",
+                ),
+                (
+                    raw.wait_timeout_ms.as_ref().map(Spanned::span),
+                    "wait_timeout_ms",
+                ),
             ] {
                 if let Some(span) = present {
                     return Err(source.error(
@@ -115,64 +119,25 @@ pub(super) fn parse_store(
                     "`max_keys` applies to `kind = \"memory\"`: Redis keys expire on their own",
                 ));
             }
-            let redis_url = |url: &Spanned<String>, field: &str| {
-                if url.get_ref().starts_with("redis://") || url.get_ref().starts_with("rediss://") {
-                    Ok(url.get_ref().clone())
-                } else {
-                    Err(source.at(
-                        url,
-                        format!(
-                            "`{field}` holds {:?}: write it as \"redis://host:port\"",
-                            url.get_ref()
-                        ),
-                    ))
-                }
-            };
-            let at = match (&raw.url, &raw.cluster) {
-                (Some(_), Some(cluster)) => {
-                    return Err(source.at(
-                        cluster,
-                        "give `url` (one server) or `cluster` (a Redis Cluster's seed nodes), not both",
-                    ));
-                }
-                (None, None) => {
-                    return Err(source.at(
-                        store,
-                        "a redis store needs `url = \"redis://host:port\"` (one server) or \
-                         `cluster = [\"redis://host:port\", ...]` (a Redis Cluster's seed nodes)",
-                    ));
-                }
-                (Some(url), None) => RedisAt::Server(redis_url(url, "url")?),
-                (None, Some(cluster)) => {
-                    if cluster.get_ref().is_empty() {
-                        return Err(source.at(
-                            cluster,
-                            "`cluster = []`: list at least one seed node, \"redis://host:port\"",
-                        ));
-                    }
-                    let seeds = cluster
-                        .get_ref()
-                        .iter()
-                        .map(|url| redis_url(url, "cluster"))
-                        .collect::<Result<Vec<_>, _>>()?;
-                    RedisAt::Cluster(seeds)
-                }
-            };
-            let timeout = match &raw.timeout_ms {
-                None => limiter_redis::DEFAULT_TIMEOUT,
-                Some(ms) if (1..=60_000).contains(ms.get_ref()) => {
-                    Duration::from_millis(*ms.get_ref())
-                }
-                Some(ms) => {
-                    return Err(source.at(
-                        ms,
-                        format!(
-                            "`timeout_ms = {}`: use 1 to 60000 milliseconds",
-                            ms.get_ref()
-                        ),
-                    ));
-                }
-            };
+            let connection = parse_redis(
+                source,
+                &RawRedis {
+                    whole: store,
+                    url: &raw.url,
+                    cluster: &raw.cluster,
+                    sentinel: &raw.sentinel,
+                    timeout_ms: &raw.timeout_ms,
+                    username: &raw.username,
+                    password: &raw.password,
+                    password_env: &raw.password_env,
+                    password_file: &raw.password_file,
+                    tls: &raw.tls,
+                    breaker_failures: &raw.breaker_failures,
+                    breaker_open_ms: &raw.breaker_open_ms,
+                    wait_replicas: &raw.wait_replicas,
+                    wait_timeout_ms: &raw.wait_timeout_ms,
+                },
+            )?;
             let on_failure = match &raw.on_failure {
                 None => OnFailure::default(),
                 Some(value) => parse_failure(source, value)?,
@@ -191,8 +156,7 @@ pub(super) fn parse_store(
                 }
             };
             Ok(Store::Redis {
-                at,
-                timeout,
+                connection,
                 on_failure,
                 fleet_size,
             })

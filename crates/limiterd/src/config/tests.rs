@@ -11,14 +11,15 @@ fn a_redis_cluster_is_given_by_its_seed_nodes() {
              [policies.p]\nlimits = [{ algorithm = \"token_bucket\", count = 1, period = \"1m\" }]\n",
         )
         .unwrap();
-    let Store::Redis { at, .. } = &config.store else {
+    let Store::Redis { connection, .. } = &config.store else {
         panic!("{:?}", config.store);
     };
+    let at = &connection.at;
     assert_eq!(
         at,
         &RedisAt::Cluster(vec![
-            "redis://10.0.0.1:6379".to_owned(),
-            "redis://10.0.0.2:6379".to_owned()
+            limiter_redis::RedisUrl::parse("redis://10.0.0.1:6379").unwrap(),
+            limiter_redis::RedisUrl::parse("redis://10.0.0.2:6379").unwrap()
         ])
     );
     assert_eq!(
@@ -119,9 +120,9 @@ fn every_error_names_the_line_and_the_fix() {
             ("colour = 1\n".to_owned(), "line 1, column 1: unknown field `colour`"),
             ("[store]\nkind = \"disk\"\n".to_owned(), "line 2, column 8: store `kind = \"disk\"`: use \"memory\" or \"redis\""),
             ("[store]\nkind = \"redis\"\n".to_owned(), "line 1, column 1: a redis store needs `url"),
-            ("[store]\nkind = \"redis\"\nurl = \"redis://a:1\"\ncluster = [\"redis://b:1\"]\n".to_owned(), "line 4, column 11: give `url` (one server) or `cluster`"),
+            ("[store]\nkind = \"redis\"\nurl = \"redis://a:1\"\ncluster = [\"redis://b:1\"]\n".to_owned(), "line 4, column 11: give one of `url` (one server), `cluster`"),
             ("[store]\nkind = \"redis\"\ncluster = []\n".to_owned(), "line 3, column 11: `cluster = []`: list at least one seed node"),
-            ("[store]\nkind = \"redis\"\ncluster = [\"redis://a:1\", \"b:1\"]\n".to_owned(), "line 3, column 27: `cluster` holds \"b:1\": write it as \"redis://host:port\""),
+            ("[store]\nkind = \"redis\"\ncluster = [\"redis://a:1\", \"b:1\"]\n".to_owned(), "line 3, column 27: `cluster`: a Redis URL starts with redis://"),
             ("[store]\nkind = \"memory\"\ncluster = [\"redis://a:1\"]\n".to_owned(), "line 3, column 11: `cluster` applies to `kind = \"redis\"` only"),
             ("[store]\nkind = \"memory\"\ntimeout_ms = 5\n".to_owned(), "line 3, column 14: `timeout_ms` applies to `kind = \"redis\"` only"),
             ("[store]\nkind = \"memory\"\nmax_keys = 0\n".to_owned(), "line 3, column 12: `max_keys = 0`: use 1 to 1000000000"),
@@ -265,4 +266,170 @@ fn overrides_per_namespace_are_bounded_by_the_file() {
     let zero =
         Config::parse(&format!("{head}[overrides]\nmax_per_namespace = 0\n")).expect_err("0");
     assert_eq!(zero.line, Some(4), "{zero}");
+}
+
+const POLICY: &str =
+    "[policies.p]\nlimits = [{ algorithm = \"token_bucket\", count = 10, period = \"1m\" }]\n";
+
+fn redis_store(store: &str) -> Result<RedisConnection, ConfigError> {
+    let config = Config::parse(&format!("[store]\nkind = \"redis\"\n{store}{POLICY}"))?;
+    match config.store {
+        Store::Redis { connection, .. } => Ok(connection),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_redis_store_takes_sentinel_logins_breakers_and_replicas() {
+    let dir = std::env::temp_dir().join(format!("limiterd-store-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let secret = dir.join("password");
+    std::fs::write(&secret, "from-a-file\n").unwrap();
+    let connection = redis_store(&format!(
+        "username = \"limiterd\"\npassword_file = {secret:?}\ntimeout_ms = 40\n\
+         breaker_failures = 3\nbreaker_open_ms = 500\nwait_replicas = 1\n\
+         [store.sentinel]\nmaster = \"mymaster\"\nsentinels = [\"redis://:sentinel-pw@10.0.0.1:26379\", \"redis://10.0.0.2\"]\n"
+    ))
+    .unwrap();
+    let RedisAt::Sentinel(at) = &connection.at else {
+        panic!("{connection:?}");
+    };
+    assert_eq!(at.master, "mymaster");
+    assert_eq!(at.sentinels[1].addr().port(), 6379);
+    assert_eq!(connection.login.username.as_deref(), Some("limiterd"));
+    assert_eq!(connection.login.password, Some(PasswordFrom::File(secret)));
+    assert_eq!(connection.breaker.failures_to_open, 3);
+    assert_eq!(connection.breaker.open_for, Duration::from_millis(500));
+    assert_eq!(
+        connection.wait,
+        Some(WaitFor {
+            replicas: 1,
+            timeout: Duration::from_millis(20)
+        })
+    );
+    let shown = connection.at.to_string();
+    assert_eq!(
+        shown,
+        "sentinel master `mymaster` via redis://:<redacted>@10.0.0.1:26379, redis://10.0.0.2:6379"
+    );
+    assert!(connection.builder().is_ok());
+    // `--redis` names every topology.
+    for (flag, shown) in [
+        ("redis://u:pw@h:1", "redis://u:<redacted>@h:1"),
+        (
+            "cluster:redis://a:1,redis://b:2",
+            "cluster via redis://a:1, redis://b:2",
+        ),
+        (
+            "sentinel:m@redis://s:26379",
+            "sentinel master `m` via redis://s:26379",
+        ),
+    ] {
+        assert_eq!(RedisAt::from_flag(flag).unwrap().to_string(), shown);
+    }
+    let wrong = RedisAt::from_flag("10.0.0.1:6379").unwrap_err();
+    assert!(
+        wrong.contains("cluster:") && wrong.contains("sentinel:") && wrong.contains("[store]"),
+        "{wrong}"
+    );
+}
+
+#[test]
+fn redis_settings_that_cannot_work_are_named_and_never_print_a_password() {
+    let url = "url = \"redis://127.0.0.1:6379\"\n";
+    for (store, want) in [
+        (
+            format!("{url}password = \"hunter2\"\npassword_env = \"X\"\n"),
+            "line 5, column 16: give one of `password` and `password_env`, not both",
+        ),
+        (
+            format!("{url}password = 12345\n"),
+            "line 4, column 12: `password` must be a non-empty string",
+        ),
+        (
+            format!("{url}password_env = \"LIMITERD_SURELY_UNSET\"\n"),
+            "`password_env`: cannot read the secret in the environment variable `LIMITERD_SURELY_UNSET`: it is not set",
+        ),
+        (
+            format!("{url}password_file = \"/surely/absent\"\n"),
+            "`password_file`: cannot read the secret in /surely/absent",
+        ),
+        (
+            format!("{url}breaker_failures = 5000\n"),
+            "`breaker_failures`: outages in a row",
+        ),
+        (
+            format!("{url}breaker_open_ms = 0\n"),
+            "`breaker_open_ms`: how long an open breaker waits",
+        ),
+        (
+            format!("{url}wait_replicas = 0\n"),
+            "`wait_replicas`: replicas that must acknowledge each write, 1 to 16",
+        ),
+        (
+            format!("{url}timeout_ms = 20\nwait_replicas = 1\nwait_timeout_ms = 20\n"),
+            "`wait_timeout_ms = 20`: wait less than the call timeout",
+        ),
+        (
+            format!("{url}wait_timeout_ms = 5\n"),
+            "`wait_timeout_ms` applies with `wait_replicas` only",
+        ),
+        (
+            format!("{url}[store.tls]\nca_file = \"ca.pem\"\n"),
+            "`[store.tls]` is given but the URL says redis://",
+        ),
+        (
+            "url = \"rediss://h:1\"\n[store.tls]\ncert_file = \"c.pem\"\n".to_owned(),
+            "`[store.tls] cert_file` needs `key_file`",
+        ),
+        (
+            "url = \"rediss://h:1\"\n[store.tls]\nca_file = \"/surely/absent.pem\"\n".to_owned(),
+            "cannot read the TLS CA file /surely/absent.pem",
+        ),
+        (
+            "url = \"redis://u:hunter2@h:notaport\"\n".to_owned(),
+            "`url`: the Redis URL's port `notaport`",
+        ),
+        (
+            "url = \"h:1\"\n".to_owned(),
+            "`url`: a Redis URL starts with redis://",
+        ),
+        (
+            "[store.sentinel]\nmaster = \"\"\nsentinels = [\"redis://s:1\"]\n".to_owned(),
+            "`master` names the master the sentinels monitor",
+        ),
+        (
+            "[store.sentinel]\nmaster = \"m\"\nsentinels = []\n".to_owned(),
+            "`sentinels = []`: list at least one sentinel",
+        ),
+        (
+            format!("{url}[store.sentinel]\nmaster = \"m\"\nsentinels = [\"redis://s:1\"]\n"),
+            "give one of `url` (one server), `cluster` (a Redis Cluster's seed nodes) or `[store.sentinel]`, not several",
+        ),
+    ] {
+        let got = redis_store(&store).unwrap_err().to_string();
+        assert!(got.contains(want), "{store}: {got}");
+        assert!(!got.contains("hunter2") && !got.contains("12345"), "{got}");
+    }
+    let memory = Config::parse(&format!(
+        "[store]\nkind = \"memory\"\npassword_file = \"x\"\n{POLICY}"
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        memory.contains("`password_file` applies to `kind = \"redis\"` only"),
+        "{memory}"
+    );
+    // A password written in the file is kept, and never printed.
+    let inline = redis_store(&format!("{url}password = \"hunter2\"\n")).unwrap();
+    assert!(!format!("{inline:?}").contains("hunter2"));
+    assert_eq!(
+        inline
+            .login
+            .password
+            .as_ref()
+            .map(PasswordFrom::describe)
+            .as_deref(),
+        Some("written in the configuration file")
+    );
 }

@@ -6,7 +6,9 @@
 use serde_json::{Value, json};
 
 use crate::app::AppState;
-use crate::config::{Config, Keying, RedisAt, Store};
+use crate::config::{
+    Config, Keying, Login, PasswordFrom, RedisAt, RedisConnection, Store, TlsFiles,
+};
 use crate::envoy::Domains;
 use crate::ops::live::Readiness;
 
@@ -30,19 +32,72 @@ fn store(store: &Store) -> Value {
     match store {
         Store::Memory { max_keys } => json!({"kind": "memory", "max_keys": max_keys}),
         Store::Redis {
-            at,
-            timeout,
+            connection,
             on_failure,
             fleet_size,
-        } => json!({
-            "kind": "redis",
-            "url": match at { RedisAt::Server(url) => Some(url), RedisAt::Cluster(_) => None },
-            "cluster": match at { RedisAt::Cluster(seeds) => Some(seeds), RedisAt::Server(_) => None },
-            "timeout_ms": millis(*timeout),
-            "on_failure": failure_name(*on_failure),
-            "fleet_size": fleet_size,
-        }),
+        } => {
+            let mut shown = redis_connection(connection);
+            shown["kind"] = json!("redis");
+            shown["on_failure"] = json!(failure_name(*on_failure));
+            shown["fleet_size"] = json!(fleet_size);
+            shown
+        }
     }
+}
+
+/// How limiterd reaches Redis, as `/debug/config` shows it: URLs with their passwords
+/// redacted, where each password comes from (never the password), TLS files by name.
+fn redis_connection(connection: &RedisConnection) -> Value {
+    let urls = |urls: &[limiter_redis::RedisUrl]| -> Vec<String> {
+        urls.iter().map(ToString::to_string).collect()
+    };
+    let (url, cluster, sentinel) = match &connection.at {
+        RedisAt::Server(url) => (Some(url.to_string()), None, None),
+        RedisAt::Cluster(seeds) => (None, Some(urls(seeds)), None),
+        RedisAt::Sentinel(at) => (
+            None,
+            None,
+            Some(json!({
+                "master": at.master,
+                "sentinels": urls(&at.sentinels),
+                "login": login(&at.login),
+                "tls": at.tls.as_ref().map(tls),
+            })),
+        ),
+    };
+    json!({
+        "url": url,
+        "cluster": cluster,
+        "sentinel": sentinel,
+        "timeout_ms": millis(connection.timeout),
+        "login": login(&connection.login),
+        "tls": connection.tls.as_ref().map(tls),
+        "breaker": {
+            "failures_to_open": connection.breaker.failures_to_open,
+            "open_ms": millis(connection.breaker.open_for),
+        },
+        "wait_replicas": connection.wait.map(|w| json!({
+            "replicas": w.replicas,
+            "timeout_ms": millis(w.timeout),
+        })),
+    })
+}
+
+fn login(login: &Login) -> Value {
+    json!({
+        "username": login.username,
+        "password": login.password.as_ref().map(PasswordFrom::describe),
+    })
+}
+
+fn tls(tls: &TlsFiles) -> Value {
+    let path = |p: &Option<std::path::PathBuf>| p.as_ref().map(|p| p.display().to_string());
+    json!({
+        "ca_file": path(&tls.ca_file),
+        "cert_file": path(&tls.cert_file),
+        "key_file": path(&tls.key_file),
+        "server_name": tls.server_name,
+    })
 }
 
 /// unkey's overrides, by namespace, as `/debug/config` shows them (and where they are kept).
@@ -201,18 +256,22 @@ where
             })
         })
         .collect();
+    let mut store = json!({
+        "kind": match state.config.store {
+            Store::Memory { .. } => "memory",
+            Store::Redis { .. } => "redis",
+        },
+        "keys_held": state.engine.keys_held(),
+    });
+    if let Some(health) = &readiness.store {
+        store["health"] = json!(health);
+    }
     json!({
         "service": "limiterd",
         "version": env!("CARGO_PKG_VERSION"),
         "now_ms": now_ms,
         "readiness": readiness,
-        "store": {
-            "kind": match state.config.store {
-                Store::Memory { .. } => "memory",
-                Store::Redis { .. } => "redis",
-            },
-            "keys_held": state.engine.keys_held(),
-        },
+        "store": store,
         "policies": policies,
         "top_denied": state.metrics.top_denied(),
     })
@@ -254,6 +313,7 @@ mod tests {
             ready: true,
             store_reachable: true,
             store_error: None,
+            store: None,
             draining: false,
         };
         let status = super::status(&state, &readiness, 7);

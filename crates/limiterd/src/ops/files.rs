@@ -37,9 +37,12 @@ pub fn read(path: &Path) -> Result<String, String> {
     std::fs::read_to_string(path).map_err(|e| format!("{}: cannot read it: {e}", path.display()))
 }
 
-/// The configuration in `path`, its envoy file names made relative to its directory.
+/// The configuration in `path`, its file names (envoy's, TLS and password files) made
+/// relative to its directory.
 pub fn load_config(path: &Path) -> Result<Config, String> {
-    let mut config = Config::parse(&read(path)?).map_err(|e| format!("{}: {e}", path.display()))?;
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+    let mut config =
+        Config::parse_in(&read(path)?, dir).map_err(|e| format!("{}: {e}", path.display()))?;
     if let Some(envoy) = &mut config.envoy {
         let dir = path.parent().unwrap_or(Path::new(""));
         for file in &mut envoy.files {

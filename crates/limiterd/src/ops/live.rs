@@ -16,7 +16,7 @@ use limiter_core::Clock;
 
 use super::overrides::Overrides;
 use crate::app::AppState;
-use crate::config::{Config, Store};
+use crate::config::{Config, RedisConnection, Store};
 use crate::engine::Carried;
 use crate::envoy::Domains;
 
@@ -34,29 +34,140 @@ pub struct Live<C> {
 /// Readiness: the store's reachability as last probed, and whether the service is draining.
 #[derive(Debug, Default)]
 pub struct Health {
-    /// The last probe's failure, if it failed; `None` before any probe.
-    store: Mutex<Option<Result<(), String>>>,
+    /// The last probe: whether the store can decide, and what is wrong if anything (a
+    /// reachable store may still have masters or slots failing); `None` before any probe.
+    store: Mutex<Option<Probed>>,
     draining: AtomicBool,
+}
+
+/// What the last probe of the store found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Probed {
+    reachable: bool,
+    problem: Option<String>,
+    detail: Option<StoreStatus>,
+}
+
+/// A Redis store's health per master, as `/readyz` and `/debug/status` show it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct StoreStatus {
+    /// `server`, `sentinel` or `cluster`.
+    pub deployment: &'static str,
+    /// Masters known.
+    pub masters: usize,
+    /// Masters that answered the probe.
+    pub masters_answering: usize,
+    /// Cluster slots whose calls fail now (`10923-16383`), which follow the failure policy.
+    pub slots_failing: Vec<String>,
+    /// Each master: where, its slots, whether it answered (and why not), its breaker.
+    pub nodes: Vec<NodeStatus>,
+    /// Sentinel: the master's name and how many sentinels answered of how many.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sentinel: Option<SentinelStatus>,
+}
+
+/// One master in a [`StoreStatus`].
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct NodeStatus {
+    /// `host:port`.
+    pub addr: String,
+    /// Its cluster slots (`0-5460`), empty off a cluster.
+    pub slots: String,
+    /// Whether it answered the probe.
+    pub answering: bool,
+    /// Why not, if it did not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Whether its circuit breaker is open.
+    pub breaker_open: bool,
+}
+
+/// Sentinel's part of a [`StoreStatus`].
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct SentinelStatus {
+    /// The master's name.
+    pub master_name: String,
+    /// Sentinels that answered.
+    pub answering: usize,
+    /// Sentinels configured.
+    pub configured: usize,
+}
+
+impl StoreStatus {
+    /// The status a probe of a Redis backend found.
+    pub fn of(health: &limiter_redis::StoreHealth) -> Self {
+        let slots = |ranges: &[std::ops::RangeInclusive<u16>]| limiter_redis::slot_ranges(ranges);
+        Self {
+            deployment: health.deployment.name(),
+            masters: health.masters.len(),
+            masters_answering: health.masters_answering(),
+            slots_failing: health
+                .slots_failing
+                .iter()
+                .map(|r| slots(std::slice::from_ref(r)))
+                .collect(),
+            nodes: health
+                .masters
+                .iter()
+                .map(|m| NodeStatus {
+                    addr: m.addr.clone(),
+                    slots: slots(&m.slots),
+                    answering: m.answer.is_ok(),
+                    error: m.answer.as_ref().err().map(ToString::to_string),
+                    breaker_open: m.breaker_open,
+                })
+                .collect(),
+            sentinel: health.sentinel.as_ref().map(|s| SentinelStatus {
+                master_name: s.master_name.clone(),
+                answering: s.answering,
+                configured: s.configured,
+            }),
+        }
+    }
 }
 
 /// What readiness reports.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Readiness {
-    /// Ready for traffic: the store answered its last probe and no shutdown has begun.
+    /// Ready for traffic: the store can decide (its last probe found it so) and no shutdown
+    /// has begun.
     pub ready: bool,
-    /// Whether the store answered its last probe (true in memory).
+    /// Whether the store can decide (true in memory). A cluster with some masters down still
+    /// can: `store_error` then names the slots that follow the failure policy.
     pub store_reachable: bool,
-    /// Why the store is unreachable, if it is.
+    /// What is wrong with the store, if anything.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub store_error: Option<String>,
+    /// A Redis store's masters, as last probed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub store: Option<StoreStatus>,
     /// A shutdown has begun: requests in flight finish, new ones should go elsewhere.
     pub draining: bool,
 }
 
+/// What readiness says before the first probe of a Redis store has answered.
+pub const NOT_PROBED: &str = "the store has not answered a probe yet";
+
 impl Health {
-    /// Records a probe of the store.
+    /// Not ready until a probe finds the store can decide (a Redis store, at start).
+    pub fn await_first_probe(&self) {
+        self.record(false, Some(NOT_PROBED.to_owned()), None);
+    }
+
+    /// Records a probe of the store: whether it can decide, what is wrong if anything, and
+    /// its masters.
+    pub fn record(&self, reachable: bool, problem: Option<String>, detail: Option<StoreStatus>) {
+        *self.store.lock().unwrap_or_else(PoisonError::into_inner) = Some(Probed {
+            reachable,
+            problem,
+            detail,
+        });
+    }
+
+    /// Records a probe that either found the store reachable or failed with `result`'s error.
     pub fn set_store(&self, result: Result<(), String>) {
-        *self.store.lock().unwrap_or_else(PoisonError::into_inner) = Some(result);
+        let reachable = result.is_ok();
+        self.record(reachable, result.err(), None);
     }
 
     /// Marks the service as shutting down: not ready from now on.
@@ -69,21 +180,46 @@ impl Health {
         self.draining.load(Ordering::Relaxed)
     }
 
-    /// Readiness now. Before the first probe the store counts as reachable (a memory store
-    /// always is; a Redis store was reached at start).
+    /// Readiness now. A memory store is always reachable; a Redis store is not until its
+    /// first probe answers ([`await_first_probe`](Self::await_first_probe)).
     pub fn readiness(&self) -> Readiness {
-        let store = self.store.lock().unwrap_or_else(PoisonError::into_inner);
-        let store_error = match &*store {
-            Some(Err(e)) => Some(e.clone()),
-            _ => None,
-        };
+        let store = self
+            .store
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
         let draining = self.is_draining();
+        let (reachable, problem, detail) = match store {
+            None => (true, None, None),
+            Some(probed) => (probed.reachable, probed.problem, probed.detail),
+        };
         Readiness {
-            ready: store_error.is_none() && !draining,
-            store_reachable: store_error.is_none(),
-            store_error,
+            ready: reachable && !draining,
+            store_reachable: reachable,
+            store_error: problem,
+            store: detail,
             draining,
         }
+    }
+}
+
+/// Which of the Redis connection's settings changed, if any (none of them reloads: the
+/// connection is made once).
+fn redis_change(a: &RedisConnection, b: &RedisConnection) -> Option<&'static str> {
+    if a.at != b.at {
+        Some("where Redis is (`url`, `cluster` or `[store.sentinel]`) changed")
+    } else if a.timeout != b.timeout {
+        Some("`[store] timeout_ms` changed")
+    } else if a.login != b.login {
+        Some("the Redis login (`username` or the password's source) changed")
+    } else if a.tls != b.tls {
+        Some("`[store.tls]` changed")
+    } else if a.breaker != b.breaker {
+        Some("`[store] breaker_failures` or `breaker_open_ms` changed")
+    } else if a.wait != b.wait {
+        Some("`[store] wait_replicas` or `wait_timeout_ms` changed")
+    } else {
+        None
     }
 }
 
@@ -161,14 +297,9 @@ pub fn needs_restart(old: &Config, new: &Config) -> Option<String> {
         (Store::Memory { max_keys: a }, Store::Memory { max_keys: b }) if a != b => {
             Some("`[store] max_keys` changed")
         }
-        (
-            Store::Redis {
-                at: a, timeout: s, ..
-            },
-            Store::Redis {
-                at: b, timeout: t, ..
-            },
-        ) if a != b || s != t => Some("the Redis store's `url` or `timeout_ms` changed"),
+        (Store::Redis { connection: a, .. }, Store::Redis { connection: b, .. }) => {
+            redis_change(a, b)
+        }
         (Store::Memory { .. }, Store::Redis { .. })
         | (Store::Redis { .. }, Store::Memory { .. }) => Some("`[store] kind` changed"),
         _ => None,

@@ -13,7 +13,11 @@ use serde_json::Value;
 pub(crate) struct Daemon {
     pub(crate) child: Child,
     pub(crate) addr: SocketAddr,
-    pub(crate) stdout: BufReader<std::process::ChildStdout>,
+    /// Its stdout after the first line (taken by the recorder when recorded).
+    pub(crate) stdout: Option<BufReader<std::process::ChildStdout>>,
+    /// Everything it wrote to stdout after its first line and to stderr, when started by
+    /// [`Daemon::start_recorded`].
+    pub(crate) recorded: Option<std::sync::Arc<std::sync::Mutex<String>>>,
 }
 
 impl Daemon {
@@ -23,12 +27,68 @@ impl Daemon {
 
     /// [`start`](Self::start) with environment variables set for the process.
     pub(crate) fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::spawn(args, env, Stdio::inherit())
+    }
+
+    /// [`start_with_env`](Self::start_with_env), recording everything it writes (see
+    /// [`Daemon::output`]).
+    pub(crate) fn start_recorded(args: &[&str], env: &[(&str, &str)]) -> Self {
+        let mut daemon = Self::spawn(args, env, Stdio::piped());
+        let recorded = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let stderr = daemon.child.stderr.take().expect("piped");
+        let stdout = daemon.stdout.take().expect("stdout not yet taken");
+        for stream in [
+            Box::new(BufReader::new(stderr)) as Box<dyn BufRead + Send>,
+            Box::new(stdout),
+        ] {
+            let into = std::sync::Arc::clone(&recorded);
+            std::thread::spawn(move || {
+                for line in stream.lines().map_while(Result::ok) {
+                    let mut text = into
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    text.push_str(&line);
+                    text.push('\n');
+                }
+            });
+        }
+        daemon.recorded = Some(recorded);
+        daemon
+    }
+
+    /// What a recorded daemon wrote so far (stdout after its first line, and stderr).
+    pub(crate) fn output(&self) -> String {
+        self.recorded
+            .as_ref()
+            .expect("started by start_recorded")
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Waits (at most 20 s) until a recorded daemon's output holds `what`.
+    pub(crate) fn wait_for_output(&self, what: &str) -> String {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let output = self.output();
+            if output.contains(what) {
+                return output;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "limiterd never wrote {what:?}:\n{output}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    fn spawn(args: &[&str], env: &[(&str, &str)], stderr: Stdio) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_limiterd"))
             .args(args)
             .envs(env.iter().copied())
             .args(["--listen", "127.0.0.1:0"])
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .expect("start limiterd");
         let mut stdout = BufReader::new(child.stdout.take().expect("piped"));
@@ -45,7 +105,8 @@ impl Daemon {
         Self {
             child,
             addr,
-            stdout,
+            stdout: Some(stdout),
+            recorded: None,
         }
     }
 }
@@ -55,7 +116,12 @@ impl Daemon {
     pub(crate) fn line_after(&mut self, prefix: &str) -> String {
         loop {
             let mut line = String::new();
-            let read = self.stdout.read_line(&mut line).expect("limiterd's output");
+            let read = self
+                .stdout
+                .as_mut()
+                .expect("not recorded")
+                .read_line(&mut line)
+                .expect("limiterd's output");
             assert!(read > 0, "limiterd ended its output before {prefix:?}");
             if let Some(rest) = line.trim_end().strip_prefix(prefix) {
                 return rest.to_owned();

@@ -1,0 +1,126 @@
+//! Two limiterd processes sharing one budget through a failover, counted: on Redis Sentinel
+//! (`[store.sentinel]`, a master and two replicas) and on a Redis Cluster with a replica per
+//! master. Each instance decides on one identifier in turn while its master is killed; the
+//! units admitted in all never pass the limit by more than what the failover can lose (writes
+//! acknowledged but not yet replicated, reported), and with `wait_replicas = 1` never pass it.
+
+use limiter_testkit::redis_server::{ClusterOptions, MASTER_NAME, RedisCluster, SentinelSet};
+
+#[allow(dead_code)]
+mod support;
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use support::{Client, Daemon, temp_file};
+
+const LIMIT: u64 = 100;
+
+fn policy() -> String {
+    format!(
+        "[policies.api]\nlimits = [{{ algorithm = \"fixed_window\", count = {LIMIT}, period = \"1h\" }}]\n"
+    )
+}
+
+/// Two daemons on `store` take turns on one identifier; `kill` runs once half the limit is
+/// spent. The units admitted once both see a denial from Redis after the kill.
+async fn two_instances_through(store: &str, name: &str, kill: impl FnOnce()) -> u64 {
+    let file = temp_file(
+        name,
+        &format!(
+            "[store]\nkind = \"redis\"\non_failure = \"closed\"\n{store}{}",
+            policy()
+        ),
+    );
+    let path = file.to_str().unwrap();
+    let daemons = [
+        Daemon::start(&["--config", path]),
+        Daemon::start(&["--config", path]),
+    ];
+    let mut clients = [
+        Client::connect(daemons[0].addr).await,
+        Client::connect(daemons[1].addr).await,
+    ];
+    let mut admitted = 0;
+    let mut kill = Some(kill);
+    let mut denied_after = [false, false];
+    let started = Instant::now();
+    for turn in 0.. {
+        let i = turn % 2;
+        // Failing closed, an outage is a 503 (nothing admitted).
+        let (status, d) = clients[i]
+            .post(
+                "/v1/ratelimit",
+                &json!({"policy": "api", "identifier": "shared"}),
+            )
+            .await;
+        assert!(
+            status == 200 || (status == 503 && kill.is_none()),
+            "{status} {d}"
+        );
+        if d["success"] == true {
+            admitted += 1;
+        }
+        if admitted == LIMIT / 2
+            && let Some(kill) = kill.take()
+        {
+            kill();
+        }
+        if kill.is_none() && d["success"] == false && d["source"] == "redis" {
+            denied_after[i] = true;
+        }
+        if denied_after == [true, true] {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "{d}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    admitted
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_on_sentinel_keep_the_limit_through_a_failover() {
+    for wait in [false, true] {
+        let mut set = SentinelSet::start(2, Vec::new());
+        let sentinels: Vec<String> = set
+            .sentinel_urls()
+            .iter()
+            .map(|u| format!("{u:?}"))
+            .collect();
+        let store = format!(
+            "timeout_ms = 200\n{}[store.sentinel]\nmaster = \"{MASTER_NAME}\"\nsentinels = [{}]\n",
+            if wait { "wait_replicas = 1\n" } else { "" },
+            sentinels.join(", ")
+        );
+        let admitted = two_instances_through(
+            &store,
+            &format!("sentinel-{wait}-{}.toml", set.master.port),
+            || {
+                set.fail_over();
+            },
+        )
+        .await;
+        eprintln!("Sentinel, wait_replicas {wait}: {admitted} admitted of {LIMIT}");
+        if wait {
+            assert_eq!(admitted, LIMIT);
+        } else {
+            assert!((LIMIT..=LIMIT + 5).contains(&admitted), "{admitted}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_on_a_cluster_with_replicas_keep_the_limit_through_a_failover() {
+    let mut cluster = RedisCluster::start_with(&ClusterOptions {
+        replicas: 1,
+        node_timeout_ms: 1_000,
+        ..ClusterOptions::default()
+    });
+    let seeds: Vec<String> = cluster.urls().iter().map(|u| format!("{u:?}")).collect();
+    let store = format!("timeout_ms = 200\ncluster = [{}]\n", seeds.join(", "));
+    let master = cluster.master_of("{shared}");
+    let name = format!("cluster-failover-{}.toml", cluster.nodes[0].port);
+    let admitted = two_instances_through(&store, &name, || cluster.nodes[master].kill()).await;
+    eprintln!("cluster with replicas: {admitted} admitted of {LIMIT}");
+    assert!((LIMIT..=LIMIT + 5).contains(&admitted), "{admitted}");
+}
