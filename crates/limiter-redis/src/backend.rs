@@ -1,7 +1,7 @@
 //! [`RedisBackend`]: the connection to Redis (one server, the master Sentinel names, or a
 //! cluster's masters), the script, the time source and the per-call timeout, shared by every
 //! limiter built on it; each master with its own circuit breaker, deny cache and coalescing
-//! queue (`topology/`). How to reach Redis is set on the [`BackendBuilder`] (`builder.rs`).
+//! queue (`topology/`). How to reach Redis is set on the [`BackendBuilder`](crate::BackendBuilder) (`builder.rs`).
 #![deny(clippy::arithmetic_side_effects)]
 
 use core::fmt;

@@ -268,7 +268,6 @@ impl BackendBuilder {
         let (topology, shown) = match &self.target {
             Target::Server(url) => {
                 let url = parse(url)?;
-                let url = &url;
                 let settings = self.data_settings(&url, url.tls(), url.db())?;
                 let link = Link::new(url.addr().clone(), Arc::new(settings));
                 let node = Arc::new(maker.make(Some(link)));
@@ -300,10 +299,7 @@ impl BackendBuilder {
         seeds: &[Given],
         maker: NodeMaker,
     ) -> Result<(Topology, String), BackendError> {
-        let urls = seeds
-            .iter()
-            .map(|s| parse(s))
-            .collect::<Result<Vec<_>, _>>()?;
+        let urls = seeds.iter().map(parse).collect::<Result<Vec<_>, _>>()?;
         let Some(first) = urls.first() else {
             return Err(BackendError::Connect(
                 "a cluster needs at least one seed node's URL".to_owned(),

@@ -25,63 +25,21 @@
 //! waiting before its call left is not sent at all.
 #![deny(clippy::arithmetic_side_effects)]
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
 use crate::backend::RedisBackend;
 use crate::error::BackendError;
+pub(crate) use crate::queue::Answered;
+use crate::queue::{Queued, State};
 use crate::script::call::{Call, Mode};
-use crate::script::reply::{self, GroupAnswer};
+use crate::script::reply;
 use crate::topology::Node;
 
 /// The most decisions one coalesced script call carries: more wait for the next, so no call
 /// holds Redis for long.
 pub(crate) const MAX_GROUPS: usize = 32;
-
-/// What a coalesced decision gets back: the script's time (µs) and its group's answer.
-pub(crate) type Answered = Result<(u64, GroupAnswer), BackendError>;
-
-/// A decision waiting for a script call.
-pub(crate) struct Queued {
-    pub(crate) keys: Vec<String>,
-    /// Its group, written on its own: its `KEYS` indexes count from 1 within its own keys.
-    pub(crate) group: Call,
-    pub(crate) limits: usize,
-    pub(crate) reply: oneshot::Sender<Answered>,
-}
-
-#[derive(Default)]
-pub(crate) struct State {
-    pub(crate) in_flight: usize,
-    pub(crate) queue: Vec<Queued>,
-}
-
-/// One master's queue and the count of its script calls in flight.
-pub(crate) struct Coalescer {
-    state: Mutex<State>,
-    pub(crate) max_in_flight: usize,
-}
-
-impl Coalescer {
-    /// At most `max_in_flight` script calls at once (0 turns coalescing off).
-    pub(crate) fn new(max_in_flight: usize) -> Self {
-        Self {
-            state: Mutex::new(State::default()),
-            max_in_flight,
-        }
-    }
-
-    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        // The state is valid after any panic: each change is one assignment or push.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// How many script calls are in flight now (for stats).
-    pub(crate) fn in_flight(&self) -> usize {
-        self.lock().in_flight
-    }
-}
 
 /// Gives back a call slot when the call that took it ends, however it ends (a caller's future
 /// may be dropped mid-call): what queued meanwhile leaves then.

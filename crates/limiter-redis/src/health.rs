@@ -6,10 +6,7 @@ use core::fmt::Write as _;
 use core::ops::RangeInclusive;
 use core::time::Duration;
 
-use limiter_core::Clock;
-
 use crate::error::BackendError;
-use crate::topology::Node;
 
 /// How a backend reaches Redis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -125,48 +122,6 @@ impl StoreHealth {
         }
         (!text.is_empty()).then_some(text)
     }
-
-    /// One server's (or Sentinel's master's) health: it answers `PING`.
-    pub(crate) async fn server(node: &Node, timeout: Duration, clock: &dyn Clock) -> Self {
-        let master = probe(node, timeout, redis::cmd("PING"), clock).await;
-        let down = master.as_ref().map_or_else(
-            || Some(BackendError::Redis("no master is known".to_owned())),
-            |m| m.answer.clone().err(),
-        );
-        Self {
-            deployment: Deployment::Server,
-            masters: master.into_iter().collect(),
-            slots_failing: Vec::new(),
-            sentinel: None,
-            down,
-        }
-    }
-}
-
-/// Sends `cmd` to `node`'s master within `timeout`, past its breaker: the master's health, or
-/// `None` when no master is known.
-pub(crate) async fn probe(
-    node: &Node,
-    timeout: Duration,
-    cmd: redis::Cmd,
-    clock: &dyn Clock,
-) -> Option<MasterHealth> {
-    let addr = node.addr()?;
-    let started = clock.now();
-    let answer = match node.link() {
-        Err(e) => Err(e),
-        Ok(link) => match tokio::time::timeout(timeout, link.ask(&cmd)).await {
-            Err(_) => Err(BackendError::Timeout { after: timeout }),
-            Ok(Err(e)) => Err(e),
-            Ok(Ok(_)) => Ok(Duration::from_nanos(clock.now().saturating_sub(started))),
-        },
-    };
-    Some(MasterHealth {
-        addr: addr.to_string(),
-        slots: Vec::new(),
-        answer,
-        breaker_open: node.breaker.is_open(),
-    })
 }
 
 /// `0-5460, 10923-16383`.

@@ -70,6 +70,7 @@ mod error;
 mod health;
 mod keyslot;
 mod lease;
+mod queue;
 mod records;
 mod refund;
 mod script;

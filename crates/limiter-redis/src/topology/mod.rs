@@ -4,6 +4,7 @@
 //! opens, its standing denials are forgotten, and every other master's calls go on.
 
 pub(crate) mod cluster;
+pub(crate) mod probe;
 pub(crate) mod sentinel;
 
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
@@ -11,12 +12,12 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use limiter_core::Clock;
 
 use crate::breaker::{Breaker, BreakerConfig};
-use crate::coalesce::Coalescer;
 use crate::connect::link::Link;
 use crate::connect::url::NodeAddr;
 use crate::deny_cache::DenyCache;
 use crate::error::BackendError;
 use crate::health::StoreHealth;
+use crate::queue::Coalescer;
 
 /// One master: how to reach it, and what this process keeps about it.
 pub(crate) struct Node {
@@ -135,7 +136,7 @@ impl Topology {
         clock: &dyn Clock,
     ) -> StoreHealth {
         match self {
-            Self::Single(node) => StoreHealth::server(node, timeout, clock).await,
+            Self::Single(node) => probe::server(node, timeout, clock).await,
             Self::Sentinel(sentinel) => sentinel.health(timeout, clock).await,
             Self::Cluster(cluster) => cluster.health(timeout, clock).await,
         }

@@ -195,7 +195,7 @@ impl Sentinel {
     /// Asks every sentinel, then the master (`PING`).
     pub(crate) async fn health(&self, timeout: Duration, clock: &dyn Clock) -> StoreHealth {
         let asked = self.ask_all(true).await;
-        let mut health = StoreHealth::server(&self.node, timeout, clock).await;
+        let mut health = super::probe::server(&self.node, timeout, clock).await;
         health.deployment = Deployment::Sentinel;
         health.sentinel = Some(SentinelHealth {
             master_name: self.master_name.clone(),

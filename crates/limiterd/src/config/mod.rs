@@ -49,8 +49,8 @@ mod auth;
 mod envoy;
 pub mod keys;
 mod policy;
-mod redis;
 mod redis_builder;
+mod redis_store;
 mod store;
 
 pub use auth::AuthSettings;
@@ -62,7 +62,9 @@ pub use limiter_envoy::settings::{
 };
 use policy::parse_policy;
 pub use policy::{CheckedLimit, Keying, Policy, PolicyLimit};
-pub use redis::{Login, PasswordFrom, RedisAt, RedisConnection, SentinelAt, TlsFiles, WaitFor};
+pub use redis_store::{
+    Login, PasswordFrom, RedisAt, RedisConnection, SentinelAt, TlsFiles, WaitFor,
+};
 use store::parse_store;
 pub use store::{Store, StoreKind};
 
@@ -264,7 +266,7 @@ struct RawStore {
     max_keys: Option<Spanned<u64>>,
     url: Option<Spanned<String>>,
     cluster: Option<Spanned<Vec<Spanned<String>>>>,
-    sentinel: Option<Spanned<redis::RawSentinel>>,
+    sentinel: Option<Spanned<redis_store::RawSentinel>>,
     timeout_ms: Option<Spanned<u64>>,
     on_failure: Option<Spanned<String>>,
     fleet_size: Option<Spanned<u64>>,
@@ -272,7 +274,7 @@ struct RawStore {
     password: Option<Spanned<toml::Value>>,
     password_env: Option<Spanned<String>>,
     password_file: Option<Spanned<String>>,
-    tls: Option<Spanned<redis::RawTls>>,
+    tls: Option<Spanned<redis_store::RawTls>>,
     breaker_failures: Option<Spanned<u64>>,
     breaker_open_ms: Option<Spanned<u64>>,
     wait_replicas: Option<Spanned<u64>>,
@@ -433,9 +435,13 @@ impl Config {
                 on_failure,
                 fleet_size,
             } => (connection, on_failure, fleet_size),
-            Store::Memory { .. } => (RedisConnection::new(at.clone()), OnFailure::default(), 1),
+            Store::Memory { .. } => (
+                Box::new(RedisConnection::new(at.clone())),
+                OnFailure::default(),
+                1,
+            ),
         };
-        let connection = connection.at(at).map_err(plain)?;
+        let connection = Box::new(connection.at(at).map_err(plain)?);
         for (name, policy) in &mut self.policies {
             for l in &mut policy.limits {
                 l.limit = CheckedLimit::new(l.limit.kind(), l.limit.limit(), StoreKind::Redis)

@@ -4,8 +4,8 @@
 use limiter_redis::{BackendBuilder, BreakerConfig, RedisBackend, RedisUrl};
 
 #[cfg(feature = "tls")]
-use super::redis::TlsFiles;
-use super::redis::{Login, PasswordFrom, RedisAt, RedisConnection, SentinelAt};
+use super::redis_store::TlsFiles;
+use super::redis_store::{Login, PasswordFrom, RedisAt, RedisConnection, SentinelAt};
 
 #[cfg(feature = "tls")]
 impl TlsFiles {

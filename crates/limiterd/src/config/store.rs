@@ -5,7 +5,7 @@
 use limiter_redis::OnFailure;
 use toml::Spanned;
 
-use super::redis::{RawRedis, RedisConnection, parse_redis};
+use super::redis_store::{RawRedis, RedisConnection, parse_redis};
 use super::*;
 
 /// Where state lives.
@@ -21,7 +21,7 @@ pub enum Store {
     /// On Redis: shared by every limiterd pointed at it.
     Redis {
         /// How to reach it (a reload cannot change it).
-        connection: RedisConnection,
+        connection: Box<RedisConnection>,
         /// What a policy does when Redis fails, unless it says otherwise.
         on_failure: OnFailure,
         /// How many limiterd processes share the policies: while Redis is out, each one's
@@ -156,7 +156,7 @@ pub(super) fn parse_store(
                 }
             };
             Ok(Store::Redis {
-                connection,
+                connection: Box::new(connection),
                 on_failure,
                 fleet_size,
             })

@@ -274,7 +274,7 @@ const POLICY: &str =
 fn redis_store(store: &str) -> Result<RedisConnection, ConfigError> {
     let config = Config::parse(&format!("[store]\nkind = \"redis\"\n{store}{POLICY}"))?;
     match config.store {
-        Store::Redis { connection, .. } => Ok(connection),
+        Store::Redis { connection, .. } => Ok(*connection),
         other => panic!("{other:?}"),
     }
 }
