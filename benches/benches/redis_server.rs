@@ -8,16 +8,21 @@
 //! decision (nothing to coalesce with); `stack_3_limits`: a stack of three layers;
 //! `coalesced_16`: 16 callers on one backend, each deciding again as soon as it is answered,
 //! whose decisions share script calls; `denied_1_limit`: every call denied (the deny cache
-//! off, so each reaches the script).
+//! off, so each reaches the script); `cluster_coalesced_16`: the same 16 callers on a
+//! three-master Redis Cluster, on one master at a time (coalesced per master, across its
+//! slots), its CPU summed over the masters, and `cluster_spread_16` on all three at once; `wait_1_replica`: one limit whose admissions wait for one replica (`WAIT`,
+//! its CPU and the scripts'), and `wall_one_limit` / `wall_wait_1_replica`: the wall-clock
+//! time of one decision after another without and with it (µs, not CPU).
 //!
 //! Each subject runs `LIMITER_BENCH_PASSES` times (3 by default; `LIMITER_BENCH_QUICK` runs one
 //! short pass) and every pass's figure goes to `<target>/bench-redis-server.csv` as
 //! `subject,pass,µs per decision`, which `cargo xtask bench` reads for the targets. Starts its
 //! own `redis-server` (skipped if there is none); criterion is not involved (no timing here).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
+use limiter_testkit::redis_server::{RedisCluster, RedisServer, raw_command, wait_until};
 use limiter_core::Limit;
 use limiter_redis::{Kind, OnFailure, RedisBackend, RedisLayer, RedisLimiter, RedisStack};
 
@@ -60,6 +65,75 @@ async fn reset(conn: &mut redis::aio::MultiplexedConnection) {
 
 /// The script commands a decision may be counted under.
 const SCRIPTS: &[&str] = &["evalsha", "eval", "fcall", "fcall_ro"];
+
+/// Server CPU, in µs, spent in script calls on every master of `cluster` (and resets their
+/// counts when `reset`).
+fn cluster_usec(cluster: &RedisCluster, reset: bool) -> f64 {
+    cluster
+        .nodes
+        .iter()
+        .map(|node| {
+            let mut conn = node.client();
+            if reset {
+                let _: () = redis::cmd("CONFIG")
+                    .arg("RESETSTAT")
+                    .query(&mut conn)
+                    .expect("CONFIG RESETSTAT");
+                return 0.0;
+            }
+            let info: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query(&mut conn)
+                .expect("INFO commandstats");
+            info.lines()
+                .filter_map(|l| l.strip_prefix("cmdstat_")?.split_once(':'))
+                .filter(|(name, _)| SCRIPTS.contains(name))
+                .flat_map(|(_, stats)| stats.split(','))
+                .filter_map(|f| f.strip_prefix("usec=")?.parse::<f64>().ok())
+                .sum::<f64>()
+        })
+        .sum()
+}
+
+/// 16 callers, each deciding one of `keys` after another as fast as its answers come,
+/// `per_caller` decisions each: what coalescing packs into each script call under steady load.
+async fn sixteen_callers(limiter: &RedisLimiter, keys: &[String], per_caller: u64) {
+    join_all((0..16u64).map(|caller| async move {
+        for i in 0..per_caller {
+            let at = usize::try_from((caller * per_caller + i) % keys.len() as u64).unwrap_or(0);
+            let d = limiter.check(&keys[at]).await.expect("decided");
+            assert!(d.is_allowed(), "{d:?}");
+        }
+    }))
+    .await;
+}
+
+/// `KEYS` identifiers whose keys `limiter` puts on each master of `cluster` (spread over that
+/// master's slots), by master.
+fn keys_by_master(cluster: &RedisCluster, limiter: &RedisLimiter) -> Vec<Vec<String>> {
+    let mut by_master = vec![Vec::new(); cluster.nodes.len()];
+    for i in 0.. {
+        if by_master.iter().all(|keys: &Vec<String>| keys.len() as u64 >= KEYS) {
+            break;
+        }
+        let id = format!("c{i}");
+        let master = cluster.master_of(&limiter.redis_keys(&id)[0]);
+        if (by_master[master].len() as u64) < KEYS {
+            by_master[master].push(id);
+        }
+    }
+    by_master
+}
+
+/// µs of wall-clock time per decision of `limiter`, one after another.
+async fn wall_per_decision(limiter: &RedisLimiter, decisions: u64) -> f64 {
+    let started = Instant::now();
+    for i in 0..decisions {
+        let d = limiter.check(&(i % KEYS).to_string()).await.expect("decided");
+        assert!(d.is_allowed(), "{d:?}");
+    }
+    started.elapsed().as_secs_f64() * 1e6 / decisions as f64
+}
 
 /// Runs `decisions` decisions of `subject` (an async closure of the decision's number) and
 /// returns the server CPU per decision spent in `commands`.
@@ -166,6 +240,43 @@ fn main() {
             .on_failure(OnFailure::Closed)
             .build()
             .expect("a stack");
+        // A three-master cluster, and a replica of the server for `WAIT`.
+        let cluster = RedisCluster::start();
+        let on_cluster = RedisBackend::cluster_builder(cluster.urls())
+            .timeout(Duration::from_secs(2))
+            .deny_cache(0)
+            .connect()
+            .await
+            .expect("the cluster backend");
+        let cluster_bucket = RedisLimiter::builder(&on_cluster, "cpu-cluster")
+            .limit(Kind::TokenBucket, roomy)
+            .on_failure(OnFailure::Closed)
+            .build()
+            .expect("a limiter");
+        let cluster_keys = keys_by_master(&cluster, &cluster_bucket);
+        let all_keys: Vec<String> = (0..KEYS).map(|k| k.to_string()).collect();
+        let replica = RedisServer::start_with(vec![
+            "--replicaof".into(),
+            "127.0.0.1".into(),
+            server.port.to_string(),
+        ]);
+        let replica_port = replica.port;
+        wait_until("the replica to be in sync", || {
+            raw_command(replica_port, "INFO replication")
+                .is_some_and(|r| r.contains("master_link_status:up"))
+        });
+        let waiting = RedisBackend::builder(&url)
+            .timeout(Duration::from_secs(2))
+            .deny_cache(0)
+            .wait_for_replicas(1, Duration::from_secs(1))
+            .connect()
+            .await
+            .expect("the waiting backend");
+        let wait_bucket = RedisLimiter::builder(&waiting, "cpu-wait")
+            .limit(Kind::TokenBucket, roomy)
+            .on_failure(OnFailure::Closed)
+            .build()
+            .expect("a limiter");
         let get_set = redis::Script::new(
             "local v = redis.call('GET', KEYS[1]) if not v then v = '0' end \
              redis.call('SET', KEYS[1], v, 'PX', 60000) return 1",
@@ -174,9 +285,12 @@ fn main() {
         let key = |i: u64| format!("floor:{}", i % KEYS);
         for pass in 0..passes {
             let mut row = |name: &str, usec: f64| {
-                println!(
-                    "redis_server/{name}: {usec:.2} µs of Redis CPU per decision (pass {pass})"
-                );
+                let what = if name.starts_with("wall_") {
+                    "of wall-clock time"
+                } else {
+                    "of Redis CPU"
+                };
+                println!("redis_server/{name}: {usec:.2} µs {what} per decision (pass {pass})");
                 lines.push_str(&format!("{name},{pass},{usec}\n"));
             };
             let c = conn.clone();
@@ -266,24 +380,41 @@ fn main() {
             })
             .await;
             row("stack_3_limits", usec);
-            // 16 callers, each deciding one key after another as fast as its answers come:
-            // what coalescing packs into each script call under steady load.
-            let callers = |per_caller: u64| {
-                let bucket = &bucket;
-                join_all((0..16u64).map(move |caller| async move {
-                    for i in 0..per_caller {
-                        let key = (caller * per_caller + i) % KEYS;
-                        let d = bucket.check(&key.to_string()).await.expect("decided");
-                        assert!(d.is_allowed(), "{d:?}");
-                    }
-                }))
-            };
-            callers(KEYS / 16).await;
-            reset(&mut conn).await;
             let per_caller = decisions / 16;
-            callers(per_caller).await;
+            sixteen_callers(&bucket, &all_keys, KEYS / 16).await;
+            reset(&mut conn).await;
+            sixteen_callers(&bucket, &all_keys, per_caller).await;
             let usec = usec_in(&mut conn, SCRIPTS).await / (per_caller * 16) as f64;
             row("coalesced_16", usec);
+            // The cluster, 16 callers on each master in turn (keys over its slots): the same
+            // load per master as the one server's, each master's CPU unshared with the others'
+            // on this machine's two cores.
+            for keys in &cluster_keys {
+                sixteen_callers(&cluster_bucket, keys, KEYS / 16).await;
+            }
+            cluster_usec(&cluster, true);
+            for keys in &cluster_keys {
+                sixteen_callers(&cluster_bucket, keys, per_caller / 3).await;
+            }
+            let usec = cluster_usec(&cluster, false) / (per_caller / 3 * 3 * 16) as f64;
+            row("cluster_coalesced_16", usec);
+            // The same 16 callers on every master at once (about 5 per master, and three Redis
+            // processes and the client sharing two cores: each command's time grows).
+            cluster_usec(&cluster, true);
+            sixteen_callers(&cluster_bucket, &all_keys, per_caller).await;
+            let usec = cluster_usec(&cluster, false) / (per_caller * 16) as f64;
+            row("cluster_spread_16", usec);
+            let usec = measure(&mut conn, &["fcall", "evalsha", "eval", "wait"], decisions / 4, |i| {
+                let wait_bucket = &wait_bucket;
+                async move {
+                    let d = wait_bucket.check(&(i % KEYS).to_string()).await.expect("decided");
+                    assert!(d.is_allowed(), "{d:?}");
+                }
+            })
+            .await;
+            row("wait_1_replica", usec);
+            row("wall_one_limit", wall_per_decision(&bucket, decisions / 4).await);
+            row("wall_wait_1_replica", wall_per_decision(&wait_bucket, decisions / 4).await);
         }
     });
     let csv = limiter_benches::target_dir().join("bench-redis-server.csv");

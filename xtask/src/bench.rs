@@ -519,6 +519,12 @@ fn targets() -> Vec<Target> {
             unit: "×",
         },
         Target {
+            what: "Redis CPU per decision, a three-master cluster coalesced per master (16 callers on each): ≤ 1.1× one server's (16 callers)",
+            measured: Measure::Server(|p| server_ratio(p, "cluster_coalesced_16", "coalesced_16")),
+            holds: |r| r <= 1.1,
+            unit: "×",
+        },
+        Target {
             what: "Redis CPU per decision, a denial: ≤ 1.0× an admitted one-limit decision's",
             measured: Measure::Server(|p| {
                 server_ratio(p, "denied_1_limit", "one_limit_token_bucket")
@@ -545,12 +551,30 @@ fn server_context(readings: &Readings) -> Vec<(String, f64, f64, f64)> {
         .map(|(median, ..)| median);
     subjects
         .into_iter()
+        // Wall-clock rows are not CPU: the WAIT line reports them.
+        .filter(|(subject, _)| !subject.starts_with("wall_"))
         .filter_map(|(subject, values)| {
             let (median, ..) = spread(values)?;
             let ratio = floor.map_or(f64::NAN, |f| median / f);
             Some((subject.to_owned(), median, ratio, 1e6 / median))
         })
         .collect()
+}
+
+/// The wall-clock µs of one decision after another without and with waiting for a replica
+/// (medians over the `redis_server` passes).
+fn wait_cost(readings: &Readings) -> Option<(f64, f64)> {
+    let median = |subject: &str| {
+        spread(
+            readings
+                .server
+                .iter()
+                .filter_map(|p| p.get(subject).copied())
+                .collect(),
+        )
+        .map(|(m, ..)| m)
+    };
+    Some((median("wall_one_limit")?, median("wall_wait_1_replica")?))
 }
 
 /// What a layer adds to the bare axum router, in ns (the `tower_axum` group).
@@ -780,6 +804,15 @@ fn render(passes: &[Vec<Measured>], readings: &Readings, quick: bool) -> String 
                 out,
                 "| {subject} | {usec:.2} | {ratio:.2} | {} |",
                 rate(per_core)
+            );
+        }
+        if let Some((plain, waiting)) = wait_cost(readings) {
+            let _ = writeln!(
+                out,
+                "\nWaiting for one replica (`wait_for_replicas`, one decision after another): \
+                 {waiting:.1} µs a decision against {plain:.1} without, +{:.1} µs of wall-clock \
+                 time (`wait_1_replica` above is its Redis CPU).",
+                waiting - plain
             );
         }
     }

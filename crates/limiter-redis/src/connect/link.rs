@@ -260,7 +260,11 @@ impl Link {
         if settings.db != 0 {
             info = info.set_db(settings.db);
         }
-        let config = AsyncConnectionConfig::new();
+        // No timeouts of the client's own (500 ms by default): every call is bounded by the
+        // backend's timeout, which may be longer.
+        let config = AsyncConnectionConfig::new()
+            .set_response_timeout(None)
+            .set_connection_timeout(None);
         let started = tokio::time::timeout(
             timeout,
             MultiplexedConnection::new_with_config(&info, stream, config),

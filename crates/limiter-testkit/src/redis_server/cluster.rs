@@ -59,7 +59,7 @@ impl RedisCluster {
     pub fn start_with(options: &ClusterOptions) -> Self {
         let start = |_| {
             let bus = free_port();
-            let mut args = vec![
+            let args = vec![
                 "--cluster-enabled".to_owned(),
                 "yes".to_owned(),
                 "--cluster-node-timeout".to_owned(),
@@ -71,6 +71,7 @@ impl RedisCluster {
             ];
             #[cfg(feature = "tls-certs")]
             if let Some(certs) = &options.tls {
+                let mut args = args;
                 args.extend(certs.server_args(false));
                 args.extend(
                     ["--tls-cluster", "yes", "--tls-replication", "yes"].map(str::to_owned),
