@@ -5,9 +5,10 @@
 //! the limit allows, plus what a failover can lose (writes acknowledged but not yet replicated,
 //! measured); with `wait_for_replicas` (and a second replica to acknowledge once one is
 //! promoted) they admit exactly the limit. A replica that stops
-//! acknowledging sends calls to the failure policy, named.
+//! acknowledging sends calls to the failure policy, named. Sentinels that ask for a password of
+//! their own are logged in to with it, and a wrong one is named.
 
-use limiter_testkit::redis_server::{MASTER_NAME, SentinelSet};
+use limiter_testkit::redis_server::{MASTER_NAME, SentinelOptions, SentinelSet};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -172,4 +173,33 @@ async fn a_replica_that_stops_acknowledging_sends_calls_to_the_failure_policy() 
         ),
         "{d:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinels_with_a_password_of_their_own_are_logged_in_to() {
+    let set = SentinelSet::start_with(&SentinelOptions {
+        replicas: 1,
+        password: Some("Sentinel-Pw-1".to_owned()),
+        ..SentinelOptions::default()
+    });
+    let backend = RedisBackend::sentinel_builder(MASTER_NAME, set.sentinel_urls())
+        .sentinel_password(limiter_redis::Secret::new("Sentinel-Pw-1"))
+        .timeout(Duration::from_millis(300))
+        .connect()
+        .await
+        .unwrap();
+    let health = backend.health().await;
+    assert!(health.is_ready(), "{health:?}");
+    assert_eq!(health.sentinel.as_ref().map(|s| s.answering), Some(3), "{health:?}");
+    let d = limiter(&backend, 10, OnFailure::Closed).check("k").await.unwrap();
+    assert_eq!(d.source(), &Source::Redis, "{d:?}");
+    // Without it, no sentinel names the master: not ready, and the reason is the login.
+    let refused = RedisBackend::sentinel_builder(MASTER_NAME, set.sentinel_urls())
+        .timeout(Duration::from_millis(300))
+        .connect()
+        .await
+        .unwrap();
+    let health = refused.health().await;
+    let down = health.down.expect("not ready").to_string();
+    assert!(down.contains("authentication failed"), "{down}");
 }

@@ -2,11 +2,14 @@
 //! file, mutual TLS, the name a certificate is checked against, and every way it can be
 //! wrong (an untrusted CA, a name the certificate does not hold, no client certificate where
 //! one is needed, a plaintext port) refused with an error that says so, never a fallback to
-//! plaintext. A cluster over TLS spreads and decides like a plaintext one.
+//! plaintext. A cluster over TLS spreads and decides like a plaintext one, and Sentinel over
+//! TLS (the sentinels and the master) names the master and follows a failover.
 #![cfg(feature = "tls")]
 
 use limiter_testkit::redis_server::tls::TestCerts;
-use limiter_testkit::redis_server::{ClusterOptions, RedisCluster, RedisServer};
+use limiter_testkit::redis_server::{
+    ClusterOptions, MASTER_NAME, RedisCluster, RedisServer, SentinelOptions, SentinelSet,
+};
 
 use std::time::Duration;
 
@@ -187,4 +190,37 @@ async fn a_cluster_over_tls_spreads_and_decides() {
         masters[cluster.master_of(&limiter.redis_keys(&id)[0])] += 1;
     }
     assert!(masters.iter().all(|&n| n > 0), "{masters:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_over_tls_names_the_master_and_follows_a_failover() {
+    let certs = TestCerts::fresh("sentinel");
+    let mut set = SentinelSet::start_with(&SentinelOptions {
+        replicas: 1,
+        tls: Some(certs.clone()),
+        ..SentinelOptions::default()
+    });
+    assert!(set.sentinel_urls().iter().all(|u| u.starts_with("rediss://")));
+    // One CA for the sentinels and the masters they name.
+    let backend = RedisBackend::sentinel_builder(MASTER_NAME, set.sentinel_urls())
+        .tls(TlsOptions::new().ca_file(&certs.ca).unwrap())
+        .timeout(Duration::from_millis(500))
+        .connect()
+        .await
+        .unwrap();
+    let health = backend.health().await;
+    assert!(health.is_ready(), "{health:?}");
+    decides_exactly(&backend, "before").await;
+    set.fail_over();
+    let started = std::time::Instant::now();
+    let limiter = limiter(&backend);
+    loop {
+        let d = limiter.check("before").await.unwrap();
+        if d.source() == &Source::Redis {
+            assert!(d.is_denied(), "spent before the failover: {d:?}");
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "{d:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }

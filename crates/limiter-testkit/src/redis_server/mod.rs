@@ -14,7 +14,7 @@ mod sentinel;
 pub mod tls;
 
 pub use cluster::{ClusterOptions, RedisCluster};
-pub use sentinel::{DOWN_AFTER_MS, MASTER_NAME, SentinelSet};
+pub use sentinel::{DOWN_AFTER_MS, MASTER_NAME, SentinelOptions, SentinelSet};
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -42,6 +42,30 @@ pub fn free_port() -> u16 {
             return port;
         }
     }
+}
+
+/// Logs in with `password` (the default user), then sends one inline command: its raw reply.
+pub fn raw_command_as(port: u16, password: Option<&str>, command: &str) -> Option<String> {
+    let Some(password) = password else {
+        return raw_command(port, command);
+    };
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    stream
+        .write_all(format!("AUTH {password}\r\n{command}\r\n").as_bytes())
+        .ok()?;
+    let mut reply = Vec::new();
+    let mut buffer = vec![0; 8192];
+    // The login's answer, then the command's.
+    while reply.len() <= "+OK\r\n".len() {
+        let n = stream.read(&mut buffer).ok()?;
+        if n == 0 {
+            break;
+        }
+        reply.extend_from_slice(&buffer[..n]);
+    }
+    let text = String::from_utf8_lossy(&reply).into_owned();
+    text.strip_prefix("+OK\r\n").map(str::to_owned)
 }
 
 /// Sends one inline command and returns the raw reply (enough for PING and CLUSTER INFO).
