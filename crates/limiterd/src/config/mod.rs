@@ -9,13 +9,23 @@
 //! [store]
 //! kind = "memory"              # or "redis"
 //! # max_keys = 1000000         # memory: at most this many keys per policy
-//! # url = "redis://127.0.0.1:6379"
+//! # url = "redis://127.0.0.1:6379"  # rediss:// for TLS
 //! # cluster = ["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"]  # a Redis Cluster's seeds
 //! #                            # (instead of `url`): identifiers spread over every master
+//! # username = "limiterd"      # an ACL user; its password from `password`, `password_env`
+//! # password_file = "redis-password"  # or a file read at each connection (never printed)
+//! # breaker_failures = 5       # outages in a row that open a master's breaker, for
+//! # breaker_open_ms = 1000     # this long
+//! # wait_replicas = 1          # answer once a replica has the writes (WAIT), within
+//! # wait_timeout_ms = 12       # this (half of timeout_ms by default)
 //! # timeout_ms = 25
 //! # on_failure = "fallback"    # "open", "closed" or "fallback"
 //! # fleet_size = 1             # processes sharing this Redis: while it is out, each
 //! #                            # falls back to its share (1/fleet_size) of every limit
+//!
+//! # [store.tls]                # TLS files: ca_file, cert_file + key_file, server_name
+//! # [store.sentinel]           # Sentinel instead of url/cluster: master, sentinels, and
+//! #                            # their own username, password*, [store.sentinel.tls]
 //!
 //! [envoy]                      # envoy's rate-limit protocol over gRPC (optional)
 //! listen = "127.0.0.1:8081"
@@ -33,7 +43,8 @@
 //! ```
 //!
 //! Its parts: `envoy.rs` (the `[envoy]` table), `store.rs` (`[store]`: memory or Redis),
-//! `policy.rs` (`[policies.*]`: limits, periods, leases).
+//! `redis_store.rs` (`[store]`'s Redis settings), `redis_builder.rs` (from them to a backend,
+//! and `--redis`), `policy.rs` (`[policies.*]`: limits, periods, leases).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -75,6 +86,12 @@ listen = "127.0.0.1:8080"
 
 [store]
 kind = "memory"
+# To share limits with a fleet, on Redis (the README's "Connecting to your Redis" has TLS,
+# ACL users, Sentinel and clusters):
+# kind = "redis"
+# url = "redis://127.0.0.1:6379"     # or rediss:// for TLS, with [store.tls] ca_file = "..."
+# username = "limiterd"
+# password_file = "redis-password"   # or password_env = "REDIS_PASSWORD"; never printed
 
 # 10 per second per identifier, bursts of 20, and at most 1000 per hour.
 [policies.api]
