@@ -71,8 +71,6 @@ impl SentinelSet {
     pub fn start_with(options: &SentinelOptions) -> Self {
         #[cfg(feature = "tls-certs")]
         let tls = options.tls.as_ref();
-        #[cfg(not(feature = "tls-certs"))]
-        let tls: Option<&()> = None;
         let data = |extra: Vec<String>| -> RedisServer {
             #[cfg(feature = "tls-certs")]
             if let Some(certs) = tls {
