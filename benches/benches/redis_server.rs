@@ -22,9 +22,9 @@
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use limiter_testkit::redis_server::{RedisCluster, RedisServer, raw_command, wait_until};
 use limiter_core::Limit;
 use limiter_redis::{Kind, OnFailure, RedisBackend, RedisLayer, RedisLimiter, RedisStack};
+use limiter_testkit::redis_server::{RedisCluster, RedisServer, raw_command, wait_until};
 
 const KEYS: u64 = 2_000;
 
@@ -113,7 +113,10 @@ async fn sixteen_callers(limiter: &RedisLimiter, keys: &[String], per_caller: u6
 fn keys_by_master(cluster: &RedisCluster, limiter: &RedisLimiter) -> Vec<Vec<String>> {
     let mut by_master = vec![Vec::new(); cluster.nodes.len()];
     for i in 0.. {
-        if by_master.iter().all(|keys: &Vec<String>| keys.len() as u64 >= KEYS) {
+        if by_master
+            .iter()
+            .all(|keys: &Vec<String>| keys.len() as u64 >= KEYS)
+        {
             break;
         }
         let id = format!("c{i}");
@@ -129,7 +132,10 @@ fn keys_by_master(cluster: &RedisCluster, limiter: &RedisLimiter) -> Vec<Vec<Str
 async fn wall_per_decision(limiter: &RedisLimiter, decisions: u64) -> f64 {
     let started = Instant::now();
     for i in 0..decisions {
-        let d = limiter.check(&(i % KEYS).to_string()).await.expect("decided");
+        let d = limiter
+            .check(&(i % KEYS).to_string())
+            .await
+            .expect("decided");
         assert!(d.is_allowed(), "{d:?}");
     }
     started.elapsed().as_secs_f64() * 1e6 / decisions as f64
@@ -404,17 +410,31 @@ fn main() {
             sixteen_callers(&cluster_bucket, &all_keys, per_caller).await;
             let usec = cluster_usec(&cluster, false) / (per_caller * 16) as f64;
             row("cluster_spread_16", usec);
-            let usec = measure(&mut conn, &["fcall", "evalsha", "eval", "wait"], decisions / 4, |i| {
-                let wait_bucket = &wait_bucket;
-                async move {
-                    let d = wait_bucket.check(&(i % KEYS).to_string()).await.expect("decided");
-                    assert!(d.is_allowed(), "{d:?}");
-                }
-            })
+            let usec = measure(
+                &mut conn,
+                &["fcall", "evalsha", "eval", "wait"],
+                decisions / 4,
+                |i| {
+                    let wait_bucket = &wait_bucket;
+                    async move {
+                        let d = wait_bucket
+                            .check(&(i % KEYS).to_string())
+                            .await
+                            .expect("decided");
+                        assert!(d.is_allowed(), "{d:?}");
+                    }
+                },
+            )
             .await;
             row("wait_1_replica", usec);
-            row("wall_one_limit", wall_per_decision(&bucket, decisions / 4).await);
-            row("wall_wait_1_replica", wall_per_decision(&wait_bucket, decisions / 4).await);
+            row(
+                "wall_one_limit",
+                wall_per_decision(&bucket, decisions / 4).await,
+            );
+            row(
+                "wall_wait_1_replica",
+                wall_per_decision(&wait_bucket, decisions / 4).await,
+            );
         }
     });
     let csv = limiter_benches::target_dir().join("bench-redis-server.csv");

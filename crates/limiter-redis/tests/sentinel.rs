@@ -190,8 +190,15 @@ async fn sentinels_with_a_password_of_their_own_are_logged_in_to() {
         .unwrap();
     let health = backend.health().await;
     assert!(health.is_ready(), "{health:?}");
-    assert_eq!(health.sentinel.as_ref().map(|s| s.answering), Some(3), "{health:?}");
-    let d = limiter(&backend, 10, OnFailure::Closed).check("k").await.unwrap();
+    assert_eq!(
+        health.sentinel.as_ref().map(|s| s.answering),
+        Some(3),
+        "{health:?}"
+    );
+    let d = limiter(&backend, 10, OnFailure::Closed)
+        .check("k")
+        .await
+        .unwrap();
     assert_eq!(d.source(), &Source::Redis, "{d:?}");
     // Without it, no sentinel names the master: not ready, and the reason is the login.
     let refused = RedisBackend::sentinel_builder(MASTER_NAME, set.sentinel_urls())

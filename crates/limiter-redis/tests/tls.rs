@@ -200,7 +200,11 @@ async fn sentinel_over_tls_names_the_master_and_follows_a_failover() {
         tls: Some(certs.clone()),
         ..SentinelOptions::default()
     });
-    assert!(set.sentinel_urls().iter().all(|u| u.starts_with("rediss://")));
+    assert!(
+        set.sentinel_urls()
+            .iter()
+            .all(|u| u.starts_with("rediss://"))
+    );
     // One CA for the sentinels and the masters they name.
     let backend = RedisBackend::sentinel_builder(MASTER_NAME, set.sentinel_urls())
         .tls(TlsOptions::new().ca_file(&certs.ca).unwrap())

@@ -27,7 +27,11 @@ fn every_configuration_in_connecting_to_your_redis_passes_check_config() {
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
         .expect("the README");
     let blocks = toml_blocks(&readme, "### Connecting to your Redis");
-    assert!(blocks.len() >= 5, "one configuration per topology: {}", blocks.len());
+    assert!(
+        blocks.len() >= 5,
+        "one configuration per topology: {}",
+        blocks.len()
+    );
     let dir = std::env::temp_dir().join(format!("limiterd-readme-{}", std::process::id()));
     // The README's file names: ca.pem, client.pem and client.key (the generated ones).
     let certs = TestCerts::generate(&dir);
