@@ -59,6 +59,8 @@ async fn a_failover_is_followed_and_spent_identifiers_stay_spent() {
         assert!(d.is_allowed() && d.source() == &Source::Redis, "{d:?}");
     }
     assert!(limiter.check("spent").await.unwrap().is_denied());
+    // The replica has what the master took (the tests below measure what is lost otherwise).
+    set.wait_for_replication();
 
     let (promoted, replica) = set.fail_over();
     // Back on Redis: the first decision Redis makes after the sentinels named the replica.
@@ -142,8 +144,9 @@ async fn two_nodes_through_a_failover_admit_the_limit_plus_what_replication_lost
     let admitted = race_through_a_failover(false, 200).await;
     eprintln!("asynchronous replication: {admitted} admitted of 200 through a failover");
     // What a failover can lose: writes the master acknowledged in its last moments, before
-    // the replica had them (on loopback, under a millisecond's worth).
-    assert!((200..=210).contains(&admitted), "{admitted}");
+    // the replica had them (on loopback, usually none; never more than was admitted before
+    // the kill, half the limit).
+    assert!((200..=300).contains(&admitted), "{admitted}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

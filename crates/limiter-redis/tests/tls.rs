@@ -215,6 +215,7 @@ async fn sentinel_over_tls_names_the_master_and_follows_a_failover() {
     let health = backend.health().await;
     assert!(health.is_ready(), "{health:?}");
     decides_exactly(&backend, "before").await;
+    set.wait_for_replication();
     set.fail_over();
     let started = std::time::Instant::now();
     let limiter = limiter(&backend);
