@@ -1,11 +1,12 @@
 //! The HTTP face: [`request`] reads the native API's requests (always built: the fuzz targets
-//! drive it) and `api` (feature `server`) routes them, with envoy's `POST /json`, health,
+//! drive it; `fast` reads the usual body without serde) and `api` (feature `server`) routes them, with envoy's `POST /json`, health,
 //! metrics, the debug views and the OpenAPI document; `unkey` (feature `server`) serves
 //! unkey's v2 ratelimit API to its SDKs, behind the keys limiterd accepts
 //! ([`crate::config::keys`]).
 
 #[cfg(feature = "server")]
 pub mod api;
+mod fast;
 pub mod request;
 #[cfg(feature = "server")]
 pub mod unkey;

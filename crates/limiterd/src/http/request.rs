@@ -2,6 +2,8 @@
 //! [`Item`]s, and anything invalid becomes an [`ApiError`]: a 400 whose JSON names the field
 //! and the fix, never a 500. No server here, so the fuzz targets build without one.
 
+use std::borrow::Cow;
+
 use http::StatusCode;
 use limiter_redis::Kind;
 use serde::{Deserialize, Serialize};
@@ -59,27 +61,33 @@ impl ApiError {
     }
 }
 
-#[derive(Deserialize)]
+/// One request's fields as sent, borrowed from the body where no escape needs decoding.
+#[derive(Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
-struct RawRequest {
-    policy: Option<String>,
-    namespace: Option<String>,
-    identifier: String,
-    limit: Option<u64>,
-    duration_ms: Option<u64>,
-    cost: Option<u64>,
+pub(super) struct RawRequest<'a> {
+    #[serde(borrow)]
+    pub(super) policy: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    pub(super) namespace: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    pub(super) identifier: Cow<'a, str>,
+    pub(super) limit: Option<u64>,
+    pub(super) duration_ms: Option<u64>,
+    pub(super) cost: Option<u64>,
     /// `cost` is usage that already happened: recorded whatever the limits hold.
-    record: Option<bool>,
+    pub(super) record: Option<bool>,
     /// The request's instant, in ms since the Unix epoch.
-    time: Option<u64>,
+    pub(super) time: Option<u64>,
     /// An ad-hoc limit's algorithm (`token_bucket` by default).
-    algorithm: Option<String>,
+    #[serde(borrow)]
+    pub(super) algorithm: Option<Cow<'a, str>>,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawMany {
-    requests: Vec<RawRequest>,
+struct RawMany<'a> {
+    #[serde(borrow)]
+    requests: Vec<RawRequest<'a>>,
 }
 
 /// What serde found where an object belonged, from its message, in JSON's words.
@@ -179,12 +187,17 @@ pub struct Asked<T> {
     pub time_ms: Option<u64>,
 }
 
-/// Parses one `POST /v1/ratelimit` body; `policy` finds a configured policy's index.
+/// Parses one `POST /v1/ratelimit` body; `policy` finds a configured policy's index. The
+/// usual body (a flat object of known fields, plain strings and whole numbers) is read by
+/// [`super::fast`]; anything else by serde, which names what is wrong.
 pub fn parse_request(
     body: &[u8],
     policy: &dyn Fn(&str) -> Option<PolicyId>,
 ) -> Result<Asked<Item>, ApiError> {
-    let raw: RawRequest = from_json(body)?;
+    let raw: RawRequest = match super::fast::read(body) {
+        Some(raw) => raw,
+        None => from_json(body)?,
+    };
     let time_ms = raw.time;
     Ok(Asked {
         items: check(raw, policy)?,
@@ -240,7 +253,7 @@ pub(crate) fn ad_hoc_namespace(kind: Kind, duration_ms: u64, namespace: &str) ->
     }
 }
 
-fn check(raw: RawRequest, policy: &dyn Fn(&str) -> Option<PolicyId>) -> Result<Item, ApiError> {
+fn check(raw: RawRequest<'_>, policy: &dyn Fn(&str) -> Option<PolicyId>) -> Result<Item, ApiError> {
     if raw.identifier.is_empty() || raw.identifier.len() > MAX_IDENTIFIER {
         return Err(ApiError::invalid(
             "identifier",
@@ -342,7 +355,7 @@ fn check(raw: RawRequest, policy: &dyn Fn(&str) -> Option<PolicyId>) -> Result<I
     };
     Ok(Item {
         target,
-        identifier: raw.identifier,
+        identifier: raw.identifier.into_owned(),
         cost,
         shadow: false,
         charge: if record { Charge::Record } else { Charge::Take },
