@@ -4,6 +4,9 @@
 //!
 //! - `floor`: `GET /healthz`, one request at a time on one HTTP/1.1 connection.
 //! - `http_decision`: `POST /v1/ratelimit` for one identifier of the built-in `api` policy.
+//! - `http_policy_rotating`: the same over 100,000 identifiers in turn.
+//! - `http_adhoc_rotating`: an ad-hoc limit (`namespace`, `limit`, `duration_ms`) over
+//!   100,000 identifiers in turn.
 //! - `json_decision`: `POST /json`, envoy's request as JSON, one descriptor.
 //! - `grpc_should_rate_limit`: `ShouldRateLimit` over one tonic channel (HTTP/2), one
 //!   descriptor.
@@ -96,12 +99,16 @@ async fn http_connection(addr: SocketAddr) -> Sender {
 }
 
 async fn round_trip(sender: &mut Sender, method: &str, path: &str, body: &'static str) -> u16 {
+    send(sender, method, path, Bytes::from_static(body.as_bytes())).await
+}
+
+async fn send(sender: &mut Sender, method: &str, path: &str, body: Bytes) -> u16 {
     let request = hyper::Request::builder()
         .method(method)
         .uri(path)
         .header("host", "limiterd")
         .header("content-type", "application/json")
-        .body(Full::new(Bytes::from_static(body.as_bytes())))
+        .body(Full::new(body))
         .expect("a request");
     let response = sender.send_request(request).await.expect("an answer");
     let status = response.status().as_u16();
@@ -159,6 +166,28 @@ fn service(c: &mut Criterion) {
         .into_inner();
     assert_eq!(answer.overall_code, 1, "OK");
 
+    // 100,000 identifiers in turn, for a configured policy and for an ad-hoc limit.
+    let rotating = |body: &dyn Fn(usize) -> String| -> Vec<Bytes> {
+        (0..100_000).map(|i| Bytes::from(body(i))).collect()
+    };
+    let policy_bodies = rotating(&|i| format!(r#"{{"policy":"api","identifier":"user-{i}"}}"#));
+    let adhoc_bodies = rotating(&|i| {
+        format!(
+            r#"{{"namespace":"bench","identifier":"user-{i}","limit":1000000,"duration_ms":1000}}"#
+        )
+    });
+    for bodies in [&policy_bodies, &adhoc_bodies] {
+        assert_eq!(
+            client.block_on(send(
+                &mut sender,
+                "POST",
+                "/v1/ratelimit",
+                bodies[0].clone()
+            )),
+            200
+        );
+    }
+
     let mut group = c.benchmark_group("limiterd");
     group.throughput(Throughput::Elements(1));
     group.bench_function("floor", |b| {
@@ -167,6 +196,19 @@ fn service(c: &mut Criterion) {
     group.bench_function("http_decision", |b| {
         b.iter(|| client.block_on(round_trip(&mut sender, "POST", "/v1/ratelimit", decision)));
     });
+    for (name, bodies) in [
+        ("http_policy_rotating", &policy_bodies),
+        ("http_adhoc_rotating", &adhoc_bodies),
+    ] {
+        let mut next = 0;
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                next = (next + 1) % bodies.len();
+                let body = bodies[next].clone();
+                client.block_on(send(&mut sender, "POST", "/v1/ratelimit", body))
+            });
+        });
+    }
     group.bench_function("json_decision", |b| {
         b.iter(|| client.block_on(round_trip(&mut sender, "POST", "/json", json)));
     });

@@ -309,6 +309,11 @@ impl Target {
     }
 }
 
+/// limiterd's throughput for `subject` over its HTTP floor's (`GET /healthz`), one pass.
+fn throughput_ratio(results: &[Measured], subject: &str) -> Option<f64> {
+    Some(find(results, "limiterd", "floor")?.median / find(results, "limiterd", subject)?.median)
+}
+
 /// Redis CPU per decision of `ours` over `floor`'s, in one `redis_server` pass.
 fn server_ratio(pass: &BTreeMap<String, f64>, ours: &str, floor: &str) -> Option<f64> {
     Some(pass.get(ours)? / pass.get(floor)?)
@@ -516,6 +521,18 @@ fn targets() -> Vec<Target> {
             what: "Redis CPU per decision, 16 callers coalesced: ≤ 0.5× a `GET` + `SET PX` script's",
             measured: Measure::Server(|p| server_ratio(p, "coalesced_16", "floor_get_set_px")),
             holds: |r| r <= 0.5,
+            unit: "×",
+        },
+        Target {
+            what: "limiterd `POST /v1/ratelimit`, a configured policy over 100,000 identifiers: ≥ 0.85× `GET /healthz`'s throughput",
+            measured: Measure::Pass(|r, _| throughput_ratio(r, "http_policy_rotating")),
+            holds: |r| r >= 0.85,
+            unit: "×",
+        },
+        Target {
+            what: "limiterd `POST /v1/ratelimit`, an ad-hoc limit over 100,000 identifiers: ≥ 0.85× `GET /healthz`'s throughput",
+            measured: Measure::Pass(|r, _| throughput_ratio(r, "http_adhoc_rotating")),
+            holds: |r| r >= 0.85,
             unit: "×",
         },
         Target {

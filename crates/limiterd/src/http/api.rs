@@ -338,13 +338,15 @@ pub fn router<C: Clock + Clone + Send + Sync + 'static>(live: Arc<Live<C>>) -> R
 
 async fn one<C: Clock + Clone + Send + Sync + 'static>(
     State(live): State<Arc<Live<C>>>,
-    headers: HeaderMap,
-    body: Body,
+    request: axum::extract::Request,
 ) -> Response {
+    // The head borrowed, not copied (axum's `HeaderMap` extractor clones it).
+    let (head, body) = request.into_parts();
+    let headers = &head.headers;
     let started = Instant::now();
     let state = live.current();
     let engine = &state.engine;
-    let parsed = read_body(&headers, body, state.config.server.body_timeout)
+    let parsed = read_body(headers, body, state.config.server.body_timeout)
         .await
         .and_then(|b| parse_request(&b, &|name| engine.policy_id(name)));
     let response = match parsed {
@@ -374,9 +376,11 @@ async fn one<C: Clock + Clone + Send + Sync + 'static>(
 
 async fn many<C: Clock + Clone + Send + Sync + 'static>(
     State(live): State<Arc<Live<C>>>,
-    headers: HeaderMap,
-    body: Body,
+    request: axum::extract::Request,
 ) -> Response {
+    // The head borrowed, not copied (axum's `HeaderMap` extractor clones it).
+    let (head, body) = request.into_parts();
+    let headers = &head.headers;
     #[derive(Serialize)]
     struct Batch {
         success: bool,
@@ -385,7 +389,7 @@ async fn many<C: Clock + Clone + Send + Sync + 'static>(
     let started = Instant::now();
     let state = live.current();
     let engine = &state.engine;
-    let parsed = read_body(&headers, body, state.config.server.body_timeout)
+    let parsed = read_body(headers, body, state.config.server.body_timeout)
         .await
         .and_then(|b| parse_many(&b, &|name| engine.policy_id(name)));
     let response = match parsed {
@@ -407,12 +411,14 @@ async fn many<C: Clock + Clone + Send + Sync + 'static>(
 
 async fn envoy<C: Clock + Clone + Send + Sync + 'static>(
     State(live): State<Arc<Live<C>>>,
-    headers: HeaderMap,
-    body: Body,
+    request: axum::extract::Request,
 ) -> Response {
+    // The head borrowed, not copied (axum's `HeaderMap` extractor clones it).
+    let (head, body) = request.into_parts();
+    let headers = &head.headers;
     let started = Instant::now();
     let state = live.current();
-    let body = match read_body(&headers, body, state.config.server.body_timeout).await {
+    let body = match read_body(headers, body, state.config.server.body_timeout).await {
         Ok(body) => body,
         Err(e) => {
             state.metrics.invalid();
