@@ -386,29 +386,15 @@ async fn cluster_state(
     info: redis::Cmd,
     clock: &dyn Clock,
 ) -> (Option<MasterHealth>, Option<bool>) {
-    let Some(addr) = node.addr() else {
+    let Some((master, reply)) = super::probe::probe(node, timeout, info, clock).await else {
         return (None, None);
     };
-    let started = clock.now();
-    let answer = match node.link() {
-        Err(e) => Err(e),
-        Ok(link) => match tokio::time::timeout(timeout, link.ask(&info)).await {
-            Err(_) => Err(BackendError::Timeout { after: timeout }),
-            Ok(answer) => answer,
-        },
-    };
-    let ok = match &answer {
-        Ok(Value::BulkString(text)) => {
+    let ok = match &reply {
+        Some(Value::BulkString(text)) => {
             Some(String::from_utf8_lossy(text).contains("cluster_state:ok"))
         }
-        Ok(Value::VerbatimString { text, .. }) => Some(text.contains("cluster_state:ok")),
+        Some(Value::VerbatimString { text, .. }) => Some(text.contains("cluster_state:ok")),
         _ => None,
-    };
-    let master = MasterHealth {
-        addr: addr.to_string(),
-        slots: Vec::new(),
-        answer: answer.map(|_| Duration::from_nanos(clock.now().saturating_sub(started))),
-        breaker_open: node.breaker.is_open(),
     };
     (Some(master), ok)
 }

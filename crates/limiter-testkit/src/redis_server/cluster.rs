@@ -189,18 +189,8 @@ impl RedisCluster {
     /// Waits until master `index`'s replicas have every write it has acknowledged (their
     /// replication offsets equal its own): a failover then loses nothing.
     pub fn wait_for_replication(&self, index: usize) {
-        let offset = |port: u16, field: &str| -> Option<u64> {
-            raw_command(port, "INFO replication")?
-                .lines()
-                .find_map(|l| l.strip_prefix(field)?.trim().parse().ok())
-        };
-        let master = self.nodes[index].port;
         for replica in &self.replicas[index] {
-            let port = replica.port;
-            wait_until("a replica to have every write", || {
-                let wanted = offset(master, "master_repl_offset:");
-                wanted.is_some() && offset(port, "slave_repl_offset:") == wanted
-            });
+            super::wait_until_replicated(self.nodes[index].port, replica.port);
         }
     }
 

@@ -44,6 +44,20 @@ pub fn free_port() -> u16 {
     }
 }
 
+/// Waits until the replica on `replica` has every write the master on `master` acknowledged
+/// (their replication offsets are equal): a failover then loses nothing. Both plaintext ports.
+pub fn wait_until_replicated(master: u16, replica: u16) {
+    let offset = |port: u16, field: &str| -> Option<u64> {
+        raw_command(port, "INFO replication")?
+            .lines()
+            .find_map(|l| l.strip_prefix(field)?.trim().parse().ok())
+    };
+    wait_until("a replica to have every write", || {
+        let wanted = offset(master, "master_repl_offset:");
+        wanted.is_some() && offset(replica, "slave_repl_offset:") == wanted
+    });
+}
+
 /// Logs in with `password` (the default user), then sends one inline command: its raw reply.
 pub fn raw_command_as(port: u16, password: Option<&str>, command: &str) -> Option<String> {
     let Some(password) = password else {

@@ -213,18 +213,8 @@ impl SentinelSet {
     /// Waits until every replica has every write the master acknowledged: a failover then
     /// loses nothing.
     pub fn wait_for_replication(&self) {
-        let offset = |port: u16, field: &str| -> Option<u64> {
-            raw_command(port, "INFO replication")?
-                .lines()
-                .find_map(|l| l.strip_prefix(field)?.trim().parse().ok())
-        };
-        let master = self.master.port;
         for replica in &self.replicas {
-            let port = replica.port;
-            wait_until("a replica to have every write", || {
-                let wanted = offset(master, "master_repl_offset:");
-                wanted.is_some() && offset(port, "slave_repl_offset:") == wanted
-            });
+            super::wait_until_replicated(self.master.port, replica.port);
         }
     }
 
