@@ -188,8 +188,8 @@ pub struct Asked<T> {
 }
 
 /// Parses one `POST /v1/ratelimit` body; `policy` finds a configured policy's index. The
-/// usual body (a flat object of known fields, plain strings and whole numbers) is read by
-/// [`super::fast`]; anything else by serde, which names what is wrong.
+/// usual body (a flat object of known fields, plain strings and whole numbers) is read by a
+/// reader of its own (`http/fast.rs`); anything else by serde, which names what is wrong.
 pub fn parse_request(
     body: &[u8],
     policy: &dyn Fn(&str) -> Option<PolicyId>,
