@@ -33,12 +33,15 @@ const first = await limit("ada", 2);
 check(first.data.success && first.data.remaining === 1 && first.data.limit === 2, "limit admits", first);
 check(typeof first.meta.requestId === "string" && first.meta.requestId.length > 0, "a request id", first.meta);
 check(first.data.reset > Date.now() - 1000, "reset is Unix ms", first.data);
+// As unkey answers: the end of the current window (of the duration, counted from the epoch).
+check(first.data.reset % 60_000 === 0 && first.data.reset <= Date.now() + 60_000, "reset ends the current window", first.data);
 check(!("overrideId" in first.data), "no overrideId without an override", first.data);
 const second = await limit("ada", 2);
 check(second.data.success && second.data.remaining === 0, "the last unit", second.data);
 check(second.meta.requestId !== first.meta.requestId, "a fresh request id", [first.meta, second.meta]);
 const third = await limit("ada", 2);
 check(!third.data.success && third.data.remaining === 0, "over the limit", third.data);
+check(third.data.reset % 60_000 === 0, "a denial's reset ends the current window too", third.data);
 const costly = await limit("bob", 10, { cost: 7 });
 check(costly.data.success && costly.data.remaining === 3, "a cost of 7", costly.data);
 const peek = await limit("bob", 10, { cost: 0 });

@@ -120,9 +120,17 @@ async fn limits_count_by_namespace_identifier_and_duration() {
             data["success"].as_bool().unwrap(),
             data["remaining"].as_u64().unwrap(),
         ));
+        // As unkey answers, admitted or denied: the end of the current 60 s window, counted
+        // from the Unix epoch.
+        let reset = data["reset"].as_u64().unwrap();
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        assert_eq!(reset % 60_000, 0, "{value}");
         assert!(
-            data["reset"].as_u64().unwrap() > 1_700_000_000_000,
-            "Unix ms: {value}"
+            reset + 60_000 > now_ms && reset <= now_ms + 60_000,
+            "the current window's end: {value}"
         );
     }
     assert_eq!(seen, [(true, 1), (true, 0), (false, 0)]);

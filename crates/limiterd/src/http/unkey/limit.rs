@@ -6,9 +6,9 @@
 //! identifier ([`crate::ops::overrides`]) replaces the limit and duration sent, and the answer
 //! names it (`overrideId`, left out when none applied). A `multiLimit` is all or nothing, as
 //! `/v1/ratelimit/many`: a failed check takes nothing. A cost above its limit can never pass:
-//! it is answered as a denial, and its batch only reports. `reset` is when the caller's next
-//! unit is admitted (a denial; `@unkey/ratelimit` caches a denial until then) or when the
-//! limit is full again (an admission), in Unix ms.
+//! it is answered as a denial, and its batch only reports. `reset` is, as unkey answers it,
+//! the end of the current window (windows of `duration` counted from the Unix epoch), in Unix
+//! ms, admitted or denied (`@unkey/ratelimit` caches a denial until then).
 
 use limiter_stack::{Charge, Kind};
 use serde::Deserialize;
@@ -77,17 +77,14 @@ fn check(raw: RawLimit, at: &str, overrides: &Overrides) -> Result<Checked, Refu
     })
 }
 
-/// `reset` of an answer: when the next unit is admitted (denied) or the limit is full again.
-fn reset_ms(answer: &Answer, denied: bool) -> u64 {
-    let d = &answer.decision;
-    if denied {
-        answer
-            .at_unix_ns
-            .saturating_add(d.retry_after_nanos())
-            .div_ceil(1_000_000)
-    } else {
-        answer.reset_at_ms()
-    }
+/// `reset` of an answer decided at `at_unix_ns` on windows of `duration_ms`: the end of the
+/// current window, as unkey answers it.
+fn reset_ms(at_unix_ns: u64, duration_ms: u64) -> u64 {
+    let now_ms = at_unix_ns / 1_000_000;
+    let duration = duration_ms.max(1);
+    (now_ms / duration)
+        .saturating_add(1)
+        .saturating_mul(duration)
 }
 
 fn decide_refusal(e: DecideError) -> Refusal {
@@ -108,13 +105,23 @@ fn decide_refusal(e: DecideError) -> Refusal {
     }
 }
 
+impl Checked {
+    /// The window's duration the check counts on (its override's, if one applied).
+    fn duration_ms(&self) -> u64 {
+        match self.item.target {
+            Target::AdHoc { duration_ms, .. } => duration_ms,
+            Target::Policy(_) => 1,
+        }
+    }
+}
+
 /// One check's answer: `(passed, fields)`.
 fn answered(c: &Checked, a: &Answer) -> (bool, Value) {
     let passed = a.decision.is_allowed() && !c.never;
     let mut fields = json!({
         "limit": a.decision.limit(),
         "remaining": if c.never { 0 } else { a.decision.remaining() },
-        "reset": reset_ms(a, !passed),
+        "reset": reset_ms(a.at_unix_ns, c.duration_ms()),
     });
     if let Some(id) = &c.override_id {
         fields["overrideId"] = json!(id);
