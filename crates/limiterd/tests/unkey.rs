@@ -696,3 +696,34 @@ async fn v1_counting_as_unkey_does_shares_the_v2_budget() {
         "{refused}"
     );
 }
+
+/// v2 decisions feed the same metrics as v1: the latency histogram, and a refused request as
+/// invalid.
+#[tokio::test]
+async fn v2_requests_are_counted_in_the_metrics() {
+    let daemon = start();
+    let mut client = Client::connect(daemon.addr).await;
+    let metric = |text: &str, name: &str| -> u64 {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .map_or(0, |v| v as u64)
+    };
+    let (_, before) = client.send("GET", "/metrics", "").await;
+    for _ in 0..3 {
+        let (status, _) = root(&mut client, "limit", &limit("api", "ada", 5, 60_000, None)).await;
+        assert_eq!(status, 200);
+    }
+    let (status, _) = root(&mut client, "multiLimit", &json!([])).await;
+    assert_eq!(status, 400);
+    let (_, after) = client.send("GET", "/metrics", "").await;
+    let count = "limiterd_request_duration_seconds_count";
+    assert_eq!(metric(&after, count) - metric(&before, count), 4, "{after}");
+    let invalid = "limiterd_invalid_requests_total";
+    assert_eq!(
+        metric(&after, invalid) - metric(&before, invalid),
+        1,
+        "{after}"
+    );
+}

@@ -85,8 +85,12 @@ type Table = BTreeMap<String, BTreeMap<String, Override>>;
 pub struct Overrides {
     keeping: Keeping,
     /// The copy decisions read, and (on Redis) the version it was read at (`None`: not read
-    /// from Redis yet).
+    /// from Redis yet). Held only for in-memory work: a change being saved to a file or
+    /// Redis never holds it, so a decision never waits on a write.
     table: Mutex<(Table, Option<u64>)>,
+    /// Held by one change at a time, across its write to the file or Redis, so two changes
+    /// never lose each other.
+    writing: tokio::sync::Mutex<()>,
 }
 
 /// One override as Redis keeps it (its namespace with it, so the table can be rebuilt).
@@ -106,6 +110,7 @@ impl Overrides {
         Self {
             keeping,
             table: Mutex::new((table, None)),
+            writing: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -190,6 +195,7 @@ impl Overrides {
             limit,
             duration_ms,
         };
+        let _writing = self.writing.lock().await;
         {
             let table = &self.table().0;
             let held = table.get(namespace);
@@ -212,7 +218,7 @@ impl Overrides {
                 .await
                 .map_err(|e| saving("redis", e))?;
         }
-        self.change(namespace, identifier, Some(entry))?;
+        self.change(namespace, identifier, Some(entry)).await?;
         Ok(id)
     }
 
@@ -228,6 +234,7 @@ impl Overrides {
 
     /// Deletes the override set for exactly `identifier`.
     pub async fn delete(&self, namespace: &str, identifier: &str) -> Result<(), OverrideError> {
+        let _writing = self.writing.lock().await;
         let exists = self
             .table()
             .0
@@ -239,7 +246,7 @@ impl Overrides {
                 .remove(&field(namespace, identifier))
                 .await
                 .map_err(|e| saving("redis", e))?;
-            self.change(namespace, identifier, None)?;
+            self.change(namespace, identifier, None).await?;
             return if removed {
                 Ok(())
             } else {
@@ -249,13 +256,14 @@ impl Overrides {
         if !exists {
             return Err(not_found(namespace, identifier));
         }
-        self.change(namespace, identifier, None)
+        self.change(namespace, identifier, None).await
     }
 
     /// Sets (`Some`) or deletes (`None`) one override in this process's copy, written first to
     /// the file when overrides are kept in one (nothing changes if that fails; Redis was
-    /// written by the caller).
-    fn change(
+    /// written by the caller), with `writing` held. The file is written off the async workers
+    /// and without the copy's lock: decisions read the copy as it was until the write is done.
+    async fn change(
         &self,
         namespace: &str,
         identifier: &str,
@@ -275,14 +283,17 @@ impl Overrides {
                 }
             }
         };
-        let mut table = self.table();
-        if let Keeping::File(_) = &self.keeping {
-            let mut changed = table.0.clone();
+        if let Keeping::File(path) = &self.keeping {
+            let mut changed = self.table().0.clone();
             apply(&mut changed);
-            self.save(&changed)?;
-            table.0 = changed;
+            let path = path.clone();
+            let saved =
+                tokio::task::spawn_blocking(move || save(&path, &changed).map(|()| changed))
+                    .await
+                    .map_err(|e| saving("the overrides file", e))??;
+            self.table().0 = saved;
         } else {
-            apply(&mut table.0);
+            apply(&mut self.table().0);
         }
         Ok(())
     }
@@ -341,28 +352,26 @@ impl Overrides {
             .map(|(ns, n)| (ns.clone(), n.values().cloned().collect()))
             .collect()
     }
+}
 
-    /// Writes `table` to the file atomically; nothing in memory changes if it fails.
-    fn save(&self, table: &Table) -> Result<(), OverrideError> {
-        let Keeping::File(path) = &self.keeping else {
-            return Ok(());
-        };
-        let failed = |e: std::io::Error| OverrideError::Save {
-            path: path.display().to_string(),
-            reason: e.to_string(),
-        };
-        let bytes = serde_json::to_vec_pretty(table).map_err(|e| failed(e.into()))?;
-        let mut temporary = path.clone().into_os_string();
-        temporary.push(".tmp");
-        let temporary = PathBuf::from(temporary);
-        {
-            use std::io::Write;
-            let mut file = std::fs::File::create(&temporary).map_err(failed)?;
-            file.write_all(&bytes).map_err(failed)?;
-            file.sync_all().map_err(failed)?;
-        }
-        std::fs::rename(&temporary, path).map_err(failed)
+/// Writes `table` to `path` atomically (a synced temporary file renamed over it); nothing in
+/// memory changes if it fails.
+fn save(path: &Path, table: &Table) -> Result<(), OverrideError> {
+    let failed = |e: std::io::Error| OverrideError::Save {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    };
+    let bytes = serde_json::to_vec_pretty(table).map_err(|e| failed(e.into()))?;
+    let mut temporary = path.to_owned().into_os_string();
+    temporary.push(".tmp");
+    let temporary = PathBuf::from(temporary);
+    {
+        use std::io::Write;
+        let mut file = std::fs::File::create(&temporary).map_err(failed)?;
+        file.write_all(&bytes).map_err(failed)?;
+        file.sync_all().map_err(failed)?;
     }
+    std::fs::rename(&temporary, path).map_err(failed)
 }
 
 /// An override's field in Redis: the namespace length-prefixed, then the identifier.
@@ -512,9 +521,17 @@ mod tests {
         let path = dir.join("overrides.json");
         let _ = std::fs::remove_file(&path);
         let o = Overrides::load(&path).unwrap();
-        let id = now(o.set("api", "user_*", (5, 60_000), MAX)).unwrap();
-        now(o.set("api", "gone", (1, 1_000), MAX)).unwrap();
-        now(o.delete("api", "gone")).unwrap();
+        // The file is written off the async workers: a runtime runs it.
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let id = runtime
+            .block_on(o.set("api", "user_*", (5, 60_000), MAX))
+            .unwrap();
+        runtime
+            .block_on(o.set("api", "gone", (1, 1_000), MAX))
+            .unwrap();
+        runtime.block_on(o.delete("api", "gone")).unwrap();
         drop(o);
         let again = Overrides::load(&path).unwrap();
         assert_eq!(
@@ -528,6 +545,61 @@ mod tests {
                 .unwrap_err()
                 .contains("overrides.json")
         );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A change being written to the overrides file (here, one whose temporary file is a FIFO
+    /// nobody reads yet, so the write waits) never holds up the copy decisions read.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_decision_never_waits_on_an_override_being_saved() {
+        let dir = std::env::temp_dir().join(format!("limiterd-saving-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("overrides.json");
+        let _ = std::fs::remove_file(&path);
+        let o = std::sync::Arc::new(Overrides::load(&path).unwrap());
+        o.set("api", "ada", (5, 1_000), MAX).await.unwrap();
+        let fifo = dir.join("overrides.json.tmp");
+        let _ = std::fs::remove_file(&fifo);
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        assert!(made.is_ok_and(|s| s.success()), "mkfifo");
+        // Should a read fail below, this reads the FIFO on the way out, so the write ends and
+        // the runtime can stop (it waits for the blocked write).
+        struct Unblock(Option<std::path::PathBuf>);
+        impl Drop for Unblock {
+            fn drop(&mut self) {
+                if let Some(fifo) = self.0.take() {
+                    let _ = std::fs::read(fifo);
+                }
+            }
+        }
+        let mut unblock = Unblock(Some(fifo.clone()));
+        let setting = tokio::spawn({
+            let o = std::sync::Arc::clone(&o);
+            async move { o.set("api", "bob", (7, 1_000), MAX).await }
+        });
+        // Meanwhile every read answers at once, from the copy before the change.
+        for _ in 0..200 {
+            let reading = tokio::task::spawn_blocking({
+                let o = std::sync::Arc::clone(&o);
+                move || (o.find("api", "ada").map(|x| x.limit), o.find("api", "bob"))
+            });
+            let read = tokio::time::timeout(std::time::Duration::from_secs(5), reading)
+                .await
+                .expect("a read waited on the write")
+                .unwrap();
+            assert_eq!(read, (Some(5), None));
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        assert!(
+            !setting.is_finished(),
+            "the write waits for a reader of the FIFO"
+        );
+        unblock.0 = None;
+        let reader = std::thread::spawn(move || std::fs::read(fifo));
+        // A pipe cannot be synced: the save fails, and nothing changed.
+        assert!(setting.await.unwrap().is_err());
+        let _ = reader.join();
+        assert!(o.find("api", "bob").is_none());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

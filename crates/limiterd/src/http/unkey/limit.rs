@@ -14,6 +14,7 @@ use limiter_stack::{Charge, Kind};
 use serde::Deserialize;
 
 use super::*;
+use crate::app::AppState;
 use crate::engine::{Answer, DecideError, Item, Target};
 use crate::http::request::{MAX_BATCH, ad_hoc_namespace};
 use crate::ops::overrides::Overrides;
@@ -129,14 +130,25 @@ fn answered(c: &Checked, a: &Answer) -> (bool, Value) {
     (passed, fields)
 }
 
-/// `POST /v2/ratelimit.limit`.
+/// `POST /v2/ratelimit.limit`, counted in the metrics as `/v1` is.
 pub(super) async fn limit<C: Clock + Clone + Send + Sync + 'static>(
     State(shared): State<Arc<Shared<C>>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     let state = shared.live.current();
-    let checked = match read_json::<RawLimit, C>(&shared, &headers, body, DECIDE)
+    let started = started();
+    let response = limit_one(&shared, &state, &headers, body).await;
+    counted(&state, started, response)
+}
+
+async fn limit_one<C: Clock + Clone + Send + Sync + 'static>(
+    shared: &Shared<C>,
+    state: &AppState<C>,
+    headers: &HeaderMap,
+    body: Body,
+) -> Response {
+    let checked = match read_json::<RawLimit, C>(state, headers, body, DECIDE)
         .await
         .and_then(|raw| check(raw, "body", &shared.live.overrides))
     {
@@ -160,14 +172,25 @@ pub(super) async fn limit<C: Clock + Clone + Send + Sync + 'static>(
     }
 }
 
-/// `POST /v2/ratelimit.multiLimit`.
+/// `POST /v2/ratelimit.multiLimit`, counted in the metrics as `/v1/ratelimit/many` is.
 pub(super) async fn multi_limit<C: Clock + Clone + Send + Sync + 'static>(
     State(shared): State<Arc<Shared<C>>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     let state = shared.live.current();
-    let raw = match read_json::<Vec<RawLimit>, C>(&shared, &headers, body, DECIDE).await {
+    let started = started();
+    let response = limit_many(&shared, &state, &headers, body).await;
+    counted(&state, started, response)
+}
+
+async fn limit_many<C: Clock + Clone + Send + Sync + 'static>(
+    shared: &Shared<C>,
+    state: &AppState<C>,
+    headers: &HeaderMap,
+    body: Body,
+) -> Response {
+    let raw = match read_json::<Vec<RawLimit>, C>(state, headers, body, DECIDE).await {
         Ok(raw) => raw,
         Err(refused) => return refused.into_response(),
     };

@@ -8,9 +8,9 @@
 //! that applies) and `overrides.rs` (`setOverride`, `getOverride`, `deleteOverride`,
 //! `listOverrides`, on [`crate::ops::overrides`]).
 
+use crate::app::AppState;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
@@ -191,16 +191,17 @@ fn parse<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Refusal> {
     Ok(value)
 }
 
-/// The body of an authorized call; any body that cannot be read is a 400 (the SDK retries a
+/// The body of an authorized call, by the keys and timeout of `state` (the one snapshot of the
+/// live state the request reads); any body that cannot be read is a 400 (the SDK retries a
 /// 5xx for seconds, and a bad body would fail again).
 async fn read<C: Clock + Clone + Send + Sync + 'static>(
-    shared: &Shared<C>,
+    state: &AppState<C>,
     headers: &HeaderMap,
     body: Body,
-    timeout: Duration,
     needs: Needs,
 ) -> Result<axum::body::Bytes, Refusal> {
-    authorized(&shared.live.current().keys, headers, needs)?;
+    authorized(&state.keys, headers, needs)?;
+    let timeout = state.config.server.body_timeout;
     read_body(headers, body, timeout).await.map_err(|e| {
         let problem = Problem {
             location: "body".into(),
@@ -213,13 +214,12 @@ async fn read<C: Clock + Clone + Send + Sync + 'static>(
 
 /// The body of an authorized call, read as `T`.
 async fn read_json<T: serde::de::DeserializeOwned, C: Clock + Clone + Send + Sync + 'static>(
-    shared: &Shared<C>,
+    state: &AppState<C>,
     headers: &HeaderMap,
     body: Body,
     needs: Needs,
 ) -> Result<T, Refusal> {
-    let timeout = shared.live.current().config.server.body_timeout;
-    let bytes = read(shared, headers, body, timeout, needs).await?;
+    let bytes = read(state, headers, body, needs).await?;
     parse(&bytes)
 }
 
@@ -252,6 +252,25 @@ fn check_duration(at: &str, duration: u64) -> Result<(), Refusal> {
         format!("`duration` {duration} ms is outside {MIN_DURATION_MS} to {MAX_DURATION_MS} ms"),
         "send the window in milliseconds, at least 1000",
     ))
+}
+
+/// When a decision request started, for its latency.
+fn started() -> std::time::Instant {
+    std::time::Instant::now()
+}
+
+/// Counts a v2 decision's answer as a v1 one is counted: its latency in the histogram, and a
+/// refused request (a 400) as invalid.
+fn counted<C: Clock + Clone + Send + Sync + 'static>(
+    state: &AppState<C>,
+    started: std::time::Instant,
+    response: Response,
+) -> Response {
+    if response.status() == StatusCode::BAD_REQUEST {
+        state.metrics.invalid();
+    }
+    state.metrics.observe(started.elapsed());
+    response
 }
 
 /// A `{meta, data}` answer.

@@ -66,8 +66,9 @@ pub(super) async fn set<C: Clock + Clone + Send + Sync + 'static>(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
+    let state = shared.live.current();
     let result = async {
-        let raw: RawSet = read_json(&shared, &headers, body, WRITE_OVERRIDES).await?;
+        let raw: RawSet = read_json(&state, &headers, body, WRITE_OVERRIDES).await?;
         check_names("body", &raw.namespace, &raw.identifier)?;
         if raw.limit == 0 {
             let fix = "send a positive limit (delete the override to use the caller's own)";
@@ -78,7 +79,7 @@ pub(super) async fn set<C: Clock + Clone + Send + Sync + 'static>(
             ));
         }
         check_duration("body", raw.duration)?;
-        let max = shared.live.current().config.overrides.max_per_namespace;
+        let max = state.config.overrides.max_per_namespace;
         let overrides = &shared.live.overrides;
         let id = overrides
             .set(
@@ -100,8 +101,9 @@ pub(super) async fn get<C: Clock + Clone + Send + Sync + 'static>(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
+    let state = shared.live.current();
     let result = async {
-        let raw: RawName = read_json(&shared, &headers, body, READ_OVERRIDES).await?;
+        let raw: RawName = read_json(&state, &headers, body, READ_OVERRIDES).await?;
         check_names("body", &raw.namespace, &raw.identifier)?;
         let found = shared.live.overrides.get(&raw.namespace, &raw.identifier);
         Ok::<_, Refusal>(ok(shown(&found.map_err(override_error)?)))
@@ -115,8 +117,9 @@ pub(super) async fn delete<C: Clock + Clone + Send + Sync + 'static>(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
+    let state = shared.live.current();
     let result = async {
-        let raw: RawName = read_json(&shared, &headers, body, WRITE_OVERRIDES).await?;
+        let raw: RawName = read_json(&state, &headers, body, WRITE_OVERRIDES).await?;
         check_names("body", &raw.namespace, &raw.identifier)?;
         let overrides = &shared.live.overrides;
         overrides
@@ -135,8 +138,9 @@ pub(super) async fn list<C: Clock + Clone + Send + Sync + 'static>(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
+    let state = shared.live.current();
     let result = async {
-        let raw: RawList = read_json(&shared, &headers, body, READ_OVERRIDES).await?;
+        let raw: RawList = read_json(&state, &headers, body, READ_OVERRIDES).await?;
         check_names("body", &raw.namespace, "-")?;
         let size = match raw.limit {
             None => MAX_PAGE,
