@@ -112,9 +112,18 @@ const RULES: &[Rule] = &[
 /// What limiter-core may depend on (besides loom, for its models): it does no IO.
 const CORE_DEPENDENCIES: &[&str] = &["thiserror", "crossbeam-utils", "quanta"];
 
+/// What limiter-envoy may not depend on: it is a leaf of the core and the stack, knowing no
+/// store and no service.
+const ENVOY_FORBIDDEN: &[&str] = &["limiter-redis", "limiterd"];
+
 /// limiter-core's `[dependencies]`, from its manifest.
 fn core_dependencies(root: &Path) -> Result<Vec<String>, String> {
-    let manifest = root.join("crates/limiter-core/Cargo.toml");
+    dependencies(root, "crates/limiter-core/Cargo.toml")
+}
+
+/// The `[dependencies]` of the manifest at `relative` (none if it does not exist).
+fn dependencies(root: &Path, relative: &str) -> Result<Vec<String>, String> {
+    let manifest = root.join(relative);
     if !manifest.exists() {
         return Ok(Vec::new());
     }
@@ -238,6 +247,13 @@ pub(crate) fn check(root: &Path) -> Result<(), String> {
             violations.push(format!(
                 "crates/limiter-core/Cargo.toml: depends on `{name}`: limiter-core does no IO and depends on {} only",
                 CORE_DEPENDENCIES.join(", ")
+            ));
+        }
+    }
+    for name in dependencies(root, "crates/limiter-envoy/Cargo.toml")? {
+        if ENVOY_FORBIDDEN.contains(&name.as_str()) {
+            violations.push(format!(
+                "crates/limiter-envoy/Cargo.toml: depends on `{name}`: limiter-envoy is a leaf of limiter-core and limiter-stack, knowing no store and no service"
             ));
         }
     }

@@ -8,9 +8,9 @@ use std::fmt::Debug;
 use std::future::Future;
 
 use limiter_core::{Decision, Limit, LimitError};
-use limiter_redis::Lease;
 pub use limiter_stack::Charge;
 use limiter_stack::Kind;
+use limiter_stack::Lease;
 
 /// Which counter an item is decided on.
 #[derive(Clone, Debug, PartialEq, Eq)]

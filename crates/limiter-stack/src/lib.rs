@@ -83,6 +83,7 @@ mod error;
 mod keyer;
 mod kind;
 mod layer;
+mod lease;
 mod seam;
 mod stack;
 mod sync;
@@ -93,6 +94,7 @@ pub use error::{BuildError, CallError, RefundError};
 pub use keyer::Keyer;
 pub use kind::{Kind, UnknownKind};
 pub use layer::{Layer, LayerParts, Plan, PlanChooser, PlanParts};
+pub use lease::{DEFAULT_LEASE_TTL, LEASE_TTL_RANGE, Lease, Slack};
 pub use seam::{
     Ask, Asked, AsyncLimiter, BatchAnswer, BatchItem, Charge, DEFAULT_LAYER_NAME, Decide, Failure,
     Held, KeyedBy, LayerInfo, Origin, Outcome, Pending, decide_all, decide_each,

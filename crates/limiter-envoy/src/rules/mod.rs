@@ -36,7 +36,7 @@ use std::fmt;
 use std::time::Duration;
 
 use limiter_core::Limit;
-use limiter_redis::Kind;
+use limiter_stack::Kind;
 
 use crate::yaml::Mark;
 
@@ -162,7 +162,7 @@ pub struct RateLimit {
     pub id: usize,
     /// `rate_limit.lease_slack` (and `lease_ttl`): on Redis, decided locally against leases
     /// within this slack (a limiterd addition, as `algorithm` is; ignored in memory).
-    pub lease: Option<limiter_redis::Lease>,
+    pub lease: Option<limiter_stack::Lease>,
 }
 
 impl RateLimit {

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use limiter_core::Limit;
-use limiter_redis::Kind;
+use limiter_stack::Kind;
 
 use crate::yaml::{Node, Value};
 
@@ -172,8 +172,8 @@ impl Loader<'_> {
         fields: &HashMap<&str, &Node>,
         field: &str,
         requests_per_unit: u32,
-    ) -> Result<Option<limiter_redis::Lease>, RulesError> {
-        use limiter_redis::{LEASE_TTL_RANGE, Lease, Slack};
+    ) -> Result<Option<limiter_stack::Lease>, RulesError> {
+        use limiter_stack::{LEASE_TTL_RANGE, Lease, Slack};
         let Some(slack) = fields.get("lease_slack") else {
             if let Some(ttl) = fields.get("lease_ttl") {
                 return Err(self.error(

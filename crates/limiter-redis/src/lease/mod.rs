@@ -113,7 +113,7 @@ impl<R: Send + Sync + 'static> RedisStack<R> {
     /// This stack, deciding against leases within `lease`'s slack (see [`LeasedStack`]).
     /// Inside a tokio runtime this starts the idle sweep, which ends with the stack.
     pub fn leased(self, lease: Lease) -> Result<LeasedStack<R>, BuildError> {
-        lease.check(self.name())?;
+        options::check_lease(&lease, self.name())?;
         if self.has_plans() {
             return Err(BuildError::Lease {
                 stack: self.name().to_owned(),
@@ -128,12 +128,17 @@ impl<R: Send + Sync + 'static> RedisStack<R> {
         }
         for (layer, limits) in self.layers() {
             for limit in limits {
-                lease.slack.check(self.name(), layer, limit)?;
+                options::check_slack(lease.slack(), self.name(), layer, limit)?;
             }
         }
         let slack: Vec<Vec<u64>> = self
             .layers()
-            .map(|(_, limits)| limits.iter().map(|l| lease.slack.of(l)).collect())
+            .map(|(_, limits)| {
+                limits
+                    .iter()
+                    .map(|l| options::slack_of(lease.slack(), l))
+                    .collect()
+            })
             .collect();
         let most = slack
             .iter()
@@ -177,7 +182,7 @@ fn shard_count() -> usize {
 /// Hands back idle leases every half time to live, while the stack lives.
 async fn sweep<R: Send + Sync + 'static>(shared: Weak<Shared<R>>) {
     let every = match shared.upgrade() {
-        Some(shared) => shared.lease.ttl / 2,
+        Some(shared) => shared.lease.time_to_live() / 2,
         None => return,
     };
     loop {

@@ -62,7 +62,7 @@ impl<R> LeasedStack<R> {
             LeaseSpend::Denied { until } => return local(Err(until.saturating_sub(now).max(1))),
             LeaseSpend::Ask => {}
         }
-        let ttl = duration_nanos(shared.lease.ttl);
+        let ttl = duration_nanos(shared.lease.time_to_live());
         let old = entry.cell.close();
         let handed_back = LeaseCell::units_of(old);
         let want = meta.next_want(handed_back, now, ttl, shared.most);
@@ -119,7 +119,7 @@ impl<R> LeasedStack<R> {
         call: &Prepared,
     ) -> RedisDecision {
         let shared = &*self.shared;
-        let ttl = duration_nanos(shared.lease.ttl);
+        let ttl = duration_nanos(shared.lease.time_to_live());
         let admitted = answers.iter().all(|a| a.allowed);
         meta.granted = 0;
         let decision = shared
@@ -158,7 +158,7 @@ impl<R> LeasedStack<R> {
         let mut keys = call.keys.clone();
         keys.extend(call.keys.iter().map(|k| format!("{k}:lease")));
         let mut args = Call::new(Mode::Lease);
-        let ttl_ms = u64::try_from(shared.lease.ttl.as_millis()).unwrap_or(u64::MAX);
+        let ttl_ms = u64::try_from(shared.lease.time_to_live().as_millis()).unwrap_or(u64::MAX);
         shared
             .stack
             .encode_lease(call, head, ttl_ms, &shared.slack, &mut args);

@@ -6,6 +6,8 @@
 
 #[cfg(feature = "server")]
 pub mod api;
+#[cfg(feature = "server")]
+mod body;
 mod fast;
 pub mod request;
 #[cfg(feature = "server")]

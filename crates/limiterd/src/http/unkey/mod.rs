@@ -22,7 +22,7 @@ use limiter_core::Clock;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::api::read_body;
+use super::body::read_body;
 use super::request::{MAX_DURATION_MS, MAX_IDENTIFIER, MAX_NAMESPACE};
 use crate::config::keys::{Keys, Permissions, Refused};
 use crate::ops::live::Live;
