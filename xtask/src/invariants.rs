@@ -284,12 +284,77 @@ pub(crate) fn check(root: &Path) -> Result<(), String> {
     }
 }
 
+/// The top-level names a path names after its root: `name` in `name::...`, or each name of a
+/// group, `{a, b::c, d}` (nested groups belong to the names before them).
+fn named_modules(rest: &str) -> Vec<String> {
+    let ident = |text: &str| -> String {
+        text.chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let Some(group) = rest.strip_prefix('{') else {
+        let name = ident(rest);
+        return if name.is_empty() {
+            Vec::new()
+        } else {
+            vec![name]
+        };
+    };
+    let mut names = Vec::new();
+    let mut depth = 0_usize;
+    let mut expect_name = true;
+    for (at, c) in group.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => break,
+            '}' => depth -= 1,
+            ',' if depth == 0 => expect_name = true,
+            c if expect_name && depth == 0 && (c.is_alphanumeric() || c == '_') => {
+                names.push(ident(&group[at..]));
+                expect_name = false;
+            }
+            _ => {}
+        }
+    }
+    names
+}
+
+/// What the crate root (`lib.rs`) re-exports, by name: the module each `pub use` takes it
+/// from.
+fn reexports(src: &Path) -> std::collections::BTreeMap<String, String> {
+    let mut map = std::collections::BTreeMap::new();
+    let Ok(text) = std::fs::read_to_string(src.join("lib.rs")) else {
+        return map;
+    };
+    for statement in text.split(';') {
+        let Some(path) = statement.trim().strip_prefix("pub use ") else {
+            continue;
+        };
+        let Some((module, rest)) = path.split_once("::") else {
+            continue;
+        };
+        let module = module.trim();
+        if matches!(module, "crate" | "self" | "super") || module.contains(char::is_whitespace) {
+            continue;
+        }
+        for name in rest
+            .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .filter(|n| !n.is_empty() && *n != "self")
+        {
+            map.insert(name.to_owned(), module.to_owned());
+        }
+    }
+    map
+}
+
 /// A cycle among the top-level modules of the crate whose sources are in `src`, through the
-/// `crate::module` paths its code (not its comments) names, if there is one.
+/// paths its code (not its comments) names from the crate root (`crate::module`, grouped
+/// `crate::{a, b}`, and `super::` in a top-level module's own file), if there is one.
 fn import_cycle(src: &Path) -> Option<Vec<String>> {
     use std::collections::{BTreeMap, BTreeSet};
     let mut files = Vec::new();
     collect_rs(src, &mut files);
+    let reexported = reexports(src);
     let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for file in &files {
         let relative = file
@@ -306,15 +371,31 @@ fn import_cycle(src: &Path) -> Option<Vec<String>> {
             continue;
         }
         let text = std::fs::read_to_string(file).ok()?;
+        // In a top-level module's own file, `super::` is the crate.
+        let top = !relative.contains('/')
+            || relative.ends_with("/mod.rs") && relative.matches('/').count() == 1;
+        let code: String = text
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .collect::<Vec<_>>()
+            .join("\n");
         let edges = graph.entry(module.clone()).or_default();
-        for line in text.lines().filter(|l| !l.trim_start().starts_with("//")) {
-            for (at, _) in line.match_indices("crate::") {
-                let name: String = line[at + 7..]
-                    .chars()
-                    .take_while(|c| c.is_alphanumeric() || *c == '_')
-                    .collect();
-                if !name.is_empty() && name != module {
-                    edges.insert(name);
+        let mut roots = vec!["crate::"];
+        if top {
+            roots.push("super::");
+        }
+        for root in roots {
+            for (at, _) in code.match_indices(root) {
+                // `super::super::` or `self::super::` are not the crate.
+                if root == "super::" && code[..at].ends_with("::") {
+                    continue;
+                }
+                for name in named_modules(&code[at + root.len()..]) {
+                    // A name the crate root re-exports is its module's.
+                    let name = reexported.get(&name).cloned().unwrap_or(name);
+                    if name != module && name != "super" && name != "self" {
+                        edges.insert(name);
+                    }
                 }
             }
         }
@@ -397,6 +478,11 @@ mod tests {
         assert!(contains_word("(redis::cmd(\"GET\"))", "redis::"));
         assert!(!contains_word("use limiter_redis::Kind;", "redis::"));
         assert!(contains_word("x.spawn(f)", ".spawn("));
+        assert_eq!(named_modules("lease::{Lease, Slack};"), ["lease"]);
+        assert_eq!(
+            named_modules("{backend::Sent, seam::{A, B}, error};"),
+            ["backend", "seam", "error"]
+        );
 
         let root = std::env::temp_dir().join(format!("xtask-rules-{}", std::process::id()));
         let src = root.join("crates/limiter-redis/src");

@@ -19,9 +19,7 @@ use limiter_stack::{
     Outcome, Pending, decide_each,
 };
 
-use crate::{
-    BatchError, CallError, LeasedStack, RedisDecision, RedisGrant, RedisStack, RefundError, Source,
-};
+use crate::{BatchError, CallError, RedisDecision, RedisGrant, RedisStack, RefundError, Source};
 
 impl From<CallError> for limiter_stack::CallError {
     fn from(error: CallError) -> Self {
@@ -172,11 +170,10 @@ pub(crate) async fn refund<R>(
     }
 }
 
-/// The per-call Redis stack a batch item decides on, if it is one of this crate's.
+/// The per-call Redis stack a batch item decides on, if it is one of this crate's (a leased
+/// stack answers with its per-call stack).
 fn redis_stack_of<'a, R: 'static>(item: &BatchItem<'a, R>) -> Option<&'a RedisStack<R>> {
-    let any = item.limiter.as_any()?;
-    any.downcast_ref::<RedisStack<R>>()
-        .or_else(|| any.downcast_ref::<LeasedStack<R>>().map(LeasedStack::stack))
+    item.limiter.as_any()?.downcast_ref::<RedisStack<R>>()
 }
 
 /// A batch as one script call when every item is a Redis stack's take or record on one

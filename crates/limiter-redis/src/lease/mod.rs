@@ -357,8 +357,10 @@ impl<R: Sync + 'static> AsyncLimiter<R> for LeasedStack<R> {
         Box::pin(LeasedStack::shutdown(self))
     }
 
+    /// Its per-call stack: a batch with leased items is decided on Redis in one script, as
+    /// their per-call stacks would be.
     fn as_any(&self) -> Option<&dyn std::any::Any> {
-        Some(self)
+        Some(self.stack())
     }
 }
 
