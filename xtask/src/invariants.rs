@@ -168,6 +168,23 @@ fn names_ordering(code: &str) -> bool {
             .any(|o| code.contains(&format!("Ordering::{o}")))
 }
 
+/// Whether a comment in `context` (the lines up to and including `code`) explains the
+/// ordering `code` names: it names that ordering (saying why it is enough) or what it pairs
+/// with. Any comment is not enough: it must be about the ordering.
+fn ordering_explained(code: &str, context: &[&str]) -> bool {
+    let comments: Vec<&str> = context
+        .iter()
+        .filter_map(|line| line.split_once("//").map(|(_, comment)| comment))
+        .collect();
+    let named = ["Relaxed", "Acquire", "Release", "AcqRel", "SeqCst"]
+        .into_iter()
+        .filter(|o| code.contains(&format!("Ordering::{o}")));
+    comments.iter().any(|c| c.contains("pairs with"))
+        || named
+            .into_iter()
+            .any(|o| comments.iter().any(|c| c.contains(o)))
+}
+
 /// Whether `code` holds `pattern` not as the tail of a longer name (`redis::` is not in
 /// `limiter_redis::`).
 fn contains_word(code: &str, pattern: &str) -> bool {
@@ -217,9 +234,9 @@ pub(crate) fn check(root: &Path) -> Result<(), String> {
             }
             if number < before_tests && names_ordering(code) {
                 let from = number.saturating_sub(ORDERING_COMMENT_REACH);
-                if !lines[from..=number].iter().any(|l| l.contains("//")) {
+                if !ordering_explained(code, &lines[from..=number]) {
                     violations.push(format!(
-                        "{relative}:{}: `{}`: every memory ordering carries a comment (within {ORDERING_COMMENT_REACH} lines above) saying what it pairs with or why Relaxed is enough",
+                        "{relative}:{}: `{}`: every memory ordering carries a comment (within {ORDERING_COMMENT_REACH} lines above) that names it and says why (`Relaxed: a statistic`, `Acquire: pairs with ...`), or what it pairs with",
                         number + 1,
                         code.trim()
                     ));
@@ -467,6 +484,20 @@ mod tests {
     #[test]
     fn orderings_names_and_long_files_are_found() {
         assert!(names_ordering("x.load(Ordering::Relaxed);"));
+        let line = "x.load(Ordering::Relaxed);";
+        assert!(ordering_explained(
+            line,
+            &["// Relaxed: a statistic.", line]
+        ));
+        assert!(ordering_explained(
+            line,
+            &["// pairs with the store in `f`", line]
+        ));
+        assert!(!ordering_explained(line, &["// the value we want", line]));
+        assert!(!ordering_explained(
+            "x.load(Ordering::Acquire);",
+            &["// Relaxed: elsewhere", "x.load(Ordering::Acquire);"]
+        ));
         assert!(names_ordering(
             ".fetch_update(StdOrdering::AcqRel, StdOrdering::Acquire, f)"
         ));

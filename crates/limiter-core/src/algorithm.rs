@@ -344,6 +344,9 @@ impl StateCell {
     /// Retires the cell if its state is full at `now`, returning whether it is retired. A full
     /// state decides like a fresh one, so a store that then removes the cell changes no decision.
     pub fn retire_if_full<A: Algorithm>(&self, algorithm: &A, now: u64) -> bool {
+        // Relaxed: retirement is a value of the word itself, so whether a write or the
+        // retirement came first is decided by the word's modification order alone (see
+        // `apply_live`); nothing else is published with it.
         let mut current = self.word.load(Ordering::Relaxed);
         loop {
             if current == Self::RETIRED {
@@ -368,6 +371,8 @@ impl StateCell {
     /// Retires the cell whatever its state and returns the state it held (the eviction a
     /// bounded store makes under capacity pressure; that state is lost).
     pub fn retire(&self) -> u64 {
+        // Relaxed: the swap is one step of the word's modification order; a call that read the
+        // word before it fails its exchange and finds the cell retired (`apply_live`).
         self.word.swap(Self::RETIRED, Ordering::Relaxed)
     }
 

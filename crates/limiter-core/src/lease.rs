@@ -123,6 +123,8 @@ impl LeaseCell {
             match self.word.compare_exchange_weak(
                 word,
                 word - cost,
+                // Relaxed: as the load above; the exchange succeeds only from the word right
+                // before it in its modification order, so no unit is spent twice.
                 Ordering::Relaxed,
                 Ordering::Relaxed,
             ) {
@@ -148,6 +150,8 @@ impl LeaseCell {
     /// Puts back a word [`close`](Self::close) took, if nothing was written since: for a
     /// hand-back that was never sent. Returns whether it was put back.
     pub fn restore(&self, word: u64) -> bool {
+        // Relaxed: it succeeds only if the word is still the 0 `close` left, one step later
+        // in the word's modification order; the word publishes nothing else.
         self.word
             .compare_exchange(0, word, Ordering::Relaxed, Ordering::Relaxed)
             .is_ok()
@@ -160,6 +164,9 @@ impl LeaseCell {
     pub fn grant(&self, units: u64, deadline: u64) -> bool {
         match tick_of(deadline) {
             Some(tick) if units > 0 && units <= UNITS => {
+                // Relaxed: the one renewing caller writes after `close` left 0, and a spender
+                // that reads it spends by exchange from it (see `spend`); nothing else is
+                // published with the word.
                 self.word
                     .store((tick << UNIT_BITS) | units, Ordering::Relaxed);
                 true
@@ -175,6 +182,7 @@ impl LeaseCell {
     pub fn deny(&self, cost: u64, until: u64) -> bool {
         match tick_of(until) {
             Some(tick) if cost > 0 && cost <= UNITS => {
+                // Relaxed: as in `grant`, the renewing caller's one write after `close`.
                 self.word
                     .store(DENIED | (tick << UNIT_BITS) | cost, Ordering::Relaxed);
                 true
@@ -185,6 +193,7 @@ impl LeaseCell {
 
     /// The word as it is (the idle sweep compares it with an earlier reading).
     pub fn load(&self) -> u64 {
+        // Relaxed: a reading to compare later, not a decision; spending reads by exchange.
         self.word.load(Ordering::Relaxed)
     }
 

@@ -69,6 +69,7 @@ impl Cells {
     /// A consistent read without the lock.
     #[inline]
     pub(crate) fn read(&self) -> Snapshot {
+        // Acquire: pairs with a commit's Release word stores (see `read_consistent`).
         let (plan, words) =
             self.read_consistent(|words| words.each_ref().map(|w| w.load(Ordering::Acquire)));
         Snapshot { plan, words }
@@ -78,6 +79,7 @@ impl Cells {
     /// for a plan of one limit.
     #[inline]
     pub(crate) fn read_first(&self) -> (usize, u64) {
+        // Acquire: pairs with a commit's Release word store (see `read_consistent`).
         self.read_consistent(|words| words[0].load(Ordering::Acquire))
     }
 
@@ -140,13 +142,14 @@ impl Cells {
             // Relaxed: only a guess at the unlocked value; the exchange below decides.
             let current = self.header.load(Ordering::Relaxed);
             if current & LOCKED == 0 {
-                // Acquire: pairs with the Release unlock of the last holder, so its word
-                // stores are visible to the reads made under this lock.
+                // Unlocked when read: take it, if no one took it since.
                 if self
                     .header
                     .compare_exchange_weak(
                         current,
                         current | LOCKED,
+                        // Acquire: pairs with the Release unlock of the last holder, so its
+                        // word stores are visible to the reads made under this lock.
                         Ordering::Acquire,
                         // (Relaxed on failure: nothing was acquired.)
                         Ordering::Relaxed,

@@ -104,6 +104,7 @@ impl<R> fmt::Debug for LeasedStack<R> {
 /// counter.
 fn holder_name(stack: &str) -> String {
     static MADE: AtomicU64 = AtomicU64::new(0);
+    // Relaxed: a counter that only makes names differ.
     let made = MADE.fetch_add(1, Ordering::Relaxed);
     let mix = foldhash::fast::RandomState::default().hash_one((std::process::id(), made));
     format!("{stack}#{:x}.{made}.{mix:016x}", std::process::id())
@@ -280,6 +281,7 @@ impl<R> LeasedStack<R> {
     /// What the stack has done since it was made.
     pub fn stats(&self) -> LeaseStats {
         let shared = &*self.shared;
+        // Relaxed: statistics, each read on its own.
         LeaseStats {
             renewals: shared.renewals.load(Ordering::Relaxed),
             leased: shared.leased.load(Ordering::Relaxed),

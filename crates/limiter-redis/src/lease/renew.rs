@@ -135,6 +135,7 @@ impl<R> LeasedStack<R> {
             if entry.cell.grant(lease, deadline) {
                 meta.granted = lease;
                 meta.granted_at = sent.at;
+                // Relaxed: a statistic.
                 shared.leased.fetch_add(lease, Ordering::Relaxed);
                 // The key's budget counts the lease this node now holds, as local answers do.
                 return decision.with_leased(lease);
@@ -185,6 +186,7 @@ impl<R> LeasedStack<R> {
             // Not handed back: the units are lost, never spent.
             return 0;
         }
+        // Relaxed: a statistic.
         self.shared.handed_back.fetch_add(units, Ordering::Relaxed);
         units
     }

@@ -98,6 +98,7 @@ impl Known {
     /// What a local answer reports of the layers in `touched`.
     #[inline]
     pub(super) fn snapshot(&self, touched: Touched) -> KnownSnapshot {
+        // Relaxed (every load here): display values, as `update` writes them.
         let mut snapshot = KnownSnapshot {
             at_local: self.at_local.load(Ordering::Relaxed),
             at_redis_us: self.at_redis_us.load(Ordering::Relaxed),

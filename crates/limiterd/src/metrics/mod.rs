@@ -236,6 +236,7 @@ impl Denials {
             top.record(policy, identifier);
         }
         let now_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        // Relaxed: the sampling instant only paces the log (see the exchange below).
         let last = self.logged_at_ms.load(Ordering::Relaxed);
         let due = last == u64::MAX || now_ms.saturating_sub(last) >= 1_000;
         if due

@@ -172,11 +172,13 @@ impl Health {
 
     /// Marks the service as shutting down: not ready from now on.
     pub fn drain(&self) {
+        // Relaxed: a flag readiness reports; it publishes nothing else.
         self.draining.store(true, Ordering::Relaxed);
     }
 
     /// Whether a shutdown has begun.
     pub fn is_draining(&self) -> bool {
+        // Relaxed: the flag alone (see `drain`).
         self.draining.load(Ordering::Relaxed)
     }
 
