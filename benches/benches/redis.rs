@@ -198,7 +198,7 @@ fn hot() -> Limit {
 }
 
 /// A hot key on a leased limiter beside an in-process keyed check, and the script calls each
-/// leased decision cost: with a slack of 1% of the limit (what README suggests) and with a
+/// leased decision cost: with a slack of 1% of the limit (what docs/redis.md suggests) and with a
 /// slack of 10,000 units (0.001% here), whose renewals come a hundred times as often.
 fn leased_benches(c: &mut Criterion, rt: &tokio::runtime::Runtime, url: &str) {
     let leased = |name: &str, slack: Slack| {

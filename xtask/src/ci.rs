@@ -1,5 +1,5 @@
 //! `cargo xtask ci`: the checks a change must pass, in the order that fails fastest; and
-//! `cargo xtask lint`, the same without the tests (for `.ci/run`, which runs README's test
+//! `cargo xtask lint`, the same without the tests (for `.ci/run`, which runs README.md's test
 //! command itself).
 
 use crate::run::{cargo, root};
@@ -24,6 +24,7 @@ pub(crate) fn lint() -> Result<(), String> {
 fn fmt_and_clippy() -> Result<(), String> {
     cargo(&["fmt", "--all", "--check"], &[])?;
     crate::invariants::check(&root())?;
+    crate::guides::check(&root())?;
     cargo(
         &[
             "clippy",

@@ -5,6 +5,7 @@ mod browser;
 mod ci;
 mod daemon;
 mod fuzz;
+mod guides;
 mod invariants;
 mod loom;
 mod run;

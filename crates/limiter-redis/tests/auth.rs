@@ -1,7 +1,7 @@
 //! Logging in to a real `redis-server` as an ACL user: the password from the URL, from the
 //! builder or from a file (read again at each connection, so a rotated secret applies); a
 //! wrong password named as authentication, never as a slow server, and never printed; and a
-//! least-privilege user (the README's ACL rule: the limiter's commands on its key prefixes)
+//! least-privilege user (docs/operations.md's ACL rule: the limiter's commands on its key prefixes)
 //! deciding every kind of call exactly.
 
 use limiter_testkit::redis_server::RedisServer;
@@ -15,7 +15,7 @@ use limiter_redis::{
 
 const PASSWORD: &str = "s3cret-Pa55-word";
 
-/// The README's rule for limiterd's user: its commands, on its key prefixes, nothing else.
+/// docs/operations.md's rule for limiterd's user: its commands, on its key prefixes, nothing else.
 pub const LEAST_PRIVILEGE: &str = "limiter on >s3cret-Pa55-word ~limiter:* ~limiterd:* \
      resetchannels -@all +ping +fcall +function|load +evalsha +eval +get +set +time +pttl \
      +pexpire +hset +hdel +hgetall +incr +cluster|slots +cluster|info +asking +wait";

@@ -80,11 +80,22 @@ pub mod redis {
     pub use limiter_redis::*;
 }
 
-/// The README's Rust examples, compiled (and, but for the Redis and server ones, run) as
-/// doctests so they stay true; they import this crate alone (and axum, tokio).
+/// The Rust examples of README.md and of every guide in docs/, compiled (and, but for the Redis
+/// and server ones, run) as doctests so they stay true; they import this crate alone (and axum,
+/// tokio). `cargo xtask lint` refuses a guide with Rust examples that is not listed here.
 #[cfg(all(doctest, feature = "axum", feature = "redis"))]
-#[doc = include_str!("../../../README.md")]
-struct ReadmeExamples;
+mod guides {
+    #[doc = include_str!("../../../README.md")]
+    struct Readme;
+    #[doc = include_str!("../../../docs/library.md")]
+    struct Library;
+    #[doc = include_str!("../../../docs/stacks.md")]
+    struct Stacks;
+    #[doc = include_str!("../../../docs/redis.md")]
+    struct Redis;
+    #[doc = include_str!("../../../docs/middleware.md")]
+    struct Middleware;
+}
 
 #[cfg(feature = "tokio")]
 pub mod wait;

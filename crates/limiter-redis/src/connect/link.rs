@@ -322,7 +322,7 @@ pub(crate) fn classify(
     }
     if code == "NOPERM" {
         return BackendError::Redis(format!(
-            "{addr}: user `{user}` lacks a permission Redis asked for ({text}); see the README's ACL rules for the limiter's user"
+            "{addr}: user `{user}` lacks a permission Redis asked for ({text}); see docs/operations.md's ACL rule for the limiter's user"
         ));
     }
     BackendError::Redis(format!("{addr}: {text}"))

@@ -86,7 +86,7 @@ listen = "127.0.0.1:8080"
 
 [store]
 kind = "memory"
-# To share limits with a fleet, on Redis (the README's "Connecting to your Redis" has TLS,
+# To share limits with a fleet, on Redis (docs/operations.md's "Connecting to your Redis" has TLS,
 # ACL users, Sentinel and clusters):
 # kind = "redis"
 # url = "redis://127.0.0.1:6379"     # or rediss:// for TLS, with [store.tls] ca_file = "..."

@@ -1,4 +1,4 @@
-//! The README's "Connecting to your Redis" configurations are real: each one, beside the files
+//! docs/operations.md's "Connecting to your Redis" configurations are real: each one, beside the files
 //! it names (certificates the test generates, a password file) and with the variables it reads
 //! set, passes `limiterd check-config`.
 
@@ -10,11 +10,11 @@ mod support;
 const POLICY: &str =
     "\n[policies.api]\nlimits = [{ algorithm = \"token_bucket\", count = 10, period = \"1s\" }]\n";
 
-/// The `toml` blocks of the README's section named `heading`.
+/// The `toml` blocks of the guide's section named `heading` (up to the next section).
 fn toml_blocks(readme: &str, heading: &str) -> Vec<String> {
-    let start = readme.find(heading).expect("the section is in the README");
+    let start = readme.find(heading).expect("the section is in the guide");
     let section = &readme[start + heading.len()..];
-    let section = &section[..section.find("\n### ").unwrap_or(section.len())];
+    let section = &section[..section.find("\n## ").unwrap_or(section.len())];
     section
         .split("```toml\n")
         .skip(1)
@@ -24,16 +24,16 @@ fn toml_blocks(readme: &str, heading: &str) -> Vec<String> {
 
 #[test]
 fn every_configuration_in_connecting_to_your_redis_passes_check_config() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
-        .expect("the README");
-    let blocks = toml_blocks(&readme, "### Connecting to your Redis");
+    let guide = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/operations.md");
+    let guide = std::fs::read_to_string(guide).expect("docs/operations.md");
+    let blocks = toml_blocks(&guide, "## Connecting to your Redis");
     assert!(
         blocks.len() >= 5,
         "one configuration per topology: {}",
         blocks.len()
     );
     let dir = std::env::temp_dir().join(format!("limiterd-readme-{}", std::process::id()));
-    // The README's file names: ca.pem, client.pem and client.key (the generated ones).
+    // The guide's file names: ca.pem, client.pem and client.key (the generated ones).
     let certs = TestCerts::generate(&dir);
     assert!(certs.client_cert.ends_with("client.pem") && certs.ca.ends_with("ca.pem"));
     std::fs::write(dir.join("redis-password"), "from-a-secret\n").unwrap();
@@ -52,7 +52,10 @@ fn every_configuration_in_connecting_to_your_redis_passes_check_config() {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        assert!(out.status.success(), "README block {i}:\n{block}\n{said}");
+        assert!(
+            out.status.success(),
+            "docs/operations.md block {i}:\n{block}\n{said}"
+        );
         assert!(!said.contains("from-a-"), "{said}");
     }
 }
