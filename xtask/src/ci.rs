@@ -25,6 +25,7 @@ fn fmt_and_clippy() -> Result<(), String> {
     cargo(&["fmt", "--all", "--check"], &[])?;
     crate::invariants::check(&root())?;
     crate::guides::check(&root())?;
+    crate::functions::check(&root())?;
     cargo(
         &[
             "clippy",

@@ -4,6 +4,7 @@ mod bench;
 mod browser;
 mod ci;
 mod daemon;
+mod functions;
 mod fuzz;
 mod guides;
 mod invariants;

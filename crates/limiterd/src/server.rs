@@ -55,55 +55,16 @@ pub async fn serve(
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), String> {
-    let backend = match &config.store {
-        Store::Memory { .. } => None,
-        Store::Redis { connection, .. } => Some(
-            connection
-                .builder()?
-                .connect()
-                .await
-                .map_err(|e| format!("cannot use Redis at {}: {e}", connection.at))?,
-        ),
-    };
+    let backend = connect_store(&config).await?;
     let settings = config.server;
     let state = AppState::build(&config, domains, DefaultClock::new(), backend.clone())
         .map_err(|e| e.to_string())?;
-    let overrides = match (&backend, sources.overrides_file()) {
-        (Some(backend), _) => Overrides::on_redis(backend.records("overrides")).await,
-        (None, Some(path)) => Overrides::load(&path)?,
-        (None, None) => {
-            tracing::warn!(
-                "unkey's overrides are kept in memory only and lost at exit: give --overrides FILE or --config FILE to keep them"
-            );
-            Overrides::in_memory()
-        }
-    };
-    if !config.listen.ip().is_loopback() {
-        if state.keys.is_empty() {
-            tracing::warn!(
-                listen = %config.listen,
-                "listening beyond loopback without keys: /v1, /json, /debug, /metrics and the status page are open to anyone who can reach this address; add `[auth] keys` (unkey's v2 API stays closed without a key)"
-            );
-        } else if !config.protects_native(true) {
-            tracing::warn!(
-                listen = %config.listen,
-                "listening beyond loopback with `[auth] protect_native = false`: the native API is open to anyone who can reach this address"
-            );
-        }
-    }
+    let overrides = open_overrides(backend.as_ref(), &sources).await?;
+    warn_if_open(&config, &state);
     let live = Arc::new(Live::with_overrides(state, overrides));
     if backend.is_some() {
         live.health.await_first_probe();
-        // Overrides another instance changed apply here within one interval.
-        let refreshing = Arc::clone(&live);
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(REFRESH_EVERY).await;
-                if let Err(e) = refreshing.overrides.refresh().await {
-                    tracing::debug!(error = %e, "the overrides could not be read from Redis; retrying");
-                }
-            }
-        });
+        tokio::spawn(refresh_overrides(Arc::clone(&live)));
     }
     let (stop, stopped) = watch::channel(false);
 
@@ -166,6 +127,66 @@ pub async fn serve(
         );
     }
     http
+}
+
+/// The Redis backend the store names, connected; `None` in memory.
+async fn connect_store(config: &Config) -> Result<Option<RedisBackend>, String> {
+    let Store::Redis { connection, .. } = &config.store else {
+        return Ok(None);
+    };
+    let backend = connection
+        .builder()?
+        .connect()
+        .await
+        .map_err(|e| format!("cannot use Redis at {}: {e}", connection.at))?;
+    Ok(Some(backend))
+}
+
+/// unkey's overrides: on Redis beside the limits, else in their file, else (with a warning)
+/// in memory only.
+async fn open_overrides(
+    backend: Option<&RedisBackend>,
+    sources: &Sources,
+) -> Result<Overrides, String> {
+    Ok(match (backend, sources.overrides_file()) {
+        (Some(backend), _) => Overrides::on_redis(backend.records("overrides")).await,
+        (None, Some(path)) => Overrides::load(&path)?,
+        (None, None) => {
+            tracing::warn!(
+                "unkey's overrides are kept in memory only and lost at exit: give --overrides FILE or --config FILE to keep them"
+            );
+            Overrides::in_memory()
+        }
+    })
+}
+
+/// Warns when the service listens beyond loopback with its native API open.
+fn warn_if_open(config: &Config, state: &AppState<DefaultClock>) {
+    if config.listen.ip().is_loopback() {
+        return;
+    }
+    if state.keys.is_empty() {
+        tracing::warn!(
+            listen = %config.listen,
+            "listening beyond loopback without keys: /v1, /json, /debug, /metrics and the status page are open to anyone who can reach this address; add `[auth] keys` (unkey's v2 API stays closed without a key)"
+        );
+    } else if !config.protects_native(true) {
+        tracing::warn!(
+            listen = %config.listen,
+            "listening beyond loopback with `[auth] protect_native = false`: the native API is open to anyone who can reach this address"
+        );
+    }
+}
+
+/// Reads the overrides from Redis every interval, so a change another instance made applies
+/// here within one.
+async fn refresh_overrides(live: Arc<Live<DefaultClock>>) {
+    loop {
+        tokio::time::sleep(REFRESH_EVERY).await;
+        if let Err(e) = live.overrides.refresh().await {
+            tracing::debug!(error = %e, "the overrides could not be read from Redis; retrying");
+        }
+    }
 }
 
 /// Completes once `stopped` turns true.

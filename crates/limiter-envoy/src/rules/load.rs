@@ -303,26 +303,7 @@ impl Loader<'_> {
                 "metadata",
             ],
         )?;
-        let key = match fields.get("key") {
-            Some(k) => {
-                let key = self.text(k, &join(field, "key"))?;
-                if key.is_empty() {
-                    return Err(self.error(
-                        k,
-                        &join(field, "key"),
-                        "is empty: every descriptor needs the `key` envoy sends",
-                    ));
-                }
-                key
-            }
-            None => {
-                return Err(self.error(
-                    node,
-                    &join(field, "key"),
-                    "missing: every descriptor needs the `key` envoy sends",
-                ));
-            }
-        };
+        let key = self.descriptor_key(&fields, node, field)?;
         // An empty value is no value, as in the reference: the key alone.
         let value = match fields.get("value") {
             Some(v) if !v.is_null() => Some(self.text_or_empty(v, &join(field, "value"))?),
@@ -336,20 +317,8 @@ impl Loader<'_> {
         let shadow = flag("shadow_mode")?;
         let quota_mode = flag("quota_mode")?;
         let share_threshold = flag("share_threshold")?;
-        if share_threshold
-            && !key.contains('*')
-            && !value.as_deref().is_some_and(|v| v.contains('*'))
-        {
-            let at = fields.get("share_threshold").copied().unwrap_or(node);
-            return Err(self.error(
-                at,
-                &join(field, "share_threshold"),
-                format!(
-                    "applies only to a wildcard value (one with a `*`), and `{}` has none: give \
-                     the value a `*`, or remove share_threshold (as envoy's reference requires)",
-                    composite_key(&key, value.as_deref())
-                ),
-            ));
+        if share_threshold {
+            self.check_share_threshold(&fields, node, field, &key, value.as_deref())?;
         }
         let value_to_metric = flag("value_to_metric")?;
         let detailed_metric = flag("detailed_metric")?;
@@ -383,6 +352,56 @@ impl Loader<'_> {
             detailed_metric,
             metadata,
         })
+    }
+
+    /// `key`, required and not empty.
+    fn descriptor_key(
+        &self,
+        fields: &HashMap<&str, &Node>,
+        node: &Node,
+        field: &str,
+    ) -> Result<String, RulesError> {
+        let Some(k) = fields.get("key") else {
+            return Err(self.error(
+                node,
+                &join(field, "key"),
+                "missing: every descriptor needs the `key` envoy sends",
+            ));
+        };
+        let key = self.text(k, &join(field, "key"))?;
+        if key.is_empty() {
+            return Err(self.error(
+                k,
+                &join(field, "key"),
+                "is empty: every descriptor needs the `key` envoy sends",
+            ));
+        }
+        Ok(key)
+    }
+
+    /// `share_threshold` applies only to a wildcard (a `*` in the key or the value), as
+    /// envoy's reference requires.
+    fn check_share_threshold(
+        &self,
+        fields: &HashMap<&str, &Node>,
+        node: &Node,
+        field: &str,
+        key: &str,
+        value: Option<&str>,
+    ) -> Result<(), RulesError> {
+        if key.contains('*') || value.is_some_and(|v| v.contains('*')) {
+            return Ok(());
+        }
+        let at = fields.get("share_threshold").copied().unwrap_or(node);
+        Err(self.error(
+            at,
+            &join(field, "share_threshold"),
+            format!(
+                "applies only to a wildcard value (one with a `*`), and `{}` has none: give \
+                 the value a `*`, or remove share_threshold (as envoy's reference requires)",
+                composite_key(key, value)
+            ),
+        ))
     }
 }
 

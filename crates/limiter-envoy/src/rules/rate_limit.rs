@@ -45,80 +45,17 @@ impl Loader<'_> {
         };
         let replaces = self.replaces(&fields, field, &name)?;
         if unlimited {
-            // As in the reference: a unit says the limit counts something, which an
-            // unlimited one does not; a count or `replaces` beside it is harmless.
-            for other in [
-                "unit",
-                "algorithm",
-                "unit_multiplier",
-                "lease_slack",
-                "lease_ttl",
-            ] {
-                if let Some(v) = fields.get(other) {
-                    return Err(self.error(
-                        v,
-                        &join(field, other),
-                        "an unlimited rate limit has no window: remove this field or `unlimited: true`",
-                    ));
-                }
-            }
+            self.nothing_counted_beside_unlimited(&fields, field)?;
             return Ok(Rule::Unlimited { name, replaces });
         }
-        let unit = match fields.get("unit") {
-            Some(u) => {
-                let text = self.text(u, &join(field, "unit"))?;
-                Unit::parse(&text).ok_or_else(|| {
-                    self.error(
-                        u,
-                        &join(field, "unit"),
-                        format!(
-                            "`{text}` is not a unit: use second, minute, hour, day, week, month or year"
-                        ),
-                    )
-                })?
-            }
-            None => {
-                return Err(self.error(
-                    node,
-                    &join(field, "unit"),
-                    "missing: say per what the requests count (second, minute, hour, day, week, month or year), or set `unlimited: true`",
-                ));
-            }
-        };
+        let unit = self.unit(&fields, node, field)?;
         // Missing is 0, as the reference reads it: the limit refuses everything.
         let requests_per_unit = match fields.get("requests_per_unit") {
             Some(n) => self.count(n, &join(field, "requests_per_unit"))?,
             None => 0,
         };
-        let unit_multiplier = match fields.get("unit_multiplier") {
-            None => 1,
-            Some(n) => match self.count(n, &join(field, "unit_multiplier"))? {
-                0 => {
-                    return Err(self.error(
-                        n,
-                        &join(field, "unit_multiplier"),
-                        "is 0: a window of no time counts nothing; write 1 or more (1 is the unit itself)",
-                    ));
-                }
-                m => m,
-            },
-        };
-        let kind = match fields.get("algorithm") {
-            None => Kind::FixedWindow,
-            Some(a) => {
-                let text = self.text(a, &join(field, "algorithm"))?;
-                match text.parse::<Kind>() {
-                    Ok(kind) => kind,
-                    Err(e) => {
-                        return Err(self.error(
-                            a,
-                            &join(field, "algorithm"),
-                            format!("{e} (fixed_window is the default)"),
-                        ));
-                    }
-                }
-            }
-        };
+        let unit_multiplier = self.unit_multiplier(&fields, field)?;
+        let kind = self.algorithm(&fields, field)?;
         let lease = self.lease(&fields, field, requests_per_unit)?;
         let limit = RateLimit {
             name,
@@ -135,8 +72,106 @@ impl Loader<'_> {
             lease,
         };
         self.limits.set(limit.id + 1);
-        if requests_per_unit > 0 && limit.limit().is_none() {
-            let error = Limit::new(u64::from(requests_per_unit), limit.window())
+        self.check_countable(&limit, node, field)?;
+        Ok(Rule::Limited(limit))
+    }
+
+    /// As in the reference: a unit says the limit counts something, which an unlimited one
+    /// does not; a count or `replaces` beside `unlimited: true` is harmless.
+    fn nothing_counted_beside_unlimited(
+        &self,
+        fields: &HashMap<&str, &Node>,
+        field: &str,
+    ) -> Result<(), RulesError> {
+        for other in [
+            "unit",
+            "algorithm",
+            "unit_multiplier",
+            "lease_slack",
+            "lease_ttl",
+        ] {
+            if let Some(v) = fields.get(other) {
+                return Err(self.error(
+                    v,
+                    &join(field, other),
+                    "an unlimited rate limit has no window: remove this field or `unlimited: true`",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// `unit`, required on a limit that counts.
+    fn unit(
+        &self,
+        fields: &HashMap<&str, &Node>,
+        node: &Node,
+        field: &str,
+    ) -> Result<Unit, RulesError> {
+        let Some(u) = fields.get("unit") else {
+            return Err(self.error(
+                node,
+                &join(field, "unit"),
+                "missing: say per what the requests count (second, minute, hour, day, week, month or year), or set `unlimited: true`",
+            ));
+        };
+        let text = self.text(u, &join(field, "unit"))?;
+        Unit::parse(&text).ok_or_else(|| {
+            self.error(
+                u,
+                &join(field, "unit"),
+                format!(
+                    "`{text}` is not a unit: use second, minute, hour, day, week, month or year"
+                ),
+            )
+        })
+    }
+
+    /// `unit_multiplier`: 1 when missing, never 0.
+    fn unit_multiplier(
+        &self,
+        fields: &HashMap<&str, &Node>,
+        field: &str,
+    ) -> Result<u32, RulesError> {
+        let Some(n) = fields.get("unit_multiplier") else {
+            return Ok(1);
+        };
+        match self.count(n, &join(field, "unit_multiplier"))? {
+            0 => Err(self.error(
+                n,
+                &join(field, "unit_multiplier"),
+                "is 0: a window of no time counts nothing; write 1 or more (1 is the unit itself)",
+            )),
+            m => Ok(m),
+        }
+    }
+
+    /// `algorithm`: the fixed window when missing, as the reference counts.
+    fn algorithm(&self, fields: &HashMap<&str, &Node>, field: &str) -> Result<Kind, RulesError> {
+        let Some(a) = fields.get("algorithm") else {
+            return Ok(Kind::FixedWindow);
+        };
+        let text = self.text(a, &join(field, "algorithm"))?;
+        text.parse::<Kind>().map_err(|e| {
+            self.error(
+                a,
+                &join(field, "algorithm"),
+                format!("{e} (fixed_window is the default)"),
+            )
+        })
+    }
+
+    /// A limit that counts must be one its algorithm can count: a window within the range and
+    /// a count the algorithm accepts over it.
+    fn check_countable(
+        &self,
+        limit: &RateLimit,
+        node: &Node,
+        field: &str,
+    ) -> Result<(), RulesError> {
+        let unit = limit.unit.name().to_lowercase();
+        if limit.requests_per_unit > 0 && limit.limit().is_none() {
+            let error = Limit::new(u64::from(limit.requests_per_unit), limit.window())
                 .check()
                 .err()
                 .map(|e| e.to_string())
@@ -145,24 +180,21 @@ impl Loader<'_> {
                 node,
                 &join(field, "unit_multiplier"),
                 format!(
-                    "{unit_multiplier} {}s: {error}; use a smaller unit_multiplier",
-                    unit.name().to_lowercase()
+                    "{} {unit}s: {error}; use a smaller unit_multiplier",
+                    limit.unit_multiplier
                 ),
             ));
         }
         if let Some(l) = limit.limit() {
-            kind.check(l).map_err(|e| {
+            limit.kind.check(l).map_err(|e| {
                 self.error(
                     node,
                     field,
-                    format!(
-                        "{requests_per_unit} per {}: {e}",
-                        unit.name().to_lowercase()
-                    ),
+                    format!("{} per {unit}: {e}", limit.requests_per_unit),
                 )
             })?;
         }
-        Ok(Rule::Limited(limit))
+        Ok(())
     }
 
     /// `lease_slack` (`"N%"` of the limit, or a whole number of units) and `lease_ttl` (a

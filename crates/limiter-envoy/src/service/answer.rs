@@ -39,73 +39,14 @@ impl<L: Copy + PartialEq, S: RuleStats> Envoy<L, S> {
         outcome: &mut Outcome,
         engine: &D,
     ) -> Status {
-        let (shown, stats, status, hits) = match (plan, decided) {
-            (Plan::GivenBack { shown, answer }, _) => {
-                return Status {
-                    code: Code::Ok,
-                    current_limit: Some(shown.clone()),
-                    limit_remaining: answer.map_or(0, |a| {
-                        u32::try_from(a.decision.remaining()).unwrap_or(u32::MAX)
-                    }),
-                    duration_until_reset: answer
-                        .map(|a| Duration::from_nanos(a.decision.reset_after_nanos())),
-                };
-            }
-            (Plan::Free, _) => {
-                return Status {
-                    code: Code::Ok,
-                    current_limit: None,
-                    limit_remaining: 0,
-                    duration_until_reset: None,
-                };
-            }
-            (Plan::Unlimited, _) => {
-                return Status {
-                    code: Code::Ok,
-                    current_limit: None,
-                    limit_remaining: u32::MAX,
-                    duration_until_reset: None,
-                };
-            }
-            (Plan::Refused { shown, stats, item }, _) => {
-                // Hits above the limit were recorded (the counter is over until it resets); a
-                // limit of 0 counts nothing.
-                let status = match &recorded {
-                    Some(answer) => Status {
-                        code: Code::OverLimit,
-                        ..counted_status(shown, &answer.decision)
-                    },
-                    None => Status {
-                        code: Code::OverLimit,
-                        current_limit: Some(shown.clone()),
-                        limit_remaining: 0,
-                        duration_until_reset: Some(shown.unit.duration()),
-                    },
-                };
-                let hits = item
-                    .as_ref()
-                    .filter(|_| recorded.is_some())
-                    .map_or(0, |i| i.cost);
-                (shown, stats, status, hits)
-            }
-            // A check (0 hits) is over only while its counter is over its limit (a debt):
-            // exactly at the limit it is OK with nothing left, as in the reference.
-            (Plan::Counted { shown, stats, item }, Some(answer)) => (
+        let (shown, stats, status, hits) = match found(plan, decided, recorded) {
+            Found::Final(status) => return status,
+            Found::Limited {
                 shown,
                 stats,
-                counted_status(shown, &answer.decision),
-                item.cost,
-            ),
-            // The engine answers every item; were one missing, say over.
-            (Plan::Counted { shown, stats, .. }, None) => {
-                let status = Status {
-                    code: Code::OverLimit,
-                    current_limit: Some(shown.clone()),
-                    limit_remaining: 0,
-                    duration_until_reset: None,
-                };
-                (shown, stats, status, 0)
-            }
+                status,
+                hits,
+            } => (shown, stats, status, hits),
         };
         let over = status.code == Code::OverLimit;
         if stats.quota {
@@ -119,31 +60,7 @@ impl<L: Copy + PartialEq, S: RuleStats> Envoy<L, S> {
             outcome.over = true;
         }
         if stats.limit.is_some() {
-            let count = |stat: &'static str, n: u64| {
-                if let Some(counters) = stats.counters {
-                    counters.add(stat, n);
-                }
-                if let Some(key) = &stats.detailed_key {
-                    engine.stat(key, stat, n);
-                }
-            };
-            count("total_hits", hits);
-            if over {
-                count("over_limit", hits.max(1));
-                if stats.shadow {
-                    count("shadow_mode", hits.max(1));
-                }
-            } else {
-                count("within_limit", hits);
-                let used = u64::from(shown.requests_per_unit)
-                    .saturating_sub(u64::from(status.limit_remaining));
-                #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-                let threshold = (f64::from(shown.requests_per_unit) * self.options.near_limit_ratio)
-                    .floor() as u64;
-                if hits > 0 && used > threshold {
-                    count("near_limit", hits.min(used - threshold));
-                }
-            }
+            self.count_statistics(stats, shown, &status, hits, engine);
         }
         // Shadow and quota-mode limits are answered OK whatever they found.
         if over && (stats.shadow || stats.quota) {
@@ -153,6 +70,43 @@ impl<L: Copy + PartialEq, S: RuleStats> Envoy<L, S> {
             };
         }
         status
+    }
+
+    /// A configured limit's reference statistics for one descriptor: total hits, over or
+    /// within the limit, shadowed, and near the limit (past `near_limit_ratio` of it).
+    fn count_statistics<D: Decider<Limit = L, Stats = S>>(
+        &self,
+        stats: &Stats<'_, S>,
+        shown: &CurrentLimit,
+        status: &Status,
+        hits: u64,
+        engine: &D,
+    ) {
+        let count = |stat: &'static str, n: u64| {
+            if let Some(counters) = stats.counters {
+                counters.add(stat, n);
+            }
+            if let Some(key) = &stats.detailed_key {
+                engine.stat(key, stat, n);
+            }
+        };
+        count("total_hits", hits);
+        if status.code == Code::OverLimit {
+            count("over_limit", hits.max(1));
+            if stats.shadow {
+                count("shadow_mode", hits.max(1));
+            }
+            return;
+        }
+        count("within_limit", hits);
+        let used =
+            u64::from(shown.requests_per_unit).saturating_sub(u64::from(status.limit_remaining));
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let threshold =
+            (f64::from(shown.requests_per_unit) * self.options.near_limit_ratio).floor() as u64;
+        if hits > 0 && used > threshold {
+            count("near_limit", hits.min(used - threshold));
+        }
     }
 
     /// The rate-limit headers, from the status closest to its limit (least remaining, then
@@ -239,5 +193,87 @@ pub(super) fn counted_status(shown: &CurrentLimit, decision: &Decision) -> Statu
             limit_remaining: 0,
             duration_until_reset: Some(Duration::from_nanos(decision.retry_after_nanos())),
         }
+    }
+}
+
+/// What a descriptor's plan and answers come to before its statistics.
+enum Found<'p, 'a, S> {
+    /// No configured limit counted it: the status is final.
+    Final(Status),
+    /// A limit answered: its status (before shadow and quota mode) and the hits it counted.
+    Limited {
+        shown: &'p CurrentLimit,
+        stats: &'p Stats<'a, S>,
+        status: Status,
+        hits: u64,
+    },
+}
+
+/// The status a plan's answers give, before statistics and modes.
+fn found<'p, 'a, L, S>(
+    plan: &'p Plan<'a, L, S>,
+    decided: Option<&Answer>,
+    recorded: Option<Answer>,
+) -> Found<'p, 'a, S> {
+    let ok = |current_limit, limit_remaining, duration_until_reset| {
+        Found::Final(Status {
+            code: Code::Ok,
+            current_limit,
+            limit_remaining,
+            duration_until_reset,
+        })
+    };
+    let over = |shown: &CurrentLimit, duration_until_reset| Status {
+        code: Code::OverLimit,
+        current_limit: Some(shown.clone()),
+        limit_remaining: 0,
+        duration_until_reset,
+    };
+    match (plan, decided) {
+        (Plan::GivenBack { shown, answer }, _) => ok(
+            Some(shown.clone()),
+            answer.map_or(0, |a| {
+                u32::try_from(a.decision.remaining()).unwrap_or(u32::MAX)
+            }),
+            answer.map(|a| Duration::from_nanos(a.decision.reset_after_nanos())),
+        ),
+        (Plan::Free, _) => ok(None, 0, None),
+        (Plan::Unlimited, _) => ok(None, u32::MAX, None),
+        (Plan::Refused { shown, stats, item }, _) => {
+            // Hits above the limit were recorded (the counter is over until it resets); a
+            // limit of 0 counts nothing.
+            let status = match &recorded {
+                Some(answer) => Status {
+                    code: Code::OverLimit,
+                    ..counted_status(shown, &answer.decision)
+                },
+                None => over(shown, Some(shown.unit.duration())),
+            };
+            let hits = item
+                .as_ref()
+                .filter(|_| recorded.is_some())
+                .map_or(0, |i| i.cost);
+            Found::Limited {
+                shown,
+                stats,
+                status,
+                hits,
+            }
+        }
+        // A check (0 hits) is over only while its counter is over its limit (a debt):
+        // exactly at the limit it is OK with nothing left, as in the reference.
+        (Plan::Counted { shown, stats, item }, Some(answer)) => Found::Limited {
+            shown,
+            stats,
+            status: counted_status(shown, &answer.decision),
+            hits: item.cost,
+        },
+        // The engine answers every item; were one missing, say over.
+        (Plan::Counted { shown, stats, .. }, None) => Found::Limited {
+            shown,
+            stats,
+            status: over(shown, None),
+            hits: 0,
+        },
     }
 }

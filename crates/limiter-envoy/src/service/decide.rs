@@ -19,50 +19,13 @@ impl<L: Copy + PartialEq, S: RuleStats> Envoy<L, S> {
         if request.descriptors.len() > MAX_DESCRIPTORS {
             return Ok(self.too_many(request));
         }
-        let mut plans = Vec::with_capacity(request.descriptors.len());
-        let mut replaced: HashSet<&str> = HashSet::new();
-        for descriptor in &request.descriptors {
-            let (plan, replaces) = self.plan(request, descriptor);
-            replaced.extend(replaces.iter().map(String::as_str));
-            let plan = if descriptor.negative_hits {
-                self.give_back(engine, plan).await?
-            } else {
-                plan
-            };
-            plans.push(plan);
-        }
-        // A matched limit named in another matched limit's `replaces` does not apply, whether
-        // that other limit counts, refuses before counting, or is unlimited.
-        if !replaced.is_empty() {
-            for plan in &mut plans {
-                let name = match plan {
-                    Plan::Counted { shown, .. } | Plan::Refused { shown, .. } => &shown.name,
-                    _ => continue,
-                };
-                if !name.is_empty() && replaced.contains(name.as_str()) {
-                    *plan = Plan::Free;
-                }
-            }
-        }
+        let plans = self.plans(engine, request).await?;
         let enforced = |stats: &Stats<'_, S>| !(stats.shadow || stats.quota || self.global(stats));
         let refused = plans
             .iter()
             .any(|p| matches!(p, Plan::Refused { stats, .. } if enforced(stats)));
         // Something is over before counting: only report the others (cost 0), so nothing moves.
-        let mut slots = Vec::with_capacity(plans.len());
-        let mut items = Vec::new();
-        for plan in &plans {
-            if let Plan::Counted { item, .. } = plan {
-                let mut item = item.clone();
-                if refused {
-                    item.cost = 0;
-                }
-                slots.push(Some(items.len()));
-                items.push(item);
-            } else {
-                slots.push(None);
-            }
-        }
+        let (slots, items) = items_to_decide(&plans, refused);
         let (admitted, mut answers) = if items.is_empty() {
             (true, Vec::new())
         } else {
@@ -102,6 +65,40 @@ impl<L: Copy + PartialEq, S: RuleStats> Envoy<L, S> {
             dynamic_metadata: self.metadata(request, &outcome),
             statuses,
         })
+    }
+
+    /// Each descriptor's plan, negative hits given back first; a matched limit named in
+    /// another matched limit's `replaces` does not apply, whether that other limit counts,
+    /// refuses before counting, or is unlimited.
+    async fn plans<'a, D: Decider<Limit = L, Stats = S>>(
+        &'a self,
+        engine: &D,
+        request: &Request,
+    ) -> Result<Vec<Plan<'a, L, S>>, EnvoyError> {
+        let mut plans = Vec::with_capacity(request.descriptors.len());
+        let mut replaced: HashSet<&str> = HashSet::new();
+        for descriptor in &request.descriptors {
+            let (plan, replaces) = self.plan(request, descriptor);
+            replaced.extend(replaces.iter().map(String::as_str));
+            let plan = if descriptor.negative_hits {
+                self.give_back(engine, plan).await?
+            } else {
+                plan
+            };
+            plans.push(plan);
+        }
+        if !replaced.is_empty() {
+            for plan in &mut plans {
+                let name = match plan {
+                    Plan::Counted { shown, .. } | Plan::Refused { shown, .. } => &shown.name,
+                    _ => continue,
+                };
+                if !name.is_empty() && replaced.contains(name.as_str()) {
+                    *plan = Plan::Free;
+                }
+            }
+        }
+        Ok(plans)
     }
 
     /// A descriptor's hits given back (`is_negative_hits`), before the rest of the request is
@@ -166,56 +163,7 @@ impl<L: Copy + PartialEq, S: RuleStats> Envoy<L, S> {
         answers: &mut [Answer],
         (peeked, taken): (bool, bool),
     ) -> Result<Vec<Option<Answer>>, EnvoyError> {
-        struct Counter<'i, L> {
-            item: &'i Item<L>,
-            /// (descriptor, its answer's index, whether that answer denied it)
-            charges: Vec<(usize, Option<usize>, bool)>,
-            hits: u64,
-            over: bool,
-        }
-        let mut counters: Vec<Counter<'_, L>> = Vec::new();
-        for (index, (plan, slot)) in plans.iter().zip(slots).enumerate() {
-            let (item, answer, over) = match (plan, slot) {
-                (Plan::Counted { item, .. }, Some(i)) if item.cost > 0 => {
-                    let answer = answers.get(*i);
-                    let denied = answer.is_none_or(|a| !a.decision.is_allowed());
-                    (
-                        item,
-                        Some((*i, answer.map_or(0, |a| a.decision.remaining()))),
-                        denied,
-                    )
-                }
-                (
-                    Plan::Refused {
-                        item: Some(item), ..
-                    },
-                    _,
-                ) => (item, None, true),
-                _ => continue,
-            };
-            let found = counters
-                .iter_mut()
-                .find(|c| c.item.target == item.target && c.item.identifier == item.identifier);
-            let counter = match found {
-                Some(counter) => counter,
-                None => {
-                    counters.push(Counter {
-                        item,
-                        charges: Vec::new(),
-                        hits: 0,
-                        over: false,
-                    });
-                    counters.last_mut().expect("just pushed")
-                }
-            };
-            counter.hits = counter.hits.saturating_add(item.cost);
-            counter.over |= over;
-            if let (true, Some((_, left))) = (peeked, answer) {
-                // A peek: over when its hits are more than the counter had left.
-                counter.over |= counter.hits > left;
-            }
-            counter.charges.push((index, answer.map(|(i, _)| i), over));
-        }
+        let counters = counters_charged(plans, slots, answers, peeked);
         let mut recorded = vec![None; plans.len()];
         for counter in counters.iter().filter(|c| c.over) {
             for &(index, slot, denied) in &counter.charges {
@@ -243,6 +191,91 @@ impl<L: Copy + PartialEq, S: RuleStats> Envoy<L, S> {
         }
         Ok(recorded)
     }
+}
+
+/// The items the engine decides, one per counted plan (reporting only, cost 0, when something
+/// was `refused` before counting), and by plan the index of its item.
+fn items_to_decide<L: Clone, S>(
+    plans: &[Plan<'_, L, S>],
+    refused: bool,
+) -> (Vec<Option<usize>>, Vec<Item<L>>) {
+    let mut slots = Vec::with_capacity(plans.len());
+    let mut items = Vec::new();
+    for plan in plans {
+        if let Plan::Counted { item, .. } = plan {
+            let mut item = item.clone();
+            if refused {
+                item.cost = 0;
+            }
+            slots.push(Some(items.len()));
+            items.push(item);
+        } else {
+            slots.push(None);
+        }
+    }
+    (slots, items)
+}
+
+/// One counter a request charges, with every charge on it.
+struct Counter<'i, L> {
+    item: &'i Item<L>,
+    /// (descriptor, its answer's index, whether that answer denied it)
+    charges: Vec<(usize, Option<usize>, bool)>,
+    hits: u64,
+    over: bool,
+}
+
+/// The counters the plans charge (hits above 0, or refused before counting), each over when
+/// a charge on it was denied or, when the request was only `peeked`, when its hits are more
+/// than it had left.
+fn counters_charged<'i, L: PartialEq, S>(
+    plans: &'i [Plan<'_, L, S>],
+    slots: &[Option<usize>],
+    answers: &[Answer],
+    peeked: bool,
+) -> Vec<Counter<'i, L>> {
+    let mut counters: Vec<Counter<'i, L>> = Vec::new();
+    for (index, (plan, slot)) in plans.iter().zip(slots).enumerate() {
+        let (item, answer, over) = match (plan, slot) {
+            (Plan::Counted { item, .. }, Some(i)) if item.cost > 0 => {
+                let answer = answers.get(*i);
+                let denied = answer.is_none_or(|a| !a.decision.is_allowed());
+                (
+                    item,
+                    Some((*i, answer.map_or(0, |a| a.decision.remaining()))),
+                    denied,
+                )
+            }
+            (
+                Plan::Refused {
+                    item: Some(item), ..
+                },
+                _,
+            ) => (item, None, true),
+            _ => continue,
+        };
+        let at = counters
+            .iter()
+            .position(|c| c.item.target == item.target && c.item.identifier == item.identifier)
+            .unwrap_or_else(|| {
+                counters.push(Counter {
+                    item,
+                    charges: Vec::new(),
+                    hits: 0,
+                    over: false,
+                });
+                counters.len() - 1
+            });
+        let counter = &mut counters[at];
+        counter.hits = counter.hits.saturating_add(item.cost);
+        counter.over |= over;
+        if let (true, Some((_, left))) = (peeked, answer) {
+            // A peek: over when its hits are more than the counter had left.
+            counter.over |= counter.hits > left;
+        }
+        counter.charges.push((index, answer.map(|(i, _)| i), over));
+    }
+    counters
 }
 
 /// What the statuses of one request add up to.

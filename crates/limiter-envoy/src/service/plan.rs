@@ -127,44 +127,10 @@ impl<L: Copy + PartialEq, S: RuleStats> Envoy<L, S> {
         if let Some(o) = descriptor.limit
             && let Some(unit) = Unit::from_number(o.unit)
         {
-            let shown = CurrentLimit {
-                name: String::new(),
-                requests_per_unit: o.requests_per_unit,
-                unit,
-            };
-            let duration_ms = u64::try_from(unit.duration().as_millis()).unwrap_or(u64::MAX);
-            // Each unit counts on its own counter, as the reference keys its counters by the
-            // unit's window: 10 a day and then 42 an hour are two counters.
-            let item = Item {
-                target: Target::AdHoc {
-                    kind: Kind::FixedWindow,
-                    limit: u64::from(o.requests_per_unit),
-                    duration_ms,
-                    namespace: format!("envoy:{}:{}", request.domain, unit.name()),
-                },
-                identifier: identifier(&descriptor.entries, |_| None),
-                cost: hits,
-                shadow: false,
-                charge: Charge::Take,
-            };
-            let stats = Stats::adhoc();
-            if o.requests_per_unit == 0 {
-                let plan = Plan::Refused {
-                    shown,
-                    stats,
-                    item: None,
-                };
-                return (plan, &[]);
-            }
-            if u64::from(o.requests_per_unit) < hits {
-                let plan = Plan::Refused {
-                    shown,
-                    stats,
-                    item: Some(item),
-                };
-                return (plan, &[]);
-            }
-            return (Plan::Counted { item, shown, stats }, &[]);
+            return (
+                sent_limit(request, descriptor, o.requests_per_unit, unit, hits),
+                &[],
+            );
         }
         let Some(matched) = domain.matched(&descriptor.entries) else {
             return (Plan::Free, &[]);
@@ -214,5 +180,51 @@ impl<L: Copy + PartialEq, S: RuleStats> Envoy<L, S> {
             item => Plan::Refused { shown, stats, item },
         };
         (plan, &limit.replaces)
+    }
+}
+
+/// The plan of a limit sent with the descriptor, `requests_per_unit` per `unit`. Each unit
+/// counts on its own counter, as the reference keys its counters by the unit's window: 10 a
+/// day and then 42 an hour are two counters.
+fn sent_limit<'a, L, S>(
+    request: &Request,
+    descriptor: &Descriptor,
+    requests_per_unit: u32,
+    unit: Unit,
+    hits: u64,
+) -> Plan<'a, L, S> {
+    let shown = CurrentLimit {
+        name: String::new(),
+        requests_per_unit,
+        unit,
+    };
+    let duration_ms = u64::try_from(unit.duration().as_millis()).unwrap_or(u64::MAX);
+    let item = Item {
+        target: Target::AdHoc {
+            kind: Kind::FixedWindow,
+            limit: u64::from(requests_per_unit),
+            duration_ms,
+            namespace: format!("envoy:{}:{}", request.domain, unit.name()),
+        },
+        identifier: identifier(&descriptor.entries, |_| None),
+        cost: hits,
+        shadow: false,
+        charge: Charge::Take,
+    };
+    let stats = Stats::adhoc();
+    if requests_per_unit == 0 {
+        Plan::Refused {
+            shown,
+            stats,
+            item: None,
+        }
+    } else if u64::from(requests_per_unit) < hits {
+        Plan::Refused {
+            shown,
+            stats,
+            item: Some(item),
+        }
+    } else {
+        Plan::Counted { item, shown, stats }
     }
 }

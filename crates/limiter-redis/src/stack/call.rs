@@ -105,10 +105,39 @@ impl<R> RedisStack<R> {
     }
 
     fn resolve(&self, request: &R, cost: u64, record: bool) -> Result<Prepared, CallError> {
-        let mut keys = Vec::new();
-        let mut targets = Vec::new();
-        let mut layer_keys: Vec<(usize, usize, Option<String>)> =
-            Vec::with_capacity(self.layers.len());
+        let layer_keys = self.layers_applying(request, cost, record)?;
+        let (keys, targets) = self.keys_of_limits(request, layer_keys);
+        let (slot, across_slots) = match keys.split_first() {
+            Some((first, rest)) if self.backend.is_cluster() => {
+                let slot = key_slot(first);
+                if rest.iter().all(|k| key_slot(k) == slot) {
+                    (Some(slot), false)
+                } else {
+                    (None, true)
+                }
+            }
+            _ => (None, false),
+        };
+        Ok(Prepared {
+            cost,
+            record,
+            slot,
+            across_slots,
+            keys,
+            targets,
+        })
+    }
+
+    /// The layers that apply to `request` (a keyed layer whose key is missing does not), each
+    /// as (layer, the plan it chose, its key); a chosen plan that does not exist, or (unless
+    /// recording) a cost above a limit's burst, is an error naming the layer.
+    fn layers_applying(
+        &self,
+        request: &R,
+        cost: u64,
+        record: bool,
+    ) -> Result<Vec<(usize, usize, Option<String>)>, CallError> {
+        let mut layer_keys = Vec::with_capacity(self.layers.len());
         for (l, layer) in self.layers.iter().enumerate() {
             let key = match &layer.keyer {
                 Some(keyer) => match keyer.key(request) {
@@ -137,6 +166,18 @@ impl<R> RedisStack<R> {
             }
             layer_keys.push((l, plan, key));
         }
+        Ok(layer_keys)
+    }
+
+    /// Every limit's Redis key, `<head>:<layer>:<limit>` then the layer's key unless the head
+    /// is tagged by it, with the limit each names.
+    fn keys_of_limits(
+        &self,
+        request: &R,
+        layer_keys: Vec<(usize, usize, Option<String>)>,
+    ) -> (Vec<String>, Vec<Target>) {
+        let mut keys = Vec::new();
+        let mut targets = Vec::new();
         let stack_head = format!("{}:{{{}}}", self.prefix, self.name);
         let request_head = match &self.tag {
             Tag::Request(tagger) => Some(format!(
@@ -149,7 +190,6 @@ impl<R> RedisStack<R> {
         };
         for (l, plan, key) in layer_keys {
             let layer = &self.layers[l];
-            // `<head>:<layer>:<limit>`, then the layer's key unless the head is tagged by it.
             let (head, suffix) = match (&self.tag, &key) {
                 (Tag::Key, Some(key)) => (format!("{}:{}:{{{key}}}", self.prefix, self.name), None),
                 (Tag::Request(_), _) => (request_head.clone().unwrap_or_default(), key),
@@ -171,25 +211,7 @@ impl<R> RedisStack<R> {
                 });
             }
         }
-        let (slot, across_slots) = match keys.split_first() {
-            Some((first, rest)) if self.backend.is_cluster() => {
-                let slot = key_slot(first);
-                if rest.iter().all(|k| key_slot(k) == slot) {
-                    (Some(slot), false)
-                } else {
-                    (None, true)
-                }
-            }
-            _ => (None, false),
-        };
-        Ok(Prepared {
-            cost,
-            record,
-            slot,
-            across_slots,
-            keys,
-            targets,
-        })
+        (keys, targets)
     }
 
     /// An answer without a round trip: no layer applies, or the deny cache covers the call (a

@@ -14,6 +14,16 @@ use crate::cells::{Cells, EntryCells, MAX_LIMITS_PER_LAYER, Snapshot};
 use crate::decision::{MAX_LAYERS, StackDecision};
 use crate::error::CallError;
 
+/// What inserting a call's missing keys came to.
+enum Inserted {
+    /// Every missing key is in.
+    All,
+    /// A shard needs its write lock: lock again and retry.
+    Retry,
+    /// This layer's new key found no room under `max_keys`.
+    Full(usize),
+}
+
 impl<R, K, C> Stack<R, K, C>
 where
     K: Hash + Eq + Clone,
@@ -102,84 +112,11 @@ where
             let mut guards: Guards<'_, K> = [const { None }; MAX_LAYERS];
             self.lock_shards(order, &mut guards);
             let mut inserted = [false; MAX_LAYERS];
-            let mut retry = false;
-            let mut full = None;
-            for (slot, target) in targets.iter().enumerate() {
-                let Some(Target {
-                    layer,
-                    plan,
-                    place: Place::Keyed { key, hash, shard },
-                }) = target
-                else {
-                    continue;
-                };
-                let position = order.position(*shard);
-                let Some(guard) = guards[position].as_mut() else {
-                    continue;
-                };
-                if guard
-                    .find(*hash, |e| e.layer as usize == *layer && e.key == *key)
-                    .is_some()
-                {
-                    continue;
-                }
-                let Guard::Write(shard) = guard else {
-                    // Reclaimed since the first look: this shard needs its write lock too.
-                    order.write[position] = true;
-                    retry = true;
-                    break;
-                };
-                // The entry holds the whole group, each layer fresh under the plan it chose
-                // (the group takes part as one: every member has its target).
-                let mut fresh_states = [Snapshot {
-                    plan: 0,
-                    words: [0; MAX_LIMITS_PER_LAYER],
-                }; MAX_LAYERS];
-                let mut members = 0;
-                for (state, member) in fresh_states.iter_mut().zip(self.group(*layer)) {
-                    let chosen = targets[member].as_ref().map_or(*plan, |t| t.plan);
-                    *state = fresh(&self.layers[member], chosen);
-                    members += 1;
-                }
-                let entry = Entry {
-                    layer: *layer as u32,
-                    key: key.clone(),
-                    cells: EntryCells::new(&fresh_states[..members]),
-                };
-                // The entries this call inserted are fresh, so full: the sweep an insert may
-                // run must spare them, or a second insert could drop the first.
-                let ours = |e: &Entry<K>| {
-                    targets.iter().zip(&inserted).any(|(t, &mine)| {
-                        mine && t.as_ref().is_some_and(|t| {
-                            t.layer == e.layer as usize
-                                && matches!(&t.place, Place::Keyed { key, .. } if *key == e.key)
-                        })
-                    })
-                };
-                if let Some(max) = self.max_keys
-                    && !self.reserve_key(max)
-                {
-                    let dropped = shard.sweep(|e| !ours(e) && self.entry_is_full(e, now));
-                    self.forget_held(usize::try_from(dropped).unwrap_or(usize::MAX));
-                    if !self.reserve_key(max) {
-                        full = Some(*layer);
-                        break;
-                    }
-                }
-                let before = shard.len();
-                shard.insert(
-                    *hash,
-                    entry,
-                    |e| !ours(e) && self.entry_is_full(e, now),
-                    |e| self.table.hash_one((e.layer, &e.key)),
-                );
-                // The insert may have dropped full entries to make room.
-                self.forget_held(before.saturating_add(1).saturating_sub(shard.len()));
-                inserted[slot] = true;
-            }
-            if retry {
-                continue;
-            }
+            let full = match self.insert_missing(targets, order, &mut guards, &mut inserted, now) {
+                Inserted::All => None,
+                Inserted::Retry => continue,
+                Inserted::Full(layer) => Some(layer),
+            };
             if full.is_some() && !reclaimed {
                 // Full here: take out what this call inserted, let go of the shards, drop
                 // every shard's full entries, and try once more.
@@ -218,6 +155,98 @@ where
                 self.take_out(targets, &inserted, order, &mut guards);
             }
             return result;
+        }
+    }
+
+    /// Inserts every key of `targets` not yet held, fresh, under its shard's write lock,
+    /// marking each in `inserted`. A shard read-locked where a key is missing (reclaimed since
+    /// the first look) is marked for writing and the call retries; with `max_keys`, a key
+    /// with no room even after dropping the shard's full entries stops the inserts.
+    #[inline]
+    fn insert_missing(
+        &self,
+        targets: &Targets<K>,
+        order: &mut ShardOrder,
+        guards: &mut Guards<'_, K>,
+        inserted: &mut [bool; MAX_LAYERS],
+        now: u64,
+    ) -> Inserted {
+        for (slot, target) in targets.iter().enumerate() {
+            let Some(Target {
+                layer,
+                plan,
+                place: Place::Keyed { key, hash, shard },
+            }) = target
+            else {
+                continue;
+            };
+            let position = order.position(*shard);
+            let Some(guard) = guards[position].as_mut() else {
+                continue;
+            };
+            if guard
+                .find(*hash, |e| e.layer as usize == *layer && e.key == *key)
+                .is_some()
+            {
+                continue;
+            }
+            let Guard::Write(shard) = guard else {
+                // Reclaimed since the first look: this shard needs its write lock too.
+                order.write[position] = true;
+                return Inserted::Retry;
+            };
+            let entry = self.fresh_entry(targets, *layer, *plan, key);
+            // The entries this call inserted are fresh, so full: the sweep an insert may
+            // run must spare them, or a second insert could drop the first.
+            let ours = |e: &Entry<K>| {
+                targets.iter().zip(inserted.iter()).any(|(t, &mine)| {
+                    mine && t.as_ref().is_some_and(|t| {
+                        t.layer == e.layer as usize
+                            && matches!(&t.place, Place::Keyed { key, .. } if *key == e.key)
+                    })
+                })
+            };
+            if let Some(max) = self.max_keys
+                && !self.reserve_key(max)
+            {
+                let dropped = shard.sweep(|e| !ours(e) && self.entry_is_full(e, now));
+                self.forget_held(usize::try_from(dropped).unwrap_or(usize::MAX));
+                if !self.reserve_key(max) {
+                    return Inserted::Full(*layer);
+                }
+            }
+            let before = shard.len();
+            shard.insert(
+                *hash,
+                entry,
+                |e| !ours(e) && self.entry_is_full(e, now),
+                |e| self.table.hash_one((e.layer, &e.key)),
+            );
+            // The insert may have dropped full entries to make room.
+            self.forget_held(before.saturating_add(1).saturating_sub(shard.len()));
+            inserted[slot] = true;
+        }
+        Inserted::All
+    }
+
+    /// A fresh entry for `key` at `layer`: it holds the whole group, each layer fresh under
+    /// the plan it chose (the group takes part as one: every member has its target).
+    #[inline]
+    fn fresh_entry(&self, targets: &Targets<K>, layer: usize, plan: usize, key: &K) -> Entry<K> {
+        let mut fresh_states = [Snapshot {
+            plan: 0,
+            words: [0; MAX_LIMITS_PER_LAYER],
+        }; MAX_LAYERS];
+        let mut members = 0;
+        for (state, member) in fresh_states.iter_mut().zip(self.group(layer)) {
+            let chosen = targets[member].as_ref().map_or(plan, |t| t.plan);
+            *state = fresh(&self.layers[member], chosen);
+            members += 1;
+        }
+        Entry {
+            layer: layer as u32,
+            key: key.clone(),
+            cells: EntryCells::new(&fresh_states[..members]),
         }
     }
 

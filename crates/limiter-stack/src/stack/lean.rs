@@ -110,24 +110,7 @@ where
             if plan == SKIPPED {
                 continue;
             }
-            let shard = targets.shards[slot];
-            let Member { lead, position } = self.members[slot];
-            let cell = if lead != slot {
-                entries[lead].map(|e| e.get(position))
-            } else if shard == GLOBAL {
-                self.globals[slot].as_deref()
-            } else {
-                entries[slot] = guards[order.position(shard)]
-                    .as_ref()
-                    .and_then(|g| {
-                        g.find(targets.hashes[slot], |e| {
-                            e.layer as usize == slot && Some(&e.key) == targets.keys[slot].as_ref()
-                        })
-                    })
-                    .map(|e| &e.cells);
-                entries[slot].map(|e| e.get(0))
-            };
-            let Some(cell) = cell else {
+            let Some(cell) = self.lean_cell(targets, slot, &order, &guards, &mut entries) else {
                 return Ok(false);
             };
             let (read_plan, word) = cell.read_first();
@@ -169,6 +152,37 @@ where
         }
         drop(guards);
         Ok(true)
+    }
+
+    /// The cell a lean call decides at `slot`: a group member's from its lead's entry (read
+    /// before it, into `entries`), a global layer's own, or the keyed entry found under its
+    /// shard's read guard; `None` when the key is not held.
+    #[inline(always)]
+    fn lean_cell<'s: 'g, 'g, const N: usize>(
+        &'s self,
+        targets: &LeanTargets<K, N>,
+        slot: usize,
+        order: &ShardOrder<N>,
+        guards: &'g [Option<ShardReadGuard<'s, Entry<K>>>; N],
+        entries: &mut [Option<&'g EntryCells>; N],
+    ) -> Option<&'g Cells> {
+        let shard = targets.shards[slot];
+        let Member { lead, position } = self.members[slot];
+        if lead != slot {
+            return entries[lead].map(|e| e.get(position));
+        }
+        if shard == GLOBAL {
+            return self.globals[slot].as_deref();
+        }
+        entries[slot] = guards[order.position(shard)]
+            .as_ref()
+            .and_then(|g| {
+                g.find(targets.hashes[slot], |e| {
+                    e.layer as usize == slot && Some(&e.key) == targets.keys[slot].as_ref()
+                })
+            })
+            .map(|e| &e.cells);
+        entries[slot].map(|e| e.get(0))
     }
 
     /// Writes a lean call's `next` words into its `cells` (by slot; `plans` and `seen` what each

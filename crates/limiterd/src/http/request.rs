@@ -262,80 +262,16 @@ fn check(raw: RawRequest<'_>, policy: &dyn Fn(&str) -> Option<PolicyId>) -> Resu
     }
     let cost = raw.cost.unwrap_or(1);
     let record = raw.record.unwrap_or(false);
-    let target = match (raw.policy, raw.limit, raw.duration_ms) {
+    let target = match (raw.policy.as_deref(), raw.limit, raw.duration_ms) {
         (Some(_), Some(_), _) | (Some(_), _, Some(_)) => {
             return Err(ApiError::invalid(
                 "policy",
                 "give either `policy` or `limit` and `duration_ms`, not both",
             ));
         }
-        (Some(name), None, None) => {
-            if raw.algorithm.is_some() {
-                return Err(ApiError::invalid(
-                    "algorithm",
-                    "`algorithm` goes with `limit` and `duration_ms`; a policy has its own",
-                ));
-            }
-            if raw.namespace.is_some() {
-                return Err(ApiError::invalid(
-                    "namespace",
-                    "`namespace` goes with `limit` and `duration_ms`; a policy has its own",
-                ));
-            }
-            let index = policy(&name).ok_or_else(|| ApiError {
-                status: StatusCode::BAD_REQUEST,
-                code: "unknown_policy",
-                field: Some("policy".into()),
-                message: format!(
-                    "no policy is named {:?}: use one from the configuration, or give `limit` and `duration_ms`",
-                    name.chars().take(64).collect::<String>()
-                ),
-            })?;
-            Target::Policy(index)
-        }
+        (Some(name), None, None) => policy_target(&raw, name, policy)?,
         (None, Some(limit), Some(duration_ms)) => {
-            let namespace = raw.namespace.ok_or_else(|| {
-                ApiError::invalid(
-                    "namespace",
-                    "an ad-hoc limit needs a `namespace` to keep callers apart",
-                )
-            })?;
-            if namespace.is_empty() || namespace.len() > MAX_NAMESPACE {
-                return Err(ApiError::invalid(
-                    "namespace",
-                    format!("`namespace` must be 1 to {MAX_NAMESPACE} bytes"),
-                ));
-            }
-            if limit == 0 {
-                return Err(ApiError::invalid("limit", "`limit` must be at least 1"));
-            }
-            if duration_ms == 0 || duration_ms > MAX_DURATION_MS {
-                return Err(ApiError::invalid(
-                    "duration_ms",
-                    format!("`duration_ms` must be 1 to {MAX_DURATION_MS} (a year)"),
-                ));
-            }
-            if cost > limit && !record {
-                return Err(ApiError::invalid(
-                    "cost",
-                    format!(
-                        "`cost` {cost} is above `limit` {limit}, so it could never be admitted; \
-                         to record usage that already happened, add `\"record\": true`"
-                    ),
-                ));
-            }
-            let kind = match raw.algorithm.as_deref() {
-                None => Kind::TokenBucket,
-                Some(name) => name.parse().map_err(|e| {
-                    ApiError::invalid("algorithm", format!("`algorithm` {name:?}: {e}"))
-                })?,
-            };
-            Target::AdHoc {
-                kind,
-                limit,
-                duration_ms,
-                namespace: ad_hoc_namespace(kind, duration_ms, &namespace),
-            }
+            ad_hoc_target(&raw, limit, duration_ms, cost, record)?
         }
         (None, Some(_), None) => {
             return Err(ApiError::invalid(
@@ -359,6 +295,89 @@ fn check(raw: RawRequest<'_>, policy: &dyn Fn(&str) -> Option<PolicyId>) -> Resu
         cost,
         shadow: false,
         charge: if record { Charge::Record } else { Charge::Take },
+    })
+}
+
+/// A configured policy's target: no ad-hoc field beside it, and a name the configuration has.
+fn policy_target(
+    raw: &RawRequest<'_>,
+    name: &str,
+    policy: &dyn Fn(&str) -> Option<PolicyId>,
+) -> Result<Target, ApiError> {
+    if raw.algorithm.is_some() {
+        return Err(ApiError::invalid(
+            "algorithm",
+            "`algorithm` goes with `limit` and `duration_ms`; a policy has its own",
+        ));
+    }
+    if raw.namespace.is_some() {
+        return Err(ApiError::invalid(
+            "namespace",
+            "`namespace` goes with `limit` and `duration_ms`; a policy has its own",
+        ));
+    }
+    let index = policy(name).ok_or_else(|| ApiError {
+        status: StatusCode::BAD_REQUEST,
+        code: "unknown_policy",
+        field: Some("policy".into()),
+        message: format!(
+            "no policy is named {:?}: use one from the configuration, or give `limit` and `duration_ms`",
+            name.chars().take(64).collect::<String>()
+        ),
+    })?;
+    Ok(Target::Policy(index))
+}
+
+/// An ad-hoc limit's target, `limit` per `duration_ms` in the request's namespace, each
+/// field checked; a `cost` above the limit is refused unless it is recorded.
+fn ad_hoc_target(
+    raw: &RawRequest<'_>,
+    limit: u64,
+    duration_ms: u64,
+    cost: u64,
+    record: bool,
+) -> Result<Target, ApiError> {
+    let namespace = raw.namespace.as_deref().ok_or_else(|| {
+        ApiError::invalid(
+            "namespace",
+            "an ad-hoc limit needs a `namespace` to keep callers apart",
+        )
+    })?;
+    if namespace.is_empty() || namespace.len() > MAX_NAMESPACE {
+        return Err(ApiError::invalid(
+            "namespace",
+            format!("`namespace` must be 1 to {MAX_NAMESPACE} bytes"),
+        ));
+    }
+    if limit == 0 {
+        return Err(ApiError::invalid("limit", "`limit` must be at least 1"));
+    }
+    if duration_ms == 0 || duration_ms > MAX_DURATION_MS {
+        return Err(ApiError::invalid(
+            "duration_ms",
+            format!("`duration_ms` must be 1 to {MAX_DURATION_MS} (a year)"),
+        ));
+    }
+    if cost > limit && !record {
+        return Err(ApiError::invalid(
+            "cost",
+            format!(
+                "`cost` {cost} is above `limit` {limit}, so it could never be admitted; \
+                 to record usage that already happened, add `\"record\": true`"
+            ),
+        ));
+    }
+    let kind = match raw.algorithm.as_deref() {
+        None => Kind::TokenBucket,
+        Some(name) => name
+            .parse()
+            .map_err(|e| ApiError::invalid("algorithm", format!("`algorithm` {name:?}: {e}")))?,
+    };
+    Ok(Target::AdHoc {
+        kind,
+        limit,
+        duration_ms,
+        namespace: ad_hoc_namespace(kind, duration_ms, namespace),
     })
 }
 

@@ -230,6 +230,15 @@ struct Denials {
 }
 
 impl Denials {
+    fn new() -> Self {
+        Self {
+            top: Mutex::new(TopDenied::default()),
+            started: Instant::now(),
+            logged_at_ms: AtomicU64::new(u64::MAX),
+            unlogged: AtomicU64::new(0),
+        }
+    }
+
     fn record(&self, policy: &str, identifier: &str) {
         // Never waits: under contention this denial is left out of the sketch (a sample).
         if let Ok(mut top) = self.top.try_lock() {
@@ -332,12 +341,7 @@ impl Metrics {
             "Requests refused with a 503 `store_full`: a bounded in-memory store held `max_keys` keys still refilling",
             store_full.clone(),
         );
-        let failure_policy = Family::default();
-        registry.register(
-            "limiterd_failure_policy",
-            "Answers given by a failure policy while the store failed, by policy (open, closed, fallback)",
-            failure_policy.clone(),
-        );
+        let failure_policy = failure_policies(&mut registry);
         let store_keys = Gauge::<i64, AtomicI64>::default();
         registry.register(
             "limiterd_store_keys",
@@ -350,32 +354,19 @@ impl Metrics {
             "Time to answer a decision request",
             duration.clone(),
         );
-        let reloads = Family::default();
-        registry.register(
-            "limiterd_config_reloads",
-            "Configuration reloads, by result (applied; unchanged: the files said what was served; refused: the old configuration kept serving)",
-            reloads.clone(),
-        );
-        for result in ["applied", "unchanged", "refused"] {
-            let _ = reloads.get_or_create(&[("result", result)]);
-        }
+        let reloads = reload_results(&mut registry);
         let envoy = Family::default();
         registry.register(
             "limiterd_envoy_rule",
             "Envoy descriptor statistics as the reference service names them, by key (`domain.key_value...`; one per value where `value_to_metric` or `detailed_metric` asks, up to 10000 keys, then `(other)`) and stat (total_hits, within_limit, over_limit, near_limit, shadow_mode; global_shadow_mode under an empty key)",
             envoy.clone(),
         );
-        let metrics = Self {
+        Self {
             registry,
             envoy,
             envoy_keys: Mutex::new(std::collections::HashSet::new()),
             policies: Mutex::new(BTreeMap::new()),
-            denials: Arc::new(Denials {
-                top: Mutex::new(TopDenied::default()),
-                started: Instant::now(),
-                logged_at_ms: AtomicU64::new(u64::MAX),
-                unlogged: AtomicU64::new(0),
-            }),
+            denials: Arc::new(Denials::new()),
             reloads,
             decisions,
             invalid,
@@ -384,17 +375,7 @@ impl Metrics {
             failure_policy,
             store_keys,
             duration,
-        };
-        for policy in [
-            FailurePolicy::Open,
-            FailurePolicy::Closed,
-            FailurePolicy::Fallback,
-        ] {
-            let _ = metrics
-                .failure_policy
-                .get_or_create(&[("policy", policy.label())]);
         }
-        metrics
     }
 
     /// The counters of the policy named `name`, shown at zero from now on. Registering a name
@@ -534,6 +515,39 @@ impl Metrics {
         let _ = encode(&mut out, &self.registry);
         out
     }
+}
+
+/// Answers given by a failure policy, by policy, each shown from zero.
+fn failure_policies(registry: &mut Registry) -> Family<[(&'static str, &'static str); 1], Counter> {
+    let failure_policy = Family::default();
+    registry.register(
+        "limiterd_failure_policy",
+        "Answers given by a failure policy while the store failed, by policy (open, closed, fallback)",
+        failure_policy.clone(),
+    );
+    // Every failure policy's answers are shown from zero.
+    for policy in [
+        FailurePolicy::Open,
+        FailurePolicy::Closed,
+        FailurePolicy::Fallback,
+    ] {
+        let _ = failure_policy.get_or_create(&[("policy", policy.label())]);
+    }
+    failure_policy
+}
+
+/// Configuration reloads, by result, each shown from zero.
+fn reload_results(registry: &mut Registry) -> Family<[(&'static str, &'static str); 1], Counter> {
+    let reloads = Family::default();
+    registry.register(
+        "limiterd_config_reloads",
+        "Configuration reloads, by result (applied; unchanged: the files said what was served; refused: the old configuration kept serving)",
+        reloads.clone(),
+    );
+    for result in ["applied", "unchanged", "refused"] {
+        let _ = reloads.get_or_create(&[("result", result)]);
+    }
+    reloads
 }
 
 #[cfg(test)]
