@@ -65,7 +65,9 @@ where
     }
 
     /// The one-key path (see the module docs); `false`, having changed and answered nothing,
-    /// when the call needs the general path.
+    /// when the call needs the general path. The usual limit, a token bucket, is decided
+    /// inline, so its answer stays in registers (a helper returning it measured 10 ns slower
+    /// on a stack of three).
     #[inline(always)]
     fn one_key_path<const N: usize>(
         &self,
@@ -106,7 +108,20 @@ where
                 },
             };
             let word = cell.read_only_plan();
-            let (answer, after) = self.decide_layer_word(slot, word, cost, now)?;
+            let decided = match &self.layers[slot].plans[0].limits[0] {
+                PlanLimit::TokenBucket(bucket) => Algorithm::decide(bucket, word, cost, now)
+                    .ok()
+                    .map(|step| (step.decision, step.next.unwrap_or(word))),
+                other => {
+                    let mut answer = Decision::allow(0, 0, 0);
+                    other
+                        .decide_word(word, cost, now, &mut answer)
+                        .map(|after| (answer, after))
+                }
+            };
+            let Some((answer, after)) = decided else {
+                return Err(self.decision_error(slot, word, cost, now));
+            };
             allowed &= answer.is_allowed();
             answers[slot] = answer;
             next[slot] = after;
@@ -133,30 +148,6 @@ where
             }
         }
         Ok(true)
-    }
-
-    /// Layer `slot`'s one limit decided on `word`: the answer and the word it leaves.
-    #[inline(always)]
-    fn decide_layer_word(
-        &self,
-        slot: usize,
-        word: u64,
-        cost: u64,
-        now: u64,
-    ) -> Result<(Decision, u64), CallError> {
-        let decided = match &self.layers[slot].plans[0].limits[0] {
-            // The usual limit, decided inline: its answer stays in registers.
-            PlanLimit::TokenBucket(bucket) => Algorithm::decide(bucket, word, cost, now)
-                .ok()
-                .map(|step| (step.decision, step.next.unwrap_or(word))),
-            other => {
-                let mut answer = Decision::allow(0, 0, 0);
-                other
-                    .decide_word(word, cost, now, &mut answer)
-                    .map(|after| (answer, after))
-            }
-        };
-        decided.ok_or_else(|| self.decision_error(slot, word, cost, now))
     }
 
     /// Writes `next` into `cells` (by slot) if none changed from `seen`, under one lock: the
