@@ -15,7 +15,7 @@
 
 use std::collections::HashSet;
 
-use limiter_stack::{Grant, StackDecision};
+use limiter_stack::{Grant, LayerAnswers};
 
 use crate::backend::{RedisBackend, Sent};
 use crate::decision::{RedisDecision, Source};
@@ -316,7 +316,7 @@ impl<'a, R> RedisBatch<'a, R> {
                 // refused, and nothing of the batch was written if it was enforced.
                 Err(reason) => RedisDecision::new(
                     false,
-                    StackDecision::from_layers([]),
+                    LayerAnswers::new(),
                     Source::FailClosed(BackendError::Script(reason)),
                 ),
                 Ok(answers) => member
@@ -382,5 +382,5 @@ impl<'a, R> RedisBatch<'a, R> {
 }
 
 fn no_layer() -> RedisDecision {
-    RedisDecision::new(true, StackDecision::from_layers([]), Source::NoLayer)
+    RedisDecision::new(true, LayerAnswers::new(), Source::NoLayer)
 }

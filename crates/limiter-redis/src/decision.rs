@@ -2,7 +2,7 @@
 //! mistaken for "over the limit".
 
 use limiter_core::Decision;
-use limiter_stack::{LayerDecision, StackDecision};
+use limiter_stack::{LayerAnswers, LayerDecision, StackDecision};
 
 use crate::error::BackendError;
 
@@ -32,7 +32,9 @@ pub enum Source {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RedisDecision {
     allowed: bool,
-    stack: StackDecision,
+    /// Each layer's answer: Redis decides them all in one script, and a call on a cluster
+    /// combines its parts' layers.
+    layers: LayerAnswers,
     source: Source,
     /// When Redis decided, in microseconds of its `TIME` (since the Unix epoch): the instant
     /// the waits count from.
@@ -41,10 +43,10 @@ pub struct RedisDecision {
 
 impl RedisDecision {
     #[inline]
-    pub(crate) fn new(allowed: bool, stack: StackDecision, source: Source) -> Self {
+    pub(crate) fn new(allowed: bool, layers: LayerAnswers, source: Source) -> Self {
         Self {
             allowed,
-            stack,
+            layers,
             source,
             at_us: None,
         }
@@ -56,8 +58,8 @@ impl RedisDecision {
         layers: impl IntoIterator<Item = LayerDecision>,
         at_us: Option<u64>,
     ) -> Self {
-        let stack = StackDecision::from_layers(layers);
-        let answer = Self::new(stack.is_allowed(), stack, Source::Redis);
+        let layers = LayerAnswers::from_layers(layers);
+        let answer = Self::new(layers.summary().is_allowed(), layers, Source::Redis);
         match at_us {
             Some(at) => answer.at(at),
             None => answer,
@@ -77,8 +79,8 @@ impl RedisDecision {
     /// to a call that also leased `units`, which this node holds and may still spend.
     pub(crate) fn with_leased(mut self, units: u64) -> Self {
         let layers: Vec<LayerDecision> = self
-            .stack
-            .layers()
+            .layers
+            .iter()
             .map(|layer| {
                 let d = layer.decision;
                 let remaining = d.remaining().saturating_add(units).min(d.limit());
@@ -90,7 +92,7 @@ impl RedisDecision {
                 LayerDecision { decision, ..*layer }
             })
             .collect();
-        self.stack = StackDecision::from_layers(layers);
+        self.layers = LayerAnswers::from_layers(layers);
         self
     }
 
@@ -107,7 +109,7 @@ impl RedisDecision {
     pub(crate) fn leased(allowed: bool, layers: impl IntoIterator<Item = LayerDecision>) -> Self {
         Self {
             allowed,
-            stack: StackDecision::from_layers(layers),
+            layers: LayerAnswers::from_layers(layers),
             source: Source::Lease,
             at_us: None,
         }
@@ -136,10 +138,18 @@ impl RedisDecision {
         }
     }
 
-    /// Each layer's answer and the binding one. Empty when a fail-open or fail-closed policy
-    /// answered (no limit was consulted); only the binding layer's when the deny cache did.
-    pub fn stack(&self) -> &StackDecision {
-        &self.stack
+    /// The stacked answer (the binding layer, the least left, the longest waits), combined
+    /// from [`layers`](Self::layers). No layer when a fail-open or fail-closed policy answered
+    /// (no limit was consulted).
+    pub fn stack(&self) -> StackDecision {
+        self.layers.summary()
+    }
+
+    /// Each layer's own answer, in stack order (what [`stack`](Self::stack) combines). Empty
+    /// when a fail-open or fail-closed policy answered; only the binding layer's when the deny
+    /// cache did.
+    pub fn layers(&self) -> &LayerAnswers {
+        &self.layers
     }
 
     /// When the answer was decided, in microseconds since the Unix epoch by Redis's clock
@@ -157,7 +167,7 @@ impl RedisDecision {
     pub fn decision(&self) -> Option<Decision> {
         match self.source {
             Source::FailOpen(_) | Source::FailClosed(_) => None,
-            _ => Some(self.stack.decision()),
+            _ => Some(self.stack().decision()),
         }
     }
 }

@@ -142,7 +142,7 @@ impl<R> RedisStack<R> {
                 .send_refund_part(request, &part, units, granted_us)
                 .await?;
             at = at.or(peek.decided_at_micros());
-            layers.extend(peek.stack().layers().copied());
+            layers.extend(peek.layers().iter().copied());
         }
         Ok(RedisDecision::from_parts(layers, at))
     }

@@ -15,8 +15,8 @@ use std::sync::Arc;
 
 use limiter_core::DecisionError;
 use limiter_stack::{
-    Ask, Asked, AsyncLimiter, BatchAnswer, BatchItem, Charge, Decide, Held, LayerInfo, Origin,
-    Outcome, Pending, decide_each,
+    Ask, Asked, AsyncLimiter, BatchAnswer, BatchItem, Charge, Decide, Held, LayerAnswers,
+    LayerInfo, Origin, Outcome, Pending, decide_each,
 };
 
 use crate::{BatchError, CallError, RedisDecision, RedisGrant, RedisStack, RefundError, Source};
@@ -61,7 +61,7 @@ impl From<RedisDecision> for Outcome {
             Source::Redis | Source::NoLayer => Origin::Remote,
         };
         Self::Decided {
-            decision: *answer.stack(),
+            decision: answer.stack(),
             origin,
             at_unix_us: answer.decided_at_micros(),
         }
@@ -75,6 +75,20 @@ impl<R: Sync + 'static> AsyncLimiter<R> for RedisStack<R> {
                 .await
                 .map(Outcome::from)
                 .map_err(limiter_stack::CallError::from)
+        }))
+    }
+
+    fn decide_request_each<'a>(
+        &'a self,
+        request: &'a R,
+        cost: u64,
+        each: &'a mut LayerAnswers,
+    ) -> Decide<'a> {
+        each.clear();
+        Decide::Later(Box::pin(async move {
+            let answer = self.check_n(request, cost).await?;
+            *each = *answer.layers();
+            Ok(Outcome::from(answer))
         }))
     }
 

@@ -58,12 +58,12 @@ impl<R> RedisStack<R> {
             };
             let decided_at = *first_us.get_or_insert(now_us);
             let decision = self.conclude(request, &part, Ok(group), sent, true);
-            layers.extend(decision.stack().layers().copied());
+            layers.extend(decision.layers().iter().copied());
             if undoable && decision.is_denied() {
                 // Later layers of a denied call are not asked; earlier ones report what they hold
                 // once their units are back.
                 for peek in give_back(self, request, call.cost, taken).await {
-                    layers.extend(peek.stack().layers().copied());
+                    layers.extend(peek.layers().iter().copied());
                 }
                 let denied = RedisDecision::from_parts(layers, Some(decided_at));
                 return (denied, Some(decided_at));

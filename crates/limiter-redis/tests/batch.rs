@@ -338,7 +338,7 @@ proptest! {
             for (i, (decision, want)) in got.decisions().iter().zip(&want).enumerate() {
                 prop_assert_eq!(decision.source(), &Source::Redis);
                 // The layer's answer combines its two limits by the stack's own rule.
-                let layers: Vec<LayerDecision> = decision.stack().layers().copied().collect();
+                let layers: Vec<LayerDecision> = decision.layers().iter().copied().collect();
                 let want: Vec<Decision> = want.iter().copied().map(common::micros_as_nanos).collect();
                 let want = LayerDecision::from_limits(0, 0, &want);
                 prop_assert_eq!(layers, want.into_iter().collect::<Vec<_>>(), "call {} of {:?}", i, calls);

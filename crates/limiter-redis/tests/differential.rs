@@ -184,7 +184,7 @@ fn run_case(
                     })
                     .unwrap();
                 prop_assert_eq!(got.source(), &Source::Redis, "{:?}", got);
-                let got = got.stack().layers().next().unwrap().decision;
+                let got = got.layers().iter().next().unwrap().decision;
                 // Microseconds to the nanoseconds a decision reports (saturating, as the
                 // limiter does); waits past 2^53 us (285 years) are the script's doubles.
                 let ns = |us: u64| us.min(1 << 53).saturating_mul(1_000);
@@ -354,7 +354,7 @@ fn decision_of(
 ) -> Result<Decision, TestCaseError> {
     let got = shared.runtime.block_on(limiter.check_n(key, cost)).unwrap();
     prop_assert_eq!(got.source(), &Source::Redis, "{:?}", got);
-    Ok(got.stack().layers().next().unwrap().decision)
+    Ok(got.layers().iter().next().unwrap().decision)
 }
 
 /// One key named by callers under several limits (a caller changes the limit it sends): each
@@ -419,7 +419,7 @@ fn a_changed_limit_rescales_the_state_as_in_rust() {
                 // A record past the limit leaves a debt, which a changed limit carries over.
                 let got = shared.runtime.block_on(limiter.record(&key, cost)).unwrap();
                 prop_assert_eq!(got.source(), &Source::Redis, "{:?}", got);
-                let got = got.stack().layers().next().unwrap().decision;
+                let got = got.layers().iter().next().unwrap().decision;
                 (spec.record(current, cost, now).unwrap(), got)
             } else {
                 let cost = cost.min(spec.burst());
@@ -478,7 +478,7 @@ fn raising_a_limit_keeps_the_consumption() {
         );
     }
     let raised = shared.runtime.block_on(twenty.check_n("u", 0)).unwrap();
-    let raised = raised.stack().layers().next().unwrap().decision;
+    let raised = raised.layers().iter().next().unwrap().decision;
     assert_eq!((raised.limit(), raised.remaining()), (20, 10));
     // Back to 10: still 5 taken, and the 11th unit under 20 is counted too.
     assert!(
@@ -489,7 +489,7 @@ fn raising_a_limit_keeps_the_consumption() {
             .is_allowed()
     );
     let back = shared.runtime.block_on(ten.check_n("u", 0)).unwrap();
-    let back = back.stack().layers().next().unwrap().decision;
+    let back = back.layers().iter().next().unwrap().decision;
     assert_eq!(
         (back.limit(), back.remaining()),
         (10, 4),

@@ -114,7 +114,7 @@ async fn a_record_debits_every_layer_and_each_keeps_its_debt() {
         "the debt refuses everyone"
     );
     let peek = stack.check_n(&"ada", 0).await.unwrap();
-    let user = peek.stack().layers().next().unwrap().decision;
+    let user = peek.layers().iter().next().unwrap().decision;
     assert!(user.is_denied() && user.remaining() == 0, "{user:?}");
 }
 

@@ -37,6 +37,19 @@ struct Request {
     user: &'static str,
 }
 
+/// 5 a second per user, 8 a minute for all.
+fn user_and_all(backend: &RedisBackend, name: &str) -> RedisStack<Request> {
+    RedisStack::builder(backend, name)
+        .layer(
+            RedisLayer::keyed("user", |r: &Request| Some(r.user.to_owned()))
+                .limit(Kind::TokenBucket, Limit::per_second(5)),
+        )
+        .layer(RedisLayer::global("all").limit(Kind::FixedWindow, Limit::per_minute(8)))
+        .on_failure(OnFailure::Closed)
+        .build()
+        .unwrap()
+}
+
 fn get(server: &common::RedisServer, key: &str) -> Option<Vec<u8>> {
     server.client().get(key).unwrap()
 }
@@ -46,15 +59,7 @@ async fn a_denied_call_writes_nothing_and_names_the_binding_layer() {
     let server = common::RedisServer::start();
     let clock = ManualClock::starting_at(START);
     let backend = backend(&server, &clock, 0).await;
-    let stack = RedisStack::builder(&backend, "deny-writes-nothing")
-        .layer(
-            RedisLayer::keyed("user", |r: &Request| Some(r.user.to_owned()))
-                .limit(Kind::TokenBucket, Limit::per_second(5)),
-        )
-        .layer(RedisLayer::global("all").limit(Kind::FixedWindow, Limit::per_minute(8)))
-        .on_failure(OnFailure::Closed)
-        .build()
-        .unwrap();
+    let stack = user_and_all(&backend, "deny-writes-nothing");
     let ada = Request { user: "ada" };
     let bob = Request { user: "bob" };
     let [ada_key, global_key] = <[String; 2]>::try_from(stack.redis_keys(&ada)).unwrap();
@@ -68,7 +73,7 @@ async fn a_denied_call_writes_nothing_and_names_the_binding_layer() {
     let global_before = get(&server, &global_key);
     let d = stack.check(&ada).await.unwrap();
     assert!(d.is_denied());
-    let binding = d.stack().binding().unwrap();
+    let binding = *d.stack().binding().unwrap();
     assert_eq!(binding.layer, 0, "the user layer binds: {d:?}");
     assert_eq!(binding.decision.retry_after(), Duration::from_millis(200));
     assert_eq!(
@@ -367,8 +372,8 @@ async fn bad_calls_and_bad_stacks_are_refused_with_the_fix() {
             .check_n(&bob, 0)
             .await
             .unwrap()
-            .stack()
             .layers()
+            .iter()
             .next()
             .unwrap()
             .decision
@@ -600,4 +605,28 @@ async fn records_move_their_version_with_every_change_and_read_whole() {
         .unwrap();
     let keys: Vec<String> = connection.keys("limiterd:{records:overrides}:*").unwrap();
     assert_eq!(keys.len(), 2, "{keys:?}");
+}
+
+#[tokio::test]
+async fn through_the_seam_each_layers_answer_is_kept_when_asked_for() {
+    use limiter_stack::{AsyncLimiter, LayerAnswers, Outcome};
+    let server = common::RedisServer::start();
+    let clock = ManualClock::starting_at(START);
+    let backend = backend(&server, &clock, 0).await;
+    let stack = user_and_all(&backend, "each-layer");
+    let ada = Request { user: "ada" };
+    let mut each = LayerAnswers::new();
+    let Ok(Outcome::Decided { decision, .. }) = stack.decide_request_each(&ada, 2, &mut each).await
+    else {
+        panic!("decided");
+    };
+    let left: Vec<u64> = each.iter().map(|l| l.decision.remaining()).collect();
+    assert_eq!(left, [3, 6], "{each:?}");
+    assert_eq!(each.summary(), decision);
+    // The compact answer alone says the same of the call.
+    let Ok(Outcome::Decided { decision, .. }) = stack.decide_request(&ada, 1).await else {
+        panic!("decided");
+    };
+    assert_eq!(decision.decision().remaining(), 2);
+    assert_eq!(decision.binding().map(|b| b.layer), Some(0));
 }

@@ -1,5 +1,5 @@
-//! [`StackDecision`]: the answer of a whole stack, with the layer that bound it and each
-//! layer's own answer; [`Grant`]: the units an admitted call took, for a guarded refund.
+//! [`StackDecision`]: the compact answer of a whole stack, with the layer that bound it;
+//! [`LayerAnswers`]: each layer's own answer, kept when asked for; [`Grant`]: the units an admitted call took, for a guarded refund.
 
 use limiter_core::Decision;
 
@@ -24,7 +24,10 @@ pub struct LayerDecision {
     pub limit_reset_after_nanos: u64,
 }
 
-/// The answer to one stacked call: allowed only if every layer allowed.
+/// The answer to one stacked call: allowed only if every layer allowed. Compact (about a
+/// hundred bytes, returned by value): what every caller reads, the admission, the binding
+/// layer's answer and the answer as one [`Decision`]. Each layer's own answer is kept only
+/// when asked for, in a [`LayerAnswers`] ([`Stack::check_each`](crate::Stack::check_each)).
 ///
 /// `remaining` is the least across layers, `retry_after` the longest (the earliest instant at
 /// which every layer admits the same cost, if nothing else consumes), `reset_after` the longest.
@@ -33,118 +36,223 @@ pub struct LayerDecision {
 /// Layers whose keyer returned `None` take no part.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StackDecision {
-    layers: [Option<LayerDecision>; MAX_LAYERS],
-    binding: Option<usize>,
+    binding: Option<LayerDecision>,
+    least_remaining: u64,
+    longest_reset: u64,
     allowed: bool,
 }
 
+impl Default for StackDecision {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl StackDecision {
+    /// No layer yet: an admission with nothing binding it.
     #[inline]
-    pub(crate) fn new() -> Self {
+    pub(crate) const fn new() -> Self {
         Self {
-            layers: [None; MAX_LAYERS],
             binding: None,
+            least_remaining: u64::MAX,
+            longest_reset: 0,
             allowed: true,
         }
     }
 
-    /// Adds the answer of layer `layer` from its limits' answers (see
-    /// [`LayerDecision::from_limits`]), built in place.
-    #[inline]
-    pub(crate) fn push_limits(
-        &mut self,
-        slot: usize,
-        layer: usize,
-        plan: usize,
-        limits: &[Decision],
-    ) {
-        if let Some(decided) = LayerDecision::from_limits(layer, plan, limits) {
-            self.push(slot, decided);
-        }
-    }
-
-    /// Adds the answer of layer `layer`, whose plan has one limit, as `decide` writes it: the
-    /// limit's answer is the layer's. It is decided in its place, never copied there.
-    #[inline]
-    pub(crate) fn push_one<E>(
-        &mut self,
-        slot: usize,
-        layer: usize,
-        plan: usize,
-        decide: impl FnOnce(&mut Decision) -> Result<(), E>,
-    ) -> Result<(), E> {
-        let entry = self.layers[slot].insert(LayerDecision {
-            layer,
-            plan,
-            limit_index: 0,
-            decision: Decision::allow(0, 0, 0),
-            limit_reset_after_nanos: 0,
-        });
-        decide(&mut entry.decision)?;
-        entry.limit_reset_after_nanos = entry.decision.reset_after_nanos();
-        self.bind(slot);
-        Ok(())
-    }
-
-    /// Adds a layer's answer, keeping the binding layer up to date.
-    #[inline]
-    pub(crate) fn push(&mut self, slot: usize, layer: LayerDecision) {
-        self.layers[slot] = Some(layer);
-        self.bind(slot);
-    }
-
-    /// Takes the answer at `slot` into account: whether every layer allows, and which binds.
-    #[inline]
-    fn bind(&mut self, slot: usize) {
-        let Some(new) = &self.layers[slot] else {
-            return;
-        };
-        self.allowed &= new.decision.is_allowed();
-        let binds = match self.binding.and_then(|b| self.layers[b].as_ref()) {
+    /// Takes layer `layer`'s answer into account: whether every layer allows, the least left,
+    /// the longest reset, and which layer binds (on ties, the one taken first).
+    #[inline(always)]
+    pub(crate) fn fold(&mut self, layer: LayerDecision) {
+        let d = &layer.decision;
+        self.allowed &= d.is_allowed();
+        self.least_remaining = self.least_remaining.min(d.remaining());
+        self.longest_reset = self.longest_reset.max(d.reset_after_nanos());
+        let binds = match &self.binding {
             None => true,
-            Some(current) => binds_over(&new.decision, &current.decision),
+            Some(current) => binds_over(d, &current.decision),
         };
         if binds {
-            self.binding = Some(slot);
+            self.binding = Some(layer);
         }
     }
 
     /// Whether every layer admitted the call.
+    #[inline]
     pub fn is_allowed(&self) -> bool {
         self.allowed
     }
 
     /// Whether some layer denied the call.
+    #[inline]
     pub fn is_denied(&self) -> bool {
         !self.allowed
     }
 
     /// The layer that bound the answer, or `None` if no layer applied to the request.
+    #[inline]
     pub fn binding(&self) -> Option<&LayerDecision> {
-        self.binding.and_then(|b| self.layers[b].as_ref())
-    }
-
-    /// Every layer that took part, in stack order.
-    pub fn layers(&self) -> impl Iterator<Item = &LayerDecision> {
-        self.layers.iter().flatten()
+        self.binding.as_ref()
     }
 
     /// The answer as one [`Decision`]: the binding layer's limit, the least `remaining`, the
     /// longest `retry_after` and `reset_after`. With no layer applying, an admission with
     /// `u64::MAX` remaining.
+    #[inline]
     pub fn decision(&self) -> Decision {
-        let Some(binding) = self.binding() else {
+        let Some(binding) = &self.binding else {
             return Decision::allow(u64::MAX, u64::MAX, 0);
         };
-        combine(
-            self.allowed,
-            binding.decision.limit(),
-            self.layers().map(|l| l.decision),
-        )
+        let limit = binding.decision.limit();
+        if self.allowed {
+            Decision::allow(limit, self.least_remaining, self.longest_reset)
+        } else {
+            // A denial binds over every admission and the longest wait over a shorter one, so
+            // the binding layer's wait is the longest.
+            let wait = binding.decision.retry_after_nanos().max(1);
+            Decision::deny(limit, self.least_remaining, wait, self.longest_reset)
+        }
+    }
+
+    /// A stacked answer from layers decided elsewhere, each kept at its `layer` position (those
+    /// at [`MAX_LAYERS`] or beyond are left out; of two at one position, the later), with the
+    /// same binding rule as a [`Stack`]'s.
+    ///
+    /// [`Stack`]: crate::Stack
+    #[inline]
+    pub fn from_layers(layers: impl IntoIterator<Item = LayerDecision>) -> Self {
+        LayerAnswers::from_layers(layers).summary()
+    }
+}
+
+/// Every layer's own answer to one stacked call, in stack order, beside the compact
+/// [`StackDecision`]: what a per-layer report reads (the IETF `RateLimit` header, debugging).
+/// Filled only when asked for ([`Stack::check_each`](crate::Stack::check_each), the seam's
+/// [`decide_request_each`](crate::AsyncLimiter::decide_request_each)); it is about 700 bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LayerAnswers {
+    layers: [Option<LayerDecision>; MAX_LAYERS],
+}
+
+impl Default for LayerAnswers {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl LayerAnswers {
+    /// No layer's answer.
+    #[inline]
+    pub const fn new() -> Self {
+        Self {
+            layers: [None; MAX_LAYERS],
+        }
+    }
+
+    /// Forgets every layer's answer, for the next call.
+    #[inline]
+    pub fn clear(&mut self) {
+        self.layers = [None; MAX_LAYERS];
+    }
+
+    /// Keeps `layer`'s answer at its position (the later of two at one position; none at
+    /// [`MAX_LAYERS`] or beyond).
+    #[inline]
+    pub fn set(&mut self, layer: LayerDecision) {
+        if let Some(slot) = self.layers.get_mut(layer.layer) {
+            *slot = Some(layer);
+        }
+    }
+
+    /// Answers from layers decided elsewhere (see [`StackDecision::from_layers`]).
+    #[inline]
+    pub fn from_layers(layers: impl IntoIterator<Item = LayerDecision>) -> Self {
+        let mut answers = Self::new();
+        for layer in layers {
+            answers.set(layer);
+        }
+        answers
+    }
+
+    /// Every layer that took part, in stack order.
+    pub fn iter(&self) -> impl Iterator<Item = &LayerDecision> {
+        self.layers.iter().flatten()
+    }
+
+    /// The answer of the layer at position `layer`, if it took part.
+    pub fn get(&self, layer: usize) -> Option<&LayerDecision> {
+        self.layers.get(layer).and_then(Option::as_ref)
+    }
+
+    /// Whether no layer took part.
+    pub fn is_empty(&self) -> bool {
+        self.iter().next().is_none()
+    }
+
+    /// The stacked answer of these layers, by the stack's rule (layers taken in stack order).
+    #[inline]
+    pub fn summary(&self) -> StackDecision {
+        let mut decision = StackDecision::new();
+        for layer in self.iter() {
+            decision.fold(*layer);
+        }
+        decision
+    }
+}
+
+/// Where a call's answer is built: the compact decision, and each layer's answer when the
+/// caller asked for them.
+pub(crate) struct Answer<'a> {
+    pub(crate) decision: StackDecision,
+    pub(crate) each: Option<&'a mut LayerAnswers>,
+}
+
+impl<'a> Answer<'a> {
+    /// A new answer, keeping each layer's in `each` (cleared) if given.
+    #[inline(always)]
+    pub(crate) fn new(mut each: Option<&'a mut LayerAnswers>) -> Self {
+        if let Some(each) = &mut each {
+            each.clear();
+        }
+        Self {
+            decision: StackDecision::new(),
+            each,
+        }
+    }
+
+    /// Takes layer `layer`'s answer (see [`StackDecision::fold`]).
+    #[inline(always)]
+    pub(crate) fn take(&mut self, layer: LayerDecision) {
+        self.decision.fold(layer);
+        if let Some(each) = &mut self.each {
+            each.set(layer);
+        }
+    }
+
+    /// Takes the general path's answer as it stands: `decision`, and `layers` if kept.
+    #[inline]
+    pub(crate) fn replace(&mut self, decision: StackDecision, layers: &LayerAnswers) {
+        self.decision = decision;
+        if let Some(each) = &mut self.each {
+            **each = *layers;
+        }
     }
 }
 
 impl LayerDecision {
+    /// The answer of layer `layer` under `plan`, whose plan has one limit: that limit's answer
+    /// is the layer's.
+    #[inline(always)]
+    pub(crate) fn from_one(layer: usize, plan: usize, decision: Decision) -> Self {
+        Self {
+            layer,
+            plan,
+            limit_index: 0,
+            limit_reset_after_nanos: decision.reset_after_nanos(),
+            decision,
+        }
+    }
+
     /// A layer's answer from its limits' answers, in limit order, by the stack's own rule:
     /// allowed iff every limit allows; the least remaining and the longest waits; the binding
     /// limit is the one with the longest wait (denied) or the fewest left (allowed), the first
@@ -179,24 +287,6 @@ impl LayerDecision {
             decision: combine(allowed, bound.limit(), limits.iter().copied()),
             limit_reset_after_nanos: bound.reset_after_nanos(),
         })
-    }
-}
-
-impl StackDecision {
-    /// A stacked answer from layers decided elsewhere, each kept at its `layer` position (those
-    /// at [`MAX_LAYERS`] or beyond are left out; of two at one position, the later), with the
-    /// same binding rule as a [`Stack`]'s.
-    ///
-    /// [`Stack`]: crate::Stack
-    #[inline]
-    pub fn from_layers(layers: impl IntoIterator<Item = LayerDecision>) -> Self {
-        let mut decision = Self::new();
-        for layer in layers {
-            if layer.layer < MAX_LAYERS {
-                decision.push(layer.layer, layer);
-            }
-        }
-        decision
     }
 }
 
@@ -311,8 +401,40 @@ mod tests {
             layer(0, Decision::allow(10, 9, 0)),
             layer(1, Decision::allow(10, 5, 0)),
         ]);
-        assert_eq!(decision.layers().count(), 2);
         assert_eq!(decision.binding().map(|b| b.decision.remaining()), Some(5));
         assert_eq!(decision.decision().remaining(), 5);
+        let each = LayerAnswers::from_layers([
+            layer(0, Decision::allow(10, 1, 0)),
+            layer(0, Decision::allow(10, 9, 0)),
+            layer(1, Decision::allow(10, 5, 0)),
+        ]);
+        assert_eq!(each.iter().count(), 2);
+        assert_eq!(each.summary(), decision);
+    }
+
+    #[test]
+    fn the_compact_answer_is_a_few_words_and_combines_as_the_layers_do() {
+        // What every call returns is small; each layer's answer is kept only when asked for.
+        assert!(std::mem::size_of::<StackDecision>() <= 112);
+        let denied = StackDecision::from_layers([
+            layer(0, Decision::allow(10, 1, 40)),
+            layer(1, Decision::deny(10, 0, 30, 90)),
+            layer(2, Decision::deny(20, 3, 70, 70)),
+        ]);
+        let d = denied.decision();
+        assert!(d.is_denied());
+        assert_eq!(denied.binding().map(|b| b.layer), Some(2));
+        assert_eq!(
+            (
+                d.limit(),
+                d.remaining(),
+                d.retry_after_nanos(),
+                d.reset_after_nanos()
+            ),
+            (20, 0, 70, 90)
+        );
+        let none = StackDecision::from_layers([]);
+        assert!(none.is_allowed() && none.binding().is_none());
+        assert_eq!(none.decision().remaining(), u64::MAX);
     }
 }

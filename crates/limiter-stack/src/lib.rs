@@ -22,7 +22,7 @@
 //!
 //! ```
 //! use limiter_core::{Limit, ManualClock};
-//! use limiter_stack::{Kind, Layer, Plan, Stack};
+//! use limiter_stack::{Kind, LayerAnswers, Layer, Plan, Stack};
 //!
 //! struct Request { customer: u64, pro: bool, write: bool }
 //!
@@ -59,8 +59,9 @@
 //!
 //! // The denial changed nothing: the customer's own layer still has 8 of 10.
 //! let read = Request { customer: 7, pro: false, write: false };
-//! let peek = stack.peek(&read)?;
-//! assert_eq!(peek.layers().next().map(|l| l.decision.remaining()), Some(8));
+//! let mut each = LayerAnswers::new(); // every layer's answer, kept when asked for
+//! stack.check_each(&read, 0, &mut each)?; // cost 0: a peek
+//! assert_eq!(each.get(0).map(|l| l.decision.remaining()), Some(8));
 //! # Ok(()) }
 //! ```
 //!
@@ -89,7 +90,7 @@ mod stack;
 mod sync;
 
 pub use cells::MAX_LIMITS_PER_LAYER;
-pub use decision::{Grant, LayerDecision, MAX_LAYERS, StackDecision};
+pub use decision::{Grant, LayerAnswers, LayerDecision, MAX_LAYERS, StackDecision};
 pub use error::{BuildError, CallError, RefundError};
 pub use keyer::Keyer;
 pub use kind::{Kind, UnknownKind};

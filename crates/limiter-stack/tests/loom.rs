@@ -13,7 +13,7 @@
 use limiter_core::{Limit, ManualClock};
 use limiter_sliding_window::FixedCounter;
 use limiter_stack::Kind;
-use limiter_stack::{Layer, Plan, Stack};
+use limiter_stack::{Layer, LayerAnswers, Plan, Stack};
 use limiter_token_bucket::Gcra;
 use loom::sync::Arc;
 use loom::thread;
@@ -136,8 +136,9 @@ fn left(stack: &Users, user: u64) -> Vec<u64> {
         shared: true,
         pro: false,
     };
-    let peek = stack.peek(&request).unwrap();
-    peek.layers().map(|l| l.decision.remaining()).collect()
+    let mut each = LayerAnswers::new();
+    stack.check_each(&request, 0, &mut each).unwrap();
+    each.iter().map(|l| l.decision.remaining()).collect()
 }
 
 #[test]
@@ -242,9 +243,11 @@ fn a_call_decided_again_after_a_race_binds_by_its_last_reading() {
             shared: true,
             pro: false,
         };
-        let answer = stack.check(&request).unwrap();
+        let mut each = LayerAnswers::new();
+        let answer = stack.check_each(&request, 1, &mut each).unwrap();
         assert!(racer.join().unwrap() && answer.is_allowed());
-        let left: Vec<u64> = answer.layers().map(|l| l.decision.remaining()).collect();
+        assert_eq!(each.summary(), answer);
+        let left: Vec<u64> = each.iter().map(|l| l.decision.remaining()).collect();
         let fewest_first = if left[0] <= left[1] { 0 } else { 1 };
         assert_eq!(
             answer.binding().map(|b| b.layer),

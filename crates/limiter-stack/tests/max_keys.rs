@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use limiter_core::{Limit, ManualClock};
-use limiter_stack::{CallError, Kind, Layer, Stack};
+use limiter_stack::{CallError, Kind, Layer, LayerAnswers, Stack};
 
 fn bounded(max_keys: usize, clock: &ManualClock) -> Stack<u64, u64, ManualClock> {
     Stack::builder()
@@ -135,12 +135,9 @@ fn layers_on_one_key_hold_one_entry_against_the_bound_and_a_denial_leaves_none()
     let denied = stack.check(&1).unwrap();
     assert!(denied.is_denied());
     assert_eq!(denied.binding().map(|l| l.layer), Some(1));
-    let left: Vec<u64> = stack
-        .peek(&1)
-        .unwrap()
-        .layers()
-        .map(|l| l.decision.remaining())
-        .collect();
+    let mut each = LayerAnswers::new();
+    stack.check_each(&1, 0, &mut each).unwrap();
+    let left: Vec<u64> = each.iter().map(|l| l.decision.remaining()).collect();
     assert_eq!(left, [3, 0]);
     // A minute on, both held keys are full again: a new key takes a place, and a peek of an
     // unseen key inserts nothing.

@@ -12,7 +12,7 @@ use std::time::Duration;
 use limiter_core::{Algorithm, Clock, Decision, DecisionError, Limit, ManualClock, Step, Usage};
 use limiter_sliding_window::{FixedCounter, SlidingCounter};
 use limiter_stack::Kind;
-use limiter_stack::{CallError, Grant, Layer, Plan, Stack};
+use limiter_stack::{CallError, Grant, Layer, LayerAnswers, Plan, Stack, StackDecision};
 use limiter_testkit::harness::proptest_config;
 use limiter_token_bucket::Gcra;
 use proptest::prelude::*;
@@ -358,6 +358,8 @@ enum Op {
         write: bool,
         cost: u64,
         record: bool,
+        /// Whether each layer's answer is asked for too ([`Stack::check_each`]).
+        detailed: bool,
     },
     Refund {
         grant: usize,
@@ -369,14 +371,65 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        6 => (0..4u64, any::<bool>(), any::<bool>(), prop_oneof![4 => Just(1u64), 1 => 0..4u64])
-            .prop_map(|(user, pro, write, cost)| Op::Check { user, pro, write, cost, record: false }),
+        6 => (0..4u64, any::<bool>(), any::<bool>(), prop_oneof![4 => Just(1u64), 1 => 0..4u64], any::<bool>())
+            .prop_map(|(user, pro, write, cost, detailed)| Op::Check { user, pro, write, cost, record: false, detailed }),
         2 => (0..4u64, any::<bool>(), any::<bool>(), prop_oneof![2 => Just(1u64), 1 => 0..12u64])
-            .prop_map(|(user, pro, write, cost)| Op::Check { user, pro, write, cost, record: true }),
+            .prop_map(|(user, pro, write, cost)| Op::Check { user, pro, write, cost, record: true, detailed: false }),
         1 => (0..8usize, 0..3u64).prop_map(|(grant, units)| Op::Refund { grant, units }),
         2 => prop_oneof![0..400_000_000u64, Just(1_000_000_000)].prop_map(Op::Advance),
         1 => Just(Op::Reclaim),
     ]
+}
+
+/// The compact answer `got` says what the model's layers (`parts`) say together: allowed iff
+/// every layer is, bound by the layer the stack's rule names, the least left, the longest waits.
+fn assert_compact_answer(
+    parts: &[Part],
+    got: &StackDecision,
+    op: usize,
+) -> Result<(), TestCaseError> {
+    let allowed = parts.iter().all(|p| p.3.is_allowed());
+    prop_assert_eq!(got.is_allowed(), allowed, "op {}", op);
+    let mut binding = 0;
+    for j in 1..parts.len() {
+        if binds_over(&parts[j].3, &parts[binding].3) {
+            binding = j;
+        }
+    }
+    let bound = parts.get(binding);
+    prop_assert_eq!(
+        got.binding()
+            .map(|b| (b.layer, b.plan, b.limit_index, b.decision)),
+        bound.copied(),
+        "op {}",
+        op
+    );
+    let Some(bound) = bound else {
+        prop_assert_eq!(got.decision(), Decision::allow(u64::MAX, u64::MAX, 0));
+        return Ok(());
+    };
+    let least = parts
+        .iter()
+        .map(|p| p.3.remaining())
+        .min()
+        .unwrap_or(u64::MAX);
+    let longest_reset = parts
+        .iter()
+        .map(|p| p.3.reset_after_nanos())
+        .max()
+        .unwrap_or(0);
+    let longest_wait = parts
+        .iter()
+        .map(|p| p.3.retry_after_nanos())
+        .max()
+        .unwrap_or(0);
+    let want = if allowed {
+        Decision::allow(bound.3.limit(), least, longest_reset)
+    } else {
+        Decision::deny(bound.3.limit(), least, longest_wait.max(1), longest_reset)
+    };
+    prop_assert_eq!(got.decision(), want, "op {}", op);
+    Ok(())
 }
 
 fn run(ops: &[Op], one_limit_each: bool, grouped: bool) -> Result<(), TestCaseError> {
@@ -400,34 +453,30 @@ fn run_specs(ops: &[Op], specs: impl Fn() -> Vec<Spec>) -> Result<(), TestCaseEr
                 write,
                 cost,
                 record,
+                detailed,
             } => {
                 let r = Request { user, pro, write };
                 let want = model.check(&r, cost, now, record);
+                let mut each = LayerAnswers::new();
                 let got = if record {
                     stack.record(&r, cost).map(|d| (d, None))
+                } else if detailed {
+                    stack.check_each(&r, cost, &mut each).map(|d| (d, None))
                 } else {
                     stack.acquire(&r, cost)
                 };
                 match (want, got) {
                     (Err(w), Err(g)) => prop_assert_eq!(w, g, "op {}", i),
                     (Ok(parts), Ok((d, grant))) => {
-                        let got: Vec<Part> = d
-                            .layers()
-                            .map(|l| (l.layer, l.plan, l.limit_index, l.decision))
-                            .collect();
-                        prop_assert_eq!(&parts, &got, "op {}: {:?}", i, op);
-                        let allowed = parts.iter().all(|p| p.3.is_allowed());
-                        prop_assert_eq!(d.is_allowed(), allowed);
-                        let mut binding = 0;
-                        for j in 1..parts.len() {
-                            if binds_over(&parts[j].3, &parts[binding].3) {
-                                binding = j;
-                            }
+                        if detailed {
+                            let got: Vec<Part> = each
+                                .iter()
+                                .map(|l| (l.layer, l.plan, l.limit_index, l.decision))
+                                .collect();
+                            prop_assert_eq!(&parts, &got, "op {}: {:?}", i, op);
+                            prop_assert_eq!(each.summary(), d);
                         }
-                        prop_assert_eq!(
-                            d.binding().map(|b| b.layer),
-                            parts.get(binding).map(|p| p.0)
-                        );
+                        assert_compact_answer(&parts, &d, i)?;
                         if let Some(grant) = grant {
                             grants.push((r, grant, now));
                         }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use limiter_core::{DecisionError, Limit, ManualClock};
 use limiter_stack::Kind;
-use limiter_stack::{BuildError, CallError, Layer, Plan, RefundError, Stack};
+use limiter_stack::{BuildError, CallError, Layer, LayerAnswers, Plan, RefundError, Stack};
 
 #[derive(Clone, Copy, Debug)]
 struct Request {
@@ -46,12 +46,18 @@ fn three_layers(clock: &ManualClock) -> Stack<Request, u64, ManualClock> {
 }
 
 fn remaining(stack: &Stack<Request, u64, ManualClock>, r: &Request) -> Vec<u64> {
-    stack
-        .peek(r)
-        .unwrap()
-        .layers()
+    each_layer(stack, r, 0)
+        .iter()
         .map(|l| l.decision.remaining())
         .collect()
+}
+
+/// Every layer's answer to `cost` units of `r`, checked against the compact answer.
+fn each_layer(stack: &Stack<Request, u64, ManualClock>, r: &Request, cost: u64) -> LayerAnswers {
+    let mut each = LayerAnswers::new();
+    let decision = stack.check_each(r, cost, &mut each).unwrap();
+    assert_eq!(each.summary(), decision);
+    each
 }
 
 #[test]
@@ -129,9 +135,9 @@ fn retry_after_waits_for_every_layer_not_just_the_first_to_deny() {
         .unwrap();
     assert!(stack.check(&req(1)).unwrap().is_allowed());
     assert!(stack.check(&req(2)).unwrap().is_allowed());
-    let d = stack.check(&req(1)).unwrap();
-    assert_eq!(d.decision().retry_after(), Duration::from_secs(5));
-    let parts: Vec<_> = d.layers().map(|l| l.decision.retry_after()).collect();
+    let d = each_layer(&stack, &req(1), 1);
+    assert_eq!(d.summary().decision().retry_after(), Duration::from_secs(5));
+    let parts: Vec<_> = d.iter().map(|l| l.decision.retry_after()).collect();
     assert_eq!(parts, [Duration::from_secs(1), Duration::from_secs(5)]);
 }
 
@@ -378,13 +384,8 @@ fn a_record_debits_every_layer_and_a_give_back_returns_units_without_a_grant() {
     assert_eq!(remaining(&stack, &ada), vec![3, 5, 4]);
     // A key not held has nothing to give back, and the answer is a peek.
     let fresh = stack.give_back(&req(9), 2).expect("given back");
-    assert_eq!(
-        fresh
-            .layers()
-            .map(|l| l.decision.remaining())
-            .collect::<Vec<_>>(),
-        vec![3, 5, 4]
-    );
+    assert_eq!(fresh.decision().remaining(), 3);
+    assert_eq!(remaining(&stack, &req(9)), vec![3, 5, 4]);
 }
 
 #[test]
@@ -589,9 +590,9 @@ fn a_deep_stack_is_all_or_nothing_and_reports_every_layer_that_applies() {
         ..req(4)
     };
     // A read skips the writes layer: six layers answer, each at its own position.
-    let first = stack.check(&read).unwrap();
-    assert!(first.is_allowed());
-    let positions: Vec<usize> = first.layers().map(|l| l.layer).collect();
+    let first = each_layer(&stack, &read, 1);
+    assert!(first.summary().is_allowed());
+    let positions: Vec<usize> = first.iter().map(|l| l.layer).collect();
     assert_eq!(positions, [0, 1, 2, 4, 5, 6]);
     assert_eq!(remaining(&stack, &read), [5, 6, 7, 8, 9, 4]);
     // Writes are bound by their 2/s: two pass, the third is denied and changes no layer.

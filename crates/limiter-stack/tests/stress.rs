@@ -10,7 +10,9 @@ use std::thread;
 
 use limiter_core::{Limit, ManualClock};
 use limiter_stack::Kind;
-use limiter_stack::{Layer, LayerDecision, Stack, StackBuilder, StackDecision};
+use limiter_stack::{
+    Grant, Layer, LayerAnswers, LayerDecision, Stack, StackBuilder, StackDecision,
+};
 
 const USERS: u64 = 16;
 const THREADS: usize = 8;
@@ -45,12 +47,21 @@ fn keyed(clock: &ManualClock) -> StackBuilder<u64, u64, ManualClock> {
 }
 
 fn remaining(stack: &Users, user: u64) -> Vec<u64> {
-    stack
-        .peek(&user)
-        .unwrap()
-        .layers()
-        .map(|l| l.decision.remaining())
-        .collect()
+    let mut each = LayerAnswers::new();
+    stack.check_each(&user, 0, &mut each).unwrap();
+    each.iter().map(|l| l.decision.remaining()).collect()
+}
+
+/// A call of one unit for `user`: every other one asks for each layer's answer and checks it
+/// against the compact one ([`assert_consistent`]); the rest take a grant.
+fn call(stack: &Users, user: u64, detailed: bool) -> (StackDecision, Option<Grant>) {
+    if !detailed {
+        return stack.acquire(&user, 1).unwrap();
+    }
+    let mut each = LayerAnswers::new();
+    let decision = stack.check_each(&user, 1, &mut each).unwrap();
+    assert_consistent(&decision, &each, stack.layers().len());
+    (decision, None)
 }
 
 /// Every thread calls for every user, rotating its starting user, until all calls it makes
@@ -67,14 +78,20 @@ fn hammer(stack: &Users, refund_every: u64) -> (Vec<u64>, u64) {
                     let mut any = false;
                     for i in 0..USERS {
                         let user = (i + t as u64 * 3) % USERS;
-                        let (decision, grant) = stack.acquire(&user, 1).unwrap();
-                        assert_consistent(&decision, stack.layers().len());
+                        // Every other call asks for each layer, but never one whose grant
+                        // is to be refunded if admitted.
+                        let refunds = refund_every > 0 && (calls + 1).is_multiple_of(refund_every);
+                        let detailed = !refunds && (i + calls).is_multiple_of(2);
+                        let (decision, grant) = call(stack, user, detailed);
                         if decision.is_allowed() {
                             any = true;
                             admitted[user as usize].fetch_add(1, Ordering::Relaxed);
                             calls += 1;
-                            if refund_every > 0 && calls.is_multiple_of(refund_every) {
-                                stack.refund(&user, &mut grant.unwrap(), 1).unwrap();
+                            if let (true, Some(mut grant)) = (
+                                refund_every > 0 && calls.is_multiple_of(refund_every),
+                                grant,
+                            ) {
+                                stack.refund(&user, &mut grant, 1).unwrap();
                                 refunded.fetch_add(1, Ordering::Relaxed);
                             }
                         }
@@ -93,8 +110,9 @@ fn hammer(stack: &Users, refund_every: u64) -> (Vec<u64>, u64) {
 /// An answer is one reading of every layer: allowed iff each layer allowed, and bound by the
 /// layer the stack's rule names among its own layers (a denial's longest wait, else the
 /// fewest left; the first on ties), never by a layer's answer from an earlier attempt.
-fn assert_consistent(decision: &StackDecision, depth: usize) {
-    let layers: Vec<&LayerDecision> = decision.layers().collect();
+fn assert_consistent(decision: &StackDecision, each: &LayerAnswers, depth: usize) {
+    assert_eq!(each.summary(), *decision, "{each:?}");
+    let layers: Vec<&LayerDecision> = each.iter().collect();
     assert_eq!(layers.len(), depth, "{decision:?}");
     assert_eq!(
         decision.is_allowed(),
@@ -193,14 +211,13 @@ fn records_racing_checks_all_land_and_checks_respect_them() {
                         let user = (i + t as u64 * 5) % USERS;
                         if records < RECORDS_PER_THREAD && (i + t as u64).is_multiple_of(3) {
                             let d = stack.record(&user, 1).unwrap();
-                            assert_consistent(&d, stack.layers().len());
+                            assert!(d.binding().is_some(), "{d:?}");
                             recorded[user as usize].fetch_add(1, Ordering::Relaxed);
                             records += 1;
                             any = true;
                             continue;
                         }
-                        let d = stack.check(&user).unwrap();
-                        assert_consistent(&d, stack.layers().len());
+                        let (d, _) = call(stack, user, true);
                         if d.is_allowed() {
                             any = true;
                             admitted[user as usize].fetch_add(1, Ordering::Relaxed);
@@ -230,13 +247,9 @@ fn records_racing_checks_all_land_and_checks_respect_them() {
         let debt = used - PER_PAIR;
         let group_at = |nanos: u64| {
             stack.clock().set(nanos);
-            stack
-                .peek(&group)
-                .unwrap()
-                .layers()
-                .nth(1)
-                .unwrap()
-                .decision
+            let mut each = LayerAnswers::new();
+            stack.check_each(&group, 0, &mut each).unwrap();
+            each.get(1).unwrap().decision
         };
         if debt > 0 {
             let before = group_at(debt * 300_000_000 - 1);

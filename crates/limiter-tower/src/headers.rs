@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 
 use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use limiter_core::Limit;
-use limiter_stack::StackDecision;
+use limiter_stack::{LayerAnswers, StackDecision};
 
 use limiter_stack::LayerInfo;
 
@@ -112,21 +112,27 @@ impl Policies {
 
     /// `mode`'s headers for `decision`, rendered (so the decision itself need not be kept).
     #[inline]
-    pub(crate) fn render(&self, mode: HeaderMode, decision: &StackDecision) -> RateHeaders {
+    pub(crate) fn render(
+        &self,
+        mode: HeaderMode,
+        decision: &StackDecision,
+        each: &LayerAnswers,
+    ) -> RateHeaders {
         match mode {
             HeaderMode::Off => RateHeaders::None,
             HeaderMode::Legacy => legacy(decision),
-            HeaderMode::Ietf => self.ietf(decision),
+            HeaderMode::Ietf => self.ietf(each),
         }
     }
 
-    fn ietf(&self, decision: &StackDecision) -> RateHeaders {
+    /// The IETF headers of every layer's answer in `each`.
+    fn ietf(&self, each: &LayerAnswers) -> RateHeaders {
         // The usual answer (one layer) reuses its plan's policy value; several are joined.
         let mut policy: Vec<u8> = Vec::new();
         let mut state: Vec<u8> = Vec::with_capacity(64);
         let mut only: Option<&PlanHeaders> = None;
         let mut applied = 0;
-        for layer in decision.layers() {
+        for layer in each.iter() {
             let Some(plan) = self.plan(layer.layer, layer.plan) else {
                 continue;
             };

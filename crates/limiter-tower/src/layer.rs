@@ -13,7 +13,9 @@ use std::time::Duration;
 use http::request::Parts;
 use http::{Request, Response, StatusCode};
 use limiter_core::Limit;
-use limiter_stack::{AsyncLimiter, CallError, Decide, Kind, Outcome, Stack, StackDecision};
+use limiter_stack::{
+    AsyncLimiter, CallError, Decide, Kind, LayerAnswers, Outcome, Stack, StackDecision,
+};
 use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
@@ -312,12 +314,13 @@ where
         // In process, the answer is here now. A remote limiter's future borrows the request
         // and has done nothing yet: it is dropped, and asked again from a future that owns the
         // request.
-        let decided = shared.limiter.decide_request(&request, cost);
-        let now = match &decided {
-            Decide::Now(answer) => Some(shared.verdict(answer, &request)),
+        // Each layer's answer is asked for only where a header reports every layer.
+        let mut each = LayerAnswers::new();
+        let now = match shared.decide(&request, cost, &mut each) {
+            Decide::Now(answer) => Some(answer),
             Decide::Later(_unpolled) => None,
         };
-        drop(decided);
+        let now = now.map(|answer| shared.verdict(&answer, &request, &each));
         if let Some(verdict) = now {
             // The inner service (the one driven to readiness) is called at once: no
             // allocation, no clone of it.
@@ -334,8 +337,9 @@ where
         let mut inner = std::mem::replace(&mut self.inner, ready);
         let shared = Arc::clone(shared);
         ResponseFuture::waiting(Box::pin(async move {
-            let answer = shared.limiter.decide_request(&request, cost).await;
-            let headers = match shared.verdict(&answer, &request) {
+            let mut each = LayerAnswers::new();
+            let answer = shared.decide(&request, cost, &mut each).await;
+            let headers = match shared.verdict(&answer, &request, &each) {
                 Ok(headers) => headers,
                 Err(response) => return Ok(response),
             };
@@ -451,21 +455,39 @@ impl<L: AsyncLimiter<HttpRequest>> Shared<L> {
         Ok(keys)
     }
 
-    /// The headers for an admitted request, or the response for any other answer.
+    /// The limiter's answer to `cost` units of `request`, with each layer's in `each` when
+    /// the headers report every layer.
+    #[inline]
+    fn decide<'a>(
+        &'a self,
+        request: &'a HttpRequest,
+        cost: u64,
+        each: &'a mut LayerAnswers,
+    ) -> Decide<'a> {
+        if self.mode == HeaderMode::Ietf {
+            self.limiter.decide_request_each(request, cost, each)
+        } else {
+            self.limiter.decide_request(request, cost)
+        }
+    }
+
+    /// The headers for an admitted request (`each`: every layer's answer, for the IETF
+    /// headers), or the response for any other answer.
     // The error is the response itself, returned as is: boxing it would cost an allocation.
     #[allow(clippy::result_large_err)]
     fn verdict<RB: AnswerBody>(
         &self,
         answer: &Result<Outcome, CallError>,
         request: &HttpRequest,
+        each: &LayerAnswers,
     ) -> Result<RateHeaders, Response<RB>> {
         // Read only to answer: an admitted request never looks.
         let grpc = || response::is_grpc(request.headers());
         match answer {
             Ok(Outcome::Decided { decision, .. }) if decision.is_allowed() => {
-                Ok(self.policies.render(self.mode, decision))
+                Ok(self.policies.render(self.mode, decision, each))
             }
-            Ok(Outcome::Decided { decision, .. }) => Err(self.denied(decision, grpc())),
+            Ok(Outcome::Decided { decision, .. }) => Err(self.denied(decision, each, grpc())),
             Ok(Outcome::FailedOpen(_)) => Ok(RateHeaders::default()),
             Ok(Outcome::FailedClosed(reason)) => {
                 let detail = format!("the rate limiter is unavailable ({reason}); try again later");
@@ -492,7 +514,12 @@ impl<L: AsyncLimiter<HttpRequest>> Shared<L> {
         self.body.render(rejection, grpc).map(RB::from_answer)
     }
 
-    fn denied<RB: AnswerBody>(&self, decision: &StackDecision, grpc: bool) -> Response<RB> {
+    fn denied<RB: AnswerBody>(
+        &self,
+        decision: &StackDecision,
+        each: &LayerAnswers,
+        grpc: bool,
+    ) -> Response<RB> {
         let wait = decision.decision().retry_after_nanos();
         let policy = decision
             .binding()
@@ -513,7 +540,7 @@ impl<L: AsyncLimiter<HttpRequest>> Shared<L> {
         let mut response = self.body.render(&rejection, grpc);
         headers::retry_after(wait, response.headers_mut());
         self.policies
-            .render(self.mode, decision)
+            .render(self.mode, decision, each)
             .apply(response.headers_mut());
         response.map(RB::from_answer)
     }

@@ -51,9 +51,13 @@ async fn decides_on_redis_with_the_same_headers() {
     assert_eq!(first.status, 200);
     assert_eq!(items(first.header("ratelimit-policy").unwrap()), policy);
     // The binding limit of the per-ip layer is the one with the fewest left: the bucket.
+    // Every layer that applied is reported, each with its own binding limit.
     assert_eq!(
-        items(first.header("ratelimit").unwrap())[0],
-        item("per-ip.0", &[("r", 1), ("t", 1)])
+        items(first.header("ratelimit").unwrap()),
+        [
+            item("per-ip.0", &[("r", 1), ("t", 1)]),
+            item("global", &[("r", 999), ("t", 1)])
+        ]
     );
     assert_eq!(get(addr, &[]).await.status, 200);
     let denied = get(addr, &[]).await;
@@ -124,10 +128,10 @@ async fn a_failing_backend_is_answered_by_its_policy_never_as_over_the_limit() {
     let addr = serve(support::counting_app().0.layer(fallback)).await;
     let reply = get(addr, &[]).await;
     assert_eq!(reply.status, 200);
-    assert_eq!(
-        items(reply.header("ratelimit").unwrap())[0],
-        item("per-ip.0", &[("r", 1), ("t", 1)])
-    );
+    // The local fallback reports every layer, as Redis does.
+    let state = items(reply.header("ratelimit").unwrap());
+    assert_eq!(state[0], item("per-ip.0", &[("r", 1), ("t", 1)]));
+    assert_eq!(state.len(), 2, "{state:?}");
     get(addr, &[]).await;
     assert_eq!(
         get(addr, &[]).await.status,

@@ -21,8 +21,8 @@ use std::sync::{Arc, RwLock, Weak};
 use hashbrown::HashTable;
 use limiter_core::{Clock, LeaseCell, LeaseSpend, MAX_LEASE_UNITS};
 use limiter_stack::{
-    Ask, Asked, AsyncLimiter, BatchAnswer, BatchItem, Charge, Decide, Held, LayerInfo, Outcome,
-    Pending,
+    Ask, Asked, AsyncLimiter, BatchAnswer, BatchItem, Charge, Decide, Held, LayerAnswers,
+    LayerInfo, Outcome, Pending,
 };
 
 use crate::decision::RedisDecision;
@@ -303,6 +303,27 @@ impl<R: Sync + 'static> AsyncLimiter<R> for LeasedStack<R> {
                 .await
                 .map(Outcome::from)
                 .map_err(limiter_stack::CallError::from)
+        }))
+    }
+
+    fn decide_request_each<'a>(
+        &'a self,
+        request: &'a R,
+        cost: u64,
+        each: &'a mut LayerAnswers,
+    ) -> Decide<'a> {
+        let mut identity = String::new();
+        self.shared.stack.identity(request, &mut identity);
+        if let Some(answer) = self.local(&identity, cost) {
+            let answer = answer.decision();
+            *each = *answer.layers();
+            return Decide::Now(Ok(Outcome::from(answer)));
+        }
+        each.clear();
+        Decide::Later(Box::pin(async move {
+            let answer = self.renew(&identity, request, cost).await?;
+            *each = *answer.layers();
+            Ok(Outcome::from(answer))
         }))
     }
 

@@ -82,7 +82,7 @@ impl Known {
         self.at_local.store(sent_at, Ordering::Relaxed);
         let at_us = decision.decided_at_micros().unwrap_or(0);
         self.at_redis_us.store(at_us, Ordering::Relaxed);
-        for layer in decision.stack().layers() {
+        for layer in decision.layers().iter() {
             if let (Some(remaining), Some(full_at)) = (
                 self.remaining.get(layer.layer),
                 self.full_at.get(layer.layer),

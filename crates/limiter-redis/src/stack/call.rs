@@ -4,7 +4,7 @@
 use core::fmt;
 
 use limiter_core::Decision;
-use limiter_stack::{LayerDecision, StackDecision};
+use limiter_stack::{LayerAnswers, LayerDecision};
 
 use super::*;
 use crate::backend::Sent;
@@ -220,7 +220,7 @@ impl<R> RedisStack<R> {
         if call.targets.is_empty() {
             return Some(RedisDecision::new(
                 true,
-                StackDecision::from_layers([]),
+                LayerAnswers::new(),
                 Source::NoLayer,
             ));
         }
@@ -244,7 +244,7 @@ impl<R> RedisStack<R> {
                 };
                 return Some(RedisDecision::new(
                     false,
-                    StackDecision::from_layers([layer]),
+                    LayerAnswers::from_layers([layer]),
                     Source::DenyCache,
                 ));
             }
@@ -326,8 +326,8 @@ impl<R> RedisStack<R> {
             }
             start = end;
         }
-        let stack = StackDecision::from_layers(layers);
-        RedisDecision::new(stack.is_allowed(), stack, Source::Redis)
+        let layers = LayerAnswers::from_layers(layers);
+        RedisDecision::new(layers.summary().is_allowed(), layers, Source::Redis)
     }
 
     /// Appends a lease group for `call` (mode 3): `head` (the cost, the units wanted ahead,

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use limiter_core::Limit;
-use limiter_stack::{Grant, StackDecision};
+use limiter_stack::{Grant, LayerAnswers};
 
 use super::*;
 use crate::backend::RedisBackend;
@@ -125,10 +125,16 @@ impl<R> RedisStack<R> {
             return self.on_failure(request, call.cost, error);
         }
         match (&self.fallback, self.on_failure) {
-            (Some(local), OnFailure::Fallback) => match local.record(request, call.cost) {
-                Ok(stack) => RedisDecision::new(stack.is_allowed(), stack, Source::Fallback(error)),
-                Err(_) => self.on_failure(request, call.cost, error),
-            },
+            (Some(local), OnFailure::Fallback) => {
+                let mut each = LayerAnswers::new();
+                let now = local.clock().now();
+                match local.record_at_each(request, call.cost, now, &mut each) {
+                    Ok(stack) => {
+                        RedisDecision::new(stack.is_allowed(), each, Source::Fallback(error))
+                    }
+                    Err(_) => self.on_failure(request, call.cost, error),
+                }
+            }
             _ => self.on_failure(request, call.cost, error),
         }
     }
@@ -142,12 +148,17 @@ impl<R> RedisStack<R> {
             error = %error,
             "Redis could not decide: the failure policy answers"
         );
-        let empty = || StackDecision::from_layers([]);
+        let empty = LayerAnswers::new;
+        let mut each = LayerAnswers::new();
         match (&self.fallback, self.on_failure) {
-            (Some(local), OnFailure::Fallback) => match local.check_n(request, cost) {
-                Ok(stack) => RedisDecision::new(stack.is_allowed(), stack, Source::Fallback(error)),
-                Err(_) => RedisDecision::new(false, empty(), Source::FailClosed(error)),
-            },
+            (Some(local), OnFailure::Fallback) => {
+                match local.check_each(request, cost, &mut each) {
+                    Ok(stack) => {
+                        RedisDecision::new(stack.is_allowed(), each, Source::Fallback(error))
+                    }
+                    Err(_) => RedisDecision::new(false, empty(), Source::FailClosed(error)),
+                }
+            }
             (_, OnFailure::Open) => RedisDecision::new(true, empty(), Source::FailOpen(error)),
             _ => RedisDecision::new(false, empty(), Source::FailClosed(error)),
         }
@@ -163,18 +174,21 @@ impl<R> RedisStack<R> {
         now: u64,
         error: BackendError,
     ) -> (RedisDecision, Option<Grant>) {
-        let empty = || StackDecision::from_layers([]);
+        let empty = LayerAnswers::new;
+        let mut each = LayerAnswers::new();
         match (&self.fallback, self.on_failure) {
-            (Some(local), OnFailure::Fallback) => match local.decide_at(request, cost, now) {
-                Ok((stack, grant)) => (
-                    RedisDecision::new(stack.is_allowed(), stack, Source::Fallback(error)),
-                    grant,
-                ),
-                Err(_) => (
-                    RedisDecision::new(false, empty(), Source::FailClosed(error)),
-                    None,
-                ),
-            },
+            (Some(local), OnFailure::Fallback) => {
+                match local.decide_at_each(request, cost, now, &mut each) {
+                    Ok((stack, grant)) => (
+                        RedisDecision::new(stack.is_allowed(), each, Source::Fallback(error)),
+                        grant,
+                    ),
+                    Err(_) => (
+                        RedisDecision::new(false, empty(), Source::FailClosed(error)),
+                        None,
+                    ),
+                }
+            }
             (_, OnFailure::Open) => (
                 RedisDecision::new(true, empty(), Source::FailOpen(error)),
                 None,
@@ -200,18 +214,15 @@ impl<R> RedisStack<R> {
     /// peek), once a denied batch's grants are back.
     pub(crate) fn peek_fallback(&self, request: &R, now: u64, decision: &mut RedisDecision) {
         if let (Some(local), Source::Fallback(e)) = (&self.fallback, decision.source())
-            && let Ok((peek, _)) = local.decide_at(request, 0, now)
+            && let mut each = LayerAnswers::new()
+            && let Ok(_) = local.decide_at_each(request, 0, now, &mut each)
         {
-            *decision = RedisDecision::new(true, peek, Source::Fallback(e.clone()));
+            *decision = RedisDecision::new(true, each, Source::Fallback(e.clone()));
         }
     }
 
     pub(super) fn on_failure_without_request(&self) -> RedisDecision {
         let error = BackendError::BadReply("the batch lost a call".to_owned());
-        RedisDecision::new(
-            false,
-            StackDecision::from_layers([]),
-            Source::FailClosed(error),
-        )
+        RedisDecision::new(false, LayerAnswers::new(), Source::FailClosed(error))
     }
 }

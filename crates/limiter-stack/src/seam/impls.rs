@@ -17,14 +17,20 @@ where
 {
     #[inline]
     fn decide_request<'a>(&'a self, request: &'a R, cost: u64) -> Decide<'a> {
-        // Built in place: the decision is hundreds of bytes, and each move would copy it.
-        let mut answer = Decide::Now(Ok(Outcome::in_process(StackDecision::from_layers([]))));
-        if let Decide::Now(Ok(Outcome::Decided { decision, .. })) = &mut answer
-            && let Err(e) = self.check_into(request, cost, decision)
-        {
-            answer = Decide::Now(Err(e));
-        }
-        answer
+        Decide::Now(self.check_n(request, cost).map(Outcome::in_process))
+    }
+
+    #[inline]
+    fn decide_request_each<'a>(
+        &'a self,
+        request: &'a R,
+        cost: u64,
+        each: &'a mut LayerAnswers,
+    ) -> Decide<'a> {
+        Decide::Now(
+            self.check_each(request, cost, each)
+                .map(Outcome::in_process),
+        )
     }
 
     fn layers(&self) -> Vec<LayerInfo> {

@@ -17,7 +17,7 @@ use std::task::{Context, Poll};
 
 use limiter_core::Limit;
 
-use crate::{BuildError, CallError, Keyer, Plan, StackDecision};
+use crate::{BuildError, CallError, Keyer, LayerAnswers, Plan, StackDecision};
 
 mod batch;
 mod impls;
@@ -169,6 +169,31 @@ pub trait AsyncLimiter<R: ?Sized>: Send + Sync {
     /// Decides `cost` units for `request`; cost 0 only reports. A denial changes nothing.
     fn decide_request<'a>(&'a self, request: &'a R, cost: u64) -> Decide<'a>;
 
+    /// Decides as [`decide_request`](Self::decide_request) does and keeps each layer's own
+    /// answer in `each` (cleared first), for a per-layer report (the IETF `RateLimit` header).
+    /// The compact answer alone is cheaper: ask for this only where every layer is read. The
+    /// default keeps the binding layer's answer alone (exact for a one-layer limiter); a
+    /// [`Stack`](crate::Stack) and a Redis stack keep every layer's.
+    fn decide_request_each<'a>(
+        &'a self,
+        request: &'a R,
+        cost: u64,
+        each: &'a mut LayerAnswers,
+    ) -> Decide<'a> {
+        each.clear();
+        match self.decide_request(request, cost) {
+            Decide::Now(answer) => {
+                keep_binding(&answer, each);
+                Decide::Now(answer)
+            }
+            Decide::Later(future) => Decide::Later(Box::pin(async move {
+                let answer = future.await;
+                keep_binding(&answer, each);
+                answer
+            })),
+        }
+    }
+
     /// Every layer in order, as a [`LayerDecision`](crate::LayerDecision) refers to them (by
     /// layer, plan and limit index).
     fn layers(&self) -> Vec<LayerInfo>;
@@ -251,6 +276,15 @@ pub trait AsyncLimiter<R: ?Sized>: Send + Sync {
     }
 }
 
+/// Keeps the binding layer's answer of a decided `answer` in `each`.
+fn keep_binding(answer: &Result<Outcome, CallError>, each: &mut LayerAnswers) {
+    if let Ok(Outcome::Decided { decision, .. }) = answer
+        && let Some(binding) = decision.binding()
+    {
+        each.set(*binding);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::pin::pin;
@@ -326,6 +360,54 @@ mod tests {
             AsyncLimiter::<Option<&str>>::layers(&keyed)[0].name,
             "per-user"
         );
+    }
+
+    /// A wrapper that only decides, as a decorator might: the seam's default keeps the binding
+    /// layer's answer.
+    struct OnlyDecides<L>(L);
+
+    impl<R, L: AsyncLimiter<R>> AsyncLimiter<R> for OnlyDecides<L> {
+        fn decide_request<'a>(&'a self, request: &'a R, cost: u64) -> Decide<'a> {
+            self.0.decide_request(request, cost)
+        }
+
+        fn layers(&self) -> Vec<LayerInfo> {
+            self.0.layers()
+        }
+    }
+
+    #[test]
+    fn each_layers_answer_is_kept_by_a_stack_and_the_binding_ones_by_the_default() {
+        use crate::{Kind, Layer, Stack};
+        let stack: Stack<u64, u64, ManualClock> = Stack::builder()
+            .layer(
+                Layer::keyed("user", |u: &u64| Some(*u))
+                    .limit(Kind::TokenBucket, Limit::per_second(5)),
+            )
+            .layer(Layer::global("all").limit(Kind::TokenBucket, Limit::per_second(100)))
+            .clock(ManualClock::new())
+            .build()
+            .unwrap();
+        let mut each = LayerAnswers::new();
+        let Decide::Now(Ok(Outcome::Decided { decision, .. })) =
+            stack.decide_request_each(&1, 1, &mut each)
+        else {
+            panic!("decided now");
+        };
+        let left: Vec<u64> = each.iter().map(|l| l.decision.remaining()).collect();
+        assert_eq!(left, [4, 99]);
+        assert_eq!(each.summary(), decision);
+        let wrapped = OnlyDecides(stack);
+        let Decide::Now(Ok(Outcome::Decided { decision, .. })) =
+            wrapped.decide_request_each(&1, 1, &mut each)
+        else {
+            panic!("decided now");
+        };
+        assert_eq!(
+            each.iter().collect::<Vec<_>>(),
+            [decision.binding().unwrap()]
+        );
+        assert_eq!(decision.decision().remaining(), 3);
     }
 
     #[test]

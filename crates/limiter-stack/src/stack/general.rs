@@ -11,7 +11,7 @@ use super::plan::{Call, Guard, Guards, Outcome, Place, ShardOrder, Target, Targe
 use super::{Entry, Stack, fresh};
 use crate::algorithms::DynAlgorithm;
 use crate::cells::{Cells, EntryCells, MAX_LIMITS_PER_LAYER, Snapshot};
-use crate::decision::{MAX_LAYERS, StackDecision};
+use crate::decision::{LayerDecision, MAX_LAYERS};
 use crate::error::CallError;
 
 /// What inserting a call's missing keys came to.
@@ -144,7 +144,7 @@ where
                     continue;
                 }
                 self.read_all(&cells, seen, &mut outcome.next);
-                outcome.decision = StackDecision::new();
+                outcome.restart();
                 self.decide_all(targets, cost, now, outcome)
                     .and_then(|()| self.commit(targets, &cells, seen, outcome, cost, now))
             };
@@ -310,11 +310,8 @@ where
     /// Decides every target on its state in `out.next` (`None` there: an absent key, which
     /// starts fresh under the chosen plan), in place, leaving there the state to write, and
     /// carrying a key's consumption over to the chosen plan when it changed. Adds each layer's
-    /// answer to `out.decision` (new, or reset by the caller).
-    ///
-    /// The states are read straight into `out.next` and each answer is decided straight into
-    /// its place in `out.decision`: copying a just-written struct as a whole stalls the copy
-    /// until the writes land, which cost more than the deciding.
+    /// answer to `out` (new, or restarted by the caller). The states are read straight into
+    /// `out.next` and decided in place.
     #[inline]
     pub(super) fn decide_all(
         &self,
@@ -356,15 +353,14 @@ where
             let record = out.record;
             if let [algorithm] = limits.as_slice() {
                 // One limit, the usual layer: its answer is the layer's, decided in place.
-                out.decision
-                    .push_one(slot, target.layer, target.plan, |decision| {
-                        if record {
-                            algorithm.record(&mut state.words[0], cost, now, decision)
-                        } else {
-                            algorithm.decide(&mut state.words[0], cost, now, decision)
-                        }
-                    })
-                    .map_err(error(0))?;
+                let mut decision = Decision::allow(0, 0, 0);
+                if record {
+                    algorithm.record(&mut state.words[0], cost, now, &mut decision)
+                } else {
+                    algorithm.decide(&mut state.words[0], cost, now, &mut decision)
+                }
+                .map_err(error(0))?;
+                out.take(LayerDecision::from_one(target.layer, target.plan, decision));
                 continue;
             }
             let mut parts = [Decision::allow(0, 0, 0); MAX_LIMITS_PER_LAYER];
@@ -379,8 +375,11 @@ where
                     algorithm.decide(word, cost, now, part).map_err(error(j))?;
                 }
             }
-            out.decision
-                .push_limits(slot, target.layer, target.plan, &parts[..limits.len()]);
+            if let Some(layer) =
+                LayerDecision::from_limits(target.layer, target.plan, &parts[..limits.len()])
+            {
+                out.take(layer);
+            }
         }
         Ok(())
     }

@@ -11,7 +11,7 @@ use super::plan::{Call, GLOBAL, LeanTargets, SKIPPED, ShardOrder, fill_shard_ord
 use super::{Entry, Member, Stack};
 use crate::algorithms::DynAlgorithm;
 use crate::cells::{Cells, EntryCells};
-use crate::decision::StackDecision;
+use crate::decision::{Answer, LayerDecision};
 use crate::error::CallError;
 use crate::layer::KeySource;
 
@@ -29,18 +29,18 @@ where
         request: &R,
         cost: u64,
         now: u64,
-        decision: &mut StackDecision,
+        out: &mut Answer<'_>,
     ) -> Result<(), CallError> {
         let mut targets = LeanTargets::<K, N>::new();
         self.fill_lean(request, &mut targets)?;
-        if self.decide_lean(&targets, cost, now, decision)? {
+        if self.decide_lean(&targets, cost, now, out)? {
             return Ok(());
         }
         let mut call = Call::new();
         targets.into_targets(&self.members, &mut call.targets);
         fill_shard_order(&call.targets[..self.layers.len()], &mut call.order);
         self.decide_general(&mut call, cost, now)?;
-        *decision = call.outcome.decision;
+        out.replace(call.outcome.decision, &call.outcome.layers);
         Ok(())
     }
 
@@ -76,7 +76,7 @@ where
 
     /// Decides a call of a stack whose every plan has one limit, the usual stack, in the fewest
     /// steps: under the shard read locks each entry's one word is read without its lock and
-    /// decided once, straight into its slot of `decision` (new), before any entry is locked; if
+    /// decided once, into `out` (new), before any entry is locked; if
     /// every layer admits, the entries are held ([`commit_lean`](Self::commit_lean)) and
     /// written only if none changed since it was read. Returns `false`, having changed no
     /// entry, when the call needs more (a key to insert, a plan to change, an entry another
@@ -87,7 +87,7 @@ where
         targets: &LeanTargets<K, N>,
         cost: u64,
         now: u64,
-        decision: &mut StackDecision,
+        out: &mut Answer<'_>,
     ) -> Result<bool, CallError> {
         let mut order = ShardOrder::<N>::new();
         for &shard in &targets.shards {
@@ -121,17 +121,14 @@ where
             seen[slot] = word;
             let layer = &self.layers[slot];
             let algorithm = &layer.plan(plan).limits[0];
-            let mut after = word;
-            let decided = decision.push_one(slot, slot, plan, |answer| {
-                algorithm
-                    .decide_word(word, cost, now, answer)
-                    .map(|next| after = next)
-                    .ok_or(())
-            });
-            match decided {
-                Ok(()) => next[slot] = after,
-                Err(()) => {
-                    let mut answer = Decision::allow(0, 0, 0);
+            let mut answer = Decision::allow(0, 0, 0);
+            match algorithm.decide_word(word, cost, now, &mut answer) {
+                Some(after) => {
+                    next[slot] = after;
+                    out.take(LayerDecision::from_one(slot, plan, answer));
+                }
+                None => {
+                    let mut after = word;
                     return algorithm
                         .decide(&mut after, cost, now, &mut answer)
                         .map_err(|source| CallError::Decision {
@@ -144,7 +141,7 @@ where
             }
         }
         // Layers that take no part keep the admission they started with.
-        if decision.is_allowed()
+        if out.decision.is_allowed()
             && cost > 0
             && !self.commit_lean(&cells, &targets.plans, &seen, &next)
         {

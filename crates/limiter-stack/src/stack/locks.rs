@@ -10,7 +10,7 @@ use limiter_core::Clock;
 use super::Stack;
 use super::plan::{Guard, Guards, Outcome, ShardOrder, Targets};
 use crate::cells::{Cells, Held, Snapshot};
-use crate::decision::{MAX_LAYERS, StackDecision};
+use crate::decision::MAX_LAYERS;
 use crate::error::CallError;
 
 impl<R, K, C> Stack<R, K, C>
@@ -58,7 +58,7 @@ where
                     _ => None,
                 };
             }
-            outcome.decision = StackDecision::new();
+            outcome.restart();
             self.decide_all(targets, cost, now, outcome)
         } else {
             Ok(())

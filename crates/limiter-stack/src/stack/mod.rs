@@ -51,11 +51,12 @@ use limiter_store::table::ShardedTable;
 
 use crate::algorithms::DynAlgorithm;
 use crate::cells::{Cells, EntryCells, MAX_LIMITS_PER_LAYER, Snapshot};
-use crate::decision::{Grant, MAX_LAYERS, StackDecision};
+use crate::decision::{Answer, Grant, MAX_LAYERS, StackDecision};
 use crate::error::{BuildError, CallError, RefundError};
 use crate::layer::{Layer, Plan};
 use crate::sync::{AtomicU64, EntryHasher, Ordering};
 
+mod each;
 mod general;
 mod groups;
 mod lean;
@@ -273,13 +274,19 @@ where
         now: u64,
     ) -> Result<(StackDecision, Option<Grant>), CallError> {
         let decision = self.decide(request, cost, now)?;
-        let grant = (decision.is_allowed() && cost > 0).then_some(Grant {
+        Ok((decision, self.grant_for(&decision, cost, now)))
+    }
+
+    /// The grant of a call of `cost` units at `now` that `decision` answered: `None` unless it
+    /// took units.
+    #[inline]
+    fn grant_for(&self, decision: &StackDecision, cost: u64, now: u64) -> Option<Grant> {
+        (decision.is_allowed() && cost > 0).then_some(Grant {
             stack: self.id,
             taken: cost,
             left: cost,
             at: now,
-        });
-        Ok((decision, grant))
+        })
     }
 
     /// Records `cost` units of usage that already happened for `request` now (tokens a
@@ -314,34 +321,20 @@ where
 
     /// Records `cost` units of usage for `request` at `now` (see [`record`](Self::record)).
     pub fn record_at(&self, request: &R, cost: u64, now: u64) -> Result<StackDecision, CallError> {
-        let mut call = Call::new();
-        call.outcome.record = true;
-        self.prepare(request, &mut call)?;
-        self.decide_general(&mut call, cost, now)?;
-        Ok(call.outcome.decision)
+        let mut out = Answer::new(None);
+        self.decide_from_scratch(request, cost, now, true, &mut out)?;
+        Ok(out.decision)
     }
 
-    /// The answer for `cost` units of `request` at `now`, built where the caller keeps it.
+    /// The compact answer for `cost` units of `request` at `now`.
     #[inline]
     fn decide(&self, request: &R, cost: u64, now: u64) -> Result<StackDecision, CallError> {
-        let mut decision = StackDecision::new();
-        self.decide_into(request, cost, now, &mut decision)?;
-        Ok(decision)
+        let mut out = Answer::new(None);
+        self.decide_into(request, cost, now, &mut out)?;
+        Ok(out.decision)
     }
 
-    /// Decides `cost` units for `request` now into `decision` (new), where the caller keeps
-    /// it (the seam builds its answer in place: a decision is hundreds of bytes).
-    #[inline]
-    pub(crate) fn check_into(
-        &self,
-        request: &R,
-        cost: u64,
-        decision: &mut StackDecision,
-    ) -> Result<(), CallError> {
-        self.decide_into(request, cost, self.clock.now(), decision)
-    }
-
-    /// Decides `cost` units for `request` at `now` into `decision` (new): a lean stack on the
+    /// Decides `cost` units for `request` at `now` into `out` (new): a lean stack on the
     /// lean path, with working arrays as long as the stack is deep; any other stack, and any
     /// call the lean path cannot finish, on the general path.
     fn decide_into(
@@ -349,41 +342,44 @@ where
         request: &R,
         cost: u64,
         now: u64,
-        decision: &mut StackDecision,
+        out: &mut Answer<'_>,
     ) -> Result<(), CallError> {
         if self.one_key_path {
             return match self.layers.len() {
-                1 => self.decide_one_key::<1>(request, cost, now, decision),
-                2 => self.decide_one_key::<2>(request, cost, now, decision),
-                3 => self.decide_one_key::<3>(request, cost, now, decision),
-                _ => self.decide_one_key::<4>(request, cost, now, decision),
+                1 => self.decide_one_key::<1>(request, cost, now, out),
+                2 => self.decide_one_key::<2>(request, cost, now, out),
+                3 => self.decide_one_key::<3>(request, cost, now, out),
+                _ => self.decide_one_key::<4>(request, cost, now, out),
             };
         }
         if self.lean {
             return match self.layers.len() {
-                1 => self.decide_sized::<1>(request, cost, now, decision),
-                2 => self.decide_sized::<2>(request, cost, now, decision),
-                3 => self.decide_sized::<3>(request, cost, now, decision),
-                4 => self.decide_sized::<4>(request, cost, now, decision),
-                _ => self.decide_sized::<MAX_LAYERS>(request, cost, now, decision),
+                1 => self.decide_sized::<1>(request, cost, now, out),
+                2 => self.decide_sized::<2>(request, cost, now, out),
+                3 => self.decide_sized::<3>(request, cost, now, out),
+                4 => self.decide_sized::<4>(request, cost, now, out),
+                _ => self.decide_sized::<MAX_LAYERS>(request, cost, now, out),
             };
         }
-        self.decide_from_scratch(request, cost, now, decision)
+        self.decide_from_scratch(request, cost, now, false, out)
     }
 
     /// Decides `cost` units for `request` at `now` on the general path from the start, into
-    /// `decision` (new): any stack the fast paths do not take, and any call they cannot finish.
+    /// `out` (new): any stack the fast paths do not take, any call they cannot finish, and
+    /// every record (`record`: see [`record`](Self::record)).
     pub(super) fn decide_from_scratch(
         &self,
         request: &R,
         cost: u64,
         now: u64,
-        decision: &mut StackDecision,
+        record: bool,
+        out: &mut Answer<'_>,
     ) -> Result<(), CallError> {
         let mut call = Call::new();
+        call.outcome.record = record;
         self.prepare(request, &mut call)?;
         self.decide_general(&mut call, cost, now)?;
-        *decision = call.outcome.decision;
+        out.replace(call.outcome.decision, &call.outcome.layers);
         Ok(())
     }
 

@@ -15,7 +15,7 @@ use limiter_core::{Algorithm, Clock, Decision};
 use super::Stack;
 use crate::algorithms::{DynAlgorithm, PlanLimit};
 use crate::cells::Cells;
-use crate::decision::{LayerDecision, StackDecision};
+use crate::decision::{Answer, LayerDecision};
 use crate::error::CallError;
 use crate::layer::{KeySource, Layer};
 
@@ -48,7 +48,7 @@ where
     K: Hash + Eq + Clone,
     C: Clock,
 {
-    /// Decides a call of a one-key stack of `N` layers into `decision` (new); on the general
+    /// Decides a call of a one-key stack of `N` layers into `out` (new); on the general
     /// path, from the start, when the one-key path cannot finish it.
     #[inline(always)]
     pub(super) fn decide_one_key<const N: usize>(
@@ -56,12 +56,12 @@ where
         request: &R,
         cost: u64,
         now: u64,
-        decision: &mut StackDecision,
+        out: &mut Answer<'_>,
     ) -> Result<(), CallError> {
-        if self.one_key_path::<N>(request, cost, now, decision)? {
+        if self.one_key_path::<N>(request, cost, now, out)? {
             return Ok(());
         }
-        self.decide_from_scratch(request, cost, now, decision)
+        self.decide_from_scratch(request, cost, now, false, out)
     }
 
     /// The one-key path (see the module docs); `false`, having changed and answered nothing,
@@ -74,7 +74,7 @@ where
         request: &R,
         cost: u64,
         now: u64,
-        decision: &mut StackDecision,
+        out: &mut Answer<'_>,
     ) -> Result<bool, CallError> {
         let key = match self.one_key.map(|lead| (lead, &self.layers[lead].keyer)) {
             Some((lead, KeySource::Keyed(keyer))) => keyer.key(request).map(|key| (lead, key)),
@@ -135,16 +135,7 @@ where
         drop(found);
         for (slot, answer) in answers.into_iter().enumerate() {
             if took_part[slot] {
-                decision.push(
-                    slot,
-                    LayerDecision {
-                        layer: slot,
-                        plan: 0,
-                        limit_index: 0,
-                        limit_reset_after_nanos: answer.reset_after_nanos(),
-                        decision: answer,
-                    },
-                );
+                out.take(LayerDecision::from_one(slot, 0, answer));
             }
         }
         Ok(true)

@@ -10,7 +10,7 @@ use limiter_store::table::{Shard, ShardReadGuard, ShardWriteGuard};
 
 use super::{Entry, Member, Stack};
 use crate::cells::Snapshot;
-use crate::decision::{MAX_LAYERS, StackDecision};
+use crate::decision::{LayerAnswers, LayerDecision, MAX_LAYERS, StackDecision};
 use crate::error::CallError;
 use crate::layer::KeySource;
 
@@ -164,7 +164,10 @@ impl<K, const N: usize> LeanTargets<K, N> {
 
 /// What deciding every layer gives: the answer, and the states to write.
 pub(super) struct Outcome {
+    /// The compact answer.
     pub(super) decision: StackDecision,
+    /// Each layer's answer (the general path keeps them all: it is the slow path).
+    pub(super) layers: LayerAnswers,
     /// Each layer's state: read into it, decided in place, written from it.
     pub(super) next: [Option<Snapshot>; MAX_LAYERS],
     /// Whether the call records usage that already happened: every layer is debited, and the
@@ -178,6 +181,20 @@ impl Outcome {
     #[inline]
     pub(super) fn writes(&self, cost: u64) -> bool {
         cost > 0 && (self.record || self.decision.is_allowed())
+    }
+
+    /// Takes layer `layer`'s answer into both forms.
+    #[inline]
+    pub(super) fn take(&mut self, layer: LayerDecision) {
+        self.decision.fold(layer);
+        self.layers.set(layer);
+    }
+
+    /// Forgets every answer taken, for a call decided again.
+    #[inline]
+    pub(super) fn restart(&mut self) {
+        self.decision = StackDecision::new();
+        self.layers.clear();
     }
 }
 
@@ -200,6 +217,7 @@ impl<K> Call<K> {
             seen: [None; MAX_LAYERS],
             outcome: Outcome {
                 decision: StackDecision::new(),
+                layers: LayerAnswers::new(),
                 next: [None; MAX_LAYERS],
                 record: false,
             },
