@@ -32,9 +32,12 @@ pub enum Source {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RedisDecision {
     allowed: bool,
-    /// Each layer's answer: Redis decides them all in one script, and a call on a cluster
-    /// combines its parts' layers.
-    layers: LayerAnswers,
+    /// The stacked answer.
+    stack: StackDecision,
+    /// Each layer's answer where Redis or the local fallback decided (Redis decides them all
+    /// in one script, and a call on a cluster combines its parts'); boxed, and none for an
+    /// answer made against a lease, which stays a few words.
+    layers: Option<Box<LayerAnswers>>,
     source: Source,
     /// When Redis decided, in microseconds of its `TIME` (since the Unix epoch): the instant
     /// the waits count from.
@@ -46,7 +49,8 @@ impl RedisDecision {
     pub(crate) fn new(allowed: bool, layers: LayerAnswers, source: Source) -> Self {
         Self {
             allowed,
-            layers,
+            stack: layers.summary(),
+            layers: (!layers.is_empty()).then(|| Box::new(layers)),
             source,
             at_us: None,
         }
@@ -78,21 +82,21 @@ impl RedisDecision {
     /// This decision with `units` more left in each layer (within its burst): Redis's answer
     /// to a call that also leased `units`, which this node holds and may still spend.
     pub(crate) fn with_leased(mut self, units: u64) -> Self {
-        let layers: Vec<LayerDecision> = self
-            .layers
-            .iter()
-            .map(|layer| {
-                let d = layer.decision;
-                let remaining = d.remaining().saturating_add(units).min(d.limit());
-                let decision = if d.is_allowed() {
-                    Decision::allow(d.limit(), remaining, d.reset_after_nanos())
-                } else {
-                    d
-                };
-                LayerDecision { decision, ..*layer }
-            })
-            .collect();
-        self.layers = LayerAnswers::from_layers(layers);
+        let Some(layers) = self.layers.as_deref_mut() else {
+            return self;
+        };
+        let raised = LayerAnswers::from_layers(layers.iter().map(|layer| {
+            let d = layer.decision;
+            let remaining = d.remaining().saturating_add(units).min(d.limit());
+            let decision = if d.is_allowed() {
+                Decision::allow(d.limit(), remaining, d.reset_after_nanos())
+            } else {
+                d
+            };
+            LayerDecision { decision, ..*layer }
+        }));
+        *layers = raised;
+        self.stack = raised.summary();
         self
     }
 
@@ -103,13 +107,19 @@ impl RedisDecision {
         self
     }
 
-    /// A decision made against a lease ([`Source::Lease`]), its stacked answer built in place
-    /// (a local answer's whole cost is small, so it is not built elsewhere and copied in).
+    /// A decision made against a lease ([`Source::Lease`]) from its layers' answers (in stack
+    /// order), kept compact: each layer's is not kept (the seam's `decide_request_each` asks
+    /// for them).
     #[inline]
     pub(crate) fn leased(allowed: bool, layers: impl IntoIterator<Item = LayerDecision>) -> Self {
+        let mut stack = StackDecision::new();
+        for layer in layers {
+            stack.push(layer);
+        }
         Self {
             allowed,
-            layers: LayerAnswers::from_layers(layers),
+            stack,
+            layers: None,
             source: Source::Lease,
             at_us: None,
         }
@@ -141,15 +151,17 @@ impl RedisDecision {
     /// The stacked answer (the binding layer, the least left, the longest waits), combined
     /// from [`layers`](Self::layers). No layer when a fail-open or fail-closed policy answered
     /// (no limit was consulted).
-    pub fn stack(&self) -> StackDecision {
-        self.layers.summary()
+    pub fn stack(&self) -> &StackDecision {
+        &self.stack
     }
 
     /// Each layer's own answer, in stack order (what [`stack`](Self::stack) combines). Empty
-    /// when a fail-open or fail-closed policy answered; only the binding layer's when the deny
-    /// cache did.
+    /// when a fail-open or fail-closed policy answered and for an answer made against a lease
+    /// (ask the seam's `decide_request_each` for a leased stack's); only the binding layer's
+    /// when the deny cache answered.
     pub fn layers(&self) -> &LayerAnswers {
-        &self.layers
+        static NO_LAYERS: LayerAnswers = LayerAnswers::new();
+        self.layers.as_deref().unwrap_or(&NO_LAYERS)
     }
 
     /// When the answer was decided, in microseconds since the Unix epoch by Redis's clock
@@ -167,7 +179,7 @@ impl RedisDecision {
     pub fn decision(&self) -> Option<Decision> {
         match self.source {
             Source::FailOpen(_) | Source::FailClosed(_) => None,
-            _ => Some(self.stack().decision()),
+            _ => Some(self.stack.decision()),
         }
     }
 }

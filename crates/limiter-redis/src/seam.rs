@@ -61,7 +61,7 @@ impl From<RedisDecision> for Outcome {
             Source::Redis | Source::NoLayer => Origin::Remote,
         };
         Self::Decided {
-            decision: answer.stack(),
+            decision: *answer.stack(),
             origin,
             at_unix_us: answer.decided_at_micros(),
         }

@@ -502,3 +502,52 @@ async fn a_record_spends_the_lease_first_then_records_the_rest_on_redis() {
     assert!(over.is_denied(), "{over:?}");
     assert!(node.check("k").await.unwrap().is_denied());
 }
+
+#[tokio::test]
+async fn a_local_answer_is_compact_and_the_seam_gives_each_layers_answer_when_asked() {
+    use limiter_stack::{AsyncLimiter, LayerAnswers, Origin, Outcome};
+    let server = common::RedisServer::start();
+    let clock = ManualClock::starting_at(START);
+    let stack = RedisStack::builder(&backend(&server.url(), &clock).await, "compact")
+        .layer(
+            RedisLayer::keyed("user", |u: &String| Some(u.clone()))
+                .limit(Kind::TokenBucket, Limit::per_hour(100)),
+        )
+        .layer(RedisLayer::global("all").limit(Kind::FixedWindow, Limit::per_hour(150)))
+        .on_failure(OnFailure::Closed)
+        .build()
+        .unwrap()
+        .leased(Lease::new(Slack::units(10)).ttl(Duration::from_secs(60)))
+        .unwrap();
+    let ada = "ada".to_owned();
+    // The first call renews on Redis (each layer's answer kept); the next ones are local.
+    let renewed = stack.check(&ada).await.unwrap();
+    assert_eq!(renewed.layers().iter().count(), 2, "{renewed:?}");
+    let local = stack.check(&ada).await.unwrap();
+    assert_eq!(local.source(), &Source::Lease);
+    assert!(
+        local.layers().is_empty(),
+        "a local answer keeps the compact form: {local:?}"
+    );
+    let binding = local.stack().binding().expect("a layer binds");
+    assert_eq!(
+        local.decision().unwrap().remaining(),
+        binding.decision.remaining()
+    );
+    // Through the seam, asked for each layer: every answer, local or renewed, gives both
+    // layers, combined as the answer says.
+    let mut local_answers = 0;
+    for _ in 0..10 {
+        let mut each = LayerAnswers::new();
+        let Ok(Outcome::Decided {
+            decision, origin, ..
+        }) = stack.decide_request_each(&ada, 1, &mut each).await
+        else {
+            panic!("decided");
+        };
+        local_answers += u32::from(origin == Origin::Lease);
+        assert_eq!(each.iter().map(|l| l.layer).collect::<Vec<_>>(), [0, 1]);
+        assert_eq!(each.summary(), decision);
+    }
+    assert!(local_answers > 0);
+}

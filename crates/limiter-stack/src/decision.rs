@@ -49,15 +49,24 @@ impl Default for StackDecision {
 }
 
 impl StackDecision {
-    /// No layer yet: an admission with nothing binding it.
+    /// No layer yet: an admission with nothing binding it. With [`push`](Self::push), how a
+    /// backend that decides layers elsewhere builds its answer without keeping each layer's.
     #[inline]
-    pub(crate) const fn new() -> Self {
+    pub const fn new() -> Self {
         Self {
             binding: None,
             least_remaining: u64::MAX,
             longest_reset: 0,
             allowed: true,
         }
+    }
+
+    /// Takes one more layer's answer into account, by the stack's rule (on ties the layer
+    /// taken first binds, so take layers in stack order, each once; [`from_layers`](Self::from_layers)
+    /// takes them in any order).
+    #[inline]
+    pub fn push(&mut self, layer: LayerDecision) {
+        self.fold(layer);
     }
 
     /// Takes layer `layer`'s answer into account: whether every layer allows, the least left,
@@ -243,7 +252,7 @@ impl LayerDecision {
     /// The answer of layer `layer` under `plan`, whose plan has one limit: that limit's answer
     /// is the layer's.
     #[inline(always)]
-    pub(crate) fn from_one(layer: usize, plan: usize, decision: Decision) -> Self {
+    pub fn from_one(layer: usize, plan: usize, decision: Decision) -> Self {
         Self {
             layer,
             plan,

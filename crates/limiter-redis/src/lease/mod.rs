@@ -315,9 +315,8 @@ impl<R: Sync + 'static> AsyncLimiter<R> for LeasedStack<R> {
         let mut identity = String::new();
         self.shared.stack.identity(request, &mut identity);
         if let Some(answer) = self.local(&identity, cost) {
-            let answer = answer.decision();
-            *each = *answer.layers();
-            return Decide::Now(Ok(Outcome::from(answer)));
+            *each = LayerAnswers::from_layers(answer.layers());
+            return Decide::Now(Ok(Outcome::from(answer.decision())));
         }
         each.clear();
         Decide::Later(Box::pin(async move {

@@ -8,9 +8,9 @@ use std::sync::{Arc, RwLock};
 
 use hashbrown::HashTable;
 use limiter_core::{Clock, Decision, LeaseCell, LeaseSpend};
-use limiter_stack::{LayerDecision, MAX_LAYERS};
+use limiter_stack::{LayerAnswers, LayerDecision, MAX_LAYERS};
 
-use crate::decision::RedisDecision;
+use crate::decision::{RedisDecision, Source};
 use crate::stack::{Prepared, RedisStack};
 
 use super::*;
@@ -263,43 +263,69 @@ pub(crate) struct LocalAnswer {
 }
 
 impl LocalAnswer {
-    /// The answer as a [`RedisDecision`] ([`Source::Lease`](crate::Source::Lease)).
+    /// The answer as a [`RedisDecision`] ([`Source::Lease`]), compact:
+    /// each layer's is not kept (the hot path; [`layers`](Self::layers) gives them).
     #[inline]
-    pub(crate) fn decision(self) -> RedisDecision {
-        local_answer(self.layers, self.answer, &self.known, self.now)
+    pub(crate) fn decision(&self) -> RedisDecision {
+        self.at(RedisDecision::leased(self.answer.is_ok(), self.layers()))
+    }
+
+    /// The answer as a [`RedisDecision`], each layer's kept.
+    fn decision_each(&self) -> RedisDecision {
+        let layers = LayerAnswers::from_layers(self.layers());
+        self.at(RedisDecision::new(
+            self.answer.is_ok(),
+            layers,
+            Source::Lease,
+        ))
+    }
+
+    /// `decision` as of this answer's instant on Redis's clock: the last Redis answer's,
+    /// moved on by the local clock (none before Redis has answered).
+    #[inline]
+    fn at(&self, decision: RedisDecision) -> RedisDecision {
+        let known = &self.known;
+        if known.at_redis_us == 0 {
+            return decision;
+        }
+        let since_us = self.now.saturating_sub(known.at_local) / 1_000;
+        decision.leased_at(known.at_redis_us.saturating_add(since_us))
+    }
+
+    /// Each layer's answer, made against a lease at local reading `now`: admitted with
+    /// `Ok(units left)`, or denied with `Err(wait ns)` by a standing denial. Each layer reports
+    /// the key's budget as the last Redis answer knew it: what Redis had left plus what the
+    /// lease still holds (within the layer's burst), and the wait until the instant that answer
+    /// said the layer is full again.
+    #[inline]
+    pub(crate) fn layers(&self) -> impl Iterator<Item = LayerDecision> + '_ {
+        self.layers.iter().map(move |(layer, burst)| {
+            let full_after = self.known.full_at[layer].saturating_sub(self.now);
+            let decision = match self.answer {
+                Ok(left) => {
+                    let remaining = self.known.remaining[layer].saturating_add(left).min(burst);
+                    Decision::allow(burst, remaining, full_after)
+                }
+                Err(wait) => Decision::deny(burst, 0, wait, full_after.max(wait)),
+            };
+            LayerDecision::from_one(layer, 0, decision)
+        })
     }
 }
 
-/// A decision made against a lease at local reading `now`: admitted with `Ok(units left)`, or
-/// denied with `Err(wait ns)` by a standing denial. Each layer reports the key's budget as the
-/// last Redis answer knew it: what Redis had left plus what the lease still holds (within the
-/// layer's burst), and the wait until the instant that answer said the layer is full again.
-#[inline]
+/// The answer of a lease on `layers` (see [`LocalAnswer::layers`]), each layer's kept: for the
+/// calls that spend a lease off the hot path (a renewal that found units, a record).
 pub(super) fn local_answer(
     layers: Touched,
     answer: Result<u64, u64>,
     known: &KnownSnapshot,
     now: u64,
 ) -> RedisDecision {
-    let allowed = answer.is_ok();
-    let decision = RedisDecision::leased(
-        allowed,
-        layers.iter().flat_map(|(layer, burst)| {
-            let full_after = known.full_at[layer].saturating_sub(now);
-            let decision = match answer {
-                Ok(left) => {
-                    let remaining = known.remaining[layer].saturating_add(left).min(burst);
-                    Decision::allow(burst, remaining, full_after)
-                }
-                Err(wait) => Decision::deny(burst, 0, wait, full_after.max(wait)),
-            };
-            LayerDecision::from_limits(layer, 0, &[decision])
-        }),
-    );
-    if known.at_redis_us == 0 {
-        return decision;
-    }
-    // The answer's instant on Redis's clock: the last answer's, moved on by the local clock.
-    let since_us = now.saturating_sub(known.at_local) / 1_000;
-    decision.leased_at(known.at_redis_us.saturating_add(since_us))
+    let local = LocalAnswer {
+        layers,
+        answer,
+        known: *known,
+        now,
+    };
+    local.decision_each()
 }
