@@ -1,5 +1,6 @@
 //! [`StackDecision`]: the compact answer of a whole stack, with the layer that bound it;
-//! [`LayerAnswers`]: each layer's own answer, kept when asked for; [`Grant`]: the units an admitted call took, for a guarded refund.
+//! [`LayerAnswers`]: each layer's own answer, kept when asked for; [`Grant`]: the units an
+//! admitted call took, for a guarded refund.
 
 use limiter_core::Decision;
 
@@ -61,18 +62,12 @@ impl StackDecision {
         }
     }
 
-    /// Takes one more layer's answer into account, by the stack's rule (on ties the layer
-    /// taken first binds, so take layers in stack order, each once; [`from_layers`](Self::from_layers)
-    /// takes them in any order).
-    #[inline]
-    pub fn push(&mut self, layer: LayerDecision) {
-        self.fold(layer);
-    }
-
-    /// Takes layer `layer`'s answer into account: whether every layer allows, the least left,
-    /// the longest reset, and which layer binds (on ties, the one taken first).
+    /// Takes one more layer's answer into account, by the stack's rule: whether every layer
+    /// allows, the least left, the longest reset, and which layer binds (on ties the layer
+    /// taken first, so take layers in stack order, each once;
+    /// [`from_layers`](Self::from_layers) takes them in any order).
     #[inline(always)]
-    pub(crate) fn fold(&mut self, layer: LayerDecision) {
+    pub fn push(&mut self, layer: LayerDecision) {
         let d = &layer.decision;
         self.allowed &= d.is_allowed();
         self.least_remaining = self.least_remaining.min(d.remaining());
@@ -203,7 +198,7 @@ impl LayerAnswers {
     pub fn summary(&self) -> StackDecision {
         let mut decision = StackDecision::new();
         for layer in self.iter() {
-            decision.fold(*layer);
+            decision.push(*layer);
         }
         decision
     }
@@ -229,10 +224,10 @@ impl<'a> Answer<'a> {
         }
     }
 
-    /// Takes layer `layer`'s answer (see [`StackDecision::fold`]).
+    /// Takes layer `layer`'s answer (see [`StackDecision::push`]).
     #[inline(always)]
     pub(crate) fn take(&mut self, layer: LayerDecision) {
-        self.decision.fold(layer);
+        self.decision.push(layer);
         if let Some(each) = &mut self.each {
             each.set(layer);
         }

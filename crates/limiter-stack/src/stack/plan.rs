@@ -186,7 +186,7 @@ impl Outcome {
     /// Takes layer `layer`'s answer into both forms.
     #[inline]
     pub(super) fn take(&mut self, layer: LayerDecision) {
-        self.decision.fold(layer);
+        self.decision.push(layer);
         self.layers.set(layer);
     }
 
