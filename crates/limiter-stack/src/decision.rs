@@ -132,7 +132,7 @@ impl StackDecision {
 /// Every layer's own answer to one stacked call, in stack order, beside the compact
 /// [`StackDecision`]: what a per-layer report reads (the IETF `RateLimit` header, debugging).
 /// Filled only when asked for ([`Stack::check_each`](crate::Stack::check_each), the seam's
-/// [`decide_request_each`](crate::AsyncLimiter::decide_request_each)); it is about 700 bytes.
+/// [`decide_request_each`](crate::AsyncLimiter::decide_request_each)); it is about 600 bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LayerAnswers {
     layers: [Option<LayerDecision>; MAX_LAYERS],
