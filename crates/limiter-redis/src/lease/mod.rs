@@ -291,19 +291,39 @@ impl<R> LeasedStack<R> {
     }
 }
 
-impl<R: Sync + 'static> AsyncLimiter<R> for LeasedStack<R> {
-    fn decide_request<'a>(&'a self, request: &'a R, cost: u64) -> Decide<'a> {
+impl<R: Sync + 'static> LeasedStack<R> {
+    /// The seam's decision: at once against the lease when it covers `cost`, else a future
+    /// that renews; each layer's answer kept in `each` when given (the compact one otherwise).
+    fn decide_leased<'a>(
+        &'a self,
+        request: &'a R,
+        cost: u64,
+        mut each: Option<&'a mut LayerAnswers>,
+    ) -> Decide<'a> {
         let mut identity = String::new();
         self.shared.stack.identity(request, &mut identity);
         if let Some(answer) = self.local(&identity, cost) {
+            if let Some(each) = each {
+                *each = LayerAnswers::from_layers(answer.layers());
+            }
             return Decide::Now(Ok(Outcome::from(answer.decision())));
         }
+        if let Some(each) = each.as_deref_mut() {
+            each.clear();
+        }
         Decide::Later(Box::pin(async move {
-            self.renew(&identity, request, cost)
-                .await
-                .map(Outcome::from)
-                .map_err(limiter_stack::CallError::from)
+            let answer = self.renew(&identity, request, cost).await?;
+            if let Some(each) = each {
+                *each = *answer.layers();
+            }
+            Ok(Outcome::from(answer))
         }))
+    }
+}
+
+impl<R: Sync + 'static> AsyncLimiter<R> for LeasedStack<R> {
+    fn decide_request<'a>(&'a self, request: &'a R, cost: u64) -> Decide<'a> {
+        self.decide_leased(request, cost, None)
     }
 
     fn decide_request_each<'a>(
@@ -312,18 +332,7 @@ impl<R: Sync + 'static> AsyncLimiter<R> for LeasedStack<R> {
         cost: u64,
         each: &'a mut LayerAnswers,
     ) -> Decide<'a> {
-        let mut identity = String::new();
-        self.shared.stack.identity(request, &mut identity);
-        if let Some(answer) = self.local(&identity, cost) {
-            *each = LayerAnswers::from_layers(answer.layers());
-            return Decide::Now(Ok(Outcome::from(answer.decision())));
-        }
-        each.clear();
-        Decide::Later(Box::pin(async move {
-            let answer = self.renew(&identity, request, cost).await?;
-            *each = *answer.layers();
-            Ok(Outcome::from(answer))
-        }))
+        self.decide_leased(request, cost, Some(each))
     }
 
     fn layers(&self) -> Vec<LayerInfo> {
