@@ -56,14 +56,27 @@ impl RedisDecision {
         }
     }
 
+    /// The answer `layers` say by the stack's rule (admitted iff every layer admits), from
+    /// `source`.
+    #[inline]
+    pub(crate) fn decided(layers: LayerAnswers, source: Source) -> Self {
+        let stack = layers.summary();
+        Self {
+            allowed: stack.is_allowed(),
+            stack,
+            layers: (!layers.is_empty()).then(|| Box::new(layers)),
+            source,
+            at_us: None,
+        }
+    }
+
     /// Redis's answer to a call decided in parts (one per cluster slot): their layers stacked
     /// by the stack's rule, decided at the first part's instant (`None`: no part answered).
     pub(crate) fn from_parts(
         layers: impl IntoIterator<Item = LayerDecision>,
         at_us: Option<u64>,
     ) -> Self {
-        let layers = LayerAnswers::from_layers(layers);
-        let answer = Self::new(layers.summary().is_allowed(), layers, Source::Redis);
+        let answer = Self::decided(LayerAnswers::from_layers(layers), Source::Redis);
         match at_us {
             Some(at) => answer.at(at),
             None => answer,

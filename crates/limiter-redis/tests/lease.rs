@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use limiter_core::{Clock, Limit, ManualClock};
 use limiter_redis::{
-    BuildError, Kind, Lease, LeasedLimiter, OnFailure, RedisBackend, RedisLayer, RedisLimiter,
-    RedisStack, Slack, Source,
+    BuildError, Kind, Lease, LeasedLimiter, LeasedStack, OnFailure, RedisBackend, RedisLayer,
+    RedisLimiter, RedisStack, Slack, Source,
 };
 use proptest::prelude::*;
 
@@ -47,6 +47,21 @@ async fn node(
         .build()
         .unwrap()
         .leased(lease)
+        .unwrap()
+}
+
+/// 100 an hour per user and 150 for all, leased with a slack of 10 units.
+fn user_and_all(backend: &RedisBackend, name: &str) -> LeasedStack<String> {
+    RedisStack::builder(backend, name)
+        .layer(
+            RedisLayer::keyed("user", |u: &String| Some(u.clone()))
+                .limit(Kind::TokenBucket, Limit::per_hour(100)),
+        )
+        .layer(RedisLayer::global("all").limit(Kind::FixedWindow, Limit::per_hour(150)))
+        .on_failure(OnFailure::Closed)
+        .build()
+        .unwrap()
+        .leased(Lease::new(Slack::units(10)).ttl(Duration::from_secs(60)))
         .unwrap()
 }
 
@@ -344,19 +359,7 @@ async fn a_stack_leases_every_layer_and_a_global_layer_bounds_the_whole_fleet() 
     let server = common::RedisServer::start();
     let clock = ManualClock::starting_at(START);
     let url = server.url();
-    let build = |backend: RedisBackend| {
-        RedisStack::builder(&backend, "layers")
-            .layer(
-                RedisLayer::keyed("user", |u: &String| Some(u.clone()))
-                    .limit(Kind::TokenBucket, Limit::per_hour(100)),
-            )
-            .layer(RedisLayer::global("all").limit(Kind::FixedWindow, Limit::per_hour(150)))
-            .on_failure(OnFailure::Closed)
-            .build()
-            .unwrap()
-            .leased(Lease::new(Slack::units(10)).ttl(Duration::from_secs(60)))
-            .unwrap()
-    };
+    let build = |backend: RedisBackend| user_and_all(&backend, "layers");
     let a = build(backend(&url, &clock).await);
     let b = build(backend(&url, &clock).await);
     let mut per_user = std::collections::HashMap::new();
@@ -508,17 +511,7 @@ async fn a_local_answer_is_compact_and_the_seam_gives_each_layers_answer_when_as
     use limiter_stack::{AsyncLimiter, LayerAnswers, Origin, Outcome};
     let server = common::RedisServer::start();
     let clock = ManualClock::starting_at(START);
-    let stack = RedisStack::builder(&backend(&server.url(), &clock).await, "compact")
-        .layer(
-            RedisLayer::keyed("user", |u: &String| Some(u.clone()))
-                .limit(Kind::TokenBucket, Limit::per_hour(100)),
-        )
-        .layer(RedisLayer::global("all").limit(Kind::FixedWindow, Limit::per_hour(150)))
-        .on_failure(OnFailure::Closed)
-        .build()
-        .unwrap()
-        .leased(Lease::new(Slack::units(10)).ttl(Duration::from_secs(60)))
-        .unwrap();
+    let stack = user_and_all(&backend(&server.url(), &clock).await, "compact");
     let ada = "ada".to_owned();
     // The first call renews on Redis (each layer's answer kept); the next ones are local.
     let renewed = stack.check(&ada).await.unwrap();

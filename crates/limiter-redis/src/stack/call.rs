@@ -326,8 +326,7 @@ impl<R> RedisStack<R> {
             }
             start = end;
         }
-        let layers = LayerAnswers::from_layers(layers);
-        RedisDecision::new(layers.summary().is_allowed(), layers, Source::Redis)
+        RedisDecision::decided(LayerAnswers::from_layers(layers), Source::Redis)
     }
 
     /// Appends a lease group for `call` (mode 3): `head` (the cost, the units wanted ahead,

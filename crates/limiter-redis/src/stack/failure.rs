@@ -129,9 +129,7 @@ impl<R> RedisStack<R> {
                 let mut each = LayerAnswers::new();
                 let now = local.clock().now();
                 match local.record_at_each(request, call.cost, now, &mut each) {
-                    Ok(stack) => {
-                        RedisDecision::new(stack.is_allowed(), each, Source::Fallback(error))
-                    }
+                    Ok(_) => RedisDecision::decided(each, Source::Fallback(error)),
                     Err(_) => self.on_failure(request, call.cost, error),
                 }
             }
@@ -153,9 +151,7 @@ impl<R> RedisStack<R> {
         match (&self.fallback, self.on_failure) {
             (Some(local), OnFailure::Fallback) => {
                 match local.check_each(request, cost, &mut each) {
-                    Ok(stack) => {
-                        RedisDecision::new(stack.is_allowed(), each, Source::Fallback(error))
-                    }
+                    Ok(_) => RedisDecision::decided(each, Source::Fallback(error)),
                     Err(_) => RedisDecision::new(false, empty(), Source::FailClosed(error)),
                 }
             }
@@ -179,10 +175,9 @@ impl<R> RedisStack<R> {
         match (&self.fallback, self.on_failure) {
             (Some(local), OnFailure::Fallback) => {
                 match local.decide_at_each(request, cost, now, &mut each) {
-                    Ok((stack, grant)) => (
-                        RedisDecision::new(stack.is_allowed(), each, Source::Fallback(error)),
-                        grant,
-                    ),
+                    Ok((_, grant)) => {
+                        (RedisDecision::decided(each, Source::Fallback(error)), grant)
+                    }
                     Err(_) => (
                         RedisDecision::new(false, empty(), Source::FailClosed(error)),
                         None,
