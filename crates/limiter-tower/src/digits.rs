@@ -1,4 +1,4 @@
-//! Decimal digits of an integer, two at a time from a table, into a byte buffer: what the
+//! Decimal digits of an integer, two at a time from a table, into a byte slice: what the
 //! rate limit headers print on every response, without `fmt`, a `String`, or a check that the
 //! digits are UTF-8.
 
@@ -10,9 +10,9 @@ const PAIRS: &[u8; 200] = b"\
 6061626364656667686970717273747576777879\
 8081828384858687888990919293949596979899";
 
-/// Appends the decimal digits of `n` to `out`.
+/// Hands the decimal digits of `n` to `out`.
 #[inline]
-pub(crate) fn push(out: &mut Vec<u8>, mut n: u64) {
+pub(crate) fn write(mut n: u64, out: impl FnOnce(&[u8])) {
     let mut buffer = [0_u8; 20];
     let mut at = buffer.len();
     while n >= 100 {
@@ -29,7 +29,7 @@ pub(crate) fn push(out: &mut Vec<u8>, mut n: u64) {
         at -= 1;
         buffer[at] = b'0' + u8::try_from(n).unwrap_or(0);
     }
-    out.extend_from_slice(&buffer[at..]);
+    out(&buffer[at..]);
 }
 
 #[cfg(test)]
@@ -59,7 +59,7 @@ mod tests {
         }
         for n in cases {
             let mut out = b"x".to_vec();
-            push(&mut out, n);
+            write(n, |digits| out.extend_from_slice(digits));
             assert_eq!(out, format!("x{n}").into_bytes(), "{n}");
         }
     }

@@ -4,7 +4,8 @@
 //!
 //! Policies are described once, when the middleware is built: per layer and plan, the
 //! `RateLimit-Policy` items and the quoted names the `RateLimit` items reuse. A response only
-//! formats the numbers.
+//! formats the numbers, into the thread's header buffer (`values.rs`): no allocation per
+//! response.
 
 use std::fmt::Write as _;
 
@@ -14,7 +15,7 @@ use limiter_stack::{LayerAnswers, StackDecision};
 
 use limiter_stack::LayerInfo;
 
-use crate::digits;
+use crate::values;
 
 /// Which rate limit headers responses carry (denied and allowed alike).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -125,53 +126,53 @@ impl Policies {
         }
     }
 
-    /// The IETF headers of every layer's answer in `each`.
+    /// The IETF headers of every layer's answer in `each`. The usual answer (one layer)
+    /// reuses its plan's policy value; several are joined. Values are written into the
+    /// thread's header buffer (`values.rs`): nothing is allocated per response.
     fn ietf(&self, each: &LayerAnswers) -> RateHeaders {
-        // The usual answer (one layer) reuses its plan's policy value; several are joined.
-        let mut policy: Vec<u8> = Vec::new();
-        let mut state: Vec<u8> = Vec::with_capacity(64);
-        let mut only: Option<&PlanHeaders> = None;
-        let mut applied = 0;
-        for layer in each.iter() {
-            let Some(plan) = self.plan(layer.layer, layer.plan) else {
-                continue;
-            };
-            let Some(name) = plan.names.get(layer.limit_index) else {
-                continue;
-            };
-            // `t`: for a denial, the wait `Retry-After` gives; else when the binding limit
-            // (the one with the fewest left, which `r` reports) is full again.
-            let d = &layer.decision;
-            let wait = if d.is_allowed() {
-                layer.limit_reset_after_nanos
-            } else {
-                d.retry_after_nanos()
-            };
-            applied += 1;
-            if applied == 1 {
-                only = Some(plan);
-            } else {
-                if applied == 2 {
-                    policy.extend_from_slice(only.map_or(&[][..], |p| p.policy.as_bytes()));
-                }
-                policy.extend_from_slice(b", ");
-                policy.extend_from_slice(plan.policy.as_bytes());
-                state.extend_from_slice(b", ");
-            }
-            state.extend_from_slice(name.as_bytes());
-            state.extend_from_slice(b";r=");
-            digits::push(&mut state, d.remaining().min(SF_INTEGER_MAX));
-            state.extend_from_slice(b";t=");
-            digits::push(&mut state, ceil_seconds(wait));
-        }
-        // Both are printable ASCII by construction (`sf_string` and digits).
-        let policy = match (applied, only) {
-            (0, _) | (_, None) => return RateHeaders::None,
-            (1, Some(plan)) => plan.policy_value.clone(),
-            _ => HeaderValue::try_from(policy).ok(),
+        let applied = || {
+            each.iter().filter_map(|layer| {
+                let plan = self.plan(layer.layer, layer.plan)?;
+                let name = plan.names.get(layer.limit_index)?;
+                Some((layer, plan, name))
+            })
         };
-        match (policy, HeaderValue::try_from(state)) {
-            (Some(policy), Ok(state)) => RateHeaders::Ietf { policy, state },
+        let mut plans = applied().map(|(_, plan, _)| plan);
+        let policy = match (plans.next(), plans.next()) {
+            (None, _) => return RateHeaders::None,
+            (Some(only), None) => only.policy_value.clone(),
+            (Some(_), Some(_)) => values::value(|out| {
+                for (i, (_, plan, _)) in applied().enumerate() {
+                    if i > 0 {
+                        out.bytes(b", ");
+                    }
+                    out.bytes(plan.policy.as_bytes());
+                }
+            }),
+        };
+        let state = values::value(|out| {
+            for (i, (layer, _, name)) in applied().enumerate() {
+                // `t`: for a denial, the wait `Retry-After` gives; else when the binding
+                // limit (the one with the fewest left, which `r` reports) is full again.
+                let d = &layer.decision;
+                let wait = if d.is_allowed() {
+                    layer.limit_reset_after_nanos
+                } else {
+                    d.retry_after_nanos()
+                };
+                if i > 0 {
+                    out.bytes(b", ");
+                }
+                out.bytes(name.as_bytes());
+                out.bytes(b";r=");
+                out.number(d.remaining().min(SF_INTEGER_MAX));
+                out.bytes(b";t=");
+                out.number(ceil_seconds(wait));
+            }
+        });
+        // Both are printable ASCII by construction (`sf_string` and digits).
+        match (policy, state) {
+            (Some(policy), Some(state)) => RateHeaders::Ietf { policy, state },
             _ => RateHeaders::None,
         }
     }
@@ -214,10 +215,16 @@ fn legacy(decision: &StackDecision) -> RateHeaders {
         return RateHeaders::None;
     }
     let d = decision.decision();
-    RateHeaders::Legacy {
-        limit: HeaderValue::from(d.limit().min(SF_INTEGER_MAX)),
-        remaining: HeaderValue::from(d.remaining().min(SF_INTEGER_MAX)),
-        reset: HeaderValue::from(ceil_seconds(d.reset_after_nanos())),
+    let limit = values::number(d.limit().min(SF_INTEGER_MAX));
+    let remaining = values::number(d.remaining().min(SF_INTEGER_MAX));
+    let reset = values::number(ceil_seconds(d.reset_after_nanos()));
+    match (limit, remaining, reset) {
+        (Some(limit), Some(remaining), Some(reset)) => RateHeaders::Legacy {
+            limit,
+            remaining,
+            reset,
+        },
+        _ => RateHeaders::None,
     }
 }
 
@@ -266,7 +273,9 @@ impl RateHeaders {
 /// `Retry-After` in whole seconds, rounded up: the earliest a retry of the same cost can be
 /// admitted (never 0 for a denial: any positive wait rounds up to 1).
 pub(crate) fn retry_after(nanos: u64, headers: &mut HeaderMap) {
-    headers.insert(RETRY_AFTER, HeaderValue::from(ceil_seconds(nanos).max(1)));
+    if let Some(value) = values::number(ceil_seconds(nanos).max(1)) {
+        headers.insert(RETRY_AFTER, value);
+    }
 }
 
 #[cfg(test)]

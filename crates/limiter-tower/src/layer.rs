@@ -315,12 +315,12 @@ where
         // and has done nothing yet: it is dropped, and asked again from a future that owns the
         // request.
         // Each layer's answer is asked for only where a header reports every layer.
-        let mut each = LayerAnswers::new();
+        let mut each = None;
         let now = match shared.decide(&request, cost, &mut each) {
             Decide::Now(answer) => Some(answer),
             Decide::Later(_unpolled) => None,
         };
-        let now = now.map(|answer| shared.verdict(&answer, &request, &each));
+        let now = now.map(|answer| shared.verdict(&answer, &request, answers(&each)));
         if let Some(verdict) = now {
             // The inner service (the one driven to readiness) is called at once: no
             // allocation, no clone of it.
@@ -337,9 +337,9 @@ where
         let mut inner = std::mem::replace(&mut self.inner, ready);
         let shared = Arc::clone(shared);
         ResponseFuture::waiting(Box::pin(async move {
-            let mut each = LayerAnswers::new();
+            let mut each = None;
             let answer = shared.decide(&request, cost, &mut each).await;
-            let headers = match shared.verdict(&answer, &request, &each) {
+            let headers = match shared.verdict(&answer, &request, answers(&each)) {
                 Ok(headers) => headers,
                 Err(response) => return Ok(response),
             };
@@ -456,15 +456,16 @@ impl<L: AsyncLimiter<HttpRequest>> Shared<L> {
     }
 
     /// The limiter's answer to `cost` units of `request`, with each layer's in `each` when
-    /// the headers report every layer.
+    /// the headers report every layer (else `each` stays `None`: nothing is kept).
     #[inline]
     fn decide<'a>(
         &'a self,
         request: &'a HttpRequest,
         cost: u64,
-        each: &'a mut LayerAnswers,
+        each: &'a mut Option<LayerAnswers>,
     ) -> Decide<'a> {
         if self.mode == HeaderMode::Ietf {
+            let each = each.insert(LayerAnswers::new());
             self.limiter.decide_request_each(request, cost, each)
         } else {
             self.limiter.decide_request(request, cost)
@@ -544,6 +545,12 @@ impl<L: AsyncLimiter<HttpRequest>> Shared<L> {
             .apply(response.headers_mut());
         response.map(RB::from_answer)
     }
+}
+
+/// Each layer's answer where it was kept, else none.
+fn answers(each: &Option<LayerAnswers>) -> &LayerAnswers {
+    static NONE: LayerAnswers = LayerAnswers::new();
+    each.as_ref().unwrap_or(&NONE)
 }
 
 fn rejection(kind: RejectionKind, status: StatusCode, detail: String) -> Rejection {

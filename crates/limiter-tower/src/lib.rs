@@ -83,6 +83,7 @@ mod key;
 mod layer;
 mod request;
 mod response;
+mod values;
 
 pub use body::AnswerBody;
 pub use error::{ConfigError, IpNetError, KeyError};

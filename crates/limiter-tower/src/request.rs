@@ -58,9 +58,12 @@ impl HttpRequest {
 
     /// The key extracted under `name`, if the request had one.
     pub fn key(&self, name: &str) -> Option<&Key> {
+        // A layer's `by_key` names the very string the middleware's `key` did: the same
+        // pointer is the same name, with no bytes compared.
+        let same = |n: &&str| std::ptr::eq(*n, name) || *n == name;
         self.keys
             .iter()
-            .find(|(n, _)| *n == name)
+            .find(|(n, _)| same(n))
             .and_then(|(_, key)| key.as_ref())
     }
 

@@ -21,8 +21,7 @@ use std::sync::{Arc, RwLock, Weak};
 use hashbrown::HashTable;
 use limiter_core::{Clock, LeaseCell, LeaseSpend, MAX_LEASE_UNITS};
 use limiter_stack::{
-    Ask, Asked, AsyncLimiter, BatchAnswer, BatchItem, Charge, Decide, Held, LayerAnswers,
-    LayerInfo, Outcome, Pending,
+    Ask, Asked, AsyncLimiter, Charge, Decide, Held, LayerAnswers, LayerInfo, Outcome, Pending,
 };
 
 use crate::decision::RedisDecision;
@@ -206,8 +205,8 @@ impl<R> LeasedStack<R> {
     pub async fn check_n(&self, request: &R, cost: u64) -> Result<RedisDecision, CallError> {
         let mut identity = String::new();
         self.shared.stack.identity(request, &mut identity);
-        if let Some(answer) = self.local(&identity, cost) {
-            return Ok(answer.decision());
+        if let Some(answer) = self.local(&identity, cost, |answer| answer.decision()) {
+            return Ok(answer);
         }
         self.renew(&identity, request, cost).await
     }
@@ -230,10 +229,7 @@ impl<R> LeasedStack<R> {
                 .find(hash, |(k, _)| **k == *identity)
                 .map(|(_, entry)| Arc::clone(entry));
             if let Some(entry) = entry {
-                let local = |left| {
-                    let known = entry.known.snapshot(entry.layers);
-                    local_answer(entry.layers, Ok(left), &known, now)
-                };
+                let local = |left| local_answer(entry.layers, Ok(left), &entry.known, now);
                 match entry.cell.spend(cost, now) {
                     LeaseSpend::Spent { left } => return Ok(local(left)),
                     // A standing denial stays true with more used: Redis records it all.
@@ -302,11 +298,15 @@ impl<R: Sync + 'static> LeasedStack<R> {
     ) -> Decide<'a> {
         let mut identity = String::new();
         self.shared.stack.identity(request, &mut identity);
-        if let Some(answer) = self.local(&identity, cost) {
-            if let Some(each) = each {
+        let keep = each.as_deref_mut();
+        let local = self.local(&identity, cost, |answer| {
+            if let Some(each) = keep {
                 *each = LayerAnswers::from_layers(answer.layers());
             }
-            return Decide::Now(Ok(Outcome::from(answer.decision())));
+            answer.decision()
+        });
+        if let Some(answer) = local {
+            return Decide::Now(Ok(Outcome::from(answer)));
         }
         if let Some(each) = each.as_deref_mut() {
             each.clear();
@@ -345,26 +345,20 @@ impl<R: Sync + 'static> AsyncLimiter<R> for LeasedStack<R> {
         &'a self,
         request: &'a R,
         ask: Ask,
-    ) -> Pending<'a, Result<Asked, limiter_stack::CallError>> {
+    ) -> Decide<'a, Result<Asked, limiter_stack::CallError>> {
         match ask.charge {
-            Charge::Take => {
-                let decided = self.decide_request(request, ask.cost);
-                Box::pin(async move {
-                    Ok(Asked {
-                        outcome: decided.await?,
-                        held: None,
-                    })
-                })
-            }
-            Charge::Record => Box::pin(async move {
-                Ok(Asked {
-                    outcome: Outcome::from(self.record(request, ask.cost).await?),
-                    held: None,
-                })
-            }),
-            Charge::TakeHeld | Charge::GiveBack => {
-                Box::pin(crate::seam::ask_per_call(self.stack(), request, ask))
-            }
+            // Against the lease: answered now while it covers the cost.
+            Charge::Take => self
+                .decide_request(request, ask.cost)
+                .map(|answer| answer.map(Asked::outcome)),
+            Charge::Record => Decide::Later(Box::pin(async move {
+                Ok(Asked::outcome(Outcome::from(
+                    self.record(request, ask.cost).await?,
+                )))
+            })),
+            Charge::TakeHeld | Charge::GiveBack => Decide::Later(Box::pin(
+                crate::seam::ask_per_call(self.stack(), request, ask),
+            )),
         }
     }
 
@@ -376,22 +370,8 @@ impl<R: Sync + 'static> AsyncLimiter<R> for LeasedStack<R> {
         Box::pin(crate::seam::refund(self.stack(), request, held))
     }
 
-    fn decide_batch<'a>(
-        &'a self,
-        items: &'a [BatchItem<'a, R>],
-        at: Option<u64>,
-    ) -> Pending<'a, Result<BatchAnswer, limiter_stack::CallError>> {
-        Box::pin(crate::seam::decide_batch(items, at))
-    }
-
     fn shutdown(&self) -> Pending<'_, u64> {
         Box::pin(LeasedStack::shutdown(self))
-    }
-
-    /// Its per-call stack: a batch with leased items is decided on Redis in one script, as
-    /// their per-call stacks would be.
-    fn as_any(&self) -> Option<&dyn std::any::Any> {
-        Some(self.stack())
     }
 }
 
@@ -423,8 +403,8 @@ impl LeasedLimiter {
     pub async fn check_n(&self, key: &str, cost: u64) -> Result<RedisDecision, CallError> {
         // A stack tagged by its one layer's key names a call by the key itself
         // (`RedisStack::identity`), so the hot path allocates nothing.
-        if let Some(answer) = self.stack.local(key, cost) {
-            return Ok(answer.decision());
+        if let Some(answer) = self.stack.local(key, cost, |answer| answer.decision()) {
+            return Ok(answer);
         }
         self.stack.renew(key, &key.to_owned(), cost).await
     }

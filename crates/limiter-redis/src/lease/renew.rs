@@ -53,10 +53,7 @@ impl<R> LeasedStack<R> {
         let cost = call.cost;
         let now = backend.local_now();
         // Another caller may have renewed while this one waited.
-        let local = |answer| {
-            let known = entry.known.snapshot(entry.layers);
-            local_answer(entry.layers, answer, &known, now)
-        };
+        let local = |answer| local_answer(entry.layers, answer, &entry.known, now);
         match entry.cell.spend(cost, now) {
             LeaseSpend::Spent { left } => return local(Ok(left)),
             LeaseSpend::Denied { until } => return local(Err(until.saturating_sub(now).max(1))),

@@ -87,40 +87,13 @@ impl Known {
                 self.remaining.get(layer.layer),
                 self.full_at.get(layer.layer),
             ) {
-                // Relaxed: display only, as `snapshot` reads it.
+                // Relaxed: display only, as a local answer reads it.
                 remaining.store(layer.decision.remaining(), Ordering::Relaxed);
                 let reset = layer.decision.reset_after_nanos();
                 full_at.store(sent_at.saturating_add(reset), Ordering::Relaxed);
             }
         }
     }
-
-    /// What a local answer reports of the layers in `touched`.
-    #[inline]
-    pub(super) fn snapshot(&self, touched: Touched) -> KnownSnapshot {
-        // Relaxed (every load here): display values, as `update` writes them.
-        let mut snapshot = KnownSnapshot {
-            at_local: self.at_local.load(Ordering::Relaxed),
-            at_redis_us: self.at_redis_us.load(Ordering::Relaxed),
-            remaining: [0; MAX_LAYERS],
-            full_at: [0; MAX_LAYERS],
-        };
-        for (layer, _) in touched.iter() {
-            // Relaxed: what local answers report, display only (a racing update may mix two answers).
-            snapshot.remaining[layer] = self.remaining[layer].load(Ordering::Relaxed);
-            snapshot.full_at[layer] = self.full_at[layer].load(Ordering::Relaxed);
-        }
-        snapshot
-    }
-}
-
-/// [`Known`], read for one answer.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct KnownSnapshot {
-    pub(super) at_local: u64,
-    pub(super) at_redis_us: u64,
-    pub(super) remaining: [u64; MAX_LAYERS],
-    pub(super) full_at: [u64; MAX_LAYERS],
 }
 
 /// One shard of the local table: entries found by the identity's hash (computed once per
@@ -159,7 +132,12 @@ impl<R> LeasedStack<R> {
 
     /// The answer of the lease `identity` holds here, if it decides a call of `cost`.
     #[inline]
-    pub(crate) fn local(&self, identity: &str, cost: u64) -> Option<LocalAnswer> {
+    pub(crate) fn local<T>(
+        &self,
+        identity: &str,
+        cost: u64,
+        answer: impl FnOnce(&LocalAnswer<'_>) -> T,
+    ) -> Option<T> {
         let shared = &*self.shared;
         if cost > shared.least_burst || shared.most == 0 {
             return None;
@@ -168,17 +146,19 @@ impl<R> LeasedStack<R> {
         let (hash, shard) = self.shard(identity);
         let shard = read_lock(shard);
         let (_, entry) = shard.find(hash, |(k, _)| **k == *identity)?;
-        let answer = match entry.cell.spend(cost, now) {
+        let spent = match entry.cell.spend(cost, now) {
             LeaseSpend::Spent { left } => Ok(left),
             LeaseSpend::Denied { until } => Err(until.saturating_sub(now).max(1)),
             LeaseSpend::Ask => return None,
         };
-        Some(LocalAnswer {
+        // Answered under the shard's read lock, from the entry itself: nothing of it is
+        // copied out first.
+        Some(answer(&LocalAnswer {
             layers: entry.layers,
-            answer,
-            known: entry.known.snapshot(entry.layers),
+            answer: spent,
+            known: &entry.known,
             now,
-        })
+        }))
     }
 
     /// The entry for `identity`, made for `call` if there is none.
@@ -255,14 +235,15 @@ impl Touched {
 /// What a lease decided here: `Ok(units left)`, or `Err(wait ns)` for a standing denial; with
 /// what the last Redis answer said of the key, and the local reading it was decided at.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct LocalAnswer {
+pub(crate) struct LocalAnswer<'a> {
     layers: Touched,
     answer: Result<u64, u64>,
-    known: KnownSnapshot,
+    /// The entry's record of Redis's last answer, read where it lies.
+    known: &'a Known,
     now: u64,
 }
 
-impl LocalAnswer {
+impl LocalAnswer<'_> {
     /// The answer as a [`RedisDecision`] ([`Source::Lease`]), compact:
     /// each layer's is not kept (the hot path; [`layers`](Self::layers) gives them).
     #[inline]
@@ -284,12 +265,15 @@ impl LocalAnswer {
     /// moved on by the local clock (none before Redis has answered).
     #[inline]
     fn at(&self, decision: RedisDecision) -> RedisDecision {
-        let known = &self.known;
-        if known.at_redis_us == 0 {
+        // Relaxed (every load of `Known` here): display values, as `Known::update` writes
+        // them (a racing update may mix two answers).
+        let at_redis_us = self.known.at_redis_us.load(Ordering::Relaxed);
+        if at_redis_us == 0 {
             return decision;
         }
-        let since_us = self.now.saturating_sub(known.at_local) / 1_000;
-        decision.leased_at(known.at_redis_us.saturating_add(since_us))
+        let at_local = self.known.at_local.load(Ordering::Relaxed);
+        let since_us = self.now.saturating_sub(at_local) / 1_000;
+        decision.leased_at(at_redis_us.saturating_add(since_us))
     }
 
     /// Each layer's answer, made against a lease at local reading `now`: admitted with
@@ -300,10 +284,13 @@ impl LocalAnswer {
     #[inline]
     pub(crate) fn layers(&self) -> impl Iterator<Item = LayerDecision> + '_ {
         self.layers.iter().map(move |(layer, burst)| {
-            let full_after = self.known.full_at[layer].saturating_sub(self.now);
+            // Relaxed: display values, as in `at`.
+            let full_at = self.known.full_at[layer].load(Ordering::Relaxed);
+            let full_after = full_at.saturating_sub(self.now);
             let decision = match self.answer {
                 Ok(left) => {
-                    let remaining = self.known.remaining[layer].saturating_add(left).min(burst);
+                    let known = self.known.remaining[layer].load(Ordering::Relaxed);
+                    let remaining = known.saturating_add(left).min(burst);
                     Decision::allow(burst, remaining, full_after)
                 }
                 Err(wait) => Decision::deny(burst, 0, wait, full_after.max(wait)),
@@ -318,13 +305,13 @@ impl LocalAnswer {
 pub(super) fn local_answer(
     layers: Touched,
     answer: Result<u64, u64>,
-    known: &KnownSnapshot,
+    known: &Known,
     now: u64,
 ) -> RedisDecision {
     let local = LocalAnswer {
         layers,
         answer,
-        known: *known,
+        known,
         now,
     };
     local.decision_each()
