@@ -98,6 +98,7 @@ pub use lease::{
 pub use records::RedisRecords;
 pub use refund::RedisGrant;
 pub use script::SCRIPT;
+pub use seam::decide_batch;
 pub use spec::{Kind, RedisLimit};
 pub use stack::{
     OnFailure, RedisLayer, RedisLimiter, RedisLimiterBuilder, RedisStack, RedisStackBuilder,

@@ -3,20 +3,19 @@
 //! limiterd), and their errors to the stack's [`CallError`](limiter_stack::CallError).
 //!
 //! Through the seam a per-call stack takes, holds (a [`RedisGrant`] inside the seam's
-//! [`Held`]), records, gives back and refunds in one script call each; a batch of Redis stacks
-//! on one backend is one [`RedisBatch`](crate::RedisBatch) (one script call, all or nothing at
-//! one `TIME`), and one Redis cannot decide whole (keys across a cluster's slots, a give-back,
-//! another store's limiter among its items) is decided item by item by the seam's
-//! [`decide_each`]. A leased stack decides single calls against its lease and everything
-//! else on its per-call stack.
+//! [`Held`]), records, gives back and refunds in one script call each. A batch whose items
+//! are known to be Redis stacks ([`decide_batch`], given each item's stack by type) on one
+//! backend is one [`RedisBatch`](crate::RedisBatch) (one script call, all or nothing at one
+//! `TIME`); one Redis cannot decide whole (keys across a cluster's slots, a give-back, stacks
+//! on two backends) is decided item by item by the seam's [`decide_all`]. A leased stack
+//! decides single calls against its lease and everything else on its per-call stack.
 
-use std::any::Any;
 use std::sync::Arc;
 
 use limiter_core::DecisionError;
 use limiter_stack::{
     Ask, Asked, AsyncLimiter, BatchAnswer, BatchItem, Charge, Decide, Held, LayerAnswers,
-    LayerInfo, Origin, Outcome, Pending, decide_each,
+    LayerInfo, Origin, Outcome, Pending, decide_all,
 };
 
 use crate::{BatchError, CallError, RedisDecision, RedisGrant, RedisStack, RefundError, Source};
@@ -107,8 +106,8 @@ impl<R: Sync + 'static> AsyncLimiter<R> for RedisStack<R> {
         &'a self,
         request: &'a R,
         ask: Ask,
-    ) -> Pending<'a, Result<Asked, limiter_stack::CallError>> {
-        Box::pin(ask_per_call(self, request, ask))
+    ) -> Decide<'a, Result<Asked, limiter_stack::CallError>> {
+        Decide::Later(Box::pin(ask_per_call(self, request, ask)))
     }
 
     fn refund<'a>(
@@ -117,18 +116,6 @@ impl<R: Sync + 'static> AsyncLimiter<R> for RedisStack<R> {
         held: Held,
     ) -> Pending<'a, Result<Outcome, limiter_stack::CallError>> {
         Box::pin(refund(self, request, held))
-    }
-
-    fn decide_batch<'a>(
-        &'a self,
-        items: &'a [BatchItem<'a, R>],
-        at: Option<u64>,
-    ) -> Pending<'a, Result<BatchAnswer, limiter_stack::CallError>> {
-        Box::pin(decide_batch(items, at))
-    }
-
-    fn as_any(&self) -> Option<&dyn Any> {
-        Some(self)
     }
 }
 
@@ -184,30 +171,25 @@ pub(crate) async fn refund<R>(
     }
 }
 
-/// The per-call Redis stack a batch item decides on, if it is one of this crate's (a leased
-/// stack answers with its per-call stack).
-fn redis_stack_of<'a, R: 'static>(item: &BatchItem<'a, R>) -> Option<&'a RedisStack<R>> {
-    item.limiter.as_any()?.downcast_ref::<RedisStack<R>>()
-}
-
-/// A batch as one script call when every item is a Redis stack's take or record on one
-/// backend and one slot; otherwise item by item ([`decide_each`]).
-pub(crate) async fn decide_batch<R: Sync + 'static>(
+/// Decides `items` all or nothing, item `i` on the per-call Redis stack `stacks[i]` (a
+/// leased stack's is [`LeasedStack::stack`](crate::LeasedStack::stack): a batch is decided on
+/// Redis, never against a lease): in one script call when every item is a take or a record on
+/// one backend and one slot; otherwise item by item with refunds ([`decide_all`], through each
+/// item's own limiter). The caller knows its stacks by type, so nothing is found by looking
+/// behind a limiter; `stacks` shorter or longer than `items` is decided item by item too.
+pub async fn decide_batch<R: Sync>(
     items: &[BatchItem<'_, R>],
+    stacks: &[&RedisStack<R>],
     at: Option<u64>,
 ) -> Result<BatchAnswer, limiter_stack::CallError> {
-    let stacks: Option<Vec<&RedisStack<R>>> = items
-        .iter()
-        .map(|item| redis_stack_of(item).filter(|_| item.charge != Charge::GiveBack))
-        .collect();
-    let (Some(stacks), Some(first)) = (stacks, items.first()) else {
-        return decide_each(items, at).await;
+    let together =
+        items.len() == stacks.len() && items.iter().all(|item| item.charge != Charge::GiveBack);
+    let (true, Some(first)) = (together, stacks.first()) else {
+        return decide_all(items, at).await;
     };
-    let Some(backend) = redis_stack_of(first).map(RedisStack::backend) else {
-        return decide_each(items, at).await;
-    };
+    let backend = first.backend();
     let mut batch = backend.batch();
-    for (item, stack) in items.iter().zip(stacks) {
+    for (item, &stack) in items.iter().zip(stacks) {
         if item.charge == Charge::Record {
             batch.add_record(stack, item.request, item.cost);
         } else if item.shadow {
@@ -229,7 +211,7 @@ pub(crate) async fn decide_batch<R: Sync + 'static>(
         // Keys in several slots of a cluster, or stacks on several backends: no one script
         // call can decide it, so each item in turn, with refunds.
         Err(BatchError::CrossSlot { .. } | BatchError::OtherBackend { .. }) => {
-            decide_each(items, at).await
+            decide_all(items, at).await
         }
     }
 }

@@ -209,8 +209,13 @@ async fn what_runs_only_in_process_is_refused_on_redis_with_the_fix() {
     assert!(error.to_string().contains("0 to 0"), "{error}");
 }
 
-/// What one backend answered to the seam's wider calls, step by step.
-async fn wider_calls(stack: &dyn AsyncLimiter<Request>) -> Vec<(bool, u64)> {
+/// What one backend answered to the seam's wider calls, step by step; batches through the
+/// seam's takes and refunds, or (`in_one_script`: the Redis stack each item decides on) as one
+/// script call.
+async fn wider_calls(
+    stack: &dyn AsyncLimiter<Request>,
+    in_one_script: Option<&RedisStack<Request>>,
+) -> Vec<(bool, u64)> {
     let (ada, bob) = (req("ada", false), req("bob", false));
     let mut seen = Vec::new();
     let note = |seen: &mut Vec<(bool, u64)>, outcome: &Outcome| {
@@ -252,7 +257,12 @@ async fn wider_calls(stack: &dyn AsyncLimiter<Request>) -> Vec<(bool, u64)> {
             item(&bob, 1, Charge::GiveBack),
         ],
     ] {
-        let answer = decide_all(&batch, None).await.unwrap();
+        let answer = match in_one_script {
+            None => decide_all(&batch, None).await.unwrap(),
+            Some(stack) => limiter_redis::decide_batch(&batch, &[stack, stack], None)
+                .await
+                .unwrap(),
+        };
         seen.push((answer.admitted, 0));
         for outcome in &answer.outcomes {
             note(&mut seen, outcome);
@@ -291,7 +301,7 @@ async fn every_backend_does_the_seams_wider_calls_alike() {
         .unwrap()
         .leased(Lease::new(Slack::units(0)))
         .unwrap();
-    let expected = wider_calls(&in_process).await;
+    let expected = wider_calls(&in_process, None).await;
     // The refund gave ada's 3 back; bob's record, denial and give-back; a refused batch took
     // nothing from ada; the last batch recorded ada's unit and gave bob's back.
     assert_eq!(
@@ -315,6 +325,22 @@ async fn every_backend_does_the_seams_wider_calls_alike() {
             (true, 1),
         ]
     );
-    assert_eq!(wider_calls(&on_redis).await, expected, "on Redis");
-    assert_eq!(wider_calls(&leased).await, expected, "leased");
+    assert_eq!(wider_calls(&on_redis, None).await, expected, "on Redis");
+    assert_eq!(wider_calls(&leased, None).await, expected, "leased");
+    // The same batches in one script call each, given the stacks by type (a leased stack's
+    // batches are decided on its per-call stack).
+    let in_one_script = RedisStack::builder(&backend, "seam-script")
+        .layers(layers())
+        .build()
+        .unwrap();
+    let answers = wider_calls(&in_one_script, Some(&in_one_script)).await;
+    assert_eq!(answers, expected, "one script per batch");
+    let leased_script = RedisStack::builder(&backend, "seam-leased-script")
+        .layers(layers())
+        .build()
+        .unwrap()
+        .leased(Lease::new(Slack::units(0)))
+        .unwrap();
+    let answers = wider_calls(&leased_script, Some(leased_script.stack())).await;
+    assert_eq!(answers, expected, "leased, one script per batch");
 }

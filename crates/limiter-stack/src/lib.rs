@@ -98,6 +98,6 @@ pub use layer::{Layer, LayerParts, Plan, PlanChooser, PlanParts};
 pub use lease::{DEFAULT_LEASE_TTL, LEASE_TTL_RANGE, Lease, Slack};
 pub use seam::{
     Ask, Asked, AsyncLimiter, BatchAnswer, BatchItem, Charge, DEFAULT_LAYER_NAME, Decide, Failure,
-    Held, KeyedBy, LayerInfo, Origin, Outcome, Pending, decide_all, decide_each,
+    Held, KeyedBy, LayerInfo, Origin, Outcome, Pending, decide_all,
 };
 pub use stack::{Stack, StackBuilder};

@@ -13,8 +13,8 @@
 use std::sync::Arc;
 
 use limiter_core::Clock;
-use limiter_redis::{OnFailure, RedisBackend, RedisStack};
-use limiter_stack::{AsyncLimiter, Layer, Stack};
+use limiter_redis::{LeasedStack, OnFailure, RedisBackend, RedisStack};
+use limiter_stack::{AsyncLimiter, BatchAnswer, BatchItem, CallError, Layer, Stack, decide_all};
 
 use crate::config::{Keying, Policy, PolicyLimit, Store, StoreKind};
 
@@ -36,8 +36,94 @@ pub struct Call {
     pub plan: usize,
 }
 
-/// A policy's stack on any store, as the engine holds it.
-pub type PolicyStack = Arc<dyn AsyncLimiter<Call>>;
+/// A policy's stack on any store, as the engine holds it: decided through the seam (it
+/// dereferences to the [`AsyncLimiter`]), and known by type where it is on Redis, so a batch
+/// of Redis policies is decided in one script ([`decide_batch`]) without looking behind the
+/// seam.
+#[derive(Clone)]
+pub struct PolicyStack {
+    limiter: Arc<dyn AsyncLimiter<Call>>,
+    on_redis: Option<OnRedis>,
+}
+
+/// A Redis policy's stack, by type.
+#[derive(Clone)]
+enum OnRedis {
+    PerCall(Arc<RedisStack<Call>>),
+    Leased(Arc<LeasedStack<Call>>),
+}
+
+impl PolicyStack {
+    fn memory(stack: impl AsyncLimiter<Call> + 'static) -> Self {
+        Self {
+            limiter: Arc::new(stack),
+            on_redis: None,
+        }
+    }
+
+    fn redis(stack: RedisStack<Call>) -> Self {
+        let stack = Arc::new(stack);
+        Self {
+            limiter: stack.clone(),
+            on_redis: Some(OnRedis::PerCall(stack)),
+        }
+    }
+
+    fn leased(stack: LeasedStack<Call>) -> Self {
+        let stack = Arc::new(stack);
+        Self {
+            limiter: stack.clone(),
+            on_redis: Some(OnRedis::Leased(stack)),
+        }
+    }
+
+    /// The per-call Redis stack a batch decides this policy on (a leased policy's too: a batch
+    /// is decided on Redis, not against a lease); `None` in process.
+    fn per_call(&self) -> Option<&RedisStack<Call>> {
+        match self.on_redis.as_ref()? {
+            OnRedis::PerCall(stack) => Some(stack),
+            OnRedis::Leased(stack) => Some(stack.stack()),
+        }
+    }
+}
+
+impl std::ops::Deref for PolicyStack {
+    type Target = dyn AsyncLimiter<Call>;
+
+    fn deref(&self) -> &Self::Target {
+        &*self.limiter
+    }
+}
+
+impl std::fmt::Debug for PolicyStack {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let store = match self.on_redis {
+            None => "memory",
+            Some(OnRedis::PerCall(_)) => "redis",
+            Some(OnRedis::Leased(_)) => "redis, leased",
+        };
+        f.debug_struct("PolicyStack")
+            .field("store", &store)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Decides `batch` all or nothing, item `i` on `stacks[i]`: in one Redis script call when every
+/// item's policy is on Redis (one backend, one slot; else item by item), by takes and refunds
+/// through the seam otherwise.
+pub async fn decide_batch(
+    batch: &[BatchItem<'_, Call>],
+    stacks: &[&PolicyStack],
+    at: Option<u64>,
+) -> Result<BatchAnswer, CallError> {
+    let on_redis: Option<Vec<&RedisStack<Call>>> = stacks.iter().map(|s| s.per_call()).collect();
+    match on_redis {
+        Some(on_redis) if on_redis.len() > 1 => {
+            limiter_redis::decide_batch(batch, &on_redis, at).await
+        }
+        _ => decide_all(batch, at).await,
+    }
+}
 
 /// Why a policy's stack could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -218,8 +304,8 @@ impl<C: Clock + Clone + Send + Sync + 'static> Stacks<C> {
                 };
                 let stack = builder.build().map_err(refused)?;
                 Ok(match policy.lease {
-                    None => Arc::new(stack),
-                    Some(lease) => Arc::new(stack.leased(lease).map_err(refused)?),
+                    None => PolicyStack::redis(stack),
+                    Some(lease) => PolicyStack::leased(stack.leased(lease).map_err(refused)?),
                 })
             }
         }
@@ -251,7 +337,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Stacks<C> {
         if let Some(max_keys) = max_keys {
             builder = builder.max_keys(max_keys);
         }
-        Ok(Arc::new(builder.build()?))
+        Ok(PolicyStack::memory(builder.build()?))
     }
 }
 

@@ -2,7 +2,7 @@
 //! record, give back, at a reading), the units it holds for a refund ([`Held`]), and batches
 //! decided all or nothing ([`decide_all`]).
 //!
-//! # The all-or-nothing protocol ([`decide_each`])
+//! # The all-or-nothing protocol ([`decide_all`])
 //!
 //! Items are asked in order, each enforced take keeping a [`Held`]; records and give-backs are
 //! applied as they come and never deny. If any enforced item is denied (a shadow item never
@@ -11,7 +11,9 @@
 //! that can never be decided ([`CallError`]) refunds the same way and ends the batch with that
 //! error. Between a take and its refund the units are held, so a racing call may be denied a
 //! moment early; none is ever admitted past a limit. A store that can decide a batch in one
-//! atomic step overrides [`AsyncLimiter::decide_batch`] and has no such window.
+//! atomic step offers it where its limiters are known by type (limiter-redis's
+//! `decide_batch`, which limiterd calls when every item's policy is on Redis): the seam never
+//! looks behind a limiter to find its store.
 
 use std::any::Any;
 use std::fmt;
@@ -95,6 +97,16 @@ pub struct Asked {
     pub held: Option<Held>,
 }
 
+impl Asked {
+    /// An answer that holds nothing for a refund.
+    pub fn outcome(outcome: Outcome) -> Self {
+        Self {
+            outcome,
+            held: None,
+        }
+    }
+}
+
 /// Units a limiter took for one call, which its [`refund`](AsyncLimiter::refund) can give
 /// back: the limiter's own grant, held by the seam without knowing its type. Not `Clone`, so
 /// nothing is given back twice.
@@ -176,9 +188,9 @@ pub struct BatchAnswer {
     pub outcomes: Vec<Outcome>,
 }
 
-/// Decides `items` all or nothing, at the clock reading `at` (`None`: now): one item is one
-/// [`ask`](AsyncLimiter::ask); more are the first item's limiter's
-/// [`decide_batch`](AsyncLimiter::decide_batch).
+/// Decides `items` all or nothing, at the clock reading `at` (`None`: now), by takes and
+/// refunds through each item's limiter (see the module docs): one item is one
+/// [`ask`](AsyncLimiter::ask).
 ///
 /// ```
 /// use limiter_core::{Limit, ManualClock};
@@ -203,22 +215,6 @@ pub struct BatchAnswer {
 /// # }
 /// ```
 pub async fn decide_all<R: ?Sized + Sync>(
-    items: &[BatchItem<'_, R>],
-    at: Option<u64>,
-) -> Result<BatchAnswer, CallError> {
-    match items {
-        [] => Ok(BatchAnswer {
-            admitted: true,
-            outcomes: Vec::new(),
-        }),
-        [first, ..] => first.limiter.decide_batch(items, at).await,
-    }
-}
-
-/// The all-or-nothing protocol by takes and refunds (see the module docs): what every
-/// limiter's [`decide_batch`](AsyncLimiter::decide_batch) does unless its store decides a
-/// batch in one step.
-pub async fn decide_each<R: ?Sized + Sync>(
     items: &[BatchItem<'_, R>],
     at: Option<u64>,
 ) -> Result<BatchAnswer, CallError> {
@@ -291,7 +287,7 @@ mod tests {
     use limiter_token_bucket::TokenBucket;
 
     use super::*;
-    use crate::{Decide, Kind, Layer, LayerInfo, Pending, Stack};
+    use crate::{Decide, Kind, Layer, LayerInfo, Stack};
 
     type Users = Stack<&'static str, &'static str, ManualClock>;
 
@@ -351,15 +347,9 @@ mod tests {
             &'a self,
             r: &'a &'static str,
             ask: Ask,
-        ) -> Pending<'a, Result<Asked, CallError>> {
-            let outcome = self.decide_request(r, ask.cost);
-            Box::pin(async move {
-                let outcome = outcome.await?;
-                Ok(Asked {
-                    outcome,
-                    held: None,
-                })
-            })
+        ) -> Decide<'a, Result<Asked, CallError>> {
+            self.decide_request(r, ask.cost)
+                .map(|answer| answer.map(Asked::outcome))
         }
     }
 

@@ -47,7 +47,7 @@ where
             .collect()
     }
 
-    fn ask<'a>(&'a self, request: &'a R, ask: Ask) -> Pending<'a, Result<Asked, CallError>> {
+    fn ask<'a>(&'a self, request: &'a R, ask: Ask) -> Decide<'a, Result<Asked, CallError>> {
         let now = ask.at.unwrap_or_else(|| self.clock().now());
         let (cost, held) = (ask.cost, ask.charge == Charge::TakeHeld);
         let asked = match ask.charge {
@@ -55,14 +55,14 @@ where
             Charge::Record => self.record_at(request, cost, now).map(|d| (d, None)),
             Charge::GiveBack => self.give_back(request, cost).map(|d| (d, None)),
         };
-        Box::pin(ready(asked.map(|(decision, grant)| {
+        Decide::Now(asked.map(|(decision, grant)| {
             Asked {
                 outcome: Outcome::in_process(decision),
                 held: grant
                     .filter(|_| held)
                     .map(|grant| Held::new(grant.left(), grant)),
             }
-        })))
+        }))
     }
 
     fn refund<'a>(&'a self, request: &'a R, held: Held) -> Pending<'a, Result<Outcome, CallError>> {

@@ -22,7 +22,7 @@ use crate::{BuildError, CallError, Keyer, LayerAnswers, Plan, StackDecision};
 mod batch;
 mod impls;
 
-pub use batch::{Ask, Asked, BatchAnswer, BatchItem, Charge, Held, decide_all, decide_each};
+pub use batch::{Ask, Asked, BatchAnswer, BatchItem, Charge, Held, decide_all};
 pub use impls::{DEFAULT_LAYER_NAME, KeyedBy};
 
 /// A boxed future of the seam's wider calls (the hot single decision is [`Decide`], with no
@@ -83,20 +83,32 @@ impl Outcome {
     }
 }
 
-/// The future of a decision: ready at once for an in-process limiter, boxed for a remote one.
+/// The future of a decision (or, with `T` = `Result<Asked, CallError>`, of an
+/// [`ask`](AsyncLimiter::ask)): ready at once for an in-process limiter, with no future and no
+/// allocation; boxed for a remote one.
 #[must_use = "a decision does nothing until it is awaited or matched"]
 // The in-process answer is the hot path: boxing it would cost an allocation per call.
 #[allow(clippy::large_enum_variant)]
-pub enum Decide<'a> {
+pub enum Decide<'a, T = Result<Outcome, CallError>> {
     /// Decided already.
-    Now(Result<Outcome, CallError>),
+    Now(T),
     /// Decided when awaited. Such a future does nothing until it is first polled (as an `async
     /// fn`'s never does), so an adapter may drop it unpolled and ask again from a future that
     /// owns the request.
-    Later(Pin<Box<dyn Future<Output = Result<Outcome, CallError>> + Send + 'a>>),
+    Later(Pin<Box<dyn Future<Output = T> + Send + 'a>>),
 }
 
-impl fmt::Debug for Decide<'_> {
+impl<'a, T: Send + 'a> Decide<'a, T> {
+    /// The answer turned by `f`, now or when awaited.
+    pub fn map<U>(self, f: impl FnOnce(T) -> U + Send + 'a) -> Decide<'a, U> {
+        match self {
+            Self::Now(answer) => Decide::Now(f(answer)),
+            Self::Later(future) => Decide::Later(Box::pin(async move { f(future.await) })),
+        }
+    }
+}
+
+impl<T: fmt::Debug> fmt::Debug for Decide<'_, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Now(answer) => f.debug_tuple("Now").field(answer).finish(),
@@ -105,8 +117,8 @@ impl fmt::Debug for Decide<'_> {
     }
 }
 
-impl Future for Decide<'_> {
-    type Output = Result<Outcome, CallError>;
+impl<T: Unpin> Future for Decide<'_, Result<T, CallError>> {
+    type Output = Result<T, CallError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.get_mut() {
@@ -203,24 +215,21 @@ pub trait AsyncLimiter<R: ?Sized>: Send + Sync {
     /// give units back, at a reading of the limiter's clock (`at`; `None`: now; a remote store
     /// decides by its own clock and ignores it). A limiter that cannot do what is asked
     /// answers [`CallError::Unsupported`]; the default does plain takes at the clock's reading
-    /// through [`decide_request`](Self::decide_request).
-    fn ask<'a>(&'a self, request: &'a R, ask: Ask) -> Pending<'a, Result<Asked, CallError>> {
-        let decided = match ask {
+    /// through [`decide_request`](Self::decide_request). In process, the answer is
+    /// [`Decide::Now`]: no future, no allocation.
+    fn ask<'a>(&'a self, request: &'a R, ask: Ask) -> Decide<'a, Result<Asked, CallError>> {
+        match ask {
             Ask {
                 charge: Charge::Take,
                 at: None,
                 cost,
-            } => self.decide_request(request, cost),
+            } => self
+                .decide_request(request, cost)
+                .map(|answer| answer.map(Asked::outcome)),
             Ask { charge, .. } => Decide::Now(Err(CallError::Unsupported {
                 what: charge.unsupported(),
             })),
-        };
-        Box::pin(async move {
-            decided.await.map(|outcome| Asked {
-                outcome,
-                held: None,
-            })
-        })
+        }
     }
 
     /// Gives back what `held` has left (from this limiter's [`ask`](Self::ask) with
@@ -232,20 +241,6 @@ pub trait AsyncLimiter<R: ?Sized>: Send + Sync {
         Box::pin(std::future::ready(Err(CallError::Unsupported {
             what: "refunds",
         })))
-    }
-
-    /// Decides `items` (this limiter is the first one's) all or nothing: see [`decide_all`],
-    /// which calls it. The default is [`decide_each`]; a store that can decide a batch in one
-    /// step (Redis: one script call) does so, falling back to [`decide_each`] when it cannot.
-    fn decide_batch<'a>(
-        &'a self,
-        items: &'a [BatchItem<'a, R>],
-        at: Option<u64>,
-    ) -> Pending<'a, Result<BatchAnswer, CallError>>
-    where
-        R: Sync,
-    {
-        Box::pin(decide_each(items, at))
     }
 
     /// Keys this limiter holds in this process's memory (0 for a remote store, whose keys
@@ -267,12 +262,6 @@ pub trait AsyncLimiter<R: ?Sized>: Send + Sync {
     /// dropped, answering the units handed back; 0 for a limiter that holds none.
     fn shutdown(&self) -> Pending<'_, u64> {
         Box::pin(std::future::ready(0))
-    }
-
-    /// The limiter as [`Any`](std::any::Any), for a store's own [`decide_batch`](Self::decide_batch)
-    /// to find its own limiters among a batch's; `None` by default.
-    fn as_any(&self) -> Option<&dyn std::any::Any> {
-        None
     }
 }
 

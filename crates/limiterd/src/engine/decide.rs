@@ -1,8 +1,10 @@
 //! Items resolved to their policies and decided through the seam, all or nothing (one ask, or
-//! [`decide_all`] for a batch), and every store's outcome read as an [`Answer`] in one place.
+//! a batch by [`stacks::decide_batch`](crate::stacks::decide_batch): one Redis script when
+//! every policy is on Redis, takes and refunds otherwise), and every store's outcome read as
+//! an [`Answer`] in one place.
 
 use limiter_core::{Clock, Decision, Limit};
-use limiter_stack::{Ask, BatchItem, CallError, Outcome, decide_all};
+use limiter_stack::{Ask, BatchItem, CallError, Outcome};
 
 use crate::metrics::{Counted, FailurePolicy};
 
@@ -40,7 +42,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                     identifier: item.identifier.as_str().into(),
                     plan: entry.plan,
                 };
-                Ok((Arc::clone(&entry.stack), call, &entry.counters))
+                Ok((entry.stack.clone(), call, &entry.counters))
             }
             Target::AdHoc {
                 kind,
@@ -176,14 +178,15 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             .iter()
             .zip(resolved)
             .map(|(item, (stack, call, _))| BatchItem {
-                limiter: stack.as_ref(),
+                limiter: &**stack,
                 request: call,
                 cost: item.cost,
                 charge: item.charge,
                 shadow: item.shadow,
             })
             .collect();
-        let decided = decide_all(&batch, Some(reading))
+        let stacks: Vec<&PolicyStack> = resolved.iter().map(|(stack, _, _)| stack).collect();
+        let decided = crate::stacks::decide_batch(&batch, &stacks, Some(reading))
             .await
             .map_err(|e| call_error(&e))?;
         // A refused batch's admitted takes were refunded and report what they hold after the
@@ -250,7 +253,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             Outcome::FailedOpen(_) => {
                 failed(FailurePolicy::Open);
                 // Admitted without counting: the policy's tightest limit, with nothing taken.
-                let limit = policy_limit(stack.as_ref(), call.plan);
+                let limit = policy_limit(&**stack, call.plan);
                 Ok(Answer {
                     decision: Decision::allow(limit, limit, 0),
                     origin: Origin::FailOpen,

@@ -23,7 +23,8 @@
 //!
 //! The engine knows no store: [`Stacks`] builds each policy's stack, and every call goes
 //! through the workspace's one seam, [`AsyncLimiter`] (one ask, or a batch by
-//! [`decide_all`](limiter_stack::decide_all)); its [`Outcome`](limiter_stack::Outcome) becomes
+//! [`stacks::decide_batch`](crate::stacks::decide_batch), which knows each Redis policy's stack
+//! by type); its [`Outcome`](limiter_stack::Outcome) becomes
 //! an [`Answer`] in one place (`Engine::answer`), whatever the store.
 //!
 //! A batch is all or nothing: in process, its items are decided in order at one clock reading,
@@ -180,7 +181,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             HashMap::new()
         };
         let entries = self.policies.iter().map(|e| {
-            let carried = (e.spec.clone(), Arc::clone(&e.stack), e.plan);
+            let carried = (e.spec.clone(), e.stack.clone(), e.plan);
             (e.stack_name.clone(), carried)
         });
         let mut engine = Self {

@@ -1,8 +1,6 @@
 //! A policy's stack carried over on reload when it can keep its counters, and the stacks of
 //! ad-hoc shapes: both through the seam, whatever the store.
 
-use std::sync::Arc;
-
 use limiter_core::{Clock, Limit, LimitError};
 use limiter_stack::{BuildError, Plan};
 
@@ -131,7 +129,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                         BuildError::PlansFull { .. } => DecideError::TooManyShapes,
                         other => invalid("limit", other.to_string()),
                     })?;
-                (Arc::clone(home), plan)
+                (home.clone(), plan)
             }
             None => {
                 let policy = Policy {
