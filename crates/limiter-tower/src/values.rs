@@ -5,15 +5,15 @@
 
 use std::cell::RefCell;
 
-use bytes::{BufMut, BytesMut};
+use bytes::BytesMut;
 use http::HeaderValue;
 
 use crate::digits;
 
-/// The longest value written on the stack before it is copied into the buffer (the usual
-/// `RateLimit` value, a name and two numbers, is under 40 bytes); a longer one (many layers
-/// with long names) is written on the heap instead.
-const ON_STACK: usize = 192;
+/// Room made before each value is written: every value the middleware writes fits (a
+/// `RateLimit` item is a name and two numbers of at most 15 digits), so the one check covers
+/// it; a longer one (many layers with long names) grows the buffer as it is written.
+const ROOM: usize = 256;
 
 /// The size of a fresh buffer.
 const CHUNK: usize = 8 * 1024;
@@ -25,22 +25,15 @@ thread_local! {
 /// A header value of what `write` writes, or `None` if it wrote a byte a header value cannot
 /// hold (the middleware writes only quoted strings and digits, so never).
 #[inline]
-pub(crate) fn value(write: impl FnOnce(&mut Writer)) -> Option<HeaderValue> {
-    let mut writer = Writer {
-        stack: [0; ON_STACK],
-        len: 0,
-        heap: Vec::new(),
-    };
-    write(&mut writer);
-    let written = writer.written();
-    let bytes = BUFFER.with(|buffer| {
-        let mut buffer = buffer.borrow_mut();
-        // Reclaims the buffer in place when no value still points into it; else a new one.
-        buffer.reserve(written.len().max(CHUNK / 64));
-        buffer.put_slice(written);
-        buffer.split().freeze()
-    });
-    HeaderValue::from_maybe_shared(bytes).ok()
+pub(crate) fn value(write: impl FnOnce(&mut Writer<'_>)) -> Option<HeaderValue> {
+    BUFFER.with_borrow_mut(|buffer| {
+        if buffer.capacity() - buffer.len() < ROOM {
+            // Reclaims the buffer in place when no value still points into it; else a new one.
+            buffer.reserve(CHUNK);
+        }
+        write(&mut Writer { buffer });
+        HeaderValue::from_maybe_shared(buffer.split().freeze()).ok()
+    })
 }
 
 /// The decimal digits of `n` as a header value.
@@ -49,44 +42,22 @@ pub(crate) fn number(n: u64) -> Option<HeaderValue> {
     value(|out| out.number(n))
 }
 
-/// Where one value is written: on the stack, or on the heap once it outgrows it.
-pub(crate) struct Writer {
-    stack: [u8; ON_STACK],
-    len: usize,
-    heap: Vec<u8>,
+/// Where one value is written: the end of the thread's buffer.
+pub(crate) struct Writer<'a> {
+    buffer: &'a mut BytesMut,
 }
 
-impl Writer {
+impl Writer<'_> {
     /// Appends `bytes`.
     #[inline]
     pub(crate) fn bytes(&mut self, bytes: &[u8]) {
-        let end = self.len + bytes.len();
-        match self.stack.get_mut(self.len..end) {
-            Some(room) if self.heap.is_empty() => {
-                room.copy_from_slice(bytes);
-                self.len = end;
-            }
-            _ => {
-                if self.heap.is_empty() {
-                    self.heap.extend_from_slice(&self.stack[..self.len]);
-                }
-                self.heap.extend_from_slice(bytes);
-            }
-        }
+        self.buffer.extend_from_slice(bytes);
     }
 
     /// Appends the decimal digits of `n`.
     #[inline]
     pub(crate) fn number(&mut self, n: u64) {
-        digits::write(n, |digits| self.bytes(digits));
-    }
-
-    fn written(&self) -> &[u8] {
-        if self.heap.is_empty() {
-            &self.stack[..self.len]
-        } else {
-            &self.heap
-        }
+        digits::write(n, |digits| self.buffer.extend_from_slice(digits));
     }
 }
 
@@ -109,11 +80,11 @@ mod tests {
             assert_eq!(value.to_str().unwrap(), format!("\"per-ip\";r={i}"));
         }
         assert_eq!(number(u64::MAX).unwrap(), u64::MAX.to_string().as_str());
-        // A value longer than the stack holds moves to the heap whole.
-        let long = "x".repeat(ON_STACK - 3) + &"y".repeat(ON_STACK * 2);
+        // A value longer than the room made for it grows the buffer as it is written.
+        let long = "x".repeat(ROOM - 3) + &"y".repeat(CHUNK * 2);
         let written = value(|out| {
-            out.bytes(&long.as_bytes()[..ON_STACK - 3]);
-            out.bytes(&long.as_bytes()[ON_STACK - 3..]);
+            out.bytes(&long.as_bytes()[..ROOM - 3]);
+            out.bytes(&long.as_bytes()[ROOM - 3..]);
         });
         assert_eq!(written.unwrap(), long.as_str());
         // A byte a header value cannot hold is refused, not passed on.
