@@ -1,11 +1,12 @@
-//! Envoy's service on limiterd's engine: all or nothing, over hits counted, shadow mode,
-//! overrides, headers and metadata.
+//! Envoy's service mounted on limiterd's engine: all or nothing on the engine's stacks, and
+//! the service's statistics in limiterd's metrics. The service itself (matching, overrides,
+//! malformed input, quota mode, headers, metadata) is tested in limiter-envoy, on an
+//! in-process decider.
 use std::sync::Arc;
-use std::time::Duration;
 
 use limiter_envoy::rules::Unit;
 use limiter_envoy::service::{
-    Code, Descriptor, HeaderNames, MAX_DESCRIPTORS, Options, Override, Request, Response, Status,
+    Code, Descriptor, HeaderNames, Options, Override, Request, Response, Status,
 };
 
 use limiter_core::ManualClock;
@@ -41,7 +42,6 @@ struct Fixture {
     envoy: Envoy,
     engine: Engine<ManualClock>,
     metrics: Arc<Metrics>,
-    clock: ManualClock,
 }
 
 fn fixture() -> Fixture {
@@ -67,7 +67,6 @@ fn fixture_of(file: &str, options: Options) -> Fixture {
         envoy,
         engine,
         metrics,
-        clock,
     }
 }
 
@@ -144,63 +143,6 @@ fn a_request_over_one_limit_moves_no_other_counter() {
 }
 
 #[test]
-fn algorithms_follow_the_clock_and_report_their_reset() {
-    let f = fixture();
-    for _ in 0..10 {
-        assert_eq!(
-            f.decide(vec![descriptor(&[("ip", "10.0.0.1")])]).overall,
-            Code::Ok
-        );
-    }
-    let over = f.decide(vec![descriptor(&[("ip", "10.0.0.1")])]);
-    assert_eq!(over.overall, Code::OverLimit);
-    // The hit over the limit is counted, as the reference counts it: a token every
-    // 100 ms pays it back, and the next one is admitted: 200 ms.
-    assert_eq!(
-        over.statuses[0].duration_until_reset,
-        Some(Duration::from_millis(200))
-    );
-    f.clock.advance(Duration::from_millis(99));
-    let check = f.remaining_status(&[("ip", "10.0.0.1")]);
-    assert_eq!(check.code, Code::OverLimit, "a check in debt is over");
-    f.clock.advance(Duration::from_millis(1));
-    let check = f.remaining_status(&[("ip", "10.0.0.1")]);
-    assert_eq!(
-        (check.code, check.limit_remaining),
-        (Code::Ok, 0),
-        "a check exactly at the limit is OK"
-    );
-    // A request before its wait is over, and its hit is counted too: the wait grows by a
-    // token (a caller that honours the wait it is given is admitted when it ends).
-    f.clock.advance(Duration::from_millis(99));
-    let early = f.decide(vec![descriptor(&[("ip", "10.0.0.1")])]);
-    assert_eq!(early.overall, Code::OverLimit);
-    let wait = early.statuses[0].duration_until_reset.expect("a wait");
-    assert_eq!(wait, Duration::from_millis(101));
-    f.clock.advance(wait);
-    let ok = f.decide(vec![descriptor(&[("ip", "10.0.0.1")])]);
-    assert_eq!((ok.overall, ok.statuses[0].limit_remaining), (Code::Ok, 0));
-    let shown = ok.statuses[0].current_limit.clone().expect("a limit");
-    assert_eq!((shown.requests_per_unit, shown.unit), (10, Unit::Second));
-
-    // The fixed window (the default) resets at the end of its minute.
-    f.clock.advance(Duration::from_secs(20));
-    let user = f.decide(vec![descriptor(&[("user", "carol")])]);
-    let reset = user.statuses[0].duration_until_reset.expect("a reset");
-    assert!(
-        reset <= Duration::from_secs(60) && reset > Duration::ZERO,
-        "{reset:?}"
-    );
-    let over = f.decide(vec![descriptor(&[("user", "carol")])]);
-    assert_eq!(over.statuses[0].duration_until_reset, Some(reset));
-    f.clock.advance(reset);
-    assert_eq!(
-        f.decide(vec![descriptor(&[("user", "carol")])]).overall,
-        Code::Ok
-    );
-}
-
-#[test]
 fn shadow_mode_reports_but_never_denies() {
     let f = fixture();
     for round in 0..3 {
@@ -239,181 +181,6 @@ fn shadow_mode_reports_but_never_denies() {
     );
 }
 
-#[test]
-fn replaced_unlimited_blocked_and_unknown_descriptors() {
-    let f = fixture();
-    // `path` replaces `generic` when both match: generic (1/min) is not applied.
-    for _ in 0..3 {
-        let r = f.decide(vec![
-            descriptor(&[("path", "/a")]),
-            descriptor(&[("generic", "g")]),
-        ]);
-        assert_eq!(r.overall, Code::Ok);
-        assert_eq!(r.statuses[1].current_limit, None);
-    }
-    assert_eq!(f.remaining(&[("generic", "g")]), 1, "never counted");
-    // Alone, generic applies.
-    assert_eq!(
-        f.decide(vec![descriptor(&[("generic", "g")])]).overall,
-        Code::Ok
-    );
-    assert_eq!(
-        f.decide(vec![descriptor(&[("generic", "g")])]).overall,
-        Code::OverLimit
-    );
-
-    let r = f.decide(vec![
-        descriptor(&[("internal", "x")]),
-        descriptor(&[("nothing", "x")]),
-    ]);
-    assert_eq!(r.overall, Code::Ok);
-    assert_eq!(r.statuses[0].limit_remaining, u32::MAX);
-    assert_eq!(r.statuses[1].current_limit, None);
-
-    // `requests_per_unit: 0` refuses, and the request takes nothing elsewhere.
-    let r = f.decide(vec![
-        descriptor(&[("tenant", "z")]),
-        descriptor(&[("blocked", "x")]),
-    ]);
-    assert_eq!(
-        (r.overall, codes(&r)),
-        (Code::OverLimit, vec![Code::Ok, Code::OverLimit])
-    );
-    assert_eq!(f.remaining(&[("tenant", "z")]), 10);
-
-    let unknown = decided_at_once(f.envoy.decide(
-        &f.engine,
-        &Request {
-            domain: "elsewhere".into(),
-            descriptors: vec![descriptor(&[("user", "a")])],
-            hits_addend: 0,
-        },
-    ))
-    .expect("valid");
-    assert_eq!(unknown.overall, Code::Ok);
-    assert_eq!(unknown.statuses[0].current_limit, None);
-}
-
-#[test]
-fn hits_overrides_and_refusals() {
-    let f = fixture();
-    // Request-level hits (0 means 1) and a descriptor's own.
-    let mut r = request(vec![descriptor(&[("tenant", "h")])]);
-    r.hits_addend = 4;
-    let answer = decided_at_once(f.envoy.decide(&f.engine, &r)).expect("valid");
-    assert_eq!(answer.statuses[0].limit_remaining, 6);
-    let mut d = descriptor(&[("tenant", "h")]);
-    d.hits_addend = Some(7);
-    let over = f.decide(vec![d.clone()]);
-    assert_eq!(over.overall, Code::OverLimit);
-    // Counted, as the reference counts hits over a limit: 11 of 10, so a check is over.
-    assert_eq!(f.remaining_status(&[("tenant", "h")]).code, Code::OverLimit);
-    // More hits than the limit could ever hold: over, not an error, and counted too.
-    d.hits_addend = Some(11);
-    assert_eq!(f.decide(vec![d]).overall, Code::OverLimit);
-    assert_eq!(f.remaining(&[("tenant", "h")]), 0);
-    let mut fresh = descriptor(&[("tenant", "i")]);
-    fresh.hits_addend = Some(11);
-    assert_eq!(f.decide(vec![fresh]).overall, Code::OverLimit);
-    assert_eq!(f.remaining_status(&[("tenant", "i")]).code, Code::OverLimit);
-
-    // An override replaces the configured limit, with its own counter.
-    let mut o = descriptor(&[("tenant", "h")]);
-    o.limit = Some(Override {
-        requests_per_unit: 2,
-        unit: Unit::Hour.number(),
-    });
-    for expected in [Code::Ok, Code::Ok, Code::OverLimit] {
-        let r = f.decide(vec![o.clone()]);
-        assert_eq!(r.overall, expected);
-        let shown = r.statuses[0].current_limit.clone().expect("shown");
-        assert_eq!((shown.requests_per_unit, shown.unit), (2, Unit::Hour));
-    }
-    // Another unit is another counter (as the reference keys counters by the unit's
-    // window): 10 a day starts afresh beside 2 an hour.
-    o.limit = Some(Override {
-        requests_per_unit: 10,
-        unit: Unit::Day.number(),
-    });
-    let day = f.decide(vec![o.clone()]);
-    assert_eq!(
-        (day.overall, day.statuses[0].limit_remaining),
-        (Code::Ok, 9)
-    );
-
-    // Only an empty domain or descriptor list is an error (gRPC UNKNOWN, as the
-    // reference answers).
-    for (req, field) in [
-        (Request::default(), "domain"),
-        (request(Vec::new()), "descriptors"),
-    ] {
-        let EnvoyError::Empty(message) =
-            decided_at_once(f.envoy.decide(&f.engine, &req)).expect_err(field)
-        else {
-            panic!("empty")
-        };
-        assert!(message.starts_with(field), "{field}: {message}");
-    }
-}
-
-#[test]
-fn malformed_descriptors_never_pass_a_limit_they_would_meet() {
-    let f = fixture();
-    // No entries, or an empty key: no limit matches them, and the rest is counted.
-    let r = f.decide(vec![
-        descriptor(&[]),
-        descriptor(&[("", "v")]),
-        descriptor(&[("user", "mal")]),
-    ]);
-    assert_eq!(r.overall, Code::Ok);
-    assert_eq!(r.statuses[2].limit_remaining, 0);
-    assert_eq!(
-        f.decide(vec![descriptor(&[]), descriptor(&[("user", "mal")])])
-            .overall,
-        Code::OverLimit
-    );
-    // An override with no known unit is ignored: the configured limit applies.
-    let junk = Descriptor {
-        limit: Some(Override {
-            requests_per_unit: 1_000,
-            unit: 0,
-        }),
-        ..descriptor(&[("user", "mal")])
-    };
-    assert_eq!(f.decide(vec![junk]).overall, Code::OverLimit);
-    // A long value is counted (under its digest), exactly like a short one.
-    let long = "v".repeat(100_000);
-    assert_eq!(
-        f.decide(vec![descriptor(&[("user", &long)])]).overall,
-        Code::Ok
-    );
-    assert_eq!(
-        f.decide(vec![descriptor(&[("user", &long)])]).overall,
-        Code::OverLimit
-    );
-    let longer = format!("{long}w");
-    assert_eq!(
-        f.decide(vec![descriptor(&[("user", &longer)])]).overall,
-        Code::Ok,
-        "another long value has its own counter"
-    );
-    // Many descriptors (past what the reference was ever sent): each is decided.
-    let many: Vec<Descriptor> = (0..200)
-        .map(|i| descriptor(&[("tenant", &format!("t{i}"))]))
-        .chain(std::iter::once(descriptor(&[("user", "mal")])))
-        .collect();
-    let r = f.decide(many);
-    assert_eq!(r.overall, Code::OverLimit);
-    assert_eq!(r.statuses.len(), 201);
-    // Past MAX_DESCRIPTORS: over, counting nothing.
-    let flood: Vec<Descriptor> = (0..=MAX_DESCRIPTORS)
-        .map(|_| descriptor(&[("tenant", "flood")]))
-        .collect();
-    let r = f.decide(flood);
-    assert_eq!(r.overall, Code::OverLimit);
-    assert_eq!(f.remaining(&[("tenant", "flood")]), 10);
-}
-
 const SWITCHES: &str = "\
 domain: web
 descriptors:
@@ -429,33 +196,6 @@ descriptors:
 
 fn with_options(options: Options) -> Fixture {
     fixture_of(SWITCHES, options)
-}
-
-#[test]
-fn quota_mode_admits_and_names_the_descriptors_over_in_the_metadata() {
-    let f = with_options(Options::default());
-    let r = f.decide(vec![
-        descriptor(&[("soft", "a")]),
-        descriptor(&[("tenant", "t")]),
-    ]);
-    assert_eq!(r.overall, Code::Ok);
-    let metadata = r.dynamic_metadata.expect("quota mode matched");
-    assert_eq!(metadata["quotaModeEnabled"], serde_json::json!(true));
-    assert_eq!(metadata["quotaModeViolations"], serde_json::json!([]));
-    let r = f.decide(vec![
-        descriptor(&[("tenant", "t")]),
-        descriptor(&[("soft", "a")]),
-    ]);
-    assert_eq!((r.overall, codes(&r)), (Code::Ok, vec![Code::Ok, Code::Ok]));
-    let metadata = r.dynamic_metadata.expect("quota mode matched");
-    assert_eq!(metadata["quotaModeViolations"], serde_json::json!([1]));
-    assert_eq!(f.remaining(&[("tenant", "t")]), 3, "the rest was counted");
-    // No quota-mode limit matched: no metadata.
-    assert_eq!(
-        f.decide(vec![descriptor(&[("tenant", "t")])])
-            .dynamic_metadata,
-        None
-    );
 }
 
 #[test]
