@@ -5,4 +5,4 @@
 
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|bytes: &[u8]| limiterd::fuzzing::envoy_rules(bytes));
+fuzz_target!(|bytes: &[u8]| limiter_envoy::fuzzing::rules(bytes));

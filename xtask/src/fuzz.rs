@@ -38,6 +38,7 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
         "limiter-token-bucket",
         "limiter-sliding-window",
         "limiter-tower",
+        "limiter-envoy",
         "limiterd",
     ] {
         cargo(

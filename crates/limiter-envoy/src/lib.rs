@@ -95,6 +95,8 @@
 #![forbid(unsafe_code)]
 
 pub mod decider;
+#[doc(hidden)]
+pub mod fuzzing;
 #[cfg(feature = "grpc")]
 pub mod grpc;
 pub mod json;

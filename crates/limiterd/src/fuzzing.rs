@@ -1,13 +1,14 @@
 //! The bodies of limiterd's fuzz targets, shared with the plain test that replays saved
-//! inputs: the request parsers (the API's and envoy's `POST /json`), the configuration parser
-//! and envoy's descriptor loader must never panic, must refuse with a 400 and a message (or a
-//! line inside the file), and what they accept must hold the bounds the engine relies on.
+//! inputs: the request parsers (the API's and envoy's `POST /json`) and the configuration
+//! parser must never panic, must refuse with a 400 and a message (or a line inside the file),
+//! and what they accept must hold the bounds the engine relies on. (Envoy's descriptor loader
+//! is fuzzed in limiter-envoy.)
 
 use crate::app::AppState;
 use crate::config::Config;
 use crate::engine::{Charge, Engine, Item, PolicyId, Target};
 use crate::envoy::Envoy;
-use crate::envoy::rules::{Domains, MAX_TEXT, Rule};
+use crate::envoy::rules::Domains;
 use crate::envoy::service::{Code, EnvoyError};
 use crate::http::request::{
     self as api, MAX_BATCH, MAX_DURATION_MS, MAX_IDENTIFIER, MAX_NAMESPACE,
@@ -56,49 +57,6 @@ pub fn request(bytes: &[u8]) {
         Err(e) => {
             assert_eq!(e.status().as_u16(), 400, "{e:?}");
             assert!(!e.message.is_empty());
-        }
-    }
-}
-
-/// One envoy descriptor file; the first line of the input, if it parses as entries
-/// (`key=value,key=value`), is also matched against what loads.
-pub fn envoy_rules(bytes: &[u8]) {
-    let Ok(text) = std::str::from_utf8(bytes) else {
-        return;
-    };
-    match Domains::load([("fuzz.yaml", text)]) {
-        Ok(domains) => {
-            for domain in domains.iter() {
-                assert!(!domain.name.is_empty() && domain.name.len() <= MAX_TEXT);
-                for (i, limit) in domain.limits().enumerate() {
-                    assert_eq!(limit.id, i, "ids follow the walk");
-                    if let Some(l) = limit.limit() {
-                        assert!(limit.kind.check(l).is_ok(), "{limit:?}");
-                    } else {
-                        assert_eq!(limit.requests_per_unit, 0);
-                    }
-                }
-                let entries: Vec<(String, String)> = text
-                    .lines()
-                    .next()
-                    .unwrap_or_default()
-                    .split(',')
-                    .filter_map(|pair| pair.split_once('='))
-                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                    .collect();
-                if let Some(Rule::Limited(limit)) = domain.rule(&entries) {
-                    assert!(domain.limits().any(|l| l == limit));
-                }
-                assert_eq!(domain.rule(&[]), None);
-            }
-        }
-        Err(e) => {
-            assert!(!e.message.is_empty());
-            assert!(e.to_string().starts_with("fuzz.yaml"), "{e}");
-            if let Some(mark) = e.mark {
-                let lines = crate::envoy::yaml::line_count(text);
-                assert!(mark.line >= 1 && mark.line <= lines, "{e}");
-            }
         }
     }
 }

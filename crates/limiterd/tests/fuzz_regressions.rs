@@ -1,4 +1,4 @@
-//! Replays every saved fuzz input in `fuzz/regressions/{limiterd_request,limiterd_config,envoy_rules}/` through the
+//! Replays every saved fuzz input in `fuzz/regressions/{limiterd_request,limiterd_config}/` through the
 //! fuzz targets' own bodies, so a fixed crash stays fixed without needing cargo-fuzz.
 
 use limiter_testkit::fuzzing::replay_saved;
@@ -11,9 +11,4 @@ fn saved_request_inputs_still_pass() {
 #[test]
 fn saved_config_inputs_still_pass() {
     replay_saved("limiterd_config", limiterd::fuzzing::config);
-}
-
-#[test]
-fn saved_envoy_rules_inputs_still_pass() {
-    replay_saved("envoy_rules", limiterd::fuzzing::envoy_rules);
 }

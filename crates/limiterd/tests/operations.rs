@@ -304,8 +304,8 @@ async fn sighup_reloads_envoy_descriptor_files() {
     assert_eq!(answer["statuses"][0]["limitRemaining"], 3, "{answer}");
 }
 
-use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 
 fn grpc_status(service: &str) -> HealthCheckRequest {
     HealthCheckRequest {
@@ -412,9 +412,7 @@ async fn health_follows_redis_down_and_up_over_http_and_grpc() {
     // closes). The signal lands when the process next runs, so SERVING may still be answered
     // just after it is sent; once NOT_SERVING (or a closed port) is seen, SERVING never is.
     daemon.signal("TERM");
-    let serving = |answer: &Result<tonic::Response<HealthCheckResponse>, tonic::Status>| {
-        matches!(answer, Ok(a) if a.get_ref().status == ServingStatus::Serving as i32)
-    };
+    let serving = |answer: &Result<tonic::Response<HealthCheckResponse>, tonic::Status>| matches!(answer, Ok(a) if a.get_ref().status == ServingStatus::Serving as i32);
     eventually!("NOT_SERVING after SIGTERM", wait, {
         let answer = health.check(grpc_status("")).await;
         (!serving(&answer)).then_some(())
