@@ -47,4 +47,3 @@ pub fn rules(bytes: &[u8]) {
         }
     }
 }
-
