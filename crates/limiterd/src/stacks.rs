@@ -368,3 +368,76 @@ pub fn groups(policy: &Policy) -> Vec<(Keying, Vec<&PolicyLimit>)> {
         .filter(|(_, limits): &(Keying, Vec<&PolicyLimit>)| !limits.is_empty())
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use limiter_core::ManualClock;
+    use limiter_stack::Charge;
+    use limiter_testkit::redis_server::RedisServer;
+
+    use super::*;
+    use crate::config::Config;
+
+    fn item<'a>(stack: &'a PolicyStack, call: &'a Call, cost: u64) -> BatchItem<'a, Call> {
+        BatchItem {
+            limiter: &**stack,
+            request: call,
+            cost,
+            charge: Charge::Take,
+            shadow: false,
+        }
+    }
+
+    /// A batch of Redis policies (one leased) is one script call, all or nothing; the
+    /// policies are found by type, never by looking behind the seam.
+    #[tokio::test]
+    async fn a_batch_of_redis_policies_is_one_script_call() {
+        let server = RedisServer::start();
+        let text = format!(
+            "[store]\nkind = \"redis\"\nurl = \"{}\"\n\n\
+             [policies.api]\nlimits = [{{ algorithm = \"token_bucket\", count = 3, period = \"1h\" }}]\n\n\
+             [policies.leased]\nlimits = [{{ algorithm = \"token_bucket\", count = 100, period = \"1h\" }}]\nlease_slack = \"1%\"\n",
+            server.url()
+        );
+        let config = Config::parse(&text).expect("valid");
+        let backend = RedisBackend::connect(server.url().as_str())
+            .await
+            .expect("connects");
+        let stacks =
+            Stacks::open(&config.store, ManualClock::new(), Some(backend.clone())).expect("redis");
+        let api = stacks
+            .build("api", &config.policies["api"])
+            .expect("builds");
+        let leased = stacks
+            .build("leased", &config.policies["leased"])
+            .expect("builds");
+        assert!(api.per_call().is_some() && leased.per_call().is_some());
+        let ada = Call {
+            identifier: "ada".into(),
+            plan: 0,
+        };
+        let before = backend.stats().round_trips;
+        let batch = [item(&api, &ada, 2), item(&leased, &ada, 1)];
+        let answer = decide_batch(&batch, &[&api, &leased], None)
+            .await
+            .expect("decides");
+        assert!(answer.admitted);
+        assert_eq!(backend.stats().round_trips - before, 1, "one script call");
+        // Over the api limit: refused whole, in one call, the leased policy untouched.
+        let batch = [item(&api, &ada, 2), item(&leased, &ada, 1)];
+        let answer = decide_batch(&batch, &[&api, &leased], None)
+            .await
+            .expect("decides");
+        assert!(!answer.admitted);
+        assert_eq!(backend.stats().round_trips - before, 2);
+        let left = |outcome: &limiter_stack::Outcome| match outcome {
+            limiter_stack::Outcome::Decided { decision, .. } => decision.decision().remaining(),
+            other => panic!("decided: {other:?}"),
+        };
+        assert_eq!(
+            left(&answer.outcomes[1]),
+            99,
+            "the refused batch took nothing"
+        );
+    }
+}
