@@ -106,13 +106,11 @@ const RULES: &[Rule] = &[
         patterns: &["as_any", "downcast"],
         scope: &[],
         allowed: &[
-            // `Held` carries a limiter's grant without its type until it comes back to that
-            // limiter's `refund`: the one place a seam value is read back by type.
-            "crates/limiter-stack/src/seam/batch.rs",
-            // Which TLS failure an `io::Error` carries (a wrong CA, a wrong name), to say so.
+            // Which TLS failure an `io::Error` carries (a wrong CA, a wrong name), to say so:
+            // reading a foreign error, not one of ours.
             "crates/limiter-redis/src/connect/tls.rs",
         ],
-        invariant: "no limiter is found by downcast: a capability is asked for by type (a batch in one Redis script takes its stacks typed); the two downcasts allowed read a grant back and a TLS error out of an io::Error",
+        invariant: "nothing of ours is read back by downcast: a capability is asked for by type (a batch in one Redis script takes its stacks typed, a refund takes the backend's own grant type); the one downcast allowed reads a TLS error out of an io::Error",
     },
     Rule {
         patterns: &["redis::"],

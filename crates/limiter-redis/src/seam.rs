@@ -2,8 +2,9 @@
 //! answers map to an [`Outcome`] once, here, for every adapter (the tower middleware,
 //! limiterd), and their errors to the stack's [`CallError`](limiter_stack::CallError).
 //!
-//! Through the seam a per-call stack takes, holds (a [`RedisGrant`] inside the seam's
-//! [`Held`]), records, gives back and refunds in one script call each. A batch whose items
+//! Through the seam a per-call stack takes, records and gives back in one script call each,
+//! and as a [`Refunds`] backend takes with a [`RedisGrant`] and refunds it (typed: a grant of
+//! another kind of limiter does not compile). A batch whose items
 //! are known to be Redis stacks ([`decide_batch`], given each item's stack by type) on one
 //! backend is one [`RedisBatch`](crate::RedisBatch) (one script call, all or nothing at one
 //! `TIME`); one Redis cannot decide whole (keys across a cluster's slots, a give-back, stacks
@@ -14,8 +15,8 @@ use std::sync::Arc;
 
 use limiter_core::DecisionError;
 use limiter_stack::{
-    Ask, Asked, AsyncLimiter, BatchAnswer, BatchItem, Charge, Decide, Held, LayerAnswers,
-    LayerInfo, Origin, Outcome, Pending, decide_all,
+    Ask, AsyncLimiter, BatchAnswer, BatchItem, Charge, Decide, Granted, LayerAnswers, LayerInfo,
+    Origin, Outcome, Pending, Refunds, Taken, decide_all, undo_with_grant,
 };
 
 use crate::{BatchError, CallError, RedisDecision, RedisGrant, RedisStack, RefundError, Source};
@@ -102,72 +103,78 @@ impl<R: Sync + 'static> AsyncLimiter<R> for RedisStack<R> {
             .collect()
     }
 
-    fn ask<'a>(
+    fn ask<'a>(&'a self, request: &'a R, ask: Ask) -> Decide<'a> {
+        Decide::Later(Box::pin(ask_per_call(self, request, ask)))
+    }
+
+    fn take_undoable<'a>(
         &'a self,
         request: &'a R,
-        ask: Ask,
-    ) -> Decide<'a, Result<Asked, limiter_stack::CallError>> {
-        Decide::Later(Box::pin(ask_per_call(self, request, ask)))
+        cost: u64,
+        at: Option<u64>,
+    ) -> Decide<'a, Result<Taken<'a>, limiter_stack::CallError>> {
+        undo_with_grant(self, request, cost, at)
+    }
+}
+
+impl<R: Sync + 'static> Refunds<R> for RedisStack<R> {
+    type Grant = RedisGrant;
+
+    /// One script call; Redis decides by its own clock (`at` is not read).
+    fn take_with_grant<'a>(
+        &'a self,
+        request: &'a R,
+        cost: u64,
+        _at: Option<u64>,
+    ) -> Granted<'a, RedisGrant> {
+        Decide::Later(Box::pin(async move {
+            let (decision, grant) = self.acquire(request, cost).await?;
+            Ok((Outcome::from(decision), grant))
+        }))
     }
 
     fn refund<'a>(
         &'a self,
         request: &'a R,
-        held: Held,
+        grant: RedisGrant,
     ) -> Pending<'a, Result<Outcome, limiter_stack::CallError>> {
-        Box::pin(refund(self, request, held))
+        Box::pin(refund(self, request, grant))
     }
 }
 
-/// An ask of a per-call stack (a leased stack's takes and refunds go to Redis this way too):
-/// each in one script call; a give-back Redis did not take answers the store's failure.
+/// An ask of a per-call stack (a leased stack's records and give-backs go to Redis this way
+/// too): each in one script call; a give-back Redis did not take answers the store's failure.
 pub(crate) async fn ask_per_call<R>(
     stack: &RedisStack<R>,
     request: &R,
     ask: Ask,
-) -> Result<Asked, limiter_stack::CallError> {
+) -> Result<Outcome, limiter_stack::CallError> {
     let cost = ask.cost;
-    let (decision, held) = match ask.charge {
-        Charge::Take => (stack.check_n(request, cost).await?, None),
-        Charge::TakeHeld => {
-            let (decision, grant) = stack.acquire(request, cost).await?;
-            (decision, grant.map(|g| Held::new(g.left(), g)))
-        }
-        Charge::Record => (stack.record(request, cost).await?, None),
+    let decision = match ask.charge {
+        Charge::Take => stack.check_n(request, cost).await?,
+        Charge::Record => stack.record(request, cost).await?,
         Charge::GiveBack => match stack.give_back(request, cost).await {
-            Ok(decision) => (decision, None),
-            Err(e) => {
-                return Ok(Asked {
-                    outcome: Outcome::FailedClosed(Arc::new(e)),
-                    held: None,
-                });
-            }
+            Ok(decision) => decision,
+            Err(e) => return Ok(Outcome::FailedClosed(Arc::new(e))),
         },
     };
-    Ok(Asked {
-        outcome: Outcome::from(decision),
-        held,
-    })
+    Ok(Outcome::from(decision))
 }
 
-/// A refund of what a per-call stack's take held, in one script call; a refund Redis did not
-/// take answers the store's failure (the units stay counted, never given back twice).
+/// A refund of what a per-call stack's take granted, in one script call; a refund Redis did
+/// not take answers the store's failure (the units stay counted, never given back twice).
 pub(crate) async fn refund<R>(
     stack: &RedisStack<R>,
     request: &R,
-    held: Held,
+    mut grant: RedisGrant,
 ) -> Result<Outcome, limiter_stack::CallError> {
-    let refused = |reason: String| limiter_stack::CallError::Refund { reason };
-    let Ok(mut grant) = held.into_grant::<RedisGrant>() else {
-        return Err(refused(
-            "the grant came from another kind of limiter; refund it where it was taken".into(),
-        ));
-    };
     let units = grant.left();
     match stack.refund(request, &mut grant, units).await {
         Ok(decision) => Ok(Outcome::from(decision)),
         Err(RefundError::Backend(e)) => Ok(Outcome::FailedClosed(Arc::new(e))),
-        Err(other) => Err(refused(other.to_string())),
+        Err(other) => Err(limiter_stack::CallError::Refund {
+            reason: other.to_string(),
+        }),
     }
 }
 

@@ -224,15 +224,11 @@ async fn wider_calls(
         };
         seen.push((decision.is_allowed(), decision.decision().remaining()));
     };
-    let held = stack
-        .ask(&ada, Ask::new(3, Charge::TakeHeld))
-        .await
-        .unwrap();
-    note(&mut seen, &held.outcome);
-    let refunded = stack
-        .refund(&ada, held.held.expect("a grant"))
-        .await
-        .unwrap();
+    // A take that can be undone: each backend's typed grant (`Refunds`), refunded inside the
+    // undo.
+    let taken = stack.take_undoable(&ada, 3, None).await.unwrap();
+    note(&mut seen, &taken.outcome);
+    let refunded = (taken.undo.expect("a grant to undo"))().await.unwrap();
     note(&mut seen, &refunded);
     for (request, cost, charge) in [
         (&bob, 3, Charge::Record),
@@ -240,7 +236,7 @@ async fn wider_calls(
         (&bob, 1, Charge::GiveBack),
     ] {
         let asked = stack.ask(request, Ask::new(cost, charge)).await.unwrap();
-        note(&mut seen, &asked.outcome);
+        note(&mut seen, &asked);
     }
     let item = |request, cost, charge| BatchItem {
         limiter: stack,

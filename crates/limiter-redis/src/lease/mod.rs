@@ -21,11 +21,13 @@ use std::sync::{Arc, RwLock, Weak};
 use hashbrown::HashTable;
 use limiter_core::{Clock, LeaseCell, LeaseSpend, MAX_LEASE_UNITS};
 use limiter_stack::{
-    Ask, Asked, AsyncLimiter, Charge, Decide, Held, LayerAnswers, LayerInfo, Outcome, Pending,
+    Ask, AsyncLimiter, Charge, Decide, Granted, LayerAnswers, LayerInfo, Outcome, Pending, Refunds,
+    Taken, undo_with_grant,
 };
 
 use crate::decision::RedisDecision;
 use crate::error::{BuildError, CallError};
+use crate::refund::RedisGrant;
 use crate::stack::{RedisLimiter, RedisStack};
 
 mod options;
@@ -341,37 +343,56 @@ impl<R: Sync + 'static> AsyncLimiter<R> for LeasedStack<R> {
 
     /// Takes against the lease; holds, refunds and give-backs on the per-call stack (a grant
     /// is Redis's), records spending the lease first.
-    fn ask<'a>(
-        &'a self,
-        request: &'a R,
-        ask: Ask,
-    ) -> Decide<'a, Result<Asked, limiter_stack::CallError>> {
+    fn ask<'a>(&'a self, request: &'a R, ask: Ask) -> Decide<'a> {
         match ask.charge {
             // Against the lease: answered now while it covers the cost.
-            Charge::Take => self
-                .decide_request(request, ask.cost)
-                .map(|answer| answer.map(Asked::outcome)),
+            Charge::Take => self.decide_request(request, ask.cost),
             Charge::Record => Decide::Later(Box::pin(async move {
-                Ok(Asked::outcome(Outcome::from(
-                    self.record(request, ask.cost).await?,
-                )))
+                Ok(Outcome::from(self.record(request, ask.cost).await?))
             })),
-            Charge::TakeHeld | Charge::GiveBack => Decide::Later(Box::pin(
-                crate::seam::ask_per_call(self.stack(), request, ask),
-            )),
+            Charge::GiveBack => Decide::Later(Box::pin(crate::seam::ask_per_call(
+                self.stack(),
+                request,
+                ask,
+            ))),
         }
+    }
+
+    /// On its per-call stack: a take that can be undone is decided on Redis, not against the
+    /// lease.
+    fn take_undoable<'a>(
+        &'a self,
+        request: &'a R,
+        cost: u64,
+        at: Option<u64>,
+    ) -> Decide<'a, Result<Taken<'a>, limiter_stack::CallError>> {
+        undo_with_grant(self.stack(), request, cost, at)
+    }
+
+    fn shutdown(&self) -> Pending<'_, u64> {
+        Box::pin(LeasedStack::shutdown(self))
+    }
+}
+
+impl<R: Sync + 'static> Refunds<R> for LeasedStack<R> {
+    type Grant = RedisGrant;
+
+    /// On its per-call stack, in one script call (a grant is Redis's, not the lease's).
+    fn take_with_grant<'a>(
+        &'a self,
+        request: &'a R,
+        cost: u64,
+        at: Option<u64>,
+    ) -> Granted<'a, RedisGrant> {
+        self.stack().take_with_grant(request, cost, at)
     }
 
     fn refund<'a>(
         &'a self,
         request: &'a R,
-        held: Held,
+        grant: RedisGrant,
     ) -> Pending<'a, Result<Outcome, limiter_stack::CallError>> {
-        Box::pin(crate::seam::refund(self.stack(), request, held))
-    }
-
-    fn shutdown(&self) -> Pending<'_, u64> {
-        Box::pin(LeasedStack::shutdown(self))
+        Refunds::refund(self.stack(), request, grant)
     }
 }
 

@@ -1,12 +1,13 @@
-//! The seam's wider calls: what one request asks of a backend ([`Ask`]: take, take and hold,
-//! record, give back, at a reading), the units it holds for a refund ([`Held`]), and batches
-//! decided all or nothing ([`decide_all`]).
+//! The seam's wider calls: what one request asks of a backend ([`Ask`]: take, record, give
+//! back, at a reading), a take that can be undone ([`Taken`]), and batches decided all or
+//! nothing ([`decide_all`]).
 //!
 //! # The all-or-nothing protocol ([`decide_all`])
 //!
-//! Items are asked in order, each enforced take keeping a [`Held`]; records and give-backs are
+//! Items are asked in order, each enforced take keeping its [`Undo`] (the limiter's own
+//! grant, refunded by its own code: nothing is read back by type); records and give-backs are
 //! applied as they come and never deny. If any enforced item is denied (a shadow item never
-//! denies), or its store fails closed, every held grant is refunded and each refunded item
+//! denies), or its store fails closed, every take is undone and each refunded item
 //! reports what it holds after the refund, so a denied batch leaves what it took behind. A call
 //! that can never be decided ([`CallError`]) refunds the same way and ends the batch with that
 //! error. Between a take and its refund the units are held, so a racing call may be denied a
@@ -15,21 +16,19 @@
 //! `decide_batch`, which limiterd calls when every item's policy is on Redis): the seam never
 //! looks behind a limiter to find its store.
 
-use std::any::Any;
 use std::fmt;
 
-use super::{AsyncLimiter, Outcome};
+use super::{AsyncLimiter, Outcome, Pending};
 use crate::CallError;
 
 /// What a request does to its limits.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Charge {
-    /// Takes `cost` units: admitted, or denied with nothing taken. Cost 0 only reports.
+    /// Takes `cost` units: admitted, or denied with nothing taken. Cost 0 only reports. (A
+    /// take whose units may be given back with a grant is a [`Refunds`](super::Refunds)
+    /// backend's `take_with_grant`.)
     #[default]
     Take,
-    /// As [`Take`](Self::Take), and an admitted call keeps a [`Held`] that
-    /// [`AsyncLimiter::refund`] can give back.
-    TakeHeld,
     /// Records `cost` units of usage that already happened: counted whatever the limits hold
     /// (a limit may be left in debt), never refused.
     Record,
@@ -43,7 +42,6 @@ impl Charge {
     pub(crate) fn unsupported(self) -> &'static str {
         match self {
             Self::Take => "decisions at another clock reading",
-            Self::TakeHeld => "grants (acquire and refund)",
             Self::Record => "records of usage",
             Self::GiveBack => "units given back",
         }
@@ -87,62 +85,26 @@ impl Ask {
     }
 }
 
-/// A limiter's answer to an [`Ask`]: the outcome and, for an admitted
-/// [`Charge::TakeHeld`], the units held for a refund.
-#[derive(Debug)]
-pub struct Asked {
+/// Gives back what a take took and answers what the request holds after it: the limiter's
+/// own grant, kept inside by the limiter's own code (the seam never reads it back by type).
+pub type Undo<'a> = Box<dyn FnOnce() -> Pending<'a, Result<Outcome, CallError>> + Send + 'a>;
+
+/// A take that can be undone ([`AsyncLimiter::take_undoable`]): what was decided and, for an
+/// admitted take that took units, how to give them back.
+pub struct Taken<'a> {
     /// What was decided.
     pub outcome: Outcome,
-    /// What an admitted [`Charge::TakeHeld`] took, to refund to the same limiter.
-    pub held: Option<Held>,
+    /// Gives the units back (never more than was taken, never above full); `None` when
+    /// nothing was taken.
+    pub undo: Option<Undo<'a>>,
 }
 
-impl Asked {
-    /// An answer that holds nothing for a refund.
-    pub fn outcome(outcome: Outcome) -> Self {
-        Self {
-            outcome,
-            held: None,
-        }
-    }
-}
-
-/// Units a limiter took for one call, which its [`refund`](AsyncLimiter::refund) can give
-/// back: the limiter's own grant, held by the seam without knowing its type. Not `Clone`, so
-/// nothing is given back twice.
-pub struct Held {
-    left: u64,
-    grant: Box<dyn Any + Send + Sync>,
-}
-
-impl fmt::Debug for Held {
+impl fmt::Debug for Taken<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Held").field("left", &self.left).finish()
-    }
-}
-
-impl Held {
-    /// `grant`, a limiter's own record of `left` units it may give back.
-    pub fn new<G: Any + Send + Sync>(left: u64, grant: G) -> Self {
-        Self {
-            left,
-            grant: Box::new(grant),
-        }
-    }
-
-    /// Units that may come back.
-    pub fn left(&self) -> u64 {
-        self.left
-    }
-
-    /// The limiter's grant, if it is a `G` (a grant of another kind of limiter is handed back
-    /// unchanged).
-    pub fn into_grant<G: Any>(self) -> Result<G, Self> {
-        let left = self.left;
-        match self.grant.downcast::<G>() {
-            Ok(grant) => Ok(*grant),
-            Err(grant) => Err(Self { left, grant }),
-        }
+        f.debug_struct("Taken")
+            .field("outcome", &self.outcome)
+            .field("undo", &self.undo.is_some())
+            .finish()
     }
 }
 
@@ -154,7 +116,7 @@ pub struct BatchItem<'a, R: ?Sized> {
     pub request: &'a R,
     /// Units.
     pub cost: u64,
-    /// What the units do ([`Charge::TakeHeld`] is treated as [`Charge::Take`]).
+    /// What the units do.
     pub charge: Charge,
     /// Decided and reported, but a denial does not deny the batch.
     pub shadow: bool,
@@ -163,7 +125,7 @@ pub struct BatchItem<'a, R: ?Sized> {
 impl<R: ?Sized> BatchItem<'_, R> {
     /// Whether the item can deny its batch: an enforced take.
     pub fn enforced(&self) -> bool {
-        !self.shadow && matches!(self.charge, Charge::Take | Charge::TakeHeld)
+        !self.shadow && self.charge == Charge::Take
     }
 }
 
@@ -214,41 +176,48 @@ pub struct BatchAnswer {
 /// #     match std::pin::pin!(f).poll(&mut cx) { std::task::Poll::Ready(v) => v, _ => unreachable!() }
 /// # }
 /// ```
-pub async fn decide_all<R: ?Sized + Sync>(
-    items: &[BatchItem<'_, R>],
+pub async fn decide_all<'a, R: ?Sized + Sync>(
+    items: &[BatchItem<'a, R>],
     at: Option<u64>,
 ) -> Result<BatchAnswer, CallError> {
     let mut outcomes = Vec::with_capacity(items.len());
-    let mut held: Vec<(usize, Held)> = Vec::new();
+    let mut undos: Vec<(usize, Undo<'a>)> = Vec::new();
     let mut admitted = true;
     for (i, item) in items.iter().enumerate() {
-        let charge = match item.charge {
-            Charge::Take | Charge::TakeHeld if items.len() > 1 => Charge::TakeHeld,
-            other => other,
+        let taken = if item.charge == Charge::Take && items.len() > 1 {
+            item.limiter
+                .take_undoable(item.request, item.cost, at)
+                .await
+        } else {
+            let ask = Ask {
+                cost: item.cost,
+                charge: item.charge,
+                at,
+            };
+            let asked = item.limiter.ask(item.request, ask).await;
+            asked.map(|outcome| Taken {
+                outcome,
+                undo: None,
+            })
         };
-        let ask = Ask {
-            cost: item.cost,
-            charge,
-            at,
-        };
-        let asked = match item.limiter.ask(item.request, ask).await {
-            Ok(asked) => asked,
+        let taken = match taken {
+            Ok(taken) => taken,
             Err(e) => {
-                refund_held(items, held, &mut outcomes).await;
+                undo_all(undos, &mut outcomes).await;
                 return Err(e);
             }
         };
-        if let Some(h) = asked.held {
-            held.push((i, h));
+        if let Some(undo) = taken.undo {
+            undos.push((i, undo));
         }
-        let denied = match &asked.outcome {
+        let denied = match &taken.outcome {
             Outcome::Decided { decision, .. } => !decision.is_allowed(),
             Outcome::FailedOpen(_) => false,
             Outcome::FailedClosed(_) => true,
         };
-        let closed = matches!(asked.outcome, Outcome::FailedClosed(_));
+        let closed = matches!(taken.outcome, Outcome::FailedClosed(_));
         admitted &= !(denied && (item.enforced() || closed));
-        outcomes.push(asked.outcome);
+        outcomes.push(taken.outcome);
         if closed {
             // The store cannot decide: the rest are answered with its failure, unasked.
             let failed = outcomes[i].clone();
@@ -257,21 +226,16 @@ pub async fn decide_all<R: ?Sized + Sync>(
         }
     }
     if !admitted {
-        refund_held(items, held, &mut outcomes).await;
+        undo_all(undos, &mut outcomes).await;
     }
     Ok(BatchAnswer { admitted, outcomes })
 }
 
-/// Gives every held grant back; a refunded item reports what it holds after it (a refund its
-/// store did not take keeps the item's first answer, its units counted: never admitted twice).
-async fn refund_held<R: ?Sized + Sync>(
-    items: &[BatchItem<'_, R>],
-    held: Vec<(usize, Held)>,
-    outcomes: &mut [Outcome],
-) {
-    for (i, h) in held {
-        let item = &items[i];
-        if let Ok(after @ Outcome::Decided { .. }) = item.limiter.refund(item.request, h).await
+/// Undoes every take; an undone item reports what it holds after it (a refund its store did
+/// not take keeps the item's first answer, its units counted: never admitted twice).
+async fn undo_all(undos: Vec<(usize, Undo<'_>)>, outcomes: &mut [Outcome]) {
+    for (i, undo) in undos {
+        if let Ok(after @ Outcome::Decided { .. }) = undo().await
             && let Some(slot) = outcomes.get_mut(i)
         {
             *slot = after;
@@ -343,13 +307,23 @@ mod tests {
             Vec::new()
         }
 
-        fn ask<'a>(
+        fn ask<'a>(&'a self, r: &'a &'static str, ask: Ask) -> Decide<'a> {
+            self.decide_request(r, ask.cost)
+        }
+
+        fn take_undoable<'a>(
             &'a self,
             r: &'a &'static str,
-            ask: Ask,
-        ) -> Decide<'a, Result<Asked, CallError>> {
-            self.decide_request(r, ask.cost)
-                .map(|answer| answer.map(Asked::outcome))
+            cost: u64,
+            _: Option<u64>,
+        ) -> Decide<'a, Result<Taken<'a>, CallError>> {
+            // Failed closed: nothing taken, nothing to undo.
+            self.decide_request(r, cost).map(|answer| {
+                answer.map(|outcome| Taken {
+                    outcome,
+                    undo: None,
+                })
+            })
         }
     }
 
@@ -430,33 +404,34 @@ mod tests {
     }
 
     #[test]
-    fn a_held_take_refunds_once_and_only_to_its_own_kind_of_limiter() {
+    fn a_grant_refunds_once_and_only_to_the_stack_that_took_it() {
+        use crate::Refunds;
         let stack = users(4);
         let ann = "ann";
-        let asked = now(stack.ask(&ann, Ask::new(3, Charge::TakeHeld))).expect("valid");
-        let held = asked.held.expect("admitted with a grant");
-        assert_eq!((held.left(), remaining(&stack, "ann")), (3, 1));
-        now(AsyncLimiter::refund(&stack, &ann, held)).expect("refunded");
+        let (_, grant) = now(stack.take_with_grant(&ann, 3, None)).expect("valid");
+        let grant = grant.expect("admitted with a grant");
+        assert_eq!((grant.left(), remaining(&stack, "ann")), (3, 1));
+        now(Refunds::refund(&stack, &ann, grant)).expect("refunded");
         assert_eq!(remaining(&stack, "ann"), 4);
-        // A plain take holds nothing; a grant of another type is refused, nothing given back.
-        assert!(
-            now(stack.ask(&ann, Ask::take(1)))
-                .expect("valid")
-                .held
-                .is_none()
-        );
-        let foreign = Held::new(1, "not a grant");
+        // A denial holds no grant; another stack's grant (of the same type: a grant of
+        // another kind of limiter does not compile) is refused, nothing given back.
+        let (_, all) = now(stack.take_with_grant(&ann, 4, None)).expect("valid");
+        let (_, none) = now(stack.take_with_grant(&ann, 1, None)).expect("valid");
+        assert!(none.is_none());
+        now(Refunds::refund(&stack, &ann, all.expect("a grant"))).expect("refunded");
+        let other = users(4);
+        let (_, foreign) = now(other.take_with_grant(&ann, 1, None)).expect("valid");
         assert!(matches!(
-            now(AsyncLimiter::refund(&stack, &ann, foreign)),
+            now(Refunds::refund(&stack, &ann, foreign.expect("a grant"))),
             Err(CallError::Refund { .. })
         ));
-        assert_eq!(remaining(&stack, "ann"), 3);
+        assert_eq!(remaining(&stack, "ann"), 4);
     }
 
     #[test]
     fn a_limiter_that_only_decides_now_names_what_it_cannot_do() {
         let direct = TokenBucket::with_clock(Limit::per_second(2), ManualClock::new()).unwrap();
-        for charge in [Charge::TakeHeld, Charge::Record, Charge::GiveBack] {
+        for charge in [Charge::Record, Charge::GiveBack] {
             let asked = now(AsyncLimiter::<()>::ask(&direct, &(), Ask::new(1, charge)));
             let Err(CallError::Unsupported { what }) = asked else {
                 panic!("{charge:?}: {asked:?}");

@@ -47,38 +47,26 @@ where
             .collect()
     }
 
-    fn ask<'a>(&'a self, request: &'a R, ask: Ask) -> Decide<'a, Result<Asked, CallError>> {
+    fn ask<'a>(&'a self, request: &'a R, ask: Ask) -> Decide<'a> {
         let now = ask.at.unwrap_or_else(|| self.clock().now());
-        let (cost, held) = (ask.cost, ask.charge == Charge::TakeHeld);
-        let asked = match ask.charge {
-            Charge::Take | Charge::TakeHeld => self.decide_at(request, cost, now),
-            Charge::Record => self.record_at(request, cost, now).map(|d| (d, None)),
-            Charge::GiveBack => self.give_back(request, cost).map(|d| (d, None)),
+        let decision = match ask.charge {
+            Charge::Take => self.decide_at(request, ask.cost, now).map(|(d, _)| d),
+            Charge::Record => self.record_at(request, ask.cost, now),
+            Charge::GiveBack => self.give_back(request, ask.cost),
         };
-        Decide::Now(asked.map(|(decision, grant)| {
-            Asked {
-                outcome: Outcome::in_process(decision),
-                held: grant
-                    .filter(|_| held)
-                    .map(|grant| Held::new(grant.left(), grant)),
-            }
-        }))
+        Decide::Now(decision.map(Outcome::in_process))
     }
 
-    fn refund<'a>(&'a self, request: &'a R, held: Held) -> Pending<'a, Result<Outcome, CallError>> {
-        let refused = |reason: String| CallError::Refund { reason };
-        let answer = match held.into_grant::<Grant>() {
-            Ok(mut grant) => {
-                let units = grant.left();
-                Stack::refund(self, request, &mut grant, units)
-                    .map_err(|e| refused(e.to_string()))
-                    .and_then(|()| self.peek(request).map(Outcome::in_process))
-            }
-            Err(_) => Err(refused(
-                "the grant came from another kind of limiter; refund it where it was taken".into(),
-            )),
-        };
-        Box::pin(ready(answer))
+    fn take_undoable<'a>(
+        &'a self,
+        request: &'a R,
+        cost: u64,
+        at: Option<u64>,
+    ) -> Decide<'a, Result<Taken<'a>, CallError>>
+    where
+        R: Sync,
+    {
+        undo_with_grant(self, request, cost, at)
     }
 
     fn keys_held(&self) -> u64 {
@@ -87,6 +75,41 @@ where
 
     fn add_plan(&self, layer: usize, plan: Plan) -> Result<usize, BuildError> {
         Stack::add_plan(self, layer, plan)
+    }
+}
+
+impl<R, K, C> Refunds<R> for Stack<R, K, C>
+where
+    R: Sync,
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+    C: Clock + Send + Sync,
+    Self: Send + Sync,
+{
+    type Grant = Grant;
+
+    fn take_with_grant<'a>(
+        &'a self,
+        request: &'a R,
+        cost: u64,
+        at: Option<u64>,
+    ) -> Granted<'a, Grant> {
+        let now = at.unwrap_or_else(|| self.clock().now());
+        let decided = self.decide_at(request, cost, now);
+        Decide::Now(decided.map(|(decision, grant)| (Outcome::in_process(decision), grant)))
+    }
+
+    fn refund<'a>(
+        &'a self,
+        request: &'a R,
+        mut grant: Grant,
+    ) -> Pending<'a, Result<Outcome, CallError>> {
+        let units = grant.left();
+        let answer = Stack::refund(self, request, &mut grant, units)
+            .map_err(|e| CallError::Refund {
+                reason: e.to_string(),
+            })
+            .and_then(|()| self.peek(request).map(Outcome::in_process));
+        Box::pin(ready(answer))
     }
 }
 

@@ -22,7 +22,7 @@ use crate::{BuildError, CallError, Keyer, LayerAnswers, Plan, StackDecision};
 mod batch;
 mod impls;
 
-pub use batch::{Ask, Asked, BatchAnswer, BatchItem, Charge, Held, decide_all};
+pub use batch::{Ask, BatchAnswer, BatchItem, Charge, Taken, Undo, decide_all};
 pub use impls::{DEFAULT_LAYER_NAME, KeyedBy};
 
 /// A boxed future of the seam's wider calls (the hot single decision is [`Decide`], with no
@@ -83,9 +83,9 @@ impl Outcome {
     }
 }
 
-/// The future of a decision (or, with `T` = `Result<Asked, CallError>`, of an
-/// [`ask`](AsyncLimiter::ask)): ready at once for an in-process limiter, with no future and no
-/// allocation; boxed for a remote one.
+/// The future of a decision (or, with another `T`, of a take that can be undone or a grant):
+/// ready at once for an in-process limiter, with no future and no allocation; boxed for a
+/// remote one.
 #[must_use = "a decision does nothing until it is awaited or matched"]
 // The in-process answer is the hot path: boxing it would cost an allocation per call.
 #[allow(clippy::large_enum_variant)]
@@ -210,37 +210,41 @@ pub trait AsyncLimiter<R: ?Sized>: Send + Sync {
     /// layer, plan and limit index).
     fn layers(&self) -> Vec<LayerInfo>;
 
-    /// Everything a backend can be asked for one request: take units (keeping a [`Held`] to
-    /// refund when `charge` is [`Charge::TakeHeld`]), record usage that already happened, or
-    /// give units back, at a reading of the limiter's clock (`at`; `None`: now; a remote store
-    /// decides by its own clock and ignores it). A limiter that cannot do what is asked
-    /// answers [`CallError::Unsupported`]; the default does plain takes at the clock's reading
-    /// through [`decide_request`](Self::decide_request). In process, the answer is
-    /// [`Decide::Now`]: no future, no allocation.
-    fn ask<'a>(&'a self, request: &'a R, ask: Ask) -> Decide<'a, Result<Asked, CallError>> {
+    /// Everything a backend can be asked for one request: take units, record usage that
+    /// already happened, or give units back, at a reading of the limiter's clock (`at`; `None`:
+    /// now; a remote store decides by its own clock and ignores it). A limiter that cannot do
+    /// what is asked answers [`CallError::Unsupported`]; the default does plain takes at the
+    /// clock's reading through [`decide_request`](Self::decide_request). In process, the
+    /// answer is [`Decide::Now`]: no future, no allocation.
+    fn ask<'a>(&'a self, request: &'a R, ask: Ask) -> Decide<'a> {
         match ask {
             Ask {
                 charge: Charge::Take,
                 at: None,
                 cost,
-            } => self
-                .decide_request(request, cost)
-                .map(|answer| answer.map(Asked::outcome)),
+            } => self.decide_request(request, cost),
             Ask { charge, .. } => Decide::Now(Err(CallError::Unsupported {
                 what: charge.unsupported(),
             })),
         }
     }
 
-    /// Gives back what `held` has left (from this limiter's [`ask`](Self::ask) with
-    /// [`Charge::TakeHeld`]) and answers what `request` holds after it. Never more than was
-    /// taken, never above full; a store that fails answers its failure policy and keeps the
-    /// units counted.
-    fn refund<'a>(&'a self, request: &'a R, held: Held) -> Pending<'a, Result<Outcome, CallError>> {
-        let _ = (request, held);
-        Box::pin(std::future::ready(Err(CallError::Unsupported {
-            what: "refunds",
-        })))
+    /// Takes `cost` units for `request` at `at` (as [`ask`](Self::ask)) so that they can be
+    /// given back: what [`decide_all`] needs of every take in a batch of several. A backend
+    /// with [`Refunds`] answers with [`undo_with_grant`]; the default says it cannot.
+    fn take_undoable<'a>(
+        &'a self,
+        request: &'a R,
+        cost: u64,
+        at: Option<u64>,
+    ) -> Decide<'a, Result<Taken<'a>, CallError>>
+    where
+        R: Sync,
+    {
+        let _ = (request, cost, at);
+        Decide::Now(Err(CallError::Unsupported {
+            what: "takes that can be undone (a batch of several items)",
+        }))
     }
 
     /// Keys this limiter holds in this process's memory (0 for a remote store, whose keys
@@ -263,6 +267,56 @@ pub trait AsyncLimiter<R: ?Sized>: Send + Sync {
     fn shutdown(&self) -> Pending<'_, u64> {
         Box::pin(std::future::ready(0))
     }
+}
+
+/// What [`Refunds::take_with_grant`] answers: the outcome and, when units were taken, the
+/// grant to refund them with; now in process, later for a remote store.
+pub type Granted<'a, G> = Decide<'a, Result<(Outcome, Option<G>), CallError>>;
+
+/// A backend whose takes can be given back with a grant: the capability, asked for by type
+/// (a `Stack`, a `RedisStack`, a `LeasedStack`), with the backend's own grant type, so a grant
+/// can only be refunded to its own kind of limiter (a grant of another stack of that kind is
+/// refused by the stack).
+pub trait Refunds<R: ?Sized>: AsyncLimiter<R> {
+    /// What an admitted take holds for a refund. Not `Clone`: nothing is given back twice.
+    type Grant: Send + Sync + 'static;
+
+    /// Takes `cost` units for `request` at `at` (`None`: now; a remote store decides by its
+    /// own clock): the outcome and, when units were taken, the grant to refund them with.
+    fn take_with_grant<'a>(
+        &'a self,
+        request: &'a R,
+        cost: u64,
+        at: Option<u64>,
+    ) -> Granted<'a, Self::Grant>;
+
+    /// Gives back what `grant` has left and answers what `request` holds after it. Never more
+    /// than was taken, never above full; a store that fails answers its failure policy and
+    /// keeps the units counted.
+    fn refund<'a>(
+        &'a self,
+        request: &'a R,
+        grant: Self::Grant,
+    ) -> Pending<'a, Result<Outcome, CallError>>;
+}
+
+/// [`AsyncLimiter::take_undoable`] for a backend with [`Refunds`]: its `take_with_grant`, the undo
+/// refunding the grant, kept typed inside the closure.
+pub fn undo_with_grant<'a, R: ?Sized + Sync, L: Refunds<R>>(
+    limiter: &'a L,
+    request: &'a R,
+    cost: u64,
+    at: Option<u64>,
+) -> Decide<'a, Result<Taken<'a>, CallError>> {
+    limiter
+        .take_with_grant(request, cost, at)
+        .map(move |acquired| {
+            acquired.map(|(outcome, grant)| Taken {
+                outcome,
+                undo: grant
+                    .map(|grant| -> Undo<'a> { Box::new(move || limiter.refund(request, grant)) }),
+            })
+        })
 }
 
 /// Keeps the binding layer's answer of a decided `answer` in `each`.

@@ -169,7 +169,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
     ) -> Result<(bool, Vec<Answer>), DecideError> {
         if let ([item], [(stack, call, _)]) = (items, resolved) {
             let ask = Ask::new(item.cost, item.charge).at(Some(reading));
-            let asked = stack.ask(call, ask).await.map(|asked| asked.outcome);
+            let asked = stack.ask(call, ask).await;
             let answer = self.answer(asked, stack, call, reading)?;
             let admitted = answer.decision.is_allowed() || item.never_denies();
             return Ok((admitted, vec![answer]));
@@ -199,7 +199,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             .map(|(outcome, (item, (stack, call, _)))| {
                 let refunded = !decided.admitted
                     && item.cost > 0
-                    && matches!(item.charge, Charge::Take | Charge::TakeHeld)
+                    && item.charge == Charge::Take
                     && matches!(&outcome, Outcome::Decided { decision, .. } if decision.is_allowed());
                 let at = if refunded { refunded_at } else { reading };
                 self.answer(Ok(outcome), stack, call, at)

@@ -44,7 +44,7 @@ pub struct Item {
 impl Item {
     /// Whether the item never denies its batch: a shadow check, a record, a give-back.
     pub(super) fn never_denies(&self) -> bool {
-        self.shadow || !matches!(self.charge, Charge::Take | Charge::TakeHeld)
+        self.shadow || self.charge != Charge::Take
     }
 }
 
