@@ -277,6 +277,28 @@ pub type Granted<'a, G> = Decide<'a, Result<(Outcome, Option<G>), CallError>>;
 /// (a `Stack`, a `RedisStack`, a `LeasedStack`), with the backend's own grant type, so a grant
 /// can only be refunded to its own kind of limiter (a grant of another stack of that kind is
 /// refused by the stack).
+///
+/// ```
+/// use limiter_core::{Limit, ManualClock};
+/// use limiter_stack::{Kind, Layer, Outcome, Refunds, Stack};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let stack: Stack<&str, String, ManualClock> = Stack::builder()
+///     .layer(Layer::keyed("user", |u: &&str| Some(u.to_string()))
+///         .limit(Kind::TokenBucket, Limit::per_minute(3)))
+///     .clock(ManualClock::new())
+///     .build()?;
+/// // Ann's call takes 2 units, then turns out cheap: they go back, with the grant.
+/// let (_, grant) = at_once(stack.take_with_grant(&"ann", 2, None))?;
+/// let after = at_once(Refunds::refund(&stack, &"ann", grant.expect("admitted")))?;
+/// let Outcome::Decided { decision, .. } = after else { unreachable!() };
+/// assert_eq!(decision.decision().remaining(), 3);
+/// # Ok(()) }
+/// # fn at_once<T>(f: impl std::future::Future<Output = T>) -> T {
+/// #     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+/// #     match std::pin::pin!(f).poll(&mut cx) { std::task::Poll::Ready(v) => v, _ => unreachable!() }
+/// # }
+/// ```
 pub trait Refunds<R: ?Sized>: AsyncLimiter<R> {
     /// What an admitted take holds for a refund. Not `Clone`: nothing is given back twice.
     type Grant: Send + Sync + 'static;
