@@ -4,7 +4,7 @@
 //! an [`Answer`] in one place.
 
 use limiter_core::{Clock, Decision, Limit};
-use limiter_stack::{Ask, BatchItem, CallError, Outcome};
+use limiter_stack::{Ask, BatchItem, CallError, Origin, Outcome};
 
 use crate::metrics::{Counted, FailurePolicy};
 
@@ -229,24 +229,17 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                 origin,
                 at_unix_us,
             } => {
-                let origin = match origin {
-                    limiter_stack::Origin::InProcess => Origin::Memory,
-                    limiter_stack::Origin::DenyCache => Origin::DenyCache,
-                    limiter_stack::Origin::Lease => Origin::Lease,
-                    limiter_stack::Origin::Fallback => {
-                        failed(FailurePolicy::Fallback);
-                        Origin::Fallback
-                    }
-                    _ => Origin::Redis,
-                };
+                if origin == Origin::Fallback {
+                    failed(FailurePolicy::Fallback);
+                }
                 let at_unix_ns = match (at_unix_us, origin) {
                     (Some(us), _) => us.saturating_mul(1_000),
-                    (None, Origin::Memory) => here(reading),
+                    (None, Origin::InProcess) => here(reading),
                     (None, _) => here(self.stacks.clock().now()),
                 };
                 Ok(Answer {
                     decision: decision.decision(),
-                    origin,
+                    origin: Some(origin),
                     at_unix_ns,
                 })
             }
@@ -256,7 +249,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                 let limit = policy_limit(&**stack, call.plan);
                 Ok(Answer {
                     decision: Decision::allow(limit, limit, 0),
-                    origin: Origin::FailOpen,
+                    origin: None,
                     at_unix_ns: here(self.stacks.clock().now()),
                 })
             }

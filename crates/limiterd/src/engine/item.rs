@@ -1,7 +1,7 @@
 //! What the engine is asked ([`Item`]: a policy or an ad-hoc limit, an identifier, a cost
 //! and how to charge it) and what it answers ([`Answer`], who decided it), and its errors.
 
-use limiter_stack::Charge;
+use limiter_stack::{Charge, Origin};
 
 use super::*;
 
@@ -37,7 +37,7 @@ pub struct Item {
     pub shadow: bool,
     /// What the item does to its limits: takes `cost` units, records them (usage that already
     /// happened: counted whatever the limits hold, never denying, written even when its batch
-    /// is denied), or gives them back (envoy's `is_negative_hits`). A held take is a take.
+    /// is denied), or gives them back (envoy's `is_negative_hits`).
     pub charge: Charge,
 }
 
@@ -48,34 +48,18 @@ impl Item {
     }
 }
 
-/// Who answered.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Origin {
-    /// This process's memory.
-    Memory,
-    /// Redis.
-    Redis,
-    /// The deny cache, for a key Redis had just denied.
-    DenyCache,
-    /// The local fallback while Redis is out.
-    Fallback,
-    /// Redis failed and the policy admits: nothing was counted.
-    FailOpen,
-    /// A lease of Redis's budget, spent in this process (`lease_slack`).
-    Lease,
-}
-
-impl Origin {
-    /// The name the API reports.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Memory => "memory",
-            Self::Redis => "redis",
-            Self::DenyCache => "deny_cache",
-            Self::Fallback => "fallback",
-            Self::FailOpen => "fail_open",
-            Self::Lease => "lease",
-        }
+/// The name the API reports for who answered: the seam's [`Origin`] (`memory`, `redis`,
+/// `deny_cache`, `fallback`, `lease`), or `fail_open` (`None`: the store failed and the policy
+/// admitted without counting).
+pub fn source_name(origin: Option<Origin>) -> &'static str {
+    match origin {
+        Some(Origin::InProcess) => "memory",
+        Some(Origin::DenyCache) => "deny_cache",
+        Some(Origin::Fallback) => "fallback",
+        Some(Origin::Lease) => "lease",
+        // The seam's one remote store here is Redis.
+        Some(_) => "redis",
+        None => "fail_open",
     }
 }
 
@@ -84,8 +68,9 @@ impl Origin {
 pub struct Answer {
     /// The decision (least remaining, longest waits across the stack's limits).
     pub decision: Decision,
-    /// Who answered.
-    pub origin: Origin,
+    /// Who answered (the one "who decided" type of the workspace); `None` when the store
+    /// failed and the policy admitted without counting ([`source_name`] names it for the API).
+    pub origin: Option<Origin>,
     /// When it was decided, in nanoseconds since the Unix epoch (by Redis's clock for Redis's
     /// answers and a lease's, by this process's otherwise): the instant its waits count from,
     /// so `at_unix_ns + reset_after` is when the limits are full again.

@@ -53,7 +53,7 @@ mod decide;
 mod item;
 mod reload;
 
-pub use item::{Answer, DecideError, Item, MAX_TIME_AHEAD_MS, Origin, Target};
+pub use item::{Answer, DecideError, Item, MAX_TIME_AHEAD_MS, Target, source_name};
 pub use limiter_stack::Charge;
 
 /// What a reload did with each policy's counters, by policy name (configured policies and

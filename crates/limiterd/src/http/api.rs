@@ -114,7 +114,7 @@ fn outcome(answer: &Answer) -> Outcome {
         current: d.limit().saturating_sub(d.remaining()),
         reset_at_ms: answer.reset_at_ms(),
         retry_after_ms: d.retry_after_nanos().div_ceil(1_000_000),
-        source: answer.origin.name(),
+        source: crate::engine::source_name(answer.origin),
     }
 }
 
