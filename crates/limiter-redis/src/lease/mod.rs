@@ -301,11 +301,9 @@ impl<R: Sync + 'static> LeasedStack<R> {
         let mut identity = String::new();
         self.shared.stack.identity(request, &mut identity);
         let keep = each.as_deref_mut();
-        let local = self.local(&identity, cost, |answer| {
-            if let Some(each) = keep {
-                *each = LayerAnswers::from_layers(answer.layers());
-            }
-            answer.decision()
+        let local = self.local(&identity, cost, |answer| match keep {
+            Some(each) => answer.decision_keeping(each),
+            None => answer.decision(),
         });
         if let Some(answer) = local {
             return Decide::Now(Ok(Outcome::from(answer)));
