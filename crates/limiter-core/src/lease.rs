@@ -16,7 +16,7 @@
 //!
 //! `0` holds nothing. A lease is spendable while `now` is before its deadline tick; a unit is
 //! spent by exactly one successful compare-and-swap, and [`LeaseCell::close`] takes whatever
-//! is left in one swap, so a unit is either spent here or handed back, never both.
+//! is left in one swap, so a unit is either spent here or refunded, never both.
 //!
 //! [`StateCell`]: crate::StateCell
 
@@ -58,7 +58,7 @@ pub enum LeaseSpend {
 /// in ticks of [`LEASE_TICK_NANOS`] (rounded down), bits 0..20 the units left (or the least
 /// cost denied). `0` holds nothing. A unit is spent by exactly one successful
 /// compare-and-swap, and [`close`](Self::close) takes what is left in one swap, so a unit is
-/// spent here or handed back, never both.
+/// spent here or refunded, never both.
 #[derive(Debug)]
 pub struct LeaseCell {
     word: AtomicU64,
@@ -135,7 +135,7 @@ impl LeaseCell {
     }
 
     /// Ends whatever the cell holds and returns its word: a lease's units can no longer be
-    /// spent here once this returns, so they may be handed back ([`units_of`](Self::units_of)
+    /// spent here once this returns, so they may be refunded ([`units_of`](Self::units_of)
     /// reads them; expired or not, the store decides whether they still count).
     pub fn close(&self) -> u64 {
         // Relaxed: see `spend`; the swap is one step in the word's modification order.

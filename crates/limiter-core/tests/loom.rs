@@ -1,5 +1,5 @@
 //! Loom models of the lease word (`LeaseCell`): callers spending a lease race the renewer
-//! closing it, and no unit is ever both spent and handed back, or spent twice.
+//! closing it, and no unit is ever both spent and refunded, or spent twice.
 //! Run with `cargo xtask loom` (`RUSTFLAGS="--cfg limiter_loom"`, release, 2 preemptions).
 #![cfg(limiter_loom)]
 
@@ -30,11 +30,7 @@ fn spenders_and_a_closer_share_the_units_exactly() {
         };
         let spent = a.join().unwrap() + b.join().unwrap();
         let handed_back = closer.join().unwrap();
-        assert_eq!(
-            spent + handed_back,
-            3,
-            "every unit spent or handed back, once"
-        );
+        assert_eq!(spent + handed_back, 3, "every unit spent or refunded, once");
         assert_eq!(LeaseCell::units_of(cell.close()), 0);
     });
 }

@@ -43,7 +43,7 @@ pub struct Item<L> {
     /// Decided and reported, but a denial does not deny the request.
     pub shadow: bool,
     /// What the units do: taken (`Take`), recorded as the reference counts hits that go over
-    /// (`Record`), or given back (`GiveBack`, `is_negative_hits`; decided alone).
+    /// (`Record`), or given back (`Refund`, `is_negative_hits`; decided alone).
     pub charge: Charge,
 }
 

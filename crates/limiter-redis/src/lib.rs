@@ -7,7 +7,7 @@
 //!   instant and writes only if every limit admits. [`RedisStack::check_many`] decides many independent calls in
 //!   one round trip; a [`RedisBatch`] (or [`RedisStack::check_all`]) decides many calls, of
 //!   any stacks on one backend, all or nothing: a denied call never consumes, and if any is
-//!   denied none does. [`RedisStack::acquire`] hands back a [`RedisGrant`] whose units
+//!   denied none does. [`RedisStack::acquire`] returns a [`RedisGrant`] whose units
 //!   [`RedisStack::refund`] gives back, never more than were taken.
 //! - **The same arithmetic as in process.** The script reimplements each algorithm's pure
 //!   transition, on a state that maps one to one to the Rust algorithm's `u64` word

@@ -188,7 +188,11 @@ impl<R> RedisStack<R> {
     ///
     /// # Errors
     /// [`RefundError::Backend`] when Redis failed (nothing is known to have come back).
-    pub async fn give_back(&self, request: &R, units: u64) -> Result<RedisDecision, RefundError> {
+    pub async fn refund_units(
+        &self,
+        request: &R,
+        units: u64,
+    ) -> Result<RedisDecision, RefundError> {
         let call = self.prepare_record(request, units);
         if call.keys.is_empty() || units == 0 {
             return self

@@ -7,7 +7,7 @@
 //! another kind of limiter does not compile). A batch whose items
 //! are known to be Redis stacks ([`decide_batch`], given each item's stack by type) on one
 //! backend is one [`RedisBatch`](crate::RedisBatch) (one script call, all or nothing at one
-//! `TIME`); one Redis cannot decide whole (keys across a cluster's slots, a give-back, stacks
+//! `TIME`); one Redis cannot decide whole (keys across a cluster's slots, a unit refund, stacks
 //! on two backends) is decided item by item by the seam's [`decide_all`]. A leased stack
 //! decides single calls against its lease and everything else on its per-call stack.
 
@@ -15,8 +15,8 @@ use std::sync::Arc;
 
 use limiter_core::DecisionError;
 use limiter_stack::{
-    Ask, AsyncLimiter, BatchAnswer, BatchItem, Charge, Decide, Granted, LayerAnswers, LayerInfo,
-    Origin, Outcome, Pending, Refunds, Taken, decide_all, undo_with_grant,
+    Ask, AsyncLimiter, BatchAnswer, BatchItem, Charge, Charges, Decide, Granted, LayerAnswers,
+    LayerInfo, Origin, Outcome, Pending, Refunds, Taken, decide_all, undo_with_grant,
 };
 
 use crate::{BatchError, CallError, RedisDecision, RedisGrant, RedisStack, RefundError, Source};
@@ -102,7 +102,9 @@ impl<R: Sync + 'static> AsyncLimiter<R> for RedisStack<R> {
             })
             .collect()
     }
+}
 
+impl<R: Sync + 'static> Charges<R> for RedisStack<R> {
     fn ask<'a>(&'a self, request: &'a R, ask: Ask) -> Decide<'a> {
         Decide::Later(Box::pin(ask_per_call(self, request, ask)))
     }
@@ -142,8 +144,8 @@ impl<R: Sync + 'static> Refunds<R> for RedisStack<R> {
     }
 }
 
-/// An ask of a per-call stack (a leased stack's records and give-backs go to Redis this way
-/// too): each in one script call; a give-back Redis did not take answers the store's failure.
+/// An ask of a per-call stack (a leased stack's records and unit refunds go to Redis this way
+/// too): each in one script call; a unit refund Redis did not take answers the store's failure.
 pub(crate) async fn ask_per_call<R>(
     stack: &RedisStack<R>,
     request: &R,
@@ -153,7 +155,7 @@ pub(crate) async fn ask_per_call<R>(
     let decision = match ask.charge {
         Charge::Take => stack.check_n(request, cost).await?,
         Charge::Record => stack.record(request, cost).await?,
-        Charge::GiveBack => match stack.give_back(request, cost).await {
+        Charge::Refund => match stack.refund_units(request, cost).await {
             Ok(decision) => decision,
             Err(e) => return Ok(Outcome::FailedClosed(Arc::new(e))),
         },
@@ -190,7 +192,7 @@ pub async fn decide_batch<R: Sync>(
     at: Option<u64>,
 ) -> Result<BatchAnswer, limiter_stack::CallError> {
     let together =
-        items.len() == stacks.len() && items.iter().all(|item| item.charge != Charge::GiveBack);
+        items.len() == stacks.len() && items.iter().all(|item| item.charge != Charge::Refund);
     let (true, Some(first)) = (together, stacks.first()) else {
         return decide_all(items, at).await;
     };

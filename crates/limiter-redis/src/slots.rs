@@ -45,14 +45,14 @@ impl<R> RedisStack<R> {
             let (now_us, group) = match self.send(&part).await {
                 Ok((now_us, Ok(answers))) => (now_us, answers),
                 Ok((_, Err(reason))) => {
-                    give_back(self, request, call.cost, taken).await;
+                    refund_taken(self, request, call.cost, taken).await;
                     return (
                         self.on_failure_of(request, call, BackendError::Script(reason)),
                         None,
                     );
                 }
                 Err(e) => {
-                    give_back(self, request, call.cost, taken).await;
+                    refund_taken(self, request, call.cost, taken).await;
                     return (self.on_failure_of(request, call, e), None);
                 }
             };
@@ -62,7 +62,7 @@ impl<R> RedisStack<R> {
             if undoable && decision.is_denied() {
                 // Later layers of a denied call are not asked; earlier ones report what they hold
                 // once their units are back.
-                for peek in give_back(self, request, call.cost, taken).await {
+                for peek in refund_taken(self, request, call.cost, taken).await {
                     layers.extend(peek.layers().iter().copied());
                 }
                 let denied = RedisDecision::from_parts(layers, Some(decided_at));
@@ -78,7 +78,7 @@ impl<R> RedisStack<R> {
 
 /// Gives `cost` back to each part taken (at its instant), one round trip each: what each
 /// then holds (a peek), for the parts Redis answered.
-async fn give_back<R>(
+async fn refund_taken<R>(
     stack: &RedisStack<R>,
     request: &R,
     cost: u64,

@@ -72,7 +72,7 @@ async fn a_least_privilege_user_decides_every_kind_of_call_exactly() {
     for _ in 0..20 {
         assert!(leased.check("l").await.unwrap().is_allowed());
     }
-    leased.shutdown().await;
+    leased.refund_leases().await;
     // Records beside the limits (limiterd's overrides).
     let records = backend.records("acl");
     assert_eq!(records.put("a", "1").await.unwrap(), 1);

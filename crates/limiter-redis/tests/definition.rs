@@ -5,7 +5,7 @@
 //! Redis with the fix.
 //!
 //! Every backend also does the seam's wider calls alike (held takes and refunds, records,
-//! give-backs, all-or-nothing batches, Redis's in one script call or item by item).
+//! unit refunds, all-or-nothing batches, Redis's in one script call or item by item).
 //!
 //! Time is injected and frozen, so nothing refills and every count is exact.
 
@@ -16,7 +16,7 @@ use std::time::Duration;
 use limiter_core::{Limit, ManualClock};
 use limiter_redis::{BuildError, CallError, Lease, RedisBackend, RedisStack, Slack};
 use limiter_stack::{
-    Ask, AsyncLimiter, BatchItem, Charge, Kind, Layer, Outcome, Plan, Stack, decide_all,
+    Ask, AsyncLimiter, BatchItem, Charge, Charges, Kind, Layer, Outcome, Plan, Stack, decide_all,
 };
 use limiter_token_bucket::Gcra;
 
@@ -213,7 +213,7 @@ async fn what_runs_only_in_process_is_refused_on_redis_with_the_fix() {
 /// seam's takes and refunds, or (`in_one_script`: the Redis stack each item decides on) as one
 /// script call.
 async fn wider_calls(
-    stack: &dyn AsyncLimiter<Request>,
+    stack: &dyn Charges<Request>,
     in_one_script: Option<&RedisStack<Request>>,
 ) -> Vec<(bool, u64)> {
     let (ada, bob) = (req("ada", false), req("bob", false));
@@ -233,7 +233,7 @@ async fn wider_calls(
     for (request, cost, charge) in [
         (&bob, 3, Charge::Record),
         (&bob, 2, Charge::Take),
-        (&bob, 1, Charge::GiveBack),
+        (&bob, 1, Charge::Refund),
     ] {
         let asked = stack.ask(request, Ask::new(cost, charge)).await.unwrap();
         note(&mut seen, &asked);
@@ -248,10 +248,7 @@ async fn wider_calls(
     for batch in [
         [item(&ada, 2, Charge::Take), item(&bob, 3, Charge::Take)],
         [item(&ada, 2, Charge::Take), item(&bob, 2, Charge::Take)],
-        [
-            item(&ada, 1, Charge::Record),
-            item(&bob, 1, Charge::GiveBack),
-        ],
+        [item(&ada, 1, Charge::Record), item(&bob, 1, Charge::Refund)],
     ] {
         let answer = match in_one_script {
             None => decide_all(&batch, None).await.unwrap(),
@@ -298,7 +295,7 @@ async fn every_backend_does_the_seams_wider_calls_alike() {
         .leased(Lease::new(Slack::units(0)))
         .unwrap();
     let expected = wider_calls(&in_process, None).await;
-    // The refund gave ada's 3 back; bob's record, denial and give-back; a refused batch took
+    // The refund gave ada's 3 back; bob's record, denial and unit refund; a refused batch took
     // nothing from ada; the last batch recorded ada's unit and gave bob's back.
     assert_eq!(
         expected,

@@ -167,12 +167,12 @@ async fn idle_leases_are_handed_back_and_count_again() {
     let held = 100 - 3 - redis_remaining(&node, "k").await;
     assert!(held > 1, "the second renewal leased more: {held}");
     // The first sweep sees the lease; the second finds nobody spent from it and hands it back.
-    assert_eq!(node.release_idle().await, 0);
-    assert_eq!(node.release_idle().await, held);
+    assert_eq!(node.refund_idle_leases().await, 0);
+    assert_eq!(node.refund_idle_leases().await, held);
     assert_eq!(redis_remaining(&node, "k").await, 97);
-    assert_eq!(node.stats().handed_back, held);
+    assert_eq!(node.stats().refunded, held);
     // A second hand-back of the same units does nothing: the ledger no longer holds them.
-    assert_eq!(node.shutdown().await, 0);
+    assert_eq!(node.refund_leases().await, 0);
     assert_eq!(redis_remaining(&node, "k").await, 97);
 }
 
@@ -196,7 +196,7 @@ async fn shutdown_hands_back_every_lease() {
             assert!(node.check(key).await.unwrap().is_allowed());
         }
     }
-    let returned = node.shutdown().await;
+    let returned = node.refund_leases().await;
     assert!(returned > 0);
     for key in ["a", "b", "c"] {
         assert_eq!(redis_remaining(&node, key).await, 97, "key {key}");
@@ -220,7 +220,7 @@ async fn a_dead_node_loses_only_its_lease_and_its_slack_comes_back_when_it_expir
     );
     let lost = 1_000 - 3 - redis_remaining(&dying, "k").await;
     assert_eq!(lost, 50, "the whole slack, to the one node asking");
-    drop(dying); // killed: nothing handed back
+    drop(dying); // killed: nothing refunded
 
     let survivor = node(&url, &clock, "dead", Kind::TokenBucket, limit, lease).await;
     let mut admitted = 0;
@@ -328,7 +328,7 @@ async fn a_lease_is_never_spent_once_redis_may_have_given_its_slack_away() {
     clock.advance(Duration::from_millis(100));
     let d = node.check("k").await.unwrap();
     assert_eq!(d.source(), &Source::Redis, "an expired lease renews: {d:?}");
-    // The renewal handed back what was left while Redis still recorded the lease: nothing
+    // The renewal refunded what was left while Redis still recorded the lease: nothing
     // was lost and nothing counted twice.
     let held = 1_000 - redis_remaining(&node, "k").await;
     let spent = 5; // three, one at 8.9 s, one at 9 s
@@ -386,7 +386,7 @@ enum Step {
     Wait(u64),
     /// A node's idle sweep.
     Sweep(usize),
-    /// A node hands back everything.
+    /// A node refunds everything.
     Shutdown(usize),
     /// A node dies holding its leases; a new one takes its place.
     Die(usize),
@@ -441,10 +441,10 @@ proptest! {
                     }
                     Step::Wait(ms) => clock.advance(Duration::from_millis(ms)),
                     Step::Sweep(node) => {
-                        nodes[node].release_idle().await;
+                        nodes[node].refund_idle_leases().await;
                     }
                     Step::Shutdown(node) => {
-                        nodes[node].shutdown().await;
+                        nodes[node].refund_leases().await;
                     }
                     Step::Die(node) => {
                         nodes[node] = self::node(&url, &clock, "model", Kind::TokenBucket, limit, lease).await;

@@ -89,7 +89,7 @@ async fn holding_child_process_entry_point() {
 }
 
 /// The entry point of the child processes the test below starts: with the environment
-/// variable set, it makes `ATTEMPTS` calls on `TASKS` tasks, hands back what it holds and
+/// variable set, it makes `ATTEMPTS` calls on `TASKS` tasks, refunds what it holds and
 /// prints its admissions and script calls; run normally, it has nothing to do.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leased_child_process_entry_point() {
@@ -113,7 +113,7 @@ async fn leased_child_process_entry_point() {
     for handle in handles {
         admitted += handle.await.unwrap();
     }
-    limiter.shutdown().await;
+    limiter.refund_leases().await;
     let calls = limiter.stack().stack().backend().stats().round_trips;
     println!("admitted={admitted} calls={calls}");
 }
@@ -161,7 +161,7 @@ fn processes_sharing_a_leased_limit_stay_within_its_bound() {
     let slack = LIMIT * SLACK_PERCENT / 100;
     // Frozen time: every admitted unit came from the bucket's 3,000, so the fleet is within
     // the limit plus the slack; units left unspent in leases when demand ended are at most
-    // the slack (and were handed back).
+    // the slack (and were refunded).
     assert!(total <= LIMIT + slack, "{total} admitted");
     assert!(total >= LIMIT - slack, "{total} admitted");
     let decisions = 3 * ATTEMPTS;
@@ -204,7 +204,7 @@ fn a_process_killed_holding_a_lease_loses_that_lease_and_nothing_more() {
         // libtest may print the test's name on the same line first.
         .find_map(|line| line.find("holding ").map(|at| line[at..].to_owned()))
         .expect("the child reports its lease before it is killed");
-    child.kill().unwrap(); // SIGKILL: no shutdown, nothing handed back
+    child.kill().unwrap(); // SIGKILL: no shutdown, nothing refunded
     child.wait().unwrap();
     let child_admitted = field(&holding, "admitted=");
     let child_leased = field(&holding, "leased=");
@@ -263,6 +263,6 @@ fn a_process_killed_holding_a_lease_loses_that_lease_and_nothing_more() {
                 .all(|h| h.starts_with(survivor.stack().holder())),
             "{holders:?}"
         );
-        survivor.shutdown().await;
+        survivor.refund_leases().await;
     });
 }

@@ -243,7 +243,7 @@ async fn records_follow_the_failure_policy_while_redis_is_out() {
 /// Units given back without a grant (envoy's `is_negative_hits`) come back to every limit,
 /// never above full, and clear the deny cache for the keys.
 #[tokio::test]
-async fn a_give_back_returns_units_never_above_full() {
+async fn a_unit_refund_returns_units_never_above_full() {
     let server = common::RedisServer::start();
     let clock = ManualClock::starting_at(START);
     let backend = backend(&server, &clock, 1_000).await;
@@ -259,11 +259,11 @@ async fn a_give_back_returns_units_never_above_full() {
         limiter.check("k").await.unwrap().source(),
         &Source::DenyCache
     );
-    let back = limiter.stack().give_back(&key, 2).await.unwrap();
+    let back = limiter.stack().refund_units(&key, 2).await.unwrap();
     assert_eq!(remaining(&back), 2);
     let next = limiter.check("k").await.unwrap();
     assert_eq!(next.source(), &Source::Redis, "the deny cache was cleared");
     assert!(next.is_allowed());
-    let full = limiter.stack().give_back(&key, 50).await.unwrap();
+    let full = limiter.stack().refund_units(&key, 50).await.unwrap();
     assert_eq!(remaining(&full), 5, "never above full");
 }

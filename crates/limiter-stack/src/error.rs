@@ -151,15 +151,6 @@ pub enum CallError {
         /// The stack's bound.
         max_keys: usize,
     },
-    /// The limiter cannot do what was asked through the seam (records, give-backs, refunds or
-    /// a decision at another reading, from a limiter that only decides now).
-    #[error(
-        "this limiter does not support {what}; build a `Stack` (or a Redis stack) for calls that need them"
-    )]
-    Unsupported {
-        /// What was asked.
-        what: &'static str,
-    },
     /// A refund through the seam was refused (a grant of another limiter, or more units than
     /// it has left); nothing was given back.
     #[error("refund refused: {reason}")]

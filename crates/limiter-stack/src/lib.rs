@@ -97,8 +97,8 @@ pub use kind::{Kind, UnknownKind};
 pub use layer::{Layer, LayerParts, Plan, PlanChooser, PlanParts};
 pub use lease::{DEFAULT_LEASE_TTL, LEASE_TTL_RANGE, Lease, Slack};
 pub use seam::{
-    Ask, AsyncLimiter, BatchAnswer, BatchItem, Charge, DEFAULT_LAYER_NAME, Decide, Failure,
-    Granted, KeyedBy, LayerInfo, Origin, Outcome, Pending, Refunds, Taken, Undo, decide_all,
-    undo_with_grant,
+    Ask, AsyncLimiter, BatchAnswer, BatchItem, Charge, Charges, DEFAULT_LAYER_NAME, Decide,
+    Failure, Granted, HoldsKeys, HoldsLeases, KeyedBy, LayerInfo, OpenPlans, Origin, Outcome,
+    Pending, Refunds, Taken, Undo, decide_all, undo_with_grant,
 };
 pub use stack::{Stack, StackBuilder};

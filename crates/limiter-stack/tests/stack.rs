@@ -362,7 +362,7 @@ fn a_refund_gives_back_at_most_what_was_taken_and_never_above_full() {
 }
 
 #[test]
-fn a_record_debits_every_layer_and_a_give_back_returns_units_without_a_grant() {
+fn a_record_debits_every_layer_and_a_unit_refund_returns_units_without_a_grant() {
     let clock = ManualClock::new();
     let stack = three_layers(&clock);
     let ada = req(1);
@@ -379,11 +379,11 @@ fn a_record_debits_every_layer_and_a_give_back_returns_units_without_a_grant() {
     // Another user is refused by the global layer's debt, and takes nothing.
     assert!(stack.check(&req(2)).unwrap().is_denied());
     // Given back without a grant: never above full.
-    let after = stack.give_back(&ada, 100).expect("given back");
+    let after = stack.refund_units(&ada, 100).expect("given back");
     assert!(after.is_allowed(), "{after:?}");
     assert_eq!(remaining(&stack, &ada), vec![3, 5, 4]);
     // A key not held has nothing to give back, and the answer is a peek.
-    let fresh = stack.give_back(&req(9), 2).expect("given back");
+    let fresh = stack.refund_units(&req(9), 2).expect("given back");
     assert_eq!(fresh.decision().remaining(), 3);
     assert_eq!(remaining(&stack, &req(9)), vec![3, 5, 4]);
 }

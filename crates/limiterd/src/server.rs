@@ -118,13 +118,10 @@ pub async fn serve(
             Ok(Ok(Ok(()))) => {}
         }
     }
-    // Requests are done: hand back what leased policies hold, so the fleet can use it.
-    let handed_back = releasing.current().engine.release_leases().await;
-    if handed_back > 0 {
-        tracing::info!(
-            units = handed_back,
-            "handed back the leases this process held"
-        );
+    // Requests are done: refund what leased policies hold, so the fleet can use it.
+    let refunded = releasing.current().engine.refund_leases().await;
+    if refunded > 0 {
+        tracing::info!(units = refunded, "refunded the leases this process held");
     }
     http
 }

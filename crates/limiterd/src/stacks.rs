@@ -1,7 +1,7 @@
 //! Where the engine's policies live: [`Stacks`] builds a policy's stack for the configured
 //! store (in this process, on Redis per call, or against leases on Redis) from one definition
 //! of its layers, and hands it to the engine behind the workspace's one seam
-//! ([`AsyncLimiter`]). This is the one module of limiterd that names a store crate; the
+//! ([`Charges`], an [`AsyncLimiter`](limiter_stack::AsyncLimiter) that takes every charge). This is the one module of limiterd that names a store crate; the
 //! engine above it decides, batches, refunds and reloads through the seam alone.
 //!
 //! In process a layer is open to more plans ([`RELOAD_PLANS`] of them: a reload's changed
@@ -14,7 +14,10 @@ use std::sync::Arc;
 
 use limiter_core::Clock;
 use limiter_redis::{LeasedStack, OnFailure, RedisBackend, RedisStack};
-use limiter_stack::{AsyncLimiter, BatchAnswer, BatchItem, CallError, Layer, Stack, decide_all};
+use limiter_stack::{
+    BatchAnswer, BatchItem, CallError, Charges, HoldsKeys, Layer, OpenPlans, Plan, Stack,
+    decide_all,
+};
 
 use crate::config::{Keying, Policy, PolicyLimit, Store, StoreKind};
 
@@ -37,27 +40,34 @@ pub struct Call {
 }
 
 /// A policy's stack on any store, as the engine holds it: decided through the seam (it
-/// dereferences to the [`AsyncLimiter`]), and known by type where it is on Redis, so a batch
-/// of Redis policies is decided in one script ([`decide_batch`]) without looking behind the
-/// seam.
+/// dereferences to [`Charges`], every charge and batch item), and kept by type beside it, so
+/// what only one store does is asked of that store's type: plans added and keys counted in
+/// process, a batch of Redis policies in one script ([`decide_batch`]), leases refunded at
+/// shutdown. Nothing looks behind the seam.
 #[derive(Clone)]
 pub struct PolicyStack {
-    limiter: Arc<dyn AsyncLimiter<Call>>,
-    on_redis: Option<OnRedis>,
+    limiter: Arc<dyn Charges<Call>>,
+    on: OnStore,
 }
 
-/// A Redis policy's stack, by type.
+/// A policy's stack by its store's type.
 #[derive(Clone)]
-enum OnRedis {
+enum OnStore {
+    Memory(Arc<dyn InMemory>),
     PerCall(Arc<RedisStack<Call>>),
     Leased(Arc<LeasedStack<Call>>),
 }
 
+/// What an in-process stack can do beyond deciding.
+trait InMemory: HoldsKeys + OpenPlans + Send + Sync {}
+
+impl<T: HoldsKeys + OpenPlans + Send + Sync> InMemory for T {}
+
 impl PolicyStack {
-    fn memory(stack: impl AsyncLimiter<Call> + 'static) -> Self {
+    fn memory<S: Charges<Call> + InMemory + 'static>(stack: Arc<S>) -> Self {
         Self {
-            limiter: Arc::new(stack),
-            on_redis: None,
+            limiter: stack.clone(),
+            on: OnStore::Memory(stack),
         }
     }
 
@@ -65,7 +75,7 @@ impl PolicyStack {
         let stack = Arc::new(stack);
         Self {
             limiter: stack.clone(),
-            on_redis: Some(OnRedis::PerCall(stack)),
+            on: OnStore::PerCall(stack),
         }
     }
 
@@ -73,22 +83,49 @@ impl PolicyStack {
         let stack = Arc::new(stack);
         Self {
             limiter: stack.clone(),
-            on_redis: Some(OnRedis::Leased(stack)),
+            on: OnStore::Leased(stack),
         }
     }
 
     /// The per-call Redis stack a batch decides this policy on (a leased policy's too: a batch
     /// is decided on Redis, not against a lease); `None` in process.
     fn per_call(&self) -> Option<&RedisStack<Call>> {
-        match self.on_redis.as_ref()? {
-            OnRedis::PerCall(stack) => Some(stack),
-            OnRedis::Leased(stack) => Some(stack.stack()),
+        match &self.on {
+            OnStore::Memory(_) => None,
+            OnStore::PerCall(stack) => Some(stack),
+            OnStore::Leased(stack) => Some(stack.stack()),
+        }
+    }
+
+    /// The stack's open plans, in process (a reload's changed limits and the ad-hoc shapes
+    /// become plans); `None` on Redis, where a new stack finds the old one's keys by name.
+    pub fn open_plans(&self) -> Option<&dyn OpenPlans> {
+        match &self.on {
+            OnStore::Memory(stack) => Some(&**stack),
+            OnStore::PerCall(_) | OnStore::Leased(_) => None,
+        }
+    }
+
+    /// Keys held in this process's memory (0 on Redis, whose keys expire there).
+    pub fn keys_held(&self) -> u64 {
+        match &self.on {
+            OnStore::Memory(stack) => stack.keys_held(),
+            OnStore::PerCall(_) | OnStore::Leased(_) => 0,
+        }
+    }
+
+    /// Refunds the leases a leased policy holds (at shutdown: leases not refunded are lost
+    /// until they expire), answering the units refunded; 0 for any other stack.
+    pub async fn refund_leases(&self) -> u64 {
+        match &self.on {
+            OnStore::Leased(stack) => stack.refund_leases().await,
+            OnStore::Memory(_) | OnStore::PerCall(_) => 0,
         }
     }
 }
 
 impl std::ops::Deref for PolicyStack {
-    type Target = dyn AsyncLimiter<Call>;
+    type Target = dyn Charges<Call>;
 
     fn deref(&self) -> &Self::Target {
         &*self.limiter
@@ -97,14 +134,48 @@ impl std::ops::Deref for PolicyStack {
 
 impl std::fmt::Debug for PolicyStack {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let store = match self.on_redis {
-            None => "memory",
-            Some(OnRedis::PerCall(_)) => "redis",
-            Some(OnRedis::Leased(_)) => "redis, leased",
+        let store = match self.on {
+            OnStore::Memory(_) => "memory",
+            OnStore::PerCall(_) => "redis",
+            OnStore::Leased(_) => "redis, leased",
         };
         f.debug_struct("PolicyStack")
             .field("store", &store)
             .finish_non_exhaustive()
+    }
+}
+
+/// In process, the one stack every ad-hoc shape (a `limit` and `duration_ms` pair) is a plan
+/// of: decided as a policy's stack, its shapes added as plans.
+#[derive(Clone)]
+pub struct AdHocHome {
+    stack: PolicyStack,
+    shapes: Arc<dyn InMemory>,
+}
+
+impl std::fmt::Debug for AdHocHome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdHocHome")
+            .field("keys_held", &self.keys_held())
+            .finish_non_exhaustive()
+    }
+}
+
+impl AdHocHome {
+    /// The stack, decided as a policy's.
+    pub fn stack(&self) -> &PolicyStack {
+        &self.stack
+    }
+
+    /// Adds a shape's plan (one limit), answering its index; refused past
+    /// [`MAX_AD_HOC_SHAPES`].
+    pub fn add_shape(&self, plan: Plan) -> Result<usize, limiter_stack::BuildError> {
+        self.shapes.add_plan(0, plan)
+    }
+
+    /// Keys held.
+    pub fn keys_held(&self) -> u64 {
+        self.shapes.keys_held()
     }
 }
 
@@ -276,6 +347,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Stacks<C> {
                             .open_plans(RELOAD_PLANS, limits.len(), |c: &Call| c.plan)
                     });
                 self.memory_stack(*max_keys, layers)
+                    .map(PolicyStack::memory)
                     .map_err(|source| EngineError::Memory {
                         policy: stack_name.to_owned(),
                         source,
@@ -314,30 +386,34 @@ impl<C: Clock + Clone + Send + Sync + 'static> Stacks<C> {
     /// In process, the one stack every ad-hoc shape is a plan of (an open layer keyed by
     /// identifier, room for [`MAX_AD_HOC_SHAPES`] plans of one limit); `None` on Redis, where
     /// each shape is a stack of its own.
-    pub fn ad_hoc_home(&self) -> Result<Option<PolicyStack>, EngineError> {
+    pub fn ad_hoc_home(&self) -> Result<Option<AdHocHome>, EngineError> {
         let Place::Memory { max_keys } = self.place else {
             return Ok(None);
         };
         let layer = Layer::keyed("identifier", |c: &Call| Some(Arc::clone(&c.identifier)))
             .open_plans(MAX_AD_HOC_SHAPES, 1, |c: &Call| c.plan);
-        self.memory_stack(max_keys, [layer])
-            .map(Some)
+        let stack = self
+            .memory_stack(max_keys, [layer])
             .map_err(|source| EngineError::Memory {
                 policy: crate::metrics::AD_HOC.to_owned(),
                 source,
-            })
+            })?;
+        Ok(Some(AdHocHome {
+            stack: PolicyStack::memory(stack.clone()),
+            shapes: stack,
+        }))
     }
 
     fn memory_stack(
         &self,
         max_keys: Option<usize>,
         layers: impl IntoIterator<Item = Layer<Call, Arc<str>>>,
-    ) -> Result<PolicyStack, limiter_stack::BuildError> {
+    ) -> Result<Arc<Stack<Call, Arc<str>, C>>, limiter_stack::BuildError> {
         let mut builder = Stack::builder().clock(self.clock.clone()).layers(layers);
         if let Some(max_keys) = max_keys {
             builder = builder.max_keys(max_keys);
         }
-        Ok(PolicyStack::memory(builder.build()?))
+        Ok(Arc::new(builder.build()?))
     }
 }
 

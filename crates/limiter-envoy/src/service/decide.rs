@@ -81,7 +81,7 @@ impl<L: Copy + PartialEq, S: RuleStats> Envoy<L, S> {
             let (plan, replaces) = self.plan(request, descriptor);
             replaced.extend(replaces.iter().map(String::as_str));
             let plan = if descriptor.negative_hits {
-                self.give_back(engine, plan).await?
+                self.refund_units(engine, plan).await?
             } else {
                 plan
             };
@@ -104,7 +104,7 @@ impl<L: Copy + PartialEq, S: RuleStats> Envoy<L, S> {
     /// A descriptor's hits given back (`is_negative_hits`), before the rest of the request is
     /// decided: its counter takes them back (never above full), whatever else the request
     /// asks, and the descriptor answers `OK` with what the counter holds after.
-    async fn give_back<'a, D: Decider<Limit = L, Stats = S>>(
+    async fn refund_units<'a, D: Decider<Limit = L, Stats = S>>(
         &self,
         engine: &D,
         plan: Plan<'a, L, S>,
@@ -127,7 +127,7 @@ impl<L: Copy + PartialEq, S: RuleStats> Envoy<L, S> {
             other => return Ok(other),
         };
         let give = Item {
-            charge: Charge::GiveBack,
+            charge: Charge::Refund,
             shadow: false,
             ..item
         };

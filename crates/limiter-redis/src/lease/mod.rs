@@ -4,14 +4,14 @@
 //! from Redis ahead of time, in one script call: the caller's cost plus a **lease** of more
 //! units, consumed from the same state the per-call path decides on. Later calls on that key
 //! spend the lease locally, by compare-and-swap on one word ([`LeaseCell`]), until it runs
-//! out or expires; then one script call hands back what is left and takes the next lease.
+//! out or expires; then one script call refunds what is left and takes the next lease.
 //!
 //! The bound it keeps and how it fails are on [`LeasedStack`].
 
 //!
 //! Its parts: `options.rs` ([`Slack`], [`Lease`], [`LeaseStats`]), `table.rs` (the sharded
 //! table of leased keys and the answers spent from it locally), `renew.rs` (the script calls
-//! that renew, hand back and release leases).
+//! that renew, refund and release leases).
 
 use core::fmt;
 use std::hash::BuildHasher;
@@ -21,8 +21,8 @@ use std::sync::{Arc, RwLock, Weak};
 use hashbrown::HashTable;
 use limiter_core::{Clock, LeaseCell, LeaseSpend, MAX_LEASE_UNITS};
 use limiter_stack::{
-    Ask, AsyncLimiter, Charge, Decide, Granted, LayerAnswers, LayerInfo, Outcome, Pending, Refunds,
-    Taken, undo_with_grant,
+    Ask, AsyncLimiter, Charge, Charges, Decide, Granted, HoldsLeases, LayerAnswers, LayerInfo,
+    Outcome, Pending, Refunds, Taken, undo_with_grant,
 };
 
 use crate::decision::RedisDecision;
@@ -71,14 +71,14 @@ use table::{Entry, Meta, Shared, local_answer};
 /// - A lease lives for its time to live ([`Lease::ttl`], 1 s by default); the node stops
 ///   spending it a tenth of that earlier than Redis forgets it, so a node that dies loses at
 ///   most its leases, which expire, and no unit is spent after Redis gave its slack to others.
-/// - Units handed back come back only while Redis still records the lease; a unit is spent
-///   here or handed back, never both ([`LeaseCell::close`]).
+/// - Units refunded come back only while Redis still records the lease; a unit is spent
+///   here or refunded, never both ([`LeaseCell::close`]).
 /// - While Redis is out a node spends what it holds, then follows the stack's failure policy
 ///   ([`OnFailure`](crate::OnFailure)). A hand-back that never left (the circuit breaker was
 ///   open) is kept; one whose outcome is unknown (a timeout) is given up.
-/// - Leases nobody spent since the previous sweep are handed back by a sweep every half time
+/// - Leases nobody spent since the previous sweep are refunded by a sweep every half time
 ///   to live (a task started when the stack is made inside a tokio runtime; otherwise call
-///   [`LeasedStack::release_idle`]); [`LeasedStack::shutdown`] hands back every lease.
+///   [`LeasedStack::refund_idle_leases`]); [`LeasedStack::refund_leases`] refunds every lease.
 pub struct LeasedStack<R> {
     shared: Arc<Shared<R>>,
 }
@@ -164,7 +164,7 @@ impl<R: Send + Sync + 'static> RedisStack<R> {
             hasher: foldhash::fast::RandomState::default(),
             renewals: AtomicU64::new(0),
             leased: AtomicU64::new(0),
-            handed_back: AtomicU64::new(0),
+            refunded: AtomicU64::new(0),
         });
         if most > 0 {
             // Without a runtime nothing sweeps: idle leases then expire in Redis on their own.
@@ -192,7 +192,7 @@ async fn sweep<R: Send + Sync + 'static>(shared: Weak<Shared<R>>) {
         let Some(shared) = shared.upgrade() else {
             return;
         };
-        LeasedStack { shared }.release_idle().await;
+        LeasedStack { shared }.refund_idle_leases().await;
     }
 }
 
@@ -283,7 +283,7 @@ impl<R> LeasedStack<R> {
         LeaseStats {
             renewals: shared.renewals.load(Ordering::Relaxed),
             leased: shared.leased.load(Ordering::Relaxed),
-            handed_back: shared.handed_back.load(Ordering::Relaxed),
+            refunded: shared.refunded.load(Ordering::Relaxed),
             keys: shared.shards.iter().map(|s| read_lock(s).len()).sum(),
         }
     }
@@ -338,8 +338,10 @@ impl<R: Sync + 'static> AsyncLimiter<R> for LeasedStack<R> {
     fn layers(&self) -> Vec<LayerInfo> {
         AsyncLimiter::layers(&self.shared.stack)
     }
+}
 
-    /// Takes against the lease; holds, refunds and give-backs on the per-call stack (a grant
+impl<R: Sync + 'static> Charges<R> for LeasedStack<R> {
+    /// Takes against the lease; holds, refunds and unit refunds on the per-call stack (a grant
     /// is Redis's), records spending the lease first.
     fn ask<'a>(&'a self, request: &'a R, ask: Ask) -> Decide<'a> {
         match ask.charge {
@@ -348,7 +350,7 @@ impl<R: Sync + 'static> AsyncLimiter<R> for LeasedStack<R> {
             Charge::Record => Decide::Later(Box::pin(async move {
                 Ok(Outcome::from(self.record(request, ask.cost).await?))
             })),
-            Charge::GiveBack => Decide::Later(Box::pin(crate::seam::ask_per_call(
+            Charge::Refund => Decide::Later(Box::pin(crate::seam::ask_per_call(
                 self.stack(),
                 request,
                 ask,
@@ -366,9 +368,11 @@ impl<R: Sync + 'static> AsyncLimiter<R> for LeasedStack<R> {
     ) -> Decide<'a, Result<Taken<'a>, limiter_stack::CallError>> {
         undo_with_grant(self.stack(), request, cost, at)
     }
+}
 
-    fn shutdown(&self) -> Pending<'_, u64> {
-        Box::pin(LeasedStack::shutdown(self))
+impl<R: Sync + 'static> HoldsLeases for LeasedStack<R> {
+    fn refund_leases(&self) -> Pending<'_, u64> {
+        Box::pin(LeasedStack::refund_leases(self))
     }
 }
 
@@ -439,14 +443,14 @@ impl LeasedLimiter {
         &self.stack
     }
 
-    /// See [`LeasedStack::release_idle`].
-    pub async fn release_idle(&self) -> u64 {
-        self.stack.release_idle().await
+    /// See [`LeasedStack::refund_idle_leases`].
+    pub async fn refund_idle_leases(&self) -> u64 {
+        self.stack.refund_idle_leases().await
     }
 
-    /// See [`LeasedStack::shutdown`].
-    pub async fn shutdown(&self) -> u64 {
-        self.stack.shutdown().await
+    /// See [`LeasedStack::refund_leases`].
+    pub async fn refund_leases(&self) -> u64 {
+        self.stack.refund_leases().await
     }
 
     /// See [`LeasedStack::stats`].

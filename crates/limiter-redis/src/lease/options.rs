@@ -49,8 +49,8 @@ pub struct LeaseStats {
     pub renewals: u64,
     /// Units Redis leased to this node.
     pub leased: u64,
-    /// Units this node handed back.
-    pub handed_back: u64,
+    /// Units this node refunded.
+    pub refunded: u64,
     /// Keys with an entry here now.
     pub keys: usize,
 }

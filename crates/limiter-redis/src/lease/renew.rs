@@ -1,4 +1,4 @@
-//! The script calls behind a lease: a renewal (hand back what is left, take the cost and the
+//! The script calls behind a lease: a renewal (refund what is left, take the cost and the
 //! next lease, in one mode-3 call), a hand-back, and releasing idle or all leases.
 
 use core::time::Duration;
@@ -19,7 +19,7 @@ use super::*;
 
 impl<R> LeasedStack<R> {
     /// Decides a call the lease here did not: takes the next lease in one script call
-    /// (handing back what is left of this one), or, with no slack, decides per call.
+    /// (refunding what is left of this one), or, with no slack, decides per call.
     pub(crate) async fn renew(
         &self,
         identity: &str,
@@ -61,10 +61,10 @@ impl<R> LeasedStack<R> {
         }
         let ttl = duration_nanos(shared.lease.time_to_live());
         let old = entry.cell.close();
-        let handed_back = LeaseCell::units_of(old);
-        let want = meta.next_want(handed_back, now, ttl, shared.most);
+        let refunded = LeaseCell::units_of(old);
+        let want = meta.next_want(refunded, now, ttl, shared.most);
         let sent = backend.sent();
-        let (keys, args) = self.lease_call(call, [cost, want, handed_back]);
+        let (keys, args) = self.lease_call(call, [cost, want, refunded]);
         // Relaxed: a statistic.
         shared.renewals.fetch_add(1, Ordering::Relaxed);
         let reply = backend.eval_as(&keys, args, Some(&meta.field)).await;
@@ -76,7 +76,7 @@ impl<R> LeasedStack<R> {
             Ok((now_us, mut groups)) if groups.len() == 1 => match groups.pop() {
                 Some((lease, Ok(answers))) => {
                     // Relaxed: a statistic.
-                    shared.handed_back.fetch_add(handed_back, Ordering::Relaxed);
+                    shared.refunded.fetch_add(refunded, Ordering::Relaxed);
                     self.take(entry, meta, lease, &answers, (&sent, now_us), request, call)
                 }
                 Some((_, Err(reason))) => {
@@ -150,7 +150,7 @@ impl<R> LeasedStack<R> {
     }
 
     /// The keys and arguments of a lease call for `call`: `head` is the cost, the units
-    /// wanted and the units handed back.
+    /// wanted and the units refunded.
     fn lease_call(&self, call: &Prepared, head: [u64; 3]) -> (Vec<String>, Call) {
         let shared = &*self.shared;
         let mut keys = call.keys.clone();
@@ -164,7 +164,7 @@ impl<R> LeasedStack<R> {
     }
 
     /// Hands back `entry`'s lease (the caller holds its renewal lock). Returns the units.
-    async fn hand_back(&self, entry: &Entry, meta: &mut Meta) -> u64 {
+    async fn refund_lease(&self, entry: &Entry, meta: &mut Meta) -> u64 {
         let units = LeaseCell::units_of(entry.cell.close());
         meta.granted = 0;
         if units == 0 {
@@ -180,28 +180,28 @@ impl<R> LeasedStack<R> {
             Err(_) => false,
         };
         if !answered {
-            // Not handed back: the units are lost, never spent.
+            // Not refunded: the units are lost, never spent.
             return 0;
         }
         // Relaxed: a statistic.
-        self.shared.handed_back.fetch_add(units, Ordering::Relaxed);
+        self.shared.refunded.fetch_add(units, Ordering::Relaxed);
         units
     }
 
     /// Hands back every lease nobody spent from since the previous call, and forgets keys
-    /// that hold nothing. Returns the units handed back. The idle sweep calls it every half
+    /// that hold nothing. Returns the units refunded. The idle sweep calls it every half
     /// time to live.
-    pub async fn release_idle(&self) -> u64 {
-        self.release(false).await
+    pub async fn refund_idle_leases(&self) -> u64 {
+        self.refund_held(false).await
     }
 
     /// Hands back every lease this node holds (call it before the process exits; leases not
-    /// handed back are lost until they expire). Returns the units handed back.
-    pub async fn shutdown(&self) -> u64 {
-        self.release(true).await
+    /// refunded are lost until they expire). Returns the units refunded.
+    pub async fn refund_leases(&self) -> u64 {
+        self.refund_held(true).await
     }
 
-    async fn release(&self, all: bool) -> u64 {
+    async fn refund_held(&self, all: bool) -> u64 {
         let now = self.shared.stack.backend().local_now();
         let mut returned = 0u64;
         for shard in self.shared.shards.iter() {
@@ -236,7 +236,7 @@ impl<R> LeasedStack<R> {
                             Err(_) => continue,
                         }
                     };
-                    returned = returned.saturating_add(self.hand_back(&entry, &mut meta).await);
+                    returned = returned.saturating_add(self.refund_lease(&entry, &mut meta).await);
                 }
             }
         }

@@ -45,9 +45,9 @@ pub(super) struct Meta {
 impl Meta {
     /// The units to ask for next: about half a time to live of the demand the last lease
     /// saw, within 1 and `most`.
-    pub(super) fn next_want(&mut self, handed_back: u64, now: u64, ttl: u64, most: u64) -> u64 {
+    pub(super) fn next_want(&mut self, refunded: u64, now: u64, ttl: u64, most: u64) -> u64 {
         if self.granted > 0 {
-            let used = u128::from(self.granted.saturating_sub(handed_back));
+            let used = u128::from(self.granted.saturating_sub(refunded));
             let elapsed = u128::from(now.saturating_sub(self.granted_at).max(1));
             let want = used * u128::from(ttl / 2) / elapsed;
             self.want = u64::try_from(want).unwrap_or(u64::MAX);
@@ -116,7 +116,7 @@ pub(super) struct Shared<R> {
     pub(super) clock: Arc<dyn Clock>,
     pub(super) renewals: AtomicU64,
     pub(super) leased: AtomicU64,
-    pub(super) handed_back: AtomicU64,
+    pub(super) refunded: AtomicU64,
 }
 
 impl<R> LeasedStack<R> {

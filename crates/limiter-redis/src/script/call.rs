@@ -124,7 +124,7 @@ impl Call {
         self.push(limits as u64);
     }
 
-    /// Starts a lease group (mode 3): the cost, the units wanted ahead, the units handed back,
+    /// Starts a lease group (mode 3): the cost, the units wanted ahead, the units refunded,
     /// the lease's time to live, on `limits` limits (each then [`limit`](Self::limit) and
     /// [`ledger`](Self::ledger)).
     pub(crate) fn lease_group(&mut self, head: [u64; 3], ttl_ms: u64, limits: usize) {

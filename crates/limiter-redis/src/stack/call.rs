@@ -330,7 +330,7 @@ impl<R> RedisStack<R> {
     }
 
     /// Appends a lease group for `call` (mode 3): `head` (the cost, the units wanted ahead,
-    /// the units handed back), the lease's time to live, then per limit its fields, its
+    /// the units refunded), the lease's time to live, then per limit its fields, its
     /// ledger's `KEYS` index (the ledgers follow the call's keys) and its slack in units, read
     /// from `slack` by layer and limit index.
     pub(crate) fn encode_lease(

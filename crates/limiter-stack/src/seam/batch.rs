@@ -5,7 +5,7 @@
 //! # The all-or-nothing protocol ([`decide_all`])
 //!
 //! Items are asked in order, each enforced take keeping its [`Undo`] (the limiter's own
-//! grant, refunded by its own code: nothing is read back by type); records and give-backs are
+//! grant, refunded by its own code: nothing is read back by type); records and unit refunds are
 //! applied as they come and never deny. If any enforced item is denied (a shadow item never
 //! denies), or its store fails closed, every take is undone and each refunded item
 //! reports what it holds after the refund, so a denied batch leaves what it took behind. A call
@@ -18,7 +18,7 @@
 
 use std::fmt;
 
-use super::{AsyncLimiter, Outcome, Pending};
+use super::{Charges, Outcome, Pending};
 use crate::CallError;
 
 /// What a request does to its limits.
@@ -34,21 +34,10 @@ pub enum Charge {
     Record,
     /// Gives `cost` units back without a grant (a caller's own account of units it did not
     /// use): no limit goes above full; the answer is what the request holds after it.
-    GiveBack,
+    Refund,
 }
 
-impl Charge {
-    /// What a limiter that only decides now cannot do, for [`CallError::Unsupported`].
-    pub(crate) fn unsupported(self) -> &'static str {
-        match self {
-            Self::Take => "decisions at another clock reading",
-            Self::Record => "records of usage",
-            Self::GiveBack => "units given back",
-        }
-    }
-}
-
-/// One request's ask of a limiter ([`AsyncLimiter::ask`]).
+/// One request's ask of a limiter ([`Charges::ask`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Ask {
     /// Units.
@@ -89,7 +78,7 @@ impl Ask {
 /// own grant, kept inside by the limiter's own code (the seam never reads it back by type).
 pub type Undo<'a> = Box<dyn FnOnce() -> Pending<'a, Result<Outcome, CallError>> + Send + 'a>;
 
-/// A take that can be undone ([`AsyncLimiter::take_undoable`]): what was decided and, for an
+/// A take that can be undone ([`Charges::take_undoable`]): what was decided and, for an
 /// admitted take that took units, how to give them back.
 pub struct Taken<'a> {
     /// What was decided.
@@ -111,7 +100,7 @@ impl fmt::Debug for Taken<'_> {
 /// One item of a batch: a limiter, the request it decides, and what the request asks.
 pub struct BatchItem<'a, R: ?Sized> {
     /// The limiter (any backend; a batch's items may use different limiters of one store).
-    pub limiter: &'a dyn AsyncLimiter<R>,
+    pub limiter: &'a dyn Charges<R>,
     /// Whose state.
     pub request: &'a R,
     /// Units.
@@ -152,7 +141,7 @@ pub struct BatchAnswer {
 
 /// Decides `items` all or nothing, at the clock reading `at` (`None`: now), by takes and
 /// refunds through each item's limiter (see the module docs): one item is one
-/// [`ask`](AsyncLimiter::ask).
+/// [`ask`](Charges::ask).
 ///
 /// ```
 /// use limiter_core::{Limit, ManualClock};
@@ -248,10 +237,9 @@ mod tests {
     use std::sync::Arc;
 
     use limiter_core::{Limit, ManualClock};
-    use limiter_token_bucket::TokenBucket;
 
     use super::*;
-    use crate::{Decide, Kind, Layer, LayerInfo, Stack};
+    use crate::{AsyncLimiter, Decide, Kind, Layer, LayerInfo, Stack};
 
     type Users = Stack<&'static str, &'static str, ManualClock>;
 
@@ -279,7 +267,7 @@ mod tests {
     }
 
     fn item<'a>(
-        limiter: &'a dyn AsyncLimiter<&'static str>,
+        limiter: &'a dyn Charges<&'static str>,
         request: &'a &'static str,
         cost: u64,
         charge: Charge,
@@ -306,7 +294,9 @@ mod tests {
         fn layers(&self) -> Vec<LayerInfo> {
             Vec::new()
         }
+    }
 
+    impl Charges<&'static str> for Down {
         fn ask<'a>(&'a self, r: &'a &'static str, ask: Ask) -> Decide<'a> {
             self.decide_request(r, ask.cost)
         }
@@ -426,35 +416,5 @@ mod tests {
             Err(CallError::Refund { .. })
         ));
         assert_eq!(remaining(&stack, "ann"), 4);
-    }
-
-    #[test]
-    fn a_limiter_that_only_decides_now_names_what_it_cannot_do() {
-        let direct = TokenBucket::with_clock(Limit::per_second(2), ManualClock::new()).unwrap();
-        for charge in [Charge::Record, Charge::GiveBack] {
-            let asked = now(AsyncLimiter::<()>::ask(&direct, &(), Ask::new(1, charge)));
-            let Err(CallError::Unsupported { what }) = asked else {
-                panic!("{charge:?}: {asked:?}");
-            };
-            assert_eq!(what, charge.unsupported());
-        }
-        let at = Ask::take(1).at(Some(5));
-        assert!(matches!(
-            now(AsyncLimiter::<()>::ask(&direct, &(), at)),
-            Err(CallError::Unsupported { .. })
-        ));
-        assert!(now(AsyncLimiter::<()>::ask(&direct, &(), Ask::take(2))).is_ok());
-        // In a batch, where every take must be refundable, it says so instead of deciding.
-        let items = [0, 1].map(|_| BatchItem {
-            limiter: &direct as &dyn AsyncLimiter<()>,
-            request: &(),
-            cost: 1,
-            charge: Charge::Take,
-            shadow: false,
-        });
-        assert!(matches!(
-            now(decide_all(&items, None)),
-            Err(CallError::Unsupported { .. })
-        ));
     }
 }

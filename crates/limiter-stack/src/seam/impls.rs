@@ -46,13 +46,20 @@ where
             })
             .collect()
     }
+}
 
+impl<R, K, C> Charges<R> for Stack<R, K, C>
+where
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+    C: Clock + Send + Sync,
+    Self: Send + Sync,
+{
     fn ask<'a>(&'a self, request: &'a R, ask: Ask) -> Decide<'a> {
         let now = ask.at.unwrap_or_else(|| self.clock().now());
         let decision = match ask.charge {
             Charge::Take => self.decide_at(request, ask.cost, now).map(|(d, _)| d),
             Charge::Record => self.record_at(request, ask.cost, now),
-            Charge::GiveBack => self.give_back(request, ask.cost),
+            Charge::Refund => self.refund_units(request, ask.cost),
         };
         Decide::Now(decision.map(Outcome::in_process))
     }
@@ -68,11 +75,15 @@ where
     {
         undo_with_grant(self, request, cost, at)
     }
+}
 
+impl<R, K: std::hash::Hash + Eq + Clone, C: Clock> HoldsKeys for Stack<R, K, C> {
     fn keys_held(&self) -> u64 {
         self.len()
     }
+}
 
+impl<R, K: std::hash::Hash + Eq + Clone, C: Clock> OpenPlans for Stack<R, K, C> {
     fn add_plan(&self, layer: usize, plan: Plan) -> Result<usize, BuildError> {
         Stack::add_plan(self, layer, plan)
     }

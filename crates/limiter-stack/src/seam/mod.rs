@@ -20,9 +20,13 @@ use limiter_core::Limit;
 use crate::{BuildError, CallError, Keyer, LayerAnswers, Plan, StackDecision};
 
 mod batch;
+mod capabilities;
 mod impls;
 
 pub use batch::{Ask, BatchAnswer, BatchItem, Charge, Taken, Undo, decide_all};
+pub use capabilities::{
+    Charges, Granted, HoldsKeys, HoldsLeases, OpenPlans, Refunds, undo_with_grant,
+};
 pub use impls::{DEFAULT_LAYER_NAME, KeyedBy};
 
 /// A boxed future of the seam's wider calls (the hot single decision is [`Decide`], with no
@@ -209,136 +213,6 @@ pub trait AsyncLimiter<R: ?Sized>: Send + Sync {
     /// Every layer in order, as a [`LayerDecision`](crate::LayerDecision) refers to them (by
     /// layer, plan and limit index).
     fn layers(&self) -> Vec<LayerInfo>;
-
-    /// Everything a backend can be asked for one request: take units, record usage that
-    /// already happened, or give units back, at a reading of the limiter's clock (`at`; `None`:
-    /// now; a remote store decides by its own clock and ignores it). A limiter that cannot do
-    /// what is asked answers [`CallError::Unsupported`]; the default does plain takes at the
-    /// clock's reading through [`decide_request`](Self::decide_request). In process, the
-    /// answer is [`Decide::Now`]: no future, no allocation.
-    fn ask<'a>(&'a self, request: &'a R, ask: Ask) -> Decide<'a> {
-        match ask {
-            Ask {
-                charge: Charge::Take,
-                at: None,
-                cost,
-            } => self.decide_request(request, cost),
-            Ask { charge, .. } => Decide::Now(Err(CallError::Unsupported {
-                what: charge.unsupported(),
-            })),
-        }
-    }
-
-    /// Takes `cost` units for `request` at `at` (as [`ask`](Self::ask)) so that they can be
-    /// given back: what [`decide_all`] needs of every take in a batch of several. A backend
-    /// with [`Refunds`] answers with [`undo_with_grant`]; the default says it cannot.
-    fn take_undoable<'a>(
-        &'a self,
-        request: &'a R,
-        cost: u64,
-        at: Option<u64>,
-    ) -> Decide<'a, Result<Taken<'a>, CallError>>
-    where
-        R: Sync,
-    {
-        let _ = (request, cost, at);
-        Decide::Now(Err(CallError::Unsupported {
-            what: "takes that can be undone (a batch of several items)",
-        }))
-    }
-
-    /// Keys this limiter holds in this process's memory (0 for a remote store, whose keys
-    /// expire there).
-    fn keys_held(&self) -> u64 {
-        0
-    }
-
-    /// Adds `plan` to layer `layer` while serving (see [`Stack::add_plan`](crate::Stack::add_plan)),
-    /// returning its index. Limiters without open plans refuse.
-    fn add_plan(&self, layer: usize, plan: Plan) -> Result<usize, BuildError> {
-        let _ = plan;
-        Err(BuildError::NotOpen {
-            layer: format!("{layer} (a limiter without open plans)"),
-        })
-    }
-
-    /// Hands back what the limiter holds of a remote store's budget (leases) before it is
-    /// dropped, answering the units handed back; 0 for a limiter that holds none.
-    fn shutdown(&self) -> Pending<'_, u64> {
-        Box::pin(std::future::ready(0))
-    }
-}
-
-/// What [`Refunds::take_with_grant`] answers: the outcome and, when units were taken, the
-/// grant to refund them with; now in process, later for a remote store.
-pub type Granted<'a, G> = Decide<'a, Result<(Outcome, Option<G>), CallError>>;
-
-/// A backend whose takes can be given back with a grant: the capability, asked for by type
-/// (a `Stack`, a `RedisStack`, a `LeasedStack`), with the backend's own grant type, so a grant
-/// can only be refunded to its own kind of limiter (a grant of another stack of that kind is
-/// refused by the stack).
-///
-/// ```
-/// use limiter_core::{Limit, ManualClock};
-/// use limiter_stack::{Kind, Layer, Outcome, Refunds, Stack};
-///
-/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let stack: Stack<&str, String, ManualClock> = Stack::builder()
-///     .layer(Layer::keyed("user", |u: &&str| Some(u.to_string()))
-///         .limit(Kind::TokenBucket, Limit::per_minute(3)))
-///     .clock(ManualClock::new())
-///     .build()?;
-/// // Ann's call takes 2 units, then turns out cheap: they go back, with the grant.
-/// let (_, grant) = at_once(stack.take_with_grant(&"ann", 2, None))?;
-/// let after = at_once(Refunds::refund(&stack, &"ann", grant.expect("admitted")))?;
-/// let Outcome::Decided { decision, .. } = after else { unreachable!() };
-/// assert_eq!(decision.decision().remaining(), 3);
-/// # Ok(()) }
-/// # fn at_once<T>(f: impl std::future::Future<Output = T>) -> T {
-/// #     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-/// #     match std::pin::pin!(f).poll(&mut cx) { std::task::Poll::Ready(v) => v, _ => unreachable!() }
-/// # }
-/// ```
-pub trait Refunds<R: ?Sized>: AsyncLimiter<R> {
-    /// What an admitted take holds for a refund. Not `Clone`: nothing is given back twice.
-    type Grant: Send + Sync + 'static;
-
-    /// Takes `cost` units for `request` at `at` (`None`: now; a remote store decides by its
-    /// own clock): the outcome and, when units were taken, the grant to refund them with.
-    fn take_with_grant<'a>(
-        &'a self,
-        request: &'a R,
-        cost: u64,
-        at: Option<u64>,
-    ) -> Granted<'a, Self::Grant>;
-
-    /// Gives back what `grant` has left and answers what `request` holds after it. Never more
-    /// than was taken, never above full; a store that fails answers its failure policy and
-    /// keeps the units counted.
-    fn refund<'a>(
-        &'a self,
-        request: &'a R,
-        grant: Self::Grant,
-    ) -> Pending<'a, Result<Outcome, CallError>>;
-}
-
-/// [`AsyncLimiter::take_undoable`] for a backend with [`Refunds`]: its `take_with_grant`, the undo
-/// refunding the grant, kept typed inside the closure.
-pub fn undo_with_grant<'a, R: ?Sized + Sync, L: Refunds<R>>(
-    limiter: &'a L,
-    request: &'a R,
-    cost: u64,
-    at: Option<u64>,
-) -> Decide<'a, Result<Taken<'a>, CallError>> {
-    limiter
-        .take_with_grant(request, cost, at)
-        .map(move |acquired| {
-            acquired.map(|(outcome, grant)| Taken {
-                outcome,
-                undo: grant
-                    .map(|grant| -> Undo<'a> { Box::new(move || limiter.refund(request, grant)) }),
-            })
-        })
 }
 
 /// Keeps the binding layer's answer of a decided `answer` in `each`.

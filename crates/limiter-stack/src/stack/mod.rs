@@ -389,7 +389,7 @@ where
     /// from its debt). Unlike [`refund`](Self::refund), nothing proves the units were taken:
     /// expose it only to callers trusted with the limits. Answers with what `request` holds
     /// after it (a peek); a key not held has nothing to give back.
-    pub fn give_back(&self, request: &R, units: u64) -> Result<StackDecision, CallError> {
+    pub fn refund_units(&self, request: &R, units: u64) -> Result<StackDecision, CallError> {
         let now = self.clock.now();
         if units > 0 {
             self.refund_at(request, units, now, now)?;

@@ -139,7 +139,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                         Counted::Peeked
                     } else if item.charge == Charge::Record {
                         Counted::Recorded
-                    } else if item.charge == Charge::GiveBack {
+                    } else if item.charge == Charge::Refund {
                         Counted::GivenBack
                     } else if !answer.decision.is_allowed() {
                         Counted::Denied {

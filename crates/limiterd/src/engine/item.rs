@@ -42,7 +42,7 @@ pub struct Item {
 }
 
 impl Item {
-    /// Whether the item never denies its batch: a shadow check, a record, a give-back.
+    /// Whether the item never denies its batch: a shadow check, a record, a unit refund.
     pub(super) fn never_denies(&self) -> bool {
         self.shadow || self.charge != Charge::Take
     }

@@ -47,7 +47,9 @@ use limiter_stack::{AsyncLimiter, Kind};
 
 use crate::config::{Config, Policy, StoreKind};
 use crate::metrics::{AD_HOC, Metrics, PolicyCounters};
-pub use crate::stacks::{Call, EngineError, MAX_AD_HOC_SHAPES, PolicyStack, RELOAD_PLANS, Stacks};
+pub use crate::stacks::{
+    AdHocHome, Call, EngineError, MAX_AD_HOC_SHAPES, PolicyStack, RELOAD_PLANS, Stacks,
+};
 
 mod decide;
 mod item;
@@ -121,7 +123,7 @@ pub struct Engine<C> {
     /// in it; on Redis, the shape's own stack (plan 0).
     ad_hoc: RwLock<HashMap<Shape, AdHocStack>>,
     /// In process, the stack every ad-hoc shape is a plan of.
-    ad_hoc_home: Option<PolicyStack>,
+    ad_hoc_home: Option<AdHocHome>,
     ad_hoc_counters: PolicyCounters,
     metrics: Arc<Metrics>,
     /// While a reload builds this engine: the policies of the one it replaces.
@@ -287,12 +289,12 @@ impl<C> Engine<C> {
         self.unix_origin_ns = origin_ns;
     }
 
-    /// Hands back every lease the leased policies hold (at shutdown: leases not handed back
-    /// are lost until they expire). Returns the units handed back.
-    pub async fn release_leases(&self) -> u64 {
+    /// Refunds every lease the leased policies hold (at shutdown: leases not refunded are
+    /// lost until they expire). Returns the units refunded.
+    pub async fn refund_leases(&self) -> u64 {
         let mut units = 0u64;
         for entry in &self.policies {
-            units = units.saturating_add(entry.stack.shutdown().await);
+            units = units.saturating_add(entry.stack.refund_leases().await);
         }
         units
     }

@@ -65,7 +65,12 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                     .fold(Plan::new(format!("reload of {name}")), |p, l| {
                         p.limit(l.limit.kind(), l.limit.limit())
                     });
-                stack.add_plan(i, plan)
+                match stack.open_plans() {
+                    Some(open) => open.add_plan(i, plan),
+                    None => Err(BuildError::NotOpen {
+                        layer: format!("{i} (a stack whose store names its keys)"),
+                    }),
+                }
             });
         let first = plans.next()?.ok();
         // Every layer gains its plan in step, so one index names them all.
@@ -124,12 +129,12 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             Some(home) => {
                 let name = format!("{} per {duration_ms} ms", checked.limit().count());
                 let plan = home
-                    .add_plan(0, Plan::new(name).limit(kind, checked.limit()))
+                    .add_shape(Plan::new(name).limit(kind, checked.limit()))
                     .map_err(|e| match e {
                         BuildError::PlansFull { .. } => DecideError::TooManyShapes,
                         other => invalid("limit", other.to_string()),
                     })?;
-                (home.clone(), plan)
+                (home.stack().clone(), plan)
             }
             None => {
                 let policy = Policy {
