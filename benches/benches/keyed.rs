@@ -183,6 +183,17 @@ fn governor(sticky: bool) -> DefaultKeyedRateLimiter<u64> {
     })
 }
 
+/// A permit of the keyed concurrency limiter (its defaults) taken and released on one hot key,
+/// beside the keyed checks of the same group.
+fn permits(c: &mut Criterion) {
+    let limiter = limiter_concurrency::KeyedConcurrency::<u64>::new(1_000).expect("valid");
+    let mut g = group(c, "keyed_hot_key", 1);
+    g.bench_function("concurrency_acquire_release", |b| {
+        b.iter(|| black_box(limiter.try_acquire(black_box(&7)).map(|p| p.release())))
+    });
+    g.finish();
+}
+
 /// 1M keys cycling through a 100k-key bound: every call on the bounded store inserts a key and
 /// evicts one (the keys never refill within the run, so none goes idle first).
 fn churn(c: &mut Criterion) {
@@ -269,6 +280,7 @@ fn main() {
     );
     subject(&mut c, "governor", governor, |l, k| l.check_key(&k).is_ok());
     subject(&mut c, "floor", |_| KeyedFloor::new(), KeyedFloor::check);
+    permits(&mut c);
     churn(&mut c);
     c.final_summary();
 }

@@ -384,6 +384,19 @@ fn targets() -> Vec<Target> {
             unit: "×",
         },
         Target {
+            what: "Concurrency, hot key: a permit's acquire and release ≤ 2.0× one keyed check",
+            measured: Measure::Pass(|r, _| {
+                ratio(
+                    r,
+                    "keyed_hot_key",
+                    "concurrency_acquire_release",
+                    "token_bucket_sharded",
+                )
+            }),
+            holds: |r| r <= 2.0,
+            unit: "×",
+        },
+        Target {
             what: "Memory: token bucket in the default store ≤ 36 B/key at 1M keys",
             measured: Measure::Pass(|_, x| x.memory.get("keyed_token_bucket_sharded").copied()),
             holds: |b| b <= 36.0,

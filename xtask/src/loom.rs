@@ -9,6 +9,7 @@ const MODELLED: &[&str] = &[
     "limiter-sliding-window",
     "limiter-store",
     "limiter-stack",
+    "limiter-concurrency",
 ];
 
 pub(crate) fn run() -> Result<(), String> {

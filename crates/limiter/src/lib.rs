@@ -57,6 +57,12 @@ pub mod algorithm {
     pub use limiter_token_bucket::Gcra;
 }
 
+/// Concurrency limits: at most `count` permits held at once per key, each released when its
+/// guard is dropped (`limiter-concurrency`).
+pub mod concurrency {
+    pub use limiter_concurrency::{KeyedConcurrency, OwnedPermit, Permit, Refused};
+}
+
 /// Key stores: where a keyed limiter keeps one state word per key (`limiter-store`).
 pub mod store {
     pub use limiter_store::*;
@@ -95,6 +101,8 @@ mod guides {
     struct Redis;
     #[doc = include_str!("../../../docs/middleware.md")]
     struct Middleware;
+    #[doc = include_str!("../../../docs/concurrency.md")]
+    struct Concurrency;
 }
 
 #[cfg(feature = "tokio")]
