@@ -33,19 +33,10 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
     {
         return Err("cargo-fuzz is not installed; run `cargo install cargo-fuzz --locked`".into());
     }
-    // Saved crashers are replayed by a plain test first, so a regression fails fast.
-    for package in [
-        "limiter-token-bucket",
-        "limiter-sliding-window",
-        "limiter-tower",
-        "limiter-envoy",
-        "limiterd",
-    ] {
-        cargo(
-            &["test", "--package", package, "--test", "fuzz_regressions"],
-            &[],
-        )?;
-    }
+    // Saved crashers are replayed by a plain test first, so a regression fails fast: every
+    // crate's `fuzz_regressions`, built as `cargo test --workspace` builds them (the same
+    // features, so after the tests nothing is rebuilt).
+    cargo(&["test", "--workspace", "--test", "fuzz_regressions"], &[])?;
     let fuzz_dir = root().join("fuzz");
     let max_time = format!("-max_total_time={seconds}");
     for target in TARGETS {
