@@ -134,4 +134,7 @@ pub enum ConfigError {
     /// builds refused its limit.
     #[error("{0}")]
     Stack(#[from] limiter_stack::BuildError),
+    /// A concurrency layer's count was refused (it must be 1 or more).
+    #[error("a concurrency layer: {0}")]
+    Concurrency(limiter_core::LimitError),
 }

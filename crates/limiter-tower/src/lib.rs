@@ -71,10 +71,14 @@
 //!
 //! On Redis, build a `limiter_redis::RedisStack<HttpRequest>` with
 //! `RedisLayer::keyed("per-ip", by_key_string("ip"))` and hand it to the same builder.
+//!
+//! Beside rate limits, a [`ConcurrencyLayer`] keeps at most `count` requests in flight per key,
+//! each holding its permit until its response body ends or is dropped.
 #![forbid(unsafe_code)]
 #![warn(clippy::unwrap_used)]
 
 mod body;
+mod concurrency;
 mod digits;
 mod error;
 mod headers;
@@ -86,6 +90,9 @@ mod response;
 mod values;
 
 pub use body::AnswerBody;
+pub use concurrency::{
+    ConcurrencyLayer, ConcurrencyLimit, DEFAULT_RETRY_AFTER, PermitBody, PermitFuture,
+};
 pub use error::{ConfigError, IpNetError, KeyError};
 pub use headers::HeaderMode;
 pub use ip::{ForwardedHeader, IpNet};

@@ -1,0 +1,152 @@
+//! The concurrency layer over real HTTP on loopback: a streaming response holds its request's
+//! permit until its body ends; a second request for the key meanwhile is answered 429 with
+//! `Retry-After` (another key passes); a client that disconnects mid-body releases its permit.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::get;
+use bytes::Bytes;
+use http::StatusCode;
+use http_body::Frame;
+use limiter_testkit::http_client::send;
+use limiter_tower::{ConcurrencyLayer, HeaderKey, Key};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+
+/// A response body fed by a channel: open until its sender is dropped.
+struct Fed(mpsc::Receiver<Bytes>);
+
+impl http_body::Body for Fed {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|chunk| chunk.map(|c| Ok(Frame::data(c))))
+    }
+}
+
+type Feeds = Arc<Mutex<Vec<mpsc::Sender<Bytes>>>>;
+
+/// `/stream` answers a body the test feeds (its sender pushed to `feeds`); `/quick` answers
+/// at once; both behind at most one request in flight per `x-api-key`.
+async fn serve() -> (std::net::SocketAddr, Feeds, ConcurrencyLayer<HeaderKey>) {
+    let feeds: Feeds = Arc::default();
+    let pushed = Arc::clone(&feeds);
+    let layer = ConcurrencyLayer::new(1, HeaderKey::new("x-api-key".parse().unwrap())).unwrap();
+    let app = Router::new()
+        .route(
+            "/stream",
+            get(move || async move {
+                let (tx, rx) = mpsc::channel(1);
+                pushed.lock().unwrap().push(tx);
+                Body::new(Fed(rx))
+            }),
+        )
+        .route("/quick", get(|| async { "ok" }))
+        .layer(layer.clone());
+    (support::serve(app).await, feeds, layer)
+}
+
+/// Opens `/stream` for `key` on a raw connection and reads the response head.
+async fn open_stream(addr: std::net::SocketAddr, key: &str) -> (TcpStream, String) {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET /stream HTTP/1.1\r\nhost: test\r\nx-api-key: {key}\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        assert_eq!(
+            stream.read(&mut byte).await.unwrap(),
+            1,
+            "the head ended early"
+        );
+        head.push(byte[0]);
+    }
+    (stream, String::from_utf8(head).unwrap())
+}
+
+fn held(layer: &ConcurrencyLayer<HeaderKey>, key: &str) -> u64 {
+    layer.permits().held(&Key::from(key))
+}
+
+#[tokio::test]
+async fn a_streaming_response_holds_its_permit_until_its_body_ends() {
+    let (addr, feeds, layer) = serve().await;
+    let (mut stream, head) = open_stream(addr, "acme").await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert_eq!(held(&layer, "acme"), 1, "the open body holds the permit");
+
+    let busy = send(addr, "GET", "/quick", &[("x-api-key", "acme")]).await;
+    assert_eq!(busy.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(busy.header("retry-after"), Some("1"));
+    assert!(busy.body.contains("in flight"), "{}", busy.body);
+    let other = send(addr, "GET", "/quick", &[("x-api-key", "globex")]).await;
+    assert_eq!(
+        other.status,
+        StatusCode::OK,
+        "another key has its own permit"
+    );
+    let keyless = send(addr, "GET", "/quick", &[]).await;
+    assert_eq!(keyless.status, StatusCode::BAD_REQUEST, "{}", keyless.body);
+
+    // The body's last chunk, then its end: the permit is released before the final chunk of
+    // the chunked encoding goes out, so once the client has read it the key is free.
+    let feed = feeds.lock().unwrap().pop().unwrap();
+    feed.send(Bytes::from_static(b"done")).await.unwrap();
+    drop(feed);
+    let mut rest = Vec::new();
+    while !rest.ends_with(b"0\r\n\r\n") {
+        let mut chunk = [0u8; 64];
+        let n = stream.read(&mut chunk).await.unwrap();
+        assert!(n > 0, "the connection closed before the body ended");
+        rest.extend_from_slice(&chunk[..n]);
+    }
+    assert_eq!(held(&layer, "acme"), 0);
+    let again = send(addr, "GET", "/quick", &[("x-api-key", "acme")]).await;
+    assert_eq!(again.status, StatusCode::OK);
+    assert_eq!(
+        held(&layer, "acme"),
+        0,
+        "a short response released its permit too"
+    );
+}
+
+#[tokio::test]
+async fn a_client_that_disconnects_mid_body_releases_its_permit() {
+    let (addr, feeds, layer) = serve().await;
+    let (stream, head) = open_stream(addr, "acme").await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert_eq!(held(&layer, "acme"), 1);
+    drop(stream); // the client goes away mid-body
+
+    // The server finds out when it writes to the closed connection and drops the body; the
+    // feed's send fails once the body is gone, and by then its permit is released (dropped
+    // first). Bounded, so a server that never notices fails the test instead of hanging it.
+    let feed = feeds.lock().unwrap().pop().unwrap();
+    let noticed = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        while feed.send(Bytes::from_static(b"more")).await.is_ok() {}
+    })
+    .await;
+    assert!(
+        noticed.is_ok(),
+        "the server never dropped the body of a closed connection"
+    );
+    assert_eq!(
+        held(&layer, "acme"),
+        0,
+        "the disconnected request's permit was released"
+    );
+    let again = send(addr, "GET", "/quick", &[("x-api-key", "acme")]).await;
+    assert_eq!(again.status, StatusCode::OK);
+}
