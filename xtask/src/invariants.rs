@@ -31,6 +31,7 @@ const RULES: &[Rule] = &[
             "crates/limiter-redis/src/backend.rs",
             "crates/limiter-redis/src/connect/",
             "crates/limiter-redis/src/lease/",
+            "crates/limiter-redis/src/permits.rs",
             "crates/limiter-redis/src/script/run.rs",
             "crates/limiter-redis/src/topology/",
             "crates/limiter-store/src/bounded.rs",

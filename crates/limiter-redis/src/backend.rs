@@ -251,6 +251,15 @@ impl RedisBackend {
         Arc::clone(&self.inner.clock)
     }
 
+    /// The test clock's reading in milliseconds since the Unix epoch, for scripts that read
+    /// time themselves; `None`: they read Redis `TIME`.
+    pub(crate) fn pinned_now_ms(&self) -> Option<u64> {
+        match &self.inner.time {
+            TimeSource::Server => None,
+            TimeSource::Clock(clock) => Some(clock.now() / 1_000_000),
+        }
+    }
+
     /// The per-call timeout.
     pub(crate) fn timeout(&self) -> Duration {
         self.inner.timeout

@@ -127,6 +127,14 @@ pub enum BuildError {
         /// What is wrong and how to fix it.
         reason: String,
     },
+    /// Permits that cannot be kept as described.
+    #[error("permits `{name}`: {reason}")]
+    Permits {
+        /// The permits' name.
+        name: String,
+        /// What is wrong and how to fix it.
+        reason: String,
+    },
 }
 
 /// A call that can never be decided. Being over the limit is not an error, and neither is a

@@ -70,6 +70,7 @@ mod error;
 mod health;
 mod keyslot;
 mod lease;
+mod permits;
 mod queue;
 mod records;
 mod refund;
@@ -95,6 +96,7 @@ pub use health::{Deployment, MasterHealth, SentinelHealth, StoreHealth, slot_ran
 pub use lease::{
     DEFAULT_LEASE_TTL, LEASE_TTL_RANGE, Lease, LeaseStats, LeasedLimiter, LeasedStack, Slack,
 };
+pub use permits::{Acquired, MAX_PERMIT_TTL, MAX_PERMITS, RedisPermit, RedisPermits};
 pub use records::RedisRecords;
 pub use refund::RedisGrant;
 pub use script::SCRIPT;

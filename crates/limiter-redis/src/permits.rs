@@ -1,0 +1,266 @@
+//! [`RedisPermits`]: at most `count` permits held per key across a fleet, each with an expiry.
+//! A key's permits are one sorted set (each permit's id scored by when it expires, by Redis's
+//! clock); one script call takes, releases or renews a permit, dropping expired ones first, so
+//! the count is exact across processes and a holder that dies (SIGKILL, a lost node) loses its
+//! permits once their time to live has passed, and nothing else.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use redis::Value;
+
+use crate::backend::RedisBackend;
+use crate::error::{BackendError, BuildError};
+
+/// The most permits a key may hold.
+pub const MAX_PERMITS: u64 = 1_000_000;
+
+/// The longest time to live a permit may have: a day (longer work renews).
+pub const MAX_PERMIT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// The clock every script reads: the caller's pinned milliseconds (tests), else Redis `TIME`.
+const NOW: &str = "local now = tonumber(ARGV[1]) if not now then local t = redis.call('TIME') now = t[1] * 1000 + math.floor(t[2] / 1000) end ";
+
+/// Drops expired permits, then takes one if fewer than `count` are held: `{1, held, expiry}`
+/// or `{0, held, ms until the first expiry}`. `ARGV = [now?, count, ttl_ms, id]`.
+const ACQUIRE: &str = "redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now) \
+local held = redis.call('ZCARD', KEYS[1]) \
+if held < tonumber(ARGV[2]) then \
+  local expiry = now + tonumber(ARGV[3]) \
+  redis.call('ZADD', KEYS[1], expiry, ARGV[4]) \
+  local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES') \
+  redis.call('PEXPIRE', KEYS[1], math.max(1, tonumber(last[2]) - now)) \
+  return {1, held + 1, expiry} \
+end \
+local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES') \
+return {0, held, tonumber(first[2]) - now}";
+
+/// Drops expired permits, then releases `id`: 1 if it was held. `ARGV = [now?, id]`.
+const RELEASE: &str = "redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now) \
+return redis.call('ZREM', KEYS[1], ARGV[2])";
+
+/// Drops expired permits, then moves `id`'s expiry to `now + ttl` if it is still held: the new
+/// expiry, or 0. `ARGV = [now?, ttl_ms, id]`.
+const RENEW: &str = "redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now) \
+if not redis.call('ZSCORE', KEYS[1], ARGV[3]) then return 0 end \
+local expiry = now + tonumber(ARGV[2]) \
+redis.call('ZADD', KEYS[1], 'XX', expiry, ARGV[3]) \
+local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES') \
+redis.call('PEXPIRE', KEYS[1], math.max(1, tonumber(last[2]) - now)) \
+return expiry";
+
+/// Permits held and not expired: read only. `ARGV = [now?]`.
+const HELD: &str = "return redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')";
+
+/// Permits per key on Redis (see the module docs). Cheap to clone: it shares the backend.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use limiter_redis::{Acquired, RedisBackend};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let backend = RedisBackend::connect("redis://127.0.0.1:6379").await?;
+/// // At most 10 reports running per customer, fleet-wide; a permit lives 30 s unless renewed.
+/// let reports = backend.permits("reports", 10, Duration::from_secs(30))?;
+/// match reports.acquire("acme").await? {
+///     Acquired::Held(permit) => {
+///         // ... the work, renewing every few seconds if it runs long ...
+///         reports.renew("acme", permit.id()).await?;
+///         reports.release("acme", permit.id()).await?;
+///     }
+///     Acquired::Busy { retry_after, .. } => println!("429: retry after {retry_after:?}"),
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct RedisPermits {
+    backend: RedisBackend,
+    name: String,
+    count: u64,
+    ttl_ms: u64,
+}
+
+/// What an acquire answered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Acquired {
+    /// A permit was taken.
+    Held(RedisPermit),
+    /// Every permit of the key is held; nothing was taken.
+    Busy {
+        /// Permits the key holds.
+        held: u64,
+        /// The most it may hold.
+        count: u64,
+        /// Until the first held permit expires (a release may free one sooner).
+        retry_after: Duration,
+    },
+}
+
+/// A permit taken on Redis: its id (to release or renew it, from any process) and when it
+/// expires unless renewed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RedisPermit {
+    id: String,
+    expires_at_ms: u64,
+}
+
+impl RedisPermit {
+    /// The permit's id: random, unique per permit.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// When it expires unless renewed, in milliseconds since the Unix epoch by Redis's clock.
+    pub fn expires_at_ms(&self) -> u64 {
+        self.expires_at_ms
+    }
+}
+
+impl RedisBackend {
+    /// Permits named `name` (part of each key's Redis key): at most `count` held per key
+    /// (1 to [`MAX_PERMITS`]), each expiring `ttl` after it is taken or renewed (1 ms to
+    /// [`MAX_PERMIT_TTL`]).
+    pub fn permits(
+        &self,
+        name: &str,
+        count: u64,
+        ttl: Duration,
+    ) -> Result<RedisPermits, BuildError> {
+        let refused = |reason: String| BuildError::Permits {
+            name: name.to_owned(),
+            reason,
+        };
+        if count == 0 || count > MAX_PERMITS {
+            return Err(refused(format!(
+                "{count} permits per key: give 1 to {MAX_PERMITS}"
+            )));
+        }
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        if ttl_ms == 0 || ttl > MAX_PERMIT_TTL {
+            return Err(refused(format!(
+                "a time to live of {ttl:?}: give 1 ms to {MAX_PERMIT_TTL:?} (renew longer work)"
+            )));
+        }
+        Ok(RedisPermits {
+            backend: self.clone(),
+            name: name.to_owned(),
+            count,
+            ttl_ms,
+        })
+    }
+}
+
+impl RedisPermits {
+    /// The most permits a key may hold.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// A permit's time to live.
+    pub fn ttl(&self) -> Duration {
+        Duration::from_millis(self.ttl_ms)
+    }
+
+    /// Takes a permit for `key` if fewer than `count` are held (expired ones dropped first). A
+    /// Redis failure is an error, never a permit: the caller's failure policy decides.
+    pub async fn acquire(&self, key: &str) -> Result<Acquired, BackendError> {
+        let id = permit_id();
+        let reply = self
+            .run(
+                key,
+                ACQUIRE,
+                &[&self.count.to_string(), &self.ttl_ms.to_string(), &id],
+            )
+            .await?;
+        let [taken, held, at] = numbers(&reply)?;
+        Ok(if taken == 1 {
+            Acquired::Held(RedisPermit {
+                id,
+                expires_at_ms: at,
+            })
+        } else {
+            Acquired::Busy {
+                held,
+                count: self.count,
+                retry_after: Duration::from_millis(at.max(1)),
+            }
+        })
+    }
+
+    /// Releases `key`'s permit `id`: whether it was held (false once it expired or was released
+    /// already, so a release is idempotent).
+    pub async fn release(&self, key: &str, id: &str) -> Result<bool, BackendError> {
+        let reply = self.run(key, RELEASE, &[id]).await?;
+        Ok(number(&reply)? == 1)
+    }
+
+    /// Moves `key`'s permit `id`'s expiry to a full time to live from now, answering the new
+    /// expiry (ms since the Unix epoch), or `None` when the permit is no longer held.
+    pub async fn renew(&self, key: &str, id: &str) -> Result<Option<u64>, BackendError> {
+        let reply = self
+            .run(key, RENEW, &[&self.ttl_ms.to_string(), id])
+            .await?;
+        Ok(Some(number(&reply)?).filter(|&expiry| expiry > 0))
+    }
+
+    /// Permits `key` holds now (expired ones not counted).
+    pub async fn held(&self, key: &str) -> Result<u64, BackendError> {
+        number(&self.run(key, HELD, &[]).await?)
+    }
+
+    /// Runs `body` on `key`'s sorted set, with the pinned time (if any) first in `ARGV`.
+    async fn run(&self, key: &str, body: &str, args: &[&str]) -> Result<Value, BackendError> {
+        // The key's own hash tag: on a cluster, keys spread over the masters.
+        let redis_key = format!("limiter:permits:{}:{{{key}}}", self.name);
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(format!("{NOW}{body}")).arg(1).arg(&redis_key).arg(
+            self.backend
+                .pinned_now_ms()
+                .map_or_else(String::new, |ms| ms.to_string()),
+        );
+        for arg in args {
+            cmd.arg(*arg);
+        }
+        self.backend.query(&redis_key, &cmd).await
+    }
+}
+
+/// A fresh permit id: a hash under a randomly seeded key (std seeds each process's keys from the
+/// OS) of this process's id and a counter, then the counter, in hex: unique across processes
+/// without coordination.
+fn permit_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    // Relaxed: a counter only made unique, never ordered against anything.
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(n);
+    hasher.write_u32(std::process::id());
+    format!("{:016x}{n:x}", hasher.finish())
+}
+
+fn number(reply: &Value) -> Result<u64, BackendError> {
+    match reply {
+        Value::Int(n) => u64::try_from(*n).map_err(|_| bad(reply)),
+        _ => Err(bad(reply)),
+    }
+}
+
+fn numbers(reply: &Value) -> Result<[u64; 3], BackendError> {
+    match reply {
+        Value::Array(items) if items.len() == 3 => Ok([
+            number(&items[0])?,
+            number(&items[1])?,
+            // A wait is never negative, but the first expiry may have been passed by rounding.
+            match &items[2] {
+                Value::Int(n) => u64::try_from(*n).unwrap_or(0),
+                other => return Err(bad(other)),
+            },
+        ]),
+        _ => Err(bad(reply)),
+    }
+}
+
+fn bad(reply: &Value) -> BackendError {
+    BackendError::BadReply(format!("a permit script answered {reply:?}"))
+}

@@ -1,0 +1,294 @@
+//! Permits on Redis against a real `redis-server`: exact under racing tasks and across
+//! processes, a release that is idempotent, expiry and renewal on a pinned clock, and a holder
+//! killed with SIGKILL losing its permits after their time to live and nothing else.
+
+use limiter_testkit::redis_server as common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use limiter_core::ManualClock;
+use limiter_redis::{Acquired, BuildError, RedisBackend, RedisPermits};
+
+const TTL: Duration = Duration::from_secs(30);
+/// A Unix time (ns) the pinned tests start at.
+const START: u64 = 1_795_000_000_000_000_000;
+const CHILD_URL: &str = "LIMITER_REDIS_PERMITS_CHILD_URL";
+const HOLD_URL: &str = "LIMITER_REDIS_PERMITS_HOLD_URL";
+
+async fn pinned(server: &common::RedisServer, clock: &ManualClock) -> RedisBackend {
+    RedisBackend::builder(server.url().as_str())
+        .time_from(clock.clone())
+        .connect()
+        .await
+        .expect("connects")
+}
+
+fn permit(acquired: Acquired) -> limiter_redis::RedisPermit {
+    match acquired {
+        Acquired::Held(permit) => permit,
+        busy => panic!("expected a permit, got {busy:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_release_is_idempotent_and_an_expired_permit_is_gone_once() {
+    let server = common::RedisServer::start();
+    let clock = ManualClock::new();
+    clock.set(START);
+    let permits = pinned(&server, &clock)
+        .await
+        .permits("jobs", 2, TTL)
+        .unwrap();
+    let first = permit(permits.acquire("acme").await.unwrap());
+    assert_eq!(first.expires_at_ms(), START / 1_000_000 + 30_000);
+    let second = permit(permits.acquire("acme").await.unwrap());
+    assert_ne!(first.id(), second.id());
+    let Acquired::Busy {
+        held,
+        count,
+        retry_after,
+    } = permits.acquire("acme").await.unwrap()
+    else {
+        panic!("a third permit past the count");
+    };
+    assert_eq!((held, count, retry_after), (2, 2, TTL));
+    assert!(permits.release("acme", first.id()).await.unwrap());
+    assert!(
+        !permits.release("acme", first.id()).await.unwrap(),
+        "released once"
+    );
+    assert_eq!(permits.held("acme").await.unwrap(), 1);
+
+    // Renewed at 20 s, the second outlives its first expiry; at 50 s it is gone, and
+    // releasing it answers false: it expired.
+    clock.advance(Duration::from_secs(20));
+    let renewed = permits.renew("acme", second.id()).await.unwrap();
+    assert_eq!(renewed, Some(START / 1_000_000 + 50_000));
+    clock.advance(Duration::from_secs(15));
+    assert_eq!(
+        permits.held("acme").await.unwrap(),
+        1,
+        "renewed: still held"
+    );
+    let other = permit(permits.acquire("other").await.unwrap());
+    assert!(
+        permits.release("other", other.id()).await.unwrap(),
+        "another key, its own permits"
+    );
+    clock.advance(Duration::from_secs(15));
+    assert_eq!(permits.held("acme").await.unwrap(), 0, "expired");
+    assert!(!permits.release("acme", second.id()).await.unwrap());
+    assert_eq!(permits.renew("acme", second.id()).await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn bad_settings_are_refused_naming_the_range() {
+    let server = common::RedisServer::start();
+    let backend = RedisBackend::connect(server.url().as_str()).await.unwrap();
+    for (count, ttl) in [
+        (0, TTL),
+        (3, Duration::ZERO),
+        (3, Duration::from_secs(90_000)),
+    ] {
+        let err = backend.permits("jobs", count, ttl).unwrap_err();
+        assert!(matches!(err, BuildError::Permits { .. }), "{err}");
+        assert!(err.to_string().contains("give 1"), "{err}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_tasks_never_hold_more_than_the_count() {
+    let server = common::RedisServer::start();
+    let backend = RedisBackend::connect(server.url().as_str()).await.unwrap();
+    let permits = Arc::new(backend.permits("race", 3, TTL).unwrap());
+    let in_flight = Arc::new(AtomicU64::new(0));
+    let most = Arc::new(AtomicU64::new(0));
+    let tasks: Vec<_> = (0..12)
+        .map(|_| {
+            let (permits, in_flight, most) = (
+                Arc::clone(&permits),
+                Arc::clone(&in_flight),
+                Arc::clone(&most),
+            );
+            tokio::spawn(async move {
+                let mut admitted = 0u64;
+                for _ in 0..100 {
+                    let Acquired::Held(permit) = permits.acquire("hot").await.unwrap() else {
+                        continue;
+                    };
+                    admitted += 1;
+                    // SeqCst: the count must order with Redis's answers as seen here.
+                    let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    tokio::task::yield_now().await;
+                    in_flight.fetch_sub(1, Ordering::SeqCst);
+                    assert!(permits.release("hot", permit.id()).await.unwrap());
+                }
+                admitted
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += task.await.unwrap();
+    }
+    assert!(admitted > 0);
+    assert!(most.load(Ordering::SeqCst) <= 3, "more than 3 in flight");
+    assert_eq!(permits.held("hot").await.unwrap(), 0);
+}
+
+/// The entry point of the child processes the next test starts: with the variable set, it
+/// takes as many permits as it can (never releasing) and prints how many; run normally, it has
+/// nothing to do.
+#[tokio::test]
+async fn permits_child_process_entry_point() {
+    let Ok(url) = std::env::var(CHILD_URL) else {
+        return;
+    };
+    let permits = shared(&url).await;
+    let mut taken = 0;
+    for _ in 0..5 {
+        if let Acquired::Held(_) = permits.acquire("shared").await.unwrap() {
+            taken += 1;
+        }
+    }
+    println!("taken={taken}");
+}
+
+async fn shared(url: &str) -> RedisPermits {
+    let backend = RedisBackend::connect(url).await.expect("connects");
+    backend
+        .permits("fleet", 4, Duration::from_secs(600))
+        .unwrap()
+}
+
+fn child(exe: &std::path::Path, entry: &str, var: &str, url: &str) -> Command {
+    let mut command = Command::new(exe);
+    command
+        .args(["--exact", entry, "--nocapture", "--test-threads=1"])
+        .env(var, url);
+    command
+}
+
+fn field(stdout: &str, name: &str) -> u64 {
+    stdout
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix(name))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in the child's output: {stdout}"))
+}
+
+#[test]
+fn processes_racing_for_permits_take_exactly_the_count() {
+    let server = common::RedisServer::start();
+    let exe = std::env::current_exe().unwrap();
+    let children: Vec<_> = (0..3)
+        .map(|_| {
+            child(
+                &exe,
+                "permits_child_process_entry_point",
+                CHILD_URL,
+                &server.url(),
+            )
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start a child test process")
+        })
+        .collect();
+    let mut total = 0;
+    for child in children {
+        let output = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(output.status.success(), "child failed: {stdout}");
+        total += field(&stdout, "taken=");
+    }
+    // Three processes asked for 15 permits of a key that holds 4, none released: exactly 4.
+    assert_eq!(total, 4);
+}
+
+/// The entry point of the holder the SIGKILL test starts: takes two permits, says so, and
+/// blocks until it is killed.
+#[tokio::test]
+async fn permits_holder_process_entry_point() {
+    let Ok(url) = std::env::var(HOLD_URL) else {
+        return;
+    };
+    let backend = RedisBackend::connect(url.as_str()).await.expect("connects");
+    let permits = backend.permits("holders", 3, TTL).unwrap();
+    for _ in 0..2 {
+        permit(permits.acquire("acme").await.unwrap());
+    }
+    println!("holding");
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
+}
+
+#[tokio::test]
+async fn a_holder_killed_with_sigkill_loses_its_permits_after_their_ttl_and_nothing_else() {
+    let server = common::RedisServer::start();
+    let exe = std::env::current_exe().unwrap();
+    let mut holder = child(
+        &exe,
+        "permits_holder_process_entry_point",
+        HOLD_URL,
+        &server.url(),
+    )
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("start the holder");
+    let stdout = BufReader::new(holder.stdout.take().unwrap());
+    assert!(
+        stdout
+            .lines()
+            .map_while(Result::ok)
+            .any(|line| line.contains("holding")),
+        "the holder reports its permits before it is killed"
+    );
+    holder.kill().unwrap(); // SIGKILL: nothing released
+    holder.wait().unwrap();
+
+    // This process reads time from a clock it moves, started at the wall clock (the holder
+    // took its permits by Redis's clock, a moment ago).
+    let clock = ManualClock::new();
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    clock.set(u64::try_from(wall.as_nanos()).unwrap());
+    let permits = pinned(&server, &clock)
+        .await
+        .permits("holders", 3, TTL)
+        .unwrap();
+    assert_eq!(
+        permits.held("acme").await.unwrap(),
+        2,
+        "the dead holder's permits still count"
+    );
+    let mine = permit(permits.acquire("acme").await.unwrap());
+    assert!(matches!(
+        permits.acquire("acme").await.unwrap(),
+        Acquired::Busy { held: 3, .. }
+    ));
+
+    clock.advance(Duration::from_secs(20));
+    assert!(permits.renew("acme", mine.id()).await.unwrap().is_some());
+    clock.advance(Duration::from_secs(5));
+    assert_eq!(
+        permits.held("acme").await.unwrap(),
+        3,
+        "not before their time to live"
+    );
+    clock.advance(Duration::from_secs(10)); // 35 s: past the dead holder's 30
+    assert_eq!(
+        permits.held("acme").await.unwrap(),
+        1,
+        "only this process's renewed permit"
+    );
+    assert!(permits.release("acme", mine.id()).await.unwrap());
+}
