@@ -384,6 +384,22 @@ fn stacks(c: &mut Criterion) {
             })
         });
     }
+    // A permit per user beside the user's rate layer (taken and released by each call), beside
+    // `stack_2`: a second rate layer.
+    let permitted = limiter_concurrency::PermitStack::new(
+        build(vec![user(allow)]),
+        1_000_000,
+        |r: &Request| Some(r.user),
+    )
+    .expect("valid");
+    g.bench_function("stack_1_and_permit", |b| {
+        rotating(b, &requests, |r| {
+            matches!(
+                permitted.check(r).expect("valid"),
+                limiter_concurrency::Admission::Admitted { .. }
+            )
+        })
+    });
     // The global layer admits each pair once, so every key is in the table, then denies for
     // the rest of the run (its next unit comes back after 56 s, longer than this subject runs).
     let once_each = Limit::per_hour(PAIRS as u64);

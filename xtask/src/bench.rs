@@ -397,6 +397,12 @@ fn targets() -> Vec<Target> {
             unit: "×",
         },
         Target {
+            what: "Concurrency in a stack: a rate layer and a permit ≤ 1.0× two rate layers",
+            measured: Measure::Pass(|r, _| ratio(r, "stack", "stack_1_and_permit", "stack_2")),
+            holds: |r| r <= 1.0,
+            unit: "×",
+        },
+        Target {
             what: "Memory: token bucket in the default store ≤ 36 B/key at 1M keys",
             measured: Measure::Pass(|_, x| x.memory.get("keyed_token_bucket_sharded").copied()),
             holds: |b| b <= 36.0,

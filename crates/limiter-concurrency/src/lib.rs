@@ -7,7 +7,8 @@
 //! [`ShardedStore`](limiter_store::ShardedStore), updated by compare-and-swap; the word's
 //! transitions are [`PermitCount`] (an [`Algorithm`](limiter_core::Algorithm), so the store's
 //! reclamation, proven for every algorithm, forgets a key once it holds none) and
-//! [`Releasing`].
+//! [`Releasing`]. A [`PermitStack`] decides a stack of rate limits and a concurrency limit as
+//! one, all or nothing.
 //!
 //! ```
 //! use limiter_concurrency::KeyedConcurrency;
@@ -30,6 +31,8 @@
 
 mod keyed;
 mod permits;
+mod stacked;
 
 pub use keyed::{Held, KeyedConcurrency, OwnedPermit, Permit, Refused};
 pub use permits::{MAX_PERMITS, PermitCount, Releasing};
+pub use stacked::{Admission, PermitStack};

@@ -60,7 +60,9 @@ pub mod algorithm {
 /// Concurrency limits: at most `count` permits held at once per key, each released when its
 /// guard is dropped (`limiter-concurrency`).
 pub mod concurrency {
-    pub use limiter_concurrency::{KeyedConcurrency, OwnedPermit, Permit, Refused};
+    pub use limiter_concurrency::{
+        Admission, KeyedConcurrency, OwnedPermit, Permit, PermitStack, Refused,
+    };
 }
 
 /// Key stores: where a keyed limiter keeps one state word per key (`limiter-store`).
