@@ -39,6 +39,7 @@ const RULES: &[Rule] = &[
             "crates/limiterd/src/metrics/",
             "crates/limiterd/src/ops/live.rs",
             "crates/limiterd/src/http/unkey/mod.rs",
+            "crates/limiterd/src/permits.rs",
         ],
         invariant: "decision atomics come from the crate's sync.rs (so loom can swap them); std atomics only for statistics and ids",
     },
@@ -48,6 +49,7 @@ const RULES: &[Rule] = &[
         allowed: &[
             "crates/limiter-core/src/clock.rs",
             "crates/limiterd/src/http/api.rs",
+            "crates/limiterd/src/http/release.rs",
             "crates/limiterd/src/http/unkey/mod.rs",
             "crates/limiterd/src/grpc.rs",
             "crates/limiterd/src/metrics/",

@@ -41,8 +41,11 @@ use crate::keyed::{KeyedConcurrency, Permit, Refused};
 pub struct PermitStack<R, K, PK, C = DefaultClock> {
     stack: Stack<R, K, C>,
     permits: KeyedConcurrency<PK>,
-    permit_key: Box<dyn Fn(&R) -> Option<PK> + Send + Sync>,
+    permit_key: PermitKey<R, PK>,
 }
+
+/// What takes a request's permit key.
+type PermitKey<R, PK> = Box<dyn Fn(&R) -> Option<PK> + Send + Sync>;
 
 impl<R, K, PK, C> fmt::Debug for PermitStack<R, K, PK, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -102,6 +102,7 @@ pub enum Acquired {
 pub struct RedisPermit {
     id: String,
     expires_at_ms: u64,
+    held: u64,
 }
 
 impl RedisPermit {
@@ -113,6 +114,11 @@ impl RedisPermit {
     /// When it expires unless renewed, in milliseconds since the Unix epoch by Redis's clock.
     pub fn expires_at_ms(&self) -> u64 {
         self.expires_at_ms
+    }
+
+    /// Permits the key held once this one was taken (this one included).
+    pub fn held(&self) -> u64 {
+        self.held
     }
 }
 
@@ -177,6 +183,7 @@ impl RedisPermits {
             Acquired::Held(RedisPermit {
                 id,
                 expires_at_ms: at,
+                held,
             })
         } else {
             Acquired::Busy {

@@ -5,7 +5,8 @@
 //!
 //! - [`metrics`]: the Prometheus counters.
 //! - [`config`]: the TOML file, checked with line numbers ([`config::BUILT_IN`] when none).
-//! - [`stacks`]: each policy's stack built for the store (the one module naming a store crate).
+//! - [`permits`]: policies' concurrency limits, a permit per admitted call, on either store.
+//! - [`stacks`]: each policy's stack built for the store.
 //! - [`engine`]: the policies behind the seam, requests decided all or nothing.
 //! - [`envoy`]: envoy's protocol (the `limiter-envoy` crate) mounted: the engine as its decider.
 //! - [`app`]: the composition root: metrics, then the engine, then envoy's domains attached
@@ -14,7 +15,7 @@
 //! - Adapters (feature `server`): `http` (the HTTP JSON API, its request parser, and
 //!   `POST /json`), `grpc` (envoy's protocol over tonic), served by `serve`.
 //!
-//! Dependencies point one way: metrics ← config ← stacks ← engine ← envoy ← app ← ops ←
+//! Dependencies point one way: metrics ← config ← permits ← stacks ← engine ← envoy ← app ← ops ←
 //! http, grpc ← server; no module imports one that imports it (`cargo xtask lint`).
 //!
 //! `serve` (feature `server`) runs the HTTP API, and the gRPC service with gRPC health if
@@ -32,6 +33,7 @@ pub mod grpc;
 pub mod http;
 pub mod metrics;
 pub mod ops;
+pub mod permits;
 pub mod stacks;
 
 #[cfg(feature = "server")]

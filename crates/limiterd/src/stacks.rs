@@ -1,8 +1,9 @@
 //! Where the engine's policies live: [`Stacks`] builds a policy's stack for the configured
 //! store (in this process, on Redis per call, or against leases on Redis) from one definition
-//! of its layers, and hands it to the engine behind the workspace's one seam
-//! ([`Charges`], an [`AsyncLimiter`](limiter_stack::AsyncLimiter) that takes every charge). This is the one module of limiterd that names a store crate; the
-//! engine above it decides, batches, refunds and reloads through the seam alone.
+//! of its layers, and hands it to the engine behind the workspace's one seam ([`Charges`],
+//! an [`AsyncLimiter`] that takes every charge), with the permits of a policy's concurrency
+//! limit on the same store ([`Stacks::permits`]). The engine above it decides, batches,
+//! refunds and reloads through the seam alone, and names no store crate.
 //!
 //! In process a layer is open to more plans ([`RELOAD_PLANS`] of them: a reload's changed
 //! limits become a plan, see the engine), and the ad-hoc limits share one stack whose plans
@@ -15,11 +16,12 @@ use std::sync::Arc;
 use limiter_core::Clock;
 use limiter_redis::{LeasedStack, OnFailure, RedisBackend, RedisStack};
 use limiter_stack::{
-    BatchAnswer, BatchItem, CallError, Charges, HoldsKeys, Layer, OpenPlans, Plan, Stack,
-    decide_all,
+    Ask, AsyncLimiter, BatchAnswer, BatchItem, CallError, Charges, Decide, HoldsKeys, Layer,
+    LayerInfo, OpenPlans, Outcome, Plan, Stack, StackDecision, Taken, decide_all,
 };
 
 use crate::config::{Keying, Policy, PolicyLimit, Store, StoreKind};
+use crate::permits::{MemoryPermits, PolicyPermits};
 
 /// How many times one in-process policy's limits can change by reload with its counters kept
 /// (each change is a plan of its layers); past that, a change starts its counters afresh.
@@ -237,7 +239,12 @@ enum Place {
 pub struct Stacks<C> {
     clock: C,
     place: Place,
+    /// In memory, each policy's permit table by stack name, shared by the stacks a reload
+    /// builds: permits held survive a reload.
+    permit_tables: PermitTables,
 }
+
+type PermitTables = Arc<std::sync::Mutex<std::collections::HashMap<String, Arc<MemoryPermits>>>>;
 
 impl<C> std::fmt::Debug for Stacks<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -308,7 +315,11 @@ impl<C: Clock + Clone + Send + Sync + 'static> Stacks<C> {
             ) => Place::Redis(backend, *on_failure, *fleet_size),
             (Store::Redis { .. }, None) => return Err(EngineError::NoBackend),
         };
-        Ok(Self { clock, place })
+        Ok(Self {
+            clock,
+            place,
+            permit_tables: PermitTables::default(),
+        })
     }
 
     /// Stacks for a reloaded `store`, on the same connection and clock. The store itself
@@ -332,13 +343,50 @@ impl<C: Clock + Clone + Send + Sync + 'static> Stacks<C> {
         Ok(Self {
             clock: self.clock.clone(),
             place,
+            permit_tables: Arc::clone(&self.permit_tables),
         })
+    }
+
+    /// The permits of `policy`'s concurrency limit, if it has one: in this process (the table
+    /// of `stack_name`, kept across reloads) or on Redis (keys named by `stack_name`).
+    pub fn permits(
+        &self,
+        stack_name: &str,
+        policy: &Policy,
+    ) -> Result<Option<PolicyPermits>, EngineError> {
+        let Some(limit) = policy.concurrency else {
+            return Ok(None);
+        };
+        match &self.place {
+            Place::Memory { .. } => {
+                let mut tables = self
+                    .permit_tables
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                let table = tables
+                    .entry(stack_name.to_owned())
+                    .or_insert_with(|| Arc::new(MemoryPermits::new(Arc::new(self.clock.clone()))));
+                Ok(Some(PolicyPermits::memory(limit, Arc::clone(table))))
+            }
+            Place::Redis(backend, ..) => {
+                { PolicyPermits::redis(limit, backend, stack_name, policy.on_failure) }
+                    .map(Some)
+                    .map_err(|source| EngineError::Redis {
+                        policy: stack_name.to_owned(),
+                        source,
+                    })
+            }
+        }
     }
 
     /// The stack of `policy`, its state named `stack_name` (part of its Redis keys): one
     /// layer per keying (identifier first), each with the policy's limits of that keying.
     pub fn build(&self, stack_name: &str, policy: &Policy) -> Result<PolicyStack, EngineError> {
         let groups = groups(policy);
+        if groups.is_empty() {
+            // A policy of a concurrency limit alone: no rate layer, whatever the store.
+            return Ok(PolicyStack::memory(Arc::new(NoRateLimits)));
+        }
         match &self.place {
             Place::Memory { max_keys } => {
                 let layers =
@@ -414,6 +462,55 @@ impl<C: Clock + Clone + Send + Sync + 'static> Stacks<C> {
             builder = builder.max_keys(max_keys);
         }
         Ok(Arc::new(builder.build()?))
+    }
+}
+
+/// The stack of a policy with no rate limits (a concurrency limit alone): admits every call,
+/// counts nothing, holds no key.
+#[derive(Debug)]
+struct NoRateLimits;
+
+impl AsyncLimiter<Call> for NoRateLimits {
+    fn decide_request<'a>(&'a self, _: &'a Call, _: u64) -> Decide<'a> {
+        Decide::Now(Ok(Outcome::in_process(StackDecision::new())))
+    }
+
+    fn layers(&self) -> Vec<LayerInfo> {
+        Vec::new()
+    }
+}
+
+impl Charges<Call> for NoRateLimits {
+    fn ask<'a>(&'a self, call: &'a Call, ask: Ask) -> Decide<'a> {
+        self.decide_request(call, ask.cost)
+    }
+
+    fn take_undoable<'a>(
+        &'a self,
+        call: &'a Call,
+        cost: u64,
+        _: Option<u64>,
+    ) -> Decide<'a, Result<Taken<'a>, CallError>> {
+        self.decide_request(call, cost).map(|answer| {
+            answer.map(|outcome| Taken {
+                outcome,
+                undo: None,
+            })
+        })
+    }
+}
+
+impl HoldsKeys for NoRateLimits {
+    fn keys_held(&self) -> u64 {
+        0
+    }
+}
+
+impl OpenPlans for NoRateLimits {
+    fn add_plan(&self, layer: usize, _: Plan) -> Result<usize, limiter_stack::BuildError> {
+        Err(limiter_stack::BuildError::NotOpen {
+            layer: format!("{layer} (a policy without rate limits)"),
+        })
     }
 }
 

@@ -251,6 +251,31 @@ async fn every_endpoint_answers_as_the_document_says() {
             400,
         ),
         ("POST", "/v1/ratelimit", "x".repeat(70_000), 413),
+        // The built-in `exports` policy limits concurrency: its answer carries a permit.
+        (
+            "POST",
+            "/v1/ratelimit",
+            post(json!({"policy": "exports", "identifier": "e"})),
+            200,
+        ),
+        (
+            "POST",
+            "/v1/ratelimit/release",
+            post(json!({"policy": "exports", "identifier": "e", "permit": "0123456789abcdef1"})),
+            200,
+        ),
+        (
+            "POST",
+            "/v1/ratelimit/release",
+            post(json!({"policy": "nope", "identifier": "e", "permit": "x"})),
+            400,
+        ),
+        (
+            "POST",
+            "/v1/ratelimit/release",
+            post(json!({"policy": "api", "identifier": "e", "permit": "x"})),
+            400,
+        ),
         (
             "POST",
             "/v1/ratelimit/many",

@@ -526,7 +526,7 @@ fn check_config_explains_errors_with_line_numbers() {
     );
     assert!(
         String::from_utf8_lossy(&out.stdout)
-            .contains("valid; 3 policies (api, global, login), store: memory")
+            .contains("valid; 4 policies (api, exports, global, login), store: memory")
     );
     // One policy is "1 policy"; a file TOML cannot read points at what prints a whole file.
     let check = |name: &str, text: &str| {

@@ -72,7 +72,9 @@ pub use limiter_envoy::settings::{
     DEFAULT_GRPC_LISTEN, EnvoySettings, EnvoySwitches, HeaderNames, Options,
 };
 use policy::parse_policy;
-pub use policy::{CheckedLimit, Keying, Policy, PolicyLimit};
+pub use policy::{
+    CheckedLimit, ConcurrencyLimit, DEFAULT_PERMIT_TTL, Keying, MAX_PERMIT_TTL, Policy, PolicyLimit,
+};
 pub use redis_store::{
     Login, PasswordFrom, RedisAt, RedisConnection, SentinelAt, TlsFiles, WaitFor,
 };
@@ -103,6 +105,15 @@ limits = [
 # at most each limit plus this slack ("N%" of the limit, or N units). Ignored in memory.
 # lease_slack = "1%"
 # lease_ttl = "1s"             # how long a lease lives (10ms to 1h)
+
+# At most 2 exports running per identifier, and 10 started per hour. An admitted call's answer
+# carries a "permit": release it with POST /v1/ratelimit/release when the export ends (an
+# unreleased permit expires after ttl).
+[policies.exports]
+limits = [
+  { algorithm = "concurrency", count = 2, ttl = "5m" },
+  { algorithm = "fixed_window", count = 10, period = "1h" },
+]
 
 # 5 attempts per minute per identifier.
 [policies.login]
@@ -312,9 +323,10 @@ struct RawPolicy {
 struct RawLimit {
     algorithm: Spanned<String>,
     count: Spanned<u64>,
-    period: Spanned<String>,
+    period: Option<Spanned<String>>,
     burst: Option<Spanned<u64>>,
     key: Option<Spanned<String>>,
+    ttl: Option<Spanned<String>>,
 }
 
 /// Turns byte offsets into lines and columns, and relative paths into paths beside the file.

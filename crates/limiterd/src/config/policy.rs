@@ -75,11 +75,33 @@ pub struct PolicyLimit {
     pub keying: Keying,
 }
 
+/// A policy's concurrency limit (`algorithm = "concurrency"`): at most `count` permits held
+/// at once per identifier (or in all, `key = "global"`), each released by the caller or
+/// expiring `ttl` after it was taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConcurrencyLimit {
+    /// The most permits held at once.
+    pub count: u64,
+    /// How long a permit lives unless released.
+    pub ttl: std::time::Duration,
+    /// Per identifier or global.
+    pub keying: Keying,
+}
+
+/// The longest time to live of a concurrency limit's permits (longer work should release and
+/// take a new permit, or use a rate limit).
+pub const MAX_PERMIT_TTL: std::time::Duration = limiter_redis::MAX_PERMIT_TTL;
+
+/// How long a permit lives unless `ttl` says otherwise.
+pub const DEFAULT_PERMIT_TTL: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// A named stack of limits, all or nothing.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Policy {
-    /// The limits, in the file's order.
+    /// The rate limits, in the file's order (none for a policy that limits concurrency only).
     pub limits: Vec<PolicyLimit>,
+    /// At most this many calls in flight, decided with the rate limits, all or nothing.
+    pub concurrency: Option<ConcurrencyLimit>,
     /// What the policy does when Redis fails (the store's unless set).
     pub on_failure: OnFailure,
     /// On Redis, decide against leases within this slack (`lease_slack`); ignored in memory,
@@ -101,23 +123,7 @@ pub(super) fn parse_policy(
             format!("policy `{name}` has no limits: add one such as {{ algorithm = \"token_bucket\", count = 10, period = \"1s\" }}"),
         ));
     }
-    let mut limits = Vec::new();
-    for entry in raw.limits.get_ref() {
-        let limit = parse_limit(source, name, entry, store)?;
-        let same = limits
-            .iter()
-            .filter(|l: &&PolicyLimit| l.keying == limit.keying)
-            .count();
-        if same == MAX_LIMITS_PER_KEYING {
-            return Err(source.at(
-                entry,
-                format!(
-                    "policy `{name}` has more than {MAX_LIMITS_PER_KEYING} limits keyed the same way: merge some or split the policy"
-                ),
-            ));
-        }
-        limits.push(limit);
-    }
+    let (limits, concurrency) = parse_limits(source, name, raw, store)?;
     let on_failure = match &raw.on_failure {
         None => default_failure,
         Some(value) => parse_failure(source, value)?,
@@ -150,11 +156,116 @@ pub(super) fn parse_policy(
             }
         }
     }
+    if lease.is_some() && concurrency.is_some() {
+        let slack = raw.lease_slack.as_ref().map(Spanned::span);
+        return Err(source.error(
+            slack,
+            format!("policy `{name}`: a lease and a concurrency limit: permits are taken on the store per call, so remove `lease_slack` or move the concurrency limit to a policy of its own"),
+        ));
+    }
     Ok(Policy {
         limits,
+        concurrency,
         on_failure,
         lease,
     })
+}
+
+/// `{ algorithm = "concurrency", count = N, ttl = "30s", key = "identifier" | "global" }`.
+fn parse_concurrency(
+    source: &Source<'_>,
+    policy: &str,
+    entry: &Spanned<RawLimit>,
+) -> Result<ConcurrencyLimit, ConfigError> {
+    let raw = entry.get_ref();
+    if let Some(period) = &raw.period {
+        return Err(source.at(period, format!("policy `{policy}`: a concurrency limit has no `period`: give `count` (permits held at once) and `ttl` (how long a permit lives unless released)")));
+    }
+    if let Some(burst) = &raw.burst {
+        return Err(source.at(burst, format!("policy `{policy}`: a concurrency limit has no `burst`: give `count` (permits held at once) and `ttl`")));
+    }
+    let count = *raw.count.get_ref();
+    if count == 0 || count > limiter_redis::MAX_PERMITS {
+        return Err(source.at(
+            &raw.count,
+            format!(
+                "policy `{policy}`: `count = {count}` permits: give 1 to {}",
+                limiter_redis::MAX_PERMITS
+            ),
+        ));
+    }
+    let ttl = match &raw.ttl {
+        None => DEFAULT_PERMIT_TTL,
+        Some(ttl) => parse_period(ttl.get_ref())
+            .filter(|p| !p.is_zero() && *p <= MAX_PERMIT_TTL)
+            .ok_or_else(|| {
+                source.at(
+                    ttl,
+                    format!(
+                        "policy `{policy}`: `ttl = {:?}`: write a period from 1ms to {MAX_PERMIT_TTL:?}, such as \"30s\"",
+                        ttl.get_ref()
+                    ),
+                )
+            })?,
+    };
+    Ok(ConcurrencyLimit {
+        count,
+        ttl,
+        keying: parse_keying(source, raw)?,
+    })
+}
+
+fn parse_keying(source: &Source<'_>, raw: &RawLimit) -> Result<Keying, ConfigError> {
+    match raw.key.as_ref().map(|k| k.get_ref().as_str()) {
+        None | Some("identifier") => Ok(Keying::Identifier),
+        Some("global") => Ok(Keying::Global),
+        Some(other) => {
+            let key = raw.key.as_ref().map(Spanned::span);
+            Err(source.error(
+                key,
+                format!("`key = {other:?}`: use \"identifier\" (the default) or \"global\""),
+            ))
+        }
+    }
+}
+
+/// A policy's `limits`: its rate limits, at most [`MAX_LIMITS_PER_KEYING`] per keying, and at
+/// most one concurrency limit.
+fn parse_limits(
+    source: &Source<'_>,
+    name: &str,
+    raw: &RawPolicy,
+    store: &Store,
+) -> Result<(Vec<PolicyLimit>, Option<ConcurrencyLimit>), ConfigError> {
+    let mut limits = Vec::new();
+    let mut concurrency = None;
+    for entry in raw.limits.get_ref() {
+        if entry.get_ref().algorithm.get_ref() == "concurrency" {
+            if concurrency.is_some() {
+                return Err(source.at(
+                    entry,
+                    format!("policy `{name}` has two concurrency limits: keep one"),
+                ));
+            }
+            concurrency = Some(parse_concurrency(source, name, entry)?);
+            continue;
+        }
+        let limit = parse_limit(source, name, entry, store)?;
+        let same = limits
+            .iter()
+            .filter(|l: &&PolicyLimit| l.keying == limit.keying)
+            .count();
+        if same == MAX_LIMITS_PER_KEYING {
+            return Err(source.at(
+                entry,
+                format!(
+                    "policy `{name}` has more than {MAX_LIMITS_PER_KEYING} limits keyed the same way: merge some or split the policy"
+                ),
+            ));
+        }
+        limits.push(limit);
+    }
+    Ok((limits, concurrency))
 }
 
 /// `lease_slack` (`"N%"` of each limit, up to four decimals, or a whole number of units) and
@@ -229,8 +340,20 @@ fn parse_limit(
         let given = raw.algorithm.get_ref();
         source.at(&raw.algorithm, format!("`algorithm = {given:?}`: {e}"))
     })?;
-    let period = parse_period(raw.period.get_ref())
-        .ok_or_else(|| source.at(&raw.period, format!("`period = {:?}`: write a whole number with a unit, such as \"500ms\", \"1s\", \"1m\", \"1h\" or \"1d\"", raw.period.get_ref())))?;
+    if let Some(ttl) = &raw.ttl {
+        return Err(source.at(ttl, format!("policy `{policy}`: `ttl` belongs to a concurrency limit (`algorithm = \"concurrency\"`); a {} limit has a `period`", raw.algorithm.get_ref())));
+    }
+    let Some(raw_period) = &raw.period else {
+        return Err(source.at(
+            entry,
+            format!(
+                "policy `{policy}`: a {} limit needs a `period`, such as `period = \"1m\"`",
+                raw.algorithm.get_ref()
+            ),
+        ));
+    };
+    let period = parse_period(raw_period.get_ref())
+        .ok_or_else(|| source.at(raw_period, format!("`period = {:?}`: write a whole number with a unit, such as \"500ms\", \"1s\", \"1m\", \"1h\" or \"1d\"", raw_period.get_ref())))?;
     let limit = Limit::new(*raw.count.get_ref(), period);
     let limit = match &raw.burst {
         None => limit,
@@ -245,17 +368,7 @@ fn parse_limit(
     limit
         .check()
         .map_err(|e| source.at(&raw.count, format!("policy `{policy}`: {e}")))?;
-    let keying = match raw.key.as_ref().map(|k| k.get_ref().as_str()) {
-        None | Some("identifier") => Keying::Identifier,
-        Some("global") => Keying::Global,
-        Some(other) => {
-            let key = raw.key.as_ref().map(Spanned::span);
-            return Err(source.error(
-                key,
-                format!("`key = {other:?}`: use \"identifier\" (the default) or \"global\""),
-            ));
-        }
-    };
+    let keying = parse_keying(source, raw)?;
     // The algorithm must accept the limit here, in process and, for a Redis store, on Redis.
     let limit = CheckedLimit::new(kind, limit, store.kind())
         .map_err(|e| source.at(entry, format!("policy `{policy}`: {e}")))?;

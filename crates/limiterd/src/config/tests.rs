@@ -35,8 +35,12 @@ fn the_built_in_policies_parse() {
     assert_eq!(config.store, Store::Memory { max_keys: None });
     assert_eq!(
         config.policies.keys().collect::<Vec<_>>(),
-        ["api", "global", "login"]
+        ["api", "exports", "global", "login"]
     );
+    let exports = config.policies["exports"]
+        .concurrency
+        .expect("a concurrency limit");
+    assert_eq!((exports.count, exports.ttl.as_secs()), (2, 300));
     let api = &config.policies["api"];
     assert_eq!(api.limits[0].limit.limit().burst(), 20);
     assert_eq!(api.limits[1].limit.kind(), Kind::SlidingWindow);
@@ -144,6 +148,65 @@ fn every_error_names_the_line_and_the_fix() {
             let got = error(&text);
             assert!(got.starts_with(want), "{text:?}\n got: {got}\nwant: {want}");
         }
+}
+
+#[test]
+fn concurrency_limits_take_a_count_and_a_ttl_and_errors_name_the_fix() {
+    let policy = |limits: &str| format!("[policies.p]\nlimits = [\n  {limits},\n]\n");
+    let config = Config::parse(&policy(
+        "{ algorithm = \"concurrency\", count = 3, ttl = \"90s\", key = \"global\" }",
+    ))
+    .expect("valid");
+    let p = &config.policies["p"];
+    assert!(p.limits.is_empty(), "no rate limits");
+    let limit = p.concurrency.expect("a concurrency limit");
+    assert_eq!(
+        (limit.count, limit.ttl.as_secs(), limit.keying),
+        (3, 90, Keying::Global)
+    );
+    let default =
+        Config::parse(&policy("{ algorithm = \"concurrency\", count = 1 }")).expect("valid");
+    assert_eq!(
+        default.policies["p"].concurrency.map(|c| c.ttl),
+        Some(DEFAULT_PERMIT_TTL)
+    );
+    for (limits, want) in [
+        (
+            "{ algorithm = \"concurrency\", count = 1, period = \"1s\" }",
+            "line 3, column 52: policy `p`: a concurrency limit has no `period`",
+        ),
+        (
+            "{ algorithm = \"concurrency\", count = 1, burst = 2 }",
+            "line 3, column 51: policy `p`: a concurrency limit has no `burst`",
+        ),
+        (
+            "{ algorithm = \"concurrency\", count = 0 }",
+            "line 3, column 40: policy `p`: `count = 0` permits: give 1 to 1000000",
+        ),
+        (
+            "{ algorithm = \"concurrency\", count = 1, ttl = \"0s\" }",
+            "line 3, column 49: policy `p`: `ttl = \"0s\"`: write a period from 1ms",
+        ),
+        (
+            "{ algorithm = \"concurrency\", count = 1, ttl = \"2d\" }",
+            "line 3, column 49: policy `p`: `ttl = \"2d\"`",
+        ),
+        (
+            "{ algorithm = \"concurrency\", count = 1 }, { algorithm = \"concurrency\", count = 2 }",
+            "line 3, column 45: policy `p` has two concurrency limits",
+        ),
+        (
+            "{ algorithm = \"token_bucket\", count = 1, period = \"1s\", ttl = \"1s\" }",
+            "line 3, column 65: policy `p`: `ttl` belongs to a concurrency limit",
+        ),
+        (
+            "{ algorithm = \"token_bucket\", count = 1 }",
+            "line 3, column 3: policy `p`: a token_bucket limit needs a `period`",
+        ),
+    ] {
+        let got = error(&policy(limits));
+        assert!(got.starts_with(want), "{limits}\n got: {got}\nwant: {want}");
+    }
 }
 
 #[test]

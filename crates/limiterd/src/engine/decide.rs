@@ -126,6 +126,16 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         items: &[Item],
         time_ms: Option<u64>,
     ) -> Result<(bool, Vec<Answer>), DecideError> {
+        self.refuse_gated(items)?;
+        self.decide_checked(items, time_ms).await
+    }
+
+    /// [`decide_at`](Self::decide_at) once the items are known to take no permit.
+    pub(super) async fn decide_checked(
+        &self,
+        items: &[Item],
+        time_ms: Option<u64>,
+    ) -> Result<(bool, Vec<Answer>), DecideError> {
         let reading = self.reading_for(time_ms)?;
         let resolved = items
             .iter()

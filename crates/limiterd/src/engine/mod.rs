@@ -53,6 +53,7 @@ pub use crate::stacks::{
 
 mod decide;
 mod item;
+mod permitted;
 mod reload;
 
 pub use item::{Answer, DecideError, Item, MAX_TIME_AHEAD_MS, Target, source_name};
@@ -112,6 +113,8 @@ struct Entry {
     stack: PolicyStack,
     plan: usize,
     counters: PolicyCounters,
+    /// The concurrency limit's permits, if the policy has one.
+    permits: Option<crate::permits::PolicyPermits>,
 }
 
 /// Every policy's stack, the ad-hoc stacks, and the clock they share.
@@ -232,6 +235,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             Some(found) => found,
             None => (self.stacks.build(stack_name, policy)?, 0),
         };
+        let permits = self.stacks.permits(stack_name, policy)?;
         self.policies.push(Entry {
             name: name.to_owned(),
             stack_name: stack_name.to_owned(),
@@ -239,6 +243,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             stack,
             plan,
             counters: self.metrics.policy(name),
+            permits,
         });
         Ok(PolicyId(self.policies.len() - 1))
     }

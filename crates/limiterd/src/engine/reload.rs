@@ -138,6 +138,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             }
             None => {
                 let policy = Policy {
+                    concurrency: None,
                     limits: vec![PolicyLimit {
                         limit: checked,
                         keying: Keying::Identifier,

@@ -36,6 +36,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Decider for Engine<C> {
     ) -> Result<PolicyId, AddLimitError> {
         let limit = CheckedLimit::new(spec.kind, spec.limit, self.store_kind())?;
         let policy = Policy {
+            concurrency: None,
             limits: vec![PolicyLimit {
                 limit,
                 keying: Keying::Identifier,

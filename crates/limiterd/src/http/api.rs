@@ -62,6 +62,9 @@ pub(super) struct Outcome {
     reset_at_ms: u64,
     retry_after_ms: u64,
     source: &'static str,
+    /// On a policy with a concurrency limit, the admitted call's permit, to release.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    permit: Option<String>,
 }
 
 impl Outcome {
@@ -81,9 +84,14 @@ impl Outcome {
             out.extend_from_slice(name);
             write_u64(&mut out, value);
         }
-        // The origin's name is one of a few plain words: nothing to escape.
+        // The origin's name is one of a few plain words, a permit's id hex digits: nothing to
+        // escape.
         out.extend_from_slice(b",\"source\":\"");
         out.extend_from_slice(self.source.as_bytes());
+        if let Some(permit) = &self.permit {
+            out.extend_from_slice(b"\",\"permit\":\"");
+            out.extend_from_slice(permit.as_bytes());
+        }
         out.extend_from_slice(b"\"}");
         out
     }
@@ -115,6 +123,7 @@ fn outcome(answer: &Answer) -> Outcome {
         reset_at_ms: answer.reset_at_ms(),
         retry_after_ms: d.retry_after_nanos().div_ceil(1_000_000),
         source: crate::engine::source_name(answer.origin),
+        permit: None,
     }
 }
 
@@ -125,7 +134,7 @@ fn unix_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-fn decide_error(e: DecideError) -> ApiError {
+pub(super) fn decide_error(e: DecideError) -> ApiError {
     match e {
         DecideError::Invalid { field, message } => ApiError::invalid(field, message),
         DecideError::TooManyShapes => ApiError {
@@ -151,7 +160,7 @@ fn decide_error(e: DecideError) -> ApiError {
 
 /// A refusal as a response; a timed-out body also closes the connection (the rest of the body
 /// may still come, and would be read as the next request).
-fn refusal(error: ApiError) -> Response {
+pub(super) fn refusal(error: ApiError) -> Response {
     let close = error.status == StatusCode::REQUEST_TIMEOUT;
     let mut response = error.into_response();
     if close {
@@ -213,7 +222,8 @@ async fn guard<C: Clock + Clone + Send + Sync + 'static>(
 }
 
 /// The routes, for messages.
-const ROUTES: &str = "POST /v1/ratelimit, POST /v1/ratelimit/many, POST /v2/ratelimit.limit, \
+const ROUTES: &str = "POST /v1/ratelimit, POST /v1/ratelimit/many, POST /v1/ratelimit/release, \
+     POST /v2/ratelimit.limit, \
      POST /v2/ratelimit.multiLimit, POST /json, GET /healthz, \
      GET /readyz, GET /healthcheck, GET /metrics, GET /debug/config, GET /debug/status, GET /, \
      GET /openapi.json";
@@ -224,6 +234,7 @@ pub fn router<C: Clock + Clone + Send + Sync + 'static>(live: Arc<Live<C>>) -> R
     let native = Router::new()
         .route("/v1/ratelimit", post(one::<C>))
         .route("/v1/ratelimit/many", post(many::<C>))
+        .route("/v1/ratelimit/release", post(super::release::release::<C>))
         .route("/json", post(envoy::<C>))
         .route("/metrics", get(metrics::<C>))
         .route("/debug/config", get(debug_config::<C>))
@@ -277,19 +288,17 @@ async fn one<C: Clock + Clone + Send + Sync + 'static>(
             state.metrics.invalid();
             refusal(e)
         }
-        Ok(asked) => match engine
-            .decide_at(std::slice::from_ref(&asked.items), asked.time_ms)
-            .await
-        {
-            Ok((_, answers)) => match answers.first() {
-                Some(answer) => (
-                    StatusCode::OK,
-                    [(header::CONTENT_TYPE, "application/json")],
-                    outcome(answer).to_json(),
-                )
-                    .into_response(),
-                None => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
-            },
+        Ok(asked) => match engine.decide_one(&asked.items, asked.time_ms).await {
+            Ok((answer, permit)) => (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "application/json")],
+                Outcome {
+                    permit,
+                    ..outcome(&answer)
+                }
+                .to_json(),
+            )
+                .into_response(),
             Err(e) => decide_error(e).into_response(),
         },
     };
@@ -386,6 +395,7 @@ async fn metrics<C: Clock + Clone + Send + Sync + 'static>(
     State(live): State<Arc<Live<C>>>,
 ) -> Response {
     let state = live.current();
+    state.metrics.set_permits_held(&state.engine.permits_held());
     let text = state.metrics.render(state.engine.keys_held());
     ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response()
 }
@@ -467,6 +477,7 @@ mod tests {
             success in any::<bool>(),
             numbers in prop::array::uniform5(prop_oneof![any::<u64>(), 0..1_000u64]),
             source in prop::sample::select(vec!["memory", "redis", "deny_cache", "fallback", "fail_open", "lease"]),
+            permit in prop::option::of("[0-9a-f]{17,32}"),
         ) {
             let outcome = Outcome {
                 success,
@@ -476,6 +487,7 @@ mod tests {
                 reset_at_ms: numbers[3],
                 retry_after_ms: numbers[4],
                 source,
+                permit,
             };
             prop_assert_eq!(outcome.to_json(), serde_json::to_vec(&outcome).unwrap());
         }

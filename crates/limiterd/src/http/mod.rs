@@ -9,6 +9,8 @@ pub mod api;
 #[cfg(feature = "server")]
 mod body;
 mod fast;
+#[cfg(feature = "server")]
+mod release;
 pub mod request;
 #[cfg(feature = "server")]
 pub mod unkey;

@@ -108,7 +108,7 @@ fn what_came(text: &str) -> &'static str {
     }
 }
 
-fn from_json<'de, T: Deserialize<'de>>(body: &'de [u8]) -> Result<T, ApiError> {
+pub(crate) fn from_json<'de, T: Deserialize<'de>>(body: &'de [u8]) -> Result<T, ApiError> {
     // An object, not a sequence: serde would read a struct from an array by position.
     let first = body.iter().find(|b| !b.is_ascii_whitespace());
     if first.is_some_and(|&b| b != b'{') {

@@ -304,6 +304,7 @@ pub struct Metrics {
     store_full: Counter,
     failure_policy: Family<[(&'static str, &'static str); 1], Counter>,
     store_keys: Gauge<i64, AtomicI64>,
+    permits_held: Family<[(&'static str, String); 1], Gauge<i64, AtomicI64>>,
     duration: Histogram,
 }
 
@@ -348,6 +349,12 @@ impl Metrics {
             "Keys held in memory (full ones not yet reclaimed included)",
             store_keys.clone(),
         );
+        let permits_held = Family::default();
+        registry.register(
+            "limiterd_permits_held",
+            "Permits held now (not released, not expired), by policy with a concurrency limit kept in memory; a fleet's on Redis are not counted here",
+            permits_held.clone(),
+        );
         let duration = Histogram::new(BUCKETS_S);
         registry.register(
             "limiterd_request_duration_seconds",
@@ -374,7 +381,17 @@ impl Metrics {
             store_full,
             failure_policy,
             store_keys,
+            permits_held,
             duration,
+        }
+    }
+
+    /// Sets the permits each policy holds in memory now (read at each scrape).
+    pub fn set_permits_held(&self, held: &[(&str, u64)]) {
+        for (policy, n) in held {
+            self.permits_held
+                .get_or_create(&[("policy", (*policy).to_owned())])
+                .set(i64::try_from(*n).unwrap_or(i64::MAX));
         }
     }
 

@@ -151,6 +151,45 @@ pub fn override_list(overrides: &super::overrides::Overrides) -> Value {
 /// The most overrides the status page lists.
 pub const SHOWN_OVERRIDES: usize = 100;
 
+/// One policy as served: its rate limits as checked, failure policy, lease and concurrency.
+fn policy_view(policy: &crate::config::Policy) -> Value {
+    let limits: Vec<Value> = policy
+        .limits
+        .iter()
+        .map(|l| {
+            let limit = l.limit.limit();
+            json!({
+                "algorithm": limiter_stack::Kind::id(l.limit.kind()),
+                "count": limit.count(),
+                "period_ms": millis(limit.period()),
+                "burst": limit.burst(),
+                "key": match l.keying {
+                    Keying::Identifier => "identifier",
+                    Keying::Global => "global",
+                },
+            })
+        })
+        .collect();
+    let mut value = json!({"limits": limits, "on_failure": failure_name(policy.on_failure)});
+    if let Some(lease) = policy.lease {
+        value["lease"] = json!({
+            "slack": lease.slack().to_string(),
+            "ttl_ms": millis(lease.time_to_live()),
+        });
+    }
+    if let Some(concurrency) = policy.concurrency {
+        value["concurrency"] = json!({
+            "count": concurrency.count,
+            "ttl_ms": millis(concurrency.ttl),
+            "key": match concurrency.keying {
+                Keying::Identifier => "identifier",
+                Keying::Global => "global",
+            },
+        });
+    }
+    value
+}
+
 /// The configuration as served: every policy's limits as checked (`period_ms`, `burst`
 /// resolved), the store, the `[server]` settings, and each envoy domain's effective limits
 /// (one per descriptor path, with where it was written).
@@ -158,34 +197,7 @@ pub fn config(config: &Config, domains: &Domains) -> Value {
     let policies: serde_json::Map<String, Value> = config
         .policies
         .iter()
-        .map(|(name, policy)| {
-            let limits: Vec<Value> = policy
-                .limits
-                .iter()
-                .map(|l| {
-                    let limit = l.limit.limit();
-                    json!({
-                        "algorithm": limiter_stack::Kind::id(l.limit.kind()),
-                        "count": limit.count(),
-                        "period_ms": millis(limit.period()),
-                        "burst": limit.burst(),
-                        "key": match l.keying {
-                            Keying::Identifier => "identifier",
-                            Keying::Global => "global",
-                        },
-                    })
-                })
-                .collect();
-            let mut value =
-                json!({"limits": limits, "on_failure": failure_name(policy.on_failure)});
-            if let Some(lease) = policy.lease {
-                value["lease"] = json!({
-                    "slack": lease.slack().to_string(),
-                    "ttl_ms": millis(lease.time_to_live()),
-                });
-            }
-            (name.clone(), value)
-        })
+        .map(|(name, policy)| (name.clone(), policy_view(policy)))
         .collect();
     let envoy = config.envoy.as_ref().map(|envoy| {
         let domains: Vec<Value> = domains
@@ -325,7 +337,14 @@ mod tests {
             .collect();
         assert_eq!(
             names,
-            ["(ad hoc)", "api", "envoy:web.ip", "global", "login"]
+            [
+                "(ad hoc)",
+                "api",
+                "envoy:web.ip",
+                "exports",
+                "global",
+                "login"
+            ]
         );
         assert_eq!(status["readiness"]["ready"], true);
         assert_eq!(status["store"]["kind"], "memory");

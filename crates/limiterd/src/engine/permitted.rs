@@ -1,0 +1,337 @@
+//! Calls on a policy with a concurrency limit: a permit is taken first, then the rate limits
+//! decide (if the policy has any), all or nothing: a call refused for want of a permit takes
+//! no rate units, and a call the rate limits deny gives its permit back at once. The admitted
+//! call's answer carries the permit's id, which the caller releases when its work ends (or
+//! which expires after the limit's `ttl`). Such a call is decided alone: a batch, envoy's
+//! protocol and unkey's API cannot hand a permit back, so they refuse the policy.
+
+use limiter_core::{Clock, Decision};
+use limiter_stack::{Charge, Origin};
+
+use crate::metrics::{Counted, FailurePolicy};
+use crate::permits::{PermitFailure, PolicyPermits, Taken};
+
+use super::*;
+
+impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
+    /// Decides one item, as [`decide_at`](Self::decide_at) does, and on a policy with a
+    /// concurrency limit takes a permit with it: the answer and the permit's id (`None` when
+    /// nothing was taken, or the policy has no concurrency limit).
+    pub async fn decide_one(
+        &self,
+        item: &Item,
+        time_ms: Option<u64>,
+    ) -> Result<(Answer, Option<String>), DecideError> {
+        let Some(permits) = self.permits_of(item) else {
+            let (_, answers) = self.decide_at(std::slice::from_ref(item), time_ms).await?;
+            let answer = answers.into_iter().next().ok_or_else(|| {
+                DecideError::Unavailable("the engine answered no decision".into())
+            })?;
+            return Ok((answer, None));
+        };
+        // Reports, records, unit refunds and shadow checks take no permit: they report the
+        // rate limits' answer tightened by the permits held.
+        if item.cost == 0 || item.charge != Charge::Take || item.shadow {
+            let (answer, _) = self.decide_ungated(item, time_ms).await?;
+            let held = permits
+                .held(&item.identifier)
+                .await
+                .map_err(DecideError::Unavailable)?;
+            return Ok((reported(answer, permits, held), None));
+        }
+        let taken = match permits.acquire(&item.identifier).await {
+            Ok(taken) => taken,
+            Err(failure) => return self.permit_store_failed(item, time_ms, failure).await,
+        };
+        let counters = self.counters_of(item);
+        match taken {
+            Taken::Busy {
+                held,
+                retry_after_ns,
+            } => {
+                counters.count(Counted::Denied { shadow: false }, &item.identifier);
+                let count = permits.limit().count;
+                let wait = retry_after_ns.max(1);
+                let answer = Answer {
+                    decision: Decision::deny(count, count.saturating_sub(held), wait, wait),
+                    origin: Some(origin(permits)),
+                    at_unix_ns: self.now_unix_ns(),
+                };
+                Ok((answer, None))
+            }
+            Taken::Held { id, held } => {
+                let decided = self.decide_ungated(item, time_ms).await;
+                match decided {
+                    Ok((answer, true)) => Ok((with_permit(answer, permits, held), Some(id))),
+                    other => {
+                        // Denied, failed or undecidable: the permit goes back now.
+                        let _ = permits.release(&item.identifier, &id).await;
+                        other.map(|(answer, _)| (answer, None))
+                    }
+                }
+            }
+        }
+    }
+
+    /// Releases `identifier`'s permit `permit` of the configured policy `policy`: whether it
+    /// was held (false once it expired or was released already: a release is idempotent).
+    pub async fn release(
+        &self,
+        policy: &str,
+        identifier: &str,
+        permit: &str,
+    ) -> Result<bool, DecideError> {
+        let invalid = |field, message| DecideError::Invalid { field, message };
+        let id = self
+            .policy_id(policy)
+            .ok_or_else(|| invalid("policy", format!("no policy named `{policy}`")))?;
+        let permits = self.policies[id.0].permits.as_ref().ok_or_else(|| {
+            invalid(
+                "policy",
+                format!("policy `{policy}` has no concurrency limit: it holds no permits"),
+            )
+        })?;
+        permits
+            .release(identifier, permit)
+            .await
+            .map_err(DecideError::Unavailable)
+    }
+
+    /// Permits held in this process's memory now, by policy (policies on Redis left out: a
+    /// fleet holds those).
+    pub fn permits_held(&self) -> Vec<(&str, u64)> {
+        self.policies
+            .iter()
+            .filter_map(|e| Some((e.name.as_str(), e.permits.as_ref()?.held_in_memory()?)))
+            .collect()
+    }
+
+    /// The concurrency limit's permits of `item`'s policy, if it has one.
+    pub(super) fn permits_of(&self, item: &Item) -> Option<&PolicyPermits> {
+        match &item.target {
+            Target::Policy(id) => self.policies.get(id.0)?.permits.as_ref(),
+            Target::AdHoc { .. } => None,
+        }
+    }
+
+    /// Why `items` cannot be decided together: one of them is on a policy with a concurrency
+    /// limit, whose permit only [`decide_one`](Self::decide_one) can hand back.
+    pub(super) fn refuse_gated(&self, items: &[Item]) -> Result<(), DecideError> {
+        let Some(item) = items.iter().find(|item| self.permits_of(item).is_some()) else {
+            return Ok(());
+        };
+        let name = match &item.target {
+            Target::Policy(id) => self.policy_name(*id).unwrap_or("?"),
+            Target::AdHoc { .. } => "?",
+        };
+        Err(DecideError::Invalid {
+            field: "policy",
+            message: format!(
+                "policy `{name}` has a concurrency limit: decide it alone with POST /v1/ratelimit, whose answer carries the permit to release"
+            ),
+        })
+    }
+
+    fn counters_of(&self, item: &Item) -> &PolicyCounters {
+        match &item.target {
+            Target::Policy(id) => self
+                .policies
+                .get(id.0)
+                .map_or(&self.ad_hoc_counters, |e| &e.counters),
+            Target::AdHoc { .. } => &self.ad_hoc_counters,
+        }
+    }
+
+    /// The item's rate limits alone (a policy of a concurrency limit alone admits): the answer
+    /// and whether it was admitted. Counted as every decision is.
+    async fn decide_ungated(
+        &self,
+        item: &Item,
+        time_ms: Option<u64>,
+    ) -> Result<(Answer, bool), DecideError> {
+        let (admitted, answers) = self
+            .decide_checked(std::slice::from_ref(item), time_ms)
+            .await?;
+        let answer = answers
+            .into_iter()
+            .next()
+            .ok_or_else(|| DecideError::Unavailable("the engine answered no decision".into()))?;
+        Ok((answer, admitted && answer.decision.is_allowed()))
+    }
+
+    /// The permits' store failed: the policy's failure policy answers (open and fallback admit
+    /// without a permit, closed refuses).
+    async fn permit_store_failed(
+        &self,
+        item: &Item,
+        time_ms: Option<u64>,
+        failure: PermitFailure,
+    ) -> Result<(Answer, Option<String>), DecideError> {
+        self.metrics.backend_error();
+        if failure.closed {
+            self.metrics.failure_policy(FailurePolicy::Closed);
+            return Err(DecideError::Unavailable(failure.message));
+        }
+        self.metrics.failure_policy(FailurePolicy::Open);
+        let (answer, _) = self.decide_ungated(item, time_ms).await?;
+        Ok((answer, None))
+    }
+
+    fn now_unix_ns(&self) -> u64 {
+        self.unix_origin_ns
+            .saturating_add(self.stacks.clock().now())
+    }
+}
+
+/// Who answered a permit: this process, or Redis.
+fn origin(permits: &PolicyPermits) -> Origin {
+    if permits.on_redis() {
+        Origin::Remote
+    } else {
+        Origin::InProcess
+    }
+}
+
+/// A report on a policy with permits: every permit held is a denial (when one frees is not
+/// known: a retry in a millisecond), else the rate limits' answer tightened by the permits.
+fn reported(answer: Answer, permits: &PolicyPermits, held: u64) -> Answer {
+    let count = permits.limit().count;
+    if held < count || answer.decision.is_denied() {
+        return with_permit(answer, permits, held);
+    }
+    Answer {
+        decision: Decision::deny(count, 0, 1_000_000, 1_000_000),
+        ..answer
+    }
+}
+
+/// The rate limits' admission, tightened by the permits when fewer of them are left: the
+/// permit's answer then (its limit, what is left, and its time to live as when it frees).
+fn with_permit(answer: Answer, permits: &PolicyPermits, held: u64) -> Answer {
+    let limit = permits.limit();
+    if answer.decision.is_denied() {
+        return answer;
+    }
+    let left = limit.count.saturating_sub(held);
+    if left >= answer.decision.remaining() && answer.decision.limit() != u64::MAX {
+        return answer;
+    }
+    let ttl = u64::try_from(limit.ttl.as_nanos()).unwrap_or(u64::MAX);
+    Answer {
+        decision: Decision::allow(limit.count, left, ttl),
+        ..answer
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use limiter_core::ManualClock;
+
+    use super::*;
+    use crate::config::Config;
+    use crate::metrics::Metrics;
+
+    fn engine(limits: &str) -> (Engine<ManualClock>, ManualClock) {
+        let text = format!("[policies.p]\nlimits = [{limits}]\n");
+        let config = Config::parse(&text).expect("valid");
+        let clock = ManualClock::new();
+        let stacks = Stacks::open(&config.store, clock.clone(), None).expect("memory");
+        let engine = Engine::new(&config, stacks, Arc::new(Metrics::new())).expect("builds");
+        (engine, clock)
+    }
+
+    fn item(id: &str, cost: u64) -> Item {
+        Item {
+            target: Target::Policy(PolicyId(0)),
+            identifier: id.into(),
+            cost,
+            shadow: false,
+            charge: Charge::Take,
+        }
+    }
+
+    fn one(engine: &Engine<ManualClock>, id: &str, cost: u64) -> (Answer, Option<String>) {
+        decided_at_once(engine.decide_one(&item(id, cost), None)).expect("decidable")
+    }
+
+    fn release(engine: &Engine<ManualClock>, id: &str, permit: &str) -> bool {
+        decided_at_once(engine.release("p", id, permit)).expect("a policy with permits")
+    }
+
+    #[test]
+    fn permits_are_counted_released_once_and_expire_after_their_ttl() {
+        let (engine, clock) = engine("{ algorithm = \"concurrency\", count = 2, ttl = \"30s\" }");
+        let (first, a) = one(&engine, "ann", 1);
+        assert!(first.decision.is_allowed());
+        assert_eq!((first.decision.limit(), first.decision.remaining()), (2, 1));
+        let (_, b) = one(&engine, "ann", 1);
+        let (busy, none) = one(&engine, "ann", 1);
+        assert!(busy.decision.is_denied() && none.is_none());
+        assert_eq!(busy.decision.retry_after(), Duration::from_secs(30));
+        assert!(one(&engine, "bob", 1).1.is_some(), "another identifier");
+        assert_eq!(engine.permits_held(), [("p", 3)]);
+
+        let (a, b) = (a.expect("a permit"), b.expect("a permit"));
+        assert!(release(&engine, "ann", &a));
+        assert!(!release(&engine, "ann", &a), "released once");
+        assert!(!release(&engine, "bob", &b), "another identifier's permit");
+        assert!(one(&engine, "ann", 1).1.is_some());
+        // Nobody releases: after 30 s every permit is gone, and a late release says so.
+        clock.advance(Duration::from_secs(30));
+        assert_eq!(engine.permits_held(), [("p", 0)]);
+        assert!(!release(&engine, "ann", &b), "expired");
+        assert!(one(&engine, "ann", 1).0.decision.is_allowed());
+    }
+
+    #[test]
+    fn rates_and_permits_are_all_or_nothing() {
+        let (engine, _) = engine(
+            "{ algorithm = \"concurrency\", count = 1, ttl = \"1m\" }, { algorithm = \"fixed_window\", count = 3, period = \"1h\" }",
+        );
+        let (first, permit) = one(&engine, "ann", 1);
+        assert_eq!(first.decision.remaining(), 0, "the tighter: no permit left");
+        // Refused for want of a permit: no rate unit taken.
+        assert!(one(&engine, "ann", 1).0.decision.is_denied());
+        assert!(release(&engine, "ann", &permit.expect("a permit")));
+        let (second, permit) = one(&engine, "ann", 2);
+        assert!(second.decision.is_allowed());
+        assert!(release(&engine, "ann", &permit.expect("a permit")));
+        // The window has 0 left: denied by the rate limit, and the permit goes back.
+        let (denied, none) = one(&engine, "ann", 1);
+        assert!(denied.decision.is_denied() && none.is_none());
+        assert_eq!(denied.decision.limit(), 3);
+        assert_eq!(engine.permits_held(), [("p", 0)]);
+        // A report takes nothing, no permit either, and says what is left.
+        let (report, none) = one(&engine, "ann", 0);
+        assert_eq!((report.decision.remaining(), none), (0, None));
+        assert_eq!(engine.permits_held(), [("p", 0)]);
+    }
+
+    #[test]
+    fn a_policy_with_permits_is_decided_alone() {
+        let (engine, _) = engine("{ algorithm = \"concurrency\", count = 5 }");
+        let err = decided_at_once(engine.decide(&[item("ann", 1)])).expect_err("refused");
+        assert!(err.to_string().contains("decide it alone"), "{err}");
+        let err = decided_at_once(engine.release("nope", "ann", "x")).expect_err("no policy");
+        assert!(err.to_string().contains("no policy named"), "{err}");
+    }
+
+    #[test]
+    fn permits_held_survive_a_reload() {
+        let text = "[policies.p]\nlimits = [{ algorithm = \"concurrency\", count = 1 }]\n";
+        let config = Config::parse(text).expect("valid");
+        let clock = ManualClock::new();
+        let stacks = Stacks::open(&config.store, clock.clone(), None).expect("memory");
+        let engine = Engine::new(&config, stacks, Arc::new(Metrics::new())).expect("builds");
+        let (_, permit) = one(&engine, "ann", 1);
+        let reloaded = engine.reloaded(&config).expect("reloads");
+        assert!(
+            one(&reloaded, "ann", 1).0.decision.is_denied(),
+            "still held"
+        );
+        assert!(release(&reloaded, "ann", &permit.expect("a permit")));
+        assert!(one(&reloaded, "ann", 1).1.is_some());
+    }
+}

@@ -1,0 +1,164 @@
+//! Concurrency limits through a real limiterd over HTTP: an admitted call's answer carries a
+//! permit, a call past the count is refused taking nothing, a release answers whether the
+//! permit was held (idempotent), the metrics count what is held; in memory, and on Redis
+//! shared by two processes (a permit taken through one is released through the other).
+
+use limiter_testkit::redis_server::RedisServer;
+#[allow(dead_code)]
+mod support;
+
+use serde_json::{Value, json};
+use support::{Client, Daemon, temp_file};
+
+const POLICIES: &str = "[policies.exports]\n\
+    limits = [\n\
+      { algorithm = \"concurrency\", count = 2, ttl = \"10m\" },\n\
+      { algorithm = \"fixed_window\", count = 100, period = \"1h\" },\n\
+    ]\n\
+    [policies.api]\n\
+    limits = [{ algorithm = \"token_bucket\", count = 10, period = \"1s\" }]\n";
+
+fn ask(identifier: &str) -> Value {
+    json!({"policy": "exports", "identifier": identifier})
+}
+
+fn permit(answer: &Value) -> String {
+    answer["permit"]
+        .as_str()
+        .unwrap_or_else(|| panic!("an admitted call carries a permit: {answer}"))
+        .to_owned()
+}
+
+async fn release(client: &mut Client, identifier: &str, permit: &str) -> (u16, Value) {
+    let body = json!({"policy": "exports", "identifier": identifier, "permit": permit});
+    client.post("/v1/ratelimit/release", &body).await
+}
+
+#[tokio::test]
+async fn permits_are_handed_out_refused_past_the_count_and_released_once_in_memory() {
+    let config = temp_file("concurrency-memory.toml", POLICIES);
+    let daemon = Daemon::start(&["--config", config.to_str().expect("UTF-8")]);
+    let mut client = Client::connect(daemon.addr).await;
+
+    let first = client.decide(ask("acme")).await;
+    assert_eq!(first["success"], true, "{first}");
+    assert_eq!(
+        (first["limit"].clone(), first["remaining"].clone()),
+        (json!(2), json!(1))
+    );
+    let first = permit(&first);
+    let second = permit(&client.decide(ask("acme")).await);
+    let busy = client.decide(ask("acme")).await;
+    assert_eq!(busy["success"], false, "{busy}");
+    assert!(busy.get("permit").is_none(), "{busy}");
+    assert!(
+        busy["retry_after_ms"].as_u64().expect("a wait") > 0,
+        "{busy}"
+    );
+    assert!(
+        !permit(&client.decide(ask("globex")).await).is_empty(),
+        "another identifier"
+    );
+
+    let (_, text) = client.send("GET", "/metrics", "").await;
+    assert!(
+        text.contains("limiterd_permits_held{policy=\"exports\"} 3"),
+        "{text}"
+    );
+    assert_eq!(
+        release(&mut client, "acme", &first).await,
+        (200, json!({"released": true}))
+    );
+    assert_eq!(
+        release(&mut client, "acme", &first).await,
+        (200, json!({"released": false}))
+    );
+    assert_eq!(
+        release(&mut client, "globex", &second).await.1,
+        json!({"released": false})
+    );
+    let third = permit(&client.decide(ask("acme")).await);
+    assert_ne!(third, first);
+
+    // A report (cost 0) says what a call would meet, and takes no permit.
+    let report = client
+        .decide(json!({"policy": "exports", "identifier": "acme", "cost": 0}))
+        .await;
+    assert!(
+        report.get("permit").is_none(),
+        "a report takes no permit: {report}"
+    );
+
+    // Batches, unknown policies and policies without permits are refused, naming the fix.
+    let (status, refused) = client
+        .post("/v1/ratelimit/many", &json!({"requests": [ask("acme")]}))
+        .await;
+    assert_eq!(status, 400, "{refused}");
+    assert!(refused.to_string().contains("decide it alone"), "{refused}");
+    let (status, unknown) = client
+        .post(
+            "/v1/ratelimit/release",
+            &json!({"policy": "nope", "identifier": "a", "permit": "x"}),
+        )
+        .await;
+    assert_eq!(
+        (status, unknown["error"]["code"].clone()),
+        (400, json!("unknown_policy"))
+    );
+    let (status, none) = client
+        .post(
+            "/v1/ratelimit/release",
+            &json!({"policy": "api", "identifier": "a", "permit": "x"}),
+        )
+        .await;
+    assert_eq!(status, 400, "{none}");
+    assert!(
+        none.to_string().contains("has no concurrency limit"),
+        "{none}"
+    );
+    let (status, missing) = client
+        .post(
+            "/v1/ratelimit/release",
+            &json!({"policy": "exports", "identifier": "a"}),
+        )
+        .await;
+    assert_eq!(status, 400, "{missing}");
+}
+
+#[tokio::test]
+async fn a_fleet_on_redis_shares_the_permits_and_releases_through_any_process() {
+    let server = RedisServer::start();
+    let config = temp_file(&format!("concurrency-redis-{}.toml", server.port), POLICIES);
+    let url = server.url();
+    let args = [
+        "--config",
+        config.to_str().expect("UTF-8"),
+        "--redis",
+        url.as_str(),
+    ];
+    let (one, two) = (Daemon::start(&args), Daemon::start(&args));
+    let mut a = Client::connect(one.addr).await;
+    let mut b = Client::connect(two.addr).await;
+
+    let first = a.decide(ask("acme")).await;
+    assert_eq!(first["source"], "redis", "{first}");
+    let first = permit(&first);
+    let _second = permit(&b.decide(ask("acme")).await);
+    let busy = a.decide(ask("acme")).await;
+    assert_eq!(
+        busy["success"], false,
+        "two permits held across the fleet: {busy}"
+    );
+    assert_eq!(b.decide(ask("acme")).await["success"], false);
+
+    // Taken through the first process, released through the second.
+    assert_eq!(
+        release(&mut b, "acme", &first).await,
+        (200, json!({"released": true}))
+    );
+    assert_eq!(
+        release(&mut a, "acme", &first).await.1,
+        json!({"released": false})
+    );
+    assert!(b.decide(ask("acme")).await.get("permit").is_some());
+}
