@@ -137,39 +137,10 @@ pub enum BuildError {
     },
 }
 
-/// A call that can never be decided. Being over the limit is not an error, and neither is a
-/// Redis failure: those are decisions (see [`Source`](crate::Source)).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum CallError {
-    /// The cost is larger than a limit's burst, so no amount of waiting admits it.
-    #[error(
-        "cost {cost} exceeds the burst of {burst} of limit {limit_index} in layer `{layer}`, so it can never be admitted; split the request into parts of at most {burst} units or raise the burst"
-    )]
-    CostExceedsBurst {
-        /// The layer.
-        layer: String,
-        /// Which of the layer's limits.
-        limit_index: usize,
-        /// The cost asked for.
-        cost: u64,
-        /// That limit's burst.
-        burst: u64,
-    },
-    /// A layer's plan function chose a plan the layer does not have.
-    #[error(
-        "layer `{layer}` chose plan {chosen}, but it has {plans} plans (0 to {}); its plan function must return an index into its plans",
-        plans.saturating_sub(1)
-    )]
-    NoSuchPlan {
-        /// The layer.
-        layer: String,
-        /// The index its plan function returned.
-        chosen: usize,
-        /// How many plans it has.
-        plans: usize,
-    },
-}
+/// A call that can never be decided: the workspace's one such error, the same for every
+/// backend ([`limiter_stack::CallError`]). Being over the limit is not an error, and neither is
+/// a Redis failure: those are decisions (see [`Source`](crate::Source)).
+pub use limiter_stack::CallError;
 
 /// What went wrong talking to Redis. It reaches callers inside a decision made by the failure
 /// policy, so a broken backend is never reported as "over the limit".

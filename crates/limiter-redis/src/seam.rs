@@ -13,39 +13,12 @@
 
 use std::sync::Arc;
 
-use limiter_core::DecisionError;
 use limiter_stack::{
     Ask, AsyncLimiter, BatchAnswer, BatchItem, Charge, Charges, Decide, Granted, LayerAnswers,
     LayerInfo, Origin, Outcome, Pending, Refunds, Taken, decide_all, undo_with_grant,
 };
 
-use crate::{BatchError, CallError, RedisDecision, RedisGrant, RedisStack, RefundError, Source};
-
-impl From<CallError> for limiter_stack::CallError {
-    fn from(error: CallError) -> Self {
-        match error {
-            CallError::CostExceedsBurst {
-                layer,
-                limit_index,
-                cost,
-                burst,
-            } => Self::Decision {
-                layer,
-                limit_index,
-                source: DecisionError::CostExceedsBurst { cost, burst },
-            },
-            CallError::NoSuchPlan {
-                layer,
-                chosen,
-                plans,
-            } => Self::NoSuchPlan {
-                layer,
-                chosen,
-                plans,
-            },
-        }
-    }
-}
+use crate::{BatchError, RedisDecision, RedisGrant, RedisStack, RefundError, Source};
 
 impl From<RedisDecision> for Outcome {
     /// A Redis answer as every adapter reads it: a decision (by Redis, the deny cache or the

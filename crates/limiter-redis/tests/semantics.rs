@@ -216,9 +216,8 @@ async fn a_batch_is_one_round_trip_decided_in_order() {
     );
     assert!(matches!(
         results[5],
-        Err(CallError::CostExceedsBurst {
-            cost: 3,
-            burst: 2,
+        Err(CallError::Decision {
+            source: limiter_core::DecisionError::CostExceedsBurst { cost: 3, burst: 2 },
             ..
         })
     ));

@@ -156,11 +156,13 @@ impl<R> RedisStack<R> {
             };
             for (j, limit) in limits.iter().enumerate() {
                 if !record && cost > limit.burst() {
-                    return Err(CallError::CostExceedsBurst {
+                    return Err(CallError::Decision {
                         layer: layer.name.clone(),
                         limit_index: j,
-                        cost,
-                        burst: limit.burst(),
+                        source: limiter_core::DecisionError::CostExceedsBurst {
+                            cost,
+                            burst: limit.burst(),
+                        },
                     });
                 }
             }
