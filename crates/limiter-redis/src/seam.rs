@@ -44,10 +44,7 @@ impl From<RedisDecision> for Outcome {
 impl<R: Sync + 'static> AsyncLimiter<R> for RedisStack<R> {
     fn decide_request<'a>(&'a self, request: &'a R, cost: u64) -> Decide<'a> {
         Decide::Later(Box::pin(async move {
-            self.check_n(request, cost)
-                .await
-                .map(Outcome::from)
-                .map_err(limiter_stack::CallError::from)
+            self.check_n(request, cost).await.map(Outcome::from)
         }))
     }
 
@@ -189,7 +186,7 @@ pub async fn decide_batch<R: Sync>(
                 .map(Outcome::from)
                 .collect(),
         }),
-        Err(BatchError::Call { source, .. }) => Err(source.into()),
+        Err(BatchError::Call { source, .. }) => Err(source),
         // Keys in several slots of a cluster, or stacks on several backends: no one script
         // call can decide it, so each item in turn, with refunds.
         Err(BatchError::CrossSlot { .. } | BatchError::OtherBackend { .. }) => {
