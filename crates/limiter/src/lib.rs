@@ -8,11 +8,13 @@
 //!
 //! | path | crate | what |
 //! | --- | --- | --- |
-//! | [`Limit`], [`Decision`], clocks, errors | `limiter-core` | the vocabulary |
+//! | [`Limit`], [`Decision`], [`Limiter`], errors, [`DefaultClock`], [`ManualClock`] | `limiter-core` | the vocabulary |
+//! | [`clock`] | `limiter-core` | every clock |
 //! | [`TokenBucket`], [`KeyedTokenBucket`] | `limiter-token-bucket` | the token bucket |
 //! | [`SlidingWindow`], [`FixedWindow`], keyed forms | `limiter-sliding-window` | window counters |
 //! | [`store`] | `limiter-store` | key stores: sharded (default), bounded |
-//! | [`algorithm`] | core and the algorithm crates | for implementers: transitions by type, the state word |
+//! | [`concurrency`] | `limiter-concurrency` | requests in flight per key |
+//! | [`algorithm`] | core and the algorithm crates | for implementers: transitions by type, the state word, `DirectLimiter` and `KeyedLimiter` |
 //! | [`stack`] | `limiter-stack` | several limits decided all or nothing |
 //! | `tower` (feature `tower`) | `limiter-tower` | the HTTP/gRPC middleware |
 //! | `redis` (feature `redis`) | `limiter-redis` | the same limits on Redis |
@@ -21,7 +23,8 @@
 //! # Example
 //!
 //! ```
-//! use limiter::{Algorithm, KeyedTokenBucket, Limit, ManualClock, TokenBucket};
+//! use limiter::algorithm::Algorithm;
+//! use limiter::{KeyedTokenBucket, Limit, ManualClock, TokenBucket};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! // 1009 per minute, copied from a pricing page: accepted, and counted exactly or slightly
@@ -38,23 +41,32 @@
 //! ```
 
 pub use limiter_core::{
-    Accuracy, Algorithm, Clock, ClockSource, CoarseClock, Decision, DecisionError, DefaultClock,
-    DirectLimiter, Limit, LimitError, Limiter, ManualClock, MonotonicClock, TscClock,
+    Clock, Decision, DecisionError, DefaultClock, Limit, LimitError, Limiter, ManualClock,
 };
 pub use limiter_sliding_window::{
     FixedWindow, KeyedFixedWindow, KeyedSlidingWindow, SlidingWindow,
 };
 pub use limiter_stack::Kind;
-pub use limiter_store::KeyedLimiter;
 pub use limiter_token_bucket::{KeyedTokenBucket, TokenBucket};
 
 /// For implementers of a new algorithm (or a new store of states): the pure transitions of
 /// the built-in ones by type, the state word's compare-and-swap, and what a transition returns.
 /// A user choosing among the built-in algorithms needs none of it ([`Kind`], the limiters).
 pub mod algorithm {
-    pub use limiter_core::{Algorithm, MIN_CLOCK_RANGE, Recording, StateCell, Step, Usage};
+    pub use limiter_core::{
+        Accuracy, Algorithm, DirectLimiter, MIN_CLOCK_RANGE, Recording, StateCell, Step, Usage,
+    };
+    pub use limiter_store::KeyedLimiter;
     pub use limiter_sliding_window::{FixedCounter, SlidingCounter, WindowCounter};
     pub use limiter_token_bucket::Gcra;
+}
+
+/// Clocks: the default (the time-stamp counter where it can be read, else the OS's monotonic
+/// clock), the OS's own, a coarse one, and [`ManualClock`] for tests.
+pub mod clock {
+    pub use limiter_core::{
+        Clock, ClockSource, CoarseClock, DefaultClock, ManualClock, MonotonicClock, TscClock,
+    };
 }
 
 /// Concurrency limits: at most `count` permits held at once per key, each released when its
