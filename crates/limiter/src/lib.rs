@@ -56,8 +56,8 @@ pub mod algorithm {
     pub use limiter_core::{
         Accuracy, Algorithm, DirectLimiter, MIN_CLOCK_RANGE, Recording, StateCell, Step, Usage,
     };
-    pub use limiter_store::KeyedLimiter;
     pub use limiter_sliding_window::{FixedCounter, SlidingCounter, WindowCounter};
+    pub use limiter_store::KeyedLimiter;
     pub use limiter_token_bucket::Gcra;
 }
 
