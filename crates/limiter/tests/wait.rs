@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use limiter::Kind;
 use limiter::algorithm::Gcra;
+use limiter::algorithm::KeyedLimiter;
 use limiter::stack::{Layer, Stack};
 use limiter::wait::{Jitter, UntilKeyReady, UntilReady, UntilRequestReady};
-use limiter::{Clock, DecisionError, KeyedLimiter, Limit, TokenBucket};
+use limiter::{Clock, DecisionError, Limit, TokenBucket};
 use tokio::time::Instant;
 
 /// tokio's (virtual) time since the clock was made, counting its readings.
