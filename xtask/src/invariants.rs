@@ -94,6 +94,12 @@ const RULES: &[Rule] = &[
         invariant: "limiterd is the only binary that listens",
     },
     Rule {
+        patterns: &["limiter_redis::", "use limiter_redis", "limiter_redis;"],
+        scope: &["crates/limiterd/src/"],
+        allowed: &["crates/limiterd/src/backend.rs"],
+        invariant: "limiterd takes its store crate's types through its backend module alone: what the service depends on of its store is one list",
+    },
+    Rule {
         patterns: &["limiter_redis", "limiter-redis"],
         scope: &["crates/limiterd/src/engine/"],
         allowed: &[],

@@ -8,8 +8,8 @@
 
 use std::sync::Arc;
 
+use crate::backend::RedisBackend;
 use limiter_core::Clock;
-use limiter_redis::RedisBackend;
 
 use crate::config::Config;
 use crate::config::keys::Keys;

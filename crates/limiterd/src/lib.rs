@@ -3,6 +3,7 @@
 //! limits, in memory by default or on Redis for a fleet; and a drop-in for envoy's reference
 //! rate-limit service over gRPC.
 //!
+//! - [`backend`]: the one door to the store crate (every limiter-redis type limiterd uses).
 //! - [`metrics`]: the Prometheus counters.
 //! - [`config`]: the TOML file, checked with line numbers ([`config::BUILT_IN`] when none).
 //! - [`permits`]: policies' concurrency limits, a permit per admitted call, on either store.
@@ -15,7 +16,7 @@
 //! - Adapters (feature `server`): `http` (the HTTP JSON API, its request parser, and
 //!   `POST /json`), `grpc` (envoy's protocol over tonic), served by `serve`.
 //!
-//! Dependencies point one way: metrics ← config ← permits ← stacks ← engine ← envoy ← app ← ops ←
+//! Dependencies point one way: backend ← metrics ← config ← permits ← stacks ← engine ← envoy ← app ← ops ←
 //! http, grpc ← server; no module imports one that imports it (`cargo xtask lint`).
 //!
 //! `serve` (feature `server`) runs the HTTP API, and the gRPC service with gRPC health if
@@ -23,6 +24,7 @@
 //! signal; requests in flight then finish, within a deadline.
 
 pub mod app;
+pub mod backend;
 pub mod config;
 pub mod engine;
 pub mod envoy;

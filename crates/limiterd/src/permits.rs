@@ -2,15 +2,15 @@
 //! until the caller releases it (`POST /v1/ratelimit/release`) or its time to live passes, at
 //! most `count` at once per identifier (or in all, for a global limit). In memory a permit is
 //! an entry in this process's table; on Redis it is a member of the key's sorted set, so a
-//! fleet shares the count ([`limiter_redis::RedisPermits`]). Either way a caller that never
+//! fleet shares the count ([`crate::backend::RedisPermits`]). Either way a caller that never
 //! releases (it crashed, it forgot) loses its permit after the time to live.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use crate::backend::{Acquired, OnFailure, RedisBackend, RedisPermits};
 use limiter_core::Clock;
-use limiter_redis::{Acquired, OnFailure, RedisBackend, RedisPermits};
 
 use crate::config::{ConcurrencyLimit, Keying};
 
@@ -79,7 +79,7 @@ impl PolicyPermits {
         backend: &RedisBackend,
         name: &str,
         on_failure: OnFailure,
-    ) -> Result<Self, limiter_redis::BuildError> {
+    ) -> Result<Self, crate::backend::BuildError> {
         Ok(Self {
             limit,
             store: Store::Redis(backend.permits(name, limit.count, limit.ttl)?),
@@ -87,7 +87,7 @@ impl PolicyPermits {
         })
     }
 
-    fn failed(&self, error: &limiter_redis::BackendError) -> PermitFailure {
+    fn failed(&self, error: &crate::backend::BackendError) -> PermitFailure {
         PermitFailure {
             message: error.to_string(),
             closed: self.on_failure == OnFailure::Closed,

@@ -13,8 +13,8 @@
 
 use std::sync::Arc;
 
+use crate::backend::{LeasedStack, OnFailure, RedisBackend, RedisStack};
 use limiter_core::Clock;
-use limiter_redis::{LeasedStack, OnFailure, RedisBackend, RedisStack};
 use limiter_stack::{
     Ask, AsyncLimiter, BatchAnswer, BatchItem, CallError, Charges, Decide, HoldsKeys, Layer,
     LayerInfo, OpenPlans, Outcome, Plan, Stack, StackDecision, Taken, decide_all,
@@ -192,7 +192,7 @@ pub async fn decide_batch(
     let on_redis: Option<Vec<&RedisStack<Call>>> = stacks.iter().map(|s| s.per_call()).collect();
     match on_redis {
         Some(on_redis) if on_redis.len() > 1 => {
-            limiter_redis::decide_batch(batch, &on_redis, at).await
+            crate::backend::decide_batch(batch, &on_redis, at).await
         }
         _ => decide_all(batch, at).await,
     }
@@ -223,7 +223,7 @@ pub enum EngineError {
         policy: String,
         /// Why.
         #[source]
-        source: limiter_redis::BuildError,
+        source: crate::backend::BuildError,
     },
 }
 

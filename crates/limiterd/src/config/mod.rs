@@ -52,7 +52,7 @@ use std::net::SocketAddr;
 use std::ops::Range;
 use std::time::Duration;
 
-use limiter_redis::OnFailure;
+use crate::backend::OnFailure;
 use serde::Deserialize;
 use toml::Spanned;
 

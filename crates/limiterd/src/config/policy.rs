@@ -1,9 +1,10 @@
 //! `[policies.*]`: each policy's limits (algorithm, count, period, burst, keying), checked
 //! for the store they run on, its failure policy and its lease.
 
+use crate::backend::{LEASE_TTL_RANGE, Lease, OnFailure, RedisLimit, Slack};
 use limiter_core::text::{parse_percent, parse_period};
 use limiter_core::{Limit, LimitError};
-use limiter_redis::{Kind, LEASE_TTL_RANGE, Lease, OnFailure, RedisLimit, Slack};
+use limiter_stack::Kind;
 use toml::Spanned;
 
 use super::*;
@@ -90,7 +91,7 @@ pub struct ConcurrencyLimit {
 
 /// The longest time to live of a concurrency limit's permits (longer work should release and
 /// take a new permit, or use a rate limit).
-pub const MAX_PERMIT_TTL: std::time::Duration = limiter_redis::MAX_PERMIT_TTL;
+pub const MAX_PERMIT_TTL: std::time::Duration = crate::backend::MAX_PERMIT_TTL;
 
 /// How long a permit lives unless `ttl` says otherwise.
 pub const DEFAULT_PERMIT_TTL: std::time::Duration = std::time::Duration::from_secs(60);
@@ -185,12 +186,12 @@ fn parse_concurrency(
         return Err(source.at(burst, format!("policy `{policy}`: a concurrency limit has no `burst`: give `count` (permits held at once) and `ttl`")));
     }
     let count = *raw.count.get_ref();
-    if count == 0 || count > limiter_redis::MAX_PERMITS {
+    if count == 0 || count > crate::backend::MAX_PERMITS {
         return Err(source.at(
             &raw.count,
             format!(
                 "policy `{policy}`: `count = {count}` permits: give 1 to {}",
-                limiter_redis::MAX_PERMITS
+                crate::backend::MAX_PERMITS
             ),
         ));
     }

@@ -5,7 +5,7 @@
 use std::borrow::Cow;
 
 use http::StatusCode;
-use limiter_redis::Kind;
+use limiter_stack::Kind;
 use serde::{Deserialize, Serialize};
 
 use crate::engine::{Charge, Item, PolicyId, Target};

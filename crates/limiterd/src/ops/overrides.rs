@@ -3,7 +3,7 @@
 //! duration. They are data, not configuration: a reload keeps them. In memory they are kept
 //! in a JSON file written atomically (a temporary file beside it, synced, then renamed over
 //! it) on every change and read at start, so they survive a restart. On Redis they live in
-//! Redis ([`limiter_redis::RedisRecords`]) and apply on every instance: each change is written
+//! Redis ([`crate::backend::RedisRecords`]) and apply on every instance: each change is written
 //! there first, and every instance polls their version every [`REFRESH_EVERY`], reading them
 //! again when it moved, so an override set on one instance applies on the others within that
 //! interval and a round trip. Decisions read the copy held here, never Redis.
@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 
-use limiter_redis::RedisRecords;
+use crate::backend::RedisRecords;
 use serde::{Deserialize, Serialize};
 
 /// How often an instance on Redis looks for overrides another instance changed.
@@ -127,7 +127,7 @@ impl Overrides {
 
     /// On Redis, reads the overrides again if another instance changed them (one `GET` when
     /// nothing changed); whether they changed. Elsewhere, nothing to do.
-    pub async fn refresh(&self) -> Result<bool, limiter_redis::BackendError> {
+    pub async fn refresh(&self) -> Result<bool, crate::backend::BackendError> {
         let Keeping::Redis(records) = &self.keeping else {
             return Ok(false);
         };

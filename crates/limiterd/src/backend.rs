@@ -1,0 +1,12 @@
+//! limiterd's one door to its store crate: every type and function the service takes from
+//! limiter-redis is named here, and nowhere else in limiterd (`cargo xtask lint`), so what the
+//! service depends on of its store (connections and their settings, failure policies, leases,
+//! limits checked for Redis, stacks and batches, permits, the overrides' records, health) is
+//! one list to read. A second store would add its own here.
+
+pub use limiter_redis::{
+    Acquired, BackendBuilder, BackendError, BreakerConfig, BuildError, DEFAULT_TIMEOUT,
+    LEASE_TTL_RANGE, Lease, LeasedStack, MAX_PERMIT_TTL, MAX_PERMITS, OnFailure, RedisBackend,
+    RedisLimit, RedisPermits, RedisRecords, RedisStack, RedisUrl, Secret, Slack, StoreHealth,
+    TlsError, TlsOptions, decide_batch, slot_ranges,
+};
