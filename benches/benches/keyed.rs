@@ -191,6 +191,21 @@ fn permits(c: &mut Criterion) {
     g.bench_function("concurrency_acquire_release", |b| {
         b.iter(|| black_box(limiter.try_acquire(black_box(&7)).map(|p| p.release())))
     });
+    // A calendar quota (a month in Berlin) on the default clock: the conversion to the zone's
+    // calendar on every decision.
+    let clock = DefaultClock::new();
+    let origin = limiter_core::unix_origin(&clock);
+    let month =
+        limiter_calendar::Calendar::new(limiter_calendar::CalendarUnit::Month, "Europe/Berlin")
+            .expect("known zone");
+    let quota: limiter_calendar::KeyedCalendarWindow<u64> = KeyedLimiter::from_algorithm(
+        limiter_calendar::CalendarCounter::new(1 << 38, month, origin).expect("valid"),
+        clock,
+        ShardedStore::new(),
+    );
+    g.bench_function("calendar_month_berlin", |b| {
+        b.iter(|| black_box(quota.check_key(black_box(&7)).is_ok()))
+    });
     g.finish();
 }
 

@@ -37,6 +37,16 @@ impl<A: Algorithm, C: Clock> DirectLimiter<A, C> {
         })
     }
 
+    /// A full limiter of `algorithm`, already built (one that takes more than a [`Limit`],
+    /// such as a calendar window), reading `clock`.
+    pub fn from_algorithm(algorithm: A, clock: C) -> Self {
+        Self {
+            cell: CachePadded::new(StateCell::new(A::FRESH)),
+            algorithm,
+            clock,
+        }
+    }
+
     /// Decides one unit now.
     #[inline]
     pub fn check(&self) -> Result<Decision, DecisionError> {

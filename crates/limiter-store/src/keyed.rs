@@ -52,6 +52,17 @@ where
         })
     }
 
+    /// A keyed limiter of `algorithm`, already built (one that takes more than a [`Limit`],
+    /// such as a calendar window), reading `clock`, keeping its states in `store`.
+    pub fn from_algorithm(algorithm: A, clock: C, store: St) -> Self {
+        Self {
+            algorithm,
+            store,
+            clock,
+            _key: std::marker::PhantomData,
+        }
+    }
+
     /// Decides one unit for `key` now.
     pub fn check_key<Q>(&self, key: &Q) -> Result<Decision, DecisionError>
     where

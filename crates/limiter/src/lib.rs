@@ -14,6 +14,7 @@
 //! | [`SlidingWindow`], [`FixedWindow`], keyed forms | `limiter-sliding-window` | window counters |
 //! | [`store`] | `limiter-store` | key stores: sharded (default), bounded |
 //! | [`concurrency`] | `limiter-concurrency` | requests in flight per key |
+//! | `calendar` (feature `calendar`) | `limiter-calendar` | quotas per day, week, month, year in a time zone |
 //! | [`algorithm`] | core and the algorithm crates | for implementers: transitions by type, the state word, `DirectLimiter` and `KeyedLimiter` |
 //! | [`stack`] | `limiter-stack` | several limits decided all or nothing |
 //! | `tower` (feature `tower`) | `limiter-tower` | the HTTP/gRPC middleware |
@@ -61,11 +62,19 @@ pub mod algorithm {
     pub use limiter_token_bucket::Gcra;
 }
 
+/// Quotas by the calendar: a day, a week from Monday, a month or a year in UTC or an IANA time
+/// zone (`limiter-calendar`, feature `calendar`).
+#[cfg(feature = "calendar")]
+pub mod calendar {
+    pub use limiter_calendar::*;
+}
+
 /// Clocks: the default (the time-stamp counter where it can be read, else the OS's monotonic
 /// clock), the OS's own, a coarse one, and [`ManualClock`] for tests.
 pub mod clock {
     pub use limiter_core::{
         Clock, ClockSource, CoarseClock, DefaultClock, ManualClock, MonotonicClock, TscClock,
+        unix_origin,
     };
 }
 
@@ -103,7 +112,7 @@ pub mod redis {
 /// The Rust examples of README.md and of every guide in docs/, compiled (and, but for the Redis
 /// and server ones, run) as doctests so they stay true; they import this crate alone (and axum,
 /// tokio). `cargo xtask lint` refuses a guide with Rust examples that is not listed here.
-#[cfg(all(doctest, feature = "axum", feature = "redis"))]
+#[cfg(all(doctest, feature = "axum", feature = "redis", feature = "calendar"))]
 mod guides {
     #[doc = include_str!("../../../README.md")]
     struct Readme;
@@ -117,6 +126,8 @@ mod guides {
     struct Middleware;
     #[doc = include_str!("../../../docs/concurrency.md")]
     struct Concurrency;
+    #[doc = include_str!("../../../docs/calendar.md")]
+    struct Calendar;
 }
 
 #[cfg(feature = "tokio")]

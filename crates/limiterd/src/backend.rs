@@ -8,5 +8,7 @@ pub use limiter_redis::{
     Acquired, BackendBuilder, BackendError, BreakerConfig, BuildError, DEFAULT_TIMEOUT,
     LEASE_TTL_RANGE, Lease, LeasedStack, MAX_PERMIT_TTL, MAX_PERMITS, OnFailure, RedisBackend,
     RedisLimit, RedisPermits, RedisRecords, RedisStack, RedisUrl, Secret, Slack, StoreHealth,
-    TlsError, TlsOptions, decide_batch, slot_ranges,
+    decide_batch, slot_ranges,
 };
+#[cfg(feature = "tls")]
+pub use limiter_redis::{TlsError, TlsOptions};

@@ -1,0 +1,180 @@
+//! [`Calendar`]: a unit of the calendar (a day, a week from Monday, a month, a year) in UTC or
+//! an IANA time zone, and the window of it an instant falls in: its number and where it starts
+//! and ends, at local midnight of the unit's first day (so a day across a daylight-saving
+//! change is 23 or 25 hours long).
+
+use std::fmt;
+use std::str::FromStr;
+
+use jiff::civil::Date;
+use jiff::tz::TimeZone;
+use jiff::{Timestamp, ToSpan};
+
+/// A unit of the calendar.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CalendarUnit {
+    /// From local midnight to the next (`1d`).
+    Day,
+    /// From Monday's local midnight to the next Monday's (`1w`).
+    Week,
+    /// From the first of the month at local midnight to the next first (`1mo`).
+    Month,
+    /// From January 1st at local midnight to the next (`1y`).
+    Year,
+}
+
+impl CalendarUnit {
+    /// The unit's name in a period: `1d`, `1w`, `1mo`, `1y`.
+    pub fn period(self) -> &'static str {
+        match self {
+            Self::Day => "1d",
+            Self::Week => "1w",
+            Self::Month => "1mo",
+            Self::Year => "1y",
+        }
+    }
+}
+
+impl FromStr for CalendarUnit {
+    type Err = CalendarError;
+
+    /// `1d`, `1w`, `1mo` or `1y`.
+    fn from_str(period: &str) -> Result<Self, CalendarError> {
+        match period {
+            "1d" => Ok(Self::Day),
+            "1w" => Ok(Self::Week),
+            "1mo" => Ok(Self::Month),
+            "1y" => Ok(Self::Year),
+            other => Err(CalendarError::UnknownPeriod(other.to_owned())),
+        }
+    }
+}
+
+/// A calendar that cannot be built.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CalendarError {
+    /// A zone the embedded IANA database does not have.
+    #[error(
+        "unknown time zone {0:?}: name UTC or an IANA zone such as \"Europe/Berlin\" or \"America/New_York\""
+    )]
+    UnknownZone(String),
+    /// A period that is not a unit of the calendar.
+    #[error("a calendar period is \"1d\", \"1w\" (from Monday), \"1mo\" or \"1y\", not {0:?}")]
+    UnknownPeriod(String),
+}
+
+/// One window of a calendar: its number (counted from the unit that holds 1970-01-01 in the
+/// zone) and its bounds in nanoseconds since the Unix epoch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    /// The window's number: days, weeks, months or years since the zone's 1970 start.
+    pub index: u64,
+    /// Where it starts (inclusive).
+    pub start_unix_ns: u64,
+    /// Where the next starts (exclusive).
+    pub end_unix_ns: u64,
+}
+
+/// A unit of the calendar in a time zone.
+#[derive(Clone)]
+pub struct Calendar {
+    unit: CalendarUnit,
+    zone: TimeZone,
+    zone_name: String,
+}
+
+impl fmt::Debug for Calendar {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Calendar({} in {})", self.unit.period(), self.zone_name)
+    }
+}
+
+impl PartialEq for Calendar {
+    fn eq(&self, other: &Self) -> bool {
+        self.unit == other.unit && self.zone_name == other.zone_name
+    }
+}
+
+impl Eq for Calendar {}
+
+/// 1970-01-01, where window numbers start.
+const EPOCH_DATE: Date = jiff::civil::date(1970, 1, 1);
+
+impl Calendar {
+    /// `unit` in `zone`: `"UTC"` or an IANA name, looked up in the embedded database.
+    pub fn new(unit: CalendarUnit, zone: &str) -> Result<Self, CalendarError> {
+        let tz = if zone == "UTC" {
+            TimeZone::UTC
+        } else {
+            TimeZone::get(zone).map_err(|_| CalendarError::UnknownZone(zone.to_owned()))?
+        };
+        Ok(Self {
+            unit,
+            zone: tz,
+            zone_name: zone.to_owned(),
+        })
+    }
+
+    /// The unit.
+    pub fn unit(&self) -> CalendarUnit {
+        self.unit
+    }
+
+    /// The zone's name, as given.
+    pub fn zone(&self) -> &str {
+        &self.zone_name
+    }
+
+    /// The window `unix_ns` (nanoseconds since the Unix epoch) falls in; `None` past the
+    /// calendar's range (the year 9999).
+    pub fn window(&self, unix_ns: u64) -> Option<Window> {
+        let at = Timestamp::from_nanosecond(i128::from(unix_ns)).ok()?;
+        let today = at.to_zoned(self.zone.clone()).date();
+        let (first, next, index) = match self.unit {
+            CalendarUnit::Day => {
+                let index = EPOCH_DATE.until(today).ok()?.get_days();
+                (today, today.checked_add(1.day()).ok()?, i64::from(index))
+            }
+            CalendarUnit::Week => {
+                let back = today.weekday().to_monday_zero_offset();
+                let monday = today.checked_sub(i64::from(back).days()).ok()?;
+                // 1969-12-29 was a Monday: weeks count from it.
+                let days = jiff::civil::date(1969, 12, 29)
+                    .until(monday)
+                    .ok()?
+                    .get_days();
+                (
+                    monday,
+                    monday.checked_add(1.week()).ok()?,
+                    i64::from(days / 7),
+                )
+            }
+            CalendarUnit::Month => {
+                let first = today.first_of_month();
+                let months = (i64::from(today.year()) - 1970) * 12 + i64::from(today.month()) - 1;
+                (first, first.checked_add(1.month()).ok()?, months)
+            }
+            CalendarUnit::Year => {
+                let first = today.first_of_year();
+                (
+                    first,
+                    first.checked_add(1.year()).ok()?,
+                    i64::from(today.year()) - 1970,
+                )
+            }
+        };
+        Some(Window {
+            index: u64::try_from(index).ok()?,
+            start_unix_ns: self.midnight(first)?,
+            end_unix_ns: self.midnight(next)?,
+        })
+    }
+
+    /// The instant `date` starts in the zone (its local midnight, or the first instant after it
+    /// where midnight does not exist).
+    fn midnight(&self, date: Date) -> Option<u64> {
+        let start = date.to_zoned(self.zone.clone()).ok()?.start_of_day().ok()?;
+        u64::try_from(start.timestamp().as_nanosecond()).ok()
+    }
+}

@@ -1,0 +1,183 @@
+//! [`CalendarCounter`]: a fixed window counter whose windows are a [`Calendar`]'s: its state is
+//! one word (the window's number and the units counted in it), and a call in a later window
+//! starts from zero, as envoy's and unkey's fixed windows do, but on the calendar's boundaries.
+
+use limiter_core::{Algorithm, Decision, DecisionError, Limit, LimitError, Step, Usage};
+
+use crate::calendar::{Calendar, Window};
+
+/// Bits of the state word that count units; the window's number (plus one: 0 is fresh) is above.
+const COUNT_BITS: u32 = 40;
+const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
+
+/// The most units one window may count.
+pub const MAX_CALENDAR_COUNT: u64 = COUNT_MASK / 2;
+
+/// At most `count` units per calendar window: a day, a week from Monday, a month or a year in a
+/// time zone. Built with [`new`](Self::new) (a calendar is more than a [`Limit`]), and used by
+/// [`CalendarWindow`](crate::CalendarWindow) and [`KeyedCalendarWindow`](crate::KeyedCalendarWindow).
+#[derive(Clone, Debug)]
+pub struct CalendarCounter {
+    calendar: Calendar,
+    limit: Limit,
+    origin_unix_ns: u64,
+}
+
+impl CalendarCounter {
+    /// `count` units per window of `calendar`, on a clock whose reading 0 is `origin_unix_ns`
+    /// nanoseconds after the Unix epoch ([`limiter_core::unix_origin`] finds it for a clock).
+    pub fn new(count: u64, calendar: Calendar, origin_unix_ns: u64) -> Result<Self, LimitError> {
+        if count == 0 || count > MAX_CALENDAR_COUNT {
+            return Err(LimitError::Unsupported {
+                algorithm: Self::NAME,
+                reason: format!(
+                    "{count} per {}: a calendar window counts 1 to {MAX_CALENDAR_COUNT} units",
+                    calendar.unit().period()
+                ),
+            });
+        }
+        // The nominal length, for display: the unit's usual length in days.
+        let days = match calendar.unit() {
+            crate::CalendarUnit::Day => 1,
+            crate::CalendarUnit::Week => 7,
+            crate::CalendarUnit::Month => 30,
+            crate::CalendarUnit::Year => 365,
+        };
+        Ok(Self {
+            calendar,
+            limit: Limit::new(count, std::time::Duration::from_secs(days * 86_400)),
+            origin_unix_ns,
+        })
+    }
+
+    /// The calendar.
+    pub fn calendar(&self) -> &Calendar {
+        &self.calendar
+    }
+
+    /// The window the clock's reading `now` falls in.
+    pub fn window_at(&self, now: u64) -> Result<Window, DecisionError> {
+        self.origin_unix_ns
+            .checked_add(now)
+            .and_then(|unix| self.calendar.window(unix))
+            .ok_or(DecisionError::ClockOutOfRange {
+                now_ns: now,
+                max_ns: u64::MAX - self.origin_unix_ns,
+            })
+    }
+
+    /// Units counted in `window` by `state`.
+    fn used(state: u64, window: &Window) -> u64 {
+        if state >> COUNT_BITS == window.index + 1 {
+            state & COUNT_MASK
+        } else {
+            0
+        }
+    }
+
+    fn pack(window: &Window, used: u64) -> u64 {
+        ((window.index + 1) << COUNT_BITS) | used.min(COUNT_MASK)
+    }
+
+    /// The answer for `used` units in `window` at `now`, admitted or not.
+    fn answer(&self, window: &Window, now: u64, used: u64, allowed: bool) -> Decision {
+        let count = self.limit.count();
+        let unix = self.origin_unix_ns.saturating_add(now);
+        let reset = if used == 0 {
+            0
+        } else {
+            window.end_unix_ns.saturating_sub(unix).max(1)
+        };
+        if allowed {
+            Decision::allow(count, count.saturating_sub(used), reset)
+        } else {
+            Decision::deny(
+                count,
+                count.saturating_sub(used),
+                reset.max(1),
+                reset.max(1),
+            )
+        }
+    }
+}
+
+impl Algorithm for CalendarCounter {
+    const NAME: &'static str = "calendar window";
+    const FRESH: u64 = 0;
+
+    /// A calendar window is built with [`CalendarCounter::new`]: a limit alone names no
+    /// calendar.
+    fn new(limit: Limit) -> Result<Self, LimitError> {
+        Err(LimitError::Unsupported {
+            algorithm: Self::NAME,
+            reason: format!(
+                "{limit}: a calendar window needs a calendar; build it with CalendarCounter::new"
+            ),
+        })
+    }
+
+    fn limit(&self) -> &Limit {
+        &self.limit
+    }
+
+    fn decide(&self, state: u64, cost: u64, now: u64) -> Result<Step, DecisionError> {
+        let count = self.limit.count();
+        if cost > count {
+            return Err(DecisionError::CostExceedsBurst { cost, burst: count });
+        }
+        let window = self.window_at(now)?;
+        let used = Self::used(state, &window);
+        let after = used + cost;
+        if after <= count {
+            Ok(Step {
+                decision: self.answer(&window, now, after, true),
+                next: (cost > 0).then(|| Self::pack(&window, after)),
+            })
+        } else {
+            Ok(Step {
+                decision: self.answer(&window, now, used, false),
+                next: None,
+            })
+        }
+    }
+
+    fn record(&self, state: u64, cost: u64, now: u64) -> Result<Step, DecisionError> {
+        let count = self.limit.count();
+        let window = self.window_at(now)?;
+        let after = Self::used(state, &window)
+            .saturating_add(cost)
+            .min(Usage::MAX_DEBT.saturating_mul(count));
+        Ok(Step {
+            decision: self.answer(&window, now, after, after <= count),
+            next: (cost > 0).then(|| Self::pack(&window, after)),
+        })
+    }
+
+    fn is_full(&self, state: u64, now: u64) -> bool {
+        self.window_at(now)
+            .is_ok_and(|window| Self::used(state, &window) == 0)
+    }
+
+    fn usage(&self, state: u64, now: u64) -> Usage {
+        let used = self
+            .window_at(now)
+            .map_or(0, |window| Self::used(state, &window));
+        Usage::new(used, self.limit.count())
+    }
+
+    fn with_usage(&self, usage: Usage, now: u64) -> Result<u64, DecisionError> {
+        let window = self.window_at(now)?;
+        Ok(Self::pack(&window, usage.scaled_to(self.limit.count())))
+    }
+
+    fn refund(&self, state: u64, units: u64, granted_at: u64, now: u64) -> Option<u64> {
+        let window = self.window_at(now).ok()?;
+        // Units granted in an earlier window came back when it ended.
+        let granted = self.window_at(granted_at).ok()?;
+        if granted.index != window.index {
+            return None;
+        }
+        let used = Self::used(state, &window);
+        Some(Self::pack(&window, used.saturating_sub(units)))
+    }
+}
