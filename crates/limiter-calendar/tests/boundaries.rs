@@ -154,3 +154,29 @@ fn keys_count_apart_and_are_forgotten_once_their_window_passes() {
     );
     assert!(per_key.check_key("acme").unwrap().is_allowed());
 }
+
+#[test]
+fn a_monthly_quota_in_a_stack_is_all_or_nothing_with_a_rate() {
+    use limiter_stack::{Kind, Layer, Stack};
+    let origin = 1_774_994_400 * S - S; // a second before April in Berlin
+    let month = Calendar::new(CalendarUnit::Month, "Europe/Berlin").unwrap();
+    let clock = ManualClock::new();
+    let stack: Stack<&str, String, ManualClock> = Stack::builder()
+        .layer(
+            Layer::keyed("customer", |c: &&str| Some(c.to_string()))
+                .limit(Kind::TokenBucket, limiter_core::Limit::per_second(2))
+                .algorithm(CalendarCounter::new(3, month, origin).unwrap()),
+        )
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    assert!(stack.check_n(&"acme", 2).unwrap().is_allowed());
+    // The rate allows no more this second: the month's quota takes nothing either.
+    assert!(stack.check(&"acme").unwrap().is_denied());
+    clock.advance(Duration::from_millis(500)); // the bucket has one again, the month 1 left
+    let last = stack.check(&"acme").unwrap();
+    assert!(last.is_allowed());
+    assert_eq!(last.decision().remaining(), 0);
+    clock.advance(Duration::from_millis(500)); // April: March's quota is spent, April's not
+    assert!(stack.check(&"acme").unwrap().is_allowed());
+}

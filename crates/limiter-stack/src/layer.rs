@@ -58,6 +58,14 @@ impl Plan {
         self.add(A::new(limit), |a| PlanLimit::Other(Box::new(a)))
     }
 
+    /// Adds `algorithm`, already built (one that takes more than a [`Limit`], such as a
+    /// calendar window of `limiter-calendar`). It runs in process only: a Redis stack refuses
+    /// a plan holding one.
+    pub fn algorithm<A: Algorithm + 'static>(mut self, algorithm: A) -> Self {
+        self.specs.push((None, *algorithm.limit()));
+        self.add(Ok(algorithm), |a| PlanLimit::Other(Box::new(a)))
+    }
+
     /// Adds the limit `built` holds, as `hold` keeps it, or the refusal.
     fn add<A>(mut self, built: Result<A, LimitError>, hold: impl FnOnce(A) -> PlanLimit) -> Self {
         match built {
@@ -321,6 +329,11 @@ impl<R, K> Layer<R, K> {
     /// Like [`limit`](Self::limit), with algorithm `A` named by type (one of your own).
     pub fn limit_with<A: Algorithm + 'static>(self, limit: Limit) -> Self {
         self.add_to_plan(|plan| plan.limit_with::<A>(limit))
+    }
+
+    /// Like [`limit`](Self::limit), with an algorithm already built (see [`Plan::algorithm`]).
+    pub fn algorithm<A: Algorithm + 'static>(self, algorithm: A) -> Self {
+        self.add_to_plan(|plan| plan.algorithm(algorithm))
     }
 
     /// Adds to the layer's single plan (named after the layer), a refusal naming the layer.

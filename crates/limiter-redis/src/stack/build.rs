@@ -220,7 +220,7 @@ fn layer_spec<R>(layer: LayerParts<R, String>) -> Result<LayerSpec<R>, BuildErro
                     source: limiter_core::LimitError::Unsupported {
                         algorithm: "an algorithm named by type",
                         reason: format!(
-                            "{limit} is decided by an algorithm named by type (`limit_with`), which runs in process only; on Redis name a built-in one with `limit(Kind::..., limit)`"
+                            "{limit} is decided by an algorithm named by type (`limit_with`) or built by hand (`algorithm`), which runs in process only; on Redis name a built-in one with `limit(Kind::..., limit)`"
                         ),
                     },
                 });

@@ -73,7 +73,8 @@ pub use limiter_envoy::settings::{
 };
 use policy::parse_policy;
 pub use policy::{
-    CheckedLimit, ConcurrencyLimit, DEFAULT_PERMIT_TTL, Keying, MAX_PERMIT_TTL, Policy, PolicyLimit,
+    CalendarSpec, CheckedLimit, ConcurrencyLimit, DEFAULT_PERMIT_TTL, Keying, MAX_PERMIT_TTL,
+    Policy, PolicyLimit,
 };
 pub use redis_store::{
     Login, PasswordFrom, RedisAt, RedisConnection, SentinelAt, TlsFiles, WaitFor,
@@ -327,6 +328,7 @@ struct RawLimit {
     burst: Option<Spanned<u64>>,
     key: Option<Spanned<String>>,
     ttl: Option<Spanned<String>>,
+    calendar: Option<Spanned<String>>,
 }
 
 /// Turns byte offsets into lines and columns, and relative paths into paths beside the file.
@@ -473,7 +475,9 @@ impl Config {
         let connection = Box::new(connection.at(at).map_err(plain)?);
         for (name, policy) in &mut self.policies {
             for l in &mut policy.limits {
-                l.limit = CheckedLimit::new(l.limit.kind(), l.limit.limit(), StoreKind::Redis)
+                l.limit = l
+                    .limit
+                    .on_store(StoreKind::Redis)
                     .map_err(|e| plain(format!("policy `{name}` cannot run on Redis: {e}")))?;
             }
         }

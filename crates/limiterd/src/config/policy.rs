@@ -2,6 +2,7 @@
 //! for the store they run on, its failure policy and its lease.
 
 use crate::backend::{LEASE_TTL_RANGE, Lease, OnFailure, RedisLimit, Slack};
+use limiter_calendar::{Calendar, CalendarError, CalendarUnit};
 use limiter_core::text::{parse_percent, parse_period};
 use limiter_core::{Limit, LimitError};
 use limiter_stack::Kind;
@@ -17,6 +18,39 @@ pub struct CheckedLimit {
     kind: Kind,
     limit: Limit,
     store: StoreKind,
+    calendar: Option<CalendarSpec>,
+}
+
+/// A fixed window's calendar (`period = "1mo", calendar = "Europe/Berlin"`): its unit and a
+/// zone the embedded IANA database has (checked when read).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CalendarSpec {
+    /// A day, a week from Monday, a month or a year.
+    pub unit: CalendarUnit,
+    /// `UTC` or an IANA zone's name.
+    pub zone: &'static str,
+}
+
+impl CalendarSpec {
+    /// The calendar.
+    pub fn calendar(&self) -> Result<Calendar, CalendarError> {
+        Calendar::new(self.unit, self.zone)
+    }
+}
+
+/// `zone` for as long as the process runs: one copy per distinct zone named (at most the
+/// database's few hundred, each checked against it first).
+fn interned(zone: &str) -> &'static str {
+    static ZONES: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+    let mut zones = ZONES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(found) = zones.iter().find(|z| **z == zone) {
+        return found;
+    }
+    let leaked: &'static str = Box::leak(zone.to_owned().into_boxed_str());
+    zones.push(leaked);
+    leaked
 }
 
 impl CheckedLimit {
@@ -28,7 +62,61 @@ impl CheckedLimit {
                 RedisLimit::new(kind, limit)?;
             }
         }
-        Ok(Self { kind, limit, store })
+        Ok(Self {
+            kind,
+            limit,
+            store,
+            calendar: None,
+        })
+    }
+
+    /// `count` per window of `calendar`, a fixed window: in memory only for now.
+    pub fn calendar_window(
+        count: u64,
+        calendar: CalendarSpec,
+        store: StoreKind,
+    ) -> Result<Self, LimitError> {
+        let unsupported = |reason: String| LimitError::Unsupported {
+            algorithm: "calendar window",
+            reason,
+        };
+        if store == StoreKind::Redis {
+            return Err(unsupported(
+                "calendar windows are decided in memory only for now: use a memory store, or a fixed window of a period (\"30d\")".into(),
+            ));
+        }
+        if count == 0 || count > limiter_calendar::MAX_CALENDAR_COUNT {
+            return Err(unsupported(format!(
+                "{count} per {}: give 1 to {}",
+                calendar.unit.period(),
+                limiter_calendar::MAX_CALENDAR_COUNT
+            )));
+        }
+        let nominal = match calendar.unit {
+            CalendarUnit::Day => 1,
+            CalendarUnit::Week => 7,
+            CalendarUnit::Month => 30,
+            CalendarUnit::Year => 365,
+        };
+        Ok(Self {
+            kind: Kind::FixedWindow,
+            limit: Limit::new(count, std::time::Duration::from_secs(nominal * 86_400)),
+            store,
+            calendar: Some(calendar),
+        })
+    }
+
+    /// The same limit checked for `store`.
+    pub fn on_store(self, store: StoreKind) -> Result<Self, LimitError> {
+        match self.calendar {
+            Some(calendar) => Self::calendar_window(self.limit.count(), calendar, store),
+            None => Self::new(self.kind, self.limit, store),
+        }
+    }
+
+    /// A fixed window's calendar, when its windows are the calendar's.
+    pub fn calendar(&self) -> Option<CalendarSpec> {
+        self.calendar
     }
 
     /// The algorithm.
@@ -169,6 +257,46 @@ pub(super) fn parse_policy(
         concurrency,
         on_failure,
         lease,
+    })
+}
+
+/// `{ algorithm = "fixed_window", count = N, period = "1mo", calendar = "Europe/Berlin" }`:
+/// windows of a day, a week from Monday, a month or a year, starting at local midnight.
+fn parse_calendar_limit(
+    source: &Source<'_>,
+    policy: &str,
+    entry: &Spanned<RawLimit>,
+    zone: &Spanned<String>,
+    store: &Store,
+) -> Result<PolicyLimit, ConfigError> {
+    let raw = entry.get_ref();
+    if raw.algorithm.get_ref() != "fixed_window" {
+        return Err(source.at(&raw.algorithm, format!("policy `{policy}`: a `calendar` window is a fixed window: write `algorithm = \"fixed_window\"`")));
+    }
+    if let Some(burst) = &raw.burst {
+        return Err(source.at(
+            burst,
+            format!("policy `{policy}`: a calendar window has no `burst`"),
+        ));
+    }
+    let Some(period) = &raw.period else {
+        return Err(source.at(entry, format!("policy `{policy}`: a calendar window needs a `period`: \"1d\", \"1w\", \"1mo\" or \"1y\"")));
+    };
+    let unit: CalendarUnit = period
+        .get_ref()
+        .parse()
+        .map_err(|e: CalendarError| source.at(period, format!("policy `{policy}`: {e}")))?;
+    Calendar::new(unit, zone.get_ref())
+        .map_err(|e| source.at(zone, format!("policy `{policy}`: {e}")))?;
+    let spec = CalendarSpec {
+        unit,
+        zone: interned(zone.get_ref()),
+    };
+    let limit = CheckedLimit::calendar_window(*raw.count.get_ref(), spec, store.kind())
+        .map_err(|e| source.at(entry, format!("policy `{policy}`: {e}")))?;
+    Ok(PolicyLimit {
+        limit,
+        keying: parse_keying(source, raw)?,
     })
 }
 
@@ -341,6 +469,9 @@ fn parse_limit(
         let given = raw.algorithm.get_ref();
         source.at(&raw.algorithm, format!("`algorithm = {given:?}`: {e}"))
     })?;
+    if let Some(zone) = &raw.calendar {
+        return parse_calendar_limit(source, policy, entry, zone, store);
+    }
     if let Some(ttl) = &raw.ttl {
         return Err(source.at(ttl, format!("policy `{policy}`: `ttl` belongs to a concurrency limit (`algorithm = \"concurrency\"`); a {} limit has a `period`", raw.algorithm.get_ref())));
     }
@@ -354,7 +485,7 @@ fn parse_limit(
         ));
     };
     let period = parse_period(raw_period.get_ref())
-        .ok_or_else(|| source.at(raw_period, format!("`period = {:?}`: write a whole number with a unit, such as \"500ms\", \"1s\", \"1m\", \"1h\" or \"1d\"", raw_period.get_ref())))?;
+        .ok_or_else(|| source.at(raw_period, format!("`period = {:?}`: write a whole number with a unit, such as \"500ms\", \"1s\", \"1m\", \"1h\" or \"1d\" (a calendar month or year: `period = \"1mo\", calendar = \"UTC\"` or a zone, on a fixed window)", raw_period.get_ref())))?;
     let limit = Limit::new(*raw.count.get_ref(), period);
     let limit = match &raw.burst {
         None => limit,

@@ -211,6 +211,53 @@ fn concurrency_limits_take_a_count_and_a_ttl_and_errors_name_the_fix() {
 }
 
 #[test]
+fn calendar_windows_name_a_zone_and_a_unit_and_errors_name_the_fix() {
+    let policy = |limits: &str| format!("[policies.p]\nlimits = [\n  {limits},\n]\n");
+    let config = Config::parse(&policy(
+        "{ algorithm = \"fixed_window\", count = 1000, period = \"1mo\", calendar = \"Europe/Berlin\" }",
+    ))
+    .expect("valid");
+    let spec = config.policies["p"].limits[0]
+        .limit
+        .calendar()
+        .expect("a calendar");
+    assert_eq!(
+        (spec.unit, spec.zone),
+        (limiter_calendar::CalendarUnit::Month, "Europe/Berlin")
+    );
+    for (limits, want) in [
+        (
+            "{ algorithm = \"fixed_window\", count = 1, period = \"1d\", calendar = \"Mars/Olympus\" }",
+            "line 3, column 70: policy `p`: unknown time zone \"Mars/Olympus\"",
+        ),
+        (
+            "{ algorithm = \"token_bucket\", count = 1, period = \"1d\", calendar = \"UTC\" }",
+            "line 3, column 17: policy `p`: a `calendar` window is a fixed window",
+        ),
+        (
+            "{ algorithm = \"fixed_window\", count = 1, period = \"30d\", calendar = \"UTC\" }",
+            "line 3, column 53: policy `p`: a calendar period is \"1d\"",
+        ),
+        (
+            "{ algorithm = \"fixed_window\", count = 1, period = \"1mo\" }",
+            "line 3, column 53: `period = \"1mo\"`: write a whole number with a unit",
+        ),
+    ] {
+        let got = error(&policy(limits));
+        assert!(got.starts_with(want), "{limits}\n got: {got}\nwant: {want}");
+    }
+    let on_redis = format!(
+        "[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:6379\"\n{}",
+        policy("{ algorithm = \"fixed_window\", count = 5, period = \"1d\", calendar = \"UTC\" }")
+    );
+    assert!(
+        error(&on_redis).contains("in memory only for now"),
+        "{}",
+        error(&on_redis)
+    );
+}
+
+#[test]
 fn too_many_limits_on_one_keying_are_refused() {
     let limit = "{ algorithm = \"token_bucket\", count = 1, period = \"1s\" }";
     let text = format!("[policies.p]\nlimits = [\n{}\n]\n", [limit; 5].join(",\n"));

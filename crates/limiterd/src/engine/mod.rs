@@ -155,7 +155,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
     ) -> Result<Self, EngineError> {
         let mut engine = Self {
             ad_hoc_home: stacks.ad_hoc_home()?,
-            unix_origin_ns: limiter_core::unix_origin(stacks.clock()),
+            unix_origin_ns: stacks.unix_origin_ns(),
             stacks,
             policies: Vec::new(),
             by_name: HashMap::new(),
@@ -345,6 +345,36 @@ mod tests {
             shadow: false,
             charge: Charge::Take,
         }
+    }
+
+    /// A daily quota in Berlin across the 25-hour 2026-10-25: the window ends at local
+    /// midnight, and the answer's `reset_at_ms` names it.
+    #[test]
+    fn a_calendar_quota_resets_at_local_midnight() {
+        let text = "[policies.p]\nlimits = [{ algorithm = \"fixed_window\", count = 2, period = \"1d\", calendar = \"Europe/Berlin\" }]\n";
+        let config = Config::parse(text).expect("valid");
+        let clock = ManualClock::new();
+        let mut stacks = Stacks::open(&config.store, clock.clone(), None).expect("memory");
+        let midnight_ms = 1_792_879_200_000; // 2026-10-25 00:00 in Berlin (summer time)
+        stacks.set_unix_origin_ns(midnight_ms * 1_000_000);
+        let engine = Engine::new(&config, stacks, Arc::new(Metrics::new())).expect("builds");
+        clock.advance(Duration::from_secs(3_600));
+        let (ok, answers) = decided_at_once(engine.decide(&[item("a", 2)])).expect("valid");
+        assert!(ok);
+        // The day lasts 25 hours: it ends at 2026-10-26 00:00 in Berlin (winter time).
+        assert_eq!(answers[0].reset_at_ms(), 1_792_969_200_000);
+        let (ok, answers) = decided_at_once(engine.decide(&[item("a", 1)])).expect("valid");
+        assert!(!ok);
+        assert_eq!(
+            answers[0].decision.retry_after(),
+            Duration::from_secs(24 * 3_600)
+        );
+        clock.advance(Duration::from_secs(24 * 3_600));
+        assert!(
+            decided_at_once(engine.decide(&[item("a", 1)]))
+                .expect("valid")
+                .0
+        );
     }
 
     #[test]

@@ -60,10 +60,11 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             .into_iter()
             .enumerate()
             .map(|(i, (_, limits))| {
+                let origin = self.stacks.unix_origin_ns();
                 let plan = limits
                     .iter()
                     .fold(Plan::new(format!("reload of {name}")), |p, l| {
-                        p.limit(l.limit.kind(), l.limit.limit())
+                        crate::stacks::with_limit(p, l, origin)
                     });
                 match stack.open_plans() {
                     Some(open) => open.add_plan(i, plan),

@@ -158,7 +158,7 @@ fn policy_view(policy: &crate::config::Policy) -> Value {
         .iter()
         .map(|l| {
             let limit = l.limit.limit();
-            json!({
+            let mut view = json!({
                 "algorithm": limiter_stack::Kind::id(l.limit.kind()),
                 "count": limit.count(),
                 "period_ms": millis(limit.period()),
@@ -167,7 +167,11 @@ fn policy_view(policy: &crate::config::Policy) -> Value {
                     Keying::Identifier => "identifier",
                     Keying::Global => "global",
                 },
-            })
+            });
+            if let Some(calendar) = l.limit.calendar() {
+                view["calendar"] = json!({"zone": calendar.zone, "period": calendar.unit.period()});
+            }
+            view
         })
         .collect();
     let mut value = json!({"limits": limits, "on_failure": failure_name(policy.on_failure)});

@@ -1,8 +1,8 @@
 //! Where the engine's policies live: [`Stacks`] builds a policy's stack for the configured
 //! store (in this process, on Redis per call, or against leases on Redis) from one definition
-//! of its layers, and hands it to the engine behind the workspace's one seam ([`Charges`],
-//! an [`AsyncLimiter`] that takes every charge), with the permits of a policy's concurrency
-//! limit on the same store ([`Stacks::permits`]). The engine above it decides, batches,
+//! of its layers (`limits.rs`), and hands it to the engine behind the workspace's one seam
+//! ([`Charges`], an [`AsyncLimiter`](limiter_stack::AsyncLimiter) that takes every charge),
+//! with the permits of a policy's concurrency limit on the same store ([`Stacks::permits`]). The engine above it decides, batches,
 //! refunds and reloads through the seam alone, and names no store crate.
 //!
 //! In process a layer is open to more plans ([`RELOAD_PLANS`] of them: a reload's changed
@@ -13,15 +13,21 @@
 
 use std::sync::Arc;
 
-use crate::backend::{LeasedStack, OnFailure, RedisBackend, RedisStack};
 use limiter_core::Clock;
 use limiter_stack::{
-    Ask, AsyncLimiter, BatchAnswer, BatchItem, CallError, Charges, Decide, HoldsKeys, Layer,
-    LayerInfo, OpenPlans, Outcome, Plan, Stack, StackDecision, Taken, decide_all,
+    BatchAnswer, BatchItem, CallError, Charges, HoldsKeys, Layer, OpenPlans, Plan, Stack,
+    decide_all,
 };
 
-use crate::config::{Keying, Policy, PolicyLimit, Store, StoreKind};
+use crate::backend::{LeasedStack, OnFailure, RedisBackend, RedisStack};
+use crate::config::{Policy, Store, StoreKind};
 use crate::permits::{MemoryPermits, PolicyPermits};
+
+mod limits;
+
+pub use limits::groups;
+pub(crate) use limits::with_limit;
+use limits::{NoRateLimits, layer};
 
 /// How many times one in-process policy's limits can change by reload with its counters kept
 /// (each change is a plan of its layers); past that, a change starts its counters afresh.
@@ -238,6 +244,8 @@ enum Place {
 /// Builds policies' stacks on one store, on one clock.
 pub struct Stacks<C> {
     clock: C,
+    /// The Unix time, in ns, of the clock's reading 0: where calendar windows start.
+    unix_origin_ns: u64,
     place: Place,
     /// In memory, each policy's permit table by stack name, shared by the stacks a reload
     /// builds: permits held survive a reload.
@@ -274,6 +282,18 @@ impl<C> Stacks<C> {
     /// The clock every in-process stack reads.
     pub fn clock(&self) -> &C {
         &self.clock
+    }
+
+    /// The Unix time, in ns, of the clock's reading 0 (see [`limiter_core::unix_origin`]).
+    pub fn unix_origin_ns(&self) -> u64 {
+        self.unix_origin_ns
+    }
+
+    /// Uses `origin_ns` as the Unix time of the clock's reading 0 (for tests on a manual
+    /// clock: calendar windows start where it says; the stacks find it themselves otherwise).
+    #[doc(hidden)]
+    pub fn set_unix_origin_ns(&mut self, origin_ns: u64) {
+        self.unix_origin_ns = origin_ns;
     }
 
     /// Whether a new stack for a policy finds the old one's keys by name (Redis: keys are named
@@ -316,6 +336,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Stacks<C> {
             (Store::Redis { .. }, None) => return Err(EngineError::NoBackend),
         };
         Ok(Self {
+            unix_origin_ns: limiter_core::unix_origin(&clock),
             clock,
             place,
             permit_tables: PermitTables::default(),
@@ -342,6 +363,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Stacks<C> {
         };
         Ok(Self {
             clock: self.clock.clone(),
+            unix_origin_ns: self.unix_origin_ns,
             place,
             permit_tables: Arc::clone(&self.permit_tables),
         })
@@ -389,11 +411,12 @@ impl<C: Clock + Clone + Send + Sync + 'static> Stacks<C> {
         }
         match &self.place {
             Place::Memory { max_keys } => {
-                let layers =
-                    groups.iter().map(|(keying, limits)| {
-                        layer(*keying, limits, |c: &Call| Some(Arc::clone(&c.identifier)))
-                            .open_plans(RELOAD_PLANS, limits.len(), |c: &Call| c.plan)
-                    });
+                let layers = groups.iter().map(|(keying, limits)| {
+                    layer(*keying, limits, self.unix_origin_ns, |c: &Call| {
+                        Some(Arc::clone(&c.identifier))
+                    })
+                    .open_plans(RELOAD_PLANS, limits.len(), |c: &Call| c.plan)
+                });
                 self.memory_stack(*max_keys, layers)
                     .map(PolicyStack::memory)
                     .map_err(|source| EngineError::Memory {
@@ -403,7 +426,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Stacks<C> {
             }
             Place::Redis(backend, _, fleet) => {
                 let layers = groups.iter().map(|(keying, limits)| {
-                    layer(*keying, limits, |c: &Call| {
+                    layer(*keying, limits, self.unix_origin_ns, |c: &Call| {
                         Some(c.identifier.as_ref().to_owned())
                     })
                 });
@@ -463,83 +486,6 @@ impl<C: Clock + Clone + Send + Sync + 'static> Stacks<C> {
         }
         Ok(Arc::new(builder.build()?))
     }
-}
-
-/// The stack of a policy with no rate limits (a concurrency limit alone): admits every call,
-/// counts nothing, holds no key.
-#[derive(Debug)]
-struct NoRateLimits;
-
-impl AsyncLimiter<Call> for NoRateLimits {
-    fn decide_request<'a>(&'a self, _: &'a Call, _: u64) -> Decide<'a> {
-        Decide::Now(Ok(Outcome::in_process(StackDecision::new())))
-    }
-
-    fn layers(&self) -> Vec<LayerInfo> {
-        Vec::new()
-    }
-}
-
-impl Charges<Call> for NoRateLimits {
-    fn ask<'a>(&'a self, call: &'a Call, ask: Ask) -> Decide<'a> {
-        self.decide_request(call, ask.cost)
-    }
-
-    fn take_undoable<'a>(
-        &'a self,
-        call: &'a Call,
-        cost: u64,
-        _: Option<u64>,
-    ) -> Decide<'a, Result<Taken<'a>, CallError>> {
-        self.decide_request(call, cost).map(|answer| {
-            answer.map(|outcome| Taken {
-                outcome,
-                undo: None,
-            })
-        })
-    }
-}
-
-impl HoldsKeys for NoRateLimits {
-    fn keys_held(&self) -> u64 {
-        0
-    }
-}
-
-impl OpenPlans for NoRateLimits {
-    fn add_plan(&self, layer: usize, _: Plan) -> Result<usize, limiter_stack::BuildError> {
-        Err(limiter_stack::BuildError::NotOpen {
-            layer: format!("{layer} (a policy without rate limits)"),
-        })
-    }
-}
-
-/// One layer of a policy's definition, the same for every store but its key's type: named by
-/// its keying, keyed by `key` (or global), with `limits` in order.
-fn layer<K>(
-    keying: Keying,
-    limits: &[&PolicyLimit],
-    key: impl Fn(&Call) -> Option<K> + Send + Sync + 'static,
-) -> Layer<Call, K> {
-    let layer = match keying {
-        Keying::Identifier => Layer::keyed(keying.layer_name(), key),
-        Keying::Global => Layer::global(keying.layer_name()),
-    };
-    limits.iter().fold(layer, |layer, l| {
-        layer.limit(l.limit.kind(), l.limit.limit())
-    })
-}
-
-/// The limits of `policy` grouped by keying, identifier first: its layers, in order.
-pub fn groups(policy: &Policy) -> Vec<(Keying, Vec<&PolicyLimit>)> {
-    [Keying::Identifier, Keying::Global]
-        .into_iter()
-        .map(|k| {
-            let limits = policy.limits.iter().filter(|l| l.keying == k).collect();
-            (k, limits)
-        })
-        .filter(|(_, limits): &(Keying, Vec<&PolicyLimit>)| !limits.is_empty())
-        .collect()
 }
 
 #[cfg(test)]
