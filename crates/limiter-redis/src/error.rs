@@ -127,6 +127,14 @@ pub enum BuildError {
         /// What is wrong and how to fix it.
         reason: String,
     },
+    /// A calendar quota that cannot be kept as described.
+    #[error("quota `{name}`: {reason}")]
+    Quota {
+        /// The quota's name.
+        name: String,
+        /// What is wrong and how to fix it.
+        reason: String,
+    },
     /// Permits that cannot be kept as described.
     #[error("permits `{name}`: {reason}")]
     Permits {

@@ -72,6 +72,8 @@ mod keyslot;
 mod lease;
 mod permits;
 mod queue;
+#[cfg(feature = "calendar")]
+mod quota;
 mod records;
 mod refund;
 mod script;
@@ -97,6 +99,8 @@ pub use lease::{
     DEFAULT_LEASE_TTL, LEASE_TTL_RANGE, Lease, LeaseStats, LeasedLimiter, LeasedStack, Slack,
 };
 pub use permits::{Acquired, MAX_PERMIT_TTL, MAX_PERMITS, RedisPermit, RedisPermits};
+#[cfg(feature = "calendar")]
+pub use quota::{QuotaAnswer, RedisQuota};
 pub use records::RedisRecords;
 pub use refund::RedisGrant;
 pub use script::SCRIPT;

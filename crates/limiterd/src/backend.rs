@@ -6,9 +6,9 @@
 
 pub use limiter_redis::{
     Acquired, BackendBuilder, BackendError, BreakerConfig, BuildError, DEFAULT_TIMEOUT,
-    LEASE_TTL_RANGE, Lease, LeasedStack, MAX_PERMIT_TTL, MAX_PERMITS, OnFailure, RedisBackend,
-    RedisLimit, RedisPermits, RedisRecords, RedisStack, RedisUrl, Secret, Slack, StoreHealth,
-    decide_batch, slot_ranges,
+    LEASE_TTL_RANGE, Lease, LeasedStack, MAX_PERMIT_TTL, MAX_PERMITS, OnFailure, QuotaAnswer,
+    RedisBackend, RedisLimit, RedisPermits, RedisQuota, RedisRecords, RedisStack, RedisUrl, Secret,
+    Slack, StoreHealth, decide_batch, slot_ranges,
 };
 #[cfg(feature = "tls")]
 pub use limiter_redis::{TlsError, TlsOptions};

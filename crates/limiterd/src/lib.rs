@@ -7,6 +7,7 @@
 //! - [`metrics`]: the Prometheus counters.
 //! - [`config`]: the TOML file, checked with line numbers ([`config::BUILT_IN`] when none).
 //! - [`permits`]: policies' concurrency limits, a permit per admitted call, on either store.
+//! - [`quotas`]: policies' calendar quotas on Redis, kept beside their stacks.
 //! - [`stacks`]: each policy's stack built for the store.
 //! - [`engine`]: the policies behind the seam, requests decided all or nothing.
 //! - [`envoy`]: envoy's protocol (the `limiter-envoy` crate) mounted: the engine as its decider.
@@ -16,7 +17,7 @@
 //! - Adapters (feature `server`): `http` (the HTTP JSON API, its request parser, and
 //!   `POST /json`), `grpc` (envoy's protocol over tonic), served by `serve`.
 //!
-//! Dependencies point one way: backend ← metrics ← config ← permits ← stacks ← engine ← envoy ← app ← ops ←
+//! Dependencies point one way: backend ← metrics ← config ← permits, quotas ← stacks ← engine ← envoy ← app ← ops ←
 //! http, grpc ← server; no module imports one that imports it (`cargo xtask lint`).
 //!
 //! `serve` (feature `server`) runs the HTTP API, and the gRPC service with gRPC health if
@@ -36,6 +37,7 @@ pub mod http;
 pub mod metrics;
 pub mod ops;
 pub mod permits;
+pub mod quotas;
 pub mod stacks;
 
 #[cfg(feature = "server")]

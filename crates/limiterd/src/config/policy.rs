@@ -70,7 +70,7 @@ impl CheckedLimit {
         })
     }
 
-    /// `count` per window of `calendar`, a fixed window: in memory only for now.
+    /// `count` per window of `calendar`, a fixed window (on Redis, a quota beside the stack).
     pub fn calendar_window(
         count: u64,
         calendar: CalendarSpec,
@@ -80,11 +80,6 @@ impl CheckedLimit {
             algorithm: "calendar window",
             reason,
         };
-        if store == StoreKind::Redis {
-            return Err(unsupported(
-                "calendar windows are decided in memory only for now: use a memory store, or a fixed window of a period (\"30d\")".into(),
-            ));
-        }
         if count == 0 || count > limiter_calendar::MAX_CALENDAR_COUNT {
             return Err(unsupported(format!(
                 "{count} per {}: give 1 to {}",
@@ -117,6 +112,12 @@ impl CheckedLimit {
     /// A fixed window's calendar, when its windows are the calendar's.
     pub fn calendar(&self) -> Option<CalendarSpec> {
         self.calendar
+    }
+
+    /// Whether the limit is a calendar quota kept beside the stack (on Redis, where a stack's
+    /// script knows no calendar) rather than one of its layers' limits.
+    pub fn is_quota_beside_stack(&self) -> bool {
+        self.calendar.is_some() && self.store == StoreKind::Redis
     }
 
     /// The algorithm.

@@ -115,6 +115,8 @@ struct Entry {
     counters: PolicyCounters,
     /// The concurrency limit's permits, if the policy has one.
     permits: Option<crate::permits::PolicyPermits>,
+    /// The calendar quotas kept beside the stack (on Redis).
+    quotas: Vec<crate::quotas::PolicyQuota>,
 }
 
 /// Every policy's stack, the ad-hoc stacks, and the clock they share.
@@ -236,6 +238,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             None => (self.stacks.build(stack_name, policy)?, 0),
         };
         let permits = self.stacks.permits(stack_name, policy)?;
+        let quotas = self.stacks.quotas(stack_name, policy)?;
         self.policies.push(Entry {
             name: name.to_owned(),
             stack_name: stack_name.to_owned(),
@@ -244,6 +247,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             plan,
             counters: self.metrics.policy(name),
             permits,
+            quotas,
         });
         Ok(PolicyId(self.policies.len() - 1))
     }

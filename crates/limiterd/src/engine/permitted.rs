@@ -8,68 +8,151 @@
 use limiter_core::{Clock, Decision};
 use limiter_stack::{Charge, Origin};
 
+use crate::backend::QuotaAnswer;
 use crate::metrics::{Counted, FailurePolicy};
 use crate::permits::{PermitFailure, PolicyPermits, Taken};
+use crate::quotas::PolicyQuota;
 
 use super::*;
 
 impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
     /// Decides one item, as [`decide_at`](Self::decide_at) does, and on a policy with a
     /// concurrency limit takes a permit with it: the answer and the permit's id (`None` when
-    /// nothing was taken, or the policy has no concurrency limit).
+    /// nothing was taken, or the policy has no concurrency limit). A policy's calendar quotas
+    /// on Redis are counted beside its stack here too, all or nothing with it.
     pub async fn decide_one(
         &self,
         item: &Item,
         time_ms: Option<u64>,
     ) -> Result<(Answer, Option<String>), DecideError> {
-        let Some(permits) = self.permits_of(item) else {
+        let (permits, quotas) = self.gates_of(item);
+        if permits.is_none() && quotas.is_empty() {
             let (_, answers) = self.decide_at(std::slice::from_ref(item), time_ms).await?;
             let answer = answers.into_iter().next().ok_or_else(|| {
                 DecideError::Unavailable("the engine answered no decision".into())
             })?;
             return Ok((answer, None));
-        };
-        // Reports, records, unit refunds and shadow checks take no permit: they report the
-        // rate limits' answer tightened by the permits held.
+        }
+        // Reports, records, unit refunds and shadow checks take no permit and count no quota:
+        // they report the rate limits' answer tightened by the permits held and the quotas.
         if item.cost == 0 || item.charge != Charge::Take || item.shadow {
-            let (answer, _) = self.decide_ungated(item, time_ms).await?;
+            return self.report_gated(item, time_ms, permits, quotas).await;
+        }
+        let held = match permits {
+            None => None,
+            Some(permits) => match permits.acquire(&item.identifier).await {
+                Ok(Taken::Held { id, held }) => Some((permits, id, held)),
+                Ok(Taken::Busy {
+                    held,
+                    retry_after_ns,
+                }) => return Ok((self.busy(item, permits, held, retry_after_ns), None)),
+                Err(failure) => return self.permit_store_failed(item, time_ms, failure).await,
+            },
+        };
+        let counted = match self.take_quotas(item, quotas).await {
+            Ok(counted) => counted,
+            Err(answered) => {
+                release(item, held).await;
+                return answered;
+            }
+        };
+        match self.decide_ungated(item, time_ms).await {
+            Ok((answer, true)) => {
+                let answer = counted
+                    .iter()
+                    .fold(answer, |a, (_, q)| tighter(a, q.decision));
+                Ok(match held {
+                    Some((permits, id, held)) => (with_permit(answer, permits, held), Some(id)),
+                    None => (answer, None),
+                })
+            }
+            other => {
+                // Denied, failed or undecidable: the quotas and the permit go back now.
+                refund_quotas(item, &counted).await;
+                release(item, held).await;
+                other.map(|(answer, _)| (answer, None))
+            }
+        }
+    }
+
+    /// A call that took nothing on a policy with permits or quotas: the rate limits' answer,
+    /// tightened by the permits held and each quota's state.
+    async fn report_gated(
+        &self,
+        item: &Item,
+        time_ms: Option<u64>,
+        permits: Option<&PolicyPermits>,
+        quotas: &[PolicyQuota],
+    ) -> Result<(Answer, Option<String>), DecideError> {
+        let (mut answer, _) = self.decide_ungated(item, time_ms).await?;
+        for quota in quotas {
+            let state = quota
+                .take(&item.identifier, 0, self.now_unix_ns())
+                .await
+                .map_err(|f| DecideError::Unavailable(f.message))?;
+            answer = tighter(answer, state.decision);
+        }
+        if let Some(permits) = permits {
             let held = permits
                 .held(&item.identifier)
                 .await
                 .map_err(DecideError::Unavailable)?;
-            return Ok((reported(answer, permits, held), None));
+            answer = reported(answer, permits, held);
         }
-        let taken = match permits.acquire(&item.identifier).await {
-            Ok(taken) => taken,
-            Err(failure) => return self.permit_store_failed(item, time_ms, failure).await,
-        };
-        let counters = self.counters_of(item);
-        match taken {
-            Taken::Busy {
-                held,
-                retry_after_ns,
-            } => {
-                counters.count(Counted::Denied { shadow: false }, &item.identifier);
-                let count = permits.limit().count;
-                let wait = retry_after_ns.max(1);
-                let answer = Answer {
-                    decision: Decision::deny(count, count.saturating_sub(held), wait, wait),
-                    origin: Some(origin(permits)),
-                    at_unix_ns: self.now_unix_ns(),
-                };
-                Ok((answer, None))
-            }
-            Taken::Held { id, held } => {
-                let decided = self.decide_ungated(item, time_ms).await;
-                match decided {
-                    Ok((answer, true)) => Ok((with_permit(answer, permits, held), Some(id))),
-                    other => {
-                        // Denied, failed or undecidable: the permit goes back now.
-                        let _ = permits.release(&item.identifier, &id).await;
-                        other.map(|(answer, _)| (answer, None))
+        Ok((answer, None))
+    }
+
+    /// Counts the item's cost in each quota, all or nothing: the quotas counted, or (one
+    /// denied, or its store failing closed) the answer to give, the others given back.
+    async fn take_quotas<'q>(
+        &self,
+        item: &Item,
+        quotas: &'q [PolicyQuota],
+    ) -> Result<Vec<(&'q PolicyQuota, QuotaAnswer)>, Result<(Answer, Option<String>), DecideError>>
+    {
+        let mut counted = Vec::with_capacity(quotas.len());
+        for quota in quotas {
+            match quota
+                .take(&item.identifier, item.cost, self.now_unix_ns())
+                .await
+            {
+                Ok(answer) if answer.decision.is_allowed() => counted.push((quota, answer)),
+                Ok(denied) => {
+                    refund_quotas(item, &counted).await;
+                    self.counters_of(item)
+                        .count(Counted::Denied { shadow: false }, &item.identifier);
+                    let answer = Answer {
+                        decision: denied.decision,
+                        origin: Some(Origin::Remote),
+                        at_unix_ns: self.now_unix_ns(),
+                    };
+                    return Err(Ok((answer, None)));
+                }
+                Err(failure) => {
+                    self.metrics.backend_error();
+                    if failure.closed {
+                        refund_quotas(item, &counted).await;
+                        self.metrics.failure_policy(FailurePolicy::Closed);
+                        return Err(Err(DecideError::Unavailable(failure.message)));
                     }
+                    // Open (or fallback): this quota counts nothing while its store fails.
+                    self.metrics.failure_policy(FailurePolicy::Open);
                 }
             }
+        }
+        Ok(counted)
+    }
+
+    /// Every permit of the item's key held: the answer, counted as a denial.
+    fn busy(&self, item: &Item, permits: &PolicyPermits, held: u64, retry_after_ns: u64) -> Answer {
+        self.counters_of(item)
+            .count(Counted::Denied { shadow: false }, &item.identifier);
+        let count = permits.limit().count;
+        let wait = retry_after_ns.max(1);
+        Answer {
+            decision: Decision::deny(count, count.saturating_sub(held), wait, wait),
+            origin: Some(origin(permits)),
+            at_unix_ns: self.now_unix_ns(),
         }
     }
 
@@ -106,18 +189,26 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             .collect()
     }
 
-    /// The concurrency limit's permits of `item`'s policy, if it has one.
-    pub(super) fn permits_of(&self, item: &Item) -> Option<&PolicyPermits> {
+    /// The concurrency limit's permits and the calendar quotas beside the stack of `item`'s
+    /// policy (none for an ad-hoc limit).
+    pub(super) fn gates_of(&self, item: &Item) -> (Option<&PolicyPermits>, &[PolicyQuota]) {
         match &item.target {
-            Target::Policy(id) => self.policies.get(id.0)?.permits.as_ref(),
-            Target::AdHoc { .. } => None,
+            Target::Policy(id) => self
+                .policies
+                .get(id.0)
+                .map_or((None, &[][..]), |e| (e.permits.as_ref(), &e.quotas[..])),
+            Target::AdHoc { .. } => (None, &[]),
         }
     }
 
     /// Why `items` cannot be decided together: one of them is on a policy with a concurrency
     /// limit, whose permit only [`decide_one`](Self::decide_one) can hand back.
     pub(super) fn refuse_gated(&self, items: &[Item]) -> Result<(), DecideError> {
-        let Some(item) = items.iter().find(|item| self.permits_of(item).is_some()) else {
+        let gated = |item: &&Item| {
+            let (permits, quotas) = self.gates_of(item);
+            permits.is_some() || !quotas.is_empty()
+        };
+        let Some(item) = items.iter().find(gated) else {
             return Ok(());
         };
         let name = match &item.target {
@@ -127,7 +218,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         Err(DecideError::Invalid {
             field: "policy",
             message: format!(
-                "policy `{name}` has a concurrency limit: decide it alone with POST /v1/ratelimit, whose answer carries the permit to release"
+                "policy `{name}` has a concurrency limit or a calendar quota on Redis: decide it alone with POST /v1/ratelimit (whose answer carries a permit to release)"
             ),
         })
     }
@@ -180,6 +271,30 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
     fn now_unix_ns(&self) -> u64 {
         self.unix_origin_ns
             .saturating_add(self.stacks.clock().now())
+    }
+}
+
+/// Releases the permit `held` took for `item`, if any.
+async fn release(item: &Item, held: Option<(&PolicyPermits, String, u64)>) {
+    if let Some((permits, id, _)) = held {
+        let _ = permits.release(&item.identifier, &id).await;
+    }
+}
+
+/// Gives back what each counted quota took for `item`.
+async fn refund_quotas(item: &Item, counted: &[(&PolicyQuota, QuotaAnswer)]) {
+    for (quota, answer) in counted {
+        quota.refund(&item.identifier, item.cost, answer).await;
+    }
+}
+
+/// `answer`, or `decision` where fewer are left by it (a policy's tighter limit binds).
+fn tighter(answer: Answer, decision: Decision) -> Answer {
+    let unbound = answer.decision.limit() == u64::MAX;
+    if unbound || decision.remaining() < answer.decision.remaining() || decision.is_denied() {
+        Answer { decision, ..answer }
+    } else {
+        answer
     }
 }
 

@@ -127,12 +127,17 @@ pub(crate) fn with_limit<T: TakesLimits>(target: T, l: &PolicyLimit, unix_origin
     }
 }
 
-/// The limits of `policy` grouped by keying, identifier first: its layers, in order.
+/// The limits of `policy` grouped by keying, identifier first: its layers, in order (a
+/// calendar quota on Redis is kept beside the stack, not in a layer).
 pub fn groups(policy: &Policy) -> Vec<(Keying, Vec<&PolicyLimit>)> {
     [Keying::Identifier, Keying::Global]
         .into_iter()
         .map(|k| {
-            let limits = policy.limits.iter().filter(|l| l.keying == k).collect();
+            let limits = policy
+                .limits
+                .iter()
+                .filter(|l| l.keying == k && !l.limit.is_quota_beside_stack())
+                .collect();
             (k, limits)
         })
         .filter(|(_, limits): &(Keying, Vec<&PolicyLimit>)| !limits.is_empty())

@@ -22,6 +22,7 @@ use limiter_stack::{
 use crate::backend::{LeasedStack, OnFailure, RedisBackend, RedisStack};
 use crate::config::{Policy, Store, StoreKind};
 use crate::permits::{MemoryPermits, PolicyPermits};
+use crate::quotas::PolicyQuota;
 
 mod limits;
 
@@ -367,6 +368,24 @@ impl<C: Clock + Clone + Send + Sync + 'static> Stacks<C> {
             place,
             permit_tables: Arc::clone(&self.permit_tables),
         })
+    }
+
+    /// The calendar quotas of `policy` kept beside its stack: on Redis, whose script knows no
+    /// calendar (in memory a calendar window is one of the stack's limits; none here).
+    pub fn quotas(
+        &self,
+        stack_name: &str,
+        policy: &Policy,
+    ) -> Result<Vec<PolicyQuota>, EngineError> {
+        match &self.place {
+            Place::Memory { .. } => Ok(Vec::new()),
+            Place::Redis(backend, ..) => {
+                PolicyQuota::of(policy, backend, stack_name).map_err(|source| EngineError::Redis {
+                    policy: stack_name.to_owned(),
+                    source,
+                })
+            }
+        }
     }
 
     /// The permits of `policy`'s concurrency limit, if it has one: in this process (the table

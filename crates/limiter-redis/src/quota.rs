@@ -1,0 +1,183 @@
+//! [`RedisQuota`]: at most `count` units per calendar window (a day, a week from Monday, a
+//! month or a year in a time zone) per key, shared by a fleet. The windows are the
+//! [`Calendar`]'s, the same boundaries as in process; which window a call falls in is decided by
+//! Redis's clock: the caller sends the window its own clock is in and the next one, and the
+//! script counts in whichever holds Redis's `TIME`, so nodes whose clocks drift apart around
+//! a boundary still count in one window. One key per key (the window's number and its count),
+//! expiring when the window ends; one script call per decision.
+
+use limiter_calendar::{Calendar, MAX_CALENDAR_COUNT, Window};
+use limiter_core::Decision;
+use redis::Value;
+
+use crate::backend::RedisBackend;
+use crate::error::{BackendError, BuildError};
+
+/// Picks the window holding `now` (the caller's, or the next), then counts in it. `ARGV =
+/// [now?, cost, count, index, end_ms, next_index, next_end_ms]`: `{admitted, used, ms to the
+/// window's end, the window's number}`.
+const TAKE: &str = "local now = tonumber(ARGV[1]) if not now then local t = redis.call('TIME') now = t[1] * 1000 + math.floor(t[2] / 1000) end \
+local index, finish = ARGV[4], tonumber(ARGV[5]) \
+if now >= finish then index, finish = ARGV[6], tonumber(ARGV[7]) end \
+local cost, count = tonumber(ARGV[2]), tonumber(ARGV[3]) \
+local used = 0 \
+local held = redis.call('GET', KEYS[1]) \
+if held then local i, c = string.match(held, '^(%d+):(%d+)$') if i == index then used = tonumber(c) end end \
+local left = math.max(1, finish - now) \
+if used + cost <= count then \
+  if cost > 0 then redis.call('SET', KEYS[1], index .. ':' .. (used + cost), 'PX', left) end \
+  return {1, used + cost, left, tonumber(index)} \
+end \
+return {0, used, left, tonumber(index)}";
+
+/// Gives `units` back to window `index` if the key still counts in it. `ARGV = [units, index]`:
+/// the units left counted.
+const REFUND: &str = "local held = redis.call('GET', KEYS[1]) if not held then return 0 end \
+local i, c = string.match(held, '^(%d+):(%d+)$') \
+if i ~= ARGV[2] then return 0 end \
+local used = math.max(0, tonumber(c) - tonumber(ARGV[1])) \
+redis.call('SET', KEYS[1], i .. ':' .. used, 'KEEPTTL') \
+return used";
+
+/// Calendar quotas per key on Redis (see the module docs).
+#[derive(Clone, Debug)]
+pub struct RedisQuota {
+    backend: RedisBackend,
+    name: String,
+    count: u64,
+    calendar: Calendar,
+}
+
+/// What a quota answered: the decision, and the window it was counted in (to refund it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QuotaAnswer {
+    /// Admitted (the units counted) or denied (nothing counted); `reset_after` and a denial's
+    /// `retry_after` are the time to the window's end.
+    pub decision: Decision,
+    /// The window's number.
+    pub window: u64,
+}
+
+impl RedisBackend {
+    /// A quota named `name` (part of each key): at most `count` units per window of `calendar`
+    /// per key (1 to [`MAX_CALENDAR_COUNT`]).
+    pub fn quota(
+        &self,
+        name: &str,
+        count: u64,
+        calendar: Calendar,
+    ) -> Result<RedisQuota, BuildError> {
+        if count == 0 || count > MAX_CALENDAR_COUNT {
+            return Err(BuildError::Quota {
+                name: name.to_owned(),
+                reason: format!("{count} per window: give 1 to {MAX_CALENDAR_COUNT}"),
+            });
+        }
+        Ok(RedisQuota {
+            backend: self.clone(),
+            name: name.to_owned(),
+            count,
+            calendar,
+        })
+    }
+}
+
+impl RedisQuota {
+    /// The most units per window.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// The calendar.
+    pub fn calendar(&self) -> &Calendar {
+        &self.calendar
+    }
+
+    /// Counts `cost` units for `key` in the window Redis's clock is in (`at_unix_ns`: the
+    /// caller's clock, which picks the window it and the next one are). A cost above the count
+    /// is never admitted; a Redis failure is an error, never a decision.
+    pub async fn take(
+        &self,
+        key: &str,
+        cost: u64,
+        at_unix_ns: u64,
+    ) -> Result<QuotaAnswer, BackendError> {
+        let this = self.window(at_unix_ns)?;
+        let next = self.window(this.end_unix_ns)?;
+        let ms = |ns: u64| (ns / 1_000_000).to_string();
+        let args = [
+            cost.to_string(),
+            self.count.to_string(),
+            this.index.to_string(),
+            ms(this.end_unix_ns),
+            next.index.to_string(),
+            ms(next.end_unix_ns),
+        ];
+        let reply = self.run(key, TAKE, true, &args).await?;
+        // The window Redis counted in: ours, or the next when its clock had passed ours.
+        let [admitted, used, left_ms, window] = numbers(&reply)?;
+        let wait = left_ms.saturating_mul(1_000_000).max(1);
+        let decision = if admitted == 1 {
+            Decision::allow(self.count, self.count.saturating_sub(used), wait)
+        } else {
+            Decision::deny(self.count, self.count.saturating_sub(used), wait, wait)
+        };
+        Ok(QuotaAnswer { decision, window })
+    }
+
+    /// Gives `units` back to `key` in `window` (a take whose call was then refused elsewhere):
+    /// nothing once that window has passed.
+    pub async fn refund(&self, key: &str, units: u64, window: u64) -> Result<(), BackendError> {
+        self.run(key, REFUND, false, &[units.to_string(), window.to_string()])
+            .await
+            .map(drop)
+    }
+
+    fn window(&self, unix_ns: u64) -> Result<Window, BackendError> {
+        self.calendar.window(unix_ns).ok_or_else(|| {
+            BackendError::Script(format!(
+                "the instant {unix_ns} ns is past the calendar's range"
+            ))
+        })
+    }
+
+    async fn run(
+        &self,
+        key: &str,
+        body: &str,
+        timed: bool,
+        args: &[String],
+    ) -> Result<Value, BackendError> {
+        let redis_key = format!("limiter:quota:{}:{{{key}}}", self.name);
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(body).arg(1).arg(&redis_key);
+        if timed {
+            cmd.arg(
+                self.backend
+                    .pinned_now_ms()
+                    .map_or_else(String::new, |ms| ms.to_string()),
+            );
+        }
+        for arg in args {
+            cmd.arg(arg);
+        }
+        self.backend.query(&redis_key, &cmd).await
+    }
+}
+
+fn numbers(reply: &Value) -> Result<[u64; 4], BackendError> {
+    let bad = || BackendError::BadReply(format!("a quota script answered {reply:?}"));
+    match reply {
+        Value::Array(items) if items.len() == 4 => {
+            let mut out = [0u64; 4];
+            for (slot, item) in out.iter_mut().zip(items) {
+                *slot = match item {
+                    Value::Int(n) => u64::try_from(*n).map_err(|_| bad())?,
+                    _ => return Err(bad()),
+                };
+            }
+            Ok(out)
+        }
+        _ => Err(bad()),
+    }
+}

@@ -1,0 +1,95 @@
+//! Calendar quotas on Redis against a real `redis-server`, on pinned clocks: a day in Berlin
+//! ends at its local midnight as in process; Redis's clock picks the window when a caller's
+//! clock is off across a boundary; a refund gives units back only in their own window; two
+//! backends on one Redis count together.
+#![cfg(feature = "calendar")]
+
+use limiter_testkit::redis_server as common;
+
+use std::time::Duration;
+
+use limiter_calendar::{Calendar, CalendarUnit};
+use limiter_core::ManualClock;
+use limiter_redis::RedisBackend;
+
+const S: u64 = 1_000_000_000;
+/// 2026-10-26 00:00 in Berlin, the end of a 25-hour day.
+const MIDNIGHT: u64 = 1_792_969_200 * S;
+
+async fn pinned(server: &common::RedisServer, clock: &ManualClock) -> RedisBackend {
+    RedisBackend::builder(server.url().as_str())
+        .time_from(clock.clone())
+        .connect()
+        .await
+        .expect("connects")
+}
+
+fn day() -> Calendar {
+    Calendar::new(CalendarUnit::Day, "Europe/Berlin").expect("known zone")
+}
+
+#[tokio::test]
+async fn a_day_ends_at_local_midnight_and_redis_time_picks_the_window() {
+    let server = common::RedisServer::start();
+    let clock = ManualClock::new();
+    clock.set(MIDNIGHT - 10 * S);
+    let quota = pinned(&server, &clock)
+        .await
+        .quota("daily", 2, day())
+        .unwrap();
+    let first = quota.take("acme", 2, MIDNIGHT - 10 * S).await.unwrap();
+    assert!(first.decision.is_allowed());
+    assert_eq!(first.decision.reset_after(), Duration::from_secs(10));
+    let denied = quota.take("acme", 1, MIDNIGHT - 10 * S).await.unwrap();
+    assert!(denied.decision.is_denied());
+    assert_eq!(denied.decision.retry_after(), Duration::from_secs(10));
+
+    // Redis's clock is past midnight while this caller's still reads the old day: Redis's
+    // clock decides, so the call counts in the new day.
+    clock.set(MIDNIGHT + S);
+    let late = quota.take("acme", 1, MIDNIGHT - S).await.unwrap();
+    assert!(late.decision.is_allowed());
+    assert_eq!(late.window, first.window + 1);
+    assert_eq!(late.decision.remaining(), 1);
+    assert_eq!(
+        late.decision.reset_after(),
+        Duration::from_secs(24 * 3_600 - 1)
+    );
+}
+
+#[tokio::test]
+async fn a_refund_comes_back_only_in_its_own_window_and_backends_share_the_count() {
+    let server = common::RedisServer::start();
+    let clock = ManualClock::new();
+    clock.set(MIDNIGHT - 100 * S);
+    let (a, b) = (pinned(&server, &clock).await, pinned(&server, &clock).await);
+    let (qa, qb) = (
+        a.quota("daily", 3, day()).unwrap(),
+        b.quota("daily", 3, day()).unwrap(),
+    );
+    let at = MIDNIGHT - 100 * S;
+    let taken = qa.take("acme", 2, at).await.unwrap();
+    assert_eq!(
+        qb.take("acme", 1, at).await.unwrap().decision.remaining(),
+        0,
+        "one count"
+    );
+    qa.refund("acme", 2, taken.window).await.unwrap();
+    assert_eq!(
+        qb.take("acme", 2, at).await.unwrap().decision.remaining(),
+        0
+    );
+    // A refund of a window that has passed gives nothing back to the next.
+    clock.set(MIDNIGHT);
+    let new_day = qa.take("acme", 3, MIDNIGHT).await.unwrap();
+    assert!(new_day.decision.is_allowed());
+    qa.refund("acme", 3, taken.window).await.unwrap();
+    assert!(
+        qb.take("acme", 1, MIDNIGHT)
+            .await
+            .unwrap()
+            .decision
+            .is_denied()
+    );
+    assert!(a.quota("daily", 0, day()).is_err());
+}

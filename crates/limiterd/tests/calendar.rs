@@ -1,0 +1,76 @@
+//! Calendar quotas through a real limiterd over HTTP on Redis, two processes sharing one
+//! server: the quota is counted once for the fleet, beside the policy's rate limit and all or
+//! nothing with it, and `reset_at_ms` names the next local midnight in the policy's zone.
+
+use limiter_testkit::redis_server::RedisServer;
+#[allow(dead_code)]
+mod support;
+
+use serde_json::{Value, json};
+use support::{Client, Daemon, temp_file};
+
+const POLICIES: &str = "[policies.daily]\n\
+    limits = [\n\
+      { algorithm = \"fixed_window\", count = 3, period = \"1d\", calendar = \"Asia/Tokyo\" },\n\
+      { algorithm = \"token_bucket\", count = 2, period = \"1h\" },\n\
+    ]\n";
+
+fn ask(cost: u64) -> Value {
+    json!({"policy": "daily", "identifier": "acme", "cost": cost})
+}
+
+/// The next midnight in Tokyo (UTC+9, no daylight saving) after now, in Unix ms.
+fn next_tokyo_midnight_ms() -> u64 {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis() as u64;
+    let day = 86_400_000;
+    let offset = 9 * 3_600_000;
+    (now_ms + offset) / day * day + day - offset
+}
+
+#[tokio::test]
+async fn a_fleet_shares_a_calendar_quota_all_or_nothing_with_its_rate() {
+    let server = RedisServer::start();
+    let config = temp_file(&format!("calendar-redis-{}.toml", server.port), POLICIES);
+    let url = server.url();
+    let args = [
+        "--config",
+        config.to_str().expect("UTF-8"),
+        "--redis",
+        url.as_str(),
+    ];
+    let (one, two) = (Daemon::start(&args), Daemon::start(&args));
+    let mut a = Client::connect(one.addr).await;
+    let mut b = Client::connect(two.addr).await;
+
+    let first = a.decide(ask(1)).await;
+    assert_eq!(first["success"], true, "{first}");
+    let midnight = next_tokyo_midnight_ms();
+    let reset = first["reset_at_ms"].as_u64().expect("a reset");
+    // The tighter limit binds the answer: the quota (2 left of 3 today) or the bucket (1 of 2).
+    assert!(reset <= midnight, "{first}");
+
+    // The bucket has 1 left: a call of 2 is denied by it, and the quota counts nothing.
+    let denied = b.decide(ask(2)).await;
+    assert_eq!(denied["success"], false, "{denied}");
+    let report = b.decide(ask(0)).await;
+    assert_eq!(report["success"], true, "{report}");
+    assert_eq!(
+        report["remaining"], 1,
+        "the bucket's 1, the quota's 2: {report}"
+    );
+
+    // Through the other process: the quota is the fleet's.
+    assert_eq!(a.decide(ask(1)).await["success"], true);
+    let spent = b.decide(ask(1)).await;
+    assert_eq!(spent["success"], false, "the bucket is spent: {spent}");
+    let (status, many) = a
+        .post("/v1/ratelimit/many", &json!({"requests": [ask(1)]}))
+        .await;
+    assert_eq!(
+        status, 400,
+        "a calendar quota on Redis is decided alone: {many}"
+    );
+}
