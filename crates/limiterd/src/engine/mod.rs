@@ -332,7 +332,8 @@ mod tests {
 
     use super::*;
 
-    fn engine(text: &str) -> (Engine<ManualClock>, ManualClock) {
+    /// An engine on a manual clock for the configuration `text`, in memory.
+    pub(super) fn engine(text: &str) -> (Engine<ManualClock>, ManualClock) {
         let config = Config::parse(text).expect("valid");
         let clock = ManualClock::new();
         let metrics = Arc::new(Metrics::new());
@@ -341,7 +342,8 @@ mod tests {
         (engine, clock)
     }
 
-    fn item(id: &str, cost: u64) -> Item {
+    /// A take of `cost` for `id` on the first policy.
+    pub(super) fn item(id: &str, cost: u64) -> Item {
         Item {
             target: Target::Policy(PolicyId(0)),
             identifier: id.into(),

@@ -348,23 +348,10 @@ mod tests {
     use crate::config::Config;
     use crate::metrics::Metrics;
 
-    fn engine(limits: &str) -> (Engine<ManualClock>, ManualClock) {
-        let text = format!("[policies.p]\nlimits = [{limits}]\n");
-        let config = Config::parse(&text).expect("valid");
-        let clock = ManualClock::new();
-        let stacks = Stacks::open(&config.store, clock.clone(), None).expect("memory");
-        let engine = Engine::new(&config, stacks, Arc::new(Metrics::new())).expect("builds");
-        (engine, clock)
-    }
+    use super::super::tests::item;
 
-    fn item(id: &str, cost: u64) -> Item {
-        Item {
-            target: Target::Policy(PolicyId(0)),
-            identifier: id.into(),
-            cost,
-            shadow: false,
-            charge: Charge::Take,
-        }
+    fn engine(limits: &str) -> (Engine<ManualClock>, ManualClock) {
+        super::super::tests::engine(&format!("[policies.p]\nlimits = [{limits}]\n"))
     }
 
     fn one(engine: &Engine<ManualClock>, id: &str, cost: u64) -> (Answer, Option<String>) {
