@@ -24,6 +24,18 @@ pub enum CalendarUnit {
 }
 
 impl CalendarUnit {
+    /// The unit's usual length (a day, 7 days, 30 days, 365 days): for display, where a
+    /// limit names its period; windows follow the calendar, not this.
+    pub fn nominal(self) -> std::time::Duration {
+        let days = match self {
+            Self::Day => 1,
+            Self::Week => 7,
+            Self::Month => 30,
+            Self::Year => 365,
+        };
+        std::time::Duration::from_secs(days * 86_400)
+    }
+
     /// The unit's name in a period: `1d`, `1w`, `1mo`, `1y`.
     pub fn period(self) -> &'static str {
         match self {

@@ -36,16 +36,9 @@ impl CalendarCounter {
                 ),
             });
         }
-        // The nominal length, for display: the unit's usual length in days.
-        let days = match calendar.unit() {
-            crate::CalendarUnit::Day => 1,
-            crate::CalendarUnit::Week => 7,
-            crate::CalendarUnit::Month => 30,
-            crate::CalendarUnit::Year => 365,
-        };
         Ok(Self {
+            limit: Limit::new(count, calendar.unit().nominal()),
             calendar,
-            limit: Limit::new(count, std::time::Duration::from_secs(days * 86_400)),
             origin_unix_ns,
         })
     }

@@ -33,6 +33,10 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(25);
 /// next.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 4;
 
+/// What a timed one-key script ([`RedisBackend::eval_on_key`]) starts with: `now`, in ms, the
+/// pinned test clock's reading given first in `ARGV`, else Redis `TIME`.
+pub(crate) const SCRIPT_NOW: &str = "local now = tonumber(ARGV[1]) if not now then local t = redis.call('TIME') now = t[1] * 1000 + math.floor(t[2] / 1000) end ";
+
 /// Redirects one call follows on a cluster before it gives up.
 const MAX_REDIRECTS: usize = 3;
 
@@ -249,6 +253,34 @@ impl RedisBackend {
     /// The local clock, shared with the in-memory fallback.
     pub(crate) fn local_clock(&self) -> Arc<dyn Clock> {
         Arc::clone(&self.inner.clock)
+    }
+
+    /// Runs `body`, a script of the one key `key` (permits, quotas), within the backend's
+    /// timeout on the master serving it. `timed`: the script reads `now` (ms) as
+    /// [`SCRIPT_NOW`] sets it, from the pinned test clock sent first in `ARGV` or from `TIME`.
+    pub(crate) async fn eval_on_key(
+        &self,
+        key: &str,
+        body: &str,
+        timed: bool,
+        args: &[&str],
+    ) -> Result<Value, BackendError> {
+        let mut cmd = redis::cmd("EVAL");
+        if timed {
+            let now = self
+                .pinned_now_ms()
+                .map_or_else(String::new, |ms| ms.to_string());
+            cmd.arg(format!("{SCRIPT_NOW}{body}"))
+                .arg(1)
+                .arg(key)
+                .arg(now);
+        } else {
+            cmd.arg(body).arg(1).arg(key);
+        }
+        for arg in args {
+            cmd.arg(*arg);
+        }
+        self.query(key, &cmd).await
     }
 
     /// The test clock's reading in milliseconds since the Unix epoch, for scripts that read

@@ -18,9 +18,6 @@ pub const MAX_PERMITS: u64 = 1_000_000;
 /// The longest time to live a permit may have: a day (longer work renews).
 pub const MAX_PERMIT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 
-/// The clock every script reads: the caller's pinned milliseconds (tests), else Redis `TIME`.
-const NOW: &str = "local now = tonumber(ARGV[1]) if not now then local t = redis.call('TIME') now = t[1] * 1000 + math.floor(t[2] / 1000) end ";
-
 /// Drops expired permits, then takes one if fewer than `count` are held: `{1, held, expiry}`
 /// or `{0, held, ms until the first expiry}`. `ARGV = [now?, count, ttl_ms, id]`.
 const ACQUIRE: &str = "redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now) \
@@ -215,20 +212,12 @@ impl RedisPermits {
         number(&self.run(key, HELD, &[]).await?)
     }
 
-    /// Runs `body` on `key`'s sorted set, with the pinned time (if any) first in `ARGV`.
+    /// Runs `body` on `key`'s sorted set, `now` read first (see
+    /// [`RedisBackend::eval_on_key`]).
     async fn run(&self, key: &str, body: &str, args: &[&str]) -> Result<Value, BackendError> {
         // The key's own hash tag: on a cluster, keys spread over the masters.
         let redis_key = format!("limiter:permits:{}:{{{key}}}", self.name);
-        let mut cmd = redis::cmd("EVAL");
-        cmd.arg(format!("{NOW}{body}")).arg(1).arg(&redis_key).arg(
-            self.backend
-                .pinned_now_ms()
-                .map_or_else(String::new, |ms| ms.to_string()),
-        );
-        for arg in args {
-            cmd.arg(*arg);
-        }
-        self.backend.query(&redis_key, &cmd).await
+        self.backend.eval_on_key(&redis_key, body, true, args).await
     }
 }
 

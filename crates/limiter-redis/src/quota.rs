@@ -16,8 +16,7 @@ use crate::error::{BackendError, BuildError};
 /// Picks the window holding `now` (the caller's, or the next), then counts in it. `ARGV =
 /// [now?, cost, count, index, end_ms, next_index, next_end_ms]`: `{admitted, used, ms to the
 /// window's end, the window's number}`.
-const TAKE: &str = "local now = tonumber(ARGV[1]) if not now then local t = redis.call('TIME') now = t[1] * 1000 + math.floor(t[2] / 1000) end \
-local index, finish = ARGV[4], tonumber(ARGV[5]) \
+const TAKE: &str = "local index, finish = ARGV[4], tonumber(ARGV[5]) \
 if now >= finish then index, finish = ARGV[6], tonumber(ARGV[7]) end \
 local cost, count = tonumber(ARGV[2]), tonumber(ARGV[3]) \
 local used = 0 \
@@ -141,6 +140,8 @@ impl RedisQuota {
         })
     }
 
+    /// Runs `body` on `key`'s counter (`timed`: `now` read first, see
+    /// [`RedisBackend::eval_on_key`]).
     async fn run(
         &self,
         key: &str,
@@ -149,19 +150,10 @@ impl RedisQuota {
         args: &[String],
     ) -> Result<Value, BackendError> {
         let redis_key = format!("limiter:quota:{}:{{{key}}}", self.name);
-        let mut cmd = redis::cmd("EVAL");
-        cmd.arg(body).arg(1).arg(&redis_key);
-        if timed {
-            cmd.arg(
-                self.backend
-                    .pinned_now_ms()
-                    .map_or_else(String::new, |ms| ms.to_string()),
-            );
-        }
-        for arg in args {
-            cmd.arg(arg);
-        }
-        self.backend.query(&redis_key, &cmd).await
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.backend
+            .eval_on_key(&redis_key, body, timed, &args)
+            .await
     }
 }
 

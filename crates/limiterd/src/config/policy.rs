@@ -87,15 +87,9 @@ impl CheckedLimit {
                 limiter_calendar::MAX_CALENDAR_COUNT
             )));
         }
-        let nominal = match calendar.unit {
-            CalendarUnit::Day => 1,
-            CalendarUnit::Week => 7,
-            CalendarUnit::Month => 30,
-            CalendarUnit::Year => 365,
-        };
         Ok(Self {
             kind: Kind::FixedWindow,
-            limit: Limit::new(count, std::time::Duration::from_secs(nominal * 86_400)),
+            limit: Limit::new(count, calendar.unit.nominal()),
             store,
             calendar: Some(calendar),
         })

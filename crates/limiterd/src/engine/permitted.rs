@@ -27,7 +27,10 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
     ) -> Result<(Answer, Option<String>), DecideError> {
         let (permits, quotas) = self.gates_of(item);
         if permits.is_none() && quotas.is_empty() {
-            let (_, answers) = self.decide_at(std::slice::from_ref(item), time_ms).await?;
+            // Known to take no permit: no second look at the policy's gates.
+            let (_, answers) = self
+                .decide_checked(std::slice::from_ref(item), time_ms)
+                .await?;
             let answer = answers.into_iter().next().ok_or_else(|| {
                 DecideError::Unavailable("the engine answered no decision".into())
             })?;
