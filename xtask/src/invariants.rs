@@ -2,8 +2,8 @@
 //! which library files may use std's atomics, read wall time, spawn or sleep; that every
 //! memory ordering carries a comment; that the files of limiter-redis, limiterd and the envoy
 //! crate stay short; that limiterd's engine names no store crate and the envoy crate no
-//! service; that nothing finds a limiter by downcast; and that no crate's modules import each
-//! other in a circle.
+//! service; that nothing finds a limiter by downcast; that the shared errors are defined once;
+//! and that no crate's modules import each other in a circle.
 //! Run by `cargo xtask lint` and `cargo xtask ci` before clippy. A new use elsewhere fails with
 //! the file, the line and the invariant; if the use is right, add the file here and say why
 //! in ARCHITECTURE.md.
@@ -120,6 +120,19 @@ const RULES: &[Rule] = &[
             "crates/limiter-redis/src/connect/tls.rs",
         ],
         invariant: "nothing of ours is read back by downcast: a capability is asked for by type (a batch in one Redis script takes its stacks typed, a refund takes the backend's own grant type); the one downcast allowed reads a TLS error out of an io::Error",
+    },
+    Rule {
+        patterns: &[
+            "enum BuildError",
+            "enum CallError",
+            "enum RefundError",
+            "struct BuildError",
+            "struct CallError",
+            "struct RefundError",
+        ],
+        scope: &[],
+        allowed: &["crates/limiter-stack/src/error.rs"],
+        invariant: "one error type per kind of failure shared by the backends: a stack that cannot be built, a call that can never be decided, a refused refund are limiter-stack's types, which every backend returns (a backend's own failure rides in RefundError's type parameter)",
     },
     Rule {
         patterns: &["redis::"],

@@ -154,7 +154,7 @@ async fn what_runs_only_in_process_is_refused_on_redis_with_the_fix() {
         .build()
         .unwrap_err();
     assert!(
-        matches!(&by_type, BuildError::Limit { layer, .. } if layer == "all")
+        matches!(&by_type, BuildError::Limit { owner, .. } if owner == "layer `all`")
             && by_type.to_string().contains("limit(Kind::"),
         "{by_type}"
     );
@@ -184,7 +184,7 @@ async fn what_runs_only_in_process_is_refused_on_redis_with_the_fix() {
         .build()
         .unwrap_err();
     assert!(
-        matches!(&uneven, BuildError::PlanShape { plan, count: 2, expected: 1, .. } if plan == "two"),
+        matches!(&uneven, BuildError::PlanShape { plan, limits: 2, expected: 1, .. } if plan == "two"),
         "{uneven}"
     );
     // A plan function past the plans: the call is refused, naming the layer.

@@ -430,7 +430,7 @@ async fn bad_calls_and_bad_stacks_are_refused_with_the_fix() {
             .build()
             .unwrap_err();
         assert!(
-            matches!(&e, BuildError::Limit { layer, .. } if layer == "user"),
+            matches!(&e, BuildError::Limit { owner, .. } if owner == "layer `user`"),
             "{e:?}"
         );
         assert!(e.to_string().contains(field), "{e} should name {field}");

@@ -1,9 +1,12 @@
-//! The stack's errors: a stack that cannot be built, a call that can never be decided, and a
-//! refund that asks for too much.
+//! The errors every backend shares: a stack that cannot be built, a call that can never be
+//! decided, and a refund that was refused. An in-process [`Stack`](crate::Stack) and a Redis
+//! stack answer with these same types; a backend's own failures ride in them (a refund's
+//! [`RefundError::Backend`]), and a variant one backend never returns is documented so.
 
 use limiter_core::{DecisionError, LimitError};
 
-/// Why a stack could not be built. Each message names the layer or plan and the fix.
+/// Why a stack (in process or on a backend) could not be built. Each message names the layer,
+/// plan or stack and the fix.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum BuildError {
@@ -20,6 +23,85 @@ pub enum BuildError {
         "a stack needs at least one layer; add one with `.layer(Layer::keyed(..).limit(Kind::TokenBucket, limit))`"
     )]
     NoLayers,
+    /// Two layers share a name, so they would share their state (a backend names its keys by
+    /// layer). Backends that name keys by layer refuse it.
+    #[error("two layers are named `{layer}`; a layer's name names its keys, so give each its own")]
+    DuplicateLayer {
+        /// The repeated name.
+        layer: String,
+    },
+    /// A name a backend cannot use as given (a Redis key's part, for one).
+    #[error("{what} `{name}` {reason}")]
+    BadName {
+        /// What was named: "stack", "prefix" or "layer".
+        what: &'static str,
+        /// The name given.
+        name: String,
+        /// What is wrong and how to fix it.
+        reason: &'static str,
+    },
+    /// A layer open to plans added while the stack serves, on a backend that takes plans only
+    /// when built (Redis: a key keeps its consumption when its plan changes only if every plan
+    /// is known up front).
+    #[error(
+        "layer `{layer}` is open to plans added while serving (`open_plans`), which only an in-process stack takes; on Redis give its plans when building (`plans`): a key keeps its consumption when its plan changes"
+    )]
+    OpenPlans {
+        /// The layer.
+        layer: String,
+    },
+    /// A lease that cannot be kept as asked (the Redis backend's leased stacks).
+    #[error("the leased stack `{stack}`: {reason}")]
+    Lease {
+        /// The stack's name.
+        stack: String,
+        /// What is wrong and how to fix it.
+        reason: String,
+    },
+    /// A leased stack whose keys would not all share one shard (a Redis Cluster slot), so no
+    /// one script could take from them together.
+    #[error(
+        "the Redis stack `{stack}` is leased on a Redis Cluster and tags keys by each layer's own \
+         key, but it has {layers} layers, whose keys land in different slots; a lease is taken \
+         by one script, which Redis runs only on keys of one slot. Tag by a request field every \
+         layer shares (`hash_tag_from`) or by the stack (`tag_by_stack`), or lease a stack of \
+         one layer"
+    )]
+    CrossSlot {
+        /// The stack's name.
+        stack: String,
+        /// How many layers it has.
+        layers: usize,
+    },
+    /// The fleet size a backend's local fallback shares each limit by is 0, or leaves a node
+    /// no unit of some limit.
+    #[error(
+        "the Redis stack `{stack}` shares its limits between a fleet of {fleet} nodes while Redis is out, {reason}"
+    )]
+    FleetSize {
+        /// The stack's name.
+        stack: String,
+        /// The fleet size given.
+        fleet: u64,
+        /// What is wrong and how to fix it.
+        reason: String,
+    },
+    /// A calendar quota that cannot be kept as described.
+    #[error("quota `{name}`: {reason}")]
+    Quota {
+        /// The quota's name.
+        name: String,
+        /// What is wrong and how to fix it.
+        reason: String,
+    },
+    /// Permits that cannot be kept as described.
+    #[error("permits `{name}`: {reason}")]
+    Permits {
+        /// The permits' name.
+        name: String,
+        /// What is wrong and how to fix it.
+        reason: String,
+    },
     /// More layers than a stack holds.
     #[error(
         "a stack holds at most {max} layers, not {layers}; put several limits on one layer (they share its key lookup) or split the stack"
@@ -170,10 +252,15 @@ pub enum CallError {
     },
 }
 
-/// A refund that was refused. Nothing was given back.
+/// A refund that was refused: the grant's units are unchanged, except after
+/// [`Backend`](Self::Backend), whose units the grant no longer holds.
+///
+/// One type for every backend: `E` is the backend's own failure (an in-process stack has none,
+/// so its refunds are `RefundError<Infallible>`, the default; the Redis backend's are
+/// `RefundError<BackendError>`).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum RefundError {
+pub enum RefundError<E = std::convert::Infallible> {
     /// More units than the grant has left.
     #[error("cannot refund {units} units: the grant has {left} left of the {taken} it took")]
     ExceedsGrant {
@@ -190,4 +277,9 @@ pub enum RefundError {
     /// The call itself cannot be decided.
     #[error(transparent)]
     Call(#[from] CallError),
+    /// The backend failed (or refused) during the refund. Its units are no longer held by the
+    /// grant, so a lost reply can never give them back twice; if the backend did not apply
+    /// the refund they stay counted until they refill.
+    #[error("the refund did not reach the backend ({0}); its units stay counted until they refill")]
+    Backend(E),
 }

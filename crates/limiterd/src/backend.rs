@@ -5,10 +5,10 @@
 //! one list to read. A second store would add its own here.
 
 pub use limiter_redis::{
-    Acquired, BackendBuilder, BackendError, BreakerConfig, BuildError, DEFAULT_TIMEOUT,
-    LEASE_TTL_RANGE, Lease, LeasedStack, MAX_PERMIT_TTL, MAX_PERMITS, OnFailure, QuotaAnswer,
-    RedisBackend, RedisLimit, RedisPermits, RedisQuota, RedisRecords, RedisStack, RedisUrl, Secret,
-    Slack, StoreHealth, decide_batch, slot_ranges,
+    Acquired, BackendBuilder, BackendError, BreakerConfig, DEFAULT_TIMEOUT, LEASE_TTL_RANGE, Lease,
+    LeasedStack, MAX_PERMIT_TTL, MAX_PERMITS, OnFailure, QuotaAnswer, RedisBackend, RedisLimit,
+    RedisPermits, RedisQuota, RedisRecords, RedisStack, RedisUrl, Secret, Slack, StoreHealth,
+    decide_batch, slot_ranges,
 };
 #[cfg(feature = "tls")]
 pub use limiter_redis::{TlsError, TlsOptions};

@@ -79,7 +79,7 @@ impl PolicyPermits {
         backend: &RedisBackend,
         name: &str,
         on_failure: OnFailure,
-    ) -> Result<Self, crate::backend::BuildError> {
+    ) -> Result<Self, limiter_stack::BuildError> {
         Ok(Self {
             limit,
             store: Store::Redis(backend.permits(name, limit.count, limit.ttl)?),

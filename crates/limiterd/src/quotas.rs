@@ -29,7 +29,7 @@ impl PolicyQuota {
         policy: &Policy,
         backend: &RedisBackend,
         name: &str,
-    ) -> Result<Vec<Self>, crate::backend::BuildError> {
+    ) -> Result<Vec<Self>, limiter_stack::BuildError> {
         let beside = policy
             .limits
             .iter()
@@ -40,7 +40,7 @@ impl PolicyQuota {
             .map(|(i, (l, spec))| {
                 let calendar = spec
                     .calendar()
-                    .map_err(|e| crate::backend::BuildError::Quota {
+                    .map_err(|e| limiter_stack::BuildError::Quota {
                         name: name.to_owned(),
                         reason: e.to_string(),
                     })?;

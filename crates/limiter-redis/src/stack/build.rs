@@ -146,12 +146,11 @@ impl<R: 'static> RedisStackBuilder<R> {
         check_name("stack", &self.name, false)?;
         check_name("prefix", &self.prefix, true)?;
         if self.layers.is_empty() {
-            return Err(BuildError::NoLayers { stack: self.name });
+            return Err(BuildError::NoLayers);
         }
         if self.layers.len() > MAX_LAYERS {
             return Err(BuildError::TooManyLayers {
-                stack: self.name,
-                count: self.layers.len(),
+                layers: self.layers.len(),
                 max: MAX_LAYERS,
             });
         }
@@ -216,7 +215,7 @@ fn layer_spec<R>(layer: LayerParts<R, String>) -> Result<LayerSpec<R>, BuildErro
         for &(kind, limit) in &plan.limits {
             let Some(kind) = kind else {
                 return Err(BuildError::Limit {
-                    layer: name,
+                    owner: format!("layer `{name}`"),
                     source: limiter_core::LimitError::Unsupported {
                         algorithm: "an algorithm named by type",
                         reason: format!(
@@ -226,7 +225,7 @@ fn layer_spec<R>(layer: LayerParts<R, String>) -> Result<LayerSpec<R>, BuildErro
                 });
             };
             let limit = RedisLimit::new(kind, limit).map_err(|source| BuildError::Limit {
-                layer: name.clone(),
+                owner: format!("layer `{name}`"),
                 source,
             })?;
             limits.push(limit);
@@ -244,7 +243,7 @@ fn layer_spec<R>(layer: LayerParts<R, String>) -> Result<LayerSpec<R>, BuildErro
         if limits.len() > MAX_LIMITS_PER_LAYER {
             return Err(BuildError::TooManyLimits {
                 layer: name,
-                count: limits.len(),
+                limits: limits.len(),
                 max: MAX_LIMITS_PER_LAYER,
             });
         }
@@ -252,7 +251,7 @@ fn layer_spec<R>(layer: LayerParts<R, String>) -> Result<LayerSpec<R>, BuildErro
             return Err(BuildError::PlanShape {
                 layer: name,
                 plan: plan.clone(),
-                count: limits.len(),
+                limits: limits.len(),
                 expected,
             });
         }

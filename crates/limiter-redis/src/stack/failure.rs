@@ -84,7 +84,7 @@ pub(super) fn local_stack<R: 'static>(
             for limit in limits {
                 let shared = share(stack, limit.limit(), fleet)?;
                 limit.kind().check(shared).map_err(|e| BuildError::Limit {
-                    layer: layer.name.clone(),
+                    owner: format!("layer `{}`", layer.name),
                     source: limiter_core::LimitError::Unsupported {
                         algorithm: limit.kind().name(),
                         reason: format!("the local fallback cannot hold it: {e}"),

@@ -214,23 +214,14 @@ pub enum EngineError {
         "the store is Redis but no Redis connection was made; connect first (limiterd does this from `[store] url`)"
     )]
     NoBackend,
-    /// An in-process policy's stack was refused.
+    /// A policy's stack (in process or on Redis) was refused.
     #[error("policy `{policy}`: {source}")]
-    Memory {
+    Stack {
         /// The policy.
         policy: String,
         /// Why.
         #[source]
         source: limiter_stack::BuildError,
-    },
-    /// A Redis policy's stack was refused.
-    #[error("policy `{policy}`: {source}")]
-    Redis {
-        /// The policy.
-        policy: String,
-        /// Why.
-        #[source]
-        source: crate::backend::BuildError,
     },
 }
 
@@ -380,7 +371,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Stacks<C> {
         match &self.place {
             Place::Memory { .. } => Ok(Vec::new()),
             Place::Redis(backend, ..) => {
-                PolicyQuota::of(policy, backend, stack_name).map_err(|source| EngineError::Redis {
+                PolicyQuota::of(policy, backend, stack_name).map_err(|source| EngineError::Stack {
                     policy: stack_name.to_owned(),
                     source,
                 })
@@ -412,7 +403,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Stacks<C> {
             Place::Redis(backend, ..) => {
                 { PolicyPermits::redis(limit, backend, stack_name, policy.on_failure) }
                     .map(Some)
-                    .map_err(|source| EngineError::Redis {
+                    .map_err(|source| EngineError::Stack {
                         policy: stack_name.to_owned(),
                         source,
                     })
@@ -438,7 +429,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Stacks<C> {
                 });
                 self.memory_stack(*max_keys, layers)
                     .map(PolicyStack::memory)
-                    .map_err(|source| EngineError::Memory {
+                    .map_err(|source| EngineError::Stack {
                         policy: stack_name.to_owned(),
                         source,
                     })
@@ -460,7 +451,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Stacks<C> {
                 if policy.lease.is_some() && groups.len() > 1 {
                     builder = builder.tag_by_stack();
                 }
-                let refused = |source| EngineError::Redis {
+                let refused = |source| EngineError::Stack {
                     policy: stack_name.to_owned(),
                     source,
                 };
@@ -484,7 +475,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Stacks<C> {
             .open_plans(MAX_AD_HOC_SHAPES, 1, |c: &Call| c.plan);
         let stack = self
             .memory_stack(max_keys, [layer])
-            .map_err(|source| EngineError::Memory {
+            .map_err(|source| EngineError::Stack {
                 policy: crate::metrics::AD_HOC.to_owned(),
                 source,
             })?;
