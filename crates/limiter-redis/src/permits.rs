@@ -11,6 +11,8 @@ use redis::Value;
 
 use crate::backend::RedisBackend;
 use crate::error::{BackendError, BuildError};
+use crate::stack::DEFAULT_PREFIX;
+use crate::stack::build::check_name;
 
 /// The most permits a key may hold.
 pub const MAX_PERMITS: u64 = 1_000_000;
@@ -72,6 +74,7 @@ const HELD: &str = "return redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')";
 #[derive(Clone, Debug)]
 pub struct RedisPermits {
     backend: RedisBackend,
+    prefix: String,
     name: String,
     count: u64,
     ttl_ms: u64,
@@ -120,15 +123,18 @@ impl RedisPermit {
 }
 
 impl RedisBackend {
-    /// Permits named `name` (part of each key's Redis key): at most `count` held per key
-    /// (1 to [`MAX_PERMITS`]), each expiring `ttl` after it is taken or renewed (1 ms to
-    /// [`MAX_PERMIT_TTL`]).
+    /// Permits named `name` (part of each key's Redis key,
+    /// `limiter:permits:<name>:{<key>}`; [`with_prefix`](RedisPermits::with_prefix) changes
+    /// the first part): at most `count` held per key (1 to [`MAX_PERMITS`]), each expiring
+    /// `ttl` after it is taken or renewed (1 ms to [`MAX_PERMIT_TTL`]). A name that is empty
+    /// or holds `{` or `}` is refused.
     pub fn permits(
         &self,
         name: &str,
         count: u64,
         ttl: Duration,
     ) -> Result<RedisPermits, BuildError> {
+        check_name("permits", name, true)?;
         let refused = |reason: String| BuildError::Permits {
             name: name.to_owned(),
             reason,
@@ -146,6 +152,7 @@ impl RedisBackend {
         }
         Ok(RedisPermits {
             backend: self.clone(),
+            prefix: DEFAULT_PREFIX.to_owned(),
             name: name.to_owned(),
             count,
             ttl_ms,
@@ -154,6 +161,15 @@ impl RedisBackend {
 }
 
 impl RedisPermits {
+    /// The same permits under keys starting `prefix` (`limiter` unless changed, as a stack's),
+    /// so a least-privilege ACL user's key pattern (`~<prefix>:*`) covers them. A prefix that
+    /// is empty or holds `{` or `}` is refused.
+    pub fn with_prefix(mut self, prefix: &str) -> Result<Self, BuildError> {
+        check_name("prefix", prefix, true)?;
+        self.prefix = prefix.to_owned();
+        Ok(self)
+    }
+
     /// The most permits a key may hold.
     pub fn count(&self) -> u64 {
         self.count
@@ -216,7 +232,7 @@ impl RedisPermits {
     /// [`RedisBackend::eval_on_key`]).
     async fn run(&self, key: &str, body: &str, args: &[&str]) -> Result<Value, BackendError> {
         // The key's own hash tag: on a cluster, keys spread over the masters.
-        let redis_key = format!("limiter:permits:{}:{{{key}}}", self.name);
+        let redis_key = format!("{}:permits:{}:{{{key}}}", self.prefix, self.name);
         self.backend.eval_on_key(&redis_key, body, true, args).await
     }
 }

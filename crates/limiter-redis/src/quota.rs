@@ -12,6 +12,8 @@ use redis::Value;
 
 use crate::backend::RedisBackend;
 use crate::error::{BackendError, BuildError};
+use crate::stack::DEFAULT_PREFIX;
+use crate::stack::build::check_name;
 
 /// Picks the window holding `now` (the caller's, or the next), then counts in it. `ARGV =
 /// [now?, cost, count, index, end_ms, next_index, next_end_ms]`: `{admitted, used, ms to the
@@ -42,6 +44,7 @@ return used";
 #[derive(Clone, Debug)]
 pub struct RedisQuota {
     backend: RedisBackend,
+    prefix: String,
     name: String,
     count: u64,
     calendar: Calendar,
@@ -58,14 +61,17 @@ pub struct QuotaAnswer {
 }
 
 impl RedisBackend {
-    /// A quota named `name` (part of each key): at most `count` units per window of `calendar`
-    /// per key (1 to [`MAX_CALENDAR_COUNT`]).
+    /// A quota named `name` (part of each key's Redis key, `limiter:quota:<name>:{<key>}`;
+    /// [`with_prefix`](RedisQuota::with_prefix) changes the first part): at most `count` units
+    /// per window of `calendar` per key (1 to [`MAX_CALENDAR_COUNT`]). A name that is empty or
+    /// holds `{` or `}` is refused.
     pub fn quota(
         &self,
         name: &str,
         count: u64,
         calendar: Calendar,
     ) -> Result<RedisQuota, BuildError> {
+        check_name("quota", name, true)?;
         if count == 0 || count > MAX_CALENDAR_COUNT {
             return Err(BuildError::Quota {
                 name: name.to_owned(),
@@ -74,6 +80,7 @@ impl RedisBackend {
         }
         Ok(RedisQuota {
             backend: self.clone(),
+            prefix: DEFAULT_PREFIX.to_owned(),
             name: name.to_owned(),
             count,
             calendar,
@@ -82,6 +89,15 @@ impl RedisBackend {
 }
 
 impl RedisQuota {
+    /// The same quota under keys starting `prefix` (`limiter` unless changed, as a stack's),
+    /// so a least-privilege ACL user's key pattern (`~<prefix>:*`) covers them. A prefix that
+    /// is empty or holds `{` or `}` is refused.
+    pub fn with_prefix(mut self, prefix: &str) -> Result<Self, BuildError> {
+        check_name("prefix", prefix, true)?;
+        self.prefix = prefix.to_owned();
+        Ok(self)
+    }
+
     /// The most units per window.
     pub fn count(&self) -> u64 {
         self.count
@@ -149,7 +165,7 @@ impl RedisQuota {
         timed: bool,
         args: &[String],
     ) -> Result<Value, BackendError> {
-        let redis_key = format!("limiter:quota:{}:{{{key}}}", self.name);
+        let redis_key = format!("{}:quota:{}:{{{key}}}", self.prefix, self.name);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         self.backend
             .eval_on_key(&redis_key, body, timed, &args)

@@ -6,11 +6,13 @@
 
 use limiter_testkit::redis_server::RedisServer;
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use limiter_core::Limit;
 use limiter_redis::{
-    BackendError, Kind, Lease, OnFailure, RedisBackend, RedisLimiter, Secret, Slack, Source,
+    Acquired, BackendError, Kind, Lease, OnFailure, RedisBackend, RedisLimiter, Secret, Slack,
+    Source,
 };
 
 const PASSWORD: &str = "s3cret-Pa55-word";
@@ -18,7 +20,7 @@ const PASSWORD: &str = "s3cret-Pa55-word";
 /// docs/operations.md's rule for limiterd's user: its commands, on its key prefixes, nothing else.
 pub const LEAST_PRIVILEGE: &str = "limiter on >s3cret-Pa55-word ~limiter:* ~limiterd:* \
      resetchannels -@all +ping +fcall +function|load +evalsha +eval +get +set +time +pttl \
-     +pexpire +hset +hdel +hgetall +incr +cluster|slots +cluster|info +asking +wait";
+     +pexpire +hset +hdel +hgetall +incr +zadd +zcard +zcount +zrange +zrem +zremrangebyscore +zscore +cluster|slots +cluster|info +asking +wait";
 
 fn limiter(backend: &RedisBackend, name: &str, count: u64) -> RedisLimiter {
     RedisLimiter::builder(backend, name)
@@ -80,7 +82,145 @@ async fn a_least_privilege_user_decides_every_kind_of_call_exactly() {
         records.all().await.unwrap().1,
         [("a".to_owned(), "1".to_owned())]
     );
+    // Permits (sorted sets), under the default prefix and limiterd's.
+    for permits in [
+        backend.permits("acl", 1, Duration::from_secs(30)).unwrap(),
+        backend
+            .permits("acl", 1, Duration::from_secs(30))
+            .unwrap()
+            .with_prefix("limiterd")
+            .unwrap(),
+    ] {
+        let Acquired::Held(permit) = permits.acquire("p").await.unwrap() else {
+            panic!("the first permit is free");
+        };
+        assert!(matches!(
+            permits.acquire("p").await.unwrap(),
+            Acquired::Busy { held: 1, .. }
+        ));
+        assert!(permits.renew("p", permit.id()).await.unwrap().is_some());
+        assert_eq!(permits.held("p").await.unwrap(), 1);
+        assert!(permits.release("p", permit.id()).await.unwrap());
+    }
+    // A calendar quota, and its refund.
+    #[cfg(feature = "calendar")]
+    {
+        use limiter_calendar::{Calendar, CalendarUnit};
+        let quota = backend
+            .quota("acl", 2, Calendar::new(CalendarUnit::Month, "UTC").unwrap())
+            .unwrap()
+            .with_prefix("limiterd")
+            .unwrap();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        let taken = quota.take("q", 2, now).await.unwrap();
+        assert!(taken.decision.is_allowed(), "{taken:?}");
+        quota.refund("q", 1, taken.window).await.unwrap();
+        assert!(quota.take("q", 1, now).await.unwrap().decision.is_allowed());
+        assert!(quota.take("q", 1, now).await.unwrap().decision.is_denied());
+    }
     assert_eq!(backend.stats().outages, 0, "{:?}", backend.stats());
+}
+
+/// The `+` permissions of docs/operations.md's ACL rule for limiterd's user.
+fn documented_rule() -> BTreeSet<String> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/operations.md");
+    let doc = std::fs::read_to_string(path).expect("docs/operations.md");
+    let start = doc.find("user limiterd on").expect("the ACL rule");
+    let end = start + doc[start..].find("```").expect("the rule's block ends");
+    doc[start..end]
+        .split_whitespace()
+        .filter_map(|word| word.strip_prefix('+'))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Every command this crate's sources send to a data server: what its Lua calls
+/// (`redis.call('X'`, `redis.pcall('X'`) and what the client sends (`cmd("X")`,
+/// `script_cmd("X"`), with a container command's subcommand (`CLUSTER SLOTS` is
+/// `cluster|slots`). Sentinel's own commands go to the sentinels, not to the data server.
+fn commands_sent() -> BTreeSet<String> {
+    let mut sources = Vec::new();
+    let mut dirs = vec![std::path::PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/src"
+    ))];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).expect("src") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs" || e == "lua") {
+                sources.push(std::fs::read_to_string(&path).expect("source"));
+            }
+        }
+    }
+    let mut sent = BTreeSet::new();
+    for text in &sources {
+        for opener in [
+            "redis.call('",
+            "redis.pcall('",
+            "redis.call(\"",
+            "cmd(\"",
+            "script_cmd(\"",
+        ] {
+            for (at, _) in text.match_indices(opener) {
+                let rest = &text[at + opener.len()..];
+                let name: String = rest.chars().take_while(char::is_ascii_alphabetic).collect();
+                let name = name.to_ascii_lowercase();
+                if name.is_empty() || name == "sentinel" {
+                    continue;
+                }
+                if name == "cluster" || name == "function" {
+                    // The subcommand is the next quoted argument (`.arg("SLOTS")`).
+                    let after = &rest[..rest.len().min(200)];
+                    if let Some(sub_at) = after.find(".arg(\"") {
+                        let sub: String = after[sub_at + 6..]
+                            .chars()
+                            .take_while(char::is_ascii_alphabetic)
+                            .collect();
+                        sent.insert(format!("{name}|{}", sub.to_ascii_lowercase()));
+                    }
+                    continue;
+                }
+                sent.insert(name);
+            }
+        }
+    }
+    sent
+}
+
+#[test]
+fn every_command_the_backend_sends_is_in_the_documented_acl_rule() {
+    let rule = documented_rule();
+    let sent = commands_sent();
+    // The scan finds what it should: a Lua command, a client command, a subcommand.
+    for known in [
+        "zadd",
+        "hgetall",
+        "evalsha",
+        "fcall",
+        "cluster|slots",
+        "time",
+    ] {
+        assert!(sent.contains(known), "the scan missed `{known}`: {sent:?}");
+    }
+    let missing: Vec<&String> = sent.iter().filter(|c| !rule.contains(*c)).collect();
+    assert!(
+        missing.is_empty(),
+        "docs/operations.md's ACL rule lacks {missing:?}: a least-privilege user would be refused them"
+    );
+}
+
+#[test]
+fn the_tests_least_privilege_user_is_the_documented_rule() {
+    let tested: BTreeSet<String> = LEAST_PRIVILEGE
+        .split_whitespace()
+        .filter_map(|word| word.strip_prefix('+'))
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(tested, documented_rule());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -98,6 +98,61 @@ async fn bad_settings_are_refused_naming_the_range() {
         assert!(matches!(err, BuildError::Permits { .. }), "{err}");
         assert!(err.to_string().contains("give 1"), "{err}");
     }
+    // A name or prefix a Redis key cannot hold as laid out is refused, naming the part.
+    for name in ["", "a{b", "a}b"] {
+        let err = backend.permits(name, 3, TTL).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                BuildError::BadName {
+                    what: "permits",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+    let permits = backend.permits("jobs:daily", 3, TTL).unwrap();
+    let err = permits.with_prefix("{app}").unwrap_err();
+    assert!(
+        matches!(err, BuildError::BadName { what: "prefix", .. }),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_keys_of_every_master_hold_and_release_their_permits() {
+    let cluster = common::RedisCluster::start();
+    let backend = RedisBackend::cluster_builder(cluster.urls())
+        .timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap();
+    let permits = backend
+        .permits("jobs", 1, TTL)
+        .unwrap()
+        .with_prefix("app")
+        .unwrap();
+    // Sixty keys land on every master; each holds its one permit, refuses a second, and
+    // gives it back once.
+    let mut held = Vec::new();
+    for n in 0..60 {
+        let key = format!("customer-{n}");
+        held.push((key.clone(), permit(permits.acquire(&key).await.unwrap())));
+        assert!(matches!(
+            permits.acquire(&key).await.unwrap(),
+            Acquired::Busy {
+                held: 1,
+                count: 1,
+                ..
+            }
+        ));
+    }
+    for (key, permit) in &held {
+        assert!(permits.release(key, permit.id()).await.unwrap());
+        assert!(!permits.release(key, permit.id()).await.unwrap());
+        assert_eq!(permits.held(key).await.unwrap(), 0);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

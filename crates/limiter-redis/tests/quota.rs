@@ -93,3 +93,33 @@ async fn a_refund_comes_back_only_in_its_own_window_and_backends_share_the_count
     );
     assert!(a.quota("daily", 0, day()).is_err());
 }
+
+#[tokio::test]
+async fn bad_settings_are_refused_naming_what_is_wrong() {
+    let server = common::RedisServer::start();
+    let backend = RedisBackend::connect(server.url().as_str()).await.unwrap();
+    for count in [0, limiter_calendar::MAX_CALENDAR_COUNT + 1] {
+        let err = backend.quota("monthly", count, day()).unwrap_err();
+        assert!(
+            matches!(err, limiter_redis::BuildError::Quota { .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("give 1"), "{err}");
+    }
+    for name in ["", "a{b"] {
+        let err = backend.quota(name, 10, day()).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                limiter_redis::BuildError::BadName { what: "quota", .. }
+            ),
+            "{err}"
+        );
+    }
+    let err = backend
+        .quota("monthly", 10, day())
+        .unwrap()
+        .with_prefix("")
+        .unwrap_err();
+    assert!(err.to_string().contains("prefix `` is empty"), "{err}");
+}

@@ -12,3 +12,7 @@ pub use limiter_redis::{
 };
 #[cfg(feature = "tls")]
 pub use limiter_redis::{TlsError, TlsOptions};
+
+/// The first part of every Redis key limiterd writes (stacks, leases, permits, quotas, the
+/// overrides), so an operator's ACL rule names one key pattern: `~limiterd:*`.
+pub const KEY_PREFIX: &str = "limiterd";

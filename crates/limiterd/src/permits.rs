@@ -82,7 +82,11 @@ impl PolicyPermits {
     ) -> Result<Self, limiter_stack::BuildError> {
         Ok(Self {
             limit,
-            store: Store::Redis(backend.permits(name, limit.count, limit.ttl)?),
+            store: Store::Redis(
+                backend
+                    .permits(name, limit.count, limit.ttl)?
+                    .with_prefix(crate::backend::KEY_PREFIX)?,
+            ),
             on_failure,
         })
     }

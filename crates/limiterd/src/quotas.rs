@@ -44,8 +44,9 @@ impl PolicyQuota {
                         name: name.to_owned(),
                         reason: e.to_string(),
                     })?;
-                let quota =
-                    backend.quota(&format!("{name}:{i}"), l.limit.limit().count(), calendar)?;
+                let quota = backend
+                    .quota(&format!("{name}:{i}"), l.limit.limit().count(), calendar)?
+                    .with_prefix(crate::backend::KEY_PREFIX)?;
                 Ok(Self {
                     quota,
                     keying: l.keying,

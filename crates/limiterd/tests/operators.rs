@@ -17,7 +17,7 @@ use support::{Client, Daemon, temp_file};
 const PASSWORD: &str = "Op3rat0r-Secret-77";
 const USER: &str = "limiter on >Op3rat0r-Secret-77 ~limiterd:* resetchannels -@all +ping +fcall \
      +function|load +evalsha +eval +get +set +time +pttl +pexpire +hset +hdel +hgetall +incr \
-     +cluster|slots +cluster|info +asking +wait";
+     +zadd +zcard +zcount +zrange +zrem +zremrangebyscore +zscore +cluster|slots +cluster|info +asking +wait";
 const POLICY: &str =
     "[policies.api]\nlimits = [{ algorithm = \"token_bucket\", count = 100, period = \"1h\" }]\n";
 
@@ -141,6 +141,67 @@ async fn no_surface_shows_the_password_wherever_it_comes_from() {
     let said = check_config(bad.to_str().unwrap());
     assert!(said.contains("port `notaport`"), "{said}");
     assert!(!said.contains(PASSWORD), "{said}");
+}
+
+/// Every kind of policy limiterd keeps on Redis, for the least-privilege user.
+const EVERY_KIND: &str = "[policies.api]\n\
+limits = [{ algorithm = \"token_bucket\", count = 100, period = \"1h\" }]\n\
+[policies.exports]\n\
+limits = [{ algorithm = \"concurrency\", count = 1, ttl = \"30s\" }]\n\
+[policies.monthly]\n\
+limits = [{ algorithm = \"fixed_window\", count = 2, period = \"1mo\", calendar = \"UTC\" }]\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_least_privilege_user_serves_every_kind_of_policy() {
+    // The rule docs/operations.md gives, with this test's password: permits (sorted sets) and
+    // calendar quotas included, every key under `limiterd:`.
+    let server = RedisServer::start_with_users(&[USER]);
+    let port = server.port;
+    let file = temp_file(
+        &format!("least-privilege-{port}.toml"),
+        &format!(
+            "[store]\nkind = \"redis\"\nurl = \"redis://limiter:{PASSWORD}@127.0.0.1:{port}\"\non_failure = \"closed\"\n{EVERY_KIND}"
+        ),
+    );
+    let daemon = Daemon::start(&["--config", file.to_str().expect("UTF-8")]);
+    let mut client = Client::connect(daemon.addr).await;
+    let api = client
+        .decide(json!({"policy": "api", "identifier": "u"}))
+        .await;
+    assert_eq!(
+        (api["success"].clone(), api["source"].clone()),
+        (json!(true), json!("redis")),
+        "{api}"
+    );
+
+    let ask = json!({"policy": "exports", "identifier": "acme"});
+    let first = client.decide(ask.clone()).await;
+    assert_eq!(
+        first["success"], true,
+        "a permit on Redis as the ACL user: {first}"
+    );
+    let permit = first["permit"].as_str().expect("a permit").to_owned();
+    let busy = client.decide(ask.clone()).await;
+    assert_eq!(busy["success"], false, "the one permit is held: {busy}");
+    let (status, released) = client
+        .post(
+            "/v1/ratelimit/release",
+            &json!({"policy": "exports", "identifier": "acme", "permit": permit}),
+        )
+        .await;
+    assert_eq!((status, released), (200, json!({"released": true})));
+    assert_eq!(client.decide(ask).await["success"], true);
+
+    let month = json!({"policy": "monthly", "identifier": "acme"});
+    for expected in [true, true, false] {
+        let d = client.decide(month.clone()).await;
+        assert_eq!(
+            d["success"], expected,
+            "a calendar quota as the ACL user: {d}"
+        );
+    }
+    let (status, ready) = client.send("GET", "/readyz", "").await;
+    assert_eq!(status, 200, "{ready}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

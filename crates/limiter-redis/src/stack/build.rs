@@ -61,7 +61,7 @@ impl<R: 'static> RedisStack<R> {
         RedisStackBuilder {
             backend: backend.clone(),
             name: name.into(),
-            prefix: "limiter".to_owned(),
+            prefix: super::DEFAULT_PREFIX.to_owned(),
             layers: Vec::new(),
             tag: None,
             on_failure: OnFailure::default(),
@@ -264,7 +264,10 @@ fn layer_spec<R>(layer: LayerParts<R, String>) -> Result<LayerSpec<R>, BuildErro
     })
 }
 
-fn check_name(what: &'static str, name: &str, colons: bool) -> Result<(), BuildError> {
+/// Whether `name` (a `what`: "stack", "prefix", "layer", "permits", "quota") can be part of a
+/// Redis key as this crate lays keys out: not empty, no hash-tag braces, and (unless `colons`)
+/// no `:`.
+pub(crate) fn check_name(what: &'static str, name: &str, colons: bool) -> Result<(), BuildError> {
     let reason = if name.is_empty() {
         Some("is empty; give it a name")
     } else if name.contains(['{', '}']) {

@@ -32,7 +32,10 @@ use crate::error::CallError;
 use crate::script::call::{Call, Mode};
 use crate::script::reply::{self};
 use crate::spec::RedisLimit;
-mod build;
+
+/// The first part of every Redis key a stack, permits or a quota writes, unless changed.
+pub(crate) const DEFAULT_PREFIX: &str = "limiter";
+pub(crate) mod build;
 mod call;
 mod failure;
 mod limiter;

@@ -18,7 +18,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::backend::RedisRecords;
 use serde::{Deserialize, Serialize};
@@ -84,10 +84,10 @@ type Table = BTreeMap<String, BTreeMap<String, Override>>;
 #[derive(Debug)]
 pub struct Overrides {
     keeping: Keeping,
-    /// The copy decisions read, and (on Redis) the version it was read at (`None`: not read
-    /// from Redis yet). Held only for in-memory work: a change being saved to a file or
-    /// Redis never holds it, so a decision never waits on a write.
-    table: Mutex<(Table, Option<u64>)>,
+    /// The copy decisions read (many at once), and (on Redis) the version it was read at
+    /// (`None`: not read from Redis yet). Written only for in-memory work: a change being
+    /// saved to a file or Redis never holds it, so a decision never waits on a write.
+    table: RwLock<(Table, Option<u64>)>,
     /// Held by one change at a time, across its write to the file or Redis, so two changes
     /// never lose each other.
     writing: tokio::sync::Mutex<()>,
@@ -109,7 +109,7 @@ impl Overrides {
     fn kept(keeping: Keeping, table: Table) -> Self {
         Self {
             keeping,
-            table: Mutex::new((table, None)),
+            table: RwLock::new((table, None)),
             writing: tokio::sync::Mutex::new(()),
         }
     }
@@ -149,7 +149,7 @@ impl Overrides {
                     .insert(entry.identifier.clone(), entry);
             }
         }
-        *self.table() = (table, Some(version));
+        *self.table_mut() = (table, Some(version));
         Ok(true)
     }
 
@@ -174,9 +174,13 @@ impl Overrides {
         }
     }
 
-    fn table(&self) -> std::sync::MutexGuard<'_, (Table, Option<u64>)> {
+    fn table(&self) -> RwLockReadGuard<'_, (Table, Option<u64>)> {
         // A poisoned table is still the table: every change completes before it is visible.
-        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+        self.table.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn table_mut(&self) -> RwLockWriteGuard<'_, (Table, Option<u64>)> {
+        self.table.write().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Sets (or changes) the override of `identifier` in `namespace`, which holds at most
@@ -291,9 +295,9 @@ impl Overrides {
                 tokio::task::spawn_blocking(move || save(&path, &changed).map(|()| changed))
                     .await
                     .map_err(|e| saving("the overrides file", e))??;
-            self.table().0 = saved;
+            self.table_mut().0 = saved;
         } else {
-            apply(&mut self.table().0);
+            apply(&mut self.table_mut().0);
         }
         Ok(())
     }

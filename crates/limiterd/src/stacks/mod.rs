@@ -441,7 +441,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Stacks<C> {
                     })
                 });
                 let mut builder = RedisStack::builder(backend, stack_name)
-                    .prefix("limiterd")
+                    .prefix(crate::backend::KEY_PREFIX)
                     .on_failure(policy.on_failure)
                     .fleet_size(*fleet)
                     .layers(layers);
