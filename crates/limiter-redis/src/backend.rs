@@ -220,10 +220,33 @@ impl RedisBackend {
     /// Runs `cmd`, whose first key is `key`, within the backend's timeout on the master that
     /// serves it (the records beside the limits use it).
     pub(crate) async fn query(&self, key: &str, cmd: &redis::Cmd) -> Result<Value, BackendError> {
+        self.query_on(key, cmd, false).await
+    }
+
+    /// Sends `cmd` (which writes) on the master serving `key`, as [`query`](Self::query)
+    /// does, then, when the backend waits for replicas
+    /// ([`wait_for_replicas`](crate::BackendBuilder::wait_for_replicas)), `WAIT` in the same
+    /// round trip: a write fewer replicas acknowledged is [`BackendError::NotReplicated`], as a
+    /// stack's decision is, so a failover cannot lose a permit or a quota's units unseen.
+    pub(crate) async fn query_writing(
+        &self,
+        key: &str,
+        cmd: &redis::Cmd,
+    ) -> Result<Value, BackendError> {
+        self.query_on(key, cmd, true).await
+    }
+
+    async fn query_on(
+        &self,
+        key: &str,
+        cmd: &redis::Cmd,
+        writes: bool,
+    ) -> Result<Value, BackendError> {
         let node = self.inner.topology.node_for(Some(key))?;
         let slot = self.is_cluster().then(|| key_slot(key));
+        let wait = self.inner.wait.filter(|_| writes);
         self.call_node(node, slot, |link, asking| async move {
-            run::send(&link, cmd, asking, None)
+            run::send(&link, cmd, asking, wait)
                 .await
                 .map(|value| (value, false))
         })
@@ -280,7 +303,7 @@ impl RedisBackend {
         for arg in args {
             cmd.arg(*arg);
         }
-        self.query(key, &cmd).await
+        self.query_writing(key, &cmd).await
     }
 
     /// The test clock's reading in milliseconds since the Unix epoch, for scripts that read

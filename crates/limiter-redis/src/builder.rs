@@ -233,8 +233,10 @@ impl BackendBuilder {
     /// ([`BackendError::NotReplicated`]; its units stay taken). With asynchronous
     /// replication (the default), a failover loses the writes a master acknowledged but had
     /// not yet sent: units taken in the last moments before the failure count again. With
-    /// this, an admission the promoted replica acknowledged is never lost. It costs a
-    /// replication round trip per call, and calls on one connection wait for each other's.
+    /// this, an admission the promoted replica acknowledged is never lost. Every write waits:
+    /// stacks' decisions and refunds, permits' acquires, releases and renewals, quotas' takes
+    /// and refunds, and the records beside the limits. It costs a replication round trip per
+    /// call, and calls on one connection wait for each other's.
     pub fn wait_for_replicas(mut self, replicas: u32, within: Duration) -> Self {
         self.wait = Some(Wait {
             replicas,

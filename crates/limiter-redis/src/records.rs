@@ -51,7 +51,7 @@ impl RedisRecords {
     pub async fn put(&self, field: &str, value: &str) -> Result<u64, BackendError> {
         let reply = self
             .backend
-            .query(&self.keys[0], &self.script(PUT, &[field, value]))
+            .query_writing(&self.keys[0], &self.script(PUT, &[field, value]))
             .await?;
         number(&reply)
     }
@@ -60,7 +60,7 @@ impl RedisRecords {
     pub async fn remove(&self, field: &str) -> Result<bool, BackendError> {
         let reply = self
             .backend
-            .query(&self.keys[0], &self.script(REMOVE, &[field]))
+            .query_writing(&self.keys[0], &self.script(REMOVE, &[field]))
             .await?;
         Ok(number(&reply)? > 0)
     }

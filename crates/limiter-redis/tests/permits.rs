@@ -347,3 +347,53 @@ async fn a_holder_killed_with_sigkill_loses_its_permits_after_their_ttl_and_noth
     );
     assert!(permits.release("acme", mine.id()).await.unwrap());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_wait_for_replicas_a_permit_is_answered_once_a_replica_has_it() {
+    let master = common::RedisServer::start();
+    let mut replica = common::RedisServer::start_with(vec![
+        "--replicaof".into(),
+        "127.0.0.1".into(),
+        master.port.to_string(),
+    ]);
+    common::wait_until("the replica to be in sync", || {
+        common::raw_command(replica.port, "INFO replication")
+            .is_some_and(|info| info.contains("master_link_status:up"))
+    });
+    common::wait_until_replicated(master.port, replica.port);
+    let backend = RedisBackend::builder(master.url().as_str())
+        .timeout(Duration::from_secs(2))
+        .wait_for_replicas(1, Duration::from_millis(300))
+        .connect()
+        .await
+        .unwrap();
+    let permits = backend.permits("replicated", 1, TTL).unwrap();
+    let held = permit(permits.acquire("k").await.unwrap());
+    // Answered only once the replica acknowledged: it holds the permit already.
+    let on_replica = common::raw_command(replica.port, "ZCARD limiter:permits:replicated:{k}");
+    assert_eq!(on_replica.as_deref(), Some(":1\r\n"));
+    // Without a replica to acknowledge, the write is reported as not replicated (the failure
+    // policy's to answer), never as a permit a failover could lose.
+    replica.kill();
+    common::wait_until("the master to see the replica gone", || {
+        common::raw_command(master.port, "INFO replication")
+            .is_some_and(|info| info.contains("connected_slaves:0"))
+    });
+    let err = permits.release("k", held.id()).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            limiter_redis::BackendError::NotReplicated {
+                acked: 0,
+                wanted: 1,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let err = permits.acquire("other").await.unwrap_err();
+    assert!(
+        matches!(err, limiter_redis::BackendError::NotReplicated { .. }),
+        "{err}"
+    );
+}
