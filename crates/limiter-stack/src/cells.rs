@@ -83,28 +83,30 @@ impl Cells {
         self.read_consistent(|words| words[0].load(Ordering::Acquire))
     }
 
-    /// The first word without the lock, for a layer with one plan: its plan never changes, so
-    /// no sequence lock is needed, and every value read is one a commit wrote.
+    /// Word `limit` without the lock, for a layer with one plan: its plan never changes, so
+    /// no sequence lock is needed, and every value read is one a commit wrote (words of
+    /// several limits may be of different commits; a committing call compares each under the
+    /// lock, as every lock-free reader's writes are checked).
     #[inline]
-    pub(crate) fn read_only_plan(&self) -> u64 {
+    pub(crate) fn read_only_plan(&self, limit: usize) -> u64 {
         // Acquire: pairs with the committing writer's Release store of the word.
-        self.words[0].load(Ordering::Acquire)
+        self.words[limit].load(Ordering::Acquire)
     }
 
-    /// The first word, read under the lock that guards the entry (its own, the commit lock, or
+    /// Word `limit`, read under the lock that guards the entry (its own, the commit lock, or
     /// its group's lead), for a layer with one plan.
     #[inline]
-    pub(crate) fn word_held(&self) -> u64 {
+    pub(crate) fn word_held(&self, limit: usize) -> u64 {
         // Relaxed: the guard's Acquire already ordered the last writer's stores before us.
-        self.words[0].load(Ordering::Relaxed)
+        self.words[limit].load(Ordering::Relaxed)
     }
 
-    /// Writes the first word under the lock that guards the entry, which the caller holds and
+    /// Writes word `limit` under the lock that guards the entry, which the caller holds and
     /// releases after (its Release publishes this store too), for a layer with one plan.
     #[inline]
-    pub(crate) fn write_word_held(&self, word: u64) {
+    pub(crate) fn write_word_held(&self, limit: usize, word: u64) {
         // Release: readers without a lock Acquire-load the word itself.
-        self.words[0].store(word, Ordering::Release);
+        self.words[limit].store(word, Ordering::Release);
     }
 
     /// The plan and what `load` reads of the words, consistent with each other: retried while

@@ -121,6 +121,27 @@ fn one_key_lean(user: u64, minute: u64) -> Arc<Users> {
     )
 }
 
+/// Per user a layer of two limits (`user` per hour in a token bucket, `window` per hour in a
+/// fixed window) and, on the same key, `minute` per hour: the one-key path with several words a
+/// layer, committing under the entry's lead. On one shard.
+fn one_key_two_limits(user: u64, window: u64, minute: u64) -> Arc<Users> {
+    let lead = Layer::keyed("user", |r: &Request| r.user)
+        .limit(Kind::TokenBucket, per_hour(user))
+        .limit(Kind::FixedWindow, per_hour(window));
+    let second = lead
+        .same_key("user-minute")
+        .limit(Kind::TokenBucket, per_hour(minute));
+    Arc::new(
+        Stack::builder()
+            .layer(lead)
+            .layer(second)
+            .clock(ManualClock::new())
+            .shards(1)
+            .build()
+            .unwrap(),
+    )
+}
+
 fn call(stack: &Users, user: Option<u64>, shared: bool) -> bool {
     let request = Request {
         user,
@@ -429,5 +450,37 @@ fn a_reader_never_mixes_two_plans_of_a_layer_held_through_its_lead() {
         let seen = stack.peek(&free).unwrap().decision().remaining();
         assert!(writer.join().unwrap());
         assert!(seen == 1 || seen == 0, "a reader saw {seen} left");
+    });
+}
+
+#[test]
+fn on_the_one_key_path_racing_calls_lose_no_update_of_a_layers_second_limit() {
+    loom::model(|| {
+        // Both calls fit. Each commit writes both words of the user's layer; one deciding on
+        // the other's stale second word would leave the window a unit short of its count.
+        let stack = one_key_two_limits(4, 3, 4);
+        assert!(call(&stack, Some(1), false));
+        let other = Arc::clone(&stack);
+        let racer = thread::spawn(move || call(&other, Some(1), false));
+        assert!(call(&stack, Some(1), false));
+        assert!(racer.join().unwrap());
+        // The user's layer: the window's 0 of 3 left binds (the bucket has 1 of 4); the
+        // same-key layer has 1 of 4.
+        assert_eq!(left(&stack, 1), [0, 1], "a unit was lost");
+    });
+}
+
+#[test]
+fn on_the_one_key_path_the_last_unit_of_a_layers_second_limit_goes_once() {
+    loom::model(|| {
+        // The window has one unit left, every other limit plenty: one racer gets it.
+        let stack = one_key_two_limits(4, 2, 4);
+        assert!(call(&stack, Some(1), false));
+        let other = Arc::clone(&stack);
+        let racer = thread::spawn(move || call(&other, Some(1), false));
+        let mine = call(&stack, Some(1), false);
+        let theirs = racer.join().unwrap();
+        assert!(mine ^ theirs, "admitted: {mine}, {theirs}");
+        assert_eq!(left(&stack, 1), [0, 2]);
     });
 }

@@ -113,6 +113,48 @@ fn one_key_specs() -> Vec<Spec> {
     ]
 }
 
+/// The layers of a stack on the one-key path whose layers hold several limits each: per user a
+/// token bucket and a sliding window in one layer, on the same key a fixed window and a token
+/// bucket, and a global layer of two (every layer one plan).
+fn one_key_several_limits_specs() -> Vec<Spec> {
+    let spec = |name, shares, key: fn(&Request) -> Option<u64>, limits| Spec {
+        name,
+        shares,
+        key,
+        choose: |_| 0,
+        plans: vec![limits],
+    };
+    vec![
+        spec(
+            "user",
+            None,
+            |r| Some(r.user),
+            vec![
+                Alg::Bucket(Gcra::new(limit(3, 1_000)).unwrap()),
+                Alg::Sliding(SlidingCounter::new(limit(5, 2_000)).unwrap()),
+            ],
+        ),
+        spec(
+            "user-more",
+            Some(0),
+            |r| Some(r.user),
+            vec![
+                Alg::Fixed(FixedCounter::new(limit(4, 1_500)).unwrap()),
+                Alg::Bucket(Gcra::new(limit(2, 500).with_burst(3)).unwrap()),
+            ],
+        ),
+        spec(
+            "global",
+            None,
+            |_| None,
+            vec![
+                Alg::Bucket(Gcra::new(limit(6, 1_000).with_burst(4)).unwrap()),
+                Alg::Fixed(FixedCounter::new(limit(9, 2_000)).unwrap()),
+            ],
+        ),
+    ]
+}
+
 /// The layers; with `one_limit_each`, the user layer keeps only its first limit, so every
 /// plan has one limit and the stack decides on its lean path where it can; with `grouped`, a
 /// last layer on the user layer's key, with two plans of its own.
@@ -521,6 +563,13 @@ proptest! {
         ops in proptest::collection::vec(op(), 1..120),
     ) {
         run_specs(&ops, one_key_specs)?;
+    }
+
+    #[test]
+    fn a_stack_on_the_one_key_path_with_several_limits_a_layer_decides_like_the_model(
+        ops in proptest::collection::vec(op(), 1..120),
+    ) {
+        run_specs(&ops, one_key_several_limits_specs)?;
     }
 
     #[test]

@@ -121,13 +121,13 @@ where
             seen[slot] = word;
             let layer = &self.layers[slot];
             let algorithm = &layer.plan(plan).limits[0];
-            let mut answer = Decision::allow(0, 0, 0);
-            match algorithm.decide_word(word, cost, now, &mut answer) {
-                Some(after) => {
+            match algorithm.decide_inline(word, cost, now) {
+                Some((answer, after)) => {
                     next[slot] = after;
                     out.take(LayerDecision::from_one(slot, plan, answer));
                 }
                 None => {
+                    let mut answer = Decision::allow(0, 0, 0);
                     let mut after = word;
                     return algorithm
                         .decide(&mut after, cost, now, &mut answer)

@@ -91,7 +91,7 @@ pub struct Stack<R, K, C = DefaultClock> {
     /// in one entry.
     members: Box<[Member]>,
     /// Whether calls take the one-key path (`one_key.rs`): every keyed layer in one group, each
-    /// layer one plan of one limit.
+    /// layer one plan (of one limit when `lean`, or several).
     one_key_path: bool,
     /// The lead of the keyed group (`None`: every layer is global), for the one-key path.
     one_key: Option<usize>,
@@ -334,9 +334,10 @@ where
         Ok(out.decision)
     }
 
-    /// Decides `cost` units for `request` at `now` into `out` (new): a lean stack on the
-    /// lean path, with working arrays as long as the stack is deep; any other stack, and any
-    /// call the lean path cannot finish, on the general path.
+    /// Decides `cost` units for `request` at `now` into `out` (new): a stack whose keyed
+    /// layers share one key on the one-key path, a lean stack on the lean path, each with
+    /// working arrays as long as the stack is deep (and, one-key, as wide as a layer's
+    /// most limits unless every layer has one); any other stack, and any call those paths cannot finish, on the general path.
     fn decide_into(
         &self,
         request: &R,
@@ -345,11 +346,24 @@ where
         out: &mut Answer<'_>,
     ) -> Result<(), CallError> {
         if self.one_key_path {
-            return match self.layers.len() {
-                1 => self.decide_one_key::<1>(request, cost, now, out),
-                2 => self.decide_one_key::<2>(request, cost, now, out),
-                3 => self.decide_one_key::<3>(request, cost, now, out),
-                _ => self.decide_one_key::<4>(request, cost, now, out),
+            // `lean`: every layer has one limit, so each keeps one word.
+            return match (self.layers.len(), self.lean) {
+                (1, true) => self.decide_one_key::<1, 1>(request, cost, now, out),
+                (2, true) => self.decide_one_key::<2, 1>(request, cost, now, out),
+                (3, true) => self.decide_one_key::<3, 1>(request, cost, now, out),
+                (_, true) => self.decide_one_key::<4, 1>(request, cost, now, out),
+                (1, false) => {
+                    self.decide_one_key::<1, MAX_LIMITS_PER_LAYER>(request, cost, now, out)
+                }
+                (2, false) => {
+                    self.decide_one_key::<2, MAX_LIMITS_PER_LAYER>(request, cost, now, out)
+                }
+                (3, false) => {
+                    self.decide_one_key::<3, MAX_LIMITS_PER_LAYER>(request, cost, now, out)
+                }
+                (_, false) => {
+                    self.decide_one_key::<4, MAX_LIMITS_PER_LAYER>(request, cost, now, out)
+                }
             };
         }
         if self.lean {
