@@ -11,10 +11,8 @@
 #![cfg(limiter_loom)]
 
 use limiter_core::{Limit, ManualClock};
-use limiter_sliding_window::FixedCounter;
 use limiter_stack::Kind;
 use limiter_stack::{Layer, LayerAnswers, Plan, Stack};
-use limiter_token_bucket::Gcra;
 use loom::sync::Arc;
 use loom::thread;
 
@@ -151,6 +149,15 @@ fn call(stack: &Users, user: Option<u64>, shared: bool) -> bool {
     stack.check(&request).unwrap().is_allowed()
 }
 
+/// A call for user `there` on another thread racing one for user `here` on this one (neither
+/// on the shared layer): whether each was admitted, `(here, there)`.
+fn race(stack: &Arc<Users>, here: Option<u64>, there: Option<u64>) -> (bool, bool) {
+    let other = Arc::clone(stack);
+    let racer = thread::spawn(move || call(&other, there, false));
+    let mine = call(stack, here, false);
+    (mine, racer.join().unwrap())
+}
+
 fn left(stack: &Users, user: u64) -> Vec<u64> {
     let request = Request {
         user: Some(user),
@@ -237,10 +244,7 @@ fn racing_calls_of_different_costs_both_land_in_full() {
 fn racing_first_calls_on_a_new_key_admit_once() {
     loom::model(|| {
         let stack = stack(1, 5);
-        let other = Arc::clone(&stack);
-        let racer = thread::spawn(move || call(&other, Some(7), false));
-        let here = call(&stack, Some(7), false);
-        let there = racer.join().unwrap();
+        let (here, there) = race(&stack, Some(7), Some(7));
         assert!(here ^ there, "admitted {here} and {there}");
         assert_eq!(stack.len(), 1);
         assert_eq!(left(&stack, 7)[0], 0);
@@ -335,10 +339,7 @@ fn racing_calls_under_the_commit_lock_lose_no_keyed_update() {
         // commit would decide on the first one's reading and write over its unit.
         let stack = global_then_user(4, 3);
         assert!(call(&stack, Some(1), false));
-        let other = Arc::clone(&stack);
-        let racer = thread::spawn(move || call(&other, Some(1), false));
-        assert!(call(&stack, Some(1), false));
-        assert!(racer.join().unwrap());
+        assert_eq!(race(&stack, Some(1), Some(1)), (true, true));
         assert_eq!(left(&stack, 1), [1, 0], "a unit was lost");
     });
 }
@@ -403,10 +404,7 @@ fn racing_calls_on_one_key(stack: Arc<Users>) {
     {
         assert!(call(&stack, Some(1), false));
         assert_eq!(stack.len(), 1, "both layers share one entry");
-        let other = Arc::clone(&stack);
-        let racer = thread::spawn(move || call(&other, Some(1), false));
-        assert!(call(&stack, Some(1), false));
-        assert!(racer.join().unwrap());
+        assert_eq!(race(&stack, Some(1), Some(1)), (true, true));
         assert_eq!(left(&stack, 1), [1, 1], "a unit was lost");
     }
 }
@@ -421,10 +419,7 @@ fn the_last_unit_of_a_layer_held_through_its_lead_goes_once() {
 /// one racer gets it, and the loser's lead unit stays.
 fn last_unit_of_the_second_layer_goes_once(stack: Arc<Users>) {
     assert!(call(&stack, Some(1), false));
-    let other = Arc::clone(&stack);
-    let racer = thread::spawn(move || call(&other, Some(1), false));
-    let here = call(&stack, Some(1), false);
-    let there = racer.join().unwrap();
+    let (here, there) = race(&stack, Some(1), Some(1));
     assert!(here ^ there, "admitted {here} and {there}");
     assert_eq!(left(&stack, 1), [3, 0]);
 }
@@ -460,10 +455,7 @@ fn on_the_one_key_path_racing_calls_lose_no_update_of_a_layers_second_limit() {
         // the other's stale second word would leave the window a unit short of its count.
         let stack = one_key_two_limits(4, 3, 4);
         assert!(call(&stack, Some(1), false));
-        let other = Arc::clone(&stack);
-        let racer = thread::spawn(move || call(&other, Some(1), false));
-        assert!(call(&stack, Some(1), false));
-        assert!(racer.join().unwrap());
+        assert_eq!(race(&stack, Some(1), Some(1)), (true, true));
         // The user's layer: the window's 0 of 3 left binds (the bucket has 1 of 4); the
         // same-key layer has 1 of 4.
         assert_eq!(left(&stack, 1), [0, 1], "a unit was lost");
@@ -476,10 +468,7 @@ fn on_the_one_key_path_the_last_unit_of_a_layers_second_limit_goes_once() {
         // The window has one unit left, every other limit plenty: one racer gets it.
         let stack = one_key_two_limits(4, 2, 4);
         assert!(call(&stack, Some(1), false));
-        let other = Arc::clone(&stack);
-        let racer = thread::spawn(move || call(&other, Some(1), false));
-        let mine = call(&stack, Some(1), false);
-        let theirs = racer.join().unwrap();
+        let (mine, theirs) = race(&stack, Some(1), Some(1));
         assert!(mine ^ theirs, "admitted: {mine}, {theirs}");
         assert_eq!(left(&stack, 1), [0, 2]);
     });
