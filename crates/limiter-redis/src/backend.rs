@@ -25,6 +25,8 @@ use crate::script::call::Call;
 use crate::script::run::{self, ScriptCall, Wait};
 use crate::topology::{Node, Topology};
 
+mod commands;
+
 /// The default per-call timeout.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(25);
 
@@ -32,10 +34,6 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(25);
 /// script calls one backend has in flight on one master before decisions queue to share the
 /// next.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 4;
-
-/// What a timed one-key script ([`RedisBackend::eval_on_key`]) starts with: `now`, in ms, the
-/// pinned test clock's reading given first in `ARGV`, else Redis `TIME`.
-pub(crate) const SCRIPT_NOW: &str = "local now = tonumber(ARGV[1]) if not now then local t = redis.call('TIME') now = t[1] * 1000 + math.floor(t[2] / 1000) end ";
 
 /// Redirects one call follows on a cluster before it gives up.
 const MAX_REDIRECTS: usize = 3;
@@ -217,42 +215,6 @@ impl RedisBackend {
         }
     }
 
-    /// Runs `cmd`, whose first key is `key`, within the backend's timeout on the master that
-    /// serves it (the records beside the limits use it).
-    pub(crate) async fn query(&self, key: &str, cmd: &redis::Cmd) -> Result<Value, BackendError> {
-        self.query_on(key, cmd, false).await
-    }
-
-    /// Sends `cmd` (which writes) on the master serving `key`, as [`query`](Self::query)
-    /// does, then, when the backend waits for replicas
-    /// ([`wait_for_replicas`](crate::BackendBuilder::wait_for_replicas)), `WAIT` in the same
-    /// round trip: a write fewer replicas acknowledged is [`BackendError::NotReplicated`], as a
-    /// stack's decision is, so a failover cannot lose a permit or a quota's units unseen.
-    pub(crate) async fn query_writing(
-        &self,
-        key: &str,
-        cmd: &redis::Cmd,
-    ) -> Result<Value, BackendError> {
-        self.query_on(key, cmd, true).await
-    }
-
-    async fn query_on(
-        &self,
-        key: &str,
-        cmd: &redis::Cmd,
-        writes: bool,
-    ) -> Result<Value, BackendError> {
-        let node = self.inner.topology.node_for(Some(key))?;
-        let slot = self.is_cluster().then(|| key_slot(key));
-        let wait = self.inner.wait.filter(|_| writes);
-        self.call_node(node, slot, |link, asking| async move {
-            run::send(&link, cmd, asking, wait)
-                .await
-                .map(|value| (value, false))
-        })
-        .await
-    }
-
     /// What a request records as it is sent: the local clock's reading (a denial's deadline
     /// counts from it) and the deny caches' refund epoch.
     pub(crate) fn sent(&self) -> Sent {
@@ -276,43 +238,6 @@ impl RedisBackend {
     /// The local clock, shared with the in-memory fallback.
     pub(crate) fn local_clock(&self) -> Arc<dyn Clock> {
         Arc::clone(&self.inner.clock)
-    }
-
-    /// Runs `body`, a script of the one key `key` (permits, quotas), within the backend's
-    /// timeout on the master serving it. `timed`: the script reads `now` (ms) as
-    /// [`SCRIPT_NOW`] sets it, from the pinned test clock sent first in `ARGV` or from `TIME`.
-    pub(crate) async fn eval_on_key(
-        &self,
-        key: &str,
-        body: &str,
-        timed: bool,
-        args: &[&str],
-    ) -> Result<Value, BackendError> {
-        let mut cmd = redis::cmd("EVAL");
-        if timed {
-            let now = self
-                .pinned_now_ms()
-                .map_or_else(String::new, |ms| ms.to_string());
-            cmd.arg(format!("{SCRIPT_NOW}{body}"))
-                .arg(1)
-                .arg(key)
-                .arg(now);
-        } else {
-            cmd.arg(body).arg(1).arg(key);
-        }
-        for arg in args {
-            cmd.arg(*arg);
-        }
-        self.query_writing(key, &cmd).await
-    }
-
-    /// The test clock's reading in milliseconds since the Unix epoch, for scripts that read
-    /// time themselves; `None`: they read Redis `TIME`.
-    pub(crate) fn pinned_now_ms(&self) -> Option<u64> {
-        match &self.inner.time {
-            TimeSource::Server => None,
-            TimeSource::Clock(clock) => Some(clock.now() / 1_000_000),
-        }
     }
 
     /// The per-call timeout.

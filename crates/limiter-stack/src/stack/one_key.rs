@@ -1,14 +1,14 @@
 //! The one-key path: a stack whose keyed layers all share one keyer (per customer: a
 //! per-second and a per-minute limit), any number of global layers beside them, at most four
-//! layers, each with one plan of one limit and no plan function. A call finds its one entry
-//! by one lookup, reads each layer's word without a lock (a layer with one plan never changes
-//! plan, so no sequence lock is needed: every word read is one a commit wrote), decides each
-//! into a local answer, and commits under one lock (the commit lock, or the entry's lead)
-//! only if no word changed since it was read. The answer is folded into the caller's as each
-//! layer is decided, before the lock is taken, so no store of it happens while the lock is
-//! held (keeping each layer's answers and folding them after the commit measured 15% slower
-//! on a stack of three). Anything else (a key to insert, a word another call changed) goes to
-//! the general path from the start, which replaces the answer whole.
+//! layers, each with one plan (of one limit or several) and no plan function. A call finds its
+//! one entry by one lookup, reads each layer's words without a lock (a layer with one plan
+//! never changes plan, so no sequence lock is needed: every word read is one a commit wrote),
+//! decides each, and commits under one lock (the commit lock, or the entry's lead) only if no
+//! word changed since it was read. The answer is folded into the caller's as each layer is
+//! decided, before the lock is taken, so no store of it happens while the lock is held
+//! (keeping each layer's answers and folding them after the commit measured 15% slower on a
+//! stack of three). Anything else (a key to insert, a word another call changed) goes to the
+//! general path from the start, which replaces the answer whole.
 
 use std::hash::Hash;
 
@@ -62,8 +62,8 @@ where
         self.decide_from_scratch(request, cost, now, false, out)
     }
 
-    /// The one-key path (see the module docs); `false`, having changed and answered nothing,
-    /// when the call needs the general path. The usual limit, a token bucket, is decided
+    /// The one-key path (see the module docs); `false`, having changed nothing, when the call
+    /// needs the general path (which replaces the part of the answer folded so far). The usual limit, a token bucket, is decided
     /// inline (`PlanLimit::decide_inline`), so its answer stays in registers.
     #[inline(always)]
     fn one_key_path<const N: usize, const W: usize>(
@@ -177,8 +177,8 @@ where
                 let Some(cell) = cells[slot] else { continue };
                 // The lock's own first word goes last, with the release.
                 let first = usize::from(slot == lock_slot);
-                for j in first..width(slot) {
-                    cell.write_word_held(j, next[slot][j]);
+                for (j, &word) in next[slot].iter().enumerate().take(width(slot)).skip(first) {
+                    cell.write_word_held(j, word);
                 }
             }
             lock.write_first_and_unlock(held, next[lock_slot][0]);
