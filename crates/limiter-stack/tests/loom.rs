@@ -90,15 +90,7 @@ fn one_key(user: u64, minute: u64) -> Arc<Users> {
         ],
         |r: &Request| usize::from(r.pro),
     );
-    Arc::new(
-        Stack::builder()
-            .layer(lead)
-            .layer(second)
-            .clock(ManualClock::new())
-            .shards(1)
-            .build()
-            .unwrap(),
-    )
+    lead_and_second(lead, second)
 }
 
 /// Per user `user` per hour and, on the same key, `minute` per hour, each layer one limit and
@@ -108,15 +100,7 @@ fn one_key_lean(user: u64, minute: u64) -> Arc<Users> {
     let second = lead
         .same_key("user-minute")
         .limit(Kind::TokenBucket, per_hour(minute));
-    Arc::new(
-        Stack::builder()
-            .layer(lead)
-            .layer(second)
-            .clock(ManualClock::new())
-            .shards(1)
-            .build()
-            .unwrap(),
-    )
+    lead_and_second(lead, second)
 }
 
 /// Per user a layer of two limits (`user` per hour in a token bucket, `window` per hour in a
@@ -129,6 +113,11 @@ fn one_key_two_limits(user: u64, window: u64, minute: u64) -> Arc<Users> {
     let second = lead
         .same_key("user-minute")
         .limit(Kind::TokenBucket, per_hour(minute));
+    lead_and_second(lead, second)
+}
+
+/// A stack of `lead` and `second` (a layer on the lead's key) on a manual clock, on one shard.
+fn lead_and_second(lead: Layer<Request, u64>, second: Layer<Request, u64>) -> Arc<Users> {
     Arc::new(
         Stack::builder()
             .layer(lead)
