@@ -2,8 +2,11 @@
 //! until the caller releases it (`POST /v1/ratelimit/release`) or its time to live passes, at
 //! most `count` at once per identifier (or in all, for a global limit). In memory a permit is
 //! an entry in this process's table; on Redis it is a member of the key's sorted set, so a
-//! fleet shares the count ([`crate::backend::RedisPermits`]). Either way a caller that never
-//! releases (it crashed, it forgot) loses its permit after the time to live.
+//! fleet shares the count ([`crate::backend::RedisPermits`]), and a policy that falls back
+//! (`on_failure = "fallback"`) keeps a table in this process that stands in while Redis fails,
+//! with this node's share of the count (`count / fleet_size`, so the fleet never holds more
+//! than `count`; a share of 0 refuses). Either way a caller that never releases (it crashed,
+//! it forgot) loses its permit after the time to live.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,7 +43,7 @@ pub enum Taken {
 }
 
 /// The permits' store failed: why, and whether the policy refuses then (`on_failure =
-/// "closed"`; open and fallback admit without a permit).
+/// "closed"`; open admits without a permit; fallback takes one from its table instead).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PermitFailure {
     /// What failed.
@@ -60,7 +63,32 @@ pub struct PolicyPermits {
 #[derive(Clone, Debug)]
 enum Store {
     Memory(Arc<MemoryPermits>),
-    Redis(RedisPermits),
+    /// The fleet's permits, and the table standing in while Redis fails (a falling-back
+    /// policy's).
+    Redis(RedisPermits, Option<Fallback>),
+}
+
+/// The permits a falling-back policy hands out in this process while Redis fails: its table,
+/// and its limit with this node's share of the count.
+#[derive(Clone, Debug)]
+struct Fallback {
+    table: Arc<MemoryPermits>,
+    limit: ConcurrencyLimit,
+}
+
+/// What starts the id of a permit the fallback table handed out, so its release goes there.
+const LOCAL: &str = "local-";
+
+impl Fallback {
+    fn acquire(&self, key: &str) -> Taken {
+        match self.table.acquire(key, self.limit) {
+            Taken::Held { id, held } => Taken::Held {
+                id: format!("{LOCAL}{id}"),
+                held,
+            },
+            busy => busy,
+        }
+    }
 }
 
 impl PolicyPermits {
@@ -73,20 +101,31 @@ impl PolicyPermits {
         }
     }
 
-    /// `limit`'s permits on Redis, under `name` (part of each key).
+    /// `limit`'s permits on Redis, under `name` (part of each key); a falling-back policy's
+    /// with `fallback` standing in while Redis fails, holding `count / fleet` per key.
     pub(crate) fn redis(
         limit: ConcurrencyLimit,
         backend: &RedisBackend,
         name: &str,
         on_failure: OnFailure,
+        fallback: Option<(Arc<MemoryPermits>, u64)>,
     ) -> Result<Self, limiter_stack::BuildError> {
+        let permits = backend
+            .permits(name, limit.count, limit.ttl)?
+            .with_prefix(crate::backend::KEY_PREFIX)?;
+        let fallback =
+            fallback
+                .filter(|_| on_failure == OnFailure::Fallback)
+                .map(|(table, fleet)| Fallback {
+                    table,
+                    limit: ConcurrencyLimit {
+                        count: limit.count / fleet.max(1),
+                        ..limit
+                    },
+                });
         Ok(Self {
             limit,
-            store: Store::Redis(
-                backend
-                    .permits(name, limit.count, limit.ttl)?
-                    .with_prefix(crate::backend::KEY_PREFIX)?,
-            ),
+            store: Store::Redis(permits, fallback),
             on_failure,
         })
     }
@@ -105,7 +144,7 @@ impl PolicyPermits {
 
     /// Whether the permits are on Redis (else in this process).
     pub fn on_redis(&self) -> bool {
-        matches!(self.store, Store::Redis(_))
+        matches!(self.store, Store::Redis(..))
     }
 
     fn key<'a>(&self, identifier: &'a str) -> &'a str {
@@ -121,7 +160,7 @@ impl PolicyPermits {
         let key = self.key(identifier);
         match &self.store {
             Store::Memory(table) => Ok(table.acquire(key, self.limit)),
-            Store::Redis(permits) => match permits.acquire(key).await {
+            Store::Redis(permits, fallback) => match permits.acquire(key).await {
                 Ok(Acquired::Held(permit)) => Ok(Taken::Held {
                     id: permit.id().to_owned(),
                     held: permit.held(),
@@ -132,7 +171,10 @@ impl PolicyPermits {
                     held,
                     retry_after_ns: u64::try_from(retry_after.as_nanos()).unwrap_or(u64::MAX),
                 }),
-                Err(e) => Err(self.failed(&e)),
+                Err(e) => match fallback {
+                    Some(fallback) => Ok(fallback.acquire(key)),
+                    None => Err(self.failed(&e)),
+                },
             },
         }
     }
@@ -143,7 +185,10 @@ impl PolicyPermits {
         let key = self.key(identifier);
         match &self.store {
             Store::Memory(table) => Ok(table.release(key, id)),
-            Store::Redis(permits) => permits.release(key, id).await.map_err(|e| e.to_string()),
+            Store::Redis(permits, fallback) => match (fallback, id.strip_prefix(LOCAL)) {
+                (Some(fallback), Some(local)) => Ok(fallback.table.release(key, local)),
+                _ => permits.release(key, id).await.map_err(|e| e.to_string()),
+            },
         }
     }
 
@@ -152,7 +197,7 @@ impl PolicyPermits {
         let key = self.key(identifier);
         match &self.store {
             Store::Memory(table) => Ok(table.held(key)),
-            Store::Redis(permits) => permits.held(key).await.map_err(|e| e.to_string()),
+            Store::Redis(permits, _) => permits.held(key).await.map_err(|e| e.to_string()),
         }
     }
 
@@ -161,7 +206,7 @@ impl PolicyPermits {
     pub fn held_in_memory(&self) -> Option<u64> {
         match &self.store {
             Store::Memory(table) => Some(table.total()),
-            Store::Redis(_) => None,
+            Store::Redis(..) => None,
         }
     }
 }

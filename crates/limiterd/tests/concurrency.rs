@@ -162,3 +162,44 @@ async fn a_fleet_on_redis_shares_the_permits_and_releases_through_any_process() 
     );
     assert!(b.decide(ask("acme")).await.get("permit").is_some());
 }
+
+#[tokio::test]
+async fn while_redis_fails_a_falling_back_policy_hands_out_its_share_from_a_local_table() {
+    let mut server = RedisServer::start();
+    let url = server.url();
+    // A fleet of two: while Redis fails, this node holds at most 4 / 2 = 2 per identifier.
+    let config = temp_file(
+        &format!("concurrency-fallback-{}.toml", server.port),
+        &format!(
+            "[store]\nkind = \"redis\"\nurl = \"{url}\"\non_failure = \"fallback\"\nfleet_size = 2\n\
+             [policies.exports]\n\
+             limits = [{{ algorithm = \"concurrency\", count = 4, ttl = \"10m\" }}]\n"
+        ),
+    );
+    let daemon = Daemon::start(&["--config", config.to_str().expect("UTF-8")]);
+    let mut client = Client::connect(daemon.addr).await;
+    let on_redis = permit(&client.decide(ask("acme")).await);
+    assert!(!on_redis.starts_with("local-"), "{on_redis}");
+
+    server.kill();
+    let first = permit(&client.decide(ask("acme")).await);
+    assert!(
+        first.starts_with("local-"),
+        "from the stand-in table: {first}"
+    );
+    let second = permit(&client.decide(ask("acme")).await);
+    let busy = client.decide(ask("acme")).await;
+    assert_eq!(busy["success"], false, "this node's share is 2: {busy}");
+    assert!(busy.get("permit").is_none(), "{busy}");
+    // A local permit is released locally (Redis is still down), once.
+    assert_eq!(
+        release(&mut client, "acme", &first).await,
+        (200, json!({"released": true}))
+    );
+    assert_eq!(
+        release(&mut client, "acme", &first).await,
+        (200, json!({"released": false}))
+    );
+    assert!(permit(&client.decide(ask("acme")).await).starts_with("local-"));
+    assert_ne!(second, first);
+}

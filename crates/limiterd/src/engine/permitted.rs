@@ -253,8 +253,8 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         Ok((answer, admitted && answer.decision.is_allowed()))
     }
 
-    /// The permits' store failed: the policy's failure policy answers (open and fallback admit
-    /// without a permit, closed refuses).
+    /// The permits' store failed: the policy's failure policy answers (open admits without a
+    /// permit, closed refuses; a falling-back policy's table answered before this).
     async fn permit_store_failed(
         &self,
         item: &Item,

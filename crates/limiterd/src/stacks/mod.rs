@@ -389,19 +389,24 @@ impl<C: Clock + Clone + Send + Sync + 'static> Stacks<C> {
         let Some(limit) = policy.concurrency else {
             return Ok(None);
         };
+        // This process's table of the policy's permits: its store in memory, its stand-in
+        // while Redis fails on Redis; kept across reloads.
+        let table = || {
+            let mut tables = self
+                .permit_tables
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let table = tables
+                .entry(stack_name.to_owned())
+                .or_insert_with(|| Arc::new(MemoryPermits::new(Arc::new(self.clock.clone()))));
+            Arc::clone(table)
+        };
         match &self.place {
-            Place::Memory { .. } => {
-                let mut tables = self
-                    .permit_tables
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                let table = tables
-                    .entry(stack_name.to_owned())
-                    .or_insert_with(|| Arc::new(MemoryPermits::new(Arc::new(self.clock.clone()))));
-                Ok(Some(PolicyPermits::memory(limit, Arc::clone(table))))
-            }
-            Place::Redis(backend, ..) => {
-                { PolicyPermits::redis(limit, backend, stack_name, policy.on_failure) }
+            Place::Memory { .. } => Ok(Some(PolicyPermits::memory(limit, table()))),
+            Place::Redis(backend, _, fleet) => {
+                let fallback =
+                    (policy.on_failure == OnFailure::Fallback).then(|| (table(), *fleet));
+                { PolicyPermits::redis(limit, backend, stack_name, policy.on_failure, fallback) }
                     .map(Some)
                     .map_err(|source| EngineError::Stack {
                         policy: stack_name.to_owned(),
