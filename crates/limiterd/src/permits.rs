@@ -101,8 +101,8 @@ impl PolicyPermits {
         }
     }
 
-    /// `limit`'s permits on Redis, under `name` (part of each key); a falling-back policy's
-    /// with `fallback` standing in while Redis fails, holding `count / fleet` per key.
+    /// `limit`'s permits on Redis, under `name` (part of each key); with `fallback` (given to a
+    /// falling-back policy) standing in while Redis fails, holding `count / fleet` per key.
     pub(crate) fn redis(
         limit: ConcurrencyLimit,
         backend: &RedisBackend,
@@ -113,16 +113,13 @@ impl PolicyPermits {
         let permits = backend
             .permits(name, limit.count, limit.ttl)?
             .with_prefix(crate::backend::KEY_PREFIX)?;
-        let fallback =
-            fallback
-                .filter(|_| on_failure == OnFailure::Fallback)
-                .map(|(table, fleet)| Fallback {
-                    table,
-                    limit: ConcurrencyLimit {
-                        count: limit.count / fleet.max(1),
-                        ..limit
-                    },
-                });
+        let fallback = fallback.map(|(table, fleet)| Fallback {
+            table,
+            limit: ConcurrencyLimit {
+                count: limit.count / fleet.max(1),
+                ..limit
+            },
+        });
         Ok(Self {
             limit,
             store: Store::Redis(permits, fallback),

@@ -29,6 +29,21 @@ fn permit(answer: &Value) -> String {
         .to_owned()
 }
 
+/// Releases `permit` twice: the first release gives it back, the second finds it gone.
+async fn released_once(client: &mut Client, identifier: &str, permit: &str) {
+    let twice = [
+        release(client, identifier, permit).await,
+        release(client, identifier, permit).await,
+    ];
+    assert_eq!(
+        twice,
+        [
+            (200, json!({"released": true})),
+            (200, json!({"released": false}))
+        ]
+    );
+}
+
 async fn release(client: &mut Client, identifier: &str, permit: &str) -> (u16, Value) {
     let body = json!({"policy": "exports", "identifier": identifier, "permit": permit});
     client.post("/v1/ratelimit/release", &body).await
@@ -65,14 +80,7 @@ async fn permits_are_handed_out_refused_past_the_count_and_released_once_in_memo
         text.contains("limiterd_permits_held{policy=\"exports\"} 3"),
         "{text}"
     );
-    assert_eq!(
-        release(&mut client, "acme", &first).await,
-        (200, json!({"released": true}))
-    );
-    assert_eq!(
-        release(&mut client, "acme", &first).await,
-        (200, json!({"released": false}))
-    );
+    released_once(&mut client, "acme", &first).await;
     assert_eq!(
         release(&mut client, "globex", &second).await.1,
         json!({"released": false})
@@ -192,14 +200,7 @@ async fn while_redis_fails_a_falling_back_policy_hands_out_its_share_from_a_loca
     assert_eq!(busy["success"], false, "this node's share is 2: {busy}");
     assert!(busy.get("permit").is_none(), "{busy}");
     // A local permit is released locally (Redis is still down), once.
-    assert_eq!(
-        release(&mut client, "acme", &first).await,
-        (200, json!({"released": true}))
-    );
-    assert_eq!(
-        release(&mut client, "acme", &first).await,
-        (200, json!({"released": false}))
-    );
+    released_once(&mut client, "acme", &first).await;
     assert!(permit(&client.decide(ask("acme")).await).starts_with("local-"));
     assert_ne!(second, first);
 }
