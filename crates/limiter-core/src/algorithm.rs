@@ -231,6 +231,76 @@ impl<A: Algorithm> Algorithm for Recording<'_, A> {
     }
 }
 
+/// An algorithm that gives units back: as a store applies it, a call of `cost` units at `now`
+/// refunds that many units granted at `granted_at` ([`Algorithm::refund`]); its answer is the
+/// state's after the refund (a peek), and a fresh state, or one whose units already came back,
+/// is left as it is. limiter-store's `KeyedLimiter::refund_key_at` applies it to a key's state
+/// as a decision would be applied.
+#[derive(Clone, Copy, Debug)]
+pub struct Refunding<'a, A> {
+    /// The algorithm whose units come back.
+    pub algorithm: &'a A,
+    /// When they were granted, on the algorithm's clock.
+    pub granted_at: u64,
+}
+
+impl<A: Algorithm> Algorithm for Refunding<'_, A> {
+    const NAME: &'static str = A::NAME;
+    const FRESH: u64 = A::FRESH;
+
+    /// A `Refunding` wraps an algorithm already built: it cannot be built from a limit.
+    fn new(limit: Limit) -> Result<Self, LimitError> {
+        Err(LimitError::Unsupported {
+            algorithm: A::NAME,
+            reason: format!(
+                "{limit}: a Refunding wraps an algorithm already built; build the algorithm, \
+                 then wrap a reference to it"
+            ),
+        })
+    }
+
+    fn limit(&self) -> &Limit {
+        self.algorithm.limit()
+    }
+
+    fn accuracy(&self) -> Accuracy {
+        self.algorithm.accuracy()
+    }
+
+    fn decide(&self, state: u64, units: u64, now: u64) -> Result<Step, DecisionError> {
+        let next = if state == A::FRESH || units == 0 {
+            None
+        } else {
+            self.algorithm.refund(state, units, self.granted_at, now)
+        };
+        let decision = self
+            .algorithm
+            .decide(next.unwrap_or(state), 0, now)?
+            .decision;
+        Ok(Step { decision, next })
+    }
+
+    fn record(&self, state: u64, units: u64, now: u64) -> Result<Step, DecisionError> {
+        self.decide(state, units, now)
+    }
+
+    fn is_full(&self, state: u64, now: u64) -> bool {
+        self.algorithm.is_full(state, now)
+    }
+
+    fn usage(&self, state: u64, now: u64) -> Usage {
+        self.algorithm.usage(state, now)
+    }
+
+    fn with_usage(&self, usage: Usage, now: u64) -> Result<u64, DecisionError> {
+        self.algorithm.with_usage(usage, now)
+    }
+
+    fn refund(&self, state: u64, units: u64, granted_at: u64, now: u64) -> Option<u64> {
+        self.algorithm.refund(state, units, granted_at, now)
+    }
+}
+
 /// The outcome of one pure transition.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Step {

@@ -57,7 +57,7 @@ pub mod text;
 pub mod wait;
 
 pub use accuracy::Accuracy;
-pub use algorithm::{Algorithm, MIN_CLOCK_RANGE, Recording, StateCell, Step, Usage};
+pub use algorithm::{Algorithm, MIN_CLOCK_RANGE, Recording, Refunding, StateCell, Step, Usage};
 #[cfg(not(limiter_loom))]
 pub use clock::CoarseClock;
 pub use clock::{

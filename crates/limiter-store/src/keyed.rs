@@ -5,6 +5,7 @@ use std::hash::Hash;
 
 use limiter_core::{
     Algorithm, Clock, Decision, DecisionError, DefaultClock, Limit, LimitError, Limiter, Recording,
+    Refunding,
 };
 
 use crate::sharded::ShardedStore;
@@ -119,6 +120,28 @@ where
     {
         self.store
             .apply(&Recording(&self.algorithm), key, cost, now)
+    }
+
+    /// Gives back `units` that a call on `key` was granted at the clock's reading `granted_at`
+    /// (a call refused elsewhere after this limiter admitted it), at `now`: the key's state
+    /// after ([`Algorithm::refund`]: at most `units` come back, none that already came back on
+    /// their own, such as a window's that has passed). An absent key is left absent.
+    pub fn refund_key_at<Q>(
+        &self,
+        key: &Q,
+        units: u64,
+        granted_at: u64,
+        now: u64,
+    ) -> Result<Decision, DecisionError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let refunding = Refunding {
+            algorithm: &self.algorithm,
+            granted_at,
+        };
+        self.store.apply(&refunding, key, units, now)
     }
 
     /// Drops every key whose state is full now, returning how many were dropped. A full state

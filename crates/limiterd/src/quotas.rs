@@ -2,8 +2,20 @@
 //! Redis store): kept beside the policy's stack, whose script knows no calendar, one Redis
 //! script call each ([`RedisQuota`]), with the same boundaries as
 //! in process. In memory a calendar window is one of the stack's own limits instead.
+//!
+//! A policy that falls back (`on_failure = "fallback"`) keeps a counter per quota in this
+//! process that stands in while Redis fails, with this node's share of the count (`count /
+//! fleet_size`, so the fleet never counts more than `count` in a window; a share of 0
+//! refuses), kept across reloads as the permits' tables are.
 
-use crate::backend::{BackendError, OnFailure, QuotaAnswer, RedisBackend, RedisQuota};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use limiter_calendar::{Calendar, CalendarCounter, KeyedCalendarWindow};
+use limiter_core::{Algorithm, Decision, DefaultClock};
+use limiter_store::ShardedStore;
+
+use crate::backend::{BackendError, OnFailure, RedisBackend, RedisQuota};
 use crate::config::{Keying, Policy};
 
 /// One calendar quota of a policy on Redis, and how it is keyed.
@@ -12,6 +24,130 @@ pub struct PolicyQuota {
     quota: RedisQuota,
     keying: Keying,
     on_failure: OnFailure,
+    /// A falling-back policy's stand-in while Redis fails.
+    fallback: Option<Arc<LocalQuota>>,
+}
+
+/// What a quota counted (or would have), and where.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QuotaTaken {
+    /// Admitted (the units counted) or denied (nothing counted); `reset_after` and a denial's
+    /// `retry_after` are the time to the window's end.
+    pub decision: Decision,
+    /// Where it was counted, for a refund.
+    pub place: CountedIn,
+}
+
+/// Where a quota counted a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CountedIn {
+    /// The fleet's counter on Redis, in the window of that number.
+    Redis {
+        /// The window's number.
+        window: u64,
+    },
+    /// This node's stand-in while Redis failed, at that Unix time (ns).
+    Fallback {
+        /// When it was counted.
+        at_unix_ns: u64,
+    },
+}
+
+/// This node's share of a quota while Redis fails: a calendar window counter per key, or none
+/// when the share is 0 (the fleet is larger than the count: every call is refused).
+#[derive(Debug)]
+pub struct LocalQuota {
+    counter: Option<KeyedCalendarWindow<String>>,
+    calendar: Calendar,
+    count: u64,
+}
+
+/// The stand-ins of falling-back policies' quotas by quota name, shared by the stacks a reload
+/// builds: what a node counted while Redis failed survives a reload of the same quota.
+pub(crate) type QuotaTables = Arc<Mutex<HashMap<String, Arc<LocalQuota>>>>;
+
+impl LocalQuota {
+    /// `count / fleet` per window of `calendar`, on Unix time (the counter's reading 0 is the
+    /// epoch: each call passes the instant it is counted at).
+    fn new(count: u64, fleet: u64, calendar: Calendar) -> Self {
+        let share = count / fleet.max(1);
+        let counter = CalendarCounter::new(share, calendar.clone(), 0)
+            .ok()
+            .map(|algorithm| {
+                KeyedCalendarWindow::from_algorithm(
+                    algorithm,
+                    DefaultClock::new(),
+                    ShardedStore::new(),
+                )
+            });
+        Self {
+            counter,
+            calendar,
+            count,
+        }
+    }
+
+    /// The table named `name` in `tables` if it counts `count` of `fleet` by `calendar`, else a
+    /// new one put there (a reload that changed the quota starts it afresh).
+    pub(crate) fn shared(
+        tables: &QuotaTables,
+        name: &str,
+        count: u64,
+        fleet: u64,
+        calendar: &Calendar,
+    ) -> Arc<Self> {
+        let mut tables = tables.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(table) = tables.get(name)
+            && table.count == count
+            && table.share_of(fleet)
+            && table.calendar == *calendar
+        {
+            return Arc::clone(table);
+        }
+        let table = Arc::new(Self::new(count, fleet, calendar.clone()));
+        tables.insert(name.to_owned(), Arc::clone(&table));
+        table
+    }
+
+    fn share_of(&self, fleet: u64) -> bool {
+        let share = self.count / fleet.max(1);
+        self.counter
+            .as_ref()
+            .map_or(share == 0, |c| c.algorithm().limit().count() == share)
+    }
+
+    /// Counts `cost` units for `key` at `at_unix_ns`: a cost above the share (or a share of 0)
+    /// is refused until the window ends, as Redis refuses a cost above the count.
+    fn take(&self, key: &str, cost: u64, at_unix_ns: u64) -> QuotaTaken {
+        let place = CountedIn::Fallback { at_unix_ns };
+        let decided = self
+            .counter
+            .as_ref()
+            .map(|counter| counter.check_key_at(key, cost, at_unix_ns));
+        let decision = match decided {
+            Some(Ok(decision)) => decision,
+            Some(Err(_)) | None => self.refused(at_unix_ns),
+        };
+        QuotaTaken { decision, place }
+    }
+
+    fn refused(&self, at_unix_ns: u64) -> Decision {
+        let share = self
+            .counter
+            .as_ref()
+            .map_or(0, |c| c.algorithm().limit().count());
+        let wait = self
+            .calendar
+            .window(at_unix_ns)
+            .map_or(1, |w| w.end_unix_ns.saturating_sub(at_unix_ns).max(1));
+        Decision::deny(share, 0, wait, wait)
+    }
+
+    fn refund(&self, key: &str, units: u64, granted_at: u64, now: u64) {
+        if let Some(counter) = &self.counter {
+            let _ = counter.refund_key_at(key, units, granted_at, now);
+        }
+    }
 }
 
 /// A quota's store failed: why, and whether the policy refuses then.
@@ -25,10 +161,13 @@ pub struct QuotaFailure {
 
 impl PolicyQuota {
     /// Every calendar quota of `policy` kept beside its stack, on `backend` under `name`.
+    /// A falling-back policy's quotas have a stand-in each from `tables`, counting `count /
+    /// fleet`.
     pub(crate) fn of(
         policy: &Policy,
         backend: &RedisBackend,
         name: &str,
+        (tables, fleet): (&QuotaTables, u64),
     ) -> Result<Vec<Self>, limiter_stack::BuildError> {
         let beside = policy
             .limits
@@ -44,13 +183,18 @@ impl PolicyQuota {
                         name: name.to_owned(),
                         reason: e.to_string(),
                     })?;
+                let quota_name = format!("{name}:{i}");
+                let count = l.limit.limit().count();
+                let fallback = (policy.on_failure == OnFailure::Fallback)
+                    .then(|| LocalQuota::shared(tables, &quota_name, count, fleet, &calendar));
                 let quota = backend
-                    .quota(&format!("{name}:{i}"), l.limit.limit().count(), calendar)?
+                    .quota(&quota_name, count, calendar)?
                     .with_prefix(crate::backend::KEY_PREFIX)?;
                 Ok(Self {
                     quota,
                     keying: l.keying,
                     on_failure: policy.on_failure,
+                    fallback,
                 })
             })
             .collect()
@@ -64,25 +208,41 @@ impl PolicyQuota {
     }
 
     /// Counts `cost` units for `identifier` at `at_unix_ns` (this process's clock: Redis's
-    /// decides the window).
+    /// decides the window); while Redis fails, a falling-back policy's stand-in counts them.
     pub async fn take(
         &self,
         identifier: &str,
         cost: u64,
         at_unix_ns: u64,
-    ) -> Result<QuotaAnswer, QuotaFailure> {
-        self.quota
-            .take(self.key(identifier), cost, at_unix_ns)
-            .await
-            .map_err(|e| self.failed(&e))
+    ) -> Result<QuotaTaken, QuotaFailure> {
+        let key = self.key(identifier);
+        match self.quota.take(key, cost, at_unix_ns).await {
+            Ok(answer) => Ok(QuotaTaken {
+                decision: answer.decision,
+                place: CountedIn::Redis {
+                    window: answer.window,
+                },
+            }),
+            Err(error) => match &self.fallback {
+                Some(local) => Ok(local.take(key, cost, at_unix_ns)),
+                None => Err(self.failed(&error)),
+            },
+        }
     }
 
-    /// Gives back `units` counted by `answer` (best effort: a failure leaves them counted).
-    pub async fn refund(&self, identifier: &str, units: u64, answer: &QuotaAnswer) {
-        let _ = self
-            .quota
-            .refund(self.key(identifier), units, answer.window)
-            .await;
+    /// Gives back `units` counted by `taken` at `now_unix_ns`, where they were counted (best
+    /// effort: a failure leaves them counted).
+    pub async fn refund(&self, identifier: &str, units: u64, taken: &QuotaTaken, now_unix_ns: u64) {
+        let key = self.key(identifier);
+        match (taken.place, &self.fallback) {
+            (CountedIn::Redis { window }, _) => {
+                let _ = self.quota.refund(key, units, window).await;
+            }
+            (CountedIn::Fallback { at_unix_ns }, Some(local)) => {
+                local.refund(key, units, at_unix_ns, now_unix_ns);
+            }
+            (CountedIn::Fallback { .. }, None) => {}
+        }
     }
 
     fn failed(&self, error: &BackendError) -> QuotaFailure {
@@ -90,5 +250,60 @@ impl PolicyQuota {
             message: error.to_string(),
             closed: self.on_failure == OnFailure::Closed,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use limiter_calendar::CalendarUnit;
+
+    use super::*;
+
+    /// 2026-11-27 12:00 UTC, in Unix ns.
+    const NOON: u64 = 1_795_262_400_000_000_000;
+    const HOUR: u64 = 3_600_000_000_000;
+
+    fn day() -> Calendar {
+        Calendar::new(CalendarUnit::Day, "UTC").expect("UTC")
+    }
+
+    #[test]
+    fn a_stand_in_counts_the_nodes_share_and_refunds_only_its_window() {
+        let local = LocalQuota::new(7, 3, day());
+        let taken = |cost, at| local.take("ann", cost, at).decision;
+        assert!(taken(2, NOON).is_allowed(), "7 / 3 = 2 a day here");
+        let over = taken(1, NOON);
+        assert!(over.is_denied());
+        assert_eq!(over.retry_after().as_secs(), 12 * 3600, "until midnight");
+        assert!(taken(3, NOON).is_denied(), "a cost above the share");
+        local.refund("ann", 1, NOON, NOON + HOUR);
+        assert!(taken(1, NOON + HOUR).is_allowed(), "refunded in its window");
+        // Yesterday's units do not come back into today's window.
+        let tomorrow = NOON + 24 * HOUR;
+        assert!(taken(2, tomorrow).is_allowed());
+        local.refund("ann", 2, NOON, tomorrow);
+        assert!(taken(1, tomorrow).is_denied());
+    }
+
+    #[test]
+    fn a_share_of_nothing_refuses_until_the_window_ends() {
+        let local = LocalQuota::new(2, 3, day());
+        let refused = local.take("ann", 1, NOON).decision;
+        assert!(refused.is_denied());
+        assert_eq!(refused.limit(), 0);
+        assert_eq!(refused.retry_after().as_secs(), 12 * 3600);
+    }
+
+    #[test]
+    fn a_reload_keeps_a_stand_in_unless_its_quota_changed() {
+        let tables = QuotaTables::default();
+        let first = LocalQuota::shared(&tables, "p:0", 10, 2, &day());
+        assert!(first.take("ann", 5, NOON).decision.is_allowed());
+        let same = LocalQuota::shared(&tables, "p:0", 10, 2, &day());
+        assert!(Arc::ptr_eq(&first, &same), "what was counted survives");
+        assert!(same.take("ann", 1, NOON).decision.is_denied());
+        let changed = LocalQuota::shared(&tables, "p:0", 10, 5, &day());
+        assert!(!Arc::ptr_eq(&first, &changed), "a new fleet size is a new share");
+        assert!(changed.take("ann", 2, NOON).decision.is_allowed());
     }
 }

@@ -1,6 +1,7 @@
 //! Calendar quotas through a real limiterd over HTTP on Redis, two processes sharing one
 //! server: the quota is counted once for the fleet, beside the policy's rate limit and all or
-//! nothing with it, and `reset_at_ms` names the next local midnight in the policy's zone.
+//! nothing with it, and `reset_at_ms` names the next local midnight in the policy's zone; while
+//! Redis fails, a falling-back policy counts this node's share of the quota in the process.
 
 use limiter_testkit::redis_server::RedisServer;
 #[allow(dead_code)]
@@ -72,5 +73,55 @@ async fn a_fleet_shares_a_calendar_quota_all_or_nothing_with_its_rate() {
     assert_eq!(
         status, 400,
         "a calendar quota on Redis is decided alone: {many}"
+    );
+}
+
+#[tokio::test]
+async fn while_redis_fails_a_falling_back_policy_counts_its_share_of_the_quota_here() {
+    let mut server = RedisServer::start();
+    let url = server.url();
+    // A fleet of two: while Redis fails, this node counts at most 4 / 2 = 2 a day for the
+    // whole quota (keyed globally), and each identifier's bucket holds 2 / 2 = 1.
+    let config = temp_file(
+        &format!("calendar-fallback-{}.toml", server.port),
+        &format!(
+            "[store]\nkind = \"redis\"\nurl = \"{url}\"\non_failure = \"fallback\"\nfleet_size = 2\n\
+             [policies.daily]\n\
+             limits = [\n\
+               {{ algorithm = \"fixed_window\", count = 4, period = \"1d\", calendar = \"UTC\", key = \"global\" }},\n\
+               {{ algorithm = \"token_bucket\", count = 2, period = \"1h\" }},\n\
+             ]\n"
+        ),
+    );
+    let daemon = Daemon::start(&["--config", config.to_str().expect("UTF-8")]);
+    let mut client = Client::connect(daemon.addr).await;
+    let ask = |identifier: &str| json!({"policy": "daily", "identifier": identifier});
+    assert_eq!(client.decide(ask("warm")).await["success"], true);
+
+    server.kill();
+    assert_eq!(client.decide(ask("ann")).await["success"], true);
+    // Ann's bucket (her share: 1) denies her second call, and the quota's unit goes back.
+    let denied = client.decide(ask("ann")).await;
+    assert_eq!(denied["success"], false, "{denied}");
+    assert_eq!(denied["limit"], 1, "the bucket's share binds: {denied}");
+    // So the node's share of the quota still has one unit, for bob; then none, for carol.
+    assert_eq!(client.decide(ask("bob")).await["success"], true);
+    let over = client.decide(ask("carol")).await;
+    assert_eq!(
+        over["success"], false,
+        "the node's share of the day is spent: {over}"
+    );
+    assert_eq!(over["limit"], 2, "the quota's share binds: {over}");
+    let midnight = {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_millis() as u64;
+        now_ms / 86_400_000 * 86_400_000 + 86_400_000
+    };
+    let reset = over["reset_at_ms"].as_u64().expect("a reset");
+    assert!(
+        reset.abs_diff(midnight) <= 1_000,
+        "the next UTC midnight: {over}"
     );
 }

@@ -8,10 +8,9 @@
 use limiter_core::{Clock, Decision};
 use limiter_stack::{Charge, Origin};
 
-use crate::backend::QuotaAnswer;
 use crate::metrics::{Counted, FailurePolicy};
 use crate::permits::{PermitFailure, PolicyPermits, Taken};
-use crate::quotas::PolicyQuota;
+use crate::quotas::{CountedIn, PolicyQuota, QuotaTaken};
 
 use super::*;
 
@@ -71,7 +70,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             }
             other => {
                 // Denied, failed or undecidable: the quotas and the permit go back now.
-                refund_quotas(item, &counted).await;
+                refund_quotas(item, &counted, self.now_unix_ns()).await;
                 release(item, held).await;
                 other.map(|(answer, _)| (answer, None))
             }
@@ -111,7 +110,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         &self,
         item: &Item,
         quotas: &'q [PolicyQuota],
-    ) -> Result<Vec<(&'q PolicyQuota, QuotaAnswer)>, Result<(Answer, Option<String>), DecideError>>
+    ) -> Result<Vec<(&'q PolicyQuota, QuotaTaken)>, Result<(Answer, Option<String>), DecideError>>
     {
         let mut counted = Vec::with_capacity(quotas.len());
         for quota in quotas {
@@ -121,12 +120,15 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             {
                 Ok(answer) if answer.decision.is_allowed() => counted.push((quota, answer)),
                 Ok(denied) => {
-                    refund_quotas(item, &counted).await;
+                    refund_quotas(item, &counted, self.now_unix_ns()).await;
                     self.counters_of(item)
                         .count(Counted::Denied { shadow: false }, &item.identifier);
                     let answer = Answer {
                         decision: denied.decision,
-                        origin: Some(Origin::Remote),
+                        origin: Some(match denied.place {
+                            CountedIn::Redis { .. } => Origin::Remote,
+                            CountedIn::Fallback { .. } => Origin::Fallback,
+                        }),
                         at_unix_ns: self.now_unix_ns(),
                     };
                     return Err(Ok((answer, None)));
@@ -134,11 +136,12 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                 Err(failure) => {
                     self.metrics.backend_error();
                     if failure.closed {
-                        refund_quotas(item, &counted).await;
+                        refund_quotas(item, &counted, self.now_unix_ns()).await;
                         self.metrics.failure_policy(FailurePolicy::Closed);
                         return Err(Err(DecideError::Unavailable(failure.message)));
                     }
-                    // Open (or fallback): this quota counts nothing while its store fails.
+                    // Open: this quota counts nothing while its store fails (a falling-back
+                    // policy's stand-in answered instead of failing).
                     self.metrics.failure_policy(FailurePolicy::Open);
                 }
             }
@@ -285,9 +288,11 @@ async fn release(item: &Item, held: Option<(&PolicyPermits, String, u64)>) {
 }
 
 /// Gives back what each counted quota took for `item`.
-async fn refund_quotas(item: &Item, counted: &[(&PolicyQuota, QuotaAnswer)]) {
-    for (quota, answer) in counted {
-        quota.refund(&item.identifier, item.cost, answer).await;
+async fn refund_quotas(item: &Item, counted: &[(&PolicyQuota, QuotaTaken)], now_unix_ns: u64) {
+    for (quota, taken) in counted {
+        quota
+            .refund(&item.identifier, item.cost, taken, now_unix_ns)
+            .await;
     }
 }
 

@@ -22,7 +22,7 @@ use limiter_stack::{
 use crate::backend::{LeasedStack, OnFailure, RedisBackend, RedisStack};
 use crate::config::{Policy, Store, StoreKind};
 use crate::permits::{MemoryPermits, PolicyPermits};
-use crate::quotas::PolicyQuota;
+use crate::quotas::{PolicyQuota, QuotaTables};
 
 mod limits;
 
@@ -242,6 +242,9 @@ pub struct Stacks<C> {
     /// In memory, each policy's permit table by stack name, shared by the stacks a reload
     /// builds: permits held survive a reload.
     permit_tables: PermitTables,
+    /// On Redis, the stand-ins of falling-back policies' calendar quotas by quota name, shared
+    /// the same way: what a node counted while Redis failed survives a reload.
+    quota_tables: QuotaTables,
 }
 
 type PermitTables = Arc<std::sync::Mutex<std::collections::HashMap<String, Arc<MemoryPermits>>>>;
@@ -332,6 +335,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Stacks<C> {
             clock,
             place,
             permit_tables: PermitTables::default(),
+            quota_tables: QuotaTables::default(),
         })
     }
 
@@ -358,6 +362,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Stacks<C> {
             unix_origin_ns: self.unix_origin_ns,
             place,
             permit_tables: Arc::clone(&self.permit_tables),
+            quota_tables: Arc::clone(&self.quota_tables),
         })
     }
 
@@ -370,11 +375,13 @@ impl<C: Clock + Clone + Send + Sync + 'static> Stacks<C> {
     ) -> Result<Vec<PolicyQuota>, EngineError> {
         match &self.place {
             Place::Memory { .. } => Ok(Vec::new()),
-            Place::Redis(backend, ..) => {
-                PolicyQuota::of(policy, backend, stack_name).map_err(|source| EngineError::Stack {
-                    policy: stack_name.to_owned(),
-                    source,
-                })
+            Place::Redis(backend, _, fleet) => {
+                PolicyQuota::of(policy, backend, stack_name, (&self.quota_tables, *fleet)).map_err(
+                    |source| EngineError::Stack {
+                        policy: stack_name.to_owned(),
+                        source,
+                    },
+                )
             }
         }
     }
