@@ -189,12 +189,19 @@ impl PolicyPermits {
         }
     }
 
-    /// Permits `identifier` holds now.
-    pub async fn held(&self, identifier: &str) -> Result<u64, String> {
+    /// Permits `identifier` holds now (while Redis fails, a falling-back policy's table
+    /// answers what this node holds; a store that fails otherwise answers its error).
+    pub async fn held(&self, identifier: &str) -> Result<u64, PermitFailure> {
         let key = self.key(identifier);
         match &self.store {
             Store::Memory(table) => Ok(table.held(key)),
-            Store::Redis(permits, _) => permits.held(key).await.map_err(|e| e.to_string()),
+            Store::Redis(permits, fallback) => match permits.held(key).await {
+                Ok(held) => Ok(held),
+                Err(e) => match fallback {
+                    Some(fallback) => Ok(fallback.table.held(key)),
+                    None => Err(self.failed(&e)),
+                },
+            },
         }
     }
 

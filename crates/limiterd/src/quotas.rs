@@ -303,7 +303,10 @@ mod tests {
         assert!(Arc::ptr_eq(&first, &same), "what was counted survives");
         assert!(same.take("ann", 1, NOON).decision.is_denied());
         let changed = LocalQuota::shared(&tables, "p:0", 10, 5, &day());
-        assert!(!Arc::ptr_eq(&first, &changed), "a new fleet size is a new share");
+        assert!(
+            !Arc::ptr_eq(&first, &changed),
+            "a new fleet size is a new share"
+        );
         assert!(changed.take("ann", 2, NOON).decision.is_allowed());
     }
 }

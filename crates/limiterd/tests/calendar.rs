@@ -125,3 +125,53 @@ async fn while_redis_fails_a_falling_back_policy_counts_its_share_of_the_quota_h
         "the next UTC midnight: {over}"
     );
 }
+
+#[tokio::test]
+async fn while_redis_fails_each_failure_policy_answers_reports_and_calls_on_gated_policies() {
+    let mut server = RedisServer::start();
+    let url = server.url();
+    // One policy per failure policy, each with a calendar quota and a concurrency limit kept
+    // on Redis beside its rate limit.
+    let gated = |name: &str, on_failure: &str| {
+        format!(
+            "[policies.{name}]\non_failure = \"{on_failure}\"\nlimits = [\n\
+               {{ algorithm = \"fixed_window\", count = 10, period = \"1mo\", calendar = \"UTC\" }},\n\
+               {{ algorithm = \"concurrency\", count = 10 }},\n\
+               {{ algorithm = \"token_bucket\", count = 10, period = \"1h\" }},\n]\n"
+        )
+    };
+    let config = temp_file(
+        &format!("calendar-failures-{}.toml", server.port),
+        &format!(
+            "[store]\nkind = \"redis\"\nurl = \"{url}\"\n{}{}{}",
+            gated("open", "open"),
+            gated("closed", "closed"),
+            gated("fallback", "fallback"),
+        ),
+    );
+    let daemon = Daemon::start(&["--config", config.to_str().expect("UTF-8")]);
+    let mut client = Client::connect(daemon.addr).await;
+    let ask =
+        |policy: &str, cost: u64| json!({"policy": policy, "identifier": "acme", "cost": cost});
+    for policy in ["open", "closed", "fallback"] {
+        assert_eq!(client.decide(ask(policy, 1)).await["success"], true);
+    }
+
+    server.kill();
+    for cost in [0, 1] {
+        let (status, open) = client.post("/v1/ratelimit", &ask("open", cost)).await;
+        assert_eq!(
+            (status, &open["success"]),
+            (200, &json!(true)),
+            "cost {cost}: {open}"
+        );
+        let (status, closed) = client.post("/v1/ratelimit", &ask("closed", cost)).await;
+        assert_eq!(status, 503, "cost {cost}: {closed}");
+        let (status, fallback) = client.post("/v1/ratelimit", &ask("fallback", cost)).await;
+        assert_eq!(
+            (status, &fallback["success"]),
+            (200, &json!(true)),
+            "cost {cost}: {fallback}"
+        );
+    }
+}

@@ -88,20 +88,31 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
     ) -> Result<(Answer, Option<String>), DecideError> {
         let (mut answer, _) = self.decide_ungated(item, time_ms).await?;
         for quota in quotas {
-            let state = quota
-                .take(&item.identifier, 0, self.now_unix_ns())
-                .await
-                .map_err(|f| DecideError::Unavailable(f.message))?;
-            answer = tighter(answer, state.decision);
+            match quota.take(&item.identifier, 0, self.now_unix_ns()).await {
+                Ok(state) => answer = tighter(answer, state.decision),
+                Err(failure) => self.gate_failed(failure.closed, failure.message)?,
+            }
         }
         if let Some(permits) = permits {
-            let held = permits
-                .held(&item.identifier)
-                .await
-                .map_err(DecideError::Unavailable)?;
-            answer = reported(answer, permits, held);
+            match permits.held(&item.identifier).await {
+                Ok(held) => answer = reported(answer, permits, held),
+                Err(failure) => self.gate_failed(failure.closed, failure.message)?,
+            }
         }
         Ok((answer, None))
+    }
+
+    /// A gate's store (permits, a quota) failed: a closed policy refuses (503), an open one
+    /// goes on without the gate (it counts nothing while its store fails). Counted as the
+    /// policy's answer to a failure.
+    fn gate_failed(&self, closed: bool, message: String) -> Result<(), DecideError> {
+        self.metrics.backend_error();
+        if closed {
+            self.metrics.failure_policy(FailurePolicy::Closed);
+            return Err(DecideError::Unavailable(message));
+        }
+        self.metrics.failure_policy(FailurePolicy::Open);
+        Ok(())
     }
 
     /// Counts the item's cost in each quota, all or nothing: the quotas counted, or (one
@@ -133,16 +144,13 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                     };
                     return Err(Ok((answer, None)));
                 }
+                // Open: this quota counts nothing while its store fails (a falling-back
+                // policy's stand-in answered instead of failing).
                 Err(failure) => {
-                    self.metrics.backend_error();
-                    if failure.closed {
+                    if let Err(refused) = self.gate_failed(failure.closed, failure.message) {
                         refund_quotas(item, &counted, self.now_unix_ns()).await;
-                        self.metrics.failure_policy(FailurePolicy::Closed);
-                        return Err(Err(DecideError::Unavailable(failure.message)));
+                        return Err(Err(refused));
                     }
-                    // Open: this quota counts nothing while its store fails (a falling-back
-                    // policy's stand-in answered instead of failing).
-                    self.metrics.failure_policy(FailurePolicy::Open);
                 }
             }
         }
@@ -264,12 +272,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         time_ms: Option<u64>,
         failure: PermitFailure,
     ) -> Result<(Answer, Option<String>), DecideError> {
-        self.metrics.backend_error();
-        if failure.closed {
-            self.metrics.failure_policy(FailurePolicy::Closed);
-            return Err(DecideError::Unavailable(failure.message));
-        }
-        self.metrics.failure_policy(FailurePolicy::Open);
+        self.gate_failed(failure.closed, failure.message)?;
         let (answer, _) = self.decide_ungated(item, time_ms).await?;
         Ok((answer, None))
     }
