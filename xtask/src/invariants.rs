@@ -135,6 +135,12 @@ const RULES: &[Rule] = &[
         invariant: "one error type per kind of failure shared by the backends: a stack that cannot be built, a call that can never be decided, a refused refund are limiter-stack's types, which every backend returns (a backend's own failure rides in RefundError's type parameter)",
     },
     Rule {
+        patterns: &["enum Origin", "enum Source"],
+        scope: &[],
+        allowed: &["crates/limiter-stack/src/seam/mod.rs"],
+        invariant: "one type says who decided a call, in every crate: limiter-stack's Origin (a Redis decision answers it, and a failure policy's answer is told by the Redis failure it carries)",
+    },
+    Rule {
         patterns: &["redis::"],
         scope: &[],
         allowed: &["crates/limiter-redis/src/"],

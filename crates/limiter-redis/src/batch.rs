@@ -15,10 +15,10 @@
 
 use std::collections::HashSet;
 
-use limiter_stack::{Grant, LayerAnswers};
+use limiter_stack::Grant;
 
 use crate::backend::{RedisBackend, Sent};
-use crate::decision::{RedisDecision, Source};
+use crate::decision::RedisDecision;
 use crate::error::{BackendError, CallError};
 use crate::keyslot::key_slot;
 use crate::script::call::{Call, Mode};
@@ -314,11 +314,7 @@ impl<'a, R> RedisBatch<'a, R> {
                 _ if call.keys.is_empty() => no_layer(),
                 // The script refused this call alone (a key holding something else): it is
                 // refused, and nothing of the batch was written if it was enforced.
-                Err(reason) => RedisDecision::new(
-                    false,
-                    LayerAnswers::new(),
-                    Source::FailClosed(BackendError::Script(reason)),
-                ),
+                Err(reason) => RedisDecision::by_policy(false, BackendError::Script(reason)),
                 Ok(answers) => member
                     .stack
                     .conclude(member.request, call, Ok(answers), sent, remember)
@@ -382,5 +378,5 @@ impl<'a, R> RedisBatch<'a, R> {
 }
 
 fn no_layer() -> RedisDecision {
-    RedisDecision::new(true, LayerAnswers::new(), Source::NoLayer)
+    RedisDecision::no_layer()
 }

@@ -2,30 +2,19 @@
 //! mistaken for "over the limit".
 
 use limiter_core::Decision;
-use limiter_stack::{LayerAnswers, LayerDecision, StackDecision};
+use limiter_stack::{LayerAnswers, LayerDecision, Origin, StackDecision};
 
 use crate::error::BackendError;
 
-/// Who answered a call.
+/// How a call was answered: decided by the limits (by Redis, the deny cache, a lease or the
+/// local fallback: [`Origin`]), or by the failure policy without deciding.
 #[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Source {
-    /// Redis decided it, in one script for every layer.
-    Redis,
-    /// The deny cache: Redis denied this key for this cost or less, and the wait has not passed.
-    DenyCache,
-    /// No layer applied to the request (every keyer returned `None`): admitted, nothing counted.
-    NoLayer,
-    /// Redis failed and the policy is to admit.
-    FailOpen(BackendError),
-    /// Redis failed and the policy is to refuse. This is not "over the limit": an HTTP layer
-    /// answers 503, not 429.
-    FailClosed(BackendError),
-    /// This node decided locally, against units it had leased from Redis
-    /// ([`LeasedStack`](crate::LeasedStack)), or a denial Redis had answered for them.
-    Lease,
-    /// Redis failed and the local in-memory limiter decided, with the same limits on this node.
-    Fallback(BackendError),
+pub(crate) enum Answered {
+    /// The limits decided, here; with the Redis failure behind a fallback's answer (boxed:
+    /// a failure is rare, and every answer carries the room for it).
+    Decided(Origin, Option<Box<BackendError>>),
+    /// Redis failed and the policy admitted (`true`) or refused (`false`) without deciding.
+    ByPolicy(bool, Box<BackendError>),
 }
 
 /// The answer to one call on Redis.
@@ -38,7 +27,7 @@ pub struct RedisDecision {
     /// in one script, and a call on a cluster combines its parts'); boxed, and none for an
     /// answer made against a lease, which stays a few words.
     layers: Option<Box<LayerAnswers>>,
-    source: Source,
+    answered: Answered,
     /// When Redis decided, in microseconds of its `TIME` (since the Unix epoch): the instant
     /// the waits count from.
     at_us: Option<u64>,
@@ -46,28 +35,57 @@ pub struct RedisDecision {
 
 impl RedisDecision {
     #[inline]
-    pub(crate) fn new(allowed: bool, layers: LayerAnswers, source: Source) -> Self {
+    pub(crate) fn new(allowed: bool, layers: LayerAnswers, answered: Answered) -> Self {
         Self {
             allowed,
             stack: layers.summary(),
             layers: (!layers.is_empty()).then(|| Box::new(layers)),
-            source,
+            answered,
             at_us: None,
         }
     }
 
-    /// The answer `layers` say by the stack's rule (admitted iff every layer admits), from
-    /// `source`.
+    /// The answer `layers` say by the stack's rule (admitted iff every layer admits), decided
+    /// by `origin`.
     #[inline]
-    pub(crate) fn decided(layers: LayerAnswers, source: Source) -> Self {
+    pub(crate) fn decided(layers: LayerAnswers, origin: Origin) -> Self {
         let stack = layers.summary();
         Self {
             allowed: stack.is_allowed(),
             stack,
             layers: (!layers.is_empty()).then(|| Box::new(layers)),
-            source,
+            answered: Answered::Decided(origin, None),
             at_us: None,
         }
+    }
+
+    /// The local fallback's answer, `layers` by the stack's rule, while Redis failed with
+    /// `error`.
+    pub(crate) fn fell_back(layers: LayerAnswers, error: BackendError) -> Self {
+        Self {
+            answered: Answered::Decided(Origin::Fallback, Some(Box::new(error))),
+            ..Self::decided(layers, Origin::Fallback)
+        }
+    }
+
+    /// The failure policy's answer while Redis failed with `error`: admitted (fail open) or
+    /// refused (fail closed), no limit consulted.
+    pub(crate) fn by_policy(admitted: bool, error: BackendError) -> Self {
+        Self::new(
+            admitted,
+            LayerAnswers::new(),
+            Answered::ByPolicy(admitted, Box::new(error)),
+        )
+    }
+
+    /// The answer to a call no layer applied to: admitted, nothing counted (reported as the
+    /// store's, whose stack it is).
+    pub(crate) fn no_layer() -> Self {
+        Self::new(
+            true,
+            LayerAnswers::new(),
+            Answered::Decided(Origin::Remote, None),
+        )
     }
 
     /// Redis's answer to a call decided in parts (one per cluster slot): their layers stacked
@@ -76,7 +94,7 @@ impl RedisDecision {
         layers: impl IntoIterator<Item = LayerDecision>,
         at_us: Option<u64>,
     ) -> Self {
-        let answer = Self::decided(LayerAnswers::from_layers(layers), Source::Redis);
+        let answer = Self::decided(LayerAnswers::from_layers(layers), Origin::Remote);
         match at_us {
             Some(at) => answer.at(at),
             None => answer,
@@ -86,7 +104,7 @@ impl RedisDecision {
     /// This decision, if Redis made it, made at `now_us` (its `TIME`, in microseconds).
     #[inline]
     pub(crate) fn at(mut self, now_us: u64) -> Self {
-        if self.source == Source::Redis {
+        if self.answered == Answered::Decided(Origin::Remote, None) {
             self.at_us = Some(now_us);
         }
         self
@@ -120,7 +138,7 @@ impl RedisDecision {
         self
     }
 
-    /// A decision made against a lease ([`Source::Lease`]) from its layers' answers (in stack
+    /// A decision made against a lease ([`Origin::Lease`]) from its layers' answers (in stack
     /// order), kept compact: each layer's is not kept (the seam's `decide_request_each` asks
     /// for them).
     #[inline]
@@ -133,7 +151,7 @@ impl RedisDecision {
             allowed,
             stack,
             layers: None,
-            source: Source::Lease,
+            answered: Answered::Decided(Origin::Lease, None),
             at_us: None,
         }
     }
@@ -148,17 +166,36 @@ impl RedisDecision {
         !self.allowed
     }
 
-    /// Who answered.
-    pub fn source(&self) -> &Source {
-        &self.source
+    /// Who decided the call: Redis ([`Origin::Remote`], also for a call no layer applied
+    /// to), the deny cache, a lease, or the local fallback while Redis failed; `None` when
+    /// Redis failed and the failure policy admitted or refused without deciding
+    /// ([`failed_open`](Self::failed_open), [`failed_closed`](Self::failed_closed)).
+    pub fn origin(&self) -> Option<Origin> {
+        match self.answered {
+            Answered::Decided(origin, _) => Some(origin),
+            Answered::ByPolicy(..) => None,
+        }
     }
 
-    /// The Redis failure behind a policy's answer, if there was one.
+    /// The Redis failure behind a policy's answer (open, closed, or the fallback's), if there
+    /// was one.
     pub fn backend_error(&self) -> Option<&BackendError> {
-        match &self.source {
-            Source::FailOpen(e) | Source::FailClosed(e) | Source::Fallback(e) => Some(e),
-            Source::Redis | Source::DenyCache | Source::NoLayer | Source::Lease => None,
+        match &self.answered {
+            Answered::Decided(_, error) => error.as_deref(),
+            Answered::ByPolicy(_, error) => Some(error),
         }
+    }
+
+    /// Whether Redis failed and the policy admitted the call without deciding (nothing was
+    /// counted).
+    pub fn failed_open(&self) -> bool {
+        matches!(self.answered, Answered::ByPolicy(true, _))
+    }
+
+    /// Whether Redis failed and the policy refused the call. Not "over the limit": an HTTP
+    /// layer answers 503, not 429.
+    pub fn failed_closed(&self) -> bool {
+        matches!(self.answered, Answered::ByPolicy(false, _))
     }
 
     /// The stacked answer (the binding layer, the least left, the longest waits), combined
@@ -190,9 +227,9 @@ impl RedisDecision {
     /// The answer as one [`Decision`] (least remaining, longest waits), or `None` when a
     /// fail-open or fail-closed policy answered without consulting any limit.
     pub fn decision(&self) -> Option<Decision> {
-        match self.source {
-            Source::FailOpen(_) | Source::FailClosed(_) => None,
-            _ => Some(self.stack.decision()),
+        match self.answered {
+            Answered::ByPolicy(..) => None,
+            Answered::Decided(..) => Some(self.stack.decision()),
         }
     }
 }

@@ -9,7 +9,8 @@ pub use limiter_stack::BuildError;
 
 /// A call that can never be decided: the workspace's one such error, the same for every
 /// backend ([`limiter_stack::CallError`]). Being over the limit is not an error, and neither is
-/// a Redis failure: those are decisions (see [`Source`](crate::Source)).
+/// a Redis failure: those are decisions (see
+/// [`RedisDecision::origin`](crate::RedisDecision::origin)).
 pub use limiter_stack::CallError;
 
 /// What went wrong talking to Redis. It reaches callers inside a decision made by the failure

@@ -22,8 +22,9 @@
 //! - **Failure is explicit.** Each call has a timeout (25 ms by default); a circuit breaker stops
 //!   a dead Redis from costing a timeout per call and probes for recovery; the policy
 //!   ([`OnFailure`]) fails open, fails closed, or falls back to an in-memory stack with the same
-//!   limits. The decision's [`Source`] says which answered, so an outage is never reported as
-//!   "over the limit".
+//!   limits. The decision's [`origin`](RedisDecision::origin) says who decided (`None`: the
+//!   policy answered, and [`backend_error`](RedisDecision::backend_error) says why), so an
+//!   outage is never reported as "over the limit".
 //! - **A deny cache** answers keys Redis has just denied, locally, until their `retry_after`
 //!   passes, for calls of at least the denied cost only, so it never refuses what Redis would
 //!   admit; a refund forgets the keys it touched.
@@ -42,7 +43,7 @@
 //!     .on_failure(OnFailure::Fallback)
 //!     .build()?;
 //! let decision = per_key.check("key-42").await?;
-//! println!("{:?} from {:?}", decision.decision(), decision.source());
+//! println!("{:?} from {:?}", decision.decision(), decision.origin());
 //!
 //! // Per user and a global cap, all or nothing, in one round trip.
 //! struct Request { user: String }
@@ -92,12 +93,14 @@ pub use connect::secret::{REDACTED, Secret, SecretError};
 #[cfg(feature = "tls")]
 pub use connect::tls::{TlsError, TlsOptions};
 pub use connect::url::{DEFAULT_PORT, NodeAddr, RedisUrl, ToRedisUrl, UrlError};
-pub use decision::{RedisDecision, Source};
+pub use decision::RedisDecision;
 pub use error::{BackendError, BuildError, CallError, RefundError};
 pub use health::{Deployment, MasterHealth, SentinelHealth, StoreHealth, slot_ranges};
 pub use lease::{
     DEFAULT_LEASE_TTL, LEASE_TTL_RANGE, Lease, LeaseStats, LeasedLimiter, LeasedStack, Slack,
 };
+/// Who decided a call: one type for every backend (`limiter_stack::Origin`).
+pub use limiter_stack::Origin;
 pub use permits::{Acquired, MAX_PERMIT_TTL, MAX_PERMITS, RedisPermit, RedisPermits};
 #[cfg(feature = "calendar")]
 pub use quota::{QuotaAnswer, RedisQuota};

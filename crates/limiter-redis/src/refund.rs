@@ -10,7 +10,9 @@
 
 use std::sync::Arc;
 
-use crate::decision::{RedisDecision, Source};
+use limiter_stack::Origin;
+
+use crate::decision::RedisDecision;
 use crate::error::{BackendError, CallError, RefundError};
 use crate::script::call::{Call, Mode};
 use crate::script::reply;
@@ -75,7 +77,9 @@ impl<R> RedisStack<R> {
         let (decision, now_us) = self.decide_prepared(request, &call).await;
         let grant = match now_us {
             Some(granted_us)
-                if cost > 0 && decision.is_allowed() && decision.source() == &Source::Redis =>
+                if cost > 0
+                    && decision.is_allowed()
+                    && decision.origin() == Some(Origin::Remote) =>
             {
                 Some(RedisGrant {
                     stack: Arc::clone(self.token()),

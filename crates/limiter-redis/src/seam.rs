@@ -15,23 +15,28 @@ use std::sync::Arc;
 
 use limiter_stack::{
     Ask, AsyncLimiter, BatchAnswer, BatchItem, Charge, Charges, Decide, Granted, LayerAnswers,
-    LayerInfo, Origin, Outcome, Pending, Refunds, Taken, decide_all, undo_with_grant,
+    LayerInfo, Outcome, Pending, Refunds, Taken, decide_all, undo_with_grant,
 };
 
-use crate::{BatchError, RedisDecision, RedisGrant, RedisStack, RefundError, Source};
+use crate::{BackendError, BatchError, RedisDecision, RedisGrant, RedisStack, RefundError};
+
+/// The failure behind a policy's answer that names none (never: every such answer carries it).
+fn unknown() -> BackendError {
+    BackendError::Redis("Redis failed".to_owned())
+}
 
 impl From<RedisDecision> for Outcome {
     /// A Redis answer as every adapter reads it: a decision (by Redis, the deny cache or the
     /// local fallback; a call no layer applied to counts as Redis's), or a failure the policy
     /// admitted or refused.
     fn from(answer: RedisDecision) -> Self {
-        let origin = match answer.source() {
-            Source::FailOpen(e) => return Self::FailedOpen(Arc::new(e.clone())),
-            Source::FailClosed(e) => return Self::FailedClosed(Arc::new(e.clone())),
-            Source::DenyCache => Origin::DenyCache,
-            Source::Fallback(_) => Origin::Fallback,
-            Source::Lease => Origin::Lease,
-            Source::Redis | Source::NoLayer => Origin::Remote,
+        let failure = || Arc::new(answer.backend_error().cloned().unwrap_or_else(unknown));
+        let Some(origin) = answer.origin() else {
+            return if answer.is_allowed() {
+                Self::FailedOpen(failure())
+            } else {
+                Self::FailedClosed(failure())
+            };
         };
         Self::Decided {
             decision: *answer.stack(),

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use limiter_core::Limit;
 use limiter_redis::{
-    Acquired, BackendError, Kind, Lease, OnFailure, RedisBackend, RedisLimiter, Secret, Slack,
-    Source,
+    Acquired, BackendError, Kind, Lease, OnFailure, Origin, RedisBackend, RedisLimiter, Secret,
+    Slack,
 };
 
 const PASSWORD: &str = "s3cret-Pa55-word";
@@ -46,7 +46,7 @@ async fn a_least_privilege_user_decides_every_kind_of_call_exactly() {
     let three = limiter(&backend, "acl", 3);
     for left in [2, 1, 0] {
         let d = three.check("k").await.unwrap();
-        assert_eq!(d.source(), &Source::Redis, "{d:?}");
+        assert_eq!(d.origin(), Some(Origin::Remote), "{d:?}");
         assert_eq!(d.decision().unwrap().remaining(), left);
     }
     assert!(three.check("k").await.unwrap().is_denied());
@@ -54,8 +54,8 @@ async fn a_least_privilege_user_decides_every_kind_of_call_exactly() {
     let batch = three.check_all(&[("b", 2), ("b", 2)]).await.unwrap();
     assert!(!batch.is_admitted());
     assert_eq!(
-        three.check_n("b", 3).await.unwrap().source(),
-        &Source::Redis
+        three.check_n("b", 3).await.unwrap().origin(),
+        Some(Origin::Remote)
     );
     // A grant and its refund.
     let (d, grant) = three.acquire("g", 3).await.unwrap();
@@ -63,11 +63,11 @@ async fn a_least_privilege_user_decides_every_kind_of_call_exactly() {
     let mut grant = grant.unwrap();
     three.refund("g", &mut grant, 2).await.unwrap();
     assert_eq!(
-        three.check_n("g", 2).await.unwrap().source(),
-        &Source::Redis
+        three.check_n("g", 2).await.unwrap().origin(),
+        Some(Origin::Remote)
     );
     // A record of usage, and a lease.
-    assert!(three.record("r", 5).await.unwrap().source() == &Source::Redis);
+    assert!(three.record("r", 5).await.unwrap().origin() == Some(Origin::Remote));
     let leased = limiter(&backend, "leased", 100)
         .leased(Lease::new(Slack::units(10)))
         .unwrap();
@@ -244,10 +244,7 @@ async fn a_wrong_password_is_an_authentication_failure_and_is_never_printed() {
     );
     let d = limiter(&backend, "wrong", 3).check("k").await.unwrap();
     assert!(
-        matches!(
-            d.source(),
-            Source::FailClosed(BackendError::Authentication(_))
-        ),
+        d.failed_closed() && matches!(d.backend_error(), Some(BackendError::Authentication(_))),
         "{d:?}"
     );
     // No surface prints the password: errors, the backend, its health, the decision.
@@ -299,8 +296,8 @@ async fn a_password_file_is_read_at_each_connection() {
             .check("k")
             .await
             .unwrap()
-            .source(),
-        &Source::Redis
+            .origin(),
+        Some(Origin::Remote)
     );
     // The builder's password wins over the URL's.
     let backend = RedisBackend::builder(with_password(&server.url(), "limiter", "stale"))

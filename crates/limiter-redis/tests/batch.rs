@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use limiter_core::{Decision, Limit, ManualClock};
 use limiter_redis::{
-    BatchError, Kind, OnFailure, RedisBackend, RedisLayer, RedisLimit, RedisLimiter, RedisStack,
-    Source,
+    BatchError, Kind, OnFailure, Origin, RedisBackend, RedisLayer, RedisLimit, RedisLimiter,
+    RedisStack,
 };
 use limiter_stack::LayerDecision;
 use proptest::prelude::*;
@@ -64,7 +64,10 @@ async fn a_denied_batch_takes_nothing_and_its_admitted_calls_report_a_peek() {
         d.iter().map(|d| d.is_allowed()).collect::<Vec<_>>(),
         [true, true, false]
     );
-    assert!(d.iter().all(|d| d.source() == &Source::Redis), "{d:?}");
+    assert!(
+        d.iter().all(|d| d.origin() == Some(Origin::Remote)),
+        "{d:?}"
+    );
     assert_eq!(
         remaining(&d[0]),
         10,
@@ -106,7 +109,7 @@ async fn a_denied_batch_takes_nothing_and_its_admitted_calls_report_a_peek() {
     assert!(!batch.is_admitted());
     let alone = limiter.check_n("b", 6).await.unwrap();
     assert!(alone.is_allowed(), "{alone:?}");
-    assert_eq!(alone.source(), &Source::Redis);
+    assert_eq!(alone.origin(), Some(Origin::Remote));
 }
 
 #[tokio::test]
@@ -202,7 +205,7 @@ async fn the_fallback_keeps_a_batch_all_or_nothing_while_redis_is_down() {
     assert!(!batch.is_admitted());
     let d = batch.decisions();
     assert!(
-        d.iter().all(|d| matches!(d.source(), Source::Fallback(_))),
+        d.iter().all(|d| d.origin() == Some(Origin::Fallback)),
         "{d:?}"
     );
     assert_eq!(remaining(&d[0]), 10, "the refund reports a's full 10");
@@ -217,14 +220,11 @@ async fn the_fallback_keeps_a_batch_all_or_nothing_while_redis_is_down() {
     let closed = seats(&backend, OnFailure::Closed);
     let batch = closed.check_all(&[("x", 1)]).await.unwrap();
     assert!(!batch.is_admitted());
-    assert!(matches!(
-        batch.decisions()[0].source(),
-        Source::FailClosed(_)
-    ));
+    assert!(batch.decisions()[0].failed_closed());
     let open = seats(&backend, OnFailure::Open);
     let batch = open.check_all(&[("x", 1), ("y", 1)]).await.unwrap();
     assert!(batch.is_admitted());
-    assert!(matches!(batch.decisions()[1].source(), Source::FailOpen(_)));
+    assert!(batch.decisions()[1].failed_open());
 }
 
 // ---- A model: the Rust algorithms on a map of states, all or nothing. ----
@@ -336,7 +336,7 @@ proptest! {
             let got = runtime.block_on(batch.decide()).unwrap();
             prop_assert_eq!(got.is_admitted(), want_admitted, "{:?}", calls);
             for (i, (decision, want)) in got.decisions().iter().zip(&want).enumerate() {
-                prop_assert_eq!(decision.source(), &Source::Redis);
+                prop_assert_eq!(decision.origin(), Some(Origin::Remote));
                 // The layer's answer combines its two limits by the stack's own rule.
                 let layers: Vec<LayerDecision> = decision.layers().iter().copied().collect();
                 let want: Vec<Decision> = want.iter().copied().map(common::micros_as_nanos).collect();
@@ -385,7 +385,7 @@ async fn race(url: &str, index: usize) -> u64 {
                         batch
                             .decisions()
                             .iter()
-                            .all(|d| d.source() == &Source::Redis)
+                            .all(|d| d.origin() == Some(Origin::Remote))
                     );
                     admitted += u64::from(batch.is_admitted());
                 }

@@ -9,7 +9,7 @@ use std::collections::HashSet;
 
 use limiter_core::{Limit, ManualClock};
 use limiter_redis::{
-    BatchError, Kind, OnFailure, RedisBackend, RedisLayer, RedisLimiter, RedisStack, Source,
+    BatchError, Kind, OnFailure, Origin, RedisBackend, RedisLayer, RedisLimiter, RedisStack,
 };
 
 const START: u64 = 1_795_000_000_000_000_000;
@@ -52,8 +52,8 @@ async fn stacks_and_limiters_work_on_a_three_master_cluster() {
                 user: format!("u{}", i % 2),
             };
             let d = stack.check(&req).await.unwrap();
-            let cached = d.is_denied() && d.source() == &Source::DenyCache;
-            assert!(d.source() == &Source::Redis || cached, "{d:?}");
+            let cached = d.is_denied() && d.origin() == Some(Origin::DenyCache);
+            assert!(d.origin() == Some(Origin::Remote) || cached, "{d:?}");
             admitted += u32::from(d.is_allowed());
         }
         // Two users of 3 each, under the tenant's 5: 6 asked for in all, 5 admitted... but each
@@ -73,7 +73,7 @@ async fn stacks_and_limiters_work_on_a_three_master_cluster() {
     let results = limiter.check_many(&calls).await;
     for (i, result) in results.iter().enumerate() {
         let d = result.as_ref().unwrap();
-        assert_eq!(d.source(), &Source::Redis, "{d:?}");
+        assert_eq!(d.origin(), Some(Origin::Remote), "{d:?}");
         // Each key's first call takes 1 of 2, its second asks for 2 and is denied.
         assert_eq!(d.is_allowed(), i < keys.len(), "call {i}: {d:?}");
     }
@@ -110,7 +110,7 @@ async fn stacks_and_limiters_work_on_a_three_master_cluster() {
     assert!(
         fits.decisions()
             .iter()
-            .all(|d| d.source() == &Source::Redis)
+            .all(|d| d.origin() == Some(Origin::Remote))
     );
 
     // A batch across slots is refused before anything is sent, naming both slots as the

@@ -11,7 +11,7 @@ use limiter_testkit::redis_server::{ClusterOptions, RedisCluster, raw_command, w
 use std::time::{Duration, Instant};
 
 use limiter_core::Limit;
-use limiter_redis::{Kind, OnFailure, RedisBackend, RedisLimiter, Source};
+use limiter_redis::{Kind, OnFailure, Origin, RedisBackend, RedisLimiter};
 
 async fn backend(cluster: &RedisCluster, timeout: Duration) -> RedisBackend {
     RedisBackend::cluster_builder(cluster.urls())
@@ -61,7 +61,7 @@ async fn all_on_redis(limiter: &RedisLimiter, ids: &[String]) {
     for id in ids {
         let d = limiter.check(id).await.unwrap();
         assert!(
-            matches!(d.source(), Source::Redis | Source::DenyCache),
+            matches!(d.origin(), Some(Origin::Remote | Origin::DenyCache)),
             "a healthy master's key went to the failure policy: {d:?}"
         );
     }
@@ -102,7 +102,7 @@ async fn a_dead_master_costs_only_its_own_slots() {
         for id in &doomed {
             let started = Instant::now();
             let d = closed.check(id).await.unwrap();
-            assert!(matches!(d.source(), Source::FailClosed(_)), "{d:?}");
+            assert!(d.failed_closed(), "{d:?}");
             assert!(
                 started.elapsed() < Duration::from_secs(5),
                 "{:?}",
@@ -160,7 +160,10 @@ async fn a_promoted_replica_takes_its_slots_back_with_what_its_master_took() {
     let spent = on_master(&cluster, &limiter, 0, 1).remove(0);
     for _ in 0..10 {
         let d = limiter.check(&spent).await.unwrap();
-        assert!(d.is_allowed() && d.source() == &Source::Redis, "{d:?}");
+        assert!(
+            d.is_allowed() && d.origin() == Some(Origin::Remote),
+            "{d:?}"
+        );
     }
     // What the master took is on its replica (asynchronous replication can lose the last
     // writes at a failover: `tests/sentinel.rs` and limiterd's measure that).
@@ -177,7 +180,7 @@ async fn a_promoted_replica_takes_its_slots_back_with_what_its_master_took() {
             promoted = Some(Instant::now());
         }
         let d = limiter.check(&spent).await.unwrap();
-        if d.source() == &Source::Redis {
+        if d.origin() == Some(Origin::Remote) {
             // Back on Redis, on the promoted replica: still spent.
             assert!(d.is_denied(), "{d:?}");
             break;

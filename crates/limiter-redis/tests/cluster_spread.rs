@@ -14,7 +14,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use limiter_core::{Limit, ManualClock};
 use limiter_redis::{
-    BuildError, Kind, Lease, OnFailure, RedisBackend, RedisLayer, RedisStack, Slack, Source,
+    BuildError, Kind, Lease, OnFailure, Origin, RedisBackend, RedisLayer, RedisStack, Slack,
 };
 
 const START: u64 = 1_795_000_000_000_000_000;
@@ -88,7 +88,7 @@ async fn a_policy_of_10_000_identifiers_spreads_over_every_master() {
         let decisions = join_all(requests.iter().map(|r| policy.check(r))).await;
         for d in decisions {
             let d = d.unwrap();
-            assert_eq!(d.source(), &Source::Redis, "{d:?}");
+            assert_eq!(d.origin(), Some(Origin::Remote), "{d:?}");
             assert!(d.is_allowed());
         }
     }
@@ -151,13 +151,13 @@ async fn a_stack_across_slots_is_all_or_nothing() {
         for _ in 0..n {
             let d = stack.check(&req(user)).await.unwrap();
             assert!(d.is_allowed(), "{d:?}");
-            assert_eq!(d.source(), &Source::Redis);
+            assert_eq!(d.origin(), Some(Origin::Remote));
         }
     }
     // u1's third: its own layer admits, the global denies; what u1's slot took comes back.
     let denied = stack.check(&req("u1")).await.unwrap();
     assert!(denied.is_denied(), "{denied:?}");
-    assert_eq!(denied.source(), &Source::Redis);
+    assert_eq!(denied.origin(), Some(Origin::Remote));
     assert_eq!(denied.stack().binding().unwrap().layer, 1, "{denied:?}");
     assert_eq!(
         remaining(&denied, 0),
@@ -214,7 +214,7 @@ async fn racing_calls_across_slots_leave_exactly_what_they_admitted() {
             let stack = std::sync::Arc::clone(&stack);
             tokio::spawn(async move {
                 let d = stack.check(&req(format!("r{u}"))).await.unwrap();
-                assert_eq!(d.source(), &Source::Redis, "{d:?}");
+                assert_eq!(d.origin(), Some(Origin::Remote), "{d:?}");
                 (u, d.is_allowed())
             })
         })

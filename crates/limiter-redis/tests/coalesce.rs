@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use limiter_core::{Limit, ManualClock};
-use limiter_redis::{Kind, OnFailure, RedisBackend, RedisLimiter, Source};
+use limiter_redis::{Kind, OnFailure, Origin, RedisBackend, RedisLimiter};
 
 const START: u64 = 1_795_000_000_000_000_000;
 
@@ -46,7 +46,7 @@ async fn exact_under_one_burst(max_in_flight: usize) {
     let mut remaining: Vec<u64> = Vec::new();
     for d in &decisions {
         let d = d.as_ref().unwrap();
-        assert_eq!(d.source(), &Source::Redis, "{d:?}");
+        assert_eq!(d.origin(), Some(Origin::Remote), "{d:?}");
         if d.is_allowed() {
             remaining.push(d.decision().unwrap().remaining());
         }
@@ -89,7 +89,7 @@ async fn steady_callers_fill_their_calls() {
         async move {
             for i in 0..rounds {
                 let d = bucket.check(&format!("{caller}-{i}")).await.unwrap();
-                assert_eq!(d.source(), &Source::Redis, "{d:?}");
+                assert_eq!(d.origin(), Some(Origin::Remote), "{d:?}");
                 assert!(d.is_allowed());
             }
         }
@@ -121,7 +121,7 @@ async fn many_keys_from_many_tasks_are_counted_exactly() {
                     let key = (n + t) % 4;
                     let cost = 1 + (n * 7 + t) % 3;
                     let d = bucket.check_n(&format!("k{key}"), cost).await.unwrap();
-                    assert_eq!(d.source(), &Source::Redis, "{d:?}");
+                    assert_eq!(d.origin(), Some(Origin::Remote), "{d:?}");
                     if d.is_allowed() {
                         taken[key as usize] += cost;
                     }
@@ -167,7 +167,7 @@ async fn callers_that_stop_waiting_strand_nobody() {
     for (i, handle) in handles.into_iter().enumerate() {
         match handle.await {
             Ok(d) => {
-                assert_eq!(d.unwrap().source(), &Source::Redis);
+                assert_eq!(d.unwrap().origin(), Some(Origin::Remote));
                 answered += 1;
             }
             Err(e) => assert!(e.is_cancelled() && i % 3 == 0, "task {i}: {e}"),
@@ -175,7 +175,7 @@ async fn callers_that_stop_waiting_strand_nobody() {
     }
     assert!(answered >= 133, "{answered}");
     let after = bucket.check("k").await.unwrap();
-    assert_eq!(after.source(), &Source::Redis);
+    assert_eq!(after.origin(), Some(Origin::Remote));
     slots_come_back(&backend).await;
 }
 
@@ -204,19 +204,22 @@ async fn a_redis_outage_answers_every_queued_caller() {
         .await
         .unwrap();
     let bucket = limiter(&backend, "outage", 1_000);
-    assert_eq!(bucket.check("k").await.unwrap().source(), &Source::Redis);
+    assert_eq!(
+        bucket.check("k").await.unwrap().origin(),
+        Some(Origin::Remote)
+    );
     server.kill();
     let decisions = join_all((0..100).map(|_| bucket.check("k"))).await;
     for d in decisions {
         let d = d.unwrap();
-        assert!(matches!(d.source(), Source::FailClosed(_)), "{d:?}");
+        assert!(d.failed_closed(), "{d:?}");
     }
     slots_come_back(&backend).await;
     server.restart();
     let mut back = None;
     for _ in 0..200 {
         let d = bucket.check("k").await.unwrap();
-        if d.source() == &Source::Redis {
+        if d.origin() == Some(Origin::Remote) {
             back = Some(d);
             break;
         }

@@ -9,7 +9,7 @@
 use limiter_testkit::redis_server as common;
 
 use limiter_core::{Decision, Limit, ManualClock};
-use limiter_redis::{Kind, OnFailure, RedisBackend, RedisLimit, RedisLimiter, Source};
+use limiter_redis::{Kind, OnFailure, Origin, RedisBackend, RedisLimit, RedisLimiter};
 use proptest::prelude::*;
 use redis::Commands;
 
@@ -183,7 +183,7 @@ fn run_case(
                         }
                     })
                     .unwrap();
-                prop_assert_eq!(got.source(), &Source::Redis, "{:?}", got);
+                prop_assert_eq!(got.origin(), Some(Origin::Remote), "{:?}", got);
                 let got = got.layers().iter().next().unwrap().decision;
                 // Microseconds to the nanoseconds a decision reports (saturating, as the
                 // limiter does); waits past 2^53 us (285 years) are the script's doubles.
@@ -353,7 +353,7 @@ fn decision_of(
     cost: u64,
 ) -> Result<Decision, TestCaseError> {
     let got = shared.runtime.block_on(limiter.check_n(key, cost)).unwrap();
-    prop_assert_eq!(got.source(), &Source::Redis, "{:?}", got);
+    prop_assert_eq!(got.origin(), Some(Origin::Remote), "{:?}", got);
     Ok(got.layers().iter().next().unwrap().decision)
 }
 
@@ -418,7 +418,7 @@ fn a_changed_limit_rescales_the_state_as_in_rust() {
             let (step, got) = if recorded {
                 // A record past the limit leaves a debt, which a changed limit carries over.
                 let got = shared.runtime.block_on(limiter.record(&key, cost)).unwrap();
-                prop_assert_eq!(got.source(), &Source::Redis, "{:?}", got);
+                prop_assert_eq!(got.origin(), Some(Origin::Remote), "{:?}", got);
                 let got = got.layers().iter().next().unwrap().decision;
                 (spec.record(current, cost, now).unwrap(), got)
             } else {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use limiter_core::{Limit, ManualClock};
 use limiter_redis::{
-    BackendError, BreakerConfig, Kind, OnFailure, RedisBackend, RedisDecision, RedisLimiter, Source,
+    BackendError, BreakerConfig, Kind, OnFailure, Origin, RedisBackend, RedisDecision, RedisLimiter,
 };
 
 const TIMEOUT: Duration = Duration::from_millis(100);
@@ -26,11 +26,14 @@ async fn call(limiter: &RedisLimiter, key: &str) -> RedisDecision {
 }
 
 fn from_policy(policy: OnFailure, d: &RedisDecision) -> bool {
-    match (policy, d.source()) {
-        (OnFailure::Open, Source::FailOpen(_)) => d.is_allowed(),
-        (OnFailure::Closed, Source::FailClosed(_)) => d.is_denied(),
-        (OnFailure::Fallback, Source::Fallback(_)) => d.decision().is_some(),
-        _ => false,
+    match policy {
+        OnFailure::Open => d.failed_open() && d.is_allowed(),
+        OnFailure::Closed => d.failed_closed() && d.is_denied(),
+        OnFailure::Fallback => {
+            d.origin() == Some(Origin::Fallback)
+                && d.backend_error().is_some()
+                && d.decision().is_some()
+        }
     }
 }
 
@@ -55,7 +58,7 @@ async fn kill_and_restart_under_load(policy: OnFailure) {
             .build()
             .unwrap(),
     );
-    assert_eq!(call(&limiter, "warm").await.source(), &Source::Redis);
+    assert_eq!(call(&limiter, "warm").await.origin(), Some(Origin::Remote));
 
     // Load: 8 tasks calling without pause until told to stop.
     let stop = Arc::new(AtomicBool::new(false));
@@ -66,10 +69,10 @@ async fn kill_and_restart_under_load(policy: OnFailure) {
                 let (mut redis, mut policy_answers) = (0_u64, 0_u64);
                 while !stop.load(Ordering::Relaxed) {
                     let d = call(&limiter, &format!("load-{t}")).await;
-                    match d.source() {
-                        Source::Redis => redis += 1,
+                    match d.origin() {
+                        Some(Origin::Remote) => redis += 1,
                         _ if from_policy(policy, &d) => policy_answers += 1,
-                        other => panic!("unexpected answer during the outage: {other:?}"),
+                        _ => panic!("unexpected answer during the outage: {d:?}"),
                     }
                     // An open breaker answers without awaiting anything: let the test run.
                     tokio::task::yield_now().await;
@@ -114,7 +117,7 @@ async fn kill_and_restart_under_load(policy: OnFailure) {
     let mut recovered = false;
     for _ in 0..100 {
         clock.advance(Duration::from_secs(1));
-        if call(&limiter, "probe").await.source() == &Source::Redis {
+        if call(&limiter, "probe").await.origin() == Some(Origin::Remote) {
             recovered = true;
             break;
         }
@@ -165,12 +168,12 @@ async fn the_fallback_enforces_the_same_limits_locally() {
         .limit(Kind::FixedWindow, Limit::per_hour(5))
         .build()
         .unwrap();
-    assert_eq!(call(&limiter, "k").await.source(), &Source::Redis);
+    assert_eq!(call(&limiter, "k").await.origin(), Some(Origin::Remote));
     server.kill();
     let mut admitted = 0;
     for _ in 0..10 {
         let d = call(&limiter, "k").await;
-        assert!(matches!(d.source(), Source::Fallback(_)), "{d:?}");
+        assert_eq!(d.origin(), Some(Origin::Fallback), "{d:?}");
         admitted += u32::from(d.is_allowed());
         if d.is_denied() {
             assert!(d.decision().unwrap().retry_after() > Duration::ZERO);
@@ -209,14 +212,14 @@ async fn a_fleet_falling_back_admits_at_most_the_limit_between_its_nodes() {
     let nodes = [node(3).await, node(3).await, node(3).await];
     let alone = node(1).await;
     for n in &nodes {
-        assert_eq!(call(n, "k").await.source(), &Source::Redis);
+        assert_eq!(call(n, "k").await.origin(), Some(Origin::Remote));
     }
     server.kill();
     let mut admitted = 0;
     for _ in 0..20 {
         for n in &nodes {
             let d = call(n, "other").await;
-            assert!(matches!(d.source(), Source::Fallback(_)), "{d:?}");
+            assert_eq!(d.origin(), Some(Origin::Fallback), "{d:?}");
             admitted += u32::from(d.is_allowed());
         }
     }
@@ -235,7 +238,7 @@ async fn a_fleet_falling_back_admits_at_most_the_limit_between_its_nodes() {
     clock.advance(Duration::from_secs(60));
     let mut back = false;
     for _ in 0..50 {
-        if call(&nodes[0], "k").await.source() == &Source::Redis {
+        if call(&nodes[0], "k").await.origin() == Some(Origin::Remote) {
             back = true;
             break;
         }
@@ -280,7 +283,7 @@ async fn a_slow_redis_costs_one_timeout_not_a_hang() {
         .on_failure(OnFailure::Open)
         .build()
         .unwrap();
-    assert_eq!(call(&limiter, "k").await.source(), &Source::Redis);
+    assert_eq!(call(&limiter, "k").await.origin(), Some(Origin::Remote));
     // Block the server for a second from another connection.
     let url = server.url();
     let blocker = std::thread::spawn(move || {
@@ -291,9 +294,10 @@ async fn a_slow_redis_costs_one_timeout_not_a_hang() {
     let started = Instant::now();
     let d = call(&limiter, "k").await;
     let took = started.elapsed();
+    assert!(d.failed_open(), "{d:?}");
     assert_eq!(
-        d.source(),
-        &Source::FailOpen(BackendError::Timeout {
+        d.backend_error(),
+        Some(&BackendError::Timeout {
             after: Duration::from_millis(50)
         })
     );
@@ -304,7 +308,7 @@ async fn a_slow_redis_costs_one_timeout_not_a_hang() {
     blocker.join().unwrap();
     let mut back = false;
     for _ in 0..50 {
-        if call(&limiter, "k").await.source() == &Source::Redis {
+        if call(&limiter, "k").await.origin() == Some(Origin::Remote) {
             back = true;
             break;
         }
@@ -327,7 +331,7 @@ async fn a_backend_can_start_while_redis_is_down() {
         .build()
         .unwrap();
     let d = call(&limiter, "k").await;
-    assert!(matches!(d.source(), Source::FailClosed(_)), "{d:?}");
+    assert!(d.failed_closed(), "{d:?}");
     assert!(
         d.decision().is_none(),
         "fail closed consults no limit: {d:?}"

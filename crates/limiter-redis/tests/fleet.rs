@@ -9,7 +9,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use limiter_core::{Limit, ManualClock};
-use limiter_redis::{Kind, OnFailure, RedisBackend, RedisLayer, RedisLimiter, RedisStack, Source};
+use limiter_redis::{Kind, OnFailure, Origin, RedisBackend, RedisLayer, RedisLimiter, RedisStack};
 
 const START: u64 = 1_795_000_000_000_000_000;
 const CHILD_URL: &str = "LIMITER_REDIS_TEST_CHILD_URL";
@@ -42,7 +42,7 @@ async fn hammer(limiter: Arc<RedisLimiter>, tasks: u64, attempts: u64) -> u64 {
                 let mut admitted = 0;
                 for _ in 0..attempts / tasks {
                     let d = limiter.check("shared").await.unwrap();
-                    assert_eq!(d.source(), &Source::Redis, "{d:?}");
+                    assert_eq!(d.origin(), Some(Origin::Remote), "{d:?}");
                     admitted += u64::from(d.is_allowed());
                 }
                 admitted

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use limiter_core::{Clock, Limit, ManualClock};
 use limiter_redis::{
-    BuildError, Kind, Lease, LeasedLimiter, LeasedStack, OnFailure, RedisBackend, RedisLayer,
-    RedisLimiter, RedisStack, Slack, Source,
+    BuildError, Kind, Lease, LeasedLimiter, LeasedStack, OnFailure, Origin, RedisBackend,
+    RedisLayer, RedisLimiter, RedisStack, Slack,
 };
 use proptest::prelude::*;
 
@@ -89,7 +89,7 @@ async fn a_hot_key_is_decided_locally_and_renews_once_per_lease() {
     for _ in 0..1_200 {
         let d = node.check("k").await.unwrap();
         admitted += u64::from(d.is_allowed());
-        local += u64::from(d.source() == &Source::Lease);
+        local += u64::from(d.origin() == Some(Origin::Lease));
     }
     assert_eq!(admitted, 1_000, "exactly the burst at one instant");
     let round_trips = node.stack().stack().backend().stats().round_trips;
@@ -118,7 +118,7 @@ async fn a_slack_of_zero_is_the_per_call_path() {
     for i in 0..12 {
         let d = node.check("k").await.unwrap();
         assert_eq!(d.is_allowed(), i < 10);
-        assert_eq!(d.source(), &Source::Redis);
+        assert_eq!(d.origin(), Some(Origin::Remote));
     }
     assert_eq!(node.stack().stack().backend().stats().round_trips, 12);
     assert_eq!(node.stats().renewals, 0);
@@ -266,21 +266,21 @@ async fn while_redis_is_down_a_node_spends_its_lease_then_follows_its_policy() {
     node.check("k").await.unwrap();
     let d = node.check("k").await.unwrap();
     assert_eq!(
-        d.source(),
-        &Source::Redis,
+        d.origin(),
+        Some(Origin::Remote),
         "the renewal that took the big lease"
     );
     server.kill();
     let mut local = 0;
     loop {
         let d = node.check("k").await.unwrap();
-        match d.source() {
-            Source::Lease => {
+        match d.origin() {
+            Some(Origin::Lease) => {
                 assert!(d.is_allowed());
                 local += 1;
             }
-            Source::FailClosed(_) => break,
-            other => panic!("unexpected answer {other:?}"),
+            None if d.failed_closed() => break,
+            _ => panic!("unexpected answer {d:?}"),
         }
     }
     assert_eq!(
@@ -293,7 +293,7 @@ async fn while_redis_is_down_a_node_spends_its_lease_then_follows_its_policy() {
     let mut answered = false;
     for _ in 0..50 {
         let d = node.check("k").await.unwrap();
-        if d.source() == &Source::Redis || d.source() == &Source::Lease {
+        if d.origin() == Some(Origin::Remote) || d.origin() == Some(Origin::Lease) {
             assert!(d.is_allowed());
             answered = true;
             break;
@@ -324,10 +324,14 @@ async fn a_lease_is_never_spent_once_redis_may_have_given_its_slack_away() {
     // The node stops a tenth of the time to live (and at most a tick) before Redis forgets
     // the lease: still local at 8.9 s, never at 9 s or later.
     clock.advance(Duration::from_millis(8_900));
-    assert_eq!(node.check("k").await.unwrap().source(), &Source::Lease);
+    assert_eq!(node.check("k").await.unwrap().origin(), Some(Origin::Lease));
     clock.advance(Duration::from_millis(100));
     let d = node.check("k").await.unwrap();
-    assert_eq!(d.source(), &Source::Redis, "an expired lease renews: {d:?}");
+    assert_eq!(
+        d.origin(),
+        Some(Origin::Remote),
+        "an expired lease renews: {d:?}"
+    );
     // The renewal refunded what was left while Redis still recorded the lease: nothing
     // was lost and nothing counted twice.
     let held = 1_000 - redis_remaining(&node, "k").await;
@@ -493,11 +497,11 @@ async fn a_record_spends_the_lease_first_then_records_the_rest_on_redis() {
     assert!(held > 1, "a lease was taken: {taken} units left Redis");
     // Within the lease: local, and Redis sees nothing new.
     let local = node.record("k", 1).await.unwrap();
-    assert_eq!(local.source(), &Source::Lease);
+    assert_eq!(local.origin(), Some(Origin::Lease));
     assert_eq!(1_000 - redis_remaining(&node, "k").await, taken);
     // Past it: the lease's units go to the record, Redis records the rest.
     let big = node.record("k", 500).await.unwrap();
-    assert_eq!(big.source(), &Source::Redis);
+    assert_eq!(big.origin(), Some(Origin::Remote));
     let used = 1_000 - redis_remaining(&node, "k").await;
     assert_eq!(used, 3 + 1 + 500, "every unit checked or recorded, once");
     // A record past the limit leaves a debt the node's next check respects.
@@ -517,7 +521,7 @@ async fn a_local_answer_is_compact_and_the_seam_gives_each_layers_answer_when_as
     let renewed = stack.check(&ada).await.unwrap();
     assert_eq!(renewed.layers().iter().count(), 2, "{renewed:?}");
     let local = stack.check(&ada).await.unwrap();
-    assert_eq!(local.source(), &Source::Lease);
+    assert_eq!(local.origin(), Some(Origin::Lease));
     assert!(
         local.layers().is_empty(),
         "a local answer keeps the compact form: {local:?}"

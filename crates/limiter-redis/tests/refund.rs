@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use limiter_core::{Clock, Limit, ManualClock};
 use limiter_redis::{
-    Kind, OnFailure, RedisBackend, RedisDecision, RedisGrant, RedisLimit, RedisLimiter,
-    RefundError, Source,
+    Kind, OnFailure, Origin, RedisBackend, RedisDecision, RedisGrant, RedisLimit, RedisLimiter,
+    RefundError,
 };
 use proptest::prelude::*;
 
@@ -150,13 +150,16 @@ async fn a_refund_clears_the_deny_cache_for_its_keys() {
     let bucket = limiter(&backend, "cached", Kind::FixedWindow, Limit::per_hour(10));
     let (_, grant) = bucket.acquire("k", 10).await.unwrap();
     let mut grant = grant.unwrap();
-    assert_eq!(bucket.check("k").await.unwrap().source(), &Source::Redis);
+    assert_eq!(
+        bucket.check("k").await.unwrap().origin(),
+        Some(Origin::Remote)
+    );
     let cached = bucket.check("k").await.unwrap();
-    assert_eq!(cached.source(), &Source::DenyCache, "{cached:?}");
+    assert_eq!(cached.origin(), Some(Origin::DenyCache), "{cached:?}");
     bucket.refund("k", &mut grant, 4).await.unwrap();
     let after = bucket.check("k").await.unwrap();
     assert!(after.is_allowed(), "{after:?}");
-    assert_eq!(after.source(), &Source::Redis);
+    assert_eq!(after.origin(), Some(Origin::Remote));
     assert_eq!(remaining(&after), 3);
 }
 
@@ -172,11 +175,14 @@ async fn a_changed_limit_is_never_answered_from_the_old_limits_denial_or_refund(
     let hundred = limiter(&backend, "moved", Kind::FixedWindow, Limit::per_hour(100));
     let (_, grant) = ten.acquire("k", 10).await.unwrap();
     let mut grant = grant.unwrap();
-    assert_eq!(ten.check("k").await.unwrap().source(), &Source::Redis);
-    assert_eq!(ten.check("k").await.unwrap().source(), &Source::DenyCache);
+    assert_eq!(ten.check("k").await.unwrap().origin(), Some(Origin::Remote));
+    assert_eq!(
+        ten.check("k").await.unwrap().origin(),
+        Some(Origin::DenyCache)
+    );
     // Under 100 per hour the key holds 100 of 100 in use: denied by Redis, not the cache.
     let raised = hundred.check("k").await.unwrap();
-    assert_eq!(raised.source(), &Source::Redis, "{raised:?}");
+    assert_eq!(raised.origin(), Some(Origin::Remote), "{raised:?}");
     assert!(raised.is_denied());
     // The denial under 100 wrote nothing, so the key is still under 10: the grant gives back.
     let back = ten.refund("k", &mut grant, 4).await.unwrap();
@@ -216,7 +222,7 @@ async fn a_refund_redis_does_not_take_is_an_error_and_never_comes_back_twice() {
     assert_eq!(grant.left(), 2, "the units sent are spent, reply or not");
     // Nor does the fallback hand out grants.
     let (d, none) = bucket.acquire("k", 1).await.unwrap();
-    assert!(!matches!(d.source(), Source::Redis) && none.is_none());
+    assert!(d.origin() != Some(Origin::Remote) && none.is_none());
 }
 
 // ---- The script's refunds against the Rust algorithms'. ----

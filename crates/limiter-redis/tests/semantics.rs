@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use limiter_core::{Limit, ManualClock};
 use limiter_redis::{
-    BackendError, BuildError, CallError, Kind, OnFailure, RedisBackend, RedisLayer, RedisLimit,
-    RedisLimiter, RedisStack, Source,
+    BackendError, BuildError, CallError, Kind, OnFailure, Origin, RedisBackend, RedisLayer,
+    RedisLimit, RedisLimiter, RedisStack,
 };
 use redis::Commands;
 
@@ -67,7 +67,7 @@ async fn a_denied_call_writes_nothing_and_names_the_binding_layer() {
     for remaining in (0..5).rev() {
         let d = stack.check(&ada).await.unwrap();
         assert!(d.is_allowed(), "{d:?}");
-        assert_eq!(d.source(), &Source::Redis);
+        assert_eq!(d.origin(), Some(Origin::Remote));
         assert_eq!(d.decision().unwrap().remaining(), remaining);
     }
     let global_before = get(&server, &global_key);
@@ -245,7 +245,7 @@ async fn the_deny_cache_spares_redis_and_never_denies_what_redis_admits() {
             calls += 1;
             let cost = 1 + (tick + i) % 3;
             let d = with_cache.check_n("abuser", cost).await.unwrap();
-            if d.source() == &Source::DenyCache {
+            if d.origin() == Some(Origin::DenyCache) {
                 cache_answers += 1;
                 // Redis itself must deny the same cost at the same instant.
                 let truth = without_cache.check_n("abuser", cost).await.unwrap();
@@ -294,7 +294,8 @@ async fn bad_state_in_redis_is_a_clear_error_and_is_left_alone() {
     for key in ["junk", "hash", "nan", "unknown"] {
         let d = limiter.check(key).await.unwrap();
         assert!(d.is_denied(), "fail closed");
-        let Source::FailClosed(BackendError::Script(message)) = d.source() else {
+        let (true, Some(BackendError::Script(message))) = (d.failed_closed(), d.backend_error())
+        else {
             panic!("expected a script error, got {d:?}");
         };
         let redis_key = limiter.redis_keys(key).remove(0);
@@ -309,11 +310,8 @@ async fn bad_state_in_redis_is_a_clear_error_and_is_left_alone() {
 
     // In a batch, only the call on the bad key fails.
     let results = limiter.check_many(&[("junk", 1), ("fine", 1)]).await;
-    assert!(matches!(
-        results[0].as_ref().unwrap().source(),
-        Source::FailClosed(_)
-    ));
-    assert_eq!(results[1].as_ref().unwrap().source(), &Source::Redis);
+    assert!(results[0].as_ref().unwrap().failed_closed());
+    assert_eq!(results[1].as_ref().unwrap().origin(), Some(Origin::Remote));
     assert!(!backend.stats().breaker_open, "a bad key is not an outage");
 }
 
@@ -450,7 +448,7 @@ async fn a_server_without_the_script_gets_it_once_and_the_call_is_decided() {
         .build()
         .unwrap();
     let remaining = |d: limiter_redis::RedisDecision| {
-        assert_eq!(*d.source(), Source::Redis, "{d:?}");
+        assert_eq!(d.origin(), Some(Origin::Remote), "{d:?}");
         d.stack().decision().remaining()
     };
     assert_eq!(remaining(limiter.check("k").await.unwrap()), 3);
@@ -500,7 +498,7 @@ async fn a_server_that_refuses_functions_runs_the_script_by_hash() {
         .unwrap();
     for allowed in [true, true, false] {
         let d = limiter.check("k").await.unwrap();
-        assert_eq!(*d.source(), Source::Redis, "{d:?}");
+        assert_eq!(d.origin(), Some(Origin::Remote), "{d:?}");
         assert_eq!(d.is_allowed(), allowed);
     }
     assert_eq!(backend.stats().script_loads, 1, "sent in full once");
@@ -509,7 +507,7 @@ async fn a_server_that_refuses_functions_runs_the_script_by_hash() {
         .query(&mut server.client())
         .unwrap();
     let d = limiter.check("k").await.unwrap();
-    assert_eq!((d.source(), d.is_denied()), (&Source::Redis, true));
+    assert_eq!((d.origin(), d.is_denied()), (Some(Origin::Remote), true));
     assert_eq!(backend.stats().script_loads, 2);
 }
 
@@ -557,7 +555,7 @@ async fn a_state_written_by_the_previous_version_is_read() {
         let name = limiter.redis_keys(key).remove(0);
         let _: () = conn.set(&name, stored).unwrap();
         let d = limiter.check(key).await.unwrap();
-        assert_eq!(d.source(), &Source::Redis, "{key}: {d:?}");
+        assert_eq!(d.origin(), Some(Origin::Remote), "{key}: {d:?}");
         assert_eq!(d.decision().unwrap().remaining(), left, "{key}");
         let raw = common::stored_state(&mut conn, &name).unwrap();
         assert_eq!(raw.len(), 64, "{key}: rewritten in the new form");

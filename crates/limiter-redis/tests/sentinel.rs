@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use limiter_core::Limit;
-use limiter_redis::{BackendError, Kind, OnFailure, RedisBackend, RedisLimiter, Source};
+use limiter_redis::{BackendError, Kind, OnFailure, Origin, RedisBackend, RedisLimiter};
 
 async fn backend(set: &SentinelSet, wait: bool) -> RedisBackend {
     let builder = RedisBackend::sentinel_builder(MASTER_NAME, set.sentinel_urls())
@@ -56,7 +56,10 @@ async fn a_failover_is_followed_and_spent_identifiers_stay_spent() {
     let limiter = limiter(&backend, 10, OnFailure::Fallback);
     for _ in 0..10 {
         let d = limiter.check("spent").await.unwrap();
-        assert!(d.is_allowed() && d.source() == &Source::Redis, "{d:?}");
+        assert!(
+            d.is_allowed() && d.origin() == Some(Origin::Remote),
+            "{d:?}"
+        );
     }
     assert!(limiter.check("spent").await.unwrap().is_denied());
     // The replica has what the master took (the tests below measure what is lost otherwise).
@@ -66,7 +69,7 @@ async fn a_failover_is_followed_and_spent_identifiers_stay_spent() {
     // Back on Redis: the first decision Redis makes after the sentinels named the replica.
     let back = loop {
         let d = limiter.check("probe").await.unwrap();
-        if d.source() == &Source::Redis {
+        if d.origin() == Some(Origin::Remote) {
             break promoted.elapsed();
         }
         assert!(
@@ -87,7 +90,7 @@ async fn a_failover_is_followed_and_spent_identifiers_stay_spent() {
     );
     // The promoted replica holds what the old master took: still spent, on Redis.
     let d = limiter.check("spent").await.unwrap();
-    assert!(d.is_denied() && d.source() == &Source::Redis, "{d:?}");
+    assert!(d.is_denied() && d.origin() == Some(Origin::Remote), "{d:?}");
 }
 
 /// Two nodes race on one key (`count` an hour, failing closed) while the master is killed
@@ -113,10 +116,12 @@ async fn race_through_a_failover(wait: bool, count: u64) -> (u64, u64) {
                     if d.is_allowed() {
                         admitted.fetch_add(1, Ordering::SeqCst);
                     }
-                    if let Source::FailClosed(BackendError::NotReplicated { .. }) = d.source() {
+                    if d.failed_closed()
+                        && let Some(BackendError::NotReplicated { .. }) = d.backend_error()
+                    {
                         unacknowledged.fetch_add(1, Ordering::SeqCst);
                     }
-                    let on_redis = matches!(d.source(), Source::Redis | Source::DenyCache);
+                    let on_redis = matches!(d.origin(), Some(Origin::Remote | Origin::DenyCache));
                     if killed.load(Ordering::SeqCst) && d.is_denied() && on_redis {
                         return;
                     }
@@ -184,18 +189,22 @@ async fn a_replica_that_stops_acknowledging_sends_calls_to_the_failure_policy() 
     let backend = backend(&set, true).await;
     let limiter = limiter(&backend, 10, OnFailure::Closed);
     let d = limiter.check("k").await.unwrap();
-    assert!(d.is_allowed() && d.source() == &Source::Redis, "{d:?}");
+    assert!(
+        d.is_allowed() && d.origin() == Some(Origin::Remote),
+        "{d:?}"
+    );
     set.replicas[0].kill();
     let d = limiter.check("k").await.unwrap();
     assert!(
-        matches!(
-            d.source(),
-            Source::FailClosed(BackendError::NotReplicated {
-                acked: 0,
-                wanted: 1,
-                ..
-            })
-        ),
+        d.failed_closed()
+            && matches!(
+                d.backend_error(),
+                Some(BackendError::NotReplicated {
+                    acked: 0,
+                    wanted: 1,
+                    ..
+                })
+            ),
         "{d:?}"
     );
 }
@@ -224,7 +233,7 @@ async fn sentinels_with_a_password_of_their_own_are_logged_in_to() {
         .check("k")
         .await
         .unwrap();
-    assert_eq!(d.source(), &Source::Redis, "{d:?}");
+    assert_eq!(d.origin(), Some(Origin::Remote), "{d:?}");
     // Without it, no sentinel names the master: not ready, and the reason is the login.
     let refused = RedisBackend::sentinel_builder(MASTER_NAME, set.sentinel_urls())
         .timeout(Duration::from_millis(300))

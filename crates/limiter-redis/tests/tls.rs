@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use limiter_core::Limit;
 use limiter_redis::{
-    BackendError, Kind, OnFailure, RedisBackend, RedisLimiter, Secret, Source, TlsOptions,
+    BackendError, Kind, OnFailure, Origin, RedisBackend, RedisLimiter, Secret, TlsOptions,
 };
 
 fn limiter(backend: &RedisBackend) -> RedisLimiter {
@@ -40,7 +40,7 @@ async fn decides_exactly(backend: &RedisBackend, key: &str) {
     let limiter = limiter(backend);
     for left in [2, 1, 0] {
         let d = limiter.check(key).await.unwrap();
-        assert_eq!(d.source(), &Source::Redis, "{d:?}");
+        assert_eq!(d.origin(), Some(Origin::Remote), "{d:?}");
         assert_eq!(d.decision().unwrap().remaining(), left);
     }
     assert!(limiter.check(key).await.unwrap().is_denied());
@@ -51,7 +51,7 @@ async fn refused(backend: &RedisBackend) -> BackendError {
     let health = backend.health().await;
     assert!(!health.is_ready(), "{health:?}");
     let d = limiter(backend).check("k").await.unwrap();
-    let Source::FailClosed(from_call) = d.source() else {
+    let (true, Some(from_call)) = (d.failed_closed(), d.backend_error()) else {
         panic!("a refused session is an outage the policy answers: {d:?}");
     };
     // A handshake no server answers ends in the call's timeout or the connection's, whichever
@@ -192,7 +192,7 @@ async fn a_cluster_over_tls_spreads_and_decides() {
     for i in 0..60 {
         let id = format!("id-{i}");
         let d = limiter.check(&id).await.unwrap();
-        assert_eq!(d.source(), &Source::Redis, "{d:?}");
+        assert_eq!(d.origin(), Some(Origin::Remote), "{d:?}");
         masters[cluster.master_of(&limiter.redis_keys(&id)[0])] += 1;
     }
     assert!(masters.iter().all(|&n| n > 0), "{masters:?}");
@@ -227,7 +227,7 @@ async fn sentinel_over_tls_names_the_master_and_follows_a_failover() {
     let limiter = limiter(&backend);
     loop {
         let d = limiter.check("before").await.unwrap();
-        if d.source() == &Source::Redis {
+        if d.origin() == Some(Origin::Remote) {
             assert!(d.is_denied(), "spent before the failover: {d:?}");
             break;
         }

@@ -41,8 +41,8 @@ use table::{Entry, Meta, Shared, local_answer};
 /// A [`RedisStack`] that decides most calls locally, against leases of each key's budget
 /// ([`RedisStack::leased`]; [`RedisLimiter::leased`] for the one-layer case).
 ///
-/// A decision made against a lease ([`Source::Lease`](crate::Source::Lease)) reports the key's
-/// budget as the last Redis answer knew it, less what the lease has spent since: `remaining`
+/// A decision made against a lease ([`Origin::Lease`](limiter_stack::Origin::Lease)) reports
+/// the key's budget as the last Redis answer knew it, less what the lease has spent since: `remaining`
 /// is what Redis had left plus what this node's lease still holds (other nodes may have taken
 /// some since), and `reset_after` counts to the instant that answer gave, on Redis's clock
 /// ([`RedisDecision::decided_at_micros`]); one that renewed reports Redis's answer. Batches
@@ -203,7 +203,8 @@ impl<R> LeasedStack<R> {
     }
 
     /// Decides `cost` units for `request`: against this node's lease when it covers the cost
-    /// ([`Source::Lease`](crate::Source::Lease)), else in one script call that renews the lease.
+    /// ([`Origin::Lease`](limiter_stack::Origin::Lease)), else in one script call that renews
+    /// the lease.
     pub async fn check_n(&self, request: &R, cost: u64) -> Result<RedisDecision, CallError> {
         let mut identity = String::new();
         self.shared.stack.identity(request, &mut identity);
@@ -217,7 +218,7 @@ impl<R> LeasedStack<R> {
     /// [`RedisStack::record`]): spent from this node's lease first (units Redis already took
     /// from the key's state), and the rest recorded on Redis in one script call, never
     /// refused. A lease that covers the whole cost answers locally
-    /// ([`Source::Lease`](crate::Source::Lease)); otherwise Redis answers for the rest, and
+    /// ([`Origin::Lease`](limiter_stack::Origin::Lease)); otherwise Redis answers for the rest, and
     /// what the lease held is used up.
     pub async fn record(&self, request: &R, cost: u64) -> Result<RedisDecision, CallError> {
         let shared = &*self.shared;

@@ -10,7 +10,9 @@ use hashbrown::HashTable;
 use limiter_core::{Clock, Decision, LeaseCell, LeaseSpend};
 use limiter_stack::{LayerAnswers, LayerDecision, MAX_LAYERS};
 
-use crate::decision::{RedisDecision, Source};
+use limiter_stack::Origin;
+
+use crate::decision::{Answered, RedisDecision};
 use crate::stack::{Prepared, RedisStack};
 
 use super::*;
@@ -244,7 +246,7 @@ pub(crate) struct LocalAnswer<'a> {
 }
 
 impl LocalAnswer<'_> {
-    /// The answer as a [`RedisDecision`] ([`Source::Lease`]), compact:
+    /// The answer as a [`RedisDecision`] ([`Origin::Lease`]), compact:
     /// each layer's is not kept (the hot path; [`layers`](Self::layers) gives them).
     #[inline]
     pub(crate) fn decision(&self) -> RedisDecision {
@@ -267,7 +269,7 @@ impl LocalAnswer<'_> {
         self.at(RedisDecision::new(
             self.answer.is_ok(),
             layers,
-            Source::Lease,
+            Answered::Decided(Origin::Lease, None),
         ))
     }
 

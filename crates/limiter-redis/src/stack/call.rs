@@ -8,7 +8,9 @@ use limiter_stack::{LayerAnswers, LayerDecision};
 
 use super::*;
 use crate::backend::Sent;
-use crate::decision::{RedisDecision, Source};
+use limiter_stack::Origin;
+
+use crate::decision::{Answered, RedisDecision};
 use crate::deny_cache::Denied;
 use crate::error::{BackendError, CallError};
 use crate::keyslot::key_slot;
@@ -220,11 +222,7 @@ impl<R> RedisStack<R> {
     /// record always goes to Redis: usage is never refused).
     pub(crate) fn answer_locally(&self, call: &Prepared) -> Option<RedisDecision> {
         if call.targets.is_empty() {
-            return Some(RedisDecision::new(
-                true,
-                LayerAnswers::new(),
-                Source::NoLayer,
-            ));
+            return Some(RedisDecision::no_layer());
         }
         if call.record {
             return None;
@@ -247,7 +245,7 @@ impl<R> RedisStack<R> {
                 return Some(RedisDecision::new(
                     false,
                     LayerAnswers::from_layers([layer]),
-                    Source::DenyCache,
+                    Answered::Decided(Origin::DenyCache, None),
                 ));
             }
         }
@@ -328,7 +326,7 @@ impl<R> RedisStack<R> {
             }
             start = end;
         }
-        RedisDecision::decided(LayerAnswers::from_layers(layers), Source::Redis)
+        RedisDecision::decided(LayerAnswers::from_layers(layers), Origin::Remote)
     }
 
     /// Appends a lease group for `call` (mode 3): `head` (the cost, the units wanted ahead,

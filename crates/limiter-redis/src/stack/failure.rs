@@ -8,17 +8,19 @@ use limiter_stack::{Grant, LayerAnswers};
 
 use super::*;
 use crate::backend::RedisBackend;
-use crate::decision::{RedisDecision, Source};
+use limiter_stack::Origin;
+
+use crate::decision::{Answered, RedisDecision};
 use crate::error::{BackendError, BuildError};
 
 /// What a limiter does when Redis fails, times out, or its circuit breaker is open.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum OnFailure {
-    /// Admit the call ([`Source::FailOpen`]).
+    /// Admit the call ([`RedisDecision::failed_open`]).
     Open,
-    /// Refuse the call ([`Source::FailClosed`]); not reported as over the limit.
+    /// Refuse the call ([`RedisDecision::failed_closed`]); not reported as over the limit.
     Closed,
-    /// Decide on a local in-memory stack with the same limits ([`Source::Fallback`]). By
+    /// Decide on a local in-memory stack with the same limits ([`Origin::Fallback`]). By
     /// default each node then enforces the whole limit on its own, so a fleet of `n` admits up
     /// to `n` times it while Redis is out; give the builder the fleet's size
     /// ([`RedisStackBuilder::fleet_size`]) and each node enforces its share, `1/n` of each
@@ -129,7 +131,7 @@ impl<R> RedisStack<R> {
                 let mut each = LayerAnswers::new();
                 let now = local.clock().now();
                 match local.record_at_each(request, call.cost, now, &mut each) {
-                    Ok(_) => RedisDecision::decided(each, Source::Fallback(error)),
+                    Ok(_) => RedisDecision::fell_back(each, error),
                     Err(_) => self.on_failure(request, call.cost, error),
                 }
             }
@@ -146,17 +148,16 @@ impl<R> RedisStack<R> {
             error = %error,
             "Redis could not decide: the failure policy answers"
         );
-        let empty = LayerAnswers::new;
         let mut each = LayerAnswers::new();
         match (&self.fallback, self.on_failure) {
             (Some(local), OnFailure::Fallback) => {
                 match local.check_each(request, cost, &mut each) {
-                    Ok(_) => RedisDecision::decided(each, Source::Fallback(error)),
-                    Err(_) => RedisDecision::new(false, empty(), Source::FailClosed(error)),
+                    Ok(_) => RedisDecision::fell_back(each, error),
+                    Err(_) => RedisDecision::by_policy(false, error),
                 }
             }
-            (_, OnFailure::Open) => RedisDecision::new(true, empty(), Source::FailOpen(error)),
-            _ => RedisDecision::new(false, empty(), Source::FailClosed(error)),
+            (_, OnFailure::Open) => RedisDecision::by_policy(true, error),
+            _ => RedisDecision::by_policy(false, error),
         }
     }
 
@@ -170,28 +171,16 @@ impl<R> RedisStack<R> {
         now: u64,
         error: BackendError,
     ) -> (RedisDecision, Option<Grant>) {
-        let empty = LayerAnswers::new;
         let mut each = LayerAnswers::new();
         match (&self.fallback, self.on_failure) {
             (Some(local), OnFailure::Fallback) => {
                 match local.decide_at_each(request, cost, now, &mut each) {
-                    Ok((_, grant)) => {
-                        (RedisDecision::decided(each, Source::Fallback(error)), grant)
-                    }
-                    Err(_) => (
-                        RedisDecision::new(false, empty(), Source::FailClosed(error)),
-                        None,
-                    ),
+                    Ok((_, grant)) => (RedisDecision::fell_back(each, error), grant),
+                    Err(_) => (RedisDecision::by_policy(false, error), None),
                 }
             }
-            (_, OnFailure::Open) => (
-                RedisDecision::new(true, empty(), Source::FailOpen(error)),
-                None,
-            ),
-            _ => (
-                RedisDecision::new(false, empty(), Source::FailClosed(error)),
-                None,
-            ),
+            (_, OnFailure::Open) => (RedisDecision::by_policy(true, error), None),
+            _ => (RedisDecision::by_policy(false, error), None),
         }
     }
 
@@ -208,16 +197,18 @@ impl<R> RedisStack<R> {
     /// Replaces a fallback decision by what `request` holds on the local fallback at `now` (a
     /// peek), once a denied batch's grants are back.
     pub(crate) fn peek_fallback(&self, request: &R, now: u64, decision: &mut RedisDecision) {
-        if let (Some(local), Source::Fallback(e)) = (&self.fallback, decision.source())
+        if let (Some(local), Some(Origin::Fallback), Some(e)) =
+            (&self.fallback, decision.origin(), decision.backend_error())
             && let mut each = LayerAnswers::new()
             && let Ok(_) = local.decide_at_each(request, 0, now, &mut each)
         {
-            *decision = RedisDecision::new(true, each, Source::Fallback(e.clone()));
+            let fallback = Answered::Decided(Origin::Fallback, Some(Box::new(e.clone())));
+            *decision = RedisDecision::new(true, each, fallback);
         }
     }
 
     pub(super) fn on_failure_without_request(&self) -> RedisDecision {
         let error = BackendError::BadReply("the batch lost a call".to_owned());
-        RedisDecision::new(false, LayerAnswers::new(), Source::FailClosed(error))
+        RedisDecision::by_policy(false, error)
     }
 }
