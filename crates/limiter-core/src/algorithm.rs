@@ -188,13 +188,7 @@ impl<A: Algorithm> Algorithm for Recording<'_, A> {
 
     /// A `Recording` wraps an algorithm already built: it cannot be built from a limit.
     fn new(limit: Limit) -> Result<Self, LimitError> {
-        Err(LimitError::Unsupported {
-            algorithm: A::NAME,
-            reason: format!(
-                "{limit}: a Recording wraps an algorithm already built; build the algorithm, \
-                 then wrap a reference to it"
-            ),
-        })
+        Err(not_built_from_a_limit(A::NAME, "Recording", limit))
     }
 
     fn limit(&self) -> &Limit {
@@ -250,13 +244,7 @@ impl<A: Algorithm> Algorithm for Refunding<'_, A> {
 
     /// A `Refunding` wraps an algorithm already built: it cannot be built from a limit.
     fn new(limit: Limit) -> Result<Self, LimitError> {
-        Err(LimitError::Unsupported {
-            algorithm: A::NAME,
-            reason: format!(
-                "{limit}: a Refunding wraps an algorithm already built; build the algorithm, \
-                 then wrap a reference to it"
-            ),
-        })
+        Err(not_built_from_a_limit(A::NAME, "Refunding", limit))
     }
 
     fn limit(&self) -> &Limit {
@@ -298,6 +286,18 @@ impl<A: Algorithm> Algorithm for Refunding<'_, A> {
 
     fn refund(&self, state: u64, units: u64, granted_at: u64, now: u64) -> Option<u64> {
         self.algorithm.refund(state, units, granted_at, now)
+    }
+}
+
+/// Why a wrapper of an algorithm (`wrapper`) cannot be built from `limit`: it wraps one
+/// already built.
+fn not_built_from_a_limit(algorithm: &'static str, wrapper: &str, limit: Limit) -> LimitError {
+    LimitError::Unsupported {
+        algorithm,
+        reason: format!(
+            "{limit}: a {wrapper} wraps an algorithm already built; build the algorithm, then \
+             wrap a reference to it"
+        ),
     }
 }
 
