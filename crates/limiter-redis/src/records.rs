@@ -9,7 +9,9 @@
 use redis::Value;
 
 use crate::backend::RedisBackend;
-use crate::error::BackendError;
+use crate::error::{BackendError, BuildError};
+use crate::stack::DEFAULT_PREFIX;
+use crate::stack::build::check_name;
 
 /// Sets a field and moves the version on: `KEYS = [hash, version]`, `ARGV = [field, value]`.
 const PUT: &str =
@@ -23,21 +25,40 @@ const ALL: &str = "return {redis.call('GET', KEYS[2]) or '0', redis.call('HGETAL
 #[derive(Clone, Debug)]
 pub struct RedisRecords {
     backend: RedisBackend,
+    name: String,
     keys: [String; 2],
 }
 
 impl RedisBackend {
-    /// The records named `name` (keys `limiterd:{records:<name>}:hash` and `…:version`).
-    pub fn records(&self, name: &str) -> RedisRecords {
-        let tag = format!("limiterd:{{records:{name}}}");
-        RedisRecords {
+    /// The records named `name` (keys `limiter:{records:<name>}:hash` and `…:version`;
+    /// [`with_prefix`](RedisRecords::with_prefix) changes the first part). A name that is
+    /// empty or holds `{` or `}` is refused.
+    pub fn records(&self, name: &str) -> Result<RedisRecords, BuildError> {
+        check_name("records", name, true)?;
+        Ok(RedisRecords {
             backend: self.clone(),
-            keys: [format!("{tag}:hash"), format!("{tag}:version")],
-        }
+            name: name.to_owned(),
+            keys: keys(DEFAULT_PREFIX, name),
+        })
     }
 }
 
+/// The hash and version keys of the records `name` under `prefix`, one hash tag.
+fn keys(prefix: &str, name: &str) -> [String; 2] {
+    let tag = format!("{prefix}:{{records:{name}}}");
+    [format!("{tag}:hash"), format!("{tag}:version")]
+}
+
 impl RedisRecords {
+    /// The same records under keys starting `prefix` (`limiter` unless changed, as a stack's),
+    /// so a least-privilege ACL user's key pattern (`~<prefix>:*`) covers them. A prefix that
+    /// is empty or holds `{` or `}` is refused.
+    pub fn with_prefix(mut self, prefix: &str) -> Result<Self, BuildError> {
+        check_name("prefix", prefix, true)?;
+        self.keys = keys(prefix, &self.name);
+        Ok(self)
+    }
+
     fn script(&self, body: &str, args: &[&str]) -> redis::Cmd {
         let mut cmd = redis::cmd("EVAL");
         cmd.arg(body).arg(2).arg(&self.keys[0]).arg(&self.keys[1]);

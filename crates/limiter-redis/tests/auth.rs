@@ -76,7 +76,11 @@ async fn a_least_privilege_user_decides_every_kind_of_call_exactly() {
     }
     leased.refund_leases().await;
     // Records beside the limits (limiterd's overrides).
-    let records = backend.records("acl");
+    let records = backend
+        .records("acl")
+        .unwrap()
+        .with_prefix("limiterd")
+        .unwrap();
     assert_eq!(records.put("a", "1").await.unwrap(), 1);
     assert_eq!(
         records.all().await.unwrap().1,

@@ -567,7 +567,11 @@ async fn a_state_written_by_the_previous_version_is_read() {
 async fn records_move_their_version_with_every_change_and_read_whole() {
     let server = common::RedisServer::start();
     let backend = RedisBackend::connect(server.url()).await.unwrap();
-    let records = backend.records("overrides");
+    let records = backend
+        .records("overrides")
+        .unwrap()
+        .with_prefix("limiterd")
+        .unwrap();
     assert_eq!(records.version().await.unwrap(), 0);
     assert_eq!(records.all().await.unwrap(), (0, Vec::new()));
     assert_eq!(records.put("a", "1").await.unwrap(), 1);
@@ -593,8 +597,17 @@ async fn records_move_their_version_with_every_change_and_read_whole() {
     );
     // Another backend on the same server sees the same records; another name does not.
     let other = RedisBackend::connect(server.url()).await.unwrap();
-    assert_eq!(other.records("overrides").all().await.unwrap().1.len(), 1);
-    assert_eq!(other.records("else").version().await.unwrap(), 0);
+    let same = other.records("overrides").unwrap().with_prefix("limiterd");
+    assert_eq!(same.unwrap().all().await.unwrap().1.len(), 1);
+    let elsewhere = other.records("overrides").unwrap();
+    assert_eq!(elsewhere.version().await.unwrap(), 0, "another prefix");
+    assert_eq!(other.records("else").unwrap().version().await.unwrap(), 0);
+    for bad in ["", "a{b", "c}"] {
+        let refused = backend.records(bad).expect_err("a bad name");
+        assert!(refused.to_string().contains("records"), "{refused}");
+        let prefix = backend.records("ok").unwrap().with_prefix(bad);
+        assert!(prefix.is_err(), "{bad:?} as a prefix");
+    }
     // Both keys share a hash tag: one slot on a cluster.
     let mut connection = redis::Client::open(server.url())
         .unwrap()

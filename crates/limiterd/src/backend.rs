@@ -16,3 +16,12 @@ pub use limiter_redis::{TlsError, TlsOptions};
 /// The first part of every Redis key limiterd writes (stacks, leases, permits, quotas, the
 /// overrides), so an operator's ACL rule names one key pattern: `~limiterd:*`.
 pub const KEY_PREFIX: &str = "limiterd";
+
+/// unkey's overrides on Redis: the records `overrides` under limiterd's prefix
+/// (`limiterd:{records:overrides}:…`, where they have always been).
+pub fn overrides_records(backend: &RedisBackend) -> Result<RedisRecords, String> {
+    backend
+        .records("overrides")
+        .and_then(|records| records.with_prefix(KEY_PREFIX))
+        .map_err(|e| e.to_string())
+}

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backend::RedisBackend;
+use crate::backend::{RedisBackend, overrides_records};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use limiter_core::DefaultClock;
@@ -146,7 +146,7 @@ async fn open_overrides(
     sources: &Sources,
 ) -> Result<Overrides, String> {
     Ok(match (backend, sources.overrides_file()) {
-        (Some(backend), _) => Overrides::on_redis(backend.records("overrides")).await,
+        (Some(backend), _) => Overrides::on_redis(overrides_records(backend)?).await,
         (None, Some(path)) => Overrides::load(&path)?,
         (None, None) => {
             tracing::warn!(

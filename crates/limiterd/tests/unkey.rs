@@ -420,6 +420,12 @@ async fn two_instances_on_one_redis_count_one_budget_and_share_overrides() {
     let (status, value) = root(&mut clients[0], "setOverride", &set).await;
     assert_eq!(status, 200, "{value}");
     let id = value["data"]["overrideId"].clone();
+    // Kept under limiterd's prefix, inside the documented ACL rule's `~limiterd:*`.
+    let kept = limiter_testkit::redis_server::raw_command(
+        redis.port,
+        "EXISTS limiterd:{records:overrides}:hash",
+    );
+    assert_eq!(kept.as_deref(), Some(":1\r\n"), "{kept:?}");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     loop {
         let (_, value) = root(
