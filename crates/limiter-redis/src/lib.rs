@@ -69,6 +69,7 @@ mod decision;
 mod deny_cache;
 mod error;
 mod health;
+mod held;
 mod keyslot;
 mod lease;
 mod permits;
@@ -96,6 +97,7 @@ pub use connect::url::{DEFAULT_PORT, NodeAddr, RedisUrl, ToRedisUrl, UrlError};
 pub use decision::RedisDecision;
 pub use error::{BackendError, BuildError, CallError, RefundError};
 pub use health::{Deployment, MasterHealth, SentinelHealth, StoreHealth, slot_ranges};
+pub use held::HeldPermit;
 pub use lease::{
     DEFAULT_LEASE_TTL, LEASE_TTL_RANGE, Lease, LeaseStats, LeasedLimiter, LeasedStack, Slack,
 };

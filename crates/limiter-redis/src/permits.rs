@@ -175,6 +175,11 @@ impl RedisPermits {
         self.count
     }
 
+    /// The backend's local clock reading (a held permit's renewal schedule).
+    pub(crate) fn local_now(&self) -> u64 {
+        self.backend.local_now()
+    }
+
     /// A permit's time to live.
     pub fn ttl(&self) -> Duration {
         Duration::from_millis(self.ttl_ms)

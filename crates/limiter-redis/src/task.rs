@@ -21,6 +21,15 @@ where
     }
 }
 
+/// Runs `task` on `runtime` (one a caller was on earlier: a held permit's release, which may
+/// be dropped outside it; a runtime that has shut down drops the task unstarted).
+pub(crate) fn spawn_on<F>(runtime: &tokio::runtime::Handle, task: F)
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    runtime.spawn(task);
+}
+
 /// Waits `period` (between a background watch's rounds).
 pub(crate) async fn pause(period: core::time::Duration) {
     tokio::time::sleep(period).await;

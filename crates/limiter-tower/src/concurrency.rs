@@ -224,21 +224,30 @@ where
     }
 }
 
+/// A permit a response body holds (released when dropped): told when the body makes progress,
+/// so one with an expiry can renew itself.
+pub trait BodyPermit: Send + 'static {
+    /// The body yielded a frame: its request is still being served.
+    fn progressed(&mut self) {}
+}
+
+impl BodyPermit for OwnedPermit<Key> {}
+
 pin_project! {
     /// A response body holding its request's permit: released when the body ends (its last
     /// frame, or an error) or is dropped (a client that went away).
     #[derive(Debug)]
-    pub struct PermitBody<B> {
+    pub struct PermitBody<B, P = OwnedPermit<Key>> {
         // Declared first, so dropped first: once the inner body is gone (its channel closed,
         // its stream ended), the permit is released already.
-        permit: Option<OwnedPermit<Key>>,
+        permit: Option<P>,
         #[pin]
         inner: B,
     }
 }
 
-impl<B> PermitBody<B> {
-    fn new(inner: B, permit: Option<OwnedPermit<Key>>) -> Self {
+impl<B, P> PermitBody<B, P> {
+    pub(crate) fn new(inner: B, permit: Option<P>) -> Self {
         Self { inner, permit }
     }
 
@@ -248,7 +257,7 @@ impl<B> PermitBody<B> {
     }
 }
 
-impl<B: Body> Body for PermitBody<B> {
+impl<B: Body, P: BodyPermit> Body for PermitBody<B, P> {
     type Data = B::Data;
     type Error = B::Error;
 
@@ -258,8 +267,16 @@ impl<B: Body> Body for PermitBody<B> {
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let this = self.project();
         let polled = this.inner.poll_frame(cx);
-        if matches!(polled, Poll::Ready(None | Some(Err(_)))) {
-            this.permit.take(); // the body ended: the request is no longer in flight
+        match &polled {
+            Poll::Ready(None | Some(Err(_))) => {
+                this.permit.take(); // the body ended: the request is no longer in flight
+            }
+            Poll::Ready(Some(Ok(_))) => {
+                if let Some(permit) = this.permit.as_mut() {
+                    permit.progressed();
+                }
+            }
+            Poll::Pending => {}
         }
         polled
     }
@@ -273,7 +290,7 @@ impl<B: Body> Body for PermitBody<B> {
     }
 }
 
-impl<B: AnswerBody> AnswerBody for PermitBody<B> {
+impl<B: AnswerBody, P: BodyPermit> AnswerBody for PermitBody<B, P> {
     fn from_answer(body: Full<Bytes>) -> Self {
         Self::new(B::from_answer(body), None)
     }

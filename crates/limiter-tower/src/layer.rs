@@ -25,7 +25,7 @@ use crate::error::ConfigError;
 use crate::headers::{self, HeaderMode, Policies, RateHeaders};
 use crate::key::{Key, KeyExtractor, PeerIp};
 use crate::request::{HttpRequest, KeyList, by_key};
-use crate::response::{self, Rejection, RejectionBody, RejectionKind};
+use crate::response::{self, Rejection, RejectionBody, RejectionKind, rejection};
 
 type CostFn = Box<dyn Fn(&Parts) -> u64 + Send + Sync>;
 
@@ -551,14 +551,4 @@ impl<L: AsyncLimiter<HttpRequest>> Shared<L> {
 fn answers(each: &Option<LayerAnswers>) -> &LayerAnswers {
     static NONE: LayerAnswers = LayerAnswers::new();
     each.as_ref().unwrap_or(&NONE)
-}
-
-fn rejection(kind: RejectionKind, status: StatusCode, detail: String) -> Rejection {
-    Rejection {
-        kind,
-        status,
-        retry_after: None,
-        policy: None,
-        detail,
-    }
 }

@@ -81,6 +81,8 @@ mod body;
 mod concurrency;
 mod digits;
 mod error;
+#[cfg(feature = "redis")]
+mod fleet;
 mod headers;
 mod ip;
 mod key;
@@ -91,9 +93,11 @@ mod values;
 
 pub use body::AnswerBody;
 pub use concurrency::{
-    ConcurrencyLayer, ConcurrencyLimit, DEFAULT_RETRY_AFTER, PermitBody, PermitFuture,
+    BodyPermit, ConcurrencyLayer, ConcurrencyLimit, DEFAULT_RETRY_AFTER, PermitBody, PermitFuture,
 };
 pub use error::{ConfigError, IpNetError, KeyError};
+#[cfg(feature = "redis")]
+pub use fleet::{FleetPermitFuture, RedisConcurrencyLayer, RedisConcurrencyLimit};
 pub use headers::HeaderMode;
 pub use ip::{ForwardedHeader, IpNet};
 pub use key::{ClientIp, DEFAULT_IPV6_PREFIX, HeaderKey, Key, KeyExtractor, PeerAddr, PeerIp};

@@ -228,3 +228,14 @@ mod tests {
         assert_eq!(grpc_code(&missing), 3);
     }
 }
+
+/// A rejection with no wait and no policy named: `kind`, answered `status`, saying `detail`.
+pub(crate) fn rejection(kind: RejectionKind, status: StatusCode, detail: String) -> Rejection {
+    Rejection {
+        kind,
+        status,
+        retry_after: None,
+        policy: None,
+        detail,
+    }
+}

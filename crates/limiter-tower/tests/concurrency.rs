@@ -4,39 +4,18 @@
 
 mod support;
 
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Body;
 use axum::routing::get;
 use bytes::Bytes;
 use http::StatusCode;
-use http_body::Frame;
 use limiter_testkit::http_client::send;
 use limiter_tower::{ConcurrencyLayer, HeaderKey, Key};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use support::{Fed, Feeds, open_stream};
+use tokio::io::AsyncReadExt;
 use tokio::sync::mpsc;
-
-/// A response body fed by a channel: open until its sender is dropped.
-struct Fed(mpsc::Receiver<Bytes>);
-
-impl http_body::Body for Fed {
-    type Data = Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        self.0
-            .poll_recv(cx)
-            .map(|chunk| chunk.map(|c| Ok(Frame::data(c))))
-    }
-}
-
-type Feeds = Arc<Mutex<Vec<mpsc::Sender<Bytes>>>>;
 
 /// `/stream` answers a body the test feeds (its sender pushed to `feeds`); `/quick` answers
 /// at once; both behind at most one request in flight per `x-api-key`.
@@ -56,24 +35,6 @@ async fn serve() -> (std::net::SocketAddr, Feeds, ConcurrencyLayer<HeaderKey>) {
         .route("/quick", get(|| async { "ok" }))
         .layer(layer.clone());
     (support::serve(app).await, feeds, layer)
-}
-
-/// Opens `/stream` for `key` on a raw connection and reads the response head.
-async fn open_stream(addr: std::net::SocketAddr, key: &str) -> (TcpStream, String) {
-    let mut stream = TcpStream::connect(addr).await.unwrap();
-    let request = format!("GET /stream HTTP/1.1\r\nhost: test\r\nx-api-key: {key}\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut head = Vec::new();
-    while !head.ends_with(b"\r\n\r\n") {
-        let mut byte = [0u8; 1];
-        assert_eq!(
-            stream.read(&mut byte).await.unwrap(),
-            1,
-            "the head ended early"
-        );
-        head.push(byte[0]);
-    }
-    (stream, String::from_utf8(head).unwrap())
 }
 
 fn held(layer: &ConcurrencyLayer<HeaderKey>, key: &str) -> u64 {

@@ -107,3 +107,43 @@ pub fn item(name: &str, params: &[(&str, i64)]) -> (String, Vec<(String, i64)>) 
         params.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect(),
     )
 }
+
+/// A response body fed by a channel: open until its sender is dropped.
+pub struct Fed(pub tokio::sync::mpsc::Receiver<bytes::Bytes>);
+
+impl http_body::Body for Fed {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|chunk| chunk.map(|c| Ok(http_body::Frame::data(c))))
+    }
+}
+
+/// The senders of the bodies a test feeds, one per open stream.
+pub type Feeds = Arc<std::sync::Mutex<Vec<tokio::sync::mpsc::Sender<bytes::Bytes>>>>;
+
+/// Opens `/stream` for `key` (header `x-api-key`) on a raw connection and reads the response
+/// head.
+pub async fn open_stream(addr: SocketAddr, key: &str) -> (tokio::net::TcpStream, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET /stream HTTP/1.1\r\nhost: test\r\nx-api-key: {key}\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        assert_eq!(
+            stream.read(&mut byte).await.unwrap(),
+            1,
+            "the head ended early"
+        );
+        head.push(byte[0]);
+    }
+    (stream, String::from_utf8(head).unwrap())
+}
