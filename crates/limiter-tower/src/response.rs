@@ -183,6 +183,17 @@ fn grpc_status(rejection: &Rejection) -> Response<Full<Bytes>> {
     response
 }
 
+/// A rejection with no wait and no policy named: `kind`, answered `status`, saying `detail`.
+pub(crate) fn rejection(kind: RejectionKind, status: StatusCode, detail: String) -> Rejection {
+    Rejection {
+        kind,
+        status,
+        retry_after: None,
+        policy: None,
+        detail,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -226,16 +237,5 @@ mod tests {
             ..denial()
         };
         assert_eq!(grpc_code(&missing), 3);
-    }
-}
-
-/// A rejection with no wait and no policy named: `kind`, answered `status`, saying `detail`.
-pub(crate) fn rejection(kind: RejectionKind, status: StatusCode, detail: String) -> Rejection {
-    Rejection {
-        kind,
-        status,
-        retry_after: None,
-        policy: None,
-        detail,
     }
 }
