@@ -151,25 +151,32 @@ impl PolicyPermits {
         }
     }
 
-    /// Takes a permit for `identifier` if fewer than `count` are held. A store that fails
+    /// Takes a permit for `identifier` if fewer than `count` are held: what was taken, and
+    /// whether the fallback table answered (Redis failed). A store that fails otherwise
     /// answers its error (the policy's failure policy decides).
-    pub async fn acquire(&self, identifier: &str) -> Result<Taken, PermitFailure> {
+    pub async fn acquire(&self, identifier: &str) -> Result<(Taken, bool), PermitFailure> {
         let key = self.key(identifier);
         match &self.store {
-            Store::Memory(table) => Ok(table.acquire(key, self.limit)),
+            Store::Memory(table) => Ok((table.acquire(key, self.limit), false)),
             Store::Redis(permits, fallback) => match permits.acquire(key).await {
-                Ok(Acquired::Held(permit)) => Ok(Taken::Held {
-                    id: permit.id().to_owned(),
-                    held: permit.held(),
-                }),
+                Ok(Acquired::Held(permit)) => Ok((
+                    Taken::Held {
+                        id: permit.id().to_owned(),
+                        held: permit.held(),
+                    },
+                    false,
+                )),
                 Ok(Acquired::Busy {
                     held, retry_after, ..
-                }) => Ok(Taken::Busy {
-                    held,
-                    retry_after_ns: u64::try_from(retry_after.as_nanos()).unwrap_or(u64::MAX),
-                }),
+                }) => Ok((
+                    Taken::Busy {
+                        held,
+                        retry_after_ns: u64::try_from(retry_after.as_nanos()).unwrap_or(u64::MAX),
+                    },
+                    false,
+                )),
                 Err(e) => match fallback {
-                    Some(fallback) => Ok(fallback.acquire(key)),
+                    Some(fallback) => Ok((fallback.acquire(key), true)),
                     None => Err(self.failed(&e)),
                 },
             },

@@ -203,4 +203,12 @@ async fn while_redis_fails_a_falling_back_policy_hands_out_its_share_from_a_loca
     released_once(&mut client, "acme", &first).await;
     assert!(permit(&client.decide(ask("acme")).await).starts_with("local-"));
     assert_ne!(second, first);
+    // Each of the four answers the table gave is counted as the fallback's, as an operator
+    // watching the failure policies expects.
+    let (_, text) = client.send("GET", "/metrics", "").await;
+    let fallback = text
+        .lines()
+        .find(|l| l.starts_with("limiterd_failure_policy_total{policy=\"fallback\"}"))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok());
+    assert!(fallback >= Some(4), "{fallback:?}: {text}");
 }

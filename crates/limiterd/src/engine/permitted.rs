@@ -43,11 +43,16 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         let held = match permits {
             None => None,
             Some(permits) => match permits.acquire(&item.identifier).await {
-                Ok(Taken::Held { id, held }) => Some((permits, id, held)),
-                Ok(Taken::Busy {
-                    held,
-                    retry_after_ns,
-                }) => return Ok((self.busy(item, permits, held, retry_after_ns), None)),
+                Ok((taken, fell_back)) => {
+                    self.count_fallback(fell_back);
+                    match taken {
+                        Taken::Held { id, held } => Some((permits, id, held)),
+                        Taken::Busy {
+                            held,
+                            retry_after_ns,
+                        } => return Ok((self.busy(item, permits, held, retry_after_ns), None)),
+                    }
+                }
                 Err(failure) => return self.permit_store_failed(item, time_ms, failure).await,
             },
         };
@@ -102,6 +107,15 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         Ok((answer, None))
     }
 
+    /// Counts a gate's answer made by a falling-back policy's table while Redis failed (`fell_back`)
+    /// as the failure policy's, as the stacks count their fallback's.
+    fn count_fallback(&self, fell_back: bool) {
+        if fell_back {
+            self.metrics.backend_error();
+            self.metrics.failure_policy(FailurePolicy::Fallback);
+        }
+    }
+
     /// A gate's store (permits, a quota) failed: a closed policy refuses (503), an open one
     /// goes on without the gate (it counts nothing while its store fails). Counted as the
     /// policy's answer to a failure.
@@ -129,8 +143,12 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                 .take(&item.identifier, item.cost, self.now_unix_ns())
                 .await
             {
-                Ok(answer) if answer.decision.is_allowed() => counted.push((quota, answer)),
+                Ok(answer) if answer.decision.is_allowed() => {
+                    self.count_fallback(matches!(answer.place, CountedIn::Fallback { .. }));
+                    counted.push((quota, answer));
+                }
                 Ok(denied) => {
+                    self.count_fallback(matches!(denied.place, CountedIn::Fallback { .. }));
                     refund_quotas(item, &counted, self.now_unix_ns()).await;
                     self.counters_of(item)
                         .count(Counted::Denied { shadow: false }, &item.identifier);
