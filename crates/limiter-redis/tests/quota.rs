@@ -19,6 +19,8 @@ const MIDNIGHT: u64 = 1_792_969_200 * S;
 async fn pinned(server: &common::RedisServer, clock: &ManualClock) -> RedisBackend {
     RedisBackend::builder(server.url().as_str())
         .time_from(clock.clone())
+        // Not a test of timeouts: a loaded machine (the whole suite at once) must not fail it.
+        .timeout(Duration::from_secs(2))
         .connect()
         .await
         .expect("connects")
