@@ -266,7 +266,11 @@ async fn a_wrong_password_is_an_authentication_failure_and_is_never_printed() {
     }
     // No password where one is needed: named too.
     let server = RedisServer::start_with(vec!["--requirepass".into(), PASSWORD.into()]);
-    let backend = RedisBackend::connect(server.url()).await.unwrap();
+    let backend = RedisBackend::builder(server.url())
+        .timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap();
     let down = backend.health().await.down.unwrap().to_string();
     assert!(
         down.contains("asks for a password and none was given"),

@@ -148,7 +148,11 @@ async fn one_definition_decides_alike_in_process_on_redis_and_leased() {
 #[tokio::test]
 async fn what_runs_only_in_process_is_refused_on_redis_with_the_fix() {
     let server = common::RedisServer::start();
-    let backend = RedisBackend::connect(server.url()).await.unwrap();
+    let backend = RedisBackend::builder(server.url())
+        .timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap();
     let by_type = RedisStack::<Request>::builder(&backend, "typed")
         .layer(Layer::global("all").limit_with::<Gcra>(Limit::per_second(5)))
         .build()

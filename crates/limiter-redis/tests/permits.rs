@@ -90,7 +90,11 @@ async fn a_release_is_idempotent_and_an_expired_permit_is_gone_once() {
 #[tokio::test]
 async fn bad_settings_are_refused_naming_the_range() {
     let server = common::RedisServer::start();
-    let backend = RedisBackend::connect(server.url().as_str()).await.unwrap();
+    let backend = RedisBackend::builder(server.url().as_str())
+        .timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap();
     for (count, ttl) in [
         (0, TTL),
         (3, Duration::ZERO),
@@ -160,7 +164,11 @@ async fn on_a_cluster_keys_of_every_master_hold_and_release_their_permits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn racing_tasks_never_hold_more_than_the_count() {
     let server = common::RedisServer::start();
-    let backend = RedisBackend::connect(server.url().as_str()).await.unwrap();
+    let backend = RedisBackend::builder(server.url().as_str())
+        .timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap();
     let permits = Arc::new(backend.permits("race", 3, TTL).unwrap());
     let in_flight = Arc::new(AtomicU64::new(0));
     let most = Arc::new(AtomicU64::new(0));
@@ -217,7 +225,11 @@ async fn permits_child_process_entry_point() {
 }
 
 async fn shared(url: &str) -> RedisPermits {
-    let backend = RedisBackend::connect(url).await.expect("connects");
+    let backend = RedisBackend::builder(url)
+        .timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .expect("connects");
     backend
         .permits("fleet", 4, Duration::from_secs(600))
         .unwrap()
@@ -275,7 +287,11 @@ async fn permits_holder_process_entry_point() {
     let Ok(url) = std::env::var(HOLD_URL) else {
         return;
     };
-    let backend = RedisBackend::connect(url.as_str()).await.expect("connects");
+    let backend = RedisBackend::builder(url.as_str())
+        .timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .expect("connects");
     let permits = backend.permits("holders", 3, TTL).unwrap();
     for _ in 0..2 {
         permit(permits.acquire("acme").await.unwrap());

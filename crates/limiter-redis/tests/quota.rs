@@ -99,7 +99,11 @@ async fn a_refund_comes_back_only_in_its_own_window_and_backends_share_the_count
 #[tokio::test]
 async fn bad_settings_are_refused_naming_what_is_wrong() {
     let server = common::RedisServer::start();
-    let backend = RedisBackend::connect(server.url().as_str()).await.unwrap();
+    let backend = RedisBackend::builder(server.url().as_str())
+        .timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap();
     for count in [0, limiter_calendar::MAX_CALENDAR_COUNT + 1] {
         let err = backend.quota("monthly", count, day()).unwrap_err();
         assert!(

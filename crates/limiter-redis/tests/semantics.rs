@@ -566,7 +566,11 @@ async fn a_state_written_by_the_previous_version_is_read() {
 #[tokio::test]
 async fn records_move_their_version_with_every_change_and_read_whole() {
     let server = common::RedisServer::start();
-    let backend = RedisBackend::connect(server.url()).await.unwrap();
+    let backend = RedisBackend::builder(server.url())
+        .timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap();
     let records = backend
         .records("overrides")
         .unwrap()
@@ -596,7 +600,11 @@ async fn records_move_their_version_with_every_change_and_read_whole() {
         "only a real removal moves it"
     );
     // Another backend on the same server sees the same records; another name does not.
-    let other = RedisBackend::connect(server.url()).await.unwrap();
+    let other = RedisBackend::builder(server.url())
+        .timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap();
     let same = other.records("overrides").unwrap().with_prefix("limiterd");
     assert_eq!(same.unwrap().all().await.unwrap().1.len(), 1);
     let elsewhere = other.records("overrides").unwrap();
