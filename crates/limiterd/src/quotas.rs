@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use limiter_calendar::{Calendar, CalendarCounter, KeyedCalendarWindow};
-use limiter_core::{Algorithm, Decision, DefaultClock};
+use limiter_core::{Decision, DefaultClock};
 use limiter_store::ShardedStore;
 
 use crate::backend::{BackendError, OnFailure, RedisBackend, RedisQuota};
@@ -59,7 +59,8 @@ pub enum CountedIn {
 pub struct LocalQuota {
     counter: Option<KeyedCalendarWindow<String>>,
     calendar: Calendar,
-    count: u64,
+    /// This node's share of the count: what the counter counts to.
+    share: u64,
 }
 
 /// The stand-ins of falling-back policies' quotas by quota name, shared by the stacks a reload
@@ -83,12 +84,12 @@ impl LocalQuota {
         Self {
             counter,
             calendar,
-            count,
+            share,
         }
     }
 
-    /// The table named `name` in `tables` if it counts `count` of `fleet` by `calendar`, else a
-    /// new one put there (a reload that changed the quota starts it afresh).
+    /// The table named `name` in `tables` if it counts the same share (`count / fleet`) by
+    /// `calendar`, else a new one put there (a reload that changed the quota starts it afresh).
     pub(crate) fn shared(
         tables: &QuotaTables,
         name: &str,
@@ -98,8 +99,7 @@ impl LocalQuota {
     ) -> Arc<Self> {
         let mut tables = tables.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(table) = tables.get(name)
-            && table.count == count
-            && table.share_of(fleet)
+            && table.share == count / fleet.max(1)
             && table.calendar == *calendar
         {
             return Arc::clone(table);
@@ -107,13 +107,6 @@ impl LocalQuota {
         let table = Arc::new(Self::new(count, fleet, calendar.clone()));
         tables.insert(name.to_owned(), Arc::clone(&table));
         table
-    }
-
-    fn share_of(&self, fleet: u64) -> bool {
-        let share = self.count / fleet.max(1);
-        self.counter
-            .as_ref()
-            .map_or(share == 0, |c| c.algorithm().limit().count() == share)
     }
 
     /// Counts `cost` units for `key` at `at_unix_ns`: a cost above the share (or a share of 0)
@@ -132,15 +125,11 @@ impl LocalQuota {
     }
 
     fn refused(&self, at_unix_ns: u64) -> Decision {
-        let share = self
-            .counter
-            .as_ref()
-            .map_or(0, |c| c.algorithm().limit().count());
         let wait = self
             .calendar
             .window(at_unix_ns)
             .map_or(1, |w| w.end_unix_ns.saturating_sub(at_unix_ns).max(1));
-        Decision::deny(share, 0, wait, wait)
+        Decision::deny(self.share, 0, wait, wait)
     }
 
     fn refund(&self, key: &str, units: u64, granted_at: u64, now: u64) {

@@ -42,9 +42,9 @@ use table::{Entry, Meta, Shared, local_answer};
 /// ([`RedisStack::leased`]; [`RedisLimiter::leased`] for the one-layer case).
 ///
 /// A decision made against a lease ([`Origin::Lease`](limiter_stack::Origin::Lease)) reports
-/// the key's budget as the last Redis answer knew it, less what the lease has spent since: `remaining`
-/// is what Redis had left plus what this node's lease still holds (other nodes may have taken
-/// some since), and `reset_after` counts to the instant that answer gave, on Redis's clock
+/// the key's budget as the last Redis answer knew it, less what the lease has spent since:
+/// `remaining` is what Redis had left plus what this node's lease still holds (other nodes may
+/// have taken some since), and `reset_after` counts to the instant that answer gave, on Redis's clock
 /// ([`RedisDecision::decided_at_micros`]); one that renewed reports Redis's answer. Batches
 /// and refunds go to the per-call stack underneath ([`stack`](Self::stack)).
 ///

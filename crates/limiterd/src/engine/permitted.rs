@@ -107,8 +107,8 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         Ok((answer, None))
     }
 
-    /// Counts a gate's answer made by a falling-back policy's table while Redis failed (`fell_back`)
-    /// as the failure policy's, as the stacks count their fallback's.
+    /// Counts a gate's answer made by a falling-back policy's table while Redis failed
+    /// (`fell_back`) as the failure policy's, as the stacks count their fallback's.
     fn count_fallback(&self, fell_back: bool) {
         if fell_back {
             self.metrics.backend_error();
