@@ -16,7 +16,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::daemon::start_limiterd;
-use crate::run::cargo;
 
 /// The key the page's limiterd accepts (for setting an override).
 const ROOT_KEY: &str = "xtask-browser-root-key";
@@ -111,7 +110,7 @@ fn check(ok: bool, what: &str, dom: &str) -> Result<(), String> {
 
 /// The task.
 pub(crate) fn run() -> Result<(), String> {
-    cargo(&["build", "-p", "limiterd", "--bin", "limiterd"], &[])?;
+    crate::daemon::build_limiterd()?;
     let daemon = start_limiterd(&[("LIMITERD_ROOT_KEY", ROOT_KEY)], &[])?;
     let url = format!("http://{}/", daemon.addr);
 

@@ -10,7 +10,7 @@ use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 
 use crate::daemon::start_limiterd;
-use crate::run::{cargo, root};
+use crate::run::root;
 
 /// A `redis-server` on a free loopback port, killed when dropped.
 struct Redis(Child, u16);
@@ -72,7 +72,7 @@ const ROOT_KEY: &str = "xtask-unkey-root-key";
 
 /// The task.
 pub(crate) fn run() -> Result<(), String> {
-    cargo(&["build", "-p", "limiterd", "--bin", "limiterd"], &[])?;
+    crate::daemon::build_limiterd()?;
     let dir = root().join("xtask/unkey");
     let npm = Command::new("npm")
         .args(["ci", "--no-audit", "--no-fund"])
