@@ -39,7 +39,7 @@ const RULES: &[Rule] = &[
             "crates/limiterd/src/metrics/",
             "crates/limiterd/src/ops/live.rs",
             "crates/limiterd/src/http/unkey/mod.rs",
-            "crates/limiterd/src/permits.rs",
+            "crates/limiterd/src/store/permits.rs",
         ],
         invariant: "decision atomics come from the crate's sync.rs (so loom can swap them); std atomics only for statistics and ids",
     },
@@ -96,8 +96,14 @@ const RULES: &[Rule] = &[
     Rule {
         patterns: &["limiter_redis::", "use limiter_redis", "limiter_redis;"],
         scope: &["crates/limiterd/src/"],
-        allowed: &["crates/limiterd/src/backend.rs"],
-        invariant: "limiterd takes its store crate's types through its backend module alone: what the service depends on of its store is one list",
+        allowed: &["crates/limiterd/src/store/mod.rs"],
+        invariant: "limiterd takes its store crate's types through its store room's door (`store/mod.rs`) alone: what the service depends on of its store is one list",
+    },
+    Rule {
+        patterns: &["crate::"],
+        scope: &["crates/limiterd/src/store/"],
+        allowed: &[],
+        invariant: "limiterd's store room depends on no other module of the service (the configuration, the stacks and the engine build on it); inside it, `super::` names the door",
     },
     Rule {
         patterns: &["limiter_redis", "limiter-redis"],

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use crate::backend::RedisBackend;
+use crate::store::RedisBackend;
 use limiter_core::Clock;
 
 use crate::config::Config;

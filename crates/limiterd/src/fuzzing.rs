@@ -131,10 +131,10 @@ pub fn config(bytes: &[u8]) {
                     assert!(l.limit.kind().check(l.limit.limit()).is_ok(), "{l:?}");
                 }
                 if let Some(lease) = policy.lease {
-                    let (least, most) = crate::backend::LEASE_TTL_RANGE;
+                    let (least, most) = crate::store::LEASE_TTL_RANGE;
                     let ttl = lease.time_to_live();
                     assert!(ttl >= least && ttl <= most, "{lease:?}");
-                    if let crate::backend::Slack::PartsPerMillion(ppm) = lease.slack() {
+                    if let crate::store::Slack::PartsPerMillion(ppm) = lease.slack() {
                         assert!(ppm <= 1_000_000, "{lease:?}");
                     }
                 }

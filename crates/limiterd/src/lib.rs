@@ -3,11 +3,11 @@
 //! limits, in memory by default or on Redis for a fleet; and a drop-in for envoy's reference
 //! rate-limit service over gRPC.
 //!
-//! - [`backend`]: the one door to the store crate (every limiter-redis type limiterd uses).
+//! - [`store`]: the store room: the one door to the store crate (every limiter-redis type
+//!   limiterd uses), policies' permits and calendar quotas on either store, how limits are
+//!   keyed.
 //! - [`metrics`]: the Prometheus counters.
 //! - [`config`]: the TOML file, checked with line numbers ([`config::BUILT_IN`] when none).
-//! - [`permits`]: policies' concurrency limits, a permit per admitted call, on either store.
-//! - [`quotas`]: policies' calendar quotas on Redis, kept beside their stacks.
 //! - [`stacks`]: each policy's stack built for the store.
 //! - [`engine`]: the policies behind the seam, requests decided all or nothing.
 //! - [`envoy`]: envoy's protocol (the `limiter-envoy` crate) mounted: the engine as its decider.
@@ -17,7 +17,7 @@
 //! - Adapters (feature `server`): `http` (the HTTP JSON API, its request parser, and
 //!   `POST /json`), `grpc` (envoy's protocol over tonic), served by `serve`.
 //!
-//! Dependencies point one way: backend ← metrics ← config ← permits, quotas ← stacks ← engine ← envoy ← app ← ops ←
+//! Dependencies point one way: store ← metrics ← config ← stacks ← engine ← envoy ← app ← ops ←
 //! http, grpc ← server; no module imports one that imports it (`cargo xtask lint`).
 //!
 //! `serve` (feature `server`) runs the HTTP API, and the gRPC service with gRPC health if
@@ -25,7 +25,6 @@
 //! signal; requests in flight then finish, within a deadline.
 
 pub mod app;
-pub mod backend;
 pub mod config;
 pub mod engine;
 pub mod envoy;
@@ -36,9 +35,8 @@ pub mod grpc;
 pub mod http;
 pub mod metrics;
 pub mod ops;
-pub mod permits;
-pub mod quotas;
 pub mod stacks;
+pub mod store;
 
 #[cfg(feature = "server")]
 mod server;

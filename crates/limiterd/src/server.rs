@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backend::{RedisBackend, overrides_records};
+use crate::store::{RedisBackend, overrides_records};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use limiter_core::DefaultClock;

@@ -52,7 +52,7 @@ use std::net::SocketAddr;
 use std::ops::Range;
 use std::time::Duration;
 
-use crate::backend::OnFailure;
+use crate::store::OnFailure;
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -64,6 +64,8 @@ mod redis_builder;
 mod redis_store;
 mod store;
 
+pub use crate::store::Keying;
+pub use crate::store::permits::ConcurrencyLimit;
 pub use auth::AuthSettings;
 use auth::{RawAuth, parse_auth};
 use envoy::parse_envoy;
@@ -73,8 +75,7 @@ pub use limiter_envoy::settings::{
 };
 use policy::parse_policy;
 pub use policy::{
-    CalendarSpec, CheckedLimit, ConcurrencyLimit, DEFAULT_PERMIT_TTL, Keying, MAX_PERMIT_TTL,
-    Policy, PolicyLimit,
+    CalendarSpec, CheckedLimit, DEFAULT_PERMIT_TTL, MAX_PERMIT_TTL, Policy, PolicyLimit,
 };
 pub use redis_store::{
     Login, PasswordFrom, RedisAt, RedisConnection, SentinelAt, TlsFiles, WaitFor,

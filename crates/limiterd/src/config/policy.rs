@@ -1,7 +1,7 @@
 //! `[policies.*]`: each policy's limits (algorithm, count, period, burst, keying), checked
 //! for the store they run on, its failure policy and its lease.
 
-use crate::backend::{LEASE_TTL_RANGE, Lease, OnFailure, RedisLimit, Slack};
+use crate::store::{LEASE_TTL_RANGE, Lease, OnFailure, RedisLimit, Slack};
 use limiter_calendar::{Calendar, CalendarError, CalendarUnit};
 use limiter_core::text::{parse_percent, parse_period};
 use limiter_core::{Limit, LimitError};
@@ -130,26 +130,6 @@ impl CheckedLimit {
     }
 }
 
-/// How a limit is keyed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Keying {
-    /// A state per identifier.
-    Identifier,
-    /// One state for every identifier.
-    Global,
-}
-
-impl Keying {
-    /// The name of the layer a policy's limits of this keying make (in metrics, headers and
-    /// Redis keys).
-    pub fn layer_name(self) -> &'static str {
-        match self {
-            Self::Identifier => "identifier",
-            Self::Global => "global",
-        }
-    }
-}
-
 /// One limit of a policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PolicyLimit {
@@ -159,22 +139,9 @@ pub struct PolicyLimit {
     pub keying: Keying,
 }
 
-/// A policy's concurrency limit (`algorithm = "concurrency"`): at most `count` permits held
-/// at once per identifier (or in all, `key = "global"`), each released by the caller or
-/// expiring `ttl` after it was taken.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ConcurrencyLimit {
-    /// The most permits held at once.
-    pub count: u64,
-    /// How long a permit lives unless released.
-    pub ttl: std::time::Duration,
-    /// Per identifier or global.
-    pub keying: Keying,
-}
-
 /// The longest time to live of a concurrency limit's permits (longer work should release and
 /// take a new permit, or use a rate limit).
-pub const MAX_PERMIT_TTL: std::time::Duration = crate::backend::MAX_PERMIT_TTL;
+pub const MAX_PERMIT_TTL: std::time::Duration = crate::store::MAX_PERMIT_TTL;
 
 /// How long a permit lives unless `ttl` says otherwise.
 pub const DEFAULT_PERMIT_TTL: std::time::Duration = std::time::Duration::from_secs(60);
@@ -309,12 +276,12 @@ fn parse_concurrency(
         return Err(source.at(burst, format!("policy `{policy}`: a concurrency limit has no `burst`: give `count` (permits held at once) and `ttl`")));
     }
     let count = *raw.count.get_ref();
-    if count == 0 || count > crate::backend::MAX_PERMITS {
+    if count == 0 || count > crate::store::MAX_PERMITS {
         return Err(source.at(
             &raw.count,
             format!(
                 "policy `{policy}`: `count = {count}` permits: give 1 to {}",
-                crate::backend::MAX_PERMITS
+                crate::store::MAX_PERMITS
             ),
         ));
     }

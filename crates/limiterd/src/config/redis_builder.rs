@@ -1,7 +1,7 @@
 //! From checked `[store]` Redis settings to the library's [`BackendBuilder`], and the
 //! `--redis` flag's forms (one server, `cluster:`, `sentinel:`).
 
-use crate::backend::{BackendBuilder, BreakerConfig, RedisBackend, RedisUrl};
+use crate::store::{BackendBuilder, BreakerConfig, RedisBackend, RedisUrl};
 
 #[cfg(feature = "tls")]
 use super::redis_store::TlsFiles;
@@ -10,8 +10,8 @@ use super::redis_store::{Login, PasswordFrom, RedisAt, RedisConnection, Sentinel
 #[cfg(feature = "tls")]
 impl TlsFiles {
     /// The library's TLS options, reading the files.
-    pub fn options(&self) -> Result<crate::backend::TlsOptions, crate::backend::TlsError> {
-        let mut options = crate::backend::TlsOptions::new();
+    pub fn options(&self) -> Result<crate::store::TlsOptions, crate::store::TlsError> {
+        let mut options = crate::store::TlsOptions::new();
         if let Some(ca) = &self.ca_file {
             options = options.ca_file(ca)?;
         }
@@ -91,7 +91,7 @@ impl RedisConnection {
     pub fn new(at: RedisAt) -> Self {
         Self {
             at,
-            timeout: crate::backend::DEFAULT_TIMEOUT,
+            timeout: crate::store::DEFAULT_TIMEOUT,
             login: Login::default(),
             tls: None,
             breaker: BreakerConfig::default(),

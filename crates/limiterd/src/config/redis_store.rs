@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::backend::{BreakerConfig, RedisUrl, Secret};
+use crate::store::{BreakerConfig, RedisUrl, Secret};
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -223,7 +223,7 @@ pub(super) fn parse_redis(
         }
     };
     let timeout = match raw.timeout_ms {
-        None => crate::backend::DEFAULT_TIMEOUT,
+        None => crate::store::DEFAULT_TIMEOUT,
         Some(ms) if (1..=60_000).contains(ms.get_ref()) => Duration::from_millis(*ms.get_ref()),
         Some(ms) => {
             return Err(source.at(

@@ -2,7 +2,7 @@
 //! cluster's seed nodes or Sentinel, with its login, TLS, breaker and timeout) with a failure
 //! policy and fleet size.
 
-use crate::backend::OnFailure;
+use crate::store::OnFailure;
 use toml::Spanned;
 
 use super::redis_store::{RawRedis, RedisConnection, parse_redis};

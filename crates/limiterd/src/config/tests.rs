@@ -1,5 +1,5 @@
 //! The configuration's tests: every field parsed, every mistake named with its line, column and fix.
-use crate::backend::{Lease, Slack};
+use crate::store::{Lease, Slack};
 use limiter_stack::Kind;
 
 use super::*;
@@ -19,8 +19,8 @@ fn a_redis_cluster_is_given_by_its_seed_nodes() {
     assert_eq!(
         at,
         &RedisAt::Cluster(vec![
-            crate::backend::RedisUrl::parse("redis://10.0.0.1:6379").unwrap(),
-            crate::backend::RedisUrl::parse("redis://10.0.0.2:6379").unwrap()
+            crate::store::RedisUrl::parse("redis://10.0.0.1:6379").unwrap(),
+            crate::store::RedisUrl::parse("redis://10.0.0.2:6379").unwrap()
         ])
     );
     assert_eq!(

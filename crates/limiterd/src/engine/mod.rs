@@ -114,9 +114,9 @@ struct Entry {
     plan: usize,
     counters: PolicyCounters,
     /// The concurrency limit's permits, if the policy has one.
-    permits: Option<crate::permits::PolicyPermits>,
+    permits: Option<crate::store::permits::PolicyPermits>,
     /// The calendar quotas kept beside the stack (on Redis).
-    quotas: Vec<crate::quotas::PolicyQuota>,
+    quotas: Vec<crate::store::quotas::PolicyQuota>,
 }
 
 /// Every policy's stack, the ad-hoc stacks, and the clock they share.

@@ -9,8 +9,8 @@ use limiter_core::{Clock, Decision};
 use limiter_stack::{Charge, Origin};
 
 use crate::metrics::{Counted, FailurePolicy};
-use crate::permits::{PermitFailure, PolicyPermits, Taken};
-use crate::quotas::{CountedIn, PolicyQuota, QuotaTaken};
+use crate::store::permits::{PermitFailure, PolicyPermits, Taken};
+use crate::store::quotas::{CountedIn, PolicyQuota, QuotaTaken};
 
 use super::*;
 

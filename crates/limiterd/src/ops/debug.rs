@@ -16,11 +16,11 @@ use crate::ops::live::Readiness;
 /// `/debug/status` and derives rates from the totals' differences.
 pub const STATUS_PAGE: &str = include_str!("status.html");
 
-fn failure_name(on_failure: crate::backend::OnFailure) -> &'static str {
+fn failure_name(on_failure: crate::store::OnFailure) -> &'static str {
     match on_failure {
-        crate::backend::OnFailure::Open => "open",
-        crate::backend::OnFailure::Closed => "closed",
-        crate::backend::OnFailure::Fallback => "fallback",
+        crate::store::OnFailure::Open => "open",
+        crate::store::OnFailure::Closed => "closed",
+        crate::store::OnFailure::Fallback => "fallback",
     }
 }
 
@@ -48,7 +48,7 @@ fn store(store: &Store) -> Value {
 /// How limiterd reaches Redis, as `/debug/config` shows it: URLs with their passwords
 /// redacted, where each password comes from (never the password), TLS files by name.
 fn redis_connection(connection: &RedisConnection) -> Value {
-    let urls = |urls: &[crate::backend::RedisUrl]| -> Vec<String> {
+    let urls = |urls: &[crate::store::RedisUrl]| -> Vec<String> {
         urls.iter().map(ToString::to_string).collect()
     };
     let (url, cluster, sentinel) = match &connection.at {

@@ -95,8 +95,8 @@ pub struct SentinelStatus {
 
 impl StoreStatus {
     /// The status a probe of a Redis backend found.
-    pub fn of(health: &crate::backend::StoreHealth) -> Self {
-        let slots = |ranges: &[std::ops::RangeInclusive<u16>]| crate::backend::slot_ranges(ranges);
+    pub fn of(health: &crate::store::StoreHealth) -> Self {
+        let slots = |ranges: &[std::ops::RangeInclusive<u16>]| crate::store::slot_ranges(ranges);
         Self {
             deployment: health.deployment.name(),
             masters: health.masters.len(),

@@ -1,12 +1,12 @@
 //! Per-identifier overrides of unkey's v2 API, set at run time: in each namespace, an
 //! identifier (or a pattern with `*`, matching any run of characters) gets its own limit and
-//! duration. They are data, not configuration: a reload keeps them. In memory they are kept
-//! in a JSON file written atomically (a temporary file beside it, synced, then renamed over
-//! it) on every change and read at start, so they survive a restart. On Redis they live in
-//! Redis ([`crate::backend::RedisRecords`]) and apply on every instance: each change is written
-//! there first, and every instance polls their version every [`REFRESH_EVERY`], reading them
-//! again when it moved, so an override set on one instance applies on the others within that
-//! interval and a round trip. Decisions read the copy held here, never Redis.
+//! duration. They are data, not configuration: a reload keeps them. Where they are kept is the
+//! store room's ([`crate::store::overrides`]): in memory, a JSON file written on every change
+//! and read at start, so they survive a restart; on Redis, records every instance shares: each
+//! change is written there first, and every instance polls their version every
+//! [`REFRESH_EVERY`], reading them again when it moved, so an override set on one instance
+//! applies on the others within that interval and a round trip. Decisions read the copy held
+//! here, never the file or Redis.
 //!
 //! Which override applies to an identifier: an exact one first; otherwise the matching pattern
 //! with the most literal characters (the most specific), ties broken by the pattern's text
@@ -17,35 +17,15 @@
 //! its id, and the id is the same on every instance and after a restart.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use crate::backend::RedisRecords;
-use serde::{Deserialize, Serialize};
+use crate::store::RedisRecords;
+pub use crate::store::overrides::Override;
+use crate::store::overrides::{Keeping, NotSaved, Table};
 
 /// How often an instance on Redis looks for overrides another instance changed.
 pub const REFRESH_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
-
-/// Where overrides are kept besides this process's copy.
-#[derive(Debug)]
-enum Keeping {
-    Memory,
-    File(PathBuf),
-    Redis(RedisRecords),
-}
-
-/// One override.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Override {
-    /// Its id (`ovr_…`), stable for its namespace and identifier.
-    pub id: String,
-    /// The identifier or pattern it applies to.
-    pub identifier: String,
-    /// Units per duration.
-    pub limit: u64,
-    /// The window, in ms.
-    pub duration_ms: u64,
-}
 
 /// Why an override was not set or found.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -78,8 +58,6 @@ pub enum OverrideError {
     },
 }
 
-type Table = BTreeMap<String, BTreeMap<String, Override>>;
-
 /// Every namespace's overrides, and where they are kept.
 #[derive(Debug)]
 pub struct Overrides {
@@ -91,13 +69,6 @@ pub struct Overrides {
     /// Held by one change at a time, across its write to the file or Redis, so two changes
     /// never lose each other.
     writing: tokio::sync::Mutex<()>,
-}
-
-/// One override as Redis keeps it (its namespace with it, so the table can be rebuilt).
-#[derive(Serialize, Deserialize)]
-struct Stored {
-    namespace: String,
-    entry: Override,
 }
 
 impl Overrides {
@@ -127,51 +98,27 @@ impl Overrides {
 
     /// On Redis, reads the overrides again if another instance changed them (one `GET` when
     /// nothing changed); whether they changed. Elsewhere, nothing to do.
-    pub async fn refresh(&self) -> Result<bool, crate::backend::BackendError> {
-        let Keeping::Redis(records) = &self.keeping else {
-            return Ok(false);
-        };
+    pub async fn refresh(&self) -> Result<bool, crate::store::BackendError> {
         let seen = self.table().1;
-        if let Some(seen) = seen
-            && records.version().await? == seen
-        {
-            return Ok(false);
-        }
-        let (version, fields) = records.all().await?;
-        let mut table = Table::new();
-        for (_, value) in fields {
-            // A record this version cannot read is skipped, not fatal.
-            if let Ok(stored) = serde_json::from_str::<Stored>(&value) {
-                let entry = stored.entry;
-                table
-                    .entry(stored.namespace)
-                    .or_default()
-                    .insert(entry.identifier.clone(), entry);
+        match self.keeping.read_if_changed(seen).await? {
+            Some((table, version)) => {
+                *self.table_mut() = (table, Some(version));
+                Ok(true)
             }
+            None => Ok(false),
         }
-        *self.table_mut() = (table, Some(version));
-        Ok(true)
     }
 
     /// Overrides kept in `path`: read from it if it exists (a missing file is no overrides;
     /// an unreadable one is an error naming it).
     pub fn load(path: &Path) -> Result<Self, String> {
-        let table = match std::fs::read(path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map_err(|e| format!("{}: not an overrides file ({e})", path.display()))?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Table::new(),
-            Err(e) => return Err(format!("{}: {e}", path.display())),
-        };
-        Ok(Self::kept(Keeping::File(path.to_owned()), table))
+        let (keeping, table) = Keeping::load(path)?;
+        Ok(Self::kept(keeping, table))
     }
 
     /// Where they are kept: a file, `redis`, or `None` (this process's memory only).
     pub fn kept_in(&self) -> Option<String> {
-        match &self.keeping {
-            Keeping::Memory => None,
-            Keeping::File(path) => Some(path.display().to_string()),
-            Keeping::Redis(_) => Some("redis".to_owned()),
-        }
+        self.keeping.kept_in()
     }
 
     fn table(&self) -> RwLockReadGuard<'_, (Table, Option<u64>)> {
@@ -211,17 +158,10 @@ impl Overrides {
                 });
             }
         }
-        if let Keeping::Redis(records) = &self.keeping {
-            let stored = Stored {
-                namespace: namespace.to_owned(),
-                entry: entry.clone(),
-            };
-            let value = serde_json::to_string(&stored).unwrap_or_default();
-            records
-                .put(&field(namespace, identifier), &value)
-                .await
-                .map_err(|e| saving("redis", e))?;
-        }
+        self.keeping
+            .put(namespace, &entry)
+            .await
+            .map_err(not_saved)?;
         self.change(namespace, identifier, Some(entry)).await?;
         Ok(id)
     }
@@ -244,12 +184,13 @@ impl Overrides {
             .0
             .get(namespace)
             .is_some_and(|n| n.contains_key(identifier));
-        if let Keeping::Redis(records) = &self.keeping {
-            // Redis decides: another instance may have set or deleted it since this copy.
-            let removed = records
-                .remove(&field(namespace, identifier))
-                .await
-                .map_err(|e| saving("redis", e))?;
+        let on_redis = self
+            .keeping
+            .remove(namespace, identifier)
+            .await
+            .map_err(not_saved)?;
+        if let Some(removed) = on_redis {
+            // Redis decided: another instance may have set or deleted it since this copy.
             self.change(namespace, identifier, None).await?;
             return if removed {
                 Ok(())
@@ -287,14 +228,10 @@ impl Overrides {
                 }
             }
         };
-        if let Keeping::File(path) = &self.keeping {
+        if self.keeping.is_file() {
             let mut changed = self.table().0.clone();
             apply(&mut changed);
-            let path = path.clone();
-            let saved =
-                tokio::task::spawn_blocking(move || save(&path, &changed).map(|()| changed))
-                    .await
-                    .map_err(|e| saving("the overrides file", e))??;
+            let saved = self.keeping.save(changed).await.map_err(not_saved)?;
             self.table_mut().0 = saved;
         } else {
             apply(&mut self.table_mut().0);
@@ -358,35 +295,11 @@ impl Overrides {
     }
 }
 
-/// Writes `table` to `path` atomically (a synced temporary file renamed over it); nothing in
-/// memory changes if it fails.
-fn save(path: &Path, table: &Table) -> Result<(), OverrideError> {
-    let failed = |e: std::io::Error| OverrideError::Save {
-        path: path.display().to_string(),
-        reason: e.to_string(),
-    };
-    let bytes = serde_json::to_vec_pretty(table).map_err(|e| failed(e.into()))?;
-    let mut temporary = path.to_owned().into_os_string();
-    temporary.push(".tmp");
-    let temporary = PathBuf::from(temporary);
-    {
-        use std::io::Write;
-        let mut file = std::fs::File::create(&temporary).map_err(failed)?;
-        file.write_all(&bytes).map_err(failed)?;
-        file.sync_all().map_err(failed)?;
-    }
-    std::fs::rename(&temporary, path).map_err(failed)
-}
-
-/// An override's field in Redis: the namespace length-prefixed, then the identifier.
-fn field(namespace: &str, identifier: &str) -> String {
-    format!("{}:{namespace}{identifier}", namespace.len())
-}
-
-fn saving(place: &str, e: impl std::fmt::Display) -> OverrideError {
+/// A write that failed, as the API reports it: nothing changed.
+fn not_saved(failed: NotSaved) -> OverrideError {
     OverrideError::Save {
-        path: place.to_owned(),
-        reason: e.to_string(),
+        path: failed.place,
+        reason: failed.reason,
     }
 }
 

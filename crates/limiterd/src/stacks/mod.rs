@@ -19,10 +19,10 @@ use limiter_stack::{
     decide_all,
 };
 
-use crate::backend::{LeasedStack, OnFailure, RedisBackend, RedisStack};
 use crate::config::{Policy, Store, StoreKind};
-use crate::permits::{MemoryPermits, PolicyPermits};
-use crate::quotas::{PolicyQuota, QuotaTables};
+use crate::store::permits::{MemoryPermits, PolicyPermits};
+use crate::store::quotas::{PolicyQuota, QuotaTables};
+use crate::store::{LeasedStack, OnFailure, RedisBackend, RedisStack};
 
 mod limits;
 
@@ -199,7 +199,7 @@ pub async fn decide_batch(
     let on_redis: Option<Vec<&RedisStack<Call>>> = stacks.iter().map(|s| s.per_call()).collect();
     match on_redis {
         Some(on_redis) if on_redis.len() > 1 => {
-            crate::backend::decide_batch(batch, &on_redis, at).await
+            crate::store::decide_batch(batch, &on_redis, at).await
         }
         _ => decide_all(batch, at).await,
     }
@@ -376,12 +376,30 @@ impl<C: Clock + Clone + Send + Sync + 'static> Stacks<C> {
         match &self.place {
             Place::Memory { .. } => Ok(Vec::new()),
             Place::Redis(backend, _, fleet) => {
-                PolicyQuota::of(policy, backend, stack_name, (&self.quota_tables, *fleet)).map_err(
-                    |source| EngineError::Stack {
-                        policy: stack_name.to_owned(),
-                        source,
-                    },
-                )
+                let failed = |source| EngineError::Stack {
+                    policy: stack_name.to_owned(),
+                    source,
+                };
+                let mut quotas = Vec::new();
+                for limit in policy
+                    .limits
+                    .iter()
+                    .filter(|l| l.limit.is_quota_beside_stack())
+                {
+                    let Some(spec) = limit.limit.calendar() else {
+                        continue;
+                    };
+                    let calendar = spec.calendar().map_err(|e| {
+                        failed(limiter_stack::BuildError::Quota {
+                            name: stack_name.to_owned(),
+                            reason: e.to_string(),
+                        })
+                    })?;
+                    quotas.push((limit.limit.limit().count(), limit.keying, calendar));
+                }
+                let tables = (&self.quota_tables, *fleet);
+                PolicyQuota::of(quotas, policy.on_failure, backend, stack_name, tables)
+                    .map_err(failed)
             }
         }
     }
@@ -453,7 +471,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Stacks<C> {
                     })
                 });
                 let mut builder = RedisStack::builder(backend, stack_name)
-                    .prefix(crate::backend::KEY_PREFIX)
+                    .prefix(crate::store::KEY_PREFIX)
                     .on_failure(policy.on_failure)
                     .fleet_size(*fleet)
                     .layers(layers);

@@ -15,8 +15,7 @@ use limiter_calendar::{Calendar, CalendarCounter, KeyedCalendarWindow};
 use limiter_core::{Decision, DefaultClock};
 use limiter_store::ShardedStore;
 
-use crate::backend::{BackendError, OnFailure, RedisBackend, RedisQuota};
-use crate::config::{Keying, Policy};
+use super::{BackendError, Keying, OnFailure, RedisBackend, RedisQuota};
 
 /// One calendar quota of a policy on Redis, and how it is keyed.
 #[derive(Clone, Debug)]
@@ -149,40 +148,31 @@ pub struct QuotaFailure {
 }
 
 impl PolicyQuota {
-    /// Every calendar quota of `policy` kept beside its stack, on `backend` under `name`.
-    /// A falling-back policy's quotas have a stand-in each from `tables`, counting `count /
-    /// fleet`.
+    /// The calendar quotas `quotas` (each its count, keying and calendar, in the policy's
+    /// order) of a policy failing as `on_failure`, kept beside its stack on `backend` under
+    /// `name`. A falling-back policy's quotas have a stand-in each from `tables`, counting
+    /// `count / fleet`.
     pub(crate) fn of(
-        policy: &Policy,
+        quotas: impl IntoIterator<Item = (u64, Keying, Calendar)>,
+        on_failure: OnFailure,
         backend: &RedisBackend,
         name: &str,
         (tables, fleet): (&QuotaTables, u64),
     ) -> Result<Vec<Self>, limiter_stack::BuildError> {
-        let beside = policy
-            .limits
-            .iter()
-            .filter(|l| l.limit.is_quota_beside_stack())
-            .filter_map(|l| Some((l, l.limit.calendar()?)));
-        beside
+        quotas
+            .into_iter()
             .enumerate()
-            .map(|(i, (l, spec))| {
-                let calendar = spec
-                    .calendar()
-                    .map_err(|e| limiter_stack::BuildError::Quota {
-                        name: name.to_owned(),
-                        reason: e.to_string(),
-                    })?;
+            .map(|(i, (count, keying, calendar))| {
                 let quota_name = format!("{name}:{i}");
-                let count = l.limit.limit().count();
-                let fallback = (policy.on_failure == OnFailure::Fallback)
+                let fallback = (on_failure == OnFailure::Fallback)
                     .then(|| LocalQuota::shared(tables, &quota_name, count, fleet, &calendar));
                 let quota = backend
                     .quota(&quota_name, count, calendar)?
-                    .with_prefix(crate::backend::KEY_PREFIX)?;
+                    .with_prefix(super::KEY_PREFIX)?;
                 Ok(Self {
                     quota,
-                    keying: l.keying,
-                    on_failure: policy.on_failure,
+                    keying,
+                    on_failure,
                     fallback,
                 })
             })

@@ -2,7 +2,7 @@
 //! until the caller releases it (`POST /v1/ratelimit/release`) or its time to live passes, at
 //! most `count` at once per identifier (or in all, for a global limit). In memory a permit is
 //! an entry in this process's table; on Redis it is a member of the key's sorted set, so a
-//! fleet shares the count ([`crate::backend::RedisPermits`]), and a policy that falls back
+//! fleet shares the count ([`super::RedisPermits`]), and a policy that falls back
 //! (`on_failure = "fallback"`) keeps a table in this process that stands in while Redis fails,
 //! with this node's share of the count (`count / fleet_size`, so the fleet never holds more
 //! than `count`; a share of 0 refuses). Either way a caller that never releases (it crashed,
@@ -12,16 +12,28 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::backend::{Acquired, OnFailure, RedisBackend, RedisPermits};
 use limiter_core::Clock;
 
-use crate::config::{ConcurrencyLimit, Keying};
+use super::{Acquired, Keying, OnFailure, RedisBackend, RedisPermits};
 
 /// One shard of a permit table: per key, each held permit's number and expiry (a reading).
 type Shard = HashMap<String, Vec<(u64, u64)>>;
 
 /// Shards of an in-memory permit table: calls on different identifiers rarely share a lock.
 const SHARDS: usize = 16;
+
+/// A policy's concurrency limit (`algorithm = "concurrency"`): at most `count` permits held
+/// at once per identifier (or in all, `key = "global"`), each released by the caller or
+/// expiring `ttl` after it was taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConcurrencyLimit {
+    /// The most permits held at once.
+    pub count: u64,
+    /// How long a permit lives unless released.
+    pub ttl: std::time::Duration,
+    /// Per identifier or global.
+    pub keying: Keying,
+}
 
 /// What an acquire answered.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -112,7 +124,7 @@ impl PolicyPermits {
     ) -> Result<Self, limiter_stack::BuildError> {
         let permits = backend
             .permits(name, limit.count, limit.ttl)?
-            .with_prefix(crate::backend::KEY_PREFIX)?;
+            .with_prefix(super::KEY_PREFIX)?;
         let fallback = fallback.map(|(table, fleet)| Fallback {
             table,
             limit: ConcurrencyLimit {
@@ -127,7 +139,7 @@ impl PolicyPermits {
         })
     }
 
-    fn failed(&self, error: &crate::backend::BackendError) -> PermitFailure {
+    fn failed(&self, error: &super::BackendError) -> PermitFailure {
         PermitFailure {
             message: error.to_string(),
             closed: self.on_failure == OnFailure::Closed,
