@@ -28,6 +28,9 @@ pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// At most `count` requests in flight per key, in front of any tower service whose response
 /// body can carry the middleware's own answers ([`AnswerBody`]: axum's, tonic's, boxed ones).
+/// Beside a [`RateLimitLayer`](crate::RateLimitLayer), add this one last (outermost): a
+/// request refused for want of a permit then takes no rate units, and one the rate limit
+/// refuses gives its permit back as its 429 ends.
 ///
 /// ```
 /// use axum::{Router, routing::get};

@@ -32,7 +32,8 @@ impl BodyPermit for HeldPermit {
 
 /// At most `permits.count()` requests in flight per key across every process sharing the
 /// Redis behind `permits`, in front of any tower service whose response body can carry the
-/// middleware's own answers ([`AnswerBody`]).
+/// middleware's own answers ([`AnswerBody`]). Beside a rate limit, add it last (outermost),
+/// as [`ConcurrencyLayer`](crate::ConcurrencyLayer) says.
 ///
 /// ```no_run
 /// use std::time::Duration;

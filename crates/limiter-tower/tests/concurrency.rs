@@ -1,6 +1,7 @@
 //! The concurrency layer over real HTTP on loopback: a streaming response holds its request's
 //! permit until its body ends; a second request for the key meanwhile is answered 429 with
-//! `Retry-After` (another key passes); a client that disconnects mid-body releases its permit.
+//! `Retry-After` (another key passes); a client that disconnects mid-body releases its permit;
+//! beside a rate limit, the concurrency layer outermost keeps the two all or nothing.
 
 mod support;
 
@@ -11,19 +12,19 @@ use axum::body::Body;
 use axum::routing::get;
 use bytes::Bytes;
 use http::StatusCode;
+use limiter_core::{Limit, ManualClock};
+use limiter_stack::{Kind, Layer, Stack};
 use limiter_testkit::http_client::send;
-use limiter_tower::{ConcurrencyLayer, HeaderKey, Key};
+use limiter_tower::{ConcurrencyLayer, HeaderKey, HttpRequest, Key, RateLimitLayer, by_key};
 use support::{Fed, Feeds, open_stream};
 use tokio::io::AsyncReadExt;
 use tokio::sync::mpsc;
 
 /// `/stream` answers a body the test feeds (its sender pushed to `feeds`); `/quick` answers
-/// at once; both behind at most one request in flight per `x-api-key`.
-async fn serve() -> (std::net::SocketAddr, Feeds, ConcurrencyLayer<HeaderKey>) {
-    let feeds: Feeds = Arc::default();
-    let pushed = Arc::clone(&feeds);
-    let layer = ConcurrencyLayer::new(1, HeaderKey::new("x-api-key".parse().unwrap())).unwrap();
-    let app = Router::new()
+/// at once.
+fn routes(feeds: &Feeds) -> Router {
+    let pushed = Arc::clone(feeds);
+    Router::new()
         .route(
             "/stream",
             get(move || async move {
@@ -33,8 +34,29 @@ async fn serve() -> (std::net::SocketAddr, Feeds, ConcurrencyLayer<HeaderKey>) {
             }),
         )
         .route("/quick", get(|| async { "ok" }))
-        .layer(layer.clone());
+}
+
+fn api_key() -> HeaderKey {
+    HeaderKey::new("x-api-key".parse().unwrap())
+}
+
+/// The routes behind at most one request in flight per `x-api-key`.
+async fn serve() -> (std::net::SocketAddr, Feeds, ConcurrencyLayer<HeaderKey>) {
+    let feeds: Feeds = Arc::default();
+    let layer = ConcurrencyLayer::new(1, api_key()).unwrap();
+    let app = routes(&feeds).layer(layer.clone());
     (support::serve(app).await, feeds, layer)
+}
+
+/// Reads `stream`'s chunked body to its end.
+async fn read_to_end(stream: &mut tokio::net::TcpStream) {
+    let mut rest = Vec::new();
+    while !rest.ends_with(b"0\r\n\r\n") {
+        let mut chunk = [0u8; 64];
+        let n = stream.read(&mut chunk).await.unwrap();
+        assert!(n > 0, "the connection closed before the body ended");
+        rest.extend_from_slice(&chunk[..n]);
+    }
 }
 
 fn held(layer: &ConcurrencyLayer<HeaderKey>, key: &str) -> u64 {
@@ -66,13 +88,7 @@ async fn a_streaming_response_holds_its_permit_until_its_body_ends() {
     let feed = feeds.lock().unwrap().pop().unwrap();
     feed.send(Bytes::from_static(b"done")).await.unwrap();
     drop(feed);
-    let mut rest = Vec::new();
-    while !rest.ends_with(b"0\r\n\r\n") {
-        let mut chunk = [0u8; 64];
-        let n = stream.read(&mut chunk).await.unwrap();
-        assert!(n > 0, "the connection closed before the body ended");
-        rest.extend_from_slice(&chunk[..n]);
-    }
+    read_to_end(&mut stream).await;
     assert_eq!(held(&layer, "acme"), 0);
     let again = send(addr, "GET", "/quick", &[("x-api-key", "acme")]).await;
     assert_eq!(again.status, StatusCode::OK);
@@ -110,4 +126,49 @@ async fn a_client_that_disconnects_mid_body_releases_its_permit() {
     );
     let again = send(addr, "GET", "/quick", &[("x-api-key", "acme")]).await;
     assert_eq!(again.status, StatusCode::OK);
+}
+
+/// Two starts an hour per key (on a clock that does not move), at most one running: the
+/// concurrency layer added last, so it is outermost, as docs/concurrency.md says.
+#[tokio::test]
+async fn outermost_a_busy_request_takes_no_rate_unit_and_a_rate_denial_keeps_no_permit() {
+    let feeds: Feeds = Arc::default();
+    let starts: Stack<HttpRequest, Key, ManualClock> = Stack::builder()
+        .layer(Layer::keyed("starts", by_key("api")).limit(Kind::TokenBucket, Limit::per_hour(2)))
+        .clock(ManualClock::new())
+        .build()
+        .unwrap();
+    let rate = RateLimitLayer::builder(starts)
+        .key("api", api_key())
+        .build()
+        .unwrap();
+    let in_flight = ConcurrencyLayer::new(1, api_key()).unwrap();
+    let app = routes(&feeds).layer(rate).layer(in_flight.clone());
+    let addr = support::serve(app).await;
+    let quick = || send(addr, "GET", "/quick", &[("x-api-key", "acme")]);
+
+    // The first start runs (one unit of two taken) and holds the permit.
+    let (mut stream, head) = open_stream(addr, "acme").await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    // A second while it runs: refused for concurrency, before the rate limit is asked.
+    let busy = quick().await;
+    assert_eq!(busy.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(busy.body.contains("in flight"), "{}", busy.body);
+    let feed = feeds.lock().unwrap().pop().unwrap();
+    drop(feed);
+    read_to_end(&mut stream).await;
+    assert_eq!(held(&in_flight, "acme"), 0);
+
+    // So the second unit is still there: the busy request took none.
+    let second = quick().await;
+    assert_eq!(second.status, StatusCode::OK, "{}", second.body);
+    // The third start is the rate limit's to refuse, and its permit goes back with the 429.
+    let third = quick().await;
+    assert_eq!(third.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(third.body.contains("too many requests"), "{}", third.body);
+    assert!(
+        third.header("ratelimit").is_some(),
+        "the rate limit answered"
+    );
+    assert_eq!(held(&in_flight, "acme"), 0, "a rate denial keeps no permit");
 }
