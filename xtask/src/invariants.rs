@@ -120,12 +120,8 @@ const RULES: &[Rule] = &[
     Rule {
         patterns: &["as_any", "downcast"],
         scope: &[],
-        allowed: &[
-            // Which TLS failure an `io::Error` carries (a wrong CA, a wrong name), to say so:
-            // reading a foreign error, not one of ours.
-            "crates/limiter-redis/src/connect/tls.rs",
-        ],
-        invariant: "nothing of ours is read back by downcast: a capability is asked for by type (a batch in one Redis script takes its stacks typed, a refund takes the backend's own grant type); the one downcast allowed reads a TLS error out of an io::Error",
+        allowed: &[],
+        invariant: "nothing is read back by downcast: a capability is asked for by type (a batch in one Redis script takes its stacks typed, a refund takes the backend's own grant type), and a refused TLS certificate is explained from the check's own typed note",
     },
     Rule {
         patterns: &[

@@ -18,6 +18,7 @@ use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName}
 
 use super::secret::Secret;
 use super::url::NodeAddr;
+use super::verify::NotingVerifier;
 use crate::error::BackendError;
 
 /// How to speak TLS to Redis: whom to trust, which certificate to show, which name to check.
@@ -144,10 +145,15 @@ impl TlsOptions {
     pub(crate) fn build(&self) -> Result<TlsSetup, TlsError> {
         let roots = self.roots()?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let verifier =
+            Arc::new(NotingVerifier::new(roots, Arc::clone(&provider)).map_err(TlsError::Refused)?);
+        // rustls's own certificate check, which notes why it refused (`verify.rs`); nothing
+        // is checked less than `with_root_certificates` would.
         let builder = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .map_err(|e| TlsError::Refused(e.to_string()))?
-            .with_root_certificates(roots);
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::clone(&verifier) as _);
         let config = match &self.client {
             None => builder.with_no_client_auth(),
             Some((cert_pem, key_pem)) => {
@@ -174,6 +180,7 @@ impl TlsOptions {
         Ok(TlsSetup {
             connector: TlsConnector::from(Arc::new(config)),
             server_name,
+            verifier,
         })
     }
 
@@ -242,6 +249,7 @@ impl fmt::Debug for TlsOptions {
 pub(crate) struct TlsSetup {
     connector: TlsConnector,
     server_name: Option<ServerName<'static>>,
+    verifier: Arc<NotingVerifier>,
 }
 
 impl fmt::Debug for TlsSetup {
@@ -269,46 +277,37 @@ pub(crate) async fn handshake(
         })?,
     };
     let shown = name.to_str().into_owned();
-    setup
-        .connector
-        .connect(name, tcp)
-        .await
-        .map_err(|e| BackendError::Tls(explain(addr, &shown, &e)))
+    setup.connector.connect(name, tcp).await.map_err(|e| {
+        let refusal = setup.verifier.take_refusal(&shown);
+        BackendError::Tls(explain(addr, &shown, &e, refusal))
+    })
 }
 
-/// What a failed handshake means, in the operator's terms.
-fn explain(addr: &NodeAddr, name: &str, error: &std::io::Error) -> String {
+/// What a failed handshake means, in the operator's terms: the certificate check's own reason
+/// when it refused the server's certificate (`refusal`), else what the session's failure says
+/// with the two usual causes named (a plaintext port; mutual TLS without a client certificate
+/// the server trusts).
+fn explain(
+    addr: &NodeAddr,
+    name: &str,
+    error: &std::io::Error,
+    refusal: Option<rustls::CertificateError>,
+) -> String {
     use rustls::CertificateError as C;
-    let Some(tls) = error
-        .get_ref()
-        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-    else {
+    let Some(refusal) = refusal else {
         return format!(
-            "{addr}: the TLS handshake failed ({error}); is this a TLS port (rediss:// needs Redis's tls-port)?"
+            "{addr}: the TLS handshake failed ({error}); is this Redis's tls-port (rediss:// needs it)? With mutual TLS, give a client certificate and key signed by a CA the server trusts"
         );
     };
-    let why = match tls {
-        rustls::Error::InvalidCertificate(C::UnknownIssuer | C::BadSignature) => {
+    let why = match refusal {
+        C::UnknownIssuer | C::BadSignature => {
             "the server's certificate is not signed by a CA this client trusts; give the CA that signed it (`ca_file`)".to_owned()
         }
-        rustls::Error::InvalidCertificate(C::NotValidForName | C::NotValidForNameContext { .. }) => {
-            format!(
-                "the server's certificate is not valid for the name `{name}`; connect by a name it holds or set the TLS server name to one"
-            )
-        }
-        rustls::Error::InvalidCertificate(C::Expired | C::ExpiredContext { .. }) => {
-            "the server's certificate has expired".to_owned()
-        }
-        rustls::Error::InvalidCertificate(other) => {
-            format!("the server's certificate was refused ({other:?})")
-        }
-        rustls::Error::AlertReceived(alert) => format!(
-            "the server refused the session ({alert:?}); with mutual TLS, give a client certificate and key signed by a CA the server trusts"
+        C::NotValidForName | C::NotValidForNameContext { .. } => format!(
+            "the server's certificate is not valid for the name `{name}`; connect by a name it holds or set the TLS server name to one"
         ),
-        rustls::Error::InvalidMessage(_) | rustls::Error::InappropriateMessage { .. } => {
-            "the server did not answer in TLS; is this Redis's tls-port?".to_owned()
-        }
-        other => format!("the TLS handshake failed ({other})"),
+        C::Expired | C::ExpiredContext { .. } => "the server's certificate has expired".to_owned(),
+        other => format!("the server's certificate was refused ({other:?})"),
     };
     format!("{addr}: {why}")
 }
