@@ -24,8 +24,13 @@ fn policy() -> String {
 }
 
 /// Two daemons on `store` take turns on one identifier; `kill` runs once half the limit is
-/// spent. The units admitted once both see a denial from Redis after the kill.
-async fn two_instances_through(store: &str, name: &str, kill: impl FnOnce()) -> u64 {
+/// spent. The units admitted once both see a denial from Redis after the kill, and the first
+/// daemon (still serving) with its client.
+async fn two_instances_through(
+    store: &str,
+    name: &str,
+    kill: impl FnOnce(),
+) -> (u64, Daemon, Client) {
     let file = temp_file(
         name,
         &format!(
@@ -76,7 +81,36 @@ async fn two_instances_through(store: &str, name: &str, kill: impl FnOnce()) -> 
         assert!(started.elapsed() < Duration::from_secs(60), "{d}");
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    admitted
+    let [first, _] = daemons;
+    let [client, _] = clients;
+    (admitted, first, client)
+}
+
+/// Waits for `client`'s `/metrics` to name the master at `port` as up, and no master at
+/// `gone`: the store's gauges follow the failover.
+async fn metrics_follow_the_new_master(client: &mut Client, port: u16, gone: u16) {
+    let up = format!("limiterd_store_master_up{{master=\"127.0.0.1:{port}\",slots=\"\"}} 1");
+    let old = format!("\"127.0.0.1:{gone}\"");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, metrics) = client.send("GET", "/metrics", "").await;
+        if metrics.lines().any(|l| l == up) && !metrics.contains(&old) {
+            assert!(
+                metrics.lines().any(|l| l == "limiterd_store_masters 1"),
+                "{metrics}"
+            );
+            assert!(
+                metrics.lines().any(|l| l == "limiterd_ready 1"),
+                "{metrics}"
+            );
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{up}, without {old}, in\n{metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -93,7 +127,7 @@ async fn two_instances_on_sentinel_keep_the_limit_through_a_failover() {
             if wait { "wait_replicas = 1\n" } else { "" },
             sentinels.join(", ")
         );
-        let admitted = two_instances_through(
+        let (admitted, _daemon, mut client) = two_instances_through(
             &store,
             &format!("sentinel-{wait}-{}.toml", set.master.port),
             || {
@@ -101,6 +135,8 @@ async fn two_instances_on_sentinel_keep_the_limit_through_a_failover() {
             },
         )
         .await;
+        let promoted = set.master_port().expect("the sentinels name a master");
+        metrics_follow_the_new_master(&mut client, promoted, set.master.port).await;
         eprintln!("Sentinel, wait_replicas {wait}: {admitted} admitted of {LIMIT}");
         if wait {
             assert_eq!(admitted, LIMIT);
@@ -124,7 +160,8 @@ async fn two_instances_on_a_cluster_with_replicas_keep_the_limit_through_a_failo
     let store = format!("timeout_ms = 200\ncluster = [{}]\n", seeds.join(", "));
     let master = cluster.master_of("{shared}");
     let name = format!("cluster-failover-{}.toml", cluster.nodes[0].port);
-    let admitted = two_instances_through(&store, &name, || cluster.nodes[master].kill()).await;
+    let (admitted, _, _) =
+        two_instances_through(&store, &name, || cluster.nodes[master].kill()).await;
     eprintln!("cluster with replicas: {admitted} admitted of {LIMIT}");
     assert!(
         (LIMIT..=LIMIT + LIMIT / 2).contains(&admitted),

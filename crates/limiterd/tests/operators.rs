@@ -352,4 +352,24 @@ async fn a_dead_master_fails_only_its_slots_and_readyz_says_which() {
     );
     let (_, status) = client.send("GET", "/debug/status", "").await;
     assert!(status.contains("\"masters_answering\":2"), "{status}");
+    // The same, as the gauges an operator alerts on.
+    let (_, metrics) = client.send("GET", "/metrics", "").await;
+    let dead = format!(
+        "limiterd_store_master_up{{master=\"127.0.0.1:{}\",slots=\"10923-16383\"}} 0",
+        cluster.nodes[2].port
+    );
+    let alive = format!(
+        "limiterd_store_master_up{{master=\"127.0.0.1:{}\",slots=\"0-5460\"}} 1",
+        cluster.nodes[0].port
+    );
+    for line in [
+        "limiterd_ready 1",
+        "limiterd_store_reachable 1",
+        "limiterd_store_masters 3",
+        "limiterd_store_masters_answering 2",
+        &dead,
+        &alive,
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
+    }
 }

@@ -1,8 +1,8 @@
 //! The service's metrics, kept and written out by `prometheus-client` (OpenMetrics text, which
 //! Prometheus scrapes) for `GET /metrics`: decisions allowed, denied and shadow-denied per
 //! policy (labelled by name), invalid requests, backend errors, answers from a failure policy
-//! (labelled open, closed or fallback), keys held in memory, and how long each decision request
-//! took.
+//! (labelled open, closed or fallback), keys held in memory, how long each decision request
+//! took, and the store's health (`store.rs`: ready, reachable, each Redis master).
 //!
 //! A policy registers its counters once, by name ([`Metrics::policy`]), and keeps the handles:
 //! counting a decision is one atomic increment, with no lookup.
@@ -23,6 +23,10 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+
+mod store;
+use store::StoreGauges;
+pub use store::{MasterReading, StoreReading};
 
 /// The content type of [`Metrics::render`]'s text.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -305,6 +309,7 @@ pub struct Metrics {
     failure_policy: Family<[(&'static str, &'static str); 1], Counter>,
     store_keys: Gauge<i64, AtomicI64>,
     permits_held: Family<[(&'static str, String); 1], Gauge<i64, AtomicI64>>,
+    store: StoreGauges,
     duration: Histogram,
 }
 
@@ -355,6 +360,7 @@ impl Metrics {
             "Permits held now (not released, not expired), by policy with a concurrency limit kept in memory; a fleet's on Redis are not counted here",
             permits_held.clone(),
         );
+        let store = StoreGauges::register(&mut registry);
         let duration = Histogram::new(BUCKETS_S);
         registry.register(
             "limiterd_request_duration_seconds",
@@ -382,6 +388,7 @@ impl Metrics {
             failure_policy,
             store_keys,
             permits_held,
+            store,
             duration,
         }
     }
@@ -517,6 +524,11 @@ impl Metrics {
         self.failure_policy
             .get_or_create(&[("policy", policy.label())])
             .inc();
+    }
+
+    /// Sets the store's health gauges from the last probe (read at each scrape).
+    pub fn set_store(&self, reading: &StoreReading<'_>) {
+        self.store.set(reading);
     }
 
     /// Records how long one decision request took.

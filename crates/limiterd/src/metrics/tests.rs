@@ -96,3 +96,72 @@ fn top_denied_finds_the_heavy_hitters_in_bounded_memory() {
         TOP_DENIED_KEY_BYTES + '…'.len_utf8()
     );
 }
+
+#[test]
+fn store_health_gauges_follow_the_last_probe_and_drop_masters_no_longer_known() {
+    let metrics = Metrics::new();
+    let master = |addr, slots, answering, breaker_open| MasterReading {
+        addr,
+        slots,
+        answering,
+        breaker_open,
+    };
+    // In memory: ready, reachable, no masters.
+    metrics.set_store(&StoreReading {
+        ready: true,
+        reachable: true,
+        ..StoreReading::default()
+    });
+    let text = metrics.render(0);
+    for line in [
+        "limiterd_ready 1",
+        "limiterd_store_reachable 1",
+        "limiterd_store_masters 0",
+        "limiterd_store_masters_answering 0",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+    }
+    assert!(!text.contains("limiterd_store_master_up{"), "{text}");
+
+    // A cluster with its third master down and its breaker open: still ready.
+    metrics.set_store(&StoreReading {
+        ready: true,
+        reachable: true,
+        masters: vec![
+            master("10.0.0.1:6379", "0-5460", true, false),
+            master("10.0.0.2:6379", "5461-10922", true, false),
+            master("10.0.0.3:6379", "10923-16383", false, true),
+        ],
+        sentinels: None,
+    });
+    let text = metrics.render(0);
+    for line in [
+        "limiterd_store_masters 3",
+        "limiterd_store_masters_answering 2",
+        "limiterd_store_master_up{master=\"10.0.0.1:6379\",slots=\"0-5460\"} 1",
+        "limiterd_store_master_up{master=\"10.0.0.3:6379\",slots=\"10923-16383\"} 0",
+        "limiterd_store_master_breaker_open{master=\"10.0.0.3:6379\"} 1",
+        "limiterd_store_master_breaker_open{master=\"10.0.0.1:6379\"} 0",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+    }
+
+    // Sentinel named a new master, and a shutdown began: the old master's series are gone.
+    metrics.set_store(&StoreReading {
+        ready: false,
+        reachable: true,
+        masters: vec![master("10.0.0.9:6379", "", true, false)],
+        sentinels: Some((2, 3)),
+    });
+    let text = metrics.render(0);
+    for line in [
+        "limiterd_ready 0",
+        "limiterd_store_masters 1",
+        "limiterd_store_master_up{master=\"10.0.0.9:6379\",slots=\"\"} 1",
+        "limiterd_store_sentinels 3",
+        "limiterd_store_sentinels_answering 2",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+    }
+    assert!(!text.contains("10.0.0.3:6379"), "{text}");
+}

@@ -19,6 +19,7 @@ use crate::app::AppState;
 use crate::config::{Config, RedisConnection, Store};
 use crate::engine::Carried;
 use crate::envoy::Domains;
+use crate::metrics::{MasterReading, StoreReading};
 
 /// The state every request reads, replaced whole by [`reload`](Self::reload).
 #[derive(Debug)]
@@ -143,6 +144,31 @@ pub struct Readiness {
     pub store: Option<StoreStatus>,
     /// A shutdown has begun: requests in flight finish, new ones should go elsewhere.
     pub draining: bool,
+}
+
+impl Readiness {
+    /// What the store's health gauges report of it (`/metrics`).
+    pub fn reading(&self) -> StoreReading<'_> {
+        let store = self.store.as_ref();
+        StoreReading {
+            ready: self.ready,
+            reachable: self.store_reachable,
+            masters: store.map_or_else(Vec::new, |s| {
+                s.nodes
+                    .iter()
+                    .map(|n| MasterReading {
+                        addr: &n.addr,
+                        slots: &n.slots,
+                        answering: n.answering,
+                        breaker_open: n.breaker_open,
+                    })
+                    .collect()
+            }),
+            sentinels: store
+                .and_then(|s| s.sentinel.as_ref())
+                .map(|s| (s.answering, s.configured)),
+        }
+    }
 }
 
 /// What readiness says before the first probe of a Redis store has answered.
