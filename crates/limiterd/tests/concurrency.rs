@@ -87,6 +87,13 @@ async fn permits_are_handed_out_refused_past_the_count_and_released_once_in_memo
     );
     let third = permit(&client.decide(ask("acme")).await);
     assert_ne!(third, first);
+    let (_, text) = client.send("GET", "/metrics", "").await;
+    for line in [
+        "limiterd_permit_releases_total{policy=\"exports\",result=\"released\"} 1",
+        "limiterd_permit_releases_total{policy=\"exports\",result=\"not_held\"} 2",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+    }
 
     // A report (cost 0) says what a call would meet, and takes no permit.
     let report = client
@@ -169,6 +176,13 @@ async fn a_fleet_on_redis_shares_the_permits_and_releases_through_any_process() 
         json!({"released": false})
     );
     assert!(b.decide(ask("acme")).await.get("permit").is_some());
+    // Each process counts the releases it answered: summed, the fleet's.
+    let released = "limiterd_permit_releases_total{policy=\"exports\",result=\"released\"} 1";
+    let not_held = "limiterd_permit_releases_total{policy=\"exports\",result=\"not_held\"} 1";
+    let (_, text_b) = b.send("GET", "/metrics", "").await;
+    assert!(text_b.lines().any(|l| l == released), "{text_b}");
+    let (_, text_a) = a.send("GET", "/metrics", "").await;
+    assert!(text_a.lines().any(|l| l == not_held), "{text_a}");
 }
 
 #[tokio::test]

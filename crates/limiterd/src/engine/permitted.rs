@@ -206,10 +206,12 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                 format!("policy `{policy}` has no concurrency limit: it holds no permits"),
             )
         })?;
-        permits
+        let held = permits
             .release(identifier, permit)
             .await
-            .map_err(DecideError::Unavailable)
+            .map_err(DecideError::Unavailable)?;
+        self.policies[id.0].counters.count_release(held);
+        Ok(held)
     }
 
     /// Permits held in this process's memory now, by policy (policies on Redis left out: a

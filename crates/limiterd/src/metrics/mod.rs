@@ -56,6 +56,8 @@ pub struct PolicyCounters {
     batch_refused: Counter,
     recorded: Counter,
     given_back: Counter,
+    /// Permit releases, by policy and result; a policy's series appear at its first release.
+    releases: Family<Labels, Counter>,
 }
 
 /// One configured envoy descriptor path's statistics ([`Metrics::envoy_rule`]).
@@ -121,6 +123,18 @@ impl PolicyCounters {
             Counted::GivenBack => &self.given_back,
         };
         counter.inc();
+    }
+
+    /// Counts one release of a permit: `held` if it was still held (and is now released), else
+    /// it had expired or was released already.
+    pub(crate) fn count_release(&self, held: bool) {
+        let result = if held { "released" } else { "not_held" };
+        self.releases
+            .get_or_create(&[
+                ("policy", self.name.to_string()),
+                ("result", result.to_owned()),
+            ])
+            .inc();
     }
 }
 
@@ -309,6 +323,7 @@ pub struct Metrics {
     failure_policy: Family<[(&'static str, &'static str); 1], Counter>,
     store_keys: Gauge<i64, AtomicI64>,
     permits_held: Family<[(&'static str, String); 1], Gauge<i64, AtomicI64>>,
+    releases: Family<Labels, Counter>,
     store: StoreGauges,
     duration: Histogram,
 }
@@ -360,6 +375,12 @@ impl Metrics {
             "Permits held now (not released, not expired), by policy with a concurrency limit kept in memory; a fleet's on Redis are not counted here",
             permits_held.clone(),
         );
+        let releases = Family::default();
+        registry.register(
+            "limiterd_permit_releases",
+            "Permit releases by policy and result (released: it was held; not_held: it had expired or was released already), on any store: with the decisions allowed, what a fleet's permits do",
+            releases.clone(),
+        );
         let store = StoreGauges::register(&mut registry);
         let duration = Histogram::new(BUCKETS_S);
         registry.register(
@@ -388,6 +409,7 @@ impl Metrics {
             failure_policy,
             store_keys,
             permits_held,
+            releases,
             store,
             duration,
         }
@@ -420,6 +442,7 @@ impl Metrics {
             batch_refused: counter("batch_refused"),
             recorded: counter("recorded"),
             given_back: counter("given_back"),
+            releases: self.releases.clone(),
         };
         self.policies
             .lock()
