@@ -109,6 +109,54 @@ async fn the_checked_name_can_differ_from_the_host() {
     );
 }
 
+/// Certificates renewed in place (a Kubernetes secret cert-manager rotates, say) apply at the
+/// next connection, with no restart: a CA file and a client certificate and key, each wrong at
+/// first, then overwritten.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotated_tls_files_apply_at_the_next_connection() {
+    let certs = TestCerts::fresh("rotated");
+    let stranger = TestCerts::fresh("rotated-stranger");
+    let server = RedisServer::start_tls(&certs, true, Vec::new());
+    let dir = std::env::temp_dir().join(format!("limiter-tls-rotated-{}", server.port));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (ca, cert, key) = (
+        dir.join("ca.pem"),
+        dir.join("client.pem"),
+        dir.join("client.key"),
+    );
+    let put = |from: &std::path::Path, to: &std::path::Path| {
+        std::fs::copy(from, to).unwrap();
+    };
+    // A CA that signed nothing here, and a client certificate of another CA.
+    put(&certs.other_ca, &ca);
+    put(&stranger.client_cert, &cert);
+    put(&stranger.client_key, &key);
+    let tls = TlsOptions::new()
+        .ca_file(&ca)
+        .unwrap()
+        .client_identity_files(&cert, &key)
+        .unwrap();
+    let backend = connect(server.tls_url("localhost"), tls).await;
+    let e = refused(&backend).await;
+    assert!(
+        e.to_string()
+            .contains("not signed by a CA this client trusts"),
+        "{e}"
+    );
+
+    // The CA renewed: the next connection trusts the server, whose turn it is to refuse the
+    // client's certificate.
+    put(&certs.ca, &ca);
+    let e = refused(&backend).await;
+    assert!(e.to_string().contains("client certificate"), "{e}");
+
+    // The client's certificate and key renewed: decided on Redis, the same backend.
+    put(&certs.client_cert, &cert);
+    put(&certs.client_key, &key);
+    decides_exactly(&backend, "rotated").await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_wrong_setting_is_refused_by_name_and_never_falls_back_to_plaintext() {
     let certs = TestCerts::fresh("wrong");

@@ -6,8 +6,8 @@
 //! plaintext port). A `rediss://` connection is TLS or nothing: there is no fallback.
 
 use core::fmt;
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
@@ -39,6 +39,16 @@ pub struct TlsOptions {
     ca_pem: Option<Vec<u8>>,
     client: Option<(Vec<u8>, Secret)>,
     server_name: Option<String>,
+    /// Where the PEM came from when it came from files: read again at every new connection,
+    /// so a rotated certificate (a renewed Kubernetes secret, say) applies at the next one.
+    files: PemFiles,
+}
+
+/// The files a [`TlsOptions`] read its PEM from.
+#[derive(Clone, Default, PartialEq, Eq)]
+struct PemFiles {
+    ca: Option<PathBuf>,
+    identity: Option<(PathBuf, PathBuf)>,
 }
 
 /// TLS settings that cannot be used. Never prints a key.
@@ -92,35 +102,51 @@ impl TlsOptions {
     /// the system's roots.
     pub fn ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.ca_pem = Some(pem.into());
+        self.files.ca = None;
         self
     }
 
-    /// Trusts the certificate authorities in the PEM file at `path`.
+    /// Trusts the certificate authorities in the PEM file at `path`, read now and again at
+    /// every new connection (a rotated CA applies at the next one).
     pub fn ca_file(self, path: impl AsRef<Path>) -> Result<Self, TlsError> {
-        Ok(self.ca_pem(read(path.as_ref(), "CA file")?))
+        let mut options = self.ca_pem(read(path.as_ref(), "CA file")?);
+        options.files.ca = Some(path.as_ref().to_owned());
+        Ok(options)
     }
 
     /// Shows this certificate chain and private key (both PEM) to servers that ask for one
     /// (mutual TLS, `tls-auth-clients yes`).
     pub fn client_identity(mut self, cert_pem: impl Into<Vec<u8>>, key_pem: Secret) -> Self {
         self.client = Some((cert_pem.into(), key_pem));
+        self.files.identity = None;
         self
     }
 
-    /// [`client_identity`](Self::client_identity) from PEM files.
+    /// [`client_identity`](Self::client_identity) from PEM files, read now and again at every
+    /// new connection (a renewed certificate applies at the next one).
     pub fn client_identity_files(
         self,
         cert: impl AsRef<Path>,
         key: impl AsRef<Path>,
     ) -> Result<Self, TlsError> {
-        let cert_pem = read(cert.as_ref(), "certificate file")?;
-        let key_pem = read(key.as_ref(), "key file")?;
-        let key_text = String::from_utf8(key_pem).map_err(|_| TlsError::Pem {
-            what: "key file",
-            expected: "private key",
-            reason: "it is not text".to_owned(),
-        })?;
-        Ok(self.client_identity(cert_pem, Secret::new(key_text)))
+        let (cert, key) = (cert.as_ref(), key.as_ref());
+        let (cert_pem, key_pem) = read_identity(cert, key)?;
+        let mut options = self.client_identity(cert_pem, key_pem);
+        options.files.identity = Some((cert.to_owned(), key.to_owned()));
+        Ok(options)
+    }
+
+    /// These settings with their files read again: `None` when none came from a file or
+    /// every file holds what it held.
+    fn reread(&self) -> Result<Option<Self>, TlsError> {
+        let mut fresh = self.clone();
+        if let Some(ca) = &self.files.ca {
+            fresh.ca_pem = Some(read(ca, "CA file")?);
+        }
+        if let Some((cert, key)) = &self.files.identity {
+            fresh.client = Some(read_identity(cert, key)?);
+        }
+        Ok((fresh != *self).then_some(fresh))
     }
 
     /// Checks the server's certificate against `name` (a DNS name or an IP address) instead
@@ -141,8 +167,15 @@ impl TlsOptions {
         self.build().map(drop)
     }
 
-    /// Builds the rustls configuration once, for every connection.
+    /// Builds the rustls configuration for every connection (rebuilt when its files change).
     pub(crate) fn build(&self) -> Result<TlsSetup, TlsError> {
+        Ok(TlsSetup {
+            built: Arc::new(Mutex::new(self.configured()?)),
+        })
+    }
+
+    /// The rustls configuration of these settings.
+    fn configured(&self) -> Result<Configured, TlsError> {
         let roots = self.roots()?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let verifier =
@@ -177,7 +210,8 @@ impl TlsOptions {
                     .map_err(|_| TlsError::ServerName { name: name.clone() })?,
             ),
         };
-        Ok(TlsSetup {
+        Ok(Configured {
+            options: self.clone(),
             connector: TlsConnector::from(Arc::new(config)),
             server_name,
             verifier,
@@ -218,6 +252,17 @@ fn read(path: &Path, what: &'static str) -> Result<Vec<u8>, TlsError> {
     })
 }
 
+/// A client certificate chain and its key, from their files.
+fn read_identity(cert: &Path, key: &Path) -> Result<(Vec<u8>, Secret), TlsError> {
+    let cert_pem = read(cert, "certificate file")?;
+    let key_text = String::from_utf8(read(key, "key file")?).map_err(|_| TlsError::Pem {
+        what: "key file",
+        expected: "private key",
+        reason: "it is not text".to_owned(),
+    })?;
+    Ok((cert_pem, Secret::new(key_text)))
+}
+
 fn pem_error(what: &'static str, expected: &'static str, reason: impl fmt::Display) -> TlsError {
     TlsError::Pem {
         what,
@@ -243,10 +288,18 @@ impl fmt::Debug for TlsOptions {
     }
 }
 
-/// TLS ready to connect: the configuration, built once, and the name to check if not the
-/// host's.
+/// TLS ready to connect: the configuration of the settings as last read, shared by every
+/// connection (and every clone), rebuilt when a file it came from changes.
 #[derive(Clone)]
 pub(crate) struct TlsSetup {
+    built: Arc<Mutex<Configured>>,
+}
+
+/// One reading of the settings, configured: the connector, the name to check if not the
+/// host's, and the certificate check that notes its refusals.
+#[derive(Clone)]
+struct Configured {
+    options: TlsOptions,
     connector: TlsConnector,
     server_name: Option<ServerName<'static>>,
     verifier: Arc<NotingVerifier>,
@@ -255,8 +308,42 @@ pub(crate) struct TlsSetup {
 impl fmt::Debug for TlsSetup {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TlsSetup")
-            .field("server_name", &self.server_name)
+            .field("options", &self.now().options)
             .finish_non_exhaustive()
+    }
+}
+
+impl TlsSetup {
+    /// The configuration as built last.
+    fn now(&self) -> Configured {
+        // A poisoned configuration is still whole: it is replaced, never changed in place.
+        self.built
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The configuration for a new connection: the settings' files read again, and the
+    /// configuration rebuilt if they changed. A file that cannot be read or used now (a
+    /// rotation half done) keeps the last configuration, with a warning naming it.
+    fn for_new_connection(&self) -> Configured {
+        let mut built = self.built.lock().unwrap_or_else(PoisonError::into_inner);
+        match built
+            .options
+            .reread()
+            .and_then(|fresh| fresh.map(|f| f.configured()).transpose())
+        {
+            Ok(Some(fresh)) => {
+                tracing::info!("the TLS files changed: new connections use them");
+                *built = fresh;
+            }
+            Ok(None) => {}
+            Err(error) => tracing::warn!(
+                %error,
+                "the TLS files changed but cannot be used; new connections keep the last ones"
+            ),
+        }
+        built.clone()
     }
 }
 
@@ -267,6 +354,7 @@ pub(crate) async fn handshake(
     addr: &NodeAddr,
     tcp: TcpStream,
 ) -> Result<TlsStream<TcpStream>, BackendError> {
+    let setup = setup.for_new_connection();
     let name = match &setup.server_name {
         Some(name) => name.clone(),
         None => ServerName::try_from(addr.host().to_owned()).map_err(|_| {
