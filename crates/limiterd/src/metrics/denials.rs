@@ -10,14 +10,14 @@ use std::time::Instant;
 pub const TOP_DENIED: usize = 32;
 
 /// The longest identifier [`TopDenied`] keeps (longer ones are cut, marked with `…`).
-const TOP_DENIED_KEY_BYTES: usize = 128;
+pub(super) const TOP_DENIED_KEY_BYTES: usize = 128;
 
 /// The identifiers denied most, by policy: the Space-Saving sketch (Metwally, Agrawal and El
 /// Abbadi), [`TOP_DENIED`] counters. An identifier denied more than `1/TOP_DENIED` of all
 /// denials is always in it; each count is at most `error` above the truth.
 #[derive(Debug, Default)]
 pub struct TopDenied {
-    entries: Vec<HeavyHitter>,
+    pub(super) entries: Vec<HeavyHitter>,
 }
 
 /// One identifier the sketch tracks.

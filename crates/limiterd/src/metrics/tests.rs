@@ -1,5 +1,6 @@
 //! The metrics' tests: counts by policy and result, the exposition format, denial-log sampling.
 use super::*;
+use denials::TOP_DENIED_KEY_BYTES;
 
 #[test]
 fn counts_by_policy_name_and_failure_policy_with_escaped_labels() {
