@@ -16,8 +16,7 @@ use limiter_core::{Limit, ManualClock};
 use limiter_stack::{Kind, Layer, Stack};
 use limiter_testkit::http_client::send;
 use limiter_tower::{ConcurrencyLayer, HeaderKey, HttpRequest, Key, RateLimitLayer, by_key};
-use support::{Fed, Feeds, open_stream};
-use tokio::io::AsyncReadExt;
+use support::{Fed, Feeds, open_stream, read_to_end};
 use tokio::sync::mpsc;
 
 /// `/stream` answers a body the test feeds (its sender pushed to `feeds`); `/quick` answers
@@ -46,17 +45,6 @@ async fn serve() -> (std::net::SocketAddr, Feeds, ConcurrencyLayer<HeaderKey>) {
     let layer = ConcurrencyLayer::new(1, api_key()).unwrap();
     let app = routes(&feeds).layer(layer.clone());
     (support::serve(app).await, feeds, layer)
-}
-
-/// Reads `stream`'s chunked body to its end.
-async fn read_to_end(stream: &mut tokio::net::TcpStream) {
-    let mut rest = Vec::new();
-    while !rest.ends_with(b"0\r\n\r\n") {
-        let mut chunk = [0u8; 64];
-        let n = stream.read(&mut chunk).await.unwrap();
-        assert!(n > 0, "the connection closed before the body ended");
-        rest.extend_from_slice(&chunk[..n]);
-    }
 }
 
 fn held(layer: &ConcurrencyLayer<HeaderKey>, key: &str) -> u64 {

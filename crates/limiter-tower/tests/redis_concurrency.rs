@@ -18,7 +18,7 @@ use limiter_redis::{RedisBackend, RedisPermits};
 use limiter_testkit::http_client::send;
 use limiter_testkit::redis_server::{RedisServer, raw_command};
 use limiter_tower::{HeaderKey, RedisConcurrencyLayer};
-use support::{Fed, Feeds, open_stream};
+use support::{Fed, Feeds, open_stream, read_to_end};
 use tokio::io::AsyncReadExt;
 use tokio::sync::mpsc;
 
@@ -68,17 +68,6 @@ async fn until_held(permits: &RedisPermits, key: &str, count: u64) {
             "{key} never held {count}"
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-/// Reads `stream` until the chunked body's end.
-async fn read_to_end(stream: &mut tokio::net::TcpStream) {
-    let mut rest = Vec::new();
-    while !rest.ends_with(b"0\r\n\r\n") {
-        let mut chunk = [0u8; 64];
-        let n = stream.read(&mut chunk).await.unwrap();
-        assert!(n > 0, "the connection closed before the body ended");
-        rest.extend_from_slice(&chunk[..n]);
     }
 }
 

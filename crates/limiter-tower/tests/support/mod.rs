@@ -147,3 +147,15 @@ pub async fn open_stream(addr: SocketAddr, key: &str) -> (tokio::net::TcpStream,
     }
     (stream, String::from_utf8(head).unwrap())
 }
+
+/// Reads `stream`'s chunked body to its end (the last chunk).
+pub async fn read_to_end(stream: &mut tokio::net::TcpStream) {
+    use tokio::io::AsyncReadExt;
+    let mut rest = Vec::new();
+    while !rest.ends_with(b"0\r\n\r\n") {
+        let mut chunk = [0u8; 64];
+        let n = stream.read(&mut chunk).await.unwrap();
+        assert!(n > 0, "the connection closed before the body ended");
+        rest.extend_from_slice(&chunk[..n]);
+    }
+}
