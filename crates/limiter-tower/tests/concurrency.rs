@@ -7,33 +7,13 @@ mod support;
 
 use std::sync::Arc;
 
-use axum::Router;
-use axum::body::Body;
-use axum::routing::get;
 use bytes::Bytes;
 use http::StatusCode;
 use limiter_core::{Limit, ManualClock};
 use limiter_stack::{Kind, Layer, Stack};
 use limiter_testkit::http_client::send;
 use limiter_tower::{ConcurrencyLayer, HeaderKey, HttpRequest, Key, RateLimitLayer, by_key};
-use support::{Fed, Feeds, open_stream, read_to_end};
-use tokio::sync::mpsc;
-
-/// `/stream` answers a body the test feeds (its sender pushed to `feeds`); `/quick` answers
-/// at once.
-fn routes(feeds: &Feeds) -> Router {
-    let pushed = Arc::clone(feeds);
-    Router::new()
-        .route(
-            "/stream",
-            get(move || async move {
-                let (tx, rx) = mpsc::channel(1);
-                pushed.lock().unwrap().push(tx);
-                Body::new(Fed(rx))
-            }),
-        )
-        .route("/quick", get(|| async { "ok" }))
-}
+use support::{Feeds, open_stream, read_to_end, streaming_routes};
 
 fn api_key() -> HeaderKey {
     HeaderKey::new("x-api-key".parse().unwrap())
@@ -43,7 +23,7 @@ fn api_key() -> HeaderKey {
 async fn serve() -> (std::net::SocketAddr, Feeds, ConcurrencyLayer<HeaderKey>) {
     let feeds: Feeds = Arc::default();
     let layer = ConcurrencyLayer::new(1, api_key()).unwrap();
-    let app = routes(&feeds).layer(layer.clone());
+    let app = streaming_routes(&feeds).layer(layer.clone());
     (support::serve(app).await, feeds, layer)
 }
 
@@ -131,7 +111,9 @@ async fn outermost_a_busy_request_takes_no_rate_unit_and_a_rate_denial_keeps_no_
         .build()
         .unwrap();
     let in_flight = ConcurrencyLayer::new(1, api_key()).unwrap();
-    let app = routes(&feeds).layer(rate).layer(in_flight.clone());
+    let app = streaming_routes(&feeds)
+        .layer(rate)
+        .layer(in_flight.clone());
     let addr = support::serve(app).await;
     let quick = || send(addr, "GET", "/quick", &[("x-api-key", "acme")]);
 

@@ -8,9 +8,6 @@ mod support;
 
 use std::time::Duration;
 
-use axum::Router;
-use axum::body::Body;
-use axum::routing::get;
 use bytes::Bytes;
 use http::StatusCode;
 use limiter_core::ManualClock;
@@ -18,9 +15,8 @@ use limiter_redis::{RedisBackend, RedisPermits};
 use limiter_testkit::http_client::send;
 use limiter_testkit::redis_server::{RedisServer, raw_command};
 use limiter_tower::{HeaderKey, RedisConcurrencyLayer};
-use support::{Fed, Feeds, open_stream, read_to_end};
+use support::{Feeds, open_stream, read_to_end, streaming_routes};
 use tokio::io::AsyncReadExt;
-use tokio::sync::mpsc;
 
 /// A Unix time (ns) the pinned tests start at.
 const START: u64 = 1_790_000_000_000_000_000;
@@ -30,18 +26,7 @@ const S: u64 = 1_000_000_000;
 /// once; both behind `layer`. The address and the feeds.
 async fn serve(layer: RedisConcurrencyLayer<HeaderKey>) -> (std::net::SocketAddr, Feeds) {
     let feeds: Feeds = Feeds::default();
-    let pushed = feeds.clone();
-    let app = Router::new()
-        .route(
-            "/stream",
-            get(move || async move {
-                let (tx, rx) = mpsc::channel(1);
-                pushed.lock().unwrap().push(tx);
-                Body::new(Fed(rx))
-            }),
-        )
-        .route("/quick", get(|| async { "ok" }))
-        .layer(layer);
+    let app = streaming_routes(&feeds).layer(layer);
     (support::serve(app).await, feeds)
 }
 

@@ -128,6 +128,22 @@ impl http_body::Body for Fed {
 /// The senders of the bodies a test feeds, one per open stream.
 pub type Feeds = Arc<std::sync::Mutex<Vec<tokio::sync::mpsc::Sender<bytes::Bytes>>>>;
 
+/// `/stream` answers a body the test feeds (its sender pushed to `feeds`); `/quick` answers
+/// at once.
+pub fn streaming_routes(feeds: &Feeds) -> Router {
+    let pushed = Arc::clone(feeds);
+    Router::new()
+        .route(
+            "/stream",
+            routing::get(move || async move {
+                let (tx, rx) = tokio::sync::mpsc::channel(1);
+                pushed.lock().unwrap().push(tx);
+                axum::body::Body::new(Fed(rx))
+            }),
+        )
+        .route("/quick", routing::get(|| async { "ok" }))
+}
+
 /// Opens `/stream` for `key` (header `x-api-key`) on a raw connection and reads the response
 /// head.
 pub async fn open_stream(addr: SocketAddr, key: &str) -> (tokio::net::TcpStream, String) {
