@@ -3,7 +3,9 @@
 //! client certificate to show (mutual TLS) and which name the server's certificate must
 //! hold; [`handshake`] opens a session and names what went wrong in the operator's terms (an
 //! untrusted CA, a name the certificate does not hold, a refused client certificate, a
-//! plaintext port). A `rediss://` connection is TLS or nothing: there is no fallback.
+//! plaintext port). Settings read from files are read again at every new connection, so a
+//! certificate renewed in place applies at the next one. A `rediss://` connection is TLS or
+//! nothing: there is no fallback.
 
 use core::fmt;
 use std::path::{Path, PathBuf};

@@ -143,3 +143,27 @@ pub fn groups(policy: &Policy) -> Vec<(Keying, Vec<&PolicyLimit>)> {
         .filter(|(_, limits): &(Keying, Vec<&PolicyLimit>)| !limits.is_empty())
         .collect()
 }
+
+/// The calendar quotas of `policy` kept beside its stack on Redis (whose script knows no
+/// calendar), in the policy's order: each one's count, keying and calendar.
+pub(crate) fn quotas_beside(
+    policy: &Policy,
+    stack_name: &str,
+) -> Result<Vec<(u64, Keying, limiter_calendar::Calendar)>, limiter_stack::BuildError> {
+    let beside = policy
+        .limits
+        .iter()
+        .filter(|l| l.limit.is_quota_beside_stack());
+    beside
+        .filter_map(|l| Some((l, l.limit.calendar()?)))
+        .map(|(l, spec)| {
+            let calendar = spec
+                .calendar()
+                .map_err(|e| limiter_stack::BuildError::Quota {
+                    name: stack_name.to_owned(),
+                    reason: e.to_string(),
+                })?;
+            Ok((l.limit.limit().count(), l.keying, calendar))
+        })
+        .collect()
+}

@@ -376,30 +376,15 @@ impl<C: Clock + Clone + Send + Sync + 'static> Stacks<C> {
         match &self.place {
             Place::Memory { .. } => Ok(Vec::new()),
             Place::Redis(backend, _, fleet) => {
-                let failed = |source| EngineError::Stack {
-                    policy: stack_name.to_owned(),
-                    source,
-                };
-                let mut quotas = Vec::new();
-                for limit in policy
-                    .limits
-                    .iter()
-                    .filter(|l| l.limit.is_quota_beside_stack())
-                {
-                    let Some(spec) = limit.limit.calendar() else {
-                        continue;
-                    };
-                    let calendar = spec.calendar().map_err(|e| {
-                        failed(limiter_stack::BuildError::Quota {
-                            name: stack_name.to_owned(),
-                            reason: e.to_string(),
-                        })
-                    })?;
-                    quotas.push((limit.limit.limit().count(), limit.keying, calendar));
-                }
                 let tables = (&self.quota_tables, *fleet);
-                PolicyQuota::of(quotas, policy.on_failure, backend, stack_name, tables)
-                    .map_err(failed)
+                limits::quotas_beside(policy, stack_name)
+                    .and_then(|quotas| {
+                        PolicyQuota::of(quotas, policy.on_failure, backend, stack_name, tables)
+                    })
+                    .map_err(|source| EngineError::Stack {
+                        policy: stack_name.to_owned(),
+                        source,
+                    })
             }
         }
     }
