@@ -15,7 +15,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::store::{RedisBackend, overrides_records};
+use crate::store::RedisBackend;
+use crate::store::overrides::records_on;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use limiter_core::DefaultClock;
@@ -146,7 +147,7 @@ async fn open_overrides(
     sources: &Sources,
 ) -> Result<Overrides, String> {
     Ok(match (backend, sources.overrides_file()) {
-        (Some(backend), _) => Overrides::on_redis(overrides_records(backend)?).await,
+        (Some(backend), _) => Overrides::on_redis(records_on(backend)?).await,
         (None, Some(path)) => Overrides::load(&path)?,
         (None, None) => {
             tracing::warn!(

@@ -34,15 +34,6 @@ pub use limiter_redis::{TlsError, TlsOptions};
 /// overrides), so an operator's ACL rule names one key pattern: `~limiterd:*`.
 pub const KEY_PREFIX: &str = "limiterd";
 
-/// unkey's overrides on Redis: the records `overrides` under limiterd's prefix
-/// (`limiterd:{records:overrides}:…`, where they have always been).
-pub fn overrides_records(backend: &RedisBackend) -> Result<RedisRecords, String> {
-    backend
-        .records("overrides")
-        .and_then(|records| records.with_prefix(KEY_PREFIX))
-        .map_err(|e| e.to_string())
-}
-
 /// How a limit is keyed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Keying {

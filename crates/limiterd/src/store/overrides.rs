@@ -9,7 +9,16 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::{BackendError, RedisRecords};
+use super::{BackendError, KEY_PREFIX, RedisBackend, RedisRecords};
+
+/// unkey's overrides on Redis: the records `overrides` under limiterd's prefix
+/// (`limiterd:{records:overrides}:…`, where they have always been).
+pub fn records_on(backend: &RedisBackend) -> Result<RedisRecords, String> {
+    backend
+        .records("overrides")
+        .and_then(|records| records.with_prefix(KEY_PREFIX))
+        .map_err(|e| e.to_string())
+}
 
 /// One override.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
