@@ -42,7 +42,7 @@
 //! # lease_ttl = "1s"           # how long a lease lives
 //! ```
 //!
-//! Its parts: `envoy.rs` (the `[envoy]` table), `store.rs` (`[store]`: memory or Redis),
+//! Its parts: `envoy.rs` (the `[envoy]` table), `store_section.rs` (`[store]`: memory or Redis),
 //! `redis_store.rs` (`[store]`'s Redis settings), `redis_builder.rs` (from them to a backend,
 //! and `--redis`), `policy.rs` (`[policies.*]`: limits, periods, leases).
 
@@ -62,7 +62,7 @@ pub mod keys;
 mod policy;
 mod redis_builder;
 mod redis_store;
-mod store;
+mod store_section;
 
 pub use crate::store::Keying;
 pub use crate::store::permits::ConcurrencyLimit;
@@ -80,8 +80,8 @@ pub use policy::{
 pub use redis_store::{
     Login, PasswordFrom, RedisAt, RedisConnection, SentinelAt, TlsFiles, WaitFor,
 };
-use store::parse_store;
-pub use store::{Store, StoreKind};
+use store_section::parse_store;
+pub use store_section::{Store, StoreKind};
 
 /// The policies limiterd serves when started without a file: per-identifier API limits, a
 /// login limit, and a global cap.

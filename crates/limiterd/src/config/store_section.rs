@@ -1,4 +1,4 @@
-//! The `[store]` table: in memory (optionally bounded), or Redis (`redis.rs`: one server, a
+//! The `[store]` table: in memory (optionally bounded), or Redis (`redis_store.rs`: one server, a
 //! cluster's seed nodes or Sentinel, with its login, TLS, breaker and timeout) with a failure
 //! policy and fleet size.
 
