@@ -143,10 +143,10 @@ where
                     // without every layer's entry.
                     continue;
                 }
-                self.read_all(&cells, seen, &mut outcome.next);
-                outcome.restart();
-                self.decide_all(targets, cost, now, outcome)
-                    .and_then(|()| self.commit(targets, &cells, seen, outcome, cost, now))
+                // The first look's answer stands: the commit checks every entry against
+                // what it was decided on, and decides again only if one changed.
+                self.assume_fresh(targets, seen);
+                self.commit(targets, &cells, seen, outcome, cost, now)
             };
             let written = result.is_ok() && outcome.writes(cost);
             if !written {
@@ -270,6 +270,18 @@ where
                     .is_some()
             {
                 self.forget_held(1);
+            }
+        }
+    }
+
+    /// Marks each key absent at the first look as seen fresh under its chosen plan: the state
+    /// it was decided on there. An entry this call inserted is still that state at the commit
+    /// (nobody else has seen it), so the first answer stands without deciding again; a key
+    /// another call inserted meanwhile differs, and the commit decides again.
+    fn assume_fresh(&self, targets: &Targets<K>, seen: &mut [Option<Snapshot>; MAX_LAYERS]) {
+        for (target, seen) in targets[..self.layers.len()].iter().zip(seen.iter_mut()) {
+            if let (Some(target), None) = (target, &seen) {
+                *seen = Some(fresh(&self.layers[target.layer], target.plan));
             }
         }
     }
