@@ -6,7 +6,8 @@ use limiter_core::{Limit, ManualClock};
 use limiter_store::{BoundedStore, KeyedLimiter, Store};
 use limiter_token_bucket::Gcra;
 
-const KEYS: u64 = 10_000_000;
+/// Twenty times the most keys ever not full at once ([`LIVE`]).
+const KEYS: u64 = 2_000_000;
 const CHECK_EVERY: u64 = 500_000;
 
 /// 10/s with a burst of 10: one unit taken is back 100 ms later. With a new key every µs, at
