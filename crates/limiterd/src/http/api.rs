@@ -29,6 +29,7 @@ use limiter_core::Clock;
 use serde::Serialize;
 
 use super::body::read_body;
+use super::guard::Authorized;
 use super::request::{ApiError, parse_many, parse_request};
 use crate::engine::{Answer, DecideError};
 use crate::envoy::json as envoy_json;
@@ -172,55 +173,6 @@ pub(super) fn refusal(error: ApiError) -> Response {
     response
 }
 
-/// Lets a request to the native API through when the configuration does not protect it, or
-/// when its bearer key may: decisions (`/v1`, `/json`) need `decide`, the views (`/metrics`,
-/// `/debug`, the status page) `read_overrides`. A refusal is a 401 (no key, or one limiterd
-/// does not accept) or a 403 (a key without the permission), in the API's error shape.
-async fn guard<C: Clock + Clone + Send + Sync + 'static>(
-    State(live): State<Arc<Live<C>>>,
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    let state = live.current();
-    if !state.config.protects_native(!state.keys.is_empty()) {
-        return next.run(request).await;
-    }
-    let path = request.uri().path();
-    let decides = path.starts_with("/v1/") || path == "/json";
-    let presented = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .map(|v| v.as_bytes());
-    let refused = |status, code, message: String| ApiError {
-        status,
-        code,
-        field: None,
-        message,
-    };
-    match state.keys.check(presented) {
-        Ok(key) if (decides && key.permissions.decide) || (!decides && key.permissions.read_overrides) => {
-            drop(state);
-            next.run(request).await
-        }
-        Ok(key) => refused(
-            StatusCode::FORBIDDEN,
-            "forbidden",
-            format!(
-                "the key `{}` lacks the `{}` permission: use a key that has it",
-                key.name,
-                if decides { "decide" } else { "read_overrides" }
-            ),
-        )
-        .into_response(),
-        Err(_) => refused(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "this listener is behind keys: send `Authorization: Bearer <key>` with a key from `[auth]` or `LIMITERD_ROOT_KEY`".into(),
-        )
-        .into_response(),
-    }
-}
-
 /// The routes, for messages.
 const ROUTES: &str = "POST /v1/ratelimit, POST /v1/ratelimit/many, POST /v1/ratelimit/release, \
      POST /v2/ratelimit.limit, \
@@ -230,7 +182,8 @@ const ROUTES: &str = "POST /v1/ratelimit, POST /v1/ratelimit/many, POST /v1/rate
 
 /// The API's routes over `live`.
 pub fn router<C: Clock + Clone + Send + Sync + 'static>(live: Arc<Live<C>>) -> Router {
-    // Behind keys when the configuration protects the native API (see `guard`).
+    // Behind keys when the configuration protects the native API: every handler here takes
+    // `Authorized` first.
     let native = Router::new()
         .route("/v1/ratelimit", post(one::<C>))
         .route("/v1/ratelimit/many", post(many::<C>))
@@ -239,11 +192,7 @@ pub fn router<C: Clock + Clone + Send + Sync + 'static>(live: Arc<Live<C>>) -> R
         .route("/metrics", get(metrics::<C>))
         .route("/debug/config", get(debug_config::<C>))
         .route("/debug/status", get(debug_status::<C>))
-        .route("/", get(status_page))
-        .route_layer(axum::middleware::from_fn_with_state(
-            Arc::clone(&live),
-            guard::<C>,
-        ));
+        .route("/", get(status_page));
     Router::new()
         .merge(native)
         .route("/healthz", get(|| async { "ok\n" }))
@@ -271,6 +220,7 @@ pub fn router<C: Clock + Clone + Send + Sync + 'static>(live: Arc<Live<C>>) -> R
 }
 
 async fn one<C: Clock + Clone + Send + Sync + 'static>(
+    _: Authorized,
     State(live): State<Arc<Live<C>>>,
     request: axum::extract::Request,
 ) -> Response {
@@ -307,6 +257,7 @@ async fn one<C: Clock + Clone + Send + Sync + 'static>(
 }
 
 async fn many<C: Clock + Clone + Send + Sync + 'static>(
+    _: Authorized,
     State(live): State<Arc<Live<C>>>,
     request: axum::extract::Request,
 ) -> Response {
@@ -342,6 +293,7 @@ async fn many<C: Clock + Clone + Send + Sync + 'static>(
 }
 
 async fn envoy<C: Clock + Clone + Send + Sync + 'static>(
+    _: Authorized,
     State(live): State<Arc<Live<C>>>,
     request: axum::extract::Request,
 ) -> Response {
@@ -392,6 +344,7 @@ async fn envoy<C: Clock + Clone + Send + Sync + 'static>(
 }
 
 async fn metrics<C: Clock + Clone + Send + Sync + 'static>(
+    _: Authorized,
     State(live): State<Arc<Live<C>>>,
 ) -> Response {
     let state = live.current();
@@ -426,6 +379,7 @@ async fn healthcheck<C: Clock + Clone + Send + Sync + 'static>(
 }
 
 async fn debug_config<C: Clock + Clone + Send + Sync + 'static>(
+    _: Authorized,
     State(live): State<Arc<Live<C>>>,
 ) -> Response {
     let state = live.current();
@@ -435,6 +389,7 @@ async fn debug_config<C: Clock + Clone + Send + Sync + 'static>(
 }
 
 async fn debug_status<C: Clock + Clone + Send + Sync + 'static>(
+    _: Authorized,
     State(live): State<Arc<Live<C>>>,
 ) -> Response {
     let state = live.current();
@@ -457,7 +412,7 @@ async fn openapi() -> Response {
 }
 
 /// The status page: static HTML whose script reads `/debug/status` every second.
-async fn status_page() -> Response {
+async fn status_page(_: Authorized) -> Response {
     (
         [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
         crate::ops::debug::STATUS_PAGE,

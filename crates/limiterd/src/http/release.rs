@@ -29,6 +29,7 @@ struct RawRelease {
 }
 
 pub(super) async fn release<C: Clock + Clone + Send + Sync + 'static>(
+    _: super::guard::Authorized,
     State(live): State<Arc<Live<C>>>,
     request: axum::extract::Request,
 ) -> Response {
