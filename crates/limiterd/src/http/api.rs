@@ -28,7 +28,7 @@ use axum::routing::{get, post};
 use limiter_core::Clock;
 use serde::Serialize;
 
-use super::body::read_body;
+use super::body::{json_response, read_body};
 use super::guard::Authorized;
 use super::request::{ApiError, parse_many, parse_request};
 use crate::engine::{Answer, DecideError};
@@ -48,7 +48,7 @@ impl IntoResponse for ApiError {
 
 fn json(status: StatusCode, value: &impl Serialize) -> Response {
     match serde_json::to_vec(value) {
-        Ok(body) => (status, [(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Ok(body) => json_response(status, body),
         Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
     }
 }
@@ -239,16 +239,14 @@ async fn one<C: Clock + Clone + Send + Sync + 'static>(
             refusal(e)
         }
         Ok(asked) => match engine.decide_one(&asked.items, asked.time_ms).await {
-            Ok((answer, permit)) => (
+            Ok((answer, permit)) => json_response(
                 StatusCode::OK,
-                [(header::CONTENT_TYPE, "application/json")],
                 Outcome {
                     permit,
                     ..outcome(&answer)
                 }
                 .to_json(),
-            )
-                .into_response(),
+            ),
             Err(e) => decide_error(e).into_response(),
         },
     };
@@ -408,7 +406,7 @@ async fn debug_status<C: Clock + Clone + Send + Sync + 'static>(
 pub const OPENAPI: &str = include_str!("../../api/openapi.json");
 
 async fn openapi() -> Response {
-    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+    json_response(StatusCode::OK, OPENAPI)
 }
 
 /// The status page: static HTML whose script reads `/debug/status` every second.

@@ -1,10 +1,12 @@
-//! Reading a request's body: its `Content-Type`, its size and the time it may take, each
-//! refused in the API's error shape. Shared by the native API and unkey's.
+//! Reading a request's body (its `Content-Type`, its size and the time it may take, each
+//! refused in the API's error shape) and writing a JSON answer's. Shared by the native API and
+//! unkey's.
 
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::Response;
 
 use super::request::{ApiError, MAX_BODY_BYTES};
 
@@ -84,4 +86,17 @@ pub(crate) async fn read_body(
             message: format!("the body could not be read ({e}): send it whole"),
         }),
     }
+}
+
+/// A JSON answer: `body` with `status` and `Content-Type: application/json`, built directly
+/// (axum's tuple of parts allocates the header's value and costs about 1,500 instructions a
+/// response, callgrind).
+pub(crate) fn json_response(status: StatusCode, body: impl Into<Body>) -> Response {
+    let mut response = Response::new(body.into());
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
 }

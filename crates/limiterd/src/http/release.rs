@@ -7,13 +7,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use limiter_core::Clock;
 use serde::Deserialize;
 
 use super::api::{decide_error, refusal};
-use super::body::read_body;
+use super::body::{json_response, read_body};
 use super::request::{ApiError, from_json};
 use crate::ops::live::Live;
 
@@ -61,16 +61,14 @@ pub(super) async fn release<C: Clock + Clone + Send + Sync + 'static>(
             .release(&raw.policy, &raw.identifier, &raw.permit)
             .await
         {
-            Ok(released) => (
+            Ok(released) => json_response(
                 StatusCode::OK,
-                [(header::CONTENT_TYPE, "application/json")],
                 if released {
                     &b"{\"released\":true}"[..]
                 } else {
                     &b"{\"released\":false}"[..]
                 },
-            )
-                .into_response(),
+            ),
             Err(e) => decide_error(e).into_response(),
         },
     };

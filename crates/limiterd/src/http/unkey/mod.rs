@@ -124,7 +124,7 @@ fn write_refusal(status: StatusCode, detail: String, problems: Vec<Problem>) -> 
 
 fn answer(status: StatusCode, body: Value) -> Response {
     let body = serde_json::to_vec(&body).unwrap_or_default();
-    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+    super::body::json_response(status, body)
 }
 
 fn invalid(location: String, message: String, fix: &str) -> Refusal {
