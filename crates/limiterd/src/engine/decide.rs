@@ -13,6 +13,26 @@ use super::*;
 /// An item's policy stack, what it decides on, and the counters its answer goes to.
 pub(super) type Resolved<'a> = (PolicyStack, Call, &'a PolicyCounters);
 
+/// How an item's answer counts: a peek, a record, a refund, a denial, an admission, or a take
+/// its batch refused (`admitted`: whether the call as a whole was).
+fn counted(item: &Item, answer: &Answer, admitted: bool) -> Counted {
+    if item.cost == 0 {
+        Counted::Peeked
+    } else if item.charge == Charge::Record {
+        Counted::Recorded
+    } else if item.charge == Charge::Refund {
+        Counted::GivenBack
+    } else if !answer.decision.is_allowed() {
+        Counted::Denied {
+            shadow: item.shadow,
+        }
+    } else if admitted {
+        Counted::Allowed
+    } else {
+        Counted::BatchRefused
+    }
+}
+
 /// A call that can never be decided, as the API reports it.
 pub(super) fn call_error(e: &CallError) -> DecideError {
     match e {
@@ -136,54 +156,61 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         items: &[Item],
         time_ms: Option<u64>,
     ) -> Result<(bool, Vec<Answer>), DecideError> {
+        if let [item] = items {
+            let answer = self.decide_checked_one(item, time_ms).await?;
+            let admitted = answer.decision.is_allowed() || item.never_denies();
+            return Ok((admitted, vec![answer]));
+        }
         let reading = self.reading_for(time_ms)?;
         let resolved = items
             .iter()
             .map(|item| self.resolve(item))
             .collect::<Result<Vec<_>, _>>()?;
-        let result = self.decide_resolved(items, &resolved, reading).await;
+        let result = self.decide_batch(items, &resolved, reading).await;
         match &result {
             Ok((admitted, answers)) => {
                 for ((item, (_, _, counters)), answer) in items.iter().zip(&resolved).zip(answers) {
-                    let counted = if item.cost == 0 {
-                        Counted::Peeked
-                    } else if item.charge == Charge::Record {
-                        Counted::Recorded
-                    } else if item.charge == Charge::Refund {
-                        Counted::GivenBack
-                    } else if !answer.decision.is_allowed() {
-                        Counted::Denied {
-                            shadow: item.shadow,
-                        }
-                    } else if *admitted {
-                        Counted::Allowed
-                    } else {
-                        Counted::BatchRefused
-                    };
-                    counters.count(counted, &item.identifier);
+                    counters.count(counted(item, answer, *admitted), &item.identifier);
                 }
             }
-            Err(DecideError::Full(_)) => self.metrics.store_full(),
-            Err(_) => {}
+            Err(e) => self.count_error(e),
         }
         result
     }
 
-    /// One item is one ask of its stack; more are a batch, all or nothing, decided by the
-    /// first item's store (one script call on Redis, takes and refunds otherwise).
-    async fn decide_resolved(
+    /// One item known to take no permit: one ask of its stack, with nothing collected.
+    pub(super) async fn decide_checked_one(
+        &self,
+        item: &Item,
+        time_ms: Option<u64>,
+    ) -> Result<Answer, DecideError> {
+        let reading = self.reading_for(time_ms)?;
+        let (stack, call, counters) = self.resolve(item)?;
+        let ask = Ask::new(item.cost, item.charge).at(Some(reading));
+        let asked = stack.ask(&call, ask).await;
+        let result = self.answer(asked, &stack, &call, reading);
+        match &result {
+            // One item is admitted whenever its stack admits it.
+            Ok(answer) => counters.count(counted(item, answer, true), &item.identifier),
+            Err(e) => self.count_error(e),
+        }
+        result
+    }
+
+    fn count_error(&self, e: &DecideError) {
+        if let DecideError::Full(_) = e {
+            self.metrics.store_full();
+        }
+    }
+
+    /// Several items, all or nothing, decided by the first item's store (one script call on
+    /// Redis, takes and refunds otherwise).
+    async fn decide_batch(
         &self,
         items: &[Item],
         resolved: &[Resolved<'_>],
         reading: u64,
     ) -> Result<(bool, Vec<Answer>), DecideError> {
-        if let ([item], [(stack, call, _)]) = (items, resolved) {
-            let ask = Ask::new(item.cost, item.charge).at(Some(reading));
-            let asked = stack.ask(call, ask).await;
-            let answer = self.answer(asked, stack, call, reading)?;
-            let admitted = answer.decision.is_allowed() || item.never_denies();
-            return Ok((admitted, vec![answer]));
-        }
         let batch: Vec<BatchItem<'_, Call>> = items
             .iter()
             .zip(resolved)

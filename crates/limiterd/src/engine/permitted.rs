@@ -27,12 +27,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         let (permits, quotas) = self.gates_of(item);
         if permits.is_none() && quotas.is_empty() {
             // Known to take no permit: no second look at the policy's gates.
-            let (_, answers) = self
-                .decide_checked(std::slice::from_ref(item), time_ms)
-                .await?;
-            let answer = answers.into_iter().next().ok_or_else(|| {
-                DecideError::Unavailable("the engine answered no decision".into())
-            })?;
+            let answer = self.decide_checked_one(item, time_ms).await?;
             return Ok((answer, None));
         }
         // Reports, records, unit refunds and shadow checks take no permit and count no quota:
@@ -274,14 +269,9 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         item: &Item,
         time_ms: Option<u64>,
     ) -> Result<(Answer, bool), DecideError> {
-        let (admitted, answers) = self
-            .decide_checked(std::slice::from_ref(item), time_ms)
-            .await?;
-        let answer = answers
-            .into_iter()
-            .next()
-            .ok_or_else(|| DecideError::Unavailable("the engine answered no decision".into()))?;
-        Ok((answer, admitted && answer.decision.is_allowed()))
+        let answer = self.decide_checked_one(item, time_ms).await?;
+        let admitted = answer.decision.is_allowed();
+        Ok((answer, admitted))
     }
 
     /// The permits' store failed: the policy's failure policy answers (open admits without a
