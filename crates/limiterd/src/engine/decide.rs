@@ -3,6 +3,8 @@
 //! every policy is on Redis, takes and refunds otherwise), and every store's outcome read as
 //! an [`Answer`] in one place.
 
+use std::fmt::Write as _;
+
 use limiter_core::{Clock, Decision, Limit};
 use limiter_stack::{Ask, BatchItem, CallError, Origin, Outcome};
 
@@ -31,6 +33,29 @@ fn counted(item: &Item, answer: &Answer, admitted: bool) -> Counted {
     } else {
         Counted::BatchRefused
     }
+}
+
+/// An ad-hoc limit's key for `identifier` in `namespace`: `{namespace length}:{namespace}:
+/// {identifier}`, after `{algorithm}/` for an algorithm other than the token bucket. Put
+/// together piece by piece: `format!` over the three cost about 600 instructions a decision.
+fn ad_hoc_key(kind: Kind, namespace: &str, identifier: &str) -> String {
+    let algorithm = if kind == Kind::TokenBucket {
+        ""
+    } else {
+        kind.id()
+    };
+    let mut key = String::with_capacity(algorithm.len() + namespace.len() + identifier.len() + 8);
+    if !algorithm.is_empty() {
+        key.push_str(algorithm);
+        key.push('/');
+    }
+    // Writing to a `String` cannot fail.
+    let _ = write!(key, "{}", namespace.len());
+    key.push(':');
+    key.push_str(namespace);
+    key.push(':');
+    key.push_str(identifier);
+    key
 }
 
 /// A call that can never be decided, as the API reports it.
@@ -76,19 +101,8 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                 // bucket (the native API's) names itself first, so no key is ever counted by
                 // two algorithms (a token bucket's key starts with a digit, the others' with
                 // the algorithm's name).
-                let identifier = match kind {
-                    Kind::TokenBucket => {
-                        format!("{}:{namespace}:{}", namespace.len(), item.identifier)
-                    }
-                    other => format!(
-                        "{}/{}:{namespace}:{}",
-                        other.id(),
-                        namespace.len(),
-                        item.identifier
-                    ),
-                };
                 let call = Call {
-                    identifier: identifier.into(),
+                    identifier: ad_hoc_key(*kind, namespace, &item.identifier).into(),
                     plan,
                 };
                 Ok((stack, call, &self.ad_hoc_counters))
@@ -309,4 +323,25 @@ fn policy_limit(stack: &dyn AsyncLimiter<Call>, plan: usize) -> u64 {
         .map(Limit::count)
         .min()
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ad_hoc_keys_keep_namespaces_and_algorithms_apart() {
+        assert_eq!(ad_hoc_key(Kind::TokenBucket, "email", "u-1"), "5:email:u-1");
+        assert_eq!(
+            ad_hoc_key(Kind::SlidingWindow, "email", "u-1"),
+            "sliding_window/5:email:u-1"
+        );
+        // The separator cannot be forged: the namespace's length comes first.
+        assert_ne!(
+            ad_hoc_key(Kind::TokenBucket, "a:b", "c"),
+            ad_hoc_key(Kind::TokenBucket, "a", "b:c")
+        );
+        let long = "n".repeat(1234);
+        assert!(ad_hoc_key(Kind::FixedWindow, &long, "x").starts_with("fixed_window/1234:nnn"));
+    }
 }
