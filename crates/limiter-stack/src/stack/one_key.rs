@@ -177,8 +177,8 @@ where
                 let Some(cell) = cells[slot] else { continue };
                 // The lock's own first word goes last, with the release.
                 let first = usize::from(slot == lock_slot);
-                for (j, &word) in next[slot].iter().enumerate().take(width(slot)).skip(first) {
-                    cell.write_word_held(j, word);
+                for j in first..width(slot) {
+                    cell.write_word_held(j, next[slot][j]);
                 }
             }
             lock.write_first_and_unlock(held, next[lock_slot][0]);
