@@ -169,9 +169,15 @@ where
             }
         };
         let held = lock.lock();
-        let unchanged = (0..N).all(|slot| {
-            cells[slot].is_none_or(|c| (0..width(slot)).all(|j| c.word_held(j) == seen[slot][j]))
-        });
+        // Plain loops: as iterator adapters they were called out of line, under the lock.
+        let mut unchanged = true;
+        for slot in 0..N {
+            if let Some(cell) = cells[slot] {
+                for j in 0..width(slot) {
+                    unchanged &= cell.word_held(j) == seen[slot][j];
+                }
+            }
+        }
         if unchanged {
             for slot in 0..N {
                 let Some(cell) = cells[slot] else { continue };
