@@ -169,12 +169,12 @@ where
             }
         };
         let held = lock.lock();
-        // Plain loops: as iterator adapters they were called out of line, under the lock.
+        // Over slices: ranges and `take` adapters here were called out of line, under the lock.
         let mut unchanged = true;
         for slot in 0..N {
             if let Some(cell) = cells[slot] {
-                for j in 0..width(slot) {
-                    unchanged &= cell.word_held(j) == seen[slot][j];
+                for (j, &word) in seen[slot][..width(slot)].iter().enumerate() {
+                    unchanged &= cell.word_held(j) == word;
                 }
             }
         }
@@ -183,8 +183,8 @@ where
                 let Some(cell) = cells[slot] else { continue };
                 // The lock's own first word goes last, with the release.
                 let first = usize::from(slot == lock_slot);
-                for j in first..width(slot) {
-                    cell.write_word_held(j, next[slot][j]);
+                for (j, &word) in next[slot][..width(slot)].iter().enumerate().skip(first) {
+                    cell.write_word_held(j, word);
                 }
             }
             lock.write_first_and_unlock(held, next[lock_slot][0]);
