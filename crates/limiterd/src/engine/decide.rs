@@ -211,6 +211,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         result
     }
 
+    /// Counts a decision that could not be made where the metrics name it (a full store).
     fn count_error(&self, e: &DecideError) {
         if let DecideError::Full(_) = e {
             self.metrics.store_full();
