@@ -6,11 +6,12 @@ use std::fmt;
 use std::hash::Hash;
 use std::ops::Deref;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
-use limiter_core::{Algorithm, Limit, LimitError};
+use limiter_core::{Algorithm, Clock, DefaultClock, Limit, LimitError};
 use limiter_store::{ShardedStore, Store, StoreStats};
 
-use crate::permits::{PermitCount, Releasing};
+use crate::permits::{PermitCount, Recent, Releasing};
 
 /// Why an acquire took no permit. Nothing was taken.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -44,8 +45,12 @@ pub enum Refused {
 /// Each key's permits are one word in a [`ShardedStore`], taken and released by
 /// compare-and-swap (lock-free on a key already held; a new key takes its shard's lock, as in
 /// every keyed limiter here). A key holding no permit decides like one never seen, so the store
-/// forgets it: memory follows the keys with permits held, not every key ever seen. An acquire
-/// is all or nothing and a refused one changes nothing.
+/// forgets it, after a grace: memory follows the keys with permits held and those inserted in
+/// about the last second, not every key ever seen. (The grace is what spares a key whose
+/// permits come and go from being forgotten and inserted again, under its shard's write lock,
+/// by every sweep; the clock is read only when a key is inserted.) [`reclaim`](Self::reclaim)
+/// forgets every key holding none at once. An acquire is all or nothing and a refused one
+/// changes nothing.
 ///
 /// ```
 /// use limiter_concurrency::{KeyedConcurrency, Refused};
@@ -65,6 +70,11 @@ pub enum Refused {
 pub struct KeyedConcurrency<K> {
     permits: PermitCount,
     store: ShardedStore<K>,
+    /// Read when a key is inserted, to stamp it (the grace above).
+    clock: Box<dyn Clock>,
+    /// The newest insert's reading: what a sweep measures the grace against. Only a hint (a
+    /// stale value keeps keys longer), so not one of loom's atomics.
+    recent: AtomicU64,
 }
 
 impl<K> fmt::Debug for KeyedConcurrency<K> {
@@ -83,9 +93,21 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> KeyedConcurrency<K> {
 
     /// As [`new`](Self::new), in `store` (its shards and hasher chosen).
     pub fn with_store(count: u64, store: ShardedStore<K>) -> Result<Self, LimitError> {
+        Self::with_store_and_clock(count, store, DefaultClock::new())
+    }
+
+    /// As [`with_store`](Self::with_store), stamping inserted keys with `clock`'s readings
+    /// (a `ManualClock` in tests of the grace a released key gets).
+    pub fn with_store_and_clock(
+        count: u64,
+        store: ShardedStore<K>,
+        clock: impl Clock + 'static,
+    ) -> Result<Self, LimitError> {
         Ok(Self {
             permits: PermitCount::new(Limit::from_nanos(count, 1))?,
             store,
+            recent: AtomicU64::new(clock.now()),
+            clock: Box::new(clock),
         })
     }
 
@@ -141,7 +163,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> KeyedConcurrency<K> {
             .map_or(0, |d| self.count().saturating_sub(d.remaining()))
     }
 
-    /// Keys holding at least one permit (and keys released to none not yet forgotten).
+    /// Keys holding at least one permit, and keys released to none not yet forgotten.
     pub fn len(&self) -> u64 {
         self.store.stats().keys
     }
@@ -170,9 +192,14 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> KeyedConcurrency<K> {
         if units == 0 {
             return Err(Refused::Zero);
         }
+        let grace = Recent {
+            permits: &self.permits,
+            clock: &*self.clock,
+            recent: &self.recent,
+        };
         let decision = self
             .store
-            .apply(&self.permits, key, units, 0)
+            .apply(&grace, key, units, 0)
             .map_err(|_| Refused::TooMany { units, count })?;
         if decision.is_denied() {
             return Err(Refused::Busy {

@@ -6,8 +6,9 @@
 //! [`KeyedConcurrency`] keeps each key's permits in one word of the workspace's
 //! [`ShardedStore`](limiter_store::ShardedStore), updated by compare-and-swap; the word's
 //! transitions are [`PermitCount`] (an [`Algorithm`](limiter_core::Algorithm), so the store's
-//! reclamation, proven for every algorithm, forgets a key once it holds none) and
-//! [`Releasing`]. A [`PermitStack`] decides a stack of rate limits and a concurrency limit as
+//! reclamation, proven for every algorithm, forgets a key once it holds none, here after a
+//! grace of about a second so a key whose permits come and go is not inserted again at every
+//! sweep) and [`Releasing`]. A [`PermitStack`] decides a stack of rate limits and a concurrency limit as
 //! one, all or nothing.
 //!
 //! ```
