@@ -6,12 +6,12 @@ use std::fmt;
 use std::hash::Hash;
 use std::ops::Deref;
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 
 use limiter_core::{Algorithm, Clock, DefaultClock, Limit, LimitError};
 use limiter_store::{ShardedStore, Store, StoreStats};
 
 use crate::permits::{PermitCount, Recent, Releasing};
+use crate::sync::AtomicU64;
 
 /// Why an acquire took no permit. Nothing was taken.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -73,7 +73,7 @@ pub struct KeyedConcurrency<K> {
     /// Read when a key is inserted, to stamp it (the grace above).
     clock: Box<dyn Clock>,
     /// The newest insert's reading: what a sweep measures the grace against. Only a hint (a
-    /// stale value keeps keys longer), so not one of loom's atomics.
+    /// stale value keeps keys longer).
     recent: AtomicU64,
 }
 

@@ -33,6 +33,7 @@
 mod keyed;
 mod permits;
 mod stacked;
+mod sync;
 
 pub use keyed::{Held, KeyedConcurrency, OwnedPermit, Permit, Refused};
 pub use permits::{MAX_PERMITS, PermitCount, Releasing};

@@ -4,9 +4,9 @@
 //! grace for a key released to none (`Recent`), so a key whose permits come and go is not
 //! forgotten and inserted again by every sweep of its shard.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use limiter_core::{Algorithm, Clock, Decision, DecisionError, Limit, LimitError, Step, Usage};
+
+use crate::sync::{AtomicU64, Ordering};
 
 /// The most permits one key may hold: far below [`StateCell::RETIRED`](limiter_core::StateCell),
 /// which a state word never takes.
