@@ -95,13 +95,17 @@ async fn a_failover_is_followed_and_spent_identifiers_stay_spent() {
 
 /// Two nodes race on one key (`count` an hour, failing closed) while the master is killed
 /// mid-way; the units they admitted in all, once each has seen a denial from Redis after the
-/// failover, and the calls refused because no replica acknowledged their write in time (taken
-/// on the master, never admitted).
-async fn race_through_a_failover(wait: bool, count: u64) -> (u64, u64) {
+/// failover, the calls refused because no replica acknowledged their write in time (taken
+/// on the master, never admitted), and the calls refused for any failure before the kill (a
+/// reply later than the timeout, on a loaded machine: its unit may have been taken).
+async fn race_through_a_failover(wait: bool, count: u64) -> (u64, u64, u64) {
     let mut set = SentinelSet::start(2, Vec::new());
     let nodes = [backend(&set, wait).await, backend(&set, wait).await];
     let admitted = Arc::new(AtomicU64::new(0));
     let unacknowledged = Arc::new(AtomicU64::new(0));
+    let failed_before_the_kill = Arc::new(AtomicU64::new(0));
+    // Set just before the master is killed, and once the failover is over.
+    let killing = Arc::new(AtomicBool::new(false));
     let killed = Arc::new(AtomicBool::new(false));
     let racers: Vec<_> = nodes
         .iter()
@@ -109,6 +113,8 @@ async fn race_through_a_failover(wait: bool, count: u64) -> (u64, u64) {
             let limiter = limiter(node, count, OnFailure::Closed);
             let (admitted, killed) = (Arc::clone(&admitted), Arc::clone(&killed));
             let unacknowledged = Arc::clone(&unacknowledged);
+            let failed_early = Arc::clone(&failed_before_the_kill);
+            let killing = Arc::clone(&killing);
             tokio::spawn(async move {
                 let started = Instant::now();
                 loop {
@@ -120,6 +126,8 @@ async fn race_through_a_failover(wait: bool, count: u64) -> (u64, u64) {
                         && let Some(BackendError::NotReplicated { .. }) = d.backend_error()
                     {
                         unacknowledged.fetch_add(1, Ordering::SeqCst);
+                    } else if d.failed_closed() && !killing.load(Ordering::SeqCst) {
+                        failed_early.fetch_add(1, Ordering::SeqCst);
                     }
                     let on_redis = matches!(d.origin(), Some(Origin::Remote | Origin::DenyCache));
                     if killed.load(Ordering::SeqCst) && d.is_denied() && on_redis {
@@ -136,6 +144,7 @@ async fn race_through_a_failover(wait: bool, count: u64) -> (u64, u64) {
     while admitted.load(Ordering::SeqCst) < count / 2 {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
+    killing.store(true, Ordering::SeqCst);
     // Kept to the end: dropping the set stops every process.
     let _set = tokio::task::spawn_blocking(move || {
         set.fail_over();
@@ -150,22 +159,31 @@ async fn race_through_a_failover(wait: bool, count: u64) -> (u64, u64) {
     (
         admitted.load(Ordering::SeqCst),
         unacknowledged.load(Ordering::SeqCst),
+        failed_before_the_kill.load(Ordering::SeqCst),
     )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_nodes_through_a_failover_admit_the_limit_plus_what_replication_lost() {
-    let (admitted, _) = race_through_a_failover(false, 200).await;
+    let (admitted, _, failed_early) = race_through_a_failover(false, 200).await;
     eprintln!("asynchronous replication: {admitted} admitted of 200 through a failover");
     // What a failover can lose: writes the master acknowledged in its last moments, before
     // the replica had them (on loopback, usually none; never more than was admitted before
-    // the kill, half the limit).
-    assert!((200..=300).contains(&admitted), "{admitted}");
+    // the kill, half the limit). Short of the limit only by the call each node had in flight
+    // when the master died, if it was taken and replicated but its reply lost (a broken pipe:
+    // refused, its unit gone), as the test below allows: one each at most.
+    // Calls refused for a late reply before the kill may have taken theirs too.
+    let in_flight_at_the_kill = 2;
+    assert!(admitted <= 300, "{admitted}");
+    assert!(
+        admitted + failed_early + in_flight_at_the_kill >= 200,
+        "{admitted} + {failed_early}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_for_a_replica_loses_nothing_through_a_failover() {
-    let (admitted, unacknowledged) = race_through_a_failover(true, 200).await;
+    let (admitted, unacknowledged, failed_early) = race_through_a_failover(true, 200).await;
     eprintln!(
         "WAIT for one replica: {admitted} admitted of 200 through a failover, \
          {unacknowledged} refused unacknowledged"
@@ -178,8 +196,8 @@ async fn waiting_for_a_replica_loses_nothing_through_a_failover() {
     assert!(admitted <= 200, "{admitted}");
     let in_flight_at_the_kill = 2;
     assert!(
-        admitted + unacknowledged + in_flight_at_the_kill >= 200,
-        "{admitted} + {unacknowledged}"
+        admitted + unacknowledged + failed_early + in_flight_at_the_kill >= 200,
+        "{admitted} + {unacknowledged} + {failed_early}"
     );
 }
 
