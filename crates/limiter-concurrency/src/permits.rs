@@ -146,6 +146,7 @@ impl Algorithm for Releasing<'_> {
         self.0.limit()
     }
 
+    #[inline]
     fn decide(&self, state: u64, units: u64, now: u64) -> Result<Step, DecisionError> {
         let after = self.0.refund(state, units, now, now);
         Ok(Step {
@@ -208,11 +209,20 @@ pub(crate) struct Recent<'a> {
 
 impl Recent<'_> {
     /// `state`'s stamp, or for a key never stamped (an insert), the stamp of now.
+    #[inline]
     fn stamp_of(&self, state: u64) -> u64 {
         let stamp = stamp_bits(state);
         if stamp != 0 {
             return stamp;
         }
+        self.stamp_now()
+    }
+
+    /// The stamp of the clock's reading now, published as the newest insert's (out of line:
+    /// only an insert reads the clock).
+    #[cold]
+    #[inline(never)]
+    fn stamp_now(&self) -> u64 {
         let now = self.clock.now();
         // Relaxed: a hint, ordered with nothing (a late one only keeps keys longer).
         self.recent.fetch_max(now, Ordering::Relaxed);
