@@ -28,10 +28,9 @@ fn stamp_bits(state: u64) -> u64 {
     state & !((1 << HELD_BITS) - 1)
 }
 
-/// A key's permits: its state is the number held (in its low 40 bits; the bits
-/// above are the keyed limiter's stamp, which plays no part in a decision), `0` held is fresh
-/// and full, so a store may forget a key as soon as its last permit is released. An acquire of
-/// `units` is
+/// A key's permits: its state is the number held (in its low 40 bits; the bits above are the
+/// keyed limiter's stamp, which plays no part in a decision), `0` held is fresh and full, so a
+/// store may forget a key as soon as its last permit is released. An acquire of `units` is
 /// admitted iff `held + units <= count`; time plays no part (a permit is held until it is
 /// released), so a denial's waits are the shortest there is (1 ns): when a permit frees is not
 /// known here, and an adapter answering a client picks its own hint.
@@ -194,10 +193,9 @@ fn stamp_at(nanos: u64) -> u64 {
 /// [`PermitCount`] as the keyed limiter's store applies it: a key is stamped with the time it
 /// was inserted (the clock is read then, and only then), and a key holding none is full only
 /// once its stamp is [`GRACE_STAMPS`] old, by the newest insert's reading (`recent`). A sweep
-/// (which only an insert makes) so keeps a key released within about a second of its
-/// insertion, or of a sweep's: a key whose permits come and go is inserted again about once
-/// a second, not after every sweep of its shard (an insert takes the shard's write lock and
-/// may rebuild its table). Memory follows the keys with permits held and those inserted in the
+/// (which only an insert makes) so keeps every key inserted in about the last second: a key
+/// whose permits come and go is inserted again at most about once a second, not after every
+/// sweep of its shard (an insert takes the shard's write lock and may rebuild its table). Memory follows the keys with permits held and those inserted in the
 /// last second or so; an explicit reclaim (with [`PermitCount`] itself) forgets every key
 /// holding none.
 pub(crate) struct Recent<'a> {
