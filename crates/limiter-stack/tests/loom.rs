@@ -1,5 +1,6 @@
-//! Loom models of the stack's protocol: stacked calls sharing a layer never over-admit, a denial
-//! changes no layer, racing calls both land in full, racing first inserts admit once, a call
+//! Loom models of the stack's protocol: stacked calls sharing a layer never over-admit and a
+//! denial changes no layer (on the fixed-plan path on several keys, each key's lead locked, and
+//! on the lean path), racing calls both land in full, racing first inserts admit once, a call
 //! decided again after a race answers from its last reading alone, and a reader never mixes one
 //! plan's words with another's limits; and, in a stack with a global layer (whose entry lock is
 //! the commit lock every writing call takes instead of one lock per entry), racing calls and
@@ -30,15 +31,26 @@ fn per_hour(n: u64) -> Limit {
 }
 
 /// Per user `user` per hour, and a layer shared by every request that sets `shared` (one key),
-/// `shared` per hour; on one shard. Setup calls touch only the layers they need, so no atomic
-/// sees more stores than loom tracks (seven; past that loom trips on its own bookkeeping,
-/// tokio-rs/loom#252).
+/// `shared` per hour; on one shard: the fixed-plan path on several keys, each key's lead locked.
+/// Setup calls touch only the layers they need, so no atomic sees more stores than loom tracks
+/// (seven; past that loom trips on its own bookkeeping, tokio-rs/loom#252).
 fn stack(user: u64, shared: u64) -> Arc<Users> {
+    let user = Layer::keyed("user", |r: &Request| r.user).limit(Kind::TokenBucket, per_hour(user));
+    user_and_shared(user, shared)
+}
+
+/// [`stack`] with the user layer's one plan chosen by a plan function: the lean path.
+fn stack_lean(user: u64, shared: u64) -> Arc<Users> {
+    let plan = Plan::new("only").limit(Kind::TokenBucket, per_hour(user));
+    let user = Layer::keyed("user", |r: &Request| r.user).plans([plan], |_: &Request| 0);
+    user_and_shared(user, shared)
+}
+
+/// `user`, then a layer shared by every request that sets `shared`, `shared` per hour.
+fn user_and_shared(user: Layer<Request, u64>, shared: u64) -> Arc<Users> {
     Arc::new(
         Stack::builder()
-            .layer(
-                Layer::keyed("user", |r: &Request| r.user).limit(Kind::TokenBucket, per_hour(user)),
-            )
+            .layer(user)
             .layer(
                 Layer::keyed("shared", |r: &Request| r.shared.then_some(0))
                     .limit(Kind::TokenBucket, per_hour(shared)),
@@ -160,41 +172,55 @@ fn left(stack: &Users, user: u64) -> Vec<u64> {
 
 #[test]
 fn calls_sharing_a_layer_admit_once() {
-    loom::model(|| {
-        // Every key exists already, so the racers take only read locks and meet at the
-        // shared entry's lock, which has one unit left.
-        let stack = stack(5, 2);
-        assert!(call(&stack, None, true));
-        assert!(call(&stack, Some(1), false) && call(&stack, Some(2), false));
-        let other = Arc::clone(&stack);
-        let racer = thread::spawn(move || call(&other, Some(2), true));
-        let here = call(&stack, Some(1), true);
-        let there = racer.join().unwrap();
-        assert!(here ^ there, "admitted {here} and {there}");
-        // The loser's own layer is untouched.
-        let loser = if here { 2 } else { 1 };
-        assert_eq!(left(&stack, loser), [4, 0]);
-    });
+    loom::model(|| calls_sharing_a_layer(stack));
+}
+
+#[test]
+fn calls_sharing_a_layer_admit_once_on_the_lean_path() {
+    loom::model(|| calls_sharing_a_layer(stack_lean));
+}
+
+fn calls_sharing_a_layer(build: fn(u64, u64) -> Arc<Users>) {
+    // Every key exists already, so the racers take only read locks and meet at the
+    // shared entry's lock, which has one unit left.
+    let stack = build(5, 2);
+    assert!(call(&stack, None, true));
+    assert!(call(&stack, Some(1), false) && call(&stack, Some(2), false));
+    let other = Arc::clone(&stack);
+    let racer = thread::spawn(move || call(&other, Some(2), true));
+    let here = call(&stack, Some(1), true);
+    let there = racer.join().unwrap();
+    assert!(here ^ there, "admitted {here} and {there}");
+    // The loser's own layer is untouched.
+    let loser = if here { 2 } else { 1 };
+    assert_eq!(left(&stack, loser), [4, 0]);
 }
 
 #[test]
 fn a_call_denied_by_one_layer_changes_no_other() {
-    loom::model(|| {
-        let stack = stack(2, 2);
-        // User 1 spent; user 2 has 1 left; the shared layer has 1 left.
-        assert!(call(&stack, Some(1), false) && call(&stack, Some(1), false));
-        assert!(call(&stack, Some(2), false) && call(&stack, None, true));
-        let other = Arc::clone(&stack);
-        let admitted = thread::spawn(move || call(&other, Some(2), true));
-        let denied = call(&stack, Some(1), true);
-        assert!(!denied);
-        assert!(
-            admitted.join().unwrap(),
-            "a denied call took the shared unit"
-        );
-        assert_eq!(left(&stack, 2), [0, 0]);
-        assert_eq!(left(&stack, 1), [0, 0]);
-    });
+    loom::model(|| denied_call_changes_no_other(stack));
+}
+
+#[test]
+fn a_call_denied_by_one_layer_changes_no_other_on_the_lean_path() {
+    loom::model(|| denied_call_changes_no_other(stack_lean));
+}
+
+fn denied_call_changes_no_other(build: fn(u64, u64) -> Arc<Users>) {
+    let stack = build(2, 2);
+    // User 1 spent; user 2 has 1 left; the shared layer has 1 left.
+    assert!(call(&stack, Some(1), false) && call(&stack, Some(1), false));
+    assert!(call(&stack, Some(2), false) && call(&stack, None, true));
+    let other = Arc::clone(&stack);
+    let admitted = thread::spawn(move || call(&other, Some(2), true));
+    let denied = call(&stack, Some(1), true);
+    assert!(!denied);
+    assert!(
+        admitted.join().unwrap(),
+        "a denied call took the shared unit"
+    );
+    assert_eq!(left(&stack, 2), [0, 0]);
+    assert_eq!(left(&stack, 1), [0, 0]);
 }
 
 #[test]

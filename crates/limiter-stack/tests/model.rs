@@ -4,7 +4,8 @@
 //! usage). Random sequences of checks (mixed plans, costs, skipped layers), records, peeks,
 //! refunds, reclaims and clock steps must give the same decisions, the same errors and the
 //! same refunds; with a layer on the user layer's key (`Layer::same_key`, one entry for both
-//! in the stack, two states in the model) too, and for a stack on the one-key path.
+//! in the stack, two states in the model) too, and for stacks on the fixed-plan path (every
+//! layer one plan, no plan function) on one key and on several.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -16,6 +17,10 @@ use limiter_stack::{CallError, Grant, Layer, LayerAnswers, Plan, Stack, StackDec
 use limiter_testkit::harness::proptest_config;
 use limiter_token_bucket::Gcra;
 use proptest::prelude::*;
+
+#[path = "model/fixed_plans.rs"]
+mod fixed_plans;
+use fixed_plans::{one_key_several_limits_specs, one_key_specs, several_keys_specs};
 
 #[derive(Clone, Copy, Debug)]
 struct Request {
@@ -79,80 +84,6 @@ struct Spec {
     key: fn(&Request) -> Option<u64>,
     choose: fn(&Request) -> usize,
     plans: Vec<Vec<Alg>>,
-}
-
-/// The layers of a stack on the one-key path: per user one token bucket and, on the same key,
-/// a sliding window, and a global token bucket; every layer one plan of one limit.
-fn one_key_specs() -> Vec<Spec> {
-    let one = |name, shares, key: fn(&Request) -> Option<u64>, alg| Spec {
-        name,
-        shares,
-        key,
-        choose: |_| 0,
-        plans: vec![vec![alg]],
-    };
-    vec![
-        one(
-            "user",
-            None,
-            |r| Some(r.user),
-            Alg::Bucket(Gcra::new(limit(3, 1_000)).unwrap()),
-        ),
-        one(
-            "user-window",
-            Some(0),
-            |r| Some(r.user),
-            Alg::Sliding(SlidingCounter::new(limit(5, 2_000)).unwrap()),
-        ),
-        one(
-            "global",
-            None,
-            |_| None,
-            Alg::Bucket(Gcra::new(limit(6, 1_000).with_burst(4)).unwrap()),
-        ),
-    ]
-}
-
-/// The layers of a stack on the one-key path whose layers hold several limits each: per user a
-/// token bucket and a sliding window in one layer, on the same key a fixed window and a token
-/// bucket, and a global layer of two (every layer one plan).
-fn one_key_several_limits_specs() -> Vec<Spec> {
-    let spec = |name, shares, key: fn(&Request) -> Option<u64>, limits| Spec {
-        name,
-        shares,
-        key,
-        choose: |_| 0,
-        plans: vec![limits],
-    };
-    vec![
-        spec(
-            "user",
-            None,
-            |r| Some(r.user),
-            vec![
-                Alg::Bucket(Gcra::new(limit(3, 1_000)).unwrap()),
-                Alg::Sliding(SlidingCounter::new(limit(5, 2_000)).unwrap()),
-            ],
-        ),
-        spec(
-            "user-more",
-            Some(0),
-            |r| Some(r.user),
-            vec![
-                Alg::Fixed(FixedCounter::new(limit(4, 1_500)).unwrap()),
-                Alg::Bucket(Gcra::new(limit(2, 500).with_burst(3)).unwrap()),
-            ],
-        ),
-        spec(
-            "global",
-            None,
-            |_| None,
-            vec![
-                Alg::Bucket(Gcra::new(limit(6, 1_000).with_burst(4)).unwrap()),
-                Alg::Fixed(FixedCounter::new(limit(9, 2_000)).unwrap()),
-            ],
-        ),
-    ]
 }
 
 /// The layers; with `one_limit_each`, the user layer keeps only its first limit, so every
@@ -570,6 +501,15 @@ proptest! {
         ops in proptest::collection::vec(op(), 1..120),
     ) {
         run_specs(&ops, one_key_several_limits_specs)?;
+    }
+
+    #[test]
+    fn a_stack_on_the_fixed_plan_path_on_several_keys_decides_like_the_model(
+        ops in proptest::collection::vec(op(), 1..120),
+        global in any::<bool>(),
+        several_limits in any::<bool>(),
+    ) {
+        run_specs(&ops, || several_keys_specs(global, several_limits))?;
     }
 
     #[test]

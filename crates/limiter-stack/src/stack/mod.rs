@@ -24,7 +24,7 @@
 //!    others, in shard order) and removed again if the call ends up denied, before anyone else
 //!    can see it: a denial leaves no trace, not even memory.
 //!
-//! A stack whose every plan has one limit (the usual stack) first tries a lean path with the
+//! A stack whose every plan has one limit first tries a lean path with the
 //! same locks in the same order: it reads each entry's one word without its lock and decides
 //! it once, straight into the answer, then locks the entries (or takes the commit lock) and
 //! writes them only if none changed since it read them. Its working arrays are as long as the
@@ -34,13 +34,16 @@
 //! insert, a plan to change, an entry another call changed) goes to steps 2–5 from the start,
 //! with the targets the lean path found and a new answer.
 //!
-//! A stack whose layers each have one plan of one limit, every keyed layer on one key, takes
-//! the one-key path before the lean path: one lookup, each word read without a sequence lock
-//! (its plan never changes), decided inline into a local answer, committed under one lock, the
-//! answer built after the last locked instruction.
+//! A stack of at most four layers, each with one plan (of one limit or several) and no plan
+//! function (the usual stack), takes the fixed-plan path instead: one lookup per key (the
+//! shards read-locked in ascending order), each word read without a sequence lock (its plan
+//! never changes), decided inline into the answer, committed under one lock (the commit lock,
+//! or the one key's lead) or, for keyed layers on several keys and no global layer, under each
+//! key's lead in address order. Keyed layers on one key take a shorter variant of it, with no
+//! working arrays for keys.
 //!
-//! The jobs live apart: `plan.rs` (what a call touches), `one_key.rs` (the one-key path),
-//! `lean.rs` (the lean path), `general.rs` (steps 2–5), `locks.rs` (the lock protocol).
+//! The jobs live apart: `plan.rs` (what a call touches), `fixed_plans.rs` (the fixed-plan
+//! path), `lean.rs` (the lean path), `general.rs` (steps 2–5), `locks.rs` (the lock protocol).
 
 use std::hash::Hash;
 use std::sync::atomic::{AtomicU64 as StdAtomicU64, Ordering as StdOrdering};
@@ -57,11 +60,11 @@ use crate::layer::{Layer, Plan};
 use crate::sync::{AtomicU64, EntryHasher, Ordering};
 
 mod each;
+mod fixed_plans;
 mod general;
 mod groups;
 mod lean;
 mod locks;
-mod one_key;
 mod plan;
 
 use groups::{Member, group_members};
@@ -90,11 +93,17 @@ pub struct Stack<R, K, C = DefaultClock> {
     /// Each layer's group (by layer position): the layers sharing its keyer keep their state
     /// in one entry.
     members: Box<[Member]>,
-    /// Whether calls take the one-key path (`one_key.rs`): every keyed layer in one group, each
-    /// layer one plan (of one limit when `lean`, or several).
-    one_key_path: bool,
-    /// The lead of the keyed group (`None`: every layer is global), for the one-key path.
+    /// Whether calls take the fixed-plan path (`fixed_plans.rs`): at most four layers, each one
+    /// plan (of one limit when `lean`, or several) and no plan function.
+    fixed_path: bool,
+    /// The one lock a fixed-plan commit takes: the commit layer, or the lead of the only key;
+    /// `None` when keyed layers on several keys and no global layer each lock their lead.
+    lone_lock: Option<usize>,
+    /// The lead of the first keyed group (`None`: every layer is global), for the fixed-plan
+    /// path on one key.
     one_key: Option<usize>,
+    /// Whether keyed layers are on several keys (the fixed-plan path then looks up each).
+    several_keys: bool,
 }
 
 /// A group of keyed layers' state for one key.
@@ -205,13 +214,15 @@ impl<R, K, C> StackBuilder<R, K, C> {
         let lean = self.layers.iter().all(|layer| layer.limits_per_plan() == 1);
         let members = group_members(&self.layers);
         let leads: Vec<usize> = members.iter().map(|m| m.lead).collect();
-        let one_key_path = one_key::fits(&self.layers, &leads);
+        let fixed_path = fixed_plans::fits(&self.layers);
+        let several_keys = fixed_plans::several_keys(&self.layers, &leads);
         let one_key = self
             .layers
             .iter()
             .zip(&members)
             .find(|(layer, _)| !layer.is_global())
             .map(|(_, member)| member.lead);
+        let lone_lock = commit_layer.or(one_key.filter(|_| !several_keys));
         Ok(Stack {
             layers: self.layers.into_boxed_slice(),
             globals,
@@ -224,8 +235,10 @@ impl<R, K, C> StackBuilder<R, K, C> {
             lean,
             commit_layer,
             members,
-            one_key_path,
+            fixed_path,
+            lone_lock,
             one_key,
+            several_keys,
         })
     }
 }
@@ -334,10 +347,11 @@ where
         Ok(out.decision)
     }
 
-    /// Decides `cost` units for `request` at `now` into `out` (new): a stack whose keyed
-    /// layers share one key on the one-key path, a lean stack on the lean path, each with
-    /// working arrays as long as the stack is deep (and, one-key, as wide as a layer's
-    /// most limits unless every layer has one); any other stack, and any call those paths cannot finish, on the general path.
+    /// Decides `cost` units for `request` at `now` into `out` (new): a stack of fixed plans on
+    /// the fixed-plan path (keyed layers on several keys out of line, apart from the one-key
+    /// arms), a lean stack on the lean path, each with working arrays as long as the stack is
+    /// deep (and, fixed-plan, as wide as a layer's most limits unless every layer has one); any
+    /// other stack, and any call those paths cannot finish, on the general path.
     fn decide_into(
         &self,
         request: &R,
@@ -345,25 +359,20 @@ where
         now: u64,
         out: &mut Answer<'_>,
     ) -> Result<(), CallError> {
-        if self.one_key_path {
+        if self.fixed_path && self.several_keys {
+            return self.decide_on_keys(request, cost, now, out);
+        }
+        if self.fixed_path {
             // `lean`: every layer has one limit, so each keeps one word.
             return match (self.layers.len(), self.lean) {
-                (1, true) => self.decide_one_key::<1, 1>(request, cost, now, out),
-                (2, true) => self.decide_one_key::<2, 1>(request, cost, now, out),
-                (3, true) => self.decide_one_key::<3, 1>(request, cost, now, out),
-                (_, true) => self.decide_one_key::<4, 1>(request, cost, now, out),
-                (1, false) => {
-                    self.decide_one_key::<1, MAX_LIMITS_PER_LAYER>(request, cost, now, out)
-                }
-                (2, false) => {
-                    self.decide_one_key::<2, MAX_LIMITS_PER_LAYER>(request, cost, now, out)
-                }
-                (3, false) => {
-                    self.decide_one_key::<3, MAX_LIMITS_PER_LAYER>(request, cost, now, out)
-                }
-                (_, false) => {
-                    self.decide_one_key::<4, MAX_LIMITS_PER_LAYER>(request, cost, now, out)
-                }
+                (1, true) => self.decide_fixed::<1, 1>(request, cost, now, out),
+                (2, true) => self.decide_fixed::<2, 1>(request, cost, now, out),
+                (3, true) => self.decide_fixed::<3, 1>(request, cost, now, out),
+                (_, true) => self.decide_fixed::<4, 1>(request, cost, now, out),
+                (1, false) => self.decide_fixed::<1, MAX_LIMITS_PER_LAYER>(request, cost, now, out),
+                (2, false) => self.decide_fixed::<2, MAX_LIMITS_PER_LAYER>(request, cost, now, out),
+                (3, false) => self.decide_fixed::<3, MAX_LIMITS_PER_LAYER>(request, cost, now, out),
+                (_, false) => self.decide_fixed::<4, MAX_LIMITS_PER_LAYER>(request, cost, now, out),
             };
         }
         if self.lean {

@@ -1,0 +1,134 @@
+//! Stacks on the fixed-plan path (every layer one plan, no plan function, at most four layers),
+//! for the reference model: on one key, and on several keys with and without a global layer
+//! (the commit lock, or each key's lead locked), of one limit a layer or several.
+
+use limiter_core::Algorithm;
+use limiter_sliding_window::{FixedCounter, SlidingCounter};
+use limiter_token_bucket::Gcra;
+
+use super::{Alg, Request, Spec, limit};
+
+/// The layers of a stack on the fixed-plan path on one key: per user one token bucket and, on the same key,
+/// a sliding window, and a global token bucket; every layer one plan of one limit.
+pub(crate) fn one_key_specs() -> Vec<Spec> {
+    let one = |name, shares, key: fn(&Request) -> Option<u64>, alg| Spec {
+        name,
+        shares,
+        key,
+        choose: |_| 0,
+        plans: vec![vec![alg]],
+    };
+    vec![
+        one(
+            "user",
+            None,
+            |r| Some(r.user),
+            Alg::Bucket(Gcra::new(limit(3, 1_000)).unwrap()),
+        ),
+        one(
+            "user-window",
+            Some(0),
+            |r| Some(r.user),
+            Alg::Sliding(SlidingCounter::new(limit(5, 2_000)).unwrap()),
+        ),
+        one(
+            "global",
+            None,
+            |_| None,
+            Alg::Bucket(Gcra::new(limit(6, 1_000).with_burst(4)).unwrap()),
+        ),
+    ]
+}
+
+/// The layers of a stack on the fixed-plan path on one key whose layers hold several limits each: per user a
+/// token bucket and a sliding window in one layer, on the same key a fixed window and a token
+/// bucket, and a global layer of two (every layer one plan).
+pub(crate) fn one_key_several_limits_specs() -> Vec<Spec> {
+    let spec = |name, shares, key: fn(&Request) -> Option<u64>, limits| Spec {
+        name,
+        shares,
+        key,
+        choose: |_| 0,
+        plans: vec![limits],
+    };
+    vec![
+        spec(
+            "user",
+            None,
+            |r| Some(r.user),
+            vec![
+                Alg::Bucket(Gcra::new(limit(3, 1_000)).unwrap()),
+                Alg::Sliding(SlidingCounter::new(limit(5, 2_000)).unwrap()),
+            ],
+        ),
+        spec(
+            "user-more",
+            Some(0),
+            |r| Some(r.user),
+            vec![
+                Alg::Fixed(FixedCounter::new(limit(4, 1_500)).unwrap()),
+                Alg::Bucket(Gcra::new(limit(2, 500).with_burst(3)).unwrap()),
+            ],
+        ),
+        spec(
+            "global",
+            None,
+            |_| None,
+            vec![
+                Alg::Bucket(Gcra::new(limit(6, 1_000).with_burst(4)).unwrap()),
+                Alg::Fixed(FixedCounter::new(limit(9, 2_000)).unwrap()),
+            ],
+        ),
+    ]
+}
+
+/// The layers of a stack on the fixed-plan path on several keys: per user (a token bucket, and
+/// a sliding window with `several_limits`), on the user's key a second layer (one entry for
+/// both), per pair of users (another key: two users share it) and, with `global`, a global layer
+/// (the commit lock); without it, on the user's writes only (a key a request may skip), and
+/// each key's lead is locked.
+pub(crate) fn several_keys_specs(global: bool, several_limits: bool) -> Vec<Spec> {
+    let spec = |name, shares, key: fn(&Request) -> Option<u64>, limits| Spec {
+        name,
+        shares,
+        key,
+        choose: |_| 0,
+        plans: vec![limits],
+    };
+    let mut user = vec![Alg::Bucket(Gcra::new(limit(3, 1_000)).unwrap())];
+    if several_limits {
+        user.push(Alg::Sliding(SlidingCounter::new(limit(5, 2_000)).unwrap()));
+    }
+    vec![
+        spec("user", None, |r| Some(r.user), user),
+        spec(
+            "user-more",
+            Some(0),
+            |r| Some(r.user),
+            vec![Alg::Fixed(FixedCounter::new(limit(4, 1_500)).unwrap())],
+        ),
+        spec(
+            "pair",
+            None,
+            |r| Some(r.user % 2),
+            vec![Alg::Fixed(FixedCounter::new(limit(4, 1_000)).unwrap())],
+        ),
+        if global {
+            spec(
+                "global",
+                None,
+                |_| None,
+                vec![Alg::Bucket(
+                    Gcra::new(limit(6, 1_000).with_burst(4)).unwrap(),
+                )],
+            )
+        } else {
+            spec(
+                "writes",
+                None,
+                |r| r.write.then_some(r.user),
+                vec![Alg::Sliding(SlidingCounter::new(limit(2, 1_000)).unwrap())],
+            )
+        },
+    ]
+}
