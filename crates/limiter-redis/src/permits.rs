@@ -3,6 +3,13 @@
 //! clock); one script call takes, releases or renews a permit, dropping expired ones first, so
 //! the count is exact across processes and a holder that dies (SIGKILL, a lost node) loses its
 //! permits once their time to live has passed, and nothing else.
+//!
+//! Beside the keys, every permit is also written to its name's index, one sorted set of every
+//! key's permits (`<prefix>:permits:{<name>}`, scored by expiry the same way), so the fleet's
+//! total is one `ZCARD` away ([`RedisPermits::held_total`]). On a cluster the index lives in
+//! its own slot, so it is written by a second call after the key's script: a write of it that
+//! fails leaves the total off by that permit until the permit is released or expires, never
+//! longer (a permit whose key's script failed is never indexed).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -47,6 +54,21 @@ redis.call('ZADD', KEYS[1], 'XX', expiry, ARGV[3]) \
 local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES') \
 redis.call('PEXPIRE', KEYS[1], math.max(1, tonumber(last[2]) - now)) \
 return expiry";
+
+/// Indexes permit `id` until `expiry` (taken or renewed; expired ones dropped first) and keeps
+/// the index as long as its last permit. `ARGV = [now?, expiry, id]`.
+const INDEX: &str = "redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now) \
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[3]) \
+local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES') \
+redis.call('PEXPIRE', KEYS[1], math.max(1, tonumber(last[2]) - now)) \
+return 1";
+
+/// Drops permit `id` from the index. `ARGV = [id]`.
+const UNINDEX: &str = "return redis.call('ZREM', KEYS[1], ARGV[1])";
+
+/// Drops expired permits from the index and counts the rest. `ARGV = [now?]`.
+const TOTAL: &str = "redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now) \
+return redis.call('ZCARD', KEYS[1])";
 
 /// Permits held and not expired: read only. `ARGV = [now?]`.
 const HELD: &str = "return redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')";
@@ -197,6 +219,9 @@ impl RedisPermits {
             )
             .await?;
         let [taken, held, at] = numbers(&reply)?;
+        if taken == 1 {
+            self.index(at, &id).await;
+        }
         Ok(if taken == 1 {
             Acquired::Held(RedisPermit {
                 id,
@@ -215,8 +240,13 @@ impl RedisPermits {
     /// Releases `key`'s permit `id`: whether it was held (false once it expired or was released
     /// already, so a release is idempotent).
     pub async fn release(&self, key: &str, id: &str) -> Result<bool, BackendError> {
-        let reply = self.run(key, RELEASE, &[id]).await?;
-        Ok(number(&reply)? == 1)
+        // Both at once: the index's entry goes whether or not the key still held it.
+        let (args, index) = ([id], self.index_key());
+        let (reply, _) = tokio::join!(
+            self.run(key, RELEASE, &args),
+            self.backend.eval_on_key(&index, UNINDEX, false, &args)
+        );
+        Ok(number(&reply?)? == 1)
     }
 
     /// Moves `key`'s permit `id`'s expiry to a full time to live from now, answering the new
@@ -225,12 +255,44 @@ impl RedisPermits {
         let reply = self
             .run(key, RENEW, &[&self.ttl_ms.to_string(), id])
             .await?;
-        Ok(Some(number(&reply)?).filter(|&expiry| expiry > 0))
+        let expiry = Some(number(&reply)?).filter(|&expiry| expiry > 0);
+        if let Some(expiry) = expiry {
+            self.index(expiry, id).await;
+        }
+        Ok(expiry)
     }
 
     /// Permits `key` holds now (expired ones not counted).
     pub async fn held(&self, key: &str) -> Result<u64, BackendError> {
         number(&self.run(key, HELD, &[]).await?)
+    }
+
+    /// Permits held now across every key of this name, by every process (expired ones not
+    /// counted): the fleet's total, from the name's index (see the module docs; one call on
+    /// the master serving the index).
+    pub async fn held_total(&self) -> Result<u64, BackendError> {
+        number(
+            &self
+                .backend
+                .eval_on_key(&self.index_key(), TOTAL, true, &[])
+                .await?,
+        )
+    }
+
+    /// The name's index of every key's permits.
+    fn index_key(&self) -> String {
+        // The name as hash tag: one slot per name, apart from its keys' (a name holds no braces).
+        format!("{}:permits:{{{}}}", self.prefix, self.name)
+    }
+
+    /// Indexes permit `id` until `expiry` (ms). A failure is not the caller's: the permit is
+    /// held all the same, and the total misses it until it is released or expires.
+    async fn index(&self, expiry: u64, id: &str) {
+        let index = self.index_key();
+        let _ = self
+            .backend
+            .eval_on_key(&index, INDEX, true, &[&expiry.to_string(), id])
+            .await;
     }
 
     /// Runs `body` on `key`'s sorted set, `now` read first (see

@@ -1,6 +1,8 @@
 //! Permits on Redis against a real `redis-server`: exact under racing tasks and across
 //! processes, a release that is idempotent, expiry and renewal on a pinned clock, and a holder
-//! killed with SIGKILL losing its permits after their time to live and nothing else.
+//! killed with SIGKILL losing its permits after their time to live and nothing else; the
+//! fleet's total (every key's permits, from the name's index) follows each of those, on one
+//! server and on a cluster.
 
 use limiter_testkit::redis_server as common;
 
@@ -58,12 +60,22 @@ async fn a_release_is_idempotent_and_an_expired_permit_is_gone_once() {
         panic!("a third permit past the count");
     };
     assert_eq!((held, count, retry_after), (2, 2, TTL));
+    assert_eq!(
+        permits.held_total().await.unwrap(),
+        2,
+        "every key's, from the index"
+    );
     assert!(permits.release("acme", first.id()).await.unwrap());
     assert!(
         !permits.release("acme", first.id()).await.unwrap(),
         "released once"
     );
     assert_eq!(permits.held("acme").await.unwrap(), 1);
+    assert_eq!(
+        permits.held_total().await.unwrap(),
+        1,
+        "released once, unindexed once"
+    );
 
     // Renewed at 20 s, the second outlives its first expiry; at 50 s it is gone, and
     // releasing it answers false: it expired.
@@ -77,12 +89,22 @@ async fn a_release_is_idempotent_and_an_expired_permit_is_gone_once() {
         "renewed: still held"
     );
     let other = permit(permits.acquire("other").await.unwrap());
+    assert_eq!(
+        permits.held_total().await.unwrap(),
+        2,
+        "a renewed permit and another key's"
+    );
     assert!(
         permits.release("other", other.id()).await.unwrap(),
         "another key, its own permits"
     );
     clock.advance(Duration::from_secs(15));
     assert_eq!(permits.held("acme").await.unwrap(), 0, "expired");
+    assert_eq!(
+        permits.held_total().await.unwrap(),
+        0,
+        "expired from the index too"
+    );
     assert!(!permits.release("acme", second.id()).await.unwrap());
     assert_eq!(permits.renew("acme", second.id()).await.unwrap(), None);
 }
@@ -154,11 +176,14 @@ async fn on_a_cluster_keys_of_every_master_hold_and_release_their_permits() {
             }
         ));
     }
+    // One total over every master's keys, from the index in its own slot.
+    assert_eq!(permits.held_total().await.unwrap(), 60);
     for (key, permit) in &held {
         assert!(permits.release(key, permit.id()).await.unwrap());
         assert!(!permits.release(key, permit.id()).await.unwrap());
         assert_eq!(permits.held(key).await.unwrap(), 0);
     }
+    assert_eq!(permits.held_total().await.unwrap(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -276,8 +301,15 @@ fn processes_racing_for_permits_take_exactly_the_count() {
         assert!(output.status.success(), "child failed: {stdout}");
         total += field(&stdout, "taken=");
     }
-    // Three processes asked for 15 permits of a key that holds 4, none released: exactly 4.
+    // Three processes asked for 15 permits of a key that holds 4, none released: exactly 4,
+    // and the fleet's total indexed those 4 alone.
     assert_eq!(total, 4);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let indexed = runtime.block_on(async { shared(&server.url()).await.held_total().await });
+    assert_eq!(indexed.unwrap(), 4);
 }
 
 /// The entry point of the holder the SIGKILL test starts: takes two permits, says so, and
@@ -343,6 +375,11 @@ async fn a_holder_killed_with_sigkill_loses_its_permits_after_their_ttl_and_noth
         2,
         "the dead holder's permits still count"
     );
+    assert_eq!(
+        permits.held_total().await.unwrap(),
+        2,
+        "in the fleet's total too"
+    );
     let mine = permit(permits.acquire("acme").await.unwrap());
     assert!(matches!(
         permits.acquire("acme").await.unwrap(),
@@ -362,6 +399,11 @@ async fn a_holder_killed_with_sigkill_loses_its_permits_after_their_ttl_and_noth
         permits.held("acme").await.unwrap(),
         1,
         "only this process's renewed permit"
+    );
+    assert_eq!(
+        permits.held_total().await.unwrap(),
+        1,
+        "the total forgets them too"
     );
     assert!(permits.release("acme", mine.id()).await.unwrap());
 }

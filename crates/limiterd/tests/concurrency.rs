@@ -1,7 +1,8 @@
 //! Concurrency limits through a real limiterd over HTTP: an admitted call's answer carries a
 //! permit, a call past the count is refused taking nothing, a release answers whether the
 //! permit was held (idempotent), the metrics count what is held; in memory, and on Redis
-//! shared by two processes (a permit taken through one is released through the other).
+//! shared by two processes (a permit taken through one is released through the other, and
+//! either scrapes the fleet's count).
 
 use limiter_testkit::redis_server::RedisServer;
 #[allow(dead_code)]
@@ -165,6 +166,12 @@ async fn a_fleet_on_redis_shares_the_permits_and_releases_through_any_process() 
         "two permits held across the fleet: {busy}"
     );
     assert_eq!(b.decide(ask("acme")).await["success"], false);
+    // Either process scrapes the fleet's count, from Redis.
+    let held = |n: u64| format!("limiterd_permits_held{{policy=\"exports\"}} {n}");
+    for client in [&mut a, &mut b] {
+        let (_, text) = client.send("GET", "/metrics", "").await;
+        assert!(text.lines().any(|l| l == held(2)), "{text}");
+    }
 
     // Taken through the first process, released through the second.
     assert_eq!(
@@ -175,6 +182,8 @@ async fn a_fleet_on_redis_shares_the_permits_and_releases_through_any_process() 
         release(&mut a, "acme", &first).await.1,
         json!({"released": false})
     );
+    let (_, text) = a.send("GET", "/metrics", "").await;
+    assert!(text.lines().any(|l| l == held(1)), "released: {text}");
     assert!(b.decide(ask("acme")).await.get("permit").is_some());
     // Each process counts the releases it answered: summed, the fleet's.
     let released = "limiterd_permit_releases_total{policy=\"exports\",result=\"released\"} 1";

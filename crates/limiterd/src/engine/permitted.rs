@@ -209,13 +209,19 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         Ok(held)
     }
 
-    /// Permits held in this process's memory now, by policy (policies on Redis left out: a
-    /// fleet holds those).
-    pub fn permits_held(&self) -> Vec<(&str, u64)> {
-        self.policies
-            .iter()
-            .filter_map(|e| Some((e.name.as_str(), e.permits.as_ref()?.held_in_memory()?)))
-            .collect()
+    /// Permits held now, by policy with a concurrency limit: in this process's memory, or on
+    /// Redis the fleet's (a policy whose Redis does not answer is left out).
+    pub async fn permits_held(&self) -> Vec<(&str, u64)> {
+        let mut held = Vec::new();
+        for policy in &self.policies {
+            let Some(permits) = &policy.permits else {
+                continue;
+            };
+            if let Some(n) = permits.held_total().await {
+                held.push((policy.name.as_str(), n));
+            }
+        }
+        held
     }
 
     /// The concurrency limit's permits and the calendar quotas beside the stack of `item`'s
@@ -394,7 +400,7 @@ mod tests {
         assert!(busy.decision.is_denied() && none.is_none());
         assert_eq!(busy.decision.retry_after(), Duration::from_secs(30));
         assert!(one(&engine, "bob", 1).1.is_some(), "another identifier");
-        assert_eq!(engine.permits_held(), [("p", 3)]);
+        assert_eq!(decided_at_once(engine.permits_held()), [("p", 3)]);
 
         let (a, b) = (a.expect("a permit"), b.expect("a permit"));
         assert!(release(&engine, "ann", &a));
@@ -403,7 +409,7 @@ mod tests {
         assert!(one(&engine, "ann", 1).1.is_some());
         // Nobody releases: after 30 s every permit is gone, and a late release says so.
         clock.advance(Duration::from_secs(30));
-        assert_eq!(engine.permits_held(), [("p", 0)]);
+        assert_eq!(decided_at_once(engine.permits_held()), [("p", 0)]);
         assert!(!release(&engine, "ann", &b), "expired");
         assert!(one(&engine, "ann", 1).0.decision.is_allowed());
     }
@@ -425,11 +431,11 @@ mod tests {
         let (denied, none) = one(&engine, "ann", 1);
         assert!(denied.decision.is_denied() && none.is_none());
         assert_eq!(denied.decision.limit(), 3);
-        assert_eq!(engine.permits_held(), [("p", 0)]);
+        assert_eq!(decided_at_once(engine.permits_held()), [("p", 0)]);
         // A report takes nothing, no permit either, and says what is left.
         let (report, none) = one(&engine, "ann", 0);
         assert_eq!((report.decision.remaining(), none), (0, None));
-        assert_eq!(engine.permits_held(), [("p", 0)]);
+        assert_eq!(decided_at_once(engine.permits_held()), [("p", 0)]);
     }
 
     #[test]

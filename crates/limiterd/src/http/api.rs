@@ -346,7 +346,9 @@ async fn metrics<C: Clock + Clone + Send + Sync + 'static>(
     State(live): State<Arc<Live<C>>>,
 ) -> Response {
     let state = live.current();
-    state.metrics.set_permits_held(&state.engine.permits_held());
+    state
+        .metrics
+        .set_permits_held(&state.engine.permits_held().await);
     state.metrics.set_store(&live.health.readiness().reading());
     let text = state.metrics.render(state.engine.keys_held());
     ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response()

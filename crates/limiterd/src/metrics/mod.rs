@@ -246,7 +246,7 @@ impl Metrics {
         let permits_held = Family::default();
         registry.register(
             "limiterd_permits_held",
-            "Permits held now (not released, not expired), by policy with a concurrency limit kept in memory; a fleet's on Redis are not counted here",
+            "Permits held now (not released, not expired), by policy with a concurrency limit: in this process's memory, or on Redis the fleet's (every process's), read at each scrape",
             permits_held.clone(),
         );
         let releases = Family::default();
@@ -289,7 +289,8 @@ impl Metrics {
         }
     }
 
-    /// Sets the permits each policy holds in memory now (read at each scrape).
+    /// Sets the permits each policy holds now (read at each scrape: in memory, or the fleet's
+    /// on Redis).
     pub fn set_permits_held(&self, held: &[(&str, u64)]) {
         for (policy, n) in held {
             self.permits_held

@@ -224,12 +224,12 @@ impl PolicyPermits {
         }
     }
 
-    /// Every permit held in this process's table now (`None` on Redis, where a fleet holds
-    /// them): the metrics' gauge.
-    pub fn held_in_memory(&self) -> Option<u64> {
+    /// Every permit held now: in this process's table, or on Redis the fleet's (every
+    /// process's, from the name's index); `None` when Redis does not answer. The metrics' gauge.
+    pub async fn held_total(&self) -> Option<u64> {
         match &self.store {
             Store::Memory(table) => Some(table.total()),
-            Store::Redis(..) => None,
+            Store::Redis(permits, _) => permits.held_total().await.ok(),
         }
     }
 }
