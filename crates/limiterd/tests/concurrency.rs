@@ -211,6 +211,9 @@ async fn while_redis_fails_a_falling_back_policy_hands_out_its_share_from_a_loca
     let mut client = Client::connect(daemon.addr).await;
     let on_redis = permit(&client.decide(ask("acme")).await);
     assert!(!on_redis.starts_with("local-"), "{on_redis}");
+    let gauge = "limiterd_permits_held{policy=\"exports\"}";
+    let (_, text) = client.send("GET", "/metrics", "").await;
+    assert!(text.lines().any(|l| l == format!("{gauge} 1")), "{text}");
 
     server.kill();
     let first = permit(&client.decide(ask("acme")).await);
@@ -234,4 +237,6 @@ async fn while_redis_fails_a_falling_back_policy_hands_out_its_share_from_a_loca
         .find(|l| l.starts_with("limiterd_failure_policy_total{policy=\"fallback\"}"))
         .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok());
     assert!(fallback >= Some(4), "{fallback:?}: {text}");
+    // The fleet's count cannot be read while Redis is down: left out, not its last reading.
+    assert!(!text.contains(gauge), "{text}");
 }

@@ -290,12 +290,21 @@ impl Metrics {
     }
 
     /// Sets the permits each policy holds now (read at each scrape: in memory, or the fleet's
-    /// on Redis).
-    pub fn set_permits_held(&self, held: &[(&str, u64)]) {
+    /// on Redis); a policy whose count could not be read (Redis does not answer) is left out
+    /// of this scrape, not reported at its last reading.
+    pub fn set_permits_held(&self, held: &[(&str, Option<u64>)]) {
         for (policy, n) in held {
-            self.permits_held
-                .get_or_create(&[("policy", (*policy).to_owned())])
-                .set(i64::try_from(*n).unwrap_or(i64::MAX));
+            let labels = [("policy", (*policy).to_owned())];
+            match n {
+                Some(n) => {
+                    self.permits_held
+                        .get_or_create(&labels)
+                        .set(i64::try_from(*n).unwrap_or(i64::MAX));
+                }
+                None => {
+                    self.permits_held.remove(&labels);
+                }
+            }
         }
     }
 
