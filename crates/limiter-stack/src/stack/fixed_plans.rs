@@ -37,15 +37,28 @@ pub(super) fn fits<R, K>(layers: &[Layer<R, K>]) -> bool {
     layers.len() <= MOST_LAYERS && fixed
 }
 
-/// Whether `layers`' keyed layers are on several keys (`leads`: each layer's group lead).
-pub(super) fn several_keys<R, K>(layers: &[Layer<R, K>], leads: &[usize]) -> bool {
-    let mut keyed_leads = layers
+/// The group leads of `layers`' keyed layers, in layer order (`leads`: each layer's lead).
+fn keyed_leads<'a, R, K>(
+    layers: &'a [Layer<R, K>],
+    leads: &'a [usize],
+) -> impl Iterator<Item = usize> + 'a {
+    layers
         .iter()
         .zip(leads)
         .filter(|(layer, _)| !layer.is_global())
-        .map(|(_, &lead)| lead);
-    let first = keyed_leads.next();
-    !keyed_leads.all(|lead| Some(lead) == first)
+        .map(|(_, &lead)| lead)
+}
+
+/// Whether `layers`' keyed layers are on several keys (`leads`: each layer's group lead).
+pub(super) fn several_keys<R, K>(layers: &[Layer<R, K>], leads: &[usize]) -> bool {
+    let mut keyed = keyed_leads(layers, leads);
+    let first = keyed.next();
+    !keyed.all(|lead| Some(lead) == first)
+}
+
+/// The lead of `layers`' first keyed group (`None`: every layer is global).
+pub(super) fn first_keyed_lead<R, K>(layers: &[Layer<R, K>], leads: &[usize]) -> Option<usize> {
+    keyed_leads(layers, leads).next()
 }
 
 impl<R, K, C> Stack<R, K, C>

@@ -216,12 +216,7 @@ impl<R, K, C> StackBuilder<R, K, C> {
         let leads: Vec<usize> = members.iter().map(|m| m.lead).collect();
         let fixed_path = fixed_plans::fits(&self.layers);
         let several_keys = fixed_plans::several_keys(&self.layers, &leads);
-        let one_key = self
-            .layers
-            .iter()
-            .zip(&members)
-            .find(|(layer, _)| !layer.is_global())
-            .map(|(_, member)| member.lead);
+        let one_key = fixed_plans::first_keyed_lead(&self.layers, &leads);
         let lone_lock = commit_layer.or(one_key.filter(|_| !several_keys));
         Ok(Stack {
             layers: self.layers.into_boxed_slice(),
