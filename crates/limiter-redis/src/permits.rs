@@ -6,10 +6,11 @@
 //!
 //! Beside the keys, every permit is also written to its name's index, one sorted set of every
 //! key's permits (`<prefix>:permits:{<name>}`, scored by expiry the same way), so the fleet's
-//! total is one `ZCARD` away ([`RedisPermits::held_total`]). On a cluster the index lives in
-//! its own slot, so it is written by a second call after the key's script: a write of it that
-//! fails leaves the total off by that permit until the permit is released or expires, never
-//! longer (a permit whose key's script failed is never indexed).
+//! total is one `ZCARD` away ([`RedisPermits::held_total`]). On one server or Sentinel the
+//! key's script writes it in the same call. On a cluster the index lives in its own slot, so
+//! it is written by a second call after the key's script: a write of it that fails leaves the
+//! total off by that permit until the permit is released or expires, never longer (a permit
+//! whose key's script failed is never indexed).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -27,43 +28,70 @@ pub const MAX_PERMITS: u64 = 1_000_000;
 /// The longest time to live a permit may have: a day (longer work renews).
 pub const MAX_PERMIT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 
+/// What the key's scripts start with: `index(expiry, id)`, which writes permit `id` to the
+/// name's index (`KEYS[2]`, given where it is on the key's node: one server or Sentinel) until
+/// `expiry`, dropping expired entries and keeping the index as long as its last permit; without
+/// `KEYS[2]` (a cluster) it does nothing, and the caller writes the index by [`INDEX`].
+macro_rules! indexing {
+    () => {
+        "local function index(expiry, id) \
+  if not KEYS[2] then return end \
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now) \
+  redis.call('ZADD', KEYS[2], expiry, id) \
+  local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES') \
+  redis.call('PEXPIRE', KEYS[2], math.max(1, tonumber(last[2]) - now)) \
+end "
+    };
+}
+
 /// Drops expired permits, then takes one if fewer than `count` are held: `{1, held, expiry}`
 /// or `{0, held, ms until the first expiry}`. `ARGV = [now?, count, ttl_ms, id]`.
-const ACQUIRE: &str = "redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now) \
+const ACQUIRE: &str = concat!(
+    indexing!(),
+    "redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now) \
 local held = redis.call('ZCARD', KEYS[1]) \
 if held < tonumber(ARGV[2]) then \
   local expiry = now + tonumber(ARGV[3]) \
   redis.call('ZADD', KEYS[1], expiry, ARGV[4]) \
+  index(expiry, ARGV[4]) \
   local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES') \
   redis.call('PEXPIRE', KEYS[1], math.max(1, tonumber(last[2]) - now)) \
   return {1, held + 1, expiry} \
 end \
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES') \
-return {0, held, tonumber(first[2]) - now}";
+return {0, held, tonumber(first[2]) - now}"
+);
 
-/// Drops expired permits, then releases `id`: 1 if it was held. `ARGV = [now?, id]`.
+/// Drops expired permits, then releases `id` (from the index too, where it is given): 1 if it
+/// was held. `ARGV = [now?, id]`.
 const RELEASE: &str = "redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now) \
+if KEYS[2] then redis.call('ZREM', KEYS[2], ARGV[2]) end \
 return redis.call('ZREM', KEYS[1], ARGV[2])";
 
 /// Drops expired permits, then moves `id`'s expiry to `now + ttl` if it is still held: the new
 /// expiry, or 0. `ARGV = [now?, ttl_ms, id]`.
-const RENEW: &str = "redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now) \
+const RENEW: &str = concat!(
+    indexing!(),
+    "redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now) \
 if not redis.call('ZSCORE', KEYS[1], ARGV[3]) then return 0 end \
 local expiry = now + tonumber(ARGV[2]) \
 redis.call('ZADD', KEYS[1], 'XX', expiry, ARGV[3]) \
+index(expiry, ARGV[3]) \
 local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES') \
 redis.call('PEXPIRE', KEYS[1], math.max(1, tonumber(last[2]) - now)) \
-return expiry";
+return expiry"
+);
 
-/// Indexes permit `id` until `expiry` (taken or renewed; expired ones dropped first) and keeps
-/// the index as long as its last permit. `ARGV = [now?, expiry, id]`.
+/// On a cluster, where the index is in a slot of its own: indexes permit `id` until `expiry`
+/// (taken or renewed; expired ones dropped first) and keeps the index as long as its last
+/// permit. `ARGV = [now?, expiry, id]`.
 const INDEX: &str = "redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now) \
 redis.call('ZADD', KEYS[1], ARGV[2], ARGV[3]) \
 local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES') \
 redis.call('PEXPIRE', KEYS[1], math.max(1, tonumber(last[2]) - now)) \
 return 1";
 
-/// Drops permit `id` from the index. `ARGV = [id]`.
+/// On a cluster: drops permit `id` from the index. `ARGV = [id]`.
 const UNINDEX: &str = "return redis.call('ZREM', KEYS[1], ARGV[1])";
 
 /// Drops expired permits from the index and counts the rest. `ARGV = [now?]`.
@@ -219,7 +247,7 @@ impl RedisPermits {
             )
             .await?;
         let [taken, held, at] = numbers(&reply)?;
-        if taken == 1 {
+        if taken == 1 && self.backend.is_cluster() {
             self.index(at, &id).await;
         }
         Ok(if taken == 1 {
@@ -240,8 +268,12 @@ impl RedisPermits {
     /// Releases `key`'s permit `id`: whether it was held (false once it expired or was released
     /// already, so a release is idempotent).
     pub async fn release(&self, key: &str, id: &str) -> Result<bool, BackendError> {
+        let args = [id];
+        if !self.backend.is_cluster() {
+            return Ok(number(&self.run(key, RELEASE, &args).await?)? == 1);
+        }
         // Both at once: the index's entry goes whether or not the key still held it.
-        let (args, index) = ([id], self.index_key());
+        let index = self.index_key();
         let (reply, _) = tokio::join!(
             self.run(key, RELEASE, &args),
             self.backend.eval_on_key(&index, UNINDEX, false, &args)
@@ -256,7 +288,7 @@ impl RedisPermits {
             .run(key, RENEW, &[&self.ttl_ms.to_string(), id])
             .await?;
         let expiry = Some(number(&reply)?).filter(|&expiry| expiry > 0);
-        if let Some(expiry) = expiry {
+        if let Some(expiry) = expiry.filter(|_| self.backend.is_cluster()) {
             self.index(expiry, id).await;
         }
         Ok(expiry)
@@ -285,8 +317,8 @@ impl RedisPermits {
         format!("{}:permits:{{{}}}", self.prefix, self.name)
     }
 
-    /// Indexes permit `id` until `expiry` (ms). A failure is not the caller's: the permit is
-    /// held all the same, and the total misses it until it is released or expires.
+    /// On a cluster, indexes permit `id` until `expiry` (ms). A failure is not the caller's: the
+    /// permit is held all the same, and the total misses it until it is released or expires.
     async fn index(&self, expiry: u64, id: &str) {
         let index = self.index_key();
         let _ = self
@@ -297,10 +329,21 @@ impl RedisPermits {
 
     /// Runs `body` on `key`'s sorted set, `now` read first (see
     /// [`RedisBackend::eval_on_key`]).
+    /// On one server or Sentinel the name's index is given too (`KEYS[2]`: the scripts write
+    /// it in the same call); on a cluster it is in another slot, and the callers write it apart.
     async fn run(&self, key: &str, body: &str, args: &[&str]) -> Result<Value, BackendError> {
         // The key's own hash tag: on a cluster, keys spread over the masters.
         let redis_key = format!("{}:permits:{}:{{{key}}}", self.prefix, self.name);
-        self.backend.eval_on_key(&redis_key, body, true, args).await
+        if self.backend.is_cluster() {
+            self.backend.eval_on_key(&redis_key, body, true, args).await
+        } else {
+            let index = self.index_key();
+            let others = [index.as_str()];
+            let backend = &self.backend;
+            backend
+                .eval_on_keys(&redis_key, &others, body, true, args)
+                .await
+        }
     }
 }
 

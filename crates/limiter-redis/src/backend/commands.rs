@@ -61,17 +61,31 @@ impl RedisBackend {
         timed: bool,
         args: &[&str],
     ) -> Result<Value, BackendError> {
+        self.eval_on_keys(key, &[], body, timed, args).await
+    }
+
+    /// [`eval_on_key`](Self::eval_on_key) with `others` after `key` in `KEYS`, on the master
+    /// serving `key`: every key must be on it (one server or Sentinel; on a cluster, one slot).
+    pub(crate) async fn eval_on_keys(
+        &self,
+        key: &str,
+        others: &[&str],
+        body: &str,
+        timed: bool,
+        args: &[&str],
+    ) -> Result<Value, BackendError> {
         let mut cmd = redis::cmd("EVAL");
+        if timed {
+            cmd.arg(format!("{SCRIPT_NOW}{body}"));
+        } else {
+            cmd.arg(body);
+        }
+        cmd.arg(others.len().saturating_add(1)).arg(key).arg(others);
         if timed {
             let now = self
                 .pinned_now_ms()
                 .map_or_else(String::new, |ms| ms.to_string());
-            cmd.arg(format!("{SCRIPT_NOW}{body}"))
-                .arg(1)
-                .arg(key)
-                .arg(now);
-        } else {
-            cmd.arg(body).arg(1).arg(key);
+            cmd.arg(now);
         }
         for arg in args {
             cmd.arg(*arg);
