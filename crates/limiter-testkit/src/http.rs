@@ -68,12 +68,7 @@ pub fn run_bytes(bytes: &[u8]) {
     let name = String::from_utf8_lossy(parts.next().unwrap_or_default()).into_owned();
     let hops = parts.next().unwrap_or_default();
     let api_key = parts.next().unwrap_or_default();
-    let peer = match parts.next().unwrap_or_default() {
-        &[a, b, c, d] => IpAddr::from([a, b, c, d]),
-        p if p.len() == 16 => IpAddr::from(<[u8; 16]>::try_from(p).expect("16 bytes")),
-        _ if flags & 8 != 0 => IpAddr::from([10, 0, 0, 1]),
-        _ => IpAddr::from([203, 0, 113, 1]),
-    };
+    let peer = peer_of(parts.next().unwrap_or_default(), flags);
     let header = if flags & 2 != 0 {
         ForwardedHeader::Forwarded
     } else {
@@ -112,13 +107,7 @@ pub fn run_bytes(bytes: &[u8]) {
         );
     }
 
-    let Ok(stack) = Stack::builder()
-        .layer(single(&name, by_key("client")))
-        .layer(single("per-key", by_key("api-key")))
-        .layer(Layer::global("global").limit(Kind::TokenBucket, limit(50)))
-        .clock(ManualClock::new())
-        .build()
-    else {
+    let Some(stack) = stack_named(&name) else {
         return;
     };
     let body = if flags & 4 != 0 {
@@ -146,6 +135,29 @@ pub fn run_bytes(bytes: &[u8]) {
             .insert(PeerAddr((peer, 4000).into()));
         check(&call(&mut service, request), mode, peer_trusted);
     }
+}
+
+/// The peer the input names (4 or 16 bytes), else the default: a trusted proxy's address
+/// with flag bit 3, an untrusted one without.
+fn peer_of(bytes: &[u8], flags: u8) -> IpAddr {
+    match bytes {
+        &[a, b, c, d] => IpAddr::from([a, b, c, d]),
+        p if p.len() == 16 => IpAddr::from(<[u8; 16]>::try_from(p).expect("16 bytes")),
+        _ if flags & 8 != 0 => IpAddr::from([10, 0, 0, 1]),
+        _ => IpAddr::from([203, 0, 113, 1]),
+    }
+}
+
+/// Per client (the layer named `name`: `None` when the name is refused), per API key and a
+/// global cap: two keys and a global layer, the fixed-plan path on several keys.
+fn stack_named(name: &str) -> Option<Stack<HttpRequest, Key, ManualClock>> {
+    Stack::builder()
+        .layer(single(name, by_key("client")))
+        .layer(single("per-key", by_key("api-key")))
+        .layer(Layer::global("global").limit(Kind::TokenBucket, limit(50)))
+        .clock(ManualClock::new())
+        .build()
+        .ok()
 }
 
 fn limit(count: u64) -> Limit {

@@ -57,35 +57,9 @@ impl RedisCluster {
 
     /// A cluster as `options` say; waits for `cluster_state:ok` and every replica in sync.
     pub fn start_with(options: &ClusterOptions) -> Self {
-        let start = |_| {
-            let bus = free_port();
-            let args = vec![
-                "--cluster-enabled".to_owned(),
-                "yes".to_owned(),
-                "--cluster-node-timeout".to_owned(),
-                options.node_timeout_ms.to_string(),
-                "--cluster-port".to_owned(),
-                bus.to_string(),
-                "--cluster-require-full-coverage".to_owned(),
-                if options.full_coverage { "yes" } else { "no" }.to_owned(),
-            ];
-            #[cfg(feature = "tls-certs")]
-            if let Some(certs) = &options.tls {
-                let mut args = args;
-                args.extend(certs.server_args(false));
-                args.extend(
-                    ["--tls-cluster", "yes", "--tls-replication", "yes"].map(str::to_owned),
-                );
-                return (
-                    RedisServer::start_on(free_port(), Some(free_port()), args),
-                    bus,
-                );
-            }
-            (RedisServer::start_with(args), bus)
-        };
-        let masters: Vec<(RedisServer, u16)> = (0..3).map(start).collect();
+        let masters: Vec<(RedisServer, u16)> = (0..3).map(|_| start_node(options)).collect();
         let replicas: Vec<Vec<(RedisServer, u16)>> = (0..3)
-            .map(|_| (0..options.replicas).map(start).collect())
+            .map(|_| (0..options.replicas).map(|_| start_node(options)).collect())
             .collect();
         let tls = masters[0].0.tls_port.is_some();
         let client_port = |server: &RedisServer| server.tls_port.unwrap_or(server.port);
@@ -104,44 +78,15 @@ impl RedisCluster {
                 &format!("CLUSTER MEET 127.0.0.1 {} {bus}", client_port(node)),
             ));
         }
-        let total = 3 * (1 + options.replicas);
-        let everyone = || masters.iter().chain(replicas.iter().flatten());
-        for (node, _) in everyone() {
-            let port = node.port;
-            wait_until("every node to know every other", || {
-                raw_command(port, "CLUSTER INFO")
-                    .is_some_and(|r| r.contains(&format!("cluster_known_nodes:{total}")))
-            });
-        }
-        for ((master, _), replicas) in masters.iter().zip(&replicas) {
-            let id = node_id(master.port);
-            for (replica, _) in replicas {
-                let port = replica.port;
-                wait_until("a replica to take its master", || {
-                    raw_command(port, &format!("CLUSTER REPLICATE {id}"))
-                        .is_some_and(|r| r.starts_with("+OK"))
-                });
-            }
-        }
-        for (node, _) in everyone() {
-            let port = node.port;
-            wait_until("the cluster to be ok", || {
-                raw_command(port, "CLUSTER INFO").is_some_and(|r| r.contains("cluster_state:ok"))
-            });
-        }
-        for (replica, _) in replicas.iter().flatten() {
-            let port = replica.port;
-            wait_until("a replica to be in sync", || {
-                raw_command(port, "INFO replication")
-                    .is_some_and(|r| r.contains("master_link_status:up"))
-            });
-        }
+        let masters: Vec<RedisServer> = masters.into_iter().map(|(node, _)| node).collect();
+        let replicas: Vec<Vec<RedisServer>> = replicas
+            .into_iter()
+            .map(|list| list.into_iter().map(|(node, _)| node).collect())
+            .collect();
+        wait_until_formed(&masters, &replicas);
         Self {
-            nodes: masters.into_iter().map(|(node, _)| node).collect(),
-            replicas: replicas
-                .into_iter()
-                .map(|list| list.into_iter().map(|(node, _)| node).collect())
-                .collect(),
+            nodes: masters,
+            replicas,
             tls,
         }
     }
@@ -226,4 +171,68 @@ fn node_id(port: u16) -> String {
     let reply = raw_command(port, "CLUSTER MYID").expect("CLUSTER MYID");
     // `$40\r\n<id>\r\n`
     reply.lines().nth(1).expect("an id").trim().to_owned()
+}
+
+/// One cluster node as `options` say (TLS on the client, bus and replication links when they
+/// give certificates), and its cluster bus port.
+fn start_node(options: &ClusterOptions) -> (RedisServer, u16) {
+    let bus = free_port();
+    let args = vec![
+        "--cluster-enabled".to_owned(),
+        "yes".to_owned(),
+        "--cluster-node-timeout".to_owned(),
+        options.node_timeout_ms.to_string(),
+        "--cluster-port".to_owned(),
+        bus.to_string(),
+        "--cluster-require-full-coverage".to_owned(),
+        if options.full_coverage { "yes" } else { "no" }.to_owned(),
+    ];
+    #[cfg(feature = "tls-certs")]
+    if let Some(certs) = &options.tls {
+        let mut args = args;
+        args.extend(certs.server_args(false));
+        args.extend(["--tls-cluster", "yes", "--tls-replication", "yes"].map(str::to_owned));
+        return (
+            RedisServer::start_on(free_port(), Some(free_port()), args),
+            bus,
+        );
+    }
+    (RedisServer::start_with(args), bus)
+}
+
+/// Waits until every node of `masters` and `replicas` (by master) knows every other, each
+/// replica follows its master, the cluster is ok on every node and every replica is in sync.
+fn wait_until_formed(masters: &[RedisServer], replicas: &[Vec<RedisServer>]) {
+    let everyone = || masters.iter().chain(replicas.iter().flatten());
+    let total = everyone().count();
+    for node in everyone() {
+        let port = node.port;
+        wait_until("every node to know every other", || {
+            raw_command(port, "CLUSTER INFO")
+                .is_some_and(|r| r.contains(&format!("cluster_known_nodes:{total}")))
+        });
+    }
+    for (master, replicas) in masters.iter().zip(replicas) {
+        let id = node_id(master.port);
+        for replica in replicas {
+            let port = replica.port;
+            wait_until("a replica to take its master", || {
+                raw_command(port, &format!("CLUSTER REPLICATE {id}"))
+                    .is_some_and(|r| r.starts_with("+OK"))
+            });
+        }
+    }
+    for node in everyone() {
+        let port = node.port;
+        wait_until("the cluster to be ok", || {
+            raw_command(port, "CLUSTER INFO").is_some_and(|r| r.contains("cluster_state:ok"))
+        });
+    }
+    for replica in replicas.iter().flatten() {
+        let port = replica.port;
+        wait_until("a replica to be in sync", || {
+            raw_command(port, "INFO replication")
+                .is_some_and(|r| r.contains("master_link_status:up"))
+        });
+    }
 }
