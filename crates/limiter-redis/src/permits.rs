@@ -28,18 +28,17 @@ pub const MAX_PERMITS: u64 = 1_000_000;
 /// The longest time to live a permit may have: a day (longer work renews).
 pub const MAX_PERMIT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 
-/// What the key's scripts start with: `index(expiry, id)`, which writes permit `id` to the
-/// name's index (`KEYS[2]`, given where it is on the key's node: one server or Sentinel) until
-/// `expiry`, dropping expired entries and keeping the index as long as its last permit; without
-/// `KEYS[2]` (a cluster) it does nothing, and the caller writes the index by [`INDEX`].
+/// What the scripts that write the name's index start with: `index(set, expiry, id)`, which
+/// writes permit `id` to the index `set` until `expiry`, dropping expired entries and keeping
+/// the index as long as its last permit. The key's scripts call it on `KEYS[2]` where the index
+/// is given (on the key's node: one server or Sentinel); on a cluster [`INDEX`] does.
 macro_rules! indexing {
     () => {
-        "local function index(expiry, id) \
-  if not KEYS[2] then return end \
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now) \
-  redis.call('ZADD', KEYS[2], expiry, id) \
-  local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES') \
-  redis.call('PEXPIRE', KEYS[2], math.max(1, tonumber(last[2]) - now)) \
+        "local function index(set, expiry, id) \
+  redis.call('ZREMRANGEBYSCORE', set, '-inf', now) \
+  redis.call('ZADD', set, expiry, id) \
+  local last = redis.call('ZRANGE', set, -1, -1, 'WITHSCORES') \
+  redis.call('PEXPIRE', set, math.max(1, tonumber(last[2]) - now)) \
 end "
     };
 }
@@ -53,7 +52,7 @@ local held = redis.call('ZCARD', KEYS[1]) \
 if held < tonumber(ARGV[2]) then \
   local expiry = now + tonumber(ARGV[3]) \
   redis.call('ZADD', KEYS[1], expiry, ARGV[4]) \
-  index(expiry, ARGV[4]) \
+  if KEYS[2] then index(KEYS[2], expiry, ARGV[4]) end \
   local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES') \
   redis.call('PEXPIRE', KEYS[1], math.max(1, tonumber(last[2]) - now)) \
   return {1, held + 1, expiry} \
@@ -76,7 +75,7 @@ const RENEW: &str = concat!(
 if not redis.call('ZSCORE', KEYS[1], ARGV[3]) then return 0 end \
 local expiry = now + tonumber(ARGV[2]) \
 redis.call('ZADD', KEYS[1], 'XX', expiry, ARGV[3]) \
-index(expiry, ARGV[3]) \
+if KEYS[2] then index(KEYS[2], expiry, ARGV[3]) end \
 local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES') \
 redis.call('PEXPIRE', KEYS[1], math.max(1, tonumber(last[2]) - now)) \
 return expiry"
@@ -85,11 +84,7 @@ return expiry"
 /// On a cluster, where the index is in a slot of its own: indexes permit `id` until `expiry`
 /// (taken or renewed; expired ones dropped first) and keeps the index as long as its last
 /// permit. `ARGV = [now?, expiry, id]`.
-const INDEX: &str = "redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now) \
-redis.call('ZADD', KEYS[1], ARGV[2], ARGV[3]) \
-local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES') \
-redis.call('PEXPIRE', KEYS[1], math.max(1, tonumber(last[2]) - now)) \
-return 1";
+const INDEX: &str = concat!(indexing!(), "index(KEYS[1], ARGV[2], ARGV[3]) return 1");
 
 /// On a cluster: drops permit `id` from the index. `ARGV = [id]`.
 const UNINDEX: &str = "return redis.call('ZREM', KEYS[1], ARGV[1])";
@@ -338,10 +333,8 @@ impl RedisPermits {
             self.backend.eval_on_key(&redis_key, body, true, args).await
         } else {
             let index = self.index_key();
-            let others = [index.as_str()];
-            let backend = &self.backend;
-            backend
-                .eval_on_keys(&redis_key, &others, body, true, args)
+            self.backend
+                .eval_on_keys(&redis_key, &[&index], body, true, args)
                 .await
         }
     }
