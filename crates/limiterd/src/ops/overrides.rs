@@ -66,8 +66,8 @@ pub struct Overrides {
     /// (`None`: not read from Redis yet). Written only for in-memory work: a change being
     /// saved to a file or Redis never holds it, so a decision never waits on a write.
     table: RwLock<(Table, Option<u64>)>,
-    /// Held by one change at a time, across its write to the file or Redis, so two changes
-    /// never lose each other.
+    /// Held by one change or refresh at a time, across its write to (or read of) the file or
+    /// Redis, so no two of them lose each other's work.
     writing: tokio::sync::Mutex<()>,
 }
 
@@ -98,7 +98,12 @@ impl Overrides {
 
     /// On Redis, reads the overrides again if another instance changed them (one `GET` when
     /// nothing changed); whether they changed. Elsewhere, nothing to do.
+    ///
+    /// It holds `writing` from the read to its copy being installed: a read taken before a
+    /// change of this instance and installed after it would undo that change here until the
+    /// next poll (a deleted override found again, a set one missing).
     pub async fn refresh(&self) -> Result<bool, crate::store::BackendError> {
+        let _writing = self.writing.lock().await;
         let seen = self.table().1;
         match self.keeping.read_if_changed(seen).await? {
             Some((table, version)) => {
