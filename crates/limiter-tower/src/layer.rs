@@ -301,16 +301,17 @@ where
         let shared = &self.shared;
         let (parts, body) = request.into_parts();
         // Keys and cost are taken now, outside any future, so a future carries only what it
-        // needs; the head moves once, into the request the limiter sees.
-        let keys = match shared.keys(&parts) {
-            Ok(keys) => keys,
-            Err(rejection) => {
-                let grpc = response::is_grpc(&parts.headers);
-                return ResponseFuture::answered(shared.respond(&rejection, grpc));
-            }
+        // needs; the head moves once, into the request the limiter sees, and its keys are
+        // written in place beside it (taken first and moved in, the head moved twice).
+        let mut request = HttpRequest {
+            parts,
+            keys: KeyList::default(),
         };
-        let cost = shared.cost.as_ref().map_or(1, |cost| cost(&parts));
-        let request = HttpRequest { parts, keys };
+        if let Err(rejection) = shared.take_keys(&mut request) {
+            let grpc = response::is_grpc(&request.parts.headers);
+            return ResponseFuture::answered(shared.respond(&rejection, grpc));
+        }
+        let cost = shared.cost.as_ref().map_or(1, |cost| cost(&request.parts));
         // In process, the answer is here now. A remote limiter's future borrows the request
         // and has done nothing yet: it is dropped, and asked again from a future that owns the
         // request.
@@ -436,13 +437,12 @@ where
 }
 
 impl<L: AsyncLimiter<HttpRequest>> Shared<L> {
-    /// The request's keys, or why it cannot be keyed.
-    fn keys(&self, parts: &Parts) -> Result<KeyList, Rejection> {
-        let mut keys = KeyList::default();
+    /// Takes the request's keys into its list (empty), or says why it cannot be keyed.
+    fn take_keys(&self, request: &mut HttpRequest) -> Result<(), Rejection> {
         for spec in &self.keys {
-            match spec.extractor.extract(parts) {
-                Ok(key) => keys.push(spec.name, Some(key)),
-                Err(_) if !spec.required => keys.push(spec.name, None),
+            match spec.extractor.extract(&request.parts) {
+                Ok(key) => request.keys.push(spec.name, Some(key)),
+                Err(_) if !spec.required => request.keys.push(spec.name, None),
                 Err(error) => {
                     return Err(rejection(
                         RejectionKind::MissingKey,
@@ -452,7 +452,7 @@ impl<L: AsyncLimiter<HttpRequest>> Shared<L> {
                 }
             }
         }
-        Ok(keys)
+        Ok(())
     }
 
     /// The limiter's answer to `cost` units of `request`, with each layer's in `each` when
