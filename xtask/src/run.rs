@@ -73,6 +73,14 @@ pub(crate) fn cargo_in(
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut command = Command::new(cargo);
     command.args(args).current_dir(dir);
+    // What `cargo run` set for xtask itself is not passed on: build scripts that watch one of
+    // these (ring's watches `CARGO_MANIFEST_DIR`) would see it change between a plain `cargo
+    // test` and the same command from xtask, and rebuild everything above them each time.
+    for (key, _) in std::env::vars_os() {
+        if key.to_str().is_some_and(set_by_cargo_run) {
+            command.env_remove(key);
+        }
+    }
     for (key, value) in env {
         command.env(key, value);
     }
@@ -91,6 +99,21 @@ pub(crate) fn cargo_in(
     } else {
         Err(format!("`{shown}` failed ({status})"))
     }
+}
+
+/// Whether `name` is an environment variable `cargo run` sets for the package it runs (xtask),
+/// which a nested cargo must not inherit.
+fn set_by_cargo_run(name: &str) -> bool {
+    name.starts_with("CARGO_PKG_")
+        || matches!(
+            name,
+            "CARGO_MANIFEST_DIR"
+                | "CARGO_MANIFEST_PATH"
+                | "CARGO_MANIFEST_LINKS"
+                | "CARGO_CRATE_NAME"
+                | "CARGO_BIN_NAME"
+                | "CARGO_PRIMARY_PACKAGE"
+        )
 }
 
 /// `cargo ARGS` at the workspace root.
@@ -121,6 +144,31 @@ mod tests {
         );
         assert_eq!(elsewhere, Some(this.clone()));
         assert_eq!(root_from(None, Some(PathBuf::from("/"))), None);
+    }
+
+    #[test]
+    fn a_nested_cargo_inherits_nothing_cargo_run_set_for_xtask() {
+        for name in [
+            "CARGO_MANIFEST_DIR",
+            "CARGO_MANIFEST_PATH",
+            "CARGO_PKG_NAME",
+            "CARGO_PKG_VERSION",
+            "CARGO_PRIMARY_PACKAGE",
+            "CARGO_BIN_NAME",
+            "CARGO_CRATE_NAME",
+        ] {
+            assert!(set_by_cargo_run(name), "{name}");
+        }
+        // What the user set for every cargo is passed on.
+        for name in [
+            "CARGO",
+            "CARGO_HOME",
+            "CARGO_TARGET_DIR",
+            "CARGO_INCREMENTAL",
+            "RUSTFLAGS",
+        ] {
+            assert!(!set_by_cargo_run(name), "{name}");
+        }
     }
 
     #[test]
