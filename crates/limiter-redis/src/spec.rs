@@ -117,6 +117,26 @@ impl RedisLimit {
         })
     }
 
+    /// Whether the script can decide `state` at `now_us` microseconds since the Unix epoch.
+    /// Only a token bucket whose clock went back can't: its debt grows by the time gone back,
+    /// and once it reaches 2^52 ticks (what the script's doubles count exactly) the script
+    /// refuses the call, naming the key, and the limiter's failure policy answers, until the
+    /// clock catches up. The twin would decide it; the differential tests hold the script to
+    /// refusing exactly then.
+    pub fn decidable_at(&self, state: u64, now_us: u64) -> bool {
+        if !matches!(self.twin, Twin::TokenBucket(_)) {
+            return true;
+        }
+        let [q, _, _, shift] = self.params;
+        // The tick the reading falls in, as the script counts it (a state is the tat in ticks).
+        let tick = if shift > 0 {
+            u128::from(now_us) >> shift
+        } else {
+            u128::from(now_us).saturating_mul(u128::from(q))
+        };
+        u128::from(state).saturating_sub(tick) < u128::from(LUA_EXACT)
+    }
+
     /// The script's twin decision: the Rust algorithm on `state` at `now_us` microseconds since
     /// the Unix epoch, with every "ns" of the decision a microsecond. The script makes exactly
     /// this decision and writes exactly this state; the differential tests hold it to that.

@@ -168,6 +168,29 @@ fn run_case(
             Op::Call(cost) | Op::Record(cost) => {
                 shared.clock.set(now * 1_000);
                 let recorded = matches!(op, Op::Record(_));
+                if !spec.decidable_at(state, now) {
+                    // The clock went back so far that the debt passes what the script counts:
+                    // it refuses, naming the key and the clock, the failure policy (closed
+                    // here) answers, and nothing is written on either side.
+                    let got = shared.runtime.block_on(async {
+                        if recorded {
+                            limiter.record(&key, cost).await
+                        } else {
+                            limiter.check_n(&key, cost).await
+                        }
+                    });
+                    let got = got.unwrap();
+                    let why = got.backend_error().map(ToString::to_string);
+                    prop_assert!(got.failed_closed(), "{:?}", got);
+                    prop_assert!(
+                        why.as_deref().is_some_and(
+                            |w| w.contains(&redis_key) && w.contains("clock is behind")
+                        ),
+                        "{:?}",
+                        why
+                    );
+                    continue;
+                }
                 let (want, next) = if recorded {
                     rust.record(state, cost, now)
                 } else {
@@ -286,6 +309,47 @@ fn words_above_two_to_the_53_match() {
     )
     .unwrap();
     assert!(now * 7 > 1 << 53);
+}
+
+/// A deep bucket recorded to its debt cap, then Redis's clock going back: the debt passes
+/// 2^52 ticks, so the script refuses by name (the failure policy answers) rather than count
+/// inexactly, and decides exactly as the Rust algorithm again once the clock has caught up.
+/// (Proptest found it: the script's refusal was taken for a divergence.)
+#[test]
+fn a_clock_gone_back_past_what_the_script_counts_is_refused_until_it_catches_up() {
+    let limit = (Kind::TokenBucket, 1_000_000, 17_082_420_800_139, 1_000_000);
+    let spec = RedisLimit::new(
+        limit.0,
+        Limit::from_nanos(limit.1, limit.2 * 1_000).with_burst(limit.3),
+    )
+    .expect("in range");
+    let start = 1_780_674_765_690_577;
+    // After the record the debt is at its cap, twice the depth: 4,373,099,726,000,000 ticks of
+    // 1/128 us, 130,499,901,370,496 ticks (11.8 days) below 2^52. A clock read that much
+    // earlier owes 2^52 exactly: refused; one read a microsecond later is decided.
+    let recorded = Rust::new(&spec)
+        .record(0, u64::MAX, start)
+        .1
+        .expect("written");
+    let edge: u64 = 1_019_530_479_457;
+    assert!(spec.decidable_at(recorded, start));
+    assert!(spec.decidable_at(recorded, start - (edge - 1)));
+    assert!(!spec.decidable_at(recorded, start - edge));
+    let step = |us: u64| i64::try_from(us).expect("fits");
+    let ops = vec![
+        Op::Record(u64::MAX),
+        Op::Step(-step(edge - 1)),
+        Op::Call(1),
+        Op::Step(-1),
+        Op::Call(1),
+        Op::Record(3),
+        Op::Call(0),
+        Op::Step(step(edge + 1)),
+        Op::Call(1),
+        Op::Record(1),
+    ];
+    let seed = 1_593_101_638_813_079_604;
+    run_case(&Shared::start(), limit, start, seed, ops, 1).unwrap();
 }
 
 /// Limits over the whole supported range (counts and bursts to `u32::MAX`, periods from 1 us

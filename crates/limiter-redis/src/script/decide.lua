@@ -138,7 +138,7 @@ local function tb_until(now, ticks, q, s)
   return w
 end
 
-local FAR = 'holds a tat far beyond its limit; delete it or change the prefix'
+local FAR = 'owes more than the script counts at this time (Redis\'s clock is behind the key\'s last write); it is decided again once the clock catches up, or delete the key'
 
 -- A call of `cost` on a bucket: allowed, remaining, retry_after, reset_after, and the state
 -- to write (at, debt; nil when nothing is written), or nil and an error.
