@@ -168,18 +168,20 @@ fn run_case(
             Op::Call(cost) | Op::Record(cost) => {
                 shared.clock.set(now * 1_000);
                 let recorded = matches!(op, Op::Record(_));
-                if !spec.decidable_at(state, now) {
-                    // The clock went back so far that the debt passes what the script counts:
-                    // it refuses, naming the key and the clock, the failure policy (closed
-                    // here) answers, and nothing is written on either side.
-                    let got = shared.runtime.block_on(async {
+                let got = shared
+                    .runtime
+                    .block_on(async {
                         if recorded {
                             limiter.record(&key, cost).await
                         } else {
                             limiter.check_n(&key, cost).await
                         }
-                    });
-                    let got = got.unwrap();
+                    })
+                    .unwrap();
+                if !spec.decidable_at(state, now) {
+                    // The clock went back so far that the debt passes what the script counts:
+                    // it refuses, naming the key and the clock, the failure policy (closed
+                    // here) answers, and nothing is written on either side.
                     let why = got.backend_error().map(ToString::to_string);
                     prop_assert!(got.failed_closed(), "{:?}", got);
                     prop_assert!(
@@ -196,16 +198,6 @@ fn run_case(
                 } else {
                     rust.decide(state, cost, now)
                 };
-                let got = shared
-                    .runtime
-                    .block_on(async {
-                        if recorded {
-                            limiter.record(&key, cost).await
-                        } else {
-                            limiter.check_n(&key, cost).await
-                        }
-                    })
-                    .unwrap();
                 prop_assert_eq!(got.origin(), Some(Origin::Remote), "{:?}", got);
                 let got = got.layers().iter().next().unwrap().decision;
                 // Microseconds to the nanoseconds a decision reports (saturating, as the
