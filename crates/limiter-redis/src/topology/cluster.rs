@@ -2,12 +2,15 @@
 //! SLOTS`), one [`Node`] per master, and keeping that map true. The map is learned at
 //! connect, and learned again (in the background, at most every [`REFRESH_GAP`]) when a call
 //! meets a redirect or a failing master, and at each health probe; a `MOVED` reply updates
-//! its slot at once. A master that dies fails only its own slots' calls (a refused connection
-//! at once); when its replica is promoted, the next map sends those slots to the new master.
+//! its slot at once. A map learned by a refresh that a `MOVED` overtook (read from `CLUSTER
+//! SLOTS` before the redirect, installed after it) keeps the redirect's master for that slot, so
+//! a refresh never undoes a newer redirect. A master that dies fails only its own slots' calls
+//! (a refused connection at once); when its replica is promoted, the next map sends those slots
+//! to the new master.
 #![deny(clippy::arithmetic_side_effects)]
 
 use core::time::Duration;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
@@ -30,6 +33,11 @@ pub(crate) const REFRESH_GAP: Duration = Duration::from_millis(100);
 /// A slot no master serves (in the map's `owner`).
 const NONE: u16 = u16::MAX;
 
+/// The most recent `MOVED` redirects remembered for refreshes under way (more during one
+/// refresh means the cluster is resharding fast: each slot the refresh then gets wrong is
+/// redirected, and set right, once more).
+const RECENT_MOVES: usize = 1024;
+
 /// Which master serves each slot.
 struct SlotMap {
     /// Per slot, an index into `masters`, or [`NONE`].
@@ -48,6 +56,35 @@ impl SlotMap {
     fn node(&self, slot: u16) -> Option<&Arc<Node>> {
         let index = *self.owner.get(usize::from(slot))?;
         self.masters.get(usize::from(index))
+    }
+
+    /// `node`'s index among the masters, adding it if it is new.
+    fn index_of(&mut self, node: &Arc<Node>) -> Result<u16, TooManyMasters> {
+        let index = match self.masters.iter().position(|m| Arc::ptr_eq(m, node)) {
+            Some(index) => index,
+            None => {
+                self.masters.push(Arc::clone(node));
+                self.masters.len().saturating_sub(1)
+            }
+        };
+        u16::try_from(index)
+            .ok()
+            .filter(|&index| index != NONE)
+            .ok_or(TooManyMasters)
+    }
+
+    /// Makes `node` the master of `slots`, adding it to the masters if it is new.
+    fn assign(
+        &mut self,
+        slots: core::ops::RangeInclusive<u16>,
+        node: &Arc<Node>,
+    ) -> Result<(), TooManyMasters> {
+        let index = self.index_of(node)?;
+        let range = usize::from(*slots.start())..=usize::from(*slots.end());
+        if let Some(owners) = self.owner.get_mut(range) {
+            owners.fill(index);
+        }
+        Ok(())
     }
 
     /// Each master's slots as ranges, in slot order, and the slots no master serves.
@@ -78,6 +115,19 @@ impl SlotMap {
     }
 }
 
+/// More masters than a map counts (65,535; a cluster has at most 16,384, one per slot).
+#[derive(Debug)]
+struct TooManyMasters;
+
+/// The current map and the `MOVED` redirects that updated it, numbered.
+struct Mapped {
+    map: Arc<SlotMap>,
+    /// How many `MOVED` redirects updated the map so far.
+    moves: u64,
+    /// The last [`RECENT_MOVES`] of them: each one's number and slot.
+    recent: VecDeque<(u64, u16)>,
+}
+
 /// A cluster's masters and slot map (see the module docs).
 pub(crate) struct Cluster {
     seeds: Vec<NodeAddr>,
@@ -88,7 +138,7 @@ pub(crate) struct Cluster {
     /// Every node ever learned, by address: a master keeps its breaker and deny cache across
     /// refreshes.
     nodes: Mutex<HashMap<NodeAddr, Arc<Node>>>,
-    map: RwLock<Arc<SlotMap>>,
+    mapped: RwLock<Mapped>,
     /// A background refresh is running (a hint that keeps them from piling up).
     refreshing: AtomicBool,
     /// The local clock's reading at the last refresh's start.
@@ -112,7 +162,11 @@ impl Cluster {
             clock,
             timeout,
             nodes: Mutex::new(HashMap::new()),
-            map: RwLock::new(Arc::new(SlotMap::empty())),
+            mapped: RwLock::new(Mapped {
+                map: Arc::new(SlotMap::empty()),
+                moves: 0,
+                recent: VecDeque::new(),
+            }),
             refreshing: AtomicBool::new(false),
             last_refresh: Mutex::new(None),
             last_error: Mutex::new(None),
@@ -121,7 +175,36 @@ impl Cluster {
 
     fn map(&self) -> Arc<SlotMap> {
         // A poisoned lock still holds a whole map: it is replaced in one assignment.
-        Arc::clone(&self.map.read().unwrap_or_else(PoisonError::into_inner))
+        let mapped = self.mapped.read().unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(&mapped.map)
+    }
+
+    /// How many `MOVED` redirects updated the map so far: a refresh reads it before asking.
+    fn moves_so_far(&self) -> u64 {
+        self.mapped
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .moves
+    }
+
+    /// Installs `map`, learned by a refresh that started after `since` moves: a slot a `MOVED`
+    /// updated since then keeps the master the current map names for it (the refresh may
+    /// have read `CLUSTER SLOTS` before the redirect; a later refresh already installed is as
+    /// new, and names the same master).
+    fn install(&self, mut map: SlotMap, since: u64) {
+        let mut mapped = self.mapped.write().unwrap_or_else(PoisonError::into_inner);
+        let Mapped {
+            map: current,
+            recent,
+            ..
+        } = &mut *mapped;
+        for &(_, slot) in recent.iter().filter(|(number, _)| *number >= since) {
+            if let Some(node) = current.node(slot) {
+                // Unreachable: a map has at most one master per slot.
+                let _ = map.assign(slot..=slot, node);
+            }
+        }
+        mapped.map = Arc::new(map);
     }
 
     /// The node at `addr`, made on first sight.
@@ -166,25 +249,21 @@ impl Cluster {
     pub(crate) fn redirected(self: &Arc<Self>, slot: u16, to: &NodeAddr, moved: bool) -> Arc<Node> {
         let node = self.node_at(to);
         if moved {
-            let mut map = self.map.write().unwrap_or_else(PoisonError::into_inner);
+            let mut mapped = self.mapped.write().unwrap_or_else(PoisonError::into_inner);
             let mut next = SlotMap {
-                owner: map.owner.clone(),
-                masters: map.masters.clone(),
+                owner: mapped.map.owner.clone(),
+                masters: mapped.map.masters.clone(),
             };
-            let index = match next.masters.iter().position(|m| Arc::ptr_eq(m, &node)) {
-                Some(index) => index,
-                None => {
-                    next.masters.push(Arc::clone(&node));
-                    next.masters.len().saturating_sub(1)
+            if next.assign(slot..=slot, &node).is_ok() {
+                mapped.map = Arc::new(next);
+                let number = mapped.moves;
+                mapped.moves = number.saturating_add(1);
+                if mapped.recent.len() == RECENT_MOVES {
+                    mapped.recent.pop_front();
                 }
-            };
-            if let (Some(owner), Ok(index)) =
-                (next.owner.get_mut(usize::from(slot)), u16::try_from(index))
-            {
-                *owner = index;
+                mapped.recent.push_back((number, slot));
             }
-            *map = Arc::new(next);
-            drop(map);
+            drop(mapped);
             Self::refresh_soon(self);
         }
         node
@@ -223,6 +302,7 @@ impl Cluster {
     /// Learns the map from the first node that answers `CLUSTER SLOTS`: the current masters
     /// first, then the seeds.
     pub(crate) async fn refresh(&self) -> Result<(), BackendError> {
+        let since = self.moves_so_far();
         *self
             .last_refresh
             .lock()
@@ -256,7 +336,7 @@ impl Cluster {
             };
             match answer.and_then(|value| self.read_slots(&addr, &value)) {
                 Ok(map) => {
-                    *self.map.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(map);
+                    self.install(map, since);
                     *self
                         .last_error
                         .lock()
@@ -301,24 +381,14 @@ impl Cluster {
             };
             let port = u16::try_from(*port).map_err(|_| bad())?;
             let node = self.node_at(&NodeAddr::new(host, port));
-            let index = match map.masters.iter().position(|m| Arc::ptr_eq(m, &node)) {
-                Some(index) => index,
-                None => {
-                    map.masters.push(node);
-                    map.masters.len().saturating_sub(1)
-                }
-            };
-            let index = u16::try_from(index).map_err(|_| bad())?;
-            let (start, end) = (usize::try_from(*start), usize::try_from(*end));
+            let (start, end) = (u16::try_from(*start), u16::try_from(*end));
             let (Ok(start), Ok(end)) = (start, end) else {
                 return Err(bad());
             };
-            if start > end || end >= SLOTS {
+            if start > end || usize::from(end) >= SLOTS {
                 return Err(bad());
             }
-            for owner in &mut map.owner[start..=end] {
-                *owner = index;
-            }
+            map.assign(start..=end, &node).map_err(|_| bad())?;
         }
         Ok(map)
     }
@@ -397,4 +467,112 @@ async fn cluster_state(
         _ => None,
     };
     (Some(master), ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::breaker::BreakerConfig;
+    use limiter_core::ManualClock;
+
+    fn cluster() -> Cluster {
+        let maker = NodeMaker {
+            breaker: BreakerConfig::default(),
+            deny_cache: 0,
+            refunds: Arc::default(),
+            max_in_flight: 1,
+        };
+        Cluster::new(
+            vec![NodeAddr::new("127.0.0.1".to_owned(), 7001)],
+            Arc::new(LinkSettings::default()),
+            maker,
+            Arc::new(ManualClock::new()),
+            Duration::from_millis(50),
+        )
+    }
+
+    /// A `CLUSTER SLOTS` reply: each range served by the master at the port given.
+    fn slots(ranges: &[(i64, i64, i64)]) -> Value {
+        let entry = |&(start, end, port): &(i64, i64, i64)| {
+            Value::Array(vec![
+                Value::Int(start),
+                Value::Int(end),
+                Value::Array(vec![
+                    Value::BulkString(b"127.0.0.1".to_vec()),
+                    Value::Int(port),
+                ]),
+            ])
+        };
+        Value::Array(ranges.iter().map(entry).collect())
+    }
+
+    fn port_of(cluster: &Cluster, slot: u16) -> Option<u16> {
+        cluster.map().node(slot)?.addr().map(|addr| addr.port())
+    }
+
+    /// Learns `reply` as a refresh that started after `since` moves installs it.
+    fn learn(cluster: &Cluster, reply: &Value, since: u64) {
+        let asked = NodeAddr::new("127.0.0.1".to_owned(), 7001);
+        let map = cluster.read_slots(&asked, reply).expect("a valid reply");
+        cluster.install(map, since);
+    }
+
+    #[test]
+    fn a_refresh_overtaken_by_a_moved_keeps_the_redirect() {
+        let cluster = Arc::new(cluster());
+        let before_resharding = slots(&[(0, 8191, 7001), (8192, 16383, 7002)]);
+        learn(&cluster, &before_resharding, cluster.moves_so_far());
+        assert_eq!(port_of(&cluster, 5), Some(7001));
+
+        // A refresh reads the map, then slot 5 moves to 7003 and a call meets the `MOVED`,
+        // then the refresh installs what it read.
+        let since = cluster.moves_so_far();
+        cluster.redirected(5, &NodeAddr::new("127.0.0.1".to_owned(), 7003), true);
+        assert_eq!(port_of(&cluster, 5), Some(7003));
+        learn(&cluster, &before_resharding, since);
+        assert_eq!(
+            port_of(&cluster, 5),
+            Some(7003),
+            "the stale read undid the MOVED"
+        );
+        // Every other slot is as the refresh read it.
+        assert_eq!(port_of(&cluster, 4), Some(7001));
+        assert_eq!(port_of(&cluster, 6), Some(7001));
+        assert_eq!(port_of(&cluster, 9000), Some(7002));
+
+        // A refresh that started after the redirect is newer than it: its map stands (the
+        // slot went back, say).
+        learn(&cluster, &before_resharding, cluster.moves_so_far());
+        assert_eq!(port_of(&cluster, 5), Some(7001));
+    }
+
+    #[test]
+    fn an_ask_changes_no_slot_and_only_the_newest_moves_are_kept() {
+        let cluster = Arc::new(cluster());
+        let all_on_one = slots(&[(0, 16383, 7001)]);
+        learn(&cluster, &all_on_one, 0);
+        let since = cluster.moves_so_far();
+        cluster.redirected(7, &NodeAddr::new("127.0.0.1".to_owned(), 7002), false);
+        assert_eq!(port_of(&cluster, 7), Some(7001), "an ASK is for one call");
+        // More moves during one refresh than are remembered: the newest are kept.
+        let to = NodeAddr::new("127.0.0.1".to_owned(), 7002);
+        for slot in 0..=u16::try_from(RECENT_MOVES).unwrap() {
+            cluster.redirected(slot, &to, true);
+        }
+        assert_eq!(
+            cluster.moves_so_far(),
+            u64::try_from(RECENT_MOVES).unwrap() + 1
+        );
+        learn(&cluster, &all_on_one, since);
+        assert_eq!(
+            port_of(&cluster, 0),
+            Some(7001),
+            "the oldest move is forgotten"
+        );
+        for slot in 1..=u16::try_from(RECENT_MOVES).unwrap() {
+            assert_eq!(port_of(&cluster, slot), Some(7002), "slot {slot}");
+        }
+        let past_moves = u16::try_from(RECENT_MOVES).unwrap() + 1;
+        assert_eq!(port_of(&cluster, past_moves), Some(7001));
+    }
 }
