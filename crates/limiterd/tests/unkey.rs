@@ -463,6 +463,87 @@ async fn two_instances_on_one_redis_count_one_budget_and_share_overrides() {
     }
 }
 
+/// Reads of the overrides answer what the fleet holds: an override set on one instance is found
+/// by the other's `getOverride` and `listOverrides` at once (not after its next poll), and one
+/// deleted there is gone from the first at once.
+#[tokio::test]
+async fn override_reads_on_one_instance_see_the_others_changes_at_once() {
+    let redis = limiter_testkit::redis_server::RedisServer::start();
+    let url = redis.url();
+    let start_on_redis = || {
+        Daemon::start_with_env(
+            &["--log-level", "warn", "--redis", &url],
+            &[("LIMITERD_ROOT_KEY", KEY)],
+        )
+    };
+    let (a, b) = (start_on_redis(), start_on_redis());
+    let mut clients = [Client::connect(a.addr).await, Client::connect(b.addr).await];
+    let listed = |value: &Value| -> Vec<String> {
+        let data = value["data"].as_array().cloned().unwrap_or_default();
+        data.iter()
+            .filter_map(|o| o["identifier"].as_str().map(str::to_owned))
+            .collect()
+    };
+    for round in 0..10_u64 {
+        let (setter, reader) = if round % 2 == 0 { (0, 1) } else { (1, 0) };
+        let identifier = format!("team_{round}");
+        let set = json!({"namespace": "now", "identifier": identifier, "limit": round + 1, "duration": 60_000});
+        let (status, value) = root(&mut clients[setter], "setOverride", &set).await;
+        assert_eq!(status, 200, "{value}");
+        let (status, value) = root(
+            &mut clients[reader],
+            "getOverride",
+            &name("now", &identifier),
+        )
+        .await;
+        assert_eq!(
+            status, 200,
+            "round {round}: set on one, not found on the other: {value}"
+        );
+        assert_eq!(value["data"]["limit"], round + 1, "{value}");
+        let (status, value) = root(
+            &mut clients[reader],
+            "listOverrides",
+            &json!({"namespace": "now"}),
+        )
+        .await;
+        assert_eq!(status, 200, "{value}");
+        assert_eq!(
+            listed(&value),
+            [identifier.clone()],
+            "round {round}: {value}"
+        );
+        let (status, _) = root(
+            &mut clients[reader],
+            "deleteOverride",
+            &name("now", &identifier),
+        )
+        .await;
+        assert_eq!(status, 200);
+        let (status, value) = root(
+            &mut clients[setter],
+            "getOverride",
+            &name("now", &identifier),
+        )
+        .await;
+        assert_eq!(
+            status, 404,
+            "round {round}: deleted on one, found on the other: {value}"
+        );
+        let (_, value) = root(
+            &mut clients[setter],
+            "listOverrides",
+            &json!({"namespace": "now"}),
+        )
+        .await;
+        assert_eq!(
+            listed(&value),
+            Vec::<String>::new(),
+            "round {round}: {value}"
+        );
+    }
+}
+
 /// A configuration with two keys from `[auth]`: one that decides, one that reads overrides.
 fn keyed_config(protect: bool) -> std::path::PathBuf {
     let text = format!(

@@ -6,7 +6,9 @@
 //! change is written there first, and every instance polls their version every
 //! [`REFRESH_EVERY`], reading them again when it moved, so an override set on one instance
 //! applies on the others within that interval and a round trip. Decisions read the copy held
-//! here, never the file or Redis.
+//! here, never the file or Redis; reads of the overrides themselves (`getOverride`,
+//! `listOverrides`) catch up with Redis first ([`Overrides::catch_up`]), so they answer
+//! another instance's change at once.
 //!
 //! Which override applies to an identifier: an exact one first; otherwise the matching pattern
 //! with the most literal characters (the most specific), ties broken by the pattern's text
@@ -104,6 +106,11 @@ impl Overrides {
     /// next poll (a deleted override found again, a set one missing).
     pub async fn refresh(&self) -> Result<bool, crate::store::BackendError> {
         let _writing = self.writing.lock().await;
+        self.refresh_writing().await
+    }
+
+    /// [`refresh`](Self::refresh), with `writing` held by the caller.
+    async fn refresh_writing(&self) -> Result<bool, crate::store::BackendError> {
         let seen = self.table().1;
         match self.keeping.read_if_changed(seen).await? {
             Some((table, version)) => {
@@ -111,6 +118,16 @@ impl Overrides {
                 Ok(true)
             }
             None => Ok(false),
+        }
+    }
+
+    /// On Redis, catches up with the changes other instances made (one `GET` when there were
+    /// none), so a read of the overrides (`getOverride`, `listOverrides`) answers what the fleet
+    /// holds, not what this instance's last poll saw. If Redis cannot be read, the copy this
+    /// instance decides by stands.
+    pub async fn catch_up(&self) {
+        if let Err(error) = self.refresh().await {
+            tracing::debug!(%error, "the overrides could not be read from Redis; answering this instance's copy");
         }
     }
 
@@ -136,7 +153,8 @@ impl Overrides {
     }
 
     /// Sets (or changes) the override of `identifier` in `namespace`, which holds at most
-    /// `max` (on Redis, as far as this instance has seen); its id.
+    /// `max` (on Redis, counted on the fleet's overrides as read just before: two instances
+    /// adding at once may each see room for one more); its id.
     pub async fn set(
         &self,
         namespace: &str,
@@ -152,6 +170,9 @@ impl Overrides {
             duration_ms,
         };
         let _writing = self.writing.lock().await;
+        if let Err(error) = self.refresh_writing().await {
+            tracing::debug!(%error, "the overrides could not be read from Redis; counting this instance's copy");
+        }
         {
             let table = &self.table().0;
             let held = table.get(namespace);

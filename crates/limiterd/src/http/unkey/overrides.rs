@@ -105,7 +105,9 @@ pub(super) async fn get<C: Clock + Clone + Send + Sync + 'static>(
     let result = async {
         let raw: RawName = read_json(&state, &headers, body, READ_OVERRIDES).await?;
         check_names("body", &raw.namespace, &raw.identifier)?;
-        let found = shared.live.overrides.get(&raw.namespace, &raw.identifier);
+        let overrides = &shared.live.overrides;
+        overrides.catch_up().await;
+        let found = overrides.get(&raw.namespace, &raw.identifier);
         Ok::<_, Refusal>(ok(shown(&found.map_err(override_error)?)))
     };
     result.await.unwrap_or_else(IntoResponse::into_response)
@@ -152,6 +154,7 @@ pub(super) async fn list<C: Clock + Clone + Send + Sync + 'static>(
             }
         };
         let overrides = &shared.live.overrides;
+        overrides.catch_up().await;
         let (page, next) = overrides.list(&raw.namespace, raw.cursor.as_deref(), size);
         let mut pagination = json!({ "hasMore": next.is_some() });
         if let Some(cursor) = next {
