@@ -510,7 +510,7 @@ async fn override_reads_on_one_instance_see_the_others_changes_at_once() {
         assert_eq!(status, 200, "{value}");
         assert_eq!(
             listed(&value),
-            [identifier.clone()],
+            std::slice::from_ref(&identifier),
             "round {round}: {value}"
         );
         let (status, _) = root(
