@@ -544,6 +544,51 @@ async fn override_reads_on_one_instance_see_the_others_changes_at_once() {
     }
 }
 
+/// On Redis, `setOverride` counts a namespace's bound on the fleet's overrides as they are
+/// when it is asked: an instance that has not polled since another instance filled the
+/// namespace still refuses one more, and sees the room a deletion there made.
+#[tokio::test]
+async fn the_bound_on_a_namespace_counts_the_other_instances_overrides_at_once() {
+    let redis = limiter_testkit::redis_server::RedisServer::start();
+    let url = redis.url();
+    let config = support::temp_file(
+        "max-overrides-fleet.toml",
+        "[policies.api]\nlimits = [{ algorithm = \"token_bucket\", count = 10, period = \"1m\" }]\n[overrides]\nmax_per_namespace = 1\n",
+    );
+    let start_on_redis = || {
+        let args = [
+            "--log-level",
+            "warn",
+            "--config",
+            config.to_str().unwrap(),
+            "--redis",
+            &url,
+        ];
+        Daemon::start_with_env(&args, &[("LIMITERD_ROOT_KEY", KEY)])
+    };
+    let (a, b) = (start_on_redis(), start_on_redis());
+    let mut clients = [Client::connect(a.addr).await, Client::connect(b.addr).await];
+    let set = |identifier: &str| json!({"namespace": "api", "identifier": identifier, "limit": 1, "duration": 60_000});
+    for round in 0..5 {
+        let (status, value) = root(&mut clients[0], "setOverride", &set("a")).await;
+        assert_eq!(status, 200, "{value}");
+        let (status, value) = root(&mut clients[1], "setOverride", &set("b")).await;
+        assert_eq!(
+            status, 400,
+            "round {round}: one more than the bound, through the other: {value}"
+        );
+        let (status, _) = root(&mut clients[0], "deleteOverride", &name("api", "a")).await;
+        assert_eq!(status, 200);
+        let (status, value) = root(&mut clients[1], "setOverride", &set("b")).await;
+        assert_eq!(
+            status, 200,
+            "round {round}: the room a deletion made: {value}"
+        );
+        let (status, _) = root(&mut clients[1], "deleteOverride", &name("api", "b")).await;
+        assert_eq!(status, 200);
+    }
+}
+
 /// A configuration with two keys from `[auth]`: one that decides, one that reads overrides.
 fn keyed_config(protect: bool) -> std::path::PathBuf {
     let text = format!(
