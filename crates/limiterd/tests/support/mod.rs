@@ -1,6 +1,8 @@
 //! What the process tests share: a limiterd binary started on a free loopback port (killed on
 //! drop), a keep-alive JSON client for it (over the testkit's HTTP/1.1 client), and temporary
-//! files.
+//! files; unkey's v2 calls (`unkey.rs`).
+
+pub(crate) mod unkey;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
