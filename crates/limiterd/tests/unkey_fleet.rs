@@ -6,22 +6,45 @@
 #[allow(dead_code)]
 mod support;
 
+use limiter_testkit::redis_server::RedisServer;
 use serde_json::{Value, json};
 use support::unkey::{KEY, limit, name, root};
 use support::{Client, Daemon};
 
+/// Two limiterd processes on one Redis, started with `args` beside `--redis`, and a client of
+/// each (dropped in that order: clients, processes, Redis).
+struct Fleet {
+    clients: [Client; 2],
+    _daemons: [Daemon; 2],
+    redis: RedisServer,
+}
+
+impl Fleet {
+    async fn start(args: &[&str]) -> Self {
+        let redis = RedisServer::start();
+        let url = redis.url();
+        let start = || {
+            let mut all = vec!["--log-level", "warn", "--redis", url.as_str()];
+            all.extend_from_slice(args);
+            Daemon::start_with_env(&all, &[("LIMITERD_ROOT_KEY", KEY)])
+        };
+        let daemons = [start(), start()];
+        let clients = [
+            Client::connect(daemons[0].addr).await,
+            Client::connect(daemons[1].addr).await,
+        ];
+        Self {
+            clients,
+            _daemons: daemons,
+            redis,
+        }
+    }
+}
+
 #[tokio::test]
 async fn two_instances_on_one_redis_count_one_budget_and_share_overrides() {
-    let redis = limiter_testkit::redis_server::RedisServer::start();
-    let url = redis.url();
-    let start_on_redis = || {
-        Daemon::start_with_env(
-            &["--log-level", "warn", "--redis", &url],
-            &[("LIMITERD_ROOT_KEY", KEY)],
-        )
-    };
-    let (a, b) = (start_on_redis(), start_on_redis());
-    let mut clients = [Client::connect(a.addr).await, Client::connect(b.addr).await];
+    let mut fleet = Fleet::start(&[]).await;
+    let clients = &mut fleet.clients;
     // Five calls of a budget of 3, alternating between the instances: exactly 3 pass.
     let mut passed = 0;
     for i in 0..5 {
@@ -42,7 +65,7 @@ async fn two_instances_on_one_redis_count_one_budget_and_share_overrides() {
     let id = value["data"]["overrideId"].clone();
     // Kept under limiterd's prefix, inside the documented ACL rule's `~limiterd:*`.
     let kept = limiter_testkit::redis_server::raw_command(
-        redis.port,
+        fleet.redis.port,
         "EXISTS limiterd:{records:overrides}:hash",
     );
     assert_eq!(kept.as_deref(), Some(":1\r\n"), "{kept:?}");
@@ -88,16 +111,8 @@ async fn two_instances_on_one_redis_count_one_budget_and_share_overrides() {
 /// deleted there is gone from the first at once.
 #[tokio::test]
 async fn override_reads_on_one_instance_see_the_others_changes_at_once() {
-    let redis = limiter_testkit::redis_server::RedisServer::start();
-    let url = redis.url();
-    let start_on_redis = || {
-        Daemon::start_with_env(
-            &["--log-level", "warn", "--redis", &url],
-            &[("LIMITERD_ROOT_KEY", KEY)],
-        )
-    };
-    let (a, b) = (start_on_redis(), start_on_redis());
-    let mut clients = [Client::connect(a.addr).await, Client::connect(b.addr).await];
+    let mut fleet = Fleet::start(&[]).await;
+    let clients = &mut fleet.clients;
     let listed = |value: &Value| -> Vec<String> {
         let data = value["data"].as_array().cloned().unwrap_or_default();
         data.iter()
@@ -169,25 +184,12 @@ async fn override_reads_on_one_instance_see_the_others_changes_at_once() {
 /// namespace still refuses one more, and sees the room a deletion there made.
 #[tokio::test]
 async fn the_bound_on_a_namespace_counts_the_other_instances_overrides_at_once() {
-    let redis = limiter_testkit::redis_server::RedisServer::start();
-    let url = redis.url();
     let config = support::temp_file(
         "max-overrides-fleet.toml",
         "[policies.api]\nlimits = [{ algorithm = \"token_bucket\", count = 10, period = \"1m\" }]\n[overrides]\nmax_per_namespace = 1\n",
     );
-    let start_on_redis = || {
-        let args = [
-            "--log-level",
-            "warn",
-            "--config",
-            config.to_str().unwrap(),
-            "--redis",
-            &url,
-        ];
-        Daemon::start_with_env(&args, &[("LIMITERD_ROOT_KEY", KEY)])
-    };
-    let (a, b) = (start_on_redis(), start_on_redis());
-    let mut clients = [Client::connect(a.addr).await, Client::connect(b.addr).await];
+    let mut fleet = Fleet::start(&["--config", config.to_str().unwrap()]).await;
+    let clients = &mut fleet.clients;
     let set = |identifier: &str| json!({"namespace": "api", "identifier": identifier, "limit": 1, "duration": 60_000});
     for round in 0..5 {
         let (status, value) = root(&mut clients[0], "setOverride", &set("a")).await;
