@@ -83,10 +83,30 @@ impl Cells {
         self.read_consistent(|words| words[0].load(Ordering::Acquire))
     }
 
-    /// Word `limit` without the lock, for a layer with one plan: its plan never changes, so
-    /// no sequence lock is needed, and every value read is one a commit wrote (words of
-    /// several limits may be of different commits; a committing call compares each under the
-    /// lock, as every lock-free reader's writes are checked).
+    /// A consistent read of the plan and the first `W` words without the lock (`W` at most
+    /// [`MAX_LIMITS_PER_LAYER`]): [`read`](Self::read) for the fixed-plan path, whose arrays
+    /// are as wide as its stack's widest plan.
+    #[inline]
+    pub(crate) fn read_words<const W: usize>(&self) -> (usize, [u64; W]) {
+        // Acquire: pairs with a commit's Release word stores (see `read_consistent`).
+        self.read_consistent(|words| {
+            std::array::from_fn(|limit| words[limit].load(Ordering::Acquire))
+        })
+    }
+
+    /// The plan the words are in, read under the lock that guards the entry (its own, the
+    /// commit lock, or its group's lead).
+    #[inline]
+    pub(crate) fn plan_held(&self) -> usize {
+        // Relaxed: the guard's Acquire already ordered the last writer's stores, a change of
+        // plan's header included, before us.
+        plan_of(self.header.load(Ordering::Relaxed))
+    }
+
+    /// Word `limit` without the lock, for a layer with no plan function: its plan never
+    /// changes, so no sequence lock is needed, and every value read is one a commit wrote
+    /// (words of several limits may be of different commits; a committing call compares each
+    /// under the lock, as every lock-free reader's writes are checked).
     #[inline]
     pub(crate) fn read_only_plan(&self, limit: usize) -> u64 {
         // Acquire: pairs with the committing writer's Release store of the word.

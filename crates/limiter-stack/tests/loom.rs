@@ -488,3 +488,65 @@ fn on_the_one_key_path_the_last_unit_of_a_layers_second_limit_goes_once() {
         assert_eq!(left(&stack, 1), [0, 2]);
     });
 }
+
+/// Per user one layer whose plan function chooses between two plans of two limits each (free:
+/// a fixed window of `free` and a token bucket of 100 per hour; pro: a token bucket of twice
+/// `free` and a fixed window of 100): the fixed-plan path with a plan function, its words read
+/// under the sequence lock. On one shard.
+fn two_plans_of_two_limits(free: u64) -> Arc<Users> {
+    let user = Layer::keyed("user", |r: &Request| r.user).plans(
+        [
+            Plan::new("free")
+                .limit(Kind::FixedWindow, per_hour(free))
+                .limit(Kind::TokenBucket, per_hour(100)),
+            Plan::new("pro")
+                .limit(Kind::TokenBucket, per_hour(2 * free))
+                .limit(Kind::FixedWindow, per_hour(100)),
+        ],
+        |r: &Request| usize::from(r.pro),
+    );
+    Arc::new(
+        Stack::builder()
+            .layer(user)
+            .clock(ManualClock::new())
+            .shards(1)
+            .build()
+            .unwrap(),
+    )
+}
+
+#[test]
+fn on_the_fixed_plan_path_a_reader_never_mixes_two_plans() {
+    loom::model(|| {
+        // As `reader_of_a_plan_change`, with two limits a plan: before the switch free has 1
+        // of 2 left; after it, 3 of 4 used in pro, rescaled back to 2 of 2 in free. Pro's first
+        // word read as free's window (a far-future window with nothing counted) would show 2.
+        let stack = two_plans_of_two_limits(2);
+        let free = Request {
+            user: Some(1),
+            shared: false,
+            pro: false,
+        };
+        assert!(stack.check(&free).unwrap().is_allowed());
+        let other = Arc::clone(&stack);
+        let writer = thread::spawn(move || {
+            let pro = Request { pro: true, ..free };
+            other.check(&pro).unwrap().is_allowed()
+        });
+        let seen = stack.peek(&free).unwrap().decision().remaining();
+        assert!(writer.join().unwrap());
+        assert!(seen == 1 || seen == 0, "a reader saw {seen} left");
+    });
+}
+
+#[test]
+fn on_the_fixed_plan_path_racing_calls_of_a_chosen_plan_lose_no_update() {
+    loom::model(|| {
+        // Both calls fit in free's window of 4 (one used). Each reads the entry under the
+        // sequence lock and commits under its lock only if the words and the plan are as read.
+        let stack = two_plans_of_two_limits(4);
+        assert!(call(&stack, Some(1), false));
+        assert_eq!(race(&stack, Some(1), Some(1)), (true, true));
+        assert_eq!(left(&stack, 1), [1], "a unit was lost");
+    });
+}

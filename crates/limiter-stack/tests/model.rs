@@ -5,7 +5,8 @@
 //! refunds, reclaims and clock steps must give the same decisions, the same errors and the
 //! same refunds; with a layer on the user layer's key (`Layer::same_key`, one entry for both
 //! in the stack, two states in the model) too, and for stacks on the fixed-plan path (every
-//! layer one plan, no plan function) on one key and on several.
+//! layer one plan and no plan function, or plans of several limits chosen per call) on one key
+//! and on several.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -20,7 +21,9 @@ use proptest::prelude::*;
 
 #[path = "model/fixed_plans.rs"]
 mod fixed_plans;
-use fixed_plans::{one_key_several_limits_specs, one_key_specs, several_keys_specs};
+use fixed_plans::{
+    one_key_chosen_plans_specs, one_key_several_limits_specs, one_key_specs, several_keys_specs,
+};
 
 #[derive(Clone, Copy, Debug)]
 struct Request {
@@ -501,6 +504,13 @@ proptest! {
         ops in proptest::collection::vec(op(), 1..120),
     ) {
         run_specs(&ops, one_key_several_limits_specs)?;
+    }
+
+    #[test]
+    fn a_stack_on_the_one_key_path_with_a_plan_function_decides_like_the_model(
+        ops in proptest::collection::vec(op(), 1..120),
+    ) {
+        run_specs(&ops, one_key_chosen_plans_specs)?;
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! admission lost to a false denial), denials change nothing, refunds are never lost, and
 //! every answer, however its call raced, is consistent in itself. Both commit protocols run:
 //! the stack with a global layer commits under that layer's lock alone, the stack of keyed
-//! layers locks each entry.
+//! layers locks each entry; and a layer whose plan function chooses among plans of two limits.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
@@ -11,7 +11,7 @@ use std::thread;
 use limiter_core::{Limit, ManualClock};
 use limiter_stack::Kind;
 use limiter_stack::{
-    Grant, Layer, LayerAnswers, LayerDecision, Stack, StackBuilder, StackDecision,
+    Grant, Layer, LayerAnswers, LayerDecision, Plan, Stack, StackBuilder, StackDecision,
 };
 
 const USERS: u64 = 16;
@@ -33,11 +33,16 @@ fn stack(clock: &ManualClock) -> Users {
 
 /// The user and group layers of [`stack`] alone: no global layer, so no commit lock.
 fn keyed(clock: &ManualClock) -> StackBuilder<u64, u64, ManualClock> {
+    let user = Layer::keyed("user", |u: &u64| Some(*u))
+        .limit(Kind::TokenBucket, Limit::per_hour(PER_USER));
+    keyed_with(user, clock)
+}
+
+/// `user`, then the group layer of [`stack`]; no global layer.
+fn keyed_with(user: Layer<u64, u64>, clock: &ManualClock) -> StackBuilder<u64, u64, ManualClock> {
     let per_hour = |n| Limit::per_hour(n);
     Stack::builder()
-        .layer(
-            Layer::keyed("user", |u: &u64| Some(*u)).limit(Kind::TokenBucket, per_hour(PER_USER)),
-        )
+        .layer(user)
         .layer(
             Layer::keyed("group", |u: &u64| Some(u % 4))
                 .limit(Kind::TokenBucket, per_hour(PER_PAIR)),
@@ -190,6 +195,41 @@ fn keyed_layers_alone_locking_each_entry_admit_exactly_what_binds_and_lose_no_re
         let left = remaining(&stack, user);
         assert_eq!(left[1], 0, "user {user}'s group");
         assert!(left[0] <= PER_USER);
+    }
+}
+
+#[test]
+fn with_a_plan_function_threads_admit_exactly_what_binds_and_lose_no_unit() {
+    // The user layer chooses its plan per call (by the user's parity), each plan of two
+    // limits: the fixed-plan path reads its words under the sequence lock and commits under
+    // the global layer's lock only if its words and plan are as read.
+    let plan = |name: &str, window: u64| {
+        Plan::new(name)
+            .limit(Kind::TokenBucket, Limit::per_hour(PER_USER))
+            .limit(Kind::SlidingWindow, Limit::per_hour(window))
+    };
+    let user = Layer::keyed("user", |u: &u64| Some(*u)).plans(
+        [plan("even", PER_USER), plan("odd", 2 * PER_USER)],
+        |u: &u64| usize::from(u % 2 == 1),
+    );
+    let clock = ManualClock::new();
+    let stack = keyed_with(user, &clock)
+        .layer(Layer::global("global").limit(Kind::TokenBucket, Limit::per_hour(GLOBAL)))
+        .build()
+        .unwrap();
+    let (admitted, _) = hammer(&stack, 0);
+    let total: u64 = admitted.iter().sum();
+    assert_eq!(total, 4 * PER_PAIR);
+    for user in 0..USERS {
+        // Every admission is in the user's words (the bucket binds in either plan).
+        let left = remaining(&stack, user);
+        assert_eq!(left[0], PER_USER - admitted[user as usize], "user {user}");
+        assert_eq!(left[1], 0, "user {user}'s group");
+        assert_eq!(
+            left[2],
+            GLOBAL - 4 * PER_PAIR,
+            "the global layer lost a unit"
+        );
     }
 }
 

@@ -1,21 +1,26 @@
 //! The fixed-plan path: a stack of at most four layers, each with one plan (of one limit or
-//! several) and no plan function, keyed on any number of keys, with any number of global layers
-//! beside them. A call finds each key's entry by one lookup (the shards read-locked in
-//! ascending order, a shard two keys share once), reads each layer's words without a lock (a
-//! layer with one plan never changes plan, so no sequence lock is needed: every word read is one
-//! a commit wrote), decides each, and commits only if no word changed since it was read: under
-//! the commit lock where the stack has a global layer, else under each key's lead, locked in
-//! ascending address order (one lock when every keyed layer is on one key). The answer is folded
-//! into the caller's as each layer is decided, before any lock is taken, so no store of it
-//! happens while a lock is held (keeping each layer's answers and folding them after the commit
-//! measured 15% slower on a stack of three). Anything else (a key to insert, a word another call
-//! changed) goes to the general path from the start, which replaces the answer whole.
+//! several) and no plan function, or with plans of several limits that a plan function chooses
+//! among per call, keyed on any number of keys, with any number of global layers beside them.
+//! A call finds each key's entry by one lookup (the shards read-locked in ascending order, a
+//! shard two keys share once), reads each layer's words (without a lock where the layer has one
+//! plan, which never changes, so every word read is one a commit wrote; under the sequence lock
+//! where a plan function chooses, so the words and their plan are of one commit, and an entry
+//! in another plan than the call's goes to the general path), decides each, and commits only if
+//! no word and no plan changed since it was read: under the commit lock where the stack has a
+//! global layer, else under each key's lead, locked in ascending address order (one lock when
+//! every keyed layer is on one key). The answer is folded into the caller's as each layer is
+//! decided, before any lock is taken, so no store of it happens while a lock is held (keeping
+//! each layer's answers and folding them after the commit measured 15% slower on a stack of
+//! three). Anything else (a key to insert, a plan to change, a word another call changed) goes
+//! to the general path from the start, which replaces the answer whole. A stack whose plans all
+//! have one limit and which chooses among them takes the lean path (`lean.rs`) instead.
 
 use std::hash::Hash;
 
 use limiter_core::{Clock, Decision};
 use limiter_store::table::ShardReadGuard;
 
+use super::chosen::chosen_only;
 use super::locks::lock_in_address_order;
 use super::plan::{GLOBAL, ShardOrder};
 use super::{Entry, Stack};
@@ -29,12 +34,14 @@ use crate::layer::{KeySource, Layer};
 const MOST_LAYERS: usize = 4;
 
 /// Whether `layers` take the fixed-plan path: at most four layers, each with one plan and no
-/// plan function.
+/// plan function, or with plans of several limits (a stack whose plans all have one limit and
+/// which chooses among them takes the lean path, made for it).
 pub(super) fn fits<R, K>(layers: &[Layer<R, K>]) -> bool {
     let fixed = layers
         .iter()
         .all(|layer| layer.plans.len() == 1 && layer.choose.is_none() && layer.open.is_none());
-    layers.len() <= MOST_LAYERS && fixed
+    let lean = layers.iter().all(|layer| layer.limits_per_plan() == 1);
+    layers.len() <= MOST_LAYERS && (fixed || !lean)
 }
 
 /// The group leads of `layers`' keyed layers, in layer order (`leads`: each layer's lead).
@@ -70,14 +77,14 @@ where
     /// `out` (new); on the general path, from the start, when the fixed-plan path cannot finish
     /// it.
     #[inline(always)]
-    pub(super) fn decide_fixed<const N: usize, const W: usize>(
+    pub(super) fn decide_fixed<const N: usize, const W: usize, const CHOSEN: bool>(
         &self,
         request: &R,
         cost: u64,
         now: u64,
         out: &mut Answer<'_>,
     ) -> Result<(), CallError> {
-        if self.one_key_path::<N, W>(request, cost, now, out)? {
+        if self.one_key_path::<N, W, CHOSEN>(request, cost, now, out)? {
             return Ok(());
         }
         self.decide_from_scratch(request, cost, now, false, out)
@@ -95,19 +102,14 @@ where
         now: u64,
         out: &mut Answer<'_>,
     ) -> Result<(), CallError> {
+        const MAX: usize = MAX_LIMITS_PER_LAYER;
         let done = match (self.layers.len(), self.lean) {
-            (2, true) => self.fixed_path_on_keys::<2, 1>(request, cost, now, out)?,
-            (3, true) => self.fixed_path_on_keys::<3, 1>(request, cost, now, out)?,
-            (_, true) => self.fixed_path_on_keys::<4, 1>(request, cost, now, out)?,
-            (2, false) => {
-                self.fixed_path_on_keys::<2, MAX_LIMITS_PER_LAYER>(request, cost, now, out)?
-            }
-            (3, false) => {
-                self.fixed_path_on_keys::<3, MAX_LIMITS_PER_LAYER>(request, cost, now, out)?
-            }
-            (_, false) => {
-                self.fixed_path_on_keys::<4, MAX_LIMITS_PER_LAYER>(request, cost, now, out)?
-            }
+            (2, true) => self.fixed_path_on_keys::<2, 1, false>(request, cost, now, out)?,
+            (3, true) => self.fixed_path_on_keys::<3, 1, false>(request, cost, now, out)?,
+            (_, true) => self.fixed_path_on_keys::<4, 1, false>(request, cost, now, out)?,
+            (2, false) => self.fixed_path_on_keys::<2, MAX, false>(request, cost, now, out)?,
+            (3, false) => self.fixed_path_on_keys::<3, MAX, false>(request, cost, now, out)?,
+            (_, false) => self.fixed_path_on_keys::<4, MAX, false>(request, cost, now, out)?,
         };
         if done {
             return Ok(());
@@ -120,7 +122,7 @@ where
     /// answer folded so far). The usual limit, a token bucket, is decided inline
     /// (`PlanLimit::decide_inline`), so its answer stays in registers.
     #[inline(always)]
-    fn one_key_path<const N: usize, const W: usize>(
+    pub(super) fn one_key_path<const N: usize, const W: usize, const CHOSEN: bool>(
         &self,
         request: &R,
         cost: u64,
@@ -146,7 +148,8 @@ where
             _ => None,
         };
         let mut cells: [Option<&Cells>; N] = [None; N];
-        // Each layer's words as read, and as the call would leave them.
+        // Each layer's plan, its words as read, and as the call would leave them.
+        let mut plans = [0_usize; N];
         let mut seen = [[0_u64; W]; N];
         let mut next = [[0_u64; W]; N];
         // The answer is folded in place as each layer is decided (stack order, as `push`
@@ -164,21 +167,38 @@ where
                     None => continue,
                 },
             };
-            let limits = &self.layers[slot].plans[0].limits;
+            let chosen = CHOSEN && self.plan_changes(slot);
+            let plan = if chosen {
+                match self.read_chosen(slot, cell, request, &mut seen[slot])? {
+                    Some(plan) => plan,
+                    None => return Ok(false),
+                }
+            } else {
+                0
+            };
+            let limits = if chosen {
+                &self.layers[slot].plan(plan).limits
+            } else {
+                &self.layers[slot].plans[0].limits
+            };
             let mut parts = [Decision::allow(0, 0, 0); W];
             for (limit, algorithm) in limits.iter().enumerate().take(W) {
-                let word = cell.read_only_plan(limit);
+                let word = if chosen {
+                    seen[slot][limit]
+                } else {
+                    cell.read_only_plan(limit)
+                };
                 let Some((decision, after)) = algorithm.decide_inline(word, cost, now) else {
-                    return Err(self.decision_error(slot, limit, word, cost, now));
+                    return Err(self.decision_error(slot, plan, limit, word, cost, now));
                 };
                 parts[limit] = decision;
                 seen[slot][limit] = word;
                 next[slot][limit] = after;
             }
             let layer = if W == 1 {
-                LayerDecision::from_one(slot, 0, parts[0])
+                LayerDecision::from_one(slot, plan, parts[0])
             } else {
-                match LayerDecision::from_limits(slot, 0, &parts[..limits.len().min(W)]) {
+                match LayerDecision::from_limits(slot, plan, &parts[..limits.len().min(W)]) {
                     Some(layer) => layer,
                     // Unreachable: a layer has at least one limit (checked when built).
                     None => return Ok(false),
@@ -189,9 +209,18 @@ where
                 // Kept as decided; a call the general path finishes replaces them all.
                 each.set(layer);
             }
+            plans[slot] = plan;
             cells[slot] = Some(cell);
         }
-        if answer.is_allowed() && cost > 0 && !self.commit_fixed(&cells, &seen, &next) {
+        if answer.is_allowed()
+            && cost > 0
+            && !self.commit_fixed::<N, W, CHOSEN>(
+                &cells,
+                chosen_only::<N, CHOSEN>(&plans),
+                &seen,
+                &next,
+            )
+        {
             return Ok(false);
         }
         drop(found);
@@ -201,7 +230,7 @@ where
     /// [`one_key_path`](Self::one_key_path) for keyed layers on several keys: each key's entry
     /// found under its shard's read lock, the shards locked in ascending order.
     #[inline(always)]
-    fn fixed_path_on_keys<const N: usize, const W: usize>(
+    pub(super) fn fixed_path_on_keys<const N: usize, const W: usize, const CHOSEN: bool>(
         &self,
         request: &R,
         cost: u64,
@@ -244,11 +273,12 @@ where
                 None => return Ok(false),
             }
         }
-        let done = self.decide_cells::<N, W>(
+        let done = self.decide_cells::<N, W, CHOSEN>(
             |slot| {
                 let member = self.members[slot];
                 entries[member.lead].map(|e| e.get(member.position))
             },
+            request,
             cost,
             now,
             out,
@@ -263,15 +293,17 @@ where
     /// keeps its own copy of this loop: calling this one cost it 25–35 instructions a call
     /// (callgrind, stacks of one to three layers).
     #[inline(always)]
-    fn decide_cells<'c, const N: usize, const W: usize>(
+    fn decide_cells<'c, const N: usize, const W: usize, const CHOSEN: bool>(
         &'c self,
         keyed: impl Fn(usize) -> Option<&'c Cells>,
+        request: &R,
         cost: u64,
         now: u64,
         out: &mut Answer<'_>,
     ) -> Result<bool, CallError> {
         let mut cells: [Option<&Cells>; N] = [None; N];
-        // Each layer's words as read, and as the call would leave them.
+        // Each layer's plan, its words as read, and as the call would leave them.
+        let mut plans = [0_usize; N];
         let mut seen = [[0_u64; W]; N];
         let mut next = [[0_u64; W]; N];
         // The answer is folded in place as each layer is decided (stack order, as `push`
@@ -289,21 +321,38 @@ where
                     None => continue,
                 },
             };
-            let limits = &self.layers[slot].plans[0].limits;
+            let chosen = CHOSEN && self.plan_changes(slot);
+            let plan = if chosen {
+                match self.read_chosen(slot, cell, request, &mut seen[slot])? {
+                    Some(plan) => plan,
+                    None => return Ok(false),
+                }
+            } else {
+                0
+            };
+            let limits = if chosen {
+                &self.layers[slot].plan(plan).limits
+            } else {
+                &self.layers[slot].plans[0].limits
+            };
             let mut parts = [Decision::allow(0, 0, 0); W];
             for (limit, algorithm) in limits.iter().enumerate().take(W) {
-                let word = cell.read_only_plan(limit);
+                let word = if chosen {
+                    seen[slot][limit]
+                } else {
+                    cell.read_only_plan(limit)
+                };
                 let Some((decision, after)) = algorithm.decide_inline(word, cost, now) else {
-                    return Err(self.decision_error(slot, limit, word, cost, now));
+                    return Err(self.decision_error(slot, plan, limit, word, cost, now));
                 };
                 parts[limit] = decision;
                 seen[slot][limit] = word;
                 next[slot][limit] = after;
             }
             let layer = if W == 1 {
-                LayerDecision::from_one(slot, 0, parts[0])
+                LayerDecision::from_one(slot, plan, parts[0])
             } else {
-                match LayerDecision::from_limits(slot, 0, &parts[..limits.len().min(W)]) {
+                match LayerDecision::from_limits(slot, plan, &parts[..limits.len().min(W)]) {
                     Some(layer) => layer,
                     // Unreachable: a layer has at least one limit (checked when built).
                     None => return Ok(false),
@@ -314,31 +363,39 @@ where
                 // Kept as decided; a call the general path finishes replaces them all.
                 each.set(layer);
             }
+            plans[slot] = plan;
             cells[slot] = Some(cell);
         }
-        Ok(!(answer.is_allowed() && cost > 0) || self.commit_fixed(&cells, &seen, &next))
+        Ok(!(answer.is_allowed() && cost > 0)
+            || self.commit_fixed::<N, W, CHOSEN>(
+                &cells,
+                chosen_only::<N, CHOSEN>(&plans),
+                &seen,
+                &next,
+            ))
     }
 
     /// Writes `next` into `cells` (by slot, each layer's words) if none changed from `seen`:
     /// under one lock where the stack has a global layer (every global layer takes part in every
     /// call) or its keyed layers are on one key, else under each key's lead. Whether it wrote.
     #[inline(always)]
-    fn commit_fixed<const N: usize, const W: usize>(
+    fn commit_fixed<const N: usize, const W: usize, const CHOSEN: bool>(
         &self,
         cells: &[Option<&Cells>; N],
+        plans: &[usize; N],
         seen: &[[u64; W]; N],
         next: &[[u64; W]; N],
     ) -> bool {
         let Some(lock_slot) = self.lone_lock else {
-            return self.commit_under_leads(cells, seen, next);
+            return self.commit_under_leads::<N, W, CHOSEN>(cells, plans, seen, next);
         };
         let Some(lock) = cells.get(lock_slot).copied().flatten() else {
             // Nothing took part (a keyed layer skipped, no global one): nothing to write.
             return cells.iter().all(Option::is_none);
         };
         let held = lock.lock();
-        if self.still_seen(cells, seen) {
-            self.write_held(cells, next, |slot| slot == lock_slot);
+        if self.still_seen::<N, W, CHOSEN>(cells, plans, seen) {
+            self.write_held::<N, W, CHOSEN>(cells, next, |slot| slot == lock_slot);
             lock.write_first_and_unlock(held, next[lock_slot][0]);
             true
         } else {
@@ -351,9 +408,10 @@ where
     /// layer: each key's lead locked in ascending address order, the rest held through them.
     /// Out of line, as [`fixed_path_on_keys`](Self::fixed_path_on_keys) is.
     #[inline(never)]
-    fn commit_under_leads<const N: usize, const W: usize>(
+    fn commit_under_leads<const N: usize, const W: usize, const CHOSEN: bool>(
         &self,
         cells: &[Option<&Cells>; N],
+        plans: &[usize; N],
         seen: &[[u64; W]; N],
         next: &[[u64; W]; N],
     ) -> bool {
@@ -364,9 +422,9 @@ where
             }
         }
         let mut held: [Option<Held>; N] = lock_in_address_order(&leads, N);
-        let unchanged = self.still_seen(cells, seen);
+        let unchanged = self.still_seen::<N, W, CHOSEN>(cells, plans, seen);
         if unchanged {
-            self.write_held(cells, next, |slot| leads[slot].is_some());
+            self.write_held::<N, W, CHOSEN>(cells, next, |slot| leads[slot].is_some());
         }
         for slot in 0..N {
             if let (Some(lead), Some(held)) = (leads[slot], held[slot].take()) {
@@ -380,19 +438,27 @@ where
         unchanged
     }
 
-    /// Whether every word of `cells` (by slot) is still as `seen`, read under the locks that
-    /// guard them. Over slices: ranges and `take` adapters here were called out of line, under
-    /// the lock.
+    /// Whether every word of `cells` (by slot) is still as `seen`, and in the plan `plans`
+    /// names where a layer's plan can change, read under the locks that guard them (a change
+    /// of plan is written under them too). Over slices: ranges and `take` adapters here were
+    /// called out of line, under the lock.
     #[inline(always)]
-    fn still_seen<const N: usize, const W: usize>(
+    fn still_seen<const N: usize, const W: usize, const CHOSEN: bool>(
         &self,
         cells: &[Option<&Cells>; N],
+        plans: &[usize; N],
         seen: &[[u64; W]; N],
     ) -> bool {
         let mut unchanged = true;
         for slot in 0..N {
             if let Some(cell) = cells[slot] {
-                for (j, &word) in seen[slot][..self.width::<W>(slot)].iter().enumerate() {
+                if CHOSEN && self.plan_changes(slot) {
+                    unchanged &= cell.plan_held() == plans[slot];
+                }
+                for (j, &word) in seen[slot][..self.width::<W, CHOSEN>(slot)]
+                    .iter()
+                    .enumerate()
+                {
                     unchanged &= cell.word_held(j) == word;
                 }
             }
@@ -403,7 +469,7 @@ where
     /// Writes `next` into `cells` (by slot) under the locks that guard them, except the first
     /// word of each slot `locked` names: it goes with that lock's release.
     #[inline(always)]
-    fn write_held<const N: usize, const W: usize>(
+    fn write_held<const N: usize, const W: usize, const CHOSEN: bool>(
         &self,
         cells: &[Option<&Cells>; N],
         next: &[[u64; W]; N],
@@ -412,7 +478,7 @@ where
         for slot in 0..N {
             let Some(cell) = cells[slot] else { continue };
             let first = usize::from(locked(slot));
-            for (j, &word) in next[slot][..self.width::<W>(slot)]
+            for (j, &word) in next[slot][..self.width::<W, CHOSEN>(slot)]
                 .iter()
                 .enumerate()
                 .skip(first)
@@ -422,21 +488,26 @@ where
         }
     }
 
-    /// The limits of layer `slot` (W is 1 for stacks whose layers all have one).
+    /// The limits in each plan of layer `slot` (W is 1 for stacks whose layers all have one;
+    /// without `CHOSEN`, every layer has one plan).
     #[inline(always)]
-    fn width<const W: usize>(&self, slot: usize) -> usize {
+    fn width<const W: usize, const CHOSEN: bool>(&self, slot: usize) -> usize {
         if W == 1 {
             1
+        } else if CHOSEN {
+            self.layers[slot].limits_per_plan().min(W)
         } else {
             self.layers[slot].plans[0].limits.len().min(W)
         }
     }
 
-    /// The error layer `slot`'s limit `limit` gives for `cost` units on `word` at `now`.
+    /// The error layer `slot`'s limit `limit` of plan `plan` gives for `cost` units on `word`
+    /// at `now`.
     #[cold]
     fn decision_error(
         &self,
         slot: usize,
+        plan: usize,
         limit: usize,
         mut word: u64,
         cost: u64,
@@ -444,7 +515,7 @@ where
     ) -> CallError {
         let layer = &self.layers[slot];
         let mut answer = Decision::allow(0, 0, 0);
-        match layer.plans[0].limits[limit].decide(&mut word, cost, now, &mut answer) {
+        match layer.plan(plan).limits[limit].decide(&mut word, cost, now, &mut answer) {
             Err(source) => CallError::Decision {
                 layer: layer.name.clone(),
                 limit_index: limit,
@@ -453,7 +524,7 @@ where
             // Unreachable: `decide_word` refuses exactly what `decide` does.
             Ok(()) => CallError::NoSuchPlan {
                 layer: layer.name.clone(),
-                chosen: 0,
+                chosen: plan,
                 plans: layer.plan_count(),
             },
         }

@@ -35,15 +35,18 @@
 //! with the targets the lean path found and a new answer.
 //!
 //! A stack of at most four layers, each with one plan (of one limit or several) and no plan
-//! function (the usual stack), takes the fixed-plan path instead: one lookup per key (the
-//! shards read-locked in ascending order), each word read without a sequence lock (its plan
-//! never changes), decided inline into the answer, committed under one lock (the commit lock,
-//! or the one key's lead) or, for keyed layers on several keys and no global layer, under each
-//! key's lead in address order. Keyed layers on one key take a shorter variant of it, with no
-//! working arrays for keys.
+//! function (the usual stack), or with plans of several limits chosen per call, takes the
+//! fixed-plan path instead: one lookup per key (the shards read-locked in ascending order),
+//! each word read without a sequence lock where its plan never changes (under it where a plan
+//! function chooses: an entry in another plan than the call's goes to the general path, which
+//! changes it), decided inline into the answer, committed under one lock (the commit lock, or
+//! the one key's lead) or, for keyed layers on several keys and no global layer, under each
+//! key's lead in address order, if no word and no plan changed since. Keyed layers on one key
+//! take a shorter variant of it, with no working arrays for keys.
 //!
 //! The jobs live apart: `plan.rs` (what a call touches), `fixed_plans.rs` (the fixed-plan
-//! path), `lean.rs` (the lean path), `general.rs` (steps 2–5), `locks.rs` (the lock protocol).
+//! path), `chosen.rs` (its arms for plan functions), `lean.rs` (the lean path), `general.rs`
+//! (steps 2–5), `locks.rs` (the lock protocol).
 
 use std::hash::Hash;
 use std::sync::atomic::{AtomicU64 as StdAtomicU64, Ordering as StdOrdering};
@@ -59,6 +62,7 @@ use crate::error::{BuildError, CallError, RefundError};
 use crate::layer::{Layer, Plan};
 use crate::sync::{AtomicU64, EntryHasher, Ordering};
 
+mod chosen;
 mod each;
 mod fixed_plans;
 mod general;
@@ -93,9 +97,17 @@ pub struct Stack<R, K, C = DefaultClock> {
     /// Each layer's group (by layer position): the layers sharing its keyer keep their state
     /// in one entry.
     members: Box<[Member]>,
-    /// Whether calls take the fixed-plan path (`fixed_plans.rs`): at most four layers, each one
-    /// plan (of one limit when `lean`, or several) and no plan function.
+    /// Whether calls take the fixed-plan path (`fixed_plans.rs`) with no plan function: at most
+    /// four layers, each one plan.
     fixed_path: bool,
+    /// Whether calls take the fixed-plan path with plan functions: at most four layers, with
+    /// plans of several limits, some chosen per call (checked after `fixed_path`, so the usual
+    /// stack pays nothing for it).
+    chosen_path: bool,
+    /// The layers whose plan function chooses a plan per call, a bit each by position: the
+    /// fixed-plan path reads their words under the sequence lock and checks their plan under
+    /// the commit's lock.
+    chosen_plans: u8,
     /// The one lock a fixed-plan commit takes: the commit layer, or the lead of the only key;
     /// `None` when keyed layers on several keys and no global layer each lock their lead.
     lone_lock: Option<usize>,
@@ -214,7 +226,9 @@ impl<R, K, C> StackBuilder<R, K, C> {
         let lean = self.layers.iter().all(|layer| layer.limits_per_plan() == 1);
         let members = group_members(&self.layers);
         let leads: Vec<usize> = members.iter().map(|m| m.lead).collect();
-        let fixed_path = fixed_plans::fits(&self.layers);
+        let chosen_plans = chosen::chosen_plans(&self.layers);
+        let fixed_path = fixed_plans::fits(&self.layers) && chosen_plans == 0;
+        let chosen_path = fixed_plans::fits(&self.layers) && chosen_plans != 0;
         let several_keys = fixed_plans::several_keys(&self.layers, &leads);
         let one_key = fixed_plans::first_keyed_lead(&self.layers, &leads);
         let lone_lock = commit_layer.or(one_key.filter(|_| !several_keys));
@@ -231,6 +245,8 @@ impl<R, K, C> StackBuilder<R, K, C> {
             commit_layer,
             members,
             fixed_path,
+            chosen_path,
+            chosen_plans,
             lone_lock,
             one_key,
             several_keys,
@@ -358,17 +374,21 @@ where
             return self.decide_on_keys(request, cost, now, out);
         }
         if self.fixed_path {
+            const MAX: usize = MAX_LIMITS_PER_LAYER;
             // `lean`: every layer has one limit, so each keeps one word.
             return match (self.layers.len(), self.lean) {
-                (1, true) => self.decide_fixed::<1, 1>(request, cost, now, out),
-                (2, true) => self.decide_fixed::<2, 1>(request, cost, now, out),
-                (3, true) => self.decide_fixed::<3, 1>(request, cost, now, out),
-                (_, true) => self.decide_fixed::<4, 1>(request, cost, now, out),
-                (1, false) => self.decide_fixed::<1, MAX_LIMITS_PER_LAYER>(request, cost, now, out),
-                (2, false) => self.decide_fixed::<2, MAX_LIMITS_PER_LAYER>(request, cost, now, out),
-                (3, false) => self.decide_fixed::<3, MAX_LIMITS_PER_LAYER>(request, cost, now, out),
-                (_, false) => self.decide_fixed::<4, MAX_LIMITS_PER_LAYER>(request, cost, now, out),
+                (1, true) => self.decide_fixed::<1, 1, false>(request, cost, now, out),
+                (2, true) => self.decide_fixed::<2, 1, false>(request, cost, now, out),
+                (3, true) => self.decide_fixed::<3, 1, false>(request, cost, now, out),
+                (_, true) => self.decide_fixed::<4, 1, false>(request, cost, now, out),
+                (1, false) => self.decide_fixed::<1, MAX, false>(request, cost, now, out),
+                (2, false) => self.decide_fixed::<2, MAX, false>(request, cost, now, out),
+                (3, false) => self.decide_fixed::<3, MAX, false>(request, cost, now, out),
+                (_, false) => self.decide_fixed::<4, MAX, false>(request, cost, now, out),
             };
+        }
+        if self.chosen_path {
+            return self.decide_chosen(request, cost, now, out);
         }
         if self.lean {
             return match self.layers.len() {

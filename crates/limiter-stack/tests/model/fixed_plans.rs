@@ -1,6 +1,7 @@
-//! Stacks on the fixed-plan path (every layer one plan, no plan function, at most four layers),
-//! for the reference model: on one key, and on several keys with and without a global layer
-//! (the commit lock, or each key's lead locked), of one limit a layer or several.
+//! Stacks on the fixed-plan path (at most four layers, every layer one plan and no plan function,
+//! or plans of several limits chosen per call), for the reference model: on one key, and on
+//! several keys with and without a global layer (the commit lock, or each key's lead locked), of
+//! one limit a layer or several, and on one key with a layer whose plan function chooses.
 
 use limiter_core::Algorithm;
 use limiter_sliding_window::{FixedCounter, SlidingCounter};
@@ -80,6 +81,20 @@ pub(crate) fn one_key_several_limits_specs() -> Vec<Spec> {
             ],
         ),
     ]
+}
+
+/// [`one_key_several_limits_specs`] with the same-key layer's limits in two plans its plan
+/// function chooses per call (free: a fixed window and a token bucket; pro: a token bucket and
+/// a sliding window, in other terms): the one-key path reads that layer under the sequence lock,
+/// and a call in another plan than its entry's goes to the general path, which changes it.
+pub(crate) fn one_key_chosen_plans_specs() -> Vec<Spec> {
+    let mut specs = one_key_several_limits_specs();
+    specs[1].choose = |r| usize::from(r.pro);
+    specs[1].plans.push(vec![
+        Alg::Bucket(Gcra::new(limit(5, 1_000).with_burst(6)).unwrap()),
+        Alg::Sliding(SlidingCounter::new(limit(3, 500)).unwrap()),
+    ]);
+    specs
 }
 
 /// The layers of a stack on the fixed-plan path on several keys: per user (a token bucket, and
