@@ -24,7 +24,7 @@ use super::chosen::chosen_only;
 use super::locks::lock_in_address_order;
 use super::plan::{GLOBAL, ShardOrder};
 use super::{Entry, Stack};
-use crate::algorithms::DynAlgorithm;
+use crate::algorithms::{DynAlgorithm, PlanLimit};
 use crate::cells::{Cells, EntryCells, Held, MAX_LIMITS_PER_LAYER};
 use crate::decision::{Answer, LayerDecision};
 use crate::error::CallError;
@@ -42,6 +42,29 @@ pub(super) fn fits<R, K>(layers: &[Layer<R, K>]) -> bool {
         .all(|layer| layer.plans.len() == 1 && layer.choose.is_none() && layer.open.is_none());
     let lean = layers.iter().all(|layer| layer.limits_per_plan() == 1);
     layers.len() <= MOST_LAYERS && (fixed || !lean)
+}
+
+/// `seen` where `chosen` (the word was read with its plan), else what `read` reads.
+#[inline(always)]
+fn read_unless(chosen: bool, seen: u64, read: impl FnOnce() -> u64) -> u64 {
+    if chosen { seen } else { read() }
+}
+
+/// Layer `slot`'s answer under plan `plan` from its `limits` limits' answers in `parts` (a
+/// plan of one limit, as every plan of a stack of `W` 1, is that limit's answer); `None` for no
+/// limits (unreachable: a layer has at least one, checked when built).
+#[inline(always)]
+fn layer_decision<const W: usize>(
+    slot: usize,
+    plan: usize,
+    parts: &[Decision; W],
+    limits: usize,
+) -> Option<LayerDecision> {
+    if W == 1 {
+        Some(LayerDecision::from_one(slot, plan, parts[0]))
+    } else {
+        LayerDecision::from_limits(slot, plan, &parts[..limits.min(W)])
+    }
 }
 
 /// The group leads of `layers`' keyed layers, in layer order (`leads`: each layer's lead).
@@ -152,9 +175,8 @@ where
         let mut plans = [0_usize; N];
         let mut seen = [[0_u64; W]; N];
         let mut next = [[0_u64; W]; N];
-        // The answer is folded in place as each layer is decided (stack order, as `push`
-        // asks), before the commit's lock is taken: nothing of it is built while the lock is
-        // held. A call that then needs the general path has it replaced there.
+        // The answer is folded in place as each layer is decided (stack order, as `push` asks),
+        // before the lock: none of it is built under it (the general path replaces it).
         let Answer {
             decision: answer,
             each,
@@ -168,26 +190,14 @@ where
                 },
             };
             let chosen = CHOSEN && self.plan_changes(slot);
-            let plan = if chosen {
-                match self.read_chosen(slot, cell, request, &mut seen[slot])? {
-                    Some(plan) => plan,
-                    None => return Ok(false),
-                }
-            } else {
-                0
-            };
-            let limits = if chosen {
-                &self.layers[slot].plan(plan).limits
-            } else {
-                &self.layers[slot].plans[0].limits
+            let Some((plan, limits)) =
+                self.plan_of::<W>(chosen, slot, cell, request, &mut seen[slot])?
+            else {
+                return Ok(false);
             };
             let mut parts = [Decision::allow(0, 0, 0); W];
             for (limit, algorithm) in limits.iter().enumerate().take(W) {
-                let word = if chosen {
-                    seen[slot][limit]
-                } else {
-                    cell.read_only_plan(limit)
-                };
+                let word = read_unless(chosen, seen[slot][limit], || cell.read_only_plan(limit));
                 let Some((decision, after)) = algorithm.decide_inline(word, cost, now) else {
                     return Err(self.decision_error(slot, plan, limit, word, cost, now));
                 };
@@ -195,14 +205,8 @@ where
                 seen[slot][limit] = word;
                 next[slot][limit] = after;
             }
-            let layer = if W == 1 {
-                LayerDecision::from_one(slot, plan, parts[0])
-            } else {
-                match LayerDecision::from_limits(slot, plan, &parts[..limits.len().min(W)]) {
-                    Some(layer) => layer,
-                    // Unreachable: a layer has at least one limit (checked when built).
-                    None => return Ok(false),
-                }
+            let Some(layer) = layer_decision(slot, plan, &parts, limits.len()) else {
+                return Ok(false);
             };
             answer.push(layer);
             if let Some(each) = each.as_deref_mut() {
@@ -214,12 +218,7 @@ where
         }
         if answer.is_allowed()
             && cost > 0
-            && !self.commit_fixed::<N, W, CHOSEN>(
-                &cells,
-                chosen_only::<N, CHOSEN>(&plans),
-                &seen,
-                &next,
-            )
+            && !self.commit_fixed::<N, W, CHOSEN>(&cells, &plans, &seen, &next)
         {
             return Ok(false);
         }
@@ -322,26 +321,14 @@ where
                 },
             };
             let chosen = CHOSEN && self.plan_changes(slot);
-            let plan = if chosen {
-                match self.read_chosen(slot, cell, request, &mut seen[slot])? {
-                    Some(plan) => plan,
-                    None => return Ok(false),
-                }
-            } else {
-                0
-            };
-            let limits = if chosen {
-                &self.layers[slot].plan(plan).limits
-            } else {
-                &self.layers[slot].plans[0].limits
+            let Some((plan, limits)) =
+                self.plan_of::<W>(chosen, slot, cell, request, &mut seen[slot])?
+            else {
+                return Ok(false);
             };
             let mut parts = [Decision::allow(0, 0, 0); W];
             for (limit, algorithm) in limits.iter().enumerate().take(W) {
-                let word = if chosen {
-                    seen[slot][limit]
-                } else {
-                    cell.read_only_plan(limit)
-                };
+                let word = read_unless(chosen, seen[slot][limit], || cell.read_only_plan(limit));
                 let Some((decision, after)) = algorithm.decide_inline(word, cost, now) else {
                     return Err(self.decision_error(slot, plan, limit, word, cost, now));
                 };
@@ -349,14 +336,8 @@ where
                 seen[slot][limit] = word;
                 next[slot][limit] = after;
             }
-            let layer = if W == 1 {
-                LayerDecision::from_one(slot, plan, parts[0])
-            } else {
-                match LayerDecision::from_limits(slot, plan, &parts[..limits.len().min(W)]) {
-                    Some(layer) => layer,
-                    // Unreachable: a layer has at least one limit (checked when built).
-                    None => return Ok(false),
-                }
+            let Some(layer) = layer_decision(slot, plan, &parts, limits.len()) else {
+                return Ok(false);
             };
             answer.push(layer);
             if let Some(each) = each.as_deref_mut() {
@@ -367,12 +348,27 @@ where
             cells[slot] = Some(cell);
         }
         Ok(!(answer.is_allowed() && cost > 0)
-            || self.commit_fixed::<N, W, CHOSEN>(
-                &cells,
-                chosen_only::<N, CHOSEN>(&plans),
-                &seen,
-                &next,
-            ))
+            || self.commit_fixed::<N, W, CHOSEN>(&cells, &plans, &seen, &next))
+    }
+
+    /// The plan layer `slot` is decided under and its limits: with `chosen` (its plan function
+    /// chooses), the plan chosen for `request`, its words read into `seen` under the sequence
+    /// lock, or `None` when the entry is in another plan; else the first, read word by word.
+    #[inline(always)]
+    fn plan_of<const W: usize>(
+        &self,
+        chosen: bool,
+        slot: usize,
+        cell: &Cells,
+        request: &R,
+        seen: &mut [u64; W],
+    ) -> Result<Option<(usize, &[PlanLimit])>, CallError> {
+        if !chosen {
+            return Ok(Some((0, &self.layers[slot].plans[0].limits)));
+        }
+        Ok(self
+            .read_chosen(slot, cell, request, seen)?
+            .map(|plan| (plan, &self.layers[slot].plan(plan).limits[..])))
     }
 
     /// Writes `next` into `cells` (by slot, each layer's words) if none changed from `seen`:
@@ -386,6 +382,8 @@ where
         seen: &[[u64; W]; N],
         next: &[[u64; W]; N],
     ) -> bool {
+        // Without `CHOSEN` every plan is the first and no array need be kept.
+        let plans = chosen_only::<N, CHOSEN>(plans);
         let Some(lock_slot) = self.lone_lock else {
             return self.commit_under_leads::<N, W, CHOSEN>(cells, plans, seen, next);
         };
