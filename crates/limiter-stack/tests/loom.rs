@@ -1,6 +1,6 @@
 //! Loom models of the stack's protocol: stacked calls sharing a layer never over-admit and a
 //! denial changes no layer (on the fixed-plan path on several keys, each key's lead locked, and
-//! on the lean path), racing calls both land in full, racing first inserts admit once, a call
+//! on the lean path, which takes stacks deeper than four layers), racing calls both land in full, racing first inserts admit once, a call
 //! decided again after a race answers from its last reading alone, and a reader never mixes one
 //! plan's words with another's limits; and, in a stack with a global layer (whose entry lock is
 //! the commit lock every writing call takes instead of one lock per entry), racing calls and
@@ -36,18 +36,24 @@ fn per_hour(n: u64) -> Limit {
 /// (seven; past that loom trips on its own bookkeeping, tokio-rs/loom#252).
 fn stack(user: u64, shared: u64) -> Arc<Users> {
     let user = Layer::keyed("user", |r: &Request| r.user).limit(Kind::TokenBucket, per_hour(user));
-    user_and_shared(user, shared)
+    user_and_shared(user, shared, 0)
 }
 
-/// [`stack`] with the user layer's one plan chosen by a plan function: the lean path.
+/// [`stack`] with the user layer's one plan chosen by a plan function, and three layers no
+/// request applies to (five layers, deeper than the fixed-plan path takes): the lean path.
 fn stack_lean(user: u64, shared: u64) -> Arc<Users> {
     let plan = Plan::new("only").limit(Kind::TokenBucket, per_hour(user));
     let user = Layer::keyed("user", |r: &Request| r.user).plans([plan], |_: &Request| 0);
-    user_and_shared(user, shared)
+    user_and_shared(user, shared, 3)
 }
 
-/// `user`, then a layer shared by every request that sets `shared`, `shared` per hour.
-fn user_and_shared(user: Layer<Request, u64>, shared: u64) -> Arc<Users> {
+/// `user`, then a layer shared by every request that sets `shared`, `shared` per hour, then
+/// `unused` layers no request applies to (they touch no atomic).
+fn user_and_shared(user: Layer<Request, u64>, shared: u64, unused: usize) -> Arc<Users> {
+    let unused = (0..unused).map(|i| {
+        Layer::keyed(format!("unused-{i}"), |_: &Request| None::<u64>)
+            .limit(Kind::TokenBucket, per_hour(1))
+    });
     Arc::new(
         Stack::builder()
             .layer(user)
@@ -55,6 +61,7 @@ fn user_and_shared(user: Layer<Request, u64>, shared: u64) -> Arc<Users> {
                 Layer::keyed("shared", |r: &Request| r.shared.then_some(0))
                     .limit(Kind::TokenBucket, per_hour(shared)),
             )
+            .layers(unused)
             .clock(ManualClock::new())
             .shards(1)
             .build()
@@ -299,19 +306,26 @@ fn a_call_decided_again_after_a_race_binds_by_its_last_reading() {
 
 #[test]
 fn a_reader_never_mixes_two_plans() {
-    loom::model(|| reader_of_a_plan_change(false));
+    loom::model(|| reader_of_a_plan_change(false, 0));
 }
 
 #[test]
 fn a_reader_never_mixes_two_plans_changed_under_the_commit_lock() {
     // With a global layer, the plan change is written under the commit lock, with the user's
     // entry never locked on its own.
-    loom::model(|| reader_of_a_plan_change(true));
+    loom::model(|| reader_of_a_plan_change(true, 0));
+}
+
+#[test]
+fn on_the_lean_path_a_reader_never_mixes_two_plans() {
+    // Four layers no request applies to make the stack deeper than the fixed-plan path takes.
+    loom::model(|| reader_of_a_plan_change(false, 4));
 }
 
 /// A reader racing a call that switches user 1 from one plan to another, in a stack of that
-/// user layer alone or (`global`) with a global layer of 10 below it.
-fn reader_of_a_plan_change(global: bool) {
+/// user layer alone or (`global`) with a global layer of 10 below it, and `unused` layers no
+/// request applies to.
+fn reader_of_a_plan_change(global: bool, unused: usize) {
     // Free: a fixed window of 2; pro: a token bucket of 4. The words mean different things:
     // read as a window, pro's word (a tat of 2,700 s) is a far-future window with nothing
     // counted, so a reader pairing it with free's limit would see 2 left.
@@ -327,6 +341,10 @@ fn reader_of_a_plan_change(global: bool) {
     } else {
         builder
     };
+    let builder = builder.layers((0..unused).map(|i| {
+        Layer::keyed(format!("unused-{i}"), |_: &Request| None::<u64>)
+            .limit(Kind::TokenBucket, per_hour(1))
+    }));
     let stack: Arc<Users> = Arc::new(builder.clock(ManualClock::new()).shards(1).build().unwrap());
     let free = Request {
         user: Some(1),

@@ -1,6 +1,6 @@
-//! The fixed-plan path's plan functions: a stack of at most four layers with plans of several
-//! limits, some chosen per call by a plan function, takes the fixed-plan path (`fixed_plans.rs`)
-//! through arms of its own, so the usual stack's arms stay as they were (sharing them cost the
+//! The fixed-plan path's plan functions: a stack of at most four layers, some of whose plans are
+//! chosen per call by a plan function, takes the fixed-plan path (`fixed_plans.rs`) through arms
+//! of its own, so the usual stack's arms stay as they were (sharing them cost the
 //! usual stacks 2–3% more instructions a call, callgrind). Such a layer's words are read under
 //! its sequence lock, so they and their plan are of one commit; an entry in another plan than
 //! the call's goes to the general path, which changes it; a commit checks the plan under its
@@ -27,6 +27,13 @@ pub(super) fn chosen_plans<R, K>(layers: &[Layer<R, K>]) -> u8 {
         .fold(0, |mask, (slot, _)| mask | 1 << slot)
 }
 
+/// Which arm of [`Stack::decide_chosen`] a stack of `layers` layers (one to four) takes: its
+/// depth less one, plus 4 unless every plan has one limit (`lean`), plus 8 on several keys.
+pub(super) fn chosen_arm(layers: usize, lean: bool, several_keys: bool) -> u8 {
+    let depth = u8::try_from(layers.clamp(1, 4) - 1).unwrap_or(3);
+    depth + if lean { 0 } else { 4 } + if several_keys { 8 } else { 0 }
+}
+
 /// `plans` where a layer's plan function chooses (`CHOSEN`), else no array at all: the plans
 /// are then all the first, and the commit never reads them.
 #[inline(always)]
@@ -39,8 +46,8 @@ where
     K: Hash + Eq + Clone,
     C: Clock,
 {
-    /// Decides a call of a fixed-plan stack with a layer whose plan function chooses per call
-    /// (never a lean stack: see [`fits`]), into `out` (new); on the general path, from the
+    /// Decides a call of a fixed-plan stack with a layer whose plan function chooses per call,
+    /// into `out` (new); on the general path, from the
     /// start, when the fixed-plan path cannot finish it. Out of line, with arms of its own, so
     /// the usual stack's arms stay as they were.
     #[inline(never)]
@@ -52,14 +59,23 @@ where
         out: &mut Answer<'_>,
     ) -> Result<(), CallError> {
         const MAX: usize = MAX_LIMITS_PER_LAYER;
-        let done = match (self.layers.len(), self.several_keys) {
-            (2, true) => self.fixed_path_on_keys::<2, MAX, true>(request, cost, now, out)?,
-            (3, true) => self.fixed_path_on_keys::<3, MAX, true>(request, cost, now, out)?,
-            (_, true) => self.fixed_path_on_keys::<4, MAX, true>(request, cost, now, out)?,
-            (1, false) => self.one_key_path::<1, MAX, true>(request, cost, now, out)?,
-            (2, false) => self.one_key_path::<2, MAX, true>(request, cost, now, out)?,
-            (3, false) => self.one_key_path::<3, MAX, true>(request, cost, now, out)?,
-            (_, false) => self.one_key_path::<4, MAX, true>(request, cost, now, out)?,
+        let done = match self.chosen_arm {
+            0 => self.one_key_path::<1, 1, true>(request, cost, now, out)?,
+            1 => self.one_key_path::<2, 1, true>(request, cost, now, out)?,
+            2 => self.one_key_path::<3, 1, true>(request, cost, now, out)?,
+            3 => self.one_key_path::<4, 1, true>(request, cost, now, out)?,
+            4 => self.one_key_path::<1, MAX, true>(request, cost, now, out)?,
+            5 => self.one_key_path::<2, MAX, true>(request, cost, now, out)?,
+            6 => self.one_key_path::<3, MAX, true>(request, cost, now, out)?,
+            7 => self.one_key_path::<4, MAX, true>(request, cost, now, out)?,
+            // Several keys: at least two layers.
+            9 => self.fixed_path_on_keys::<2, 1, true>(request, cost, now, out)?,
+            10 => self.fixed_path_on_keys::<3, 1, true>(request, cost, now, out)?,
+            11 => self.fixed_path_on_keys::<4, 1, true>(request, cost, now, out)?,
+            13 => self.fixed_path_on_keys::<2, MAX, true>(request, cost, now, out)?,
+            14 => self.fixed_path_on_keys::<3, MAX, true>(request, cost, now, out)?,
+            15 => self.fixed_path_on_keys::<4, MAX, true>(request, cost, now, out)?,
+            _ => false,
         };
         if done {
             return Ok(());
@@ -69,21 +85,20 @@ where
 
     /// The plan layer `slot`'s plan function chooses for `request`, with the layer's words
     /// read into `seen` under the sequence lock (so they and their plan are of one commit);
-    /// `None` when the entry's words are in another plan (the general path changes it). Out of
-    /// line: the layers of the usual stack have no plan function, and their loop stays as it
-    /// was.
-    #[inline(never)]
+    /// `None` for the general path: the entry's words are in another plan (the general path
+    /// changes it), or the layer holds no such plan (the general path refuses it, naming it).
+    #[inline(always)]
     pub(super) fn read_chosen<const W: usize>(
         &self,
         slot: usize,
         cell: &Cells,
         request: &R,
         seen: &mut [u64; W],
-    ) -> Result<Option<usize>, CallError> {
-        let plan = self.layers[slot].plan_for(request)?;
+    ) -> Option<usize> {
+        let plan = self.layers[slot].plan_for(request).ok()?;
         let (held, words) = cell.read_words::<W>();
         *seen = words;
-        Ok((held == plan).then_some(plan))
+        (held == plan).then_some(plan)
     }
 
     /// Whether layer `slot`'s plan function chooses its plan per call (so an entry's plan can

@@ -1,6 +1,6 @@
 //! The fixed-plan path: a stack of at most four layers, each with one plan (of one limit or
-//! several) and no plan function, or with plans of several limits that a plan function chooses
-//! among per call, keyed on any number of keys, with any number of global layers beside them.
+//! several) and no plan function, or with plans that a plan function chooses among per call,
+//! keyed on any number of keys, with any number of global layers beside them.
 //! A call finds each key's entry by one lookup (the shards read-locked in ascending order, a
 //! shard two keys share once), reads each layer's words (without a lock where the layer has one
 //! plan, which never changes, so every word read is one a commit wrote; under the sequence lock
@@ -12,8 +12,7 @@
 //! decided, before any lock is taken, so no store of it happens while a lock is held (keeping
 //! each layer's answers and folding them after the commit measured 15% slower on a stack of
 //! three). Anything else (a key to insert, a plan to change, a word another call changed) goes
-//! to the general path from the start, which replaces the answer whole. A stack whose plans all
-//! have one limit and which chooses among them takes the lean path (`lean.rs`) instead.
+//! to the general path from the start, which replaces the answer whole.
 
 use std::hash::Hash;
 
@@ -33,15 +32,10 @@ use crate::layer::{KeySource, Layer};
 /// The most layers the fixed-plan path takes.
 const MOST_LAYERS: usize = 4;
 
-/// Whether `layers` take the fixed-plan path: at most four layers, each with one plan and no
-/// plan function, or with plans of several limits (a stack whose plans all have one limit and
-/// which chooses among them takes the lean path, made for it).
+/// Whether `layers` take the fixed-plan path: at most four layers (with plan functions or
+/// without: `chosen.rs` takes those).
 pub(super) fn fits<R, K>(layers: &[Layer<R, K>]) -> bool {
-    let fixed = layers
-        .iter()
-        .all(|layer| layer.plans.len() == 1 && layer.choose.is_none() && layer.open.is_none());
-    let lean = layers.iter().all(|layer| layer.limits_per_plan() == 1);
-    layers.len() <= MOST_LAYERS && (fixed || !lean)
+    layers.len() <= MOST_LAYERS
 }
 
 /// `seen` where `chosen` (the word was read with its plan), else what `read` reads.
@@ -191,7 +185,7 @@ where
             };
             let chosen = CHOSEN && self.plan_changes(slot);
             let Some((plan, limits)) =
-                self.plan_of::<W>(chosen, slot, cell, request, &mut seen[slot])?
+                self.plan_of::<W>(chosen, slot, cell, request, &mut seen[slot])
             else {
                 return Ok(false);
             };
@@ -322,7 +316,7 @@ where
             };
             let chosen = CHOSEN && self.plan_changes(slot);
             let Some((plan, limits)) =
-                self.plan_of::<W>(chosen, slot, cell, request, &mut seen[slot])?
+                self.plan_of::<W>(chosen, slot, cell, request, &mut seen[slot])
             else {
                 return Ok(false);
             };
@@ -353,7 +347,8 @@ where
 
     /// The plan layer `slot` is decided under and its limits: with `chosen` (its plan function
     /// chooses), the plan chosen for `request`, its words read into `seen` under the sequence
-    /// lock, or `None` when the entry is in another plan; else the first, read word by word.
+    /// lock, or `None` for the general path (the entry is in another plan, or the layer holds
+    /// no such plan: the general path says so); else the first, read word by word.
     #[inline(always)]
     fn plan_of<const W: usize>(
         &self,
@@ -362,13 +357,12 @@ where
         cell: &Cells,
         request: &R,
         seen: &mut [u64; W],
-    ) -> Result<Option<(usize, &[PlanLimit])>, CallError> {
+    ) -> Option<(usize, &[PlanLimit])> {
         if !chosen {
-            return Ok(Some((0, &self.layers[slot].plans[0].limits)));
+            return Some((0, &self.layers[slot].plans[0].limits));
         }
-        Ok(self
-            .read_chosen(slot, cell, request, seen)?
-            .map(|plan| (plan, &self.layers[slot].plan(plan).limits[..])))
+        let plan = self.read_chosen(slot, cell, request, seen)?;
+        Some((plan, &self.layers[slot].plan(plan).limits))
     }
 
     /// Writes `next` into `cells` (by slot, each layer's words) if none changed from `seen`:

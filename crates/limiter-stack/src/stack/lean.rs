@@ -1,5 +1,5 @@
-//! The lean path: a stack whose every plan has one limit decides each layer's one word without
-//! its lock, straight into the answer, and writes only if no entry changed since it was read;
+//! The lean path: a stack of more than four layers (fewer take the fixed-plan path) whose every
+//! plan has one limit decides each layer's one word without its lock, straight into the answer, and writes only if no entry changed since it was read;
 //! anything else goes to the general path with the targets it found.
 
 use std::hash::Hash;

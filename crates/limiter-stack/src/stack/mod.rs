@@ -24,8 +24,8 @@
 //!    others, in shard order) and removed again if the call ends up denied, before anyone else
 //!    can see it: a denial leaves no trace, not even memory.
 //!
-//! A stack whose every plan has one limit first tries a lean path with the
-//! same locks in the same order: it reads each entry's one word without its lock and decides
+//! A stack of more than four layers whose every plan has one limit first tries a lean path with
+//! the same locks in the same order: it reads each entry's one word without its lock and decides
 //! it once, straight into the answer, then locks the entries (or takes the commit lock) and
 //! writes them only if none changed since it read them. Its working arrays are as long as the
 //! stack is deep (one to four layers; eight beyond), and hold each target's key, hash, shard
@@ -35,8 +35,7 @@
 //! with the targets the lean path found and a new answer.
 //!
 //! A stack of at most four layers, each with one plan (of one limit or several) and no plan
-//! function (the usual stack), or with plans of several limits chosen per call, takes the
-//! fixed-plan path instead: one lookup per key (the shards read-locked in ascending order),
+//! function (the usual stack), or with plans chosen per call, takes the fixed-plan path instead: one lookup per key (the shards read-locked in ascending order),
 //! each word read without a sequence lock where its plan never changes (under it where a plan
 //! function chooses: an entry in another plan than the call's goes to the general path, which
 //! changes it), decided inline into the answer, committed under one lock (the commit lock, or
@@ -100,14 +99,16 @@ pub struct Stack<R, K, C = DefaultClock> {
     /// Whether calls take the fixed-plan path (`fixed_plans.rs`) with no plan function: at most
     /// four layers, each one plan.
     fixed_path: bool,
-    /// Whether calls take the fixed-plan path with plan functions: at most four layers, with
-    /// plans of several limits, some chosen per call (checked after `fixed_path`, so the usual
-    /// stack pays nothing for it).
+    /// Whether calls take the fixed-plan path with plan functions: at most four layers, some
+    /// with plans chosen per call (checked after `fixed_path`, so the usual stack pays nothing
+    /// for it).
     chosen_path: bool,
     /// The layers whose plan function chooses a plan per call, a bit each by position: the
     /// fixed-plan path reads their words under the sequence lock and checks their plan under
     /// the commit's lock.
     chosen_plans: u8,
+    /// The arm of `decide_chosen` the stack takes (see `chosen.rs`), found once.
+    chosen_arm: u8,
     /// The one lock a fixed-plan commit takes: the commit layer, or the lead of the only key;
     /// `None` when keyed layers on several keys and no global layer each lock their lead.
     lone_lock: Option<usize>,
@@ -227,6 +228,7 @@ impl<R, K, C> StackBuilder<R, K, C> {
         let members = group_members(&self.layers);
         let leads: Vec<usize> = members.iter().map(|m| m.lead).collect();
         let chosen_plans = chosen::chosen_plans(&self.layers);
+        let layer_count = self.layers.len();
         let fixed_path = fixed_plans::fits(&self.layers) && chosen_plans == 0;
         let chosen_path = fixed_plans::fits(&self.layers) && chosen_plans != 0;
         let several_keys = fixed_plans::several_keys(&self.layers, &leads);
@@ -247,6 +249,7 @@ impl<R, K, C> StackBuilder<R, K, C> {
             fixed_path,
             chosen_path,
             chosen_plans,
+            chosen_arm: chosen::chosen_arm(layer_count, lean, several_keys),
             lone_lock,
             one_key,
             several_keys,
@@ -358,11 +361,12 @@ where
         Ok(out.decision)
     }
 
-    /// Decides `cost` units for `request` at `now` into `out` (new): a stack of fixed plans on
-    /// the fixed-plan path (keyed layers on several keys out of line, apart from the one-key
-    /// arms), a lean stack on the lean path, each with working arrays as long as the stack is
-    /// deep (and, fixed-plan, as wide as a layer's most limits unless every layer has one); any
-    /// other stack, and any call those paths cannot finish, on the general path.
+    /// Decides `cost` units for `request` at `now` into `out` (new): a stack of at most four
+    /// layers on the fixed-plan path (keyed layers on several keys out of line, apart from the
+    /// one-key arms; with plan functions, through arms of their own), with working arrays as
+    /// long as the stack is deep and as wide as a layer's most limits unless every layer has
+    /// one; a deeper lean stack on the lean path; any other stack, and any call those paths
+    /// cannot finish, on the general path.
     fn decide_into(
         &self,
         request: &R,
@@ -391,13 +395,8 @@ where
             return self.decide_chosen(request, cost, now, out);
         }
         if self.lean {
-            return match self.layers.len() {
-                1 => self.decide_sized::<1>(request, cost, now, out),
-                2 => self.decide_sized::<2>(request, cost, now, out),
-                3 => self.decide_sized::<3>(request, cost, now, out),
-                4 => self.decide_sized::<4>(request, cost, now, out),
-                _ => self.decide_sized::<MAX_LAYERS>(request, cost, now, out),
-            };
+            // Deeper than the fixed-plan path's four layers.
+            return self.decide_sized::<MAX_LAYERS>(request, cost, now, out);
         }
         self.decide_from_scratch(request, cost, now, false, out)
     }
