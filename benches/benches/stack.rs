@@ -21,7 +21,7 @@ use governor::RateLimiter;
 use limiter_benches::{group, token_bucket_warm, warm_quota};
 use limiter_core::{Algorithm, Clock, Decision, DefaultClock, DirectLimiter, Limit};
 use limiter_stack::Kind;
-use limiter_stack::{Layer, Stack};
+use limiter_stack::{Layer, Plan, Stack};
 use limiter_store::KeyedLimiter;
 use limiter_token_bucket::Gcra;
 
@@ -357,7 +357,16 @@ fn stacks(c: &mut Criterion) {
             black_box(single.check_key(&r.user).expect("valid")).is_allowed()
         })
     });
-    let cases: [(&str, Requests); 5] = [
+    // Per user a plan chosen per call (by the user's parity: two tiers of one limit each) and
+    // a global cap: a stack with a plan function, as limiterd's policies all are.
+    let tiers = Layer::keyed("user", |r: &Request| Some(r.user)).plans(
+        [
+            Plan::new("free").limit(Kind::TokenBucket, allow),
+            Plan::new("pro").limit(Kind::TokenBucket, allow),
+        ],
+        |r: &Request| usize::from(r.user % 2 == 1),
+    );
+    let cases: [(&str, Requests); 6] = [
         ("stack_1", build(vec![user(allow)])),
         (
             "stack_3_one_key",
@@ -376,6 +385,7 @@ fn stacks(c: &mut Criterion) {
                 global(allow),
             ]),
         ),
+        ("stack_2_tiers", build(vec![tiers, global(allow)])),
     ];
     for (name, stack) in &cases {
         g.bench_function(*name, |b| {

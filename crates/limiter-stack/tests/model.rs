@@ -89,9 +89,10 @@ struct Spec {
     plans: Vec<Vec<Alg>>,
 }
 
-/// The layers; with `one_limit_each`, the user layer keeps only its first limit, so every
-/// plan has one limit and the stack decides on its lean path where it can; with `grouped`, a
-/// last layer on the user layer's key, with two plans of its own.
+/// The layers (four, some with a plan function: the fixed-plan path's arms for plan
+/// functions); with `one_limit_each`, the user layer keeps only its first limit, so every plan
+/// has one limit; with `grouped`, a last layer on the user layer's key, with two plans of its
+/// own (five layers: with `one_limit_each`, the lean path where it can).
 fn specs(one_limit_each: bool, grouped: bool) -> Vec<Spec> {
     let mut user = vec![
         Alg::Bucket(Gcra::new(limit(3, 1_000)).unwrap()),
