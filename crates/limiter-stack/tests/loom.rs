@@ -346,19 +346,27 @@ fn reader_of_a_plan_change(global: bool, unused: usize) {
             .limit(Kind::TokenBucket, per_hour(1))
     }));
     let stack: Arc<Users> = Arc::new(builder.clock(ManualClock::new()).shards(1).build().unwrap());
+    // Before the switch: 1 of 2 left. After: 3 of 4 used, rescaled back to 2 of 2 used. (The
+    // global layer, with 8 or 9 of 10 left, never binds.)
+    reader_racing_a_switch_to_pro(&stack);
+}
+
+/// User 1 takes one unit of its free plan (a limit of 2 that binds), then a reader of the
+/// free plan races a call that switches user 1 to pro and takes a unit there: the reader sees
+/// 1 left (before the switch) or 0 (after it, rescaled back), never what pro's words read with
+/// free's limits would show.
+fn reader_racing_a_switch_to_pro(stack: &Arc<Users>) {
     let free = Request {
         user: Some(1),
         shared: false,
         pro: false,
     };
-    assert!(stack.check(&free).unwrap().is_allowed()); // 1 of 2 used
-    let other = Arc::clone(&stack);
+    assert!(stack.check(&free).unwrap().is_allowed());
+    let other = Arc::clone(stack);
     let writer = thread::spawn(move || {
         let pro = Request { pro: true, ..free };
         other.check(&pro).unwrap().is_allowed()
     });
-    // Before the switch: 1 of 2 left. After: 3 of 4 used, rescaled back to 2 of 2 used. (The
-    // global layer, with 8 or 9 of 10 left, never binds.)
     let seen = stack.peek(&free).unwrap().decision().remaining();
     assert!(writer.join().unwrap());
     assert!(seen == 1 || seen == 0, "a reader saw {seen} left");
@@ -464,20 +472,7 @@ fn a_reader_never_mixes_two_plans_of_a_layer_held_through_its_lead() {
         // under the lead's lock, its own never taken. Before: 1 of 2 left; after: 3 of 4 used,
         // rescaled back to 2 of 2 (the lead, 10 per hour, never binds).
         let stack = one_key(10, 2);
-        let free = Request {
-            user: Some(1),
-            shared: false,
-            pro: false,
-        };
-        assert!(stack.check(&free).unwrap().is_allowed());
-        let other = Arc::clone(&stack);
-        let writer = thread::spawn(move || {
-            let pro = Request { pro: true, ..free };
-            other.check(&pro).unwrap().is_allowed()
-        });
-        let seen = stack.peek(&free).unwrap().decision().remaining();
-        assert!(writer.join().unwrap());
-        assert!(seen == 1 || seen == 0, "a reader saw {seen} left");
+        reader_racing_a_switch_to_pro(&stack);
     });
 }
 
@@ -540,20 +535,7 @@ fn on_the_fixed_plan_path_a_reader_never_mixes_two_plans() {
         // of 2 left; after it, 3 of 4 used in pro, rescaled back to 2 of 2 in free. Pro's first
         // word read as free's window (a far-future window with nothing counted) would show 2.
         let stack = two_plans_of_two_limits(2);
-        let free = Request {
-            user: Some(1),
-            shared: false,
-            pro: false,
-        };
-        assert!(stack.check(&free).unwrap().is_allowed());
-        let other = Arc::clone(&stack);
-        let writer = thread::spawn(move || {
-            let pro = Request { pro: true, ..free };
-            other.check(&pro).unwrap().is_allowed()
-        });
-        let seen = stack.peek(&free).unwrap().decision().remaining();
-        assert!(writer.join().unwrap());
-        assert!(seen == 1 || seen == 0, "a reader saw {seen} left");
+        reader_racing_a_switch_to_pro(&stack);
     });
 }
 

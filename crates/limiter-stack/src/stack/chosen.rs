@@ -47,9 +47,9 @@ where
     C: Clock,
 {
     /// Decides a call of a fixed-plan stack with a layer whose plan function chooses per call,
-    /// into `out` (new); on the general path, from the
-    /// start, when the fixed-plan path cannot finish it. Out of line, with arms of its own, so
-    /// the usual stack's arms stay as they were.
+    /// into `out` (new); on the general path, from the start, when the fixed-plan path cannot
+    /// finish it. Out of line, with arms of its own, so the usual stack's arms stay as they
+    /// were.
     #[inline(never)]
     pub(super) fn decide_chosen(
         &self,
