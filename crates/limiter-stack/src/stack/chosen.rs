@@ -1,7 +1,7 @@
 //! The fixed-plan path's plan functions: a stack of at most four layers, some of whose plans are
 //! chosen per call by a plan function, takes the fixed-plan path (`fixed_plans.rs`) through arms
-//! of its own, so the usual stack's arms stay as they were (sharing them cost the
-//! usual stacks 2–3% more instructions a call, callgrind). Such a layer's words are read under
+//! of its own, so the usual stack's arms stay as they were (sharing them cost the usual stacks
+//! 2–8% more instructions a call, callgrind). Such a layer's words are read under
 //! its sequence lock, so they and their plan are of one commit; an entry in another plan than
 //! the call's goes to the general path, which changes it; a commit checks the plan under its
 //! lock with the words.
