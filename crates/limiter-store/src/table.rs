@@ -40,6 +40,8 @@ pub struct Shard<E> {
     /// The table's capacity when it was last built, before any removal left a tombstone.
     room: usize,
     reclaimed: u64,
+    /// Times the table was built anew (each an allocation): what the sizing keeps rare.
+    rebuilds: u64,
 }
 
 impl<E, S> ShardedTable<E, S> {
@@ -64,6 +66,7 @@ impl<E, S> ShardedTable<E, S> {
                         table: HashTable::new(),
                         room: 0,
                         reclaimed: 0,
+                        rebuilds: 0,
                     }))
                 })
                 .collect(),
@@ -146,11 +149,13 @@ impl<E> Shard<E> {
     }
 
     /// Inserts `entry`, which must not be present. If the table has no room left it first drops
-    /// the entries `is_full` accepts, then rebuilds with at least a quarter free: twice as
-    /// large if the sweep left it three quarters full, smaller if it left less than a quarter,
-    /// the same size (without the tombstones removals left) otherwise. Each sweep of `c` slots
-    /// is so paid for by at least `c / 4` inserts, and the room stays within about 8/3 of the
-    /// most entries that were not full at once.
+    /// the entries `is_full` accepts, then makes at least a quarter of it free: twice as large
+    /// if the sweep left it three quarters full, smaller if it left less than a quarter, and
+    /// otherwise as it is when the removals freed that quarter (else rebuilt at the same size,
+    /// without the tombstones they left). Each sweep of `c` slots is so paid for by at least
+    /// `c / 4` inserts, and the room stays within about 8/3 of the most entries that were not
+    /// full at once. (Keys that are full again by their next visit, rotating through a small
+    /// table, rebuilt it on every sweep: an allocation every few inserts.)
     pub fn insert(
         &mut self,
         hash: u64,
@@ -161,14 +166,19 @@ impl<E> Shard<E> {
         if self.table.len() >= self.table.capacity() {
             self.drop_full(&is_full);
             let (left, room) = (self.table.len(), self.room);
-            let target = if left >= room.saturating_sub(room / 4) {
-                room.saturating_mul(2).max(3)
-            } else if left < room / 4 {
-                left.saturating_mul(2).max(3)
+            let quarter = room / 4;
+            let target = if left >= room.saturating_sub(quarter) {
+                Some(room.saturating_mul(2).max(3))
+            } else if left < quarter {
+                Some(left.saturating_mul(2).max(3))
+            } else if self.table.capacity().saturating_sub(left) < quarter.max(1) {
+                Some(room)
             } else {
-                room
+                None
             };
-            self.rebuild(target, &rehash);
+            if let Some(target) = target {
+                self.rebuild(target, &rehash);
+            }
         }
         self.table.insert_unique(hash, entry, rehash).into_mut()
     }
@@ -211,6 +221,7 @@ impl<E> Shard<E> {
         }
         self.room = table.capacity();
         self.table = table;
+        self.rebuilds = self.rebuilds.saturating_add(1);
     }
 }
 
@@ -231,5 +242,58 @@ impl<E, S> std::fmt::Debug for ShardedTable<E, S> {
             .field("shards", &self.shards.len())
             .field("entries", &keys)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A shard of `u64` entries, each hashed as itself.
+    fn shard() -> Shard<u64> {
+        Shard {
+            table: HashTable::new(),
+            room: 0,
+            reclaimed: 0,
+            rebuilds: 0,
+        }
+    }
+
+    fn insert(shard: &mut Shard<u64>, key: u64, is_full: impl Fn(&u64) -> bool) {
+        shard.insert(key, key, is_full, |e| *e);
+    }
+
+    #[test]
+    fn keys_full_again_by_the_next_sweep_do_not_rebuild_the_table_each_time() {
+        let mut shard = shard();
+        for key in 0..3_000 {
+            insert(&mut shard, key, |_| true);
+        }
+        assert!(shard.reclaimed >= 2_990, "{shard:?}");
+        // Built once, when the first key came; every later sweep emptied it in place.
+        assert_eq!(shard.rebuilds, 1, "{shard:?}");
+        assert!(shard.table.capacity() <= 7, "{shard:?}");
+    }
+
+    #[test]
+    fn a_sweep_still_grows_a_table_of_live_keys_and_shrinks_an_emptied_one() {
+        let mut shard = shard();
+        for key in 0..1_000 {
+            insert(&mut shard, key, |_| false);
+        }
+        let grown = shard.room;
+        assert!(grown >= 1_000 && shard.table.len() == 1_000, "{shard:?}");
+        // Every key full now: the next sweep finds them all and shrinks the table.
+        while shard.table.len() < shard.table.capacity() {
+            let key = 1_000 + shard.table.len() as u64;
+            insert(&mut shard, key, |_| false);
+        }
+        insert(&mut shard, u64::MAX, |e| *e != u64::MAX);
+        assert_eq!(shard.table.len(), 1, "{shard:?}");
+        assert!(
+            shard.room < grown / 4,
+            "{} of {grown}: {shard:?}",
+            shard.room
+        );
     }
 }

@@ -37,11 +37,22 @@ impl KeyList {
         }
     }
 
-    fn iter(&self) -> impl Iterator<Item = &(&'static str, Option<Key>)> {
-        self.inline
-            .iter()
-            .map_while(Option::as_ref)
-            .chain(&self.more)
+    /// The key pushed under `name` (`Some(None)`: pushed as missing). The inline slots are
+    /// read by a plain loop: the iterator chain it replaced cost a header lookup's worth of
+    /// instructions on every request (callgrind).
+    #[inline]
+    fn find(&self, name: &str) -> Option<&Option<Key>> {
+        // A layer's `by_key` names the very string the middleware's `key` did: the same
+        // pointer is the same name, with no bytes compared.
+        let same = |n: &str| std::ptr::eq(n, name) || n == name;
+        for slot in &self.inline {
+            match slot {
+                Some((n, key)) if same(n) => return Some(key),
+                Some(_) => {}
+                None => return None,
+            }
+        }
+        self.more.iter().find(|(n, _)| same(n)).map(|(_, key)| key)
     }
 }
 
@@ -57,14 +68,9 @@ impl HttpRequest {
     }
 
     /// The key extracted under `name`, if the request had one.
+    #[inline]
     pub fn key(&self, name: &str) -> Option<&Key> {
-        // A layer's `by_key` names the very string the middleware's `key` did: the same
-        // pointer is the same name, with no bytes compared.
-        let same = |n: &&str| std::ptr::eq(*n, name) || *n == name;
-        self.keys
-            .iter()
-            .find(|(n, _)| same(n))
-            .and_then(|(_, key)| key.as_ref())
+        self.keys.find(name)?.as_ref()
     }
 
     /// The method: choose a plan by it to limit reads and writes differently.

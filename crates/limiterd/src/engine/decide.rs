@@ -3,8 +3,6 @@
 //! every policy is on Redis, takes and refunds otherwise), and every store's outcome read as
 //! an [`Answer`] in one place.
 
-use std::fmt::Write as _;
-
 use limiter_core::{Clock, Decision, Limit};
 use limiter_stack::{Ask, BatchItem, CallError, Origin, Outcome};
 
@@ -49,8 +47,7 @@ fn ad_hoc_key(kind: Kind, namespace: &str, identifier: &str) -> String {
         key.push_str(algorithm);
         key.push('/');
     }
-    // Writing to a `String` cannot fail.
-    let _ = write!(key, "{}", namespace.len());
+    key.push_str(itoa::Buffer::new().format(namespace.len()));
     key.push(':');
     key.push_str(namespace);
     key.push(':');
@@ -84,7 +81,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                         message: format!("no policy number {}", id.0),
                     })?;
                 let call = Call {
-                    identifier: item.identifier.as_str().into(),
+                    identifier: Arc::clone(&item.identifier),
                     plan: entry.plan,
                 };
                 Ok((entry.stack.clone(), call, &entry.counters))

@@ -28,8 +28,9 @@ pub enum Target {
 pub struct Item {
     /// Which limits.
     pub target: Target,
-    /// Whose state.
-    pub identifier: String,
+    /// Whose state: shared, so the decision's key is this very allocation (a policy's stack
+    /// keys by it), not a copy made per decision.
+    pub identifier: Arc<str>,
     /// Units; 0 only reports.
     pub cost: u64,
     /// Evaluated and reported but never enforced: a denial of this item does not deny the

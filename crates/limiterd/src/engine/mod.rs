@@ -104,6 +104,9 @@ type Shape = (Kind, u64, u64);
 /// Where an ad-hoc shape is decided: a stack, and the shape's plan in it.
 type AdHocStack = (PolicyStack, usize);
 
+/// The hasher of the engine's maps looked up on every request.
+type FastHash = foldhash::fast::RandomState;
+
 /// A policy: its name (its metrics label), what it was built from, its stack (shared with
 /// the engine it was carried over from), the plan its calls choose, and its counters.
 struct Entry {
@@ -123,10 +126,13 @@ struct Entry {
 pub struct Engine<C> {
     stacks: Stacks<C>,
     policies: Vec<Entry>,
-    by_name: HashMap<String, PolicyId>,
+    /// Every request names its policy: foldhash, not SipHash (about 200 instructions a
+    /// lookup less; the names are the configuration's, and a miss inserts nothing).
+    by_name: HashMap<String, PolicyId, FastHash>,
     /// Each ad-hoc shape's stack and plan: in process, the one open stack and the shape's plan
-    /// in it; on Redis, the shape's own stack (plan 0).
-    ad_hoc: RwLock<HashMap<Shape, AdHocStack>>,
+    /// in it; on Redis, the shape's own stack (plan 0). At most `MAX_AD_HOC_SHAPES`, so a
+    /// caller choosing shapes cannot grow it past that whatever the hash.
+    ad_hoc: RwLock<HashMap<Shape, AdHocStack, FastHash>>,
     /// In process, the stack every ad-hoc shape is a plan of.
     ad_hoc_home: Option<AdHocHome>,
     ad_hoc_counters: PolicyCounters,
@@ -160,8 +166,8 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             unix_origin_ns: stacks.unix_origin_ns(),
             stacks,
             policies: Vec::new(),
-            by_name: HashMap::new(),
-            ad_hoc: RwLock::new(HashMap::new()),
+            by_name: HashMap::default(),
+            ad_hoc: RwLock::new(HashMap::default()),
             ad_hoc_counters: metrics.policy(AD_HOC),
             metrics,
             previous: None,
@@ -185,7 +191,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         let ad_hoc = if same_store {
             self.ad_hoc.read().map(|m| m.clone()).unwrap_or_default()
         } else {
-            HashMap::new()
+            HashMap::default()
         };
         let entries = self.policies.iter().map(|e| {
             let carried = (e.spec.clone(), e.stack.clone(), e.plan);
@@ -194,7 +200,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         let mut engine = Self {
             stacks,
             policies: Vec::new(),
-            by_name: HashMap::new(),
+            by_name: HashMap::default(),
             ad_hoc: RwLock::new(ad_hoc),
             ad_hoc_home: self.ad_hoc_home.clone(),
             ad_hoc_counters: self.ad_hoc_counters.clone(),

@@ -94,7 +94,7 @@ fn engine_item(item: &Item<PolicyId>) -> engine::Item {
                 namespace: namespace.clone(),
             },
         },
-        identifier: item.identifier.clone(),
+        identifier: item.identifier.as_str().into(),
         cost: item.cost,
         shadow: item.shadow,
         charge: item.charge,

@@ -70,47 +70,85 @@ pub(super) struct Outcome {
 
 impl Outcome {
     /// The answer's JSON, written as serde writes it (the fields in order, no spaces), without
-    /// serde: this is every decision's answer.
+    /// serde: this is every decision's answer. The fixed part is written on the stack, each
+    /// name a copy of known length and each number two digits at a time (`itoa`), then moved
+    /// into the body with the strings in one allocation: writing field by field into a `Vec`
+    /// cost about 800 instructions an answer (callgrind), a capacity check and a call per
+    /// piece and a division per digit.
     pub(super) fn to_json(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(160);
-        out.extend_from_slice(b"{\"success\":");
-        out.extend_from_slice(if self.success { b"true" } else { b"false" });
-        for (name, value) in [
-            (&b",\"limit\":"[..], self.limit),
-            (b",\"remaining\":", self.remaining),
-            (b",\"current\":", self.current),
-            (b",\"reset_at_ms\":", self.reset_at_ms),
-            (b",\"retry_after_ms\":", self.retry_after_ms),
-        ] {
-            out.extend_from_slice(name);
-            write_u64(&mut out, value);
-        }
+        let mut fixed = Fixed::default();
+        fixed.put(if self.success {
+            b"{\"success\":true"
+        } else {
+            b"{\"success\":false"
+        });
+        fixed.field(b",\"limit\":", self.limit);
+        fixed.field(b",\"remaining\":", self.remaining);
+        fixed.field(b",\"current\":", self.current);
+        fixed.field(b",\"reset_at_ms\":", self.reset_at_ms);
+        fixed.field(b",\"retry_after_ms\":", self.retry_after_ms);
+        const SOURCE: &[u8] = b",\"source\":\"";
+        const PERMIT: &[u8] = b"\",\"permit\":\"";
+        const END: &[u8] = b"\"}";
+        let permit = self.permit.as_deref().map(str::as_bytes);
+        let permit_len = permit.map_or(0, |p| PERMIT.len() + p.len());
+        // Exactly as long as the answer: a body whose length is its capacity becomes `Bytes`
+        // without the second allocation a spare capacity costs.
+        let len = fixed.len + SOURCE.len() + self.source.len() + permit_len + END.len();
+        let mut out = Vec::with_capacity(len);
+        out.extend_from_slice(fixed.written());
         // The origin's name is one of a few plain words, a permit's id hex digits: nothing to
         // escape.
-        out.extend_from_slice(b",\"source\":\"");
+        out.extend_from_slice(SOURCE);
         out.extend_from_slice(self.source.as_bytes());
-        if let Some(permit) = &self.permit {
-            out.extend_from_slice(b"\",\"permit\":\"");
-            out.extend_from_slice(permit.as_bytes());
+        if let Some(permit) = permit {
+            out.extend_from_slice(PERMIT);
+            out.extend_from_slice(permit);
         }
-        out.extend_from_slice(b"\"}");
+        out.extend_from_slice(END);
         out
     }
 }
 
-/// `value` in decimal.
-fn write_u64(out: &mut Vec<u8>, mut value: u64) {
-    let mut digits = [0_u8; 20];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (value % 10) as u8;
-        value /= 10;
-        if value == 0 {
-            break;
+/// The longest fixed part: `{"success":false`, the five names and five 20-digit numbers.
+const FIXED_MAX: usize = 16 + 66 + 5 * 20;
+
+/// The answer's fixed part, written on the stack.
+struct Fixed {
+    bytes: [u8; FIXED_MAX],
+    len: usize,
+}
+
+impl Default for Fixed {
+    fn default() -> Self {
+        Self {
+            bytes: [0; FIXED_MAX],
+            len: 0,
         }
     }
-    out.extend_from_slice(&digits[at..]);
+}
+
+impl Fixed {
+    /// Appends `piece` (every caller's fits: [`FIXED_MAX`] counts them all at their longest).
+    #[inline(always)]
+    fn put(&mut self, piece: &[u8]) {
+        let end = self.len + piece.len();
+        if let Some(slot) = self.bytes.get_mut(self.len..end) {
+            slot.copy_from_slice(piece);
+            self.len = end;
+        }
+    }
+
+    /// Appends `name` and `value` in decimal.
+    #[inline(always)]
+    fn field(&mut self, name: &[u8], value: u64) {
+        self.put(name);
+        self.put(itoa::Buffer::new().format(value).as_bytes());
+    }
+
+    fn written(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
 }
 
 fn outcome(answer: &Answer) -> Outcome {
@@ -445,7 +483,10 @@ mod tests {
                 source,
                 permit,
             };
-            prop_assert_eq!(outcome.to_json(), serde_json::to_vec(&outcome).unwrap());
+            let json = outcome.to_json();
+            // Allocated exactly: `Bytes` takes a body with no spare capacity as it is.
+            prop_assert_eq!(json.len(), json.capacity());
+            prop_assert_eq!(json, serde_json::to_vec(&outcome).unwrap());
         }
     }
 }

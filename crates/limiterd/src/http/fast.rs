@@ -11,7 +11,10 @@ use super::request::RawRequest;
 
 /// The fields of `body`, or `None` to have serde read it.
 pub(super) fn read(body: &[u8]) -> Option<RawRequest<'_>> {
-    let mut at = Reader { body, pos: 0 };
+    // Checked as UTF-8 once, whole (a JSON text is UTF-8 throughout, so serde refuses what
+    // this refuses): each string is then a slice of it, not checked again.
+    let text = std::str::from_utf8(body).ok()?;
+    let mut at = Reader { text, body, pos: 0 };
     at.space();
     at.expect(b'{')?;
     at.space();
@@ -67,8 +70,9 @@ pub(super) fn read(body: &[u8]) -> Option<RawRequest<'_>> {
     (at.pos == body.len() && identifier).then_some(raw)
 }
 
-/// A position in the body.
+/// A position in the body, as text and as its bytes.
 struct Reader<'a> {
+    text: &'a str,
     body: &'a [u8],
     pos: usize,
 }
@@ -95,7 +99,8 @@ impl<'a> Reader<'a> {
         }
     }
 
-    /// A string with no escape and no control character, as UTF-8.
+    /// A string with no escape and no control character (its quotes are ASCII, so both
+    /// ends fall on characters' boundaries).
     fn string(&mut self) -> Option<&'a str> {
         self.expect(b'"')?;
         let start = self.pos;
@@ -107,7 +112,7 @@ impl<'a> Reader<'a> {
             return None;
         }
         self.pos = end + 1;
-        std::str::from_utf8(&self.body[start..end]).ok()
+        self.text.get(start..end)
     }
 
     /// A whole number that fits a `u64`, written as JSON writes one (no sign, no leading
@@ -192,6 +197,22 @@ mod tests {
             r#"{"policy":"api"}"#,
         ] {
             assert!(read(body.as_bytes()).is_none(), "{body}");
+        }
+    }
+
+    #[test]
+    fn reads_text_beyond_ascii_and_leaves_bytes_that_are_not_utf8_to_serde() {
+        let raw = read("{\"policy\":\"api\",\"identifier\":\"café-日本\"}".as_bytes()).unwrap();
+        assert_eq!(raw.identifier, "café-日本");
+        assert_eq!(raw.policy.as_deref(), Some("api"));
+        for body in [
+            &b"{\"identifier\":\"u\xff\"}"[..],
+            b"{\"identifier\":\"caf\xc3\"}",
+            b"{\"identifier\":\"u\"}\xff",
+            b"\xef\xbb\xbf{\"identifier\":\"u\"}",
+        ] {
+            assert!(read(body).is_none(), "{body:?}");
+            assert!(by_serde(body).is_none(), "{body:?}");
         }
     }
 

@@ -291,7 +291,7 @@ fn check(raw: RawRequest<'_>, policy: &dyn Fn(&str) -> Option<PolicyId>) -> Resu
     };
     Ok(Item {
         target,
-        identifier: raw.identifier.into_owned(),
+        identifier: std::sync::Arc::from(&*raw.identifier),
         cost,
         shadow: false,
         charge: if record { Charge::Record } else { Charge::Take },

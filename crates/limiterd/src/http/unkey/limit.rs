@@ -67,7 +67,7 @@ fn check(raw: RawLimit, at: &str, overrides: &Overrides) -> Result<Checked, Refu
                 duration_ms: duration,
                 namespace,
             },
-            identifier: raw.identifier,
+            identifier: raw.identifier.into(),
             cost: if never { 0 } else { cost },
             shadow: false,
             charge: Charge::Take,
@@ -223,7 +223,7 @@ async fn limit_many<C: Clock + Clone + Send + Sync + 'static>(
                 .map(|(c, a)| {
                     let (passed, mut fields) = answered(c, a);
                     fields["namespace"] = json!(c.namespace);
-                    fields["identifier"] = json!(c.item.identifier);
+                    fields["identifier"] = json!(&*c.item.identifier);
                     fields["passed"] = json!(passed);
                     fields
                 })
