@@ -67,8 +67,8 @@ impl<R, K, C> StackBuilder<R, K, C> {
 
     /// Holds at most `max_keys` keyed entries (one per layer and key), exactly: new keys are
     /// admitted until the stack holds `max_keys` entries that are not full; then a new key is
-    /// refused with [`CallError::Full`] (after every full entry, in any shard, is dropped to
-    /// make room). No held key is ever evicted, so no key's consumption is forgotten and
+    /// refused with [`CallError::Full`](crate::CallError::Full) (after every full entry, in
+    /// any shard, is dropped to make room). No held key is ever evicted, so no key's consumption is forgotten and
     /// nothing is admitted past a limit; the price is that new keys wait while every held key
     /// is still refilling. Without it the table is unbounded but still drops full entries as
     /// it grows.
