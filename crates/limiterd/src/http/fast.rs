@@ -14,7 +14,7 @@ pub(super) fn read(body: &[u8]) -> Option<RawRequest<'_>> {
     // Checked as UTF-8 once, whole (a JSON text is UTF-8 throughout, so serde refuses what
     // this refuses): each string is then a slice of it, not checked again.
     let text = std::str::from_utf8(body).ok()?;
-    let mut at = Reader { text, body, pos: 0 };
+    let mut at = Reader { text, pos: 0 };
     at.space();
     at.expect(b'{')?;
     at.space();
@@ -70,16 +70,19 @@ pub(super) fn read(body: &[u8]) -> Option<RawRequest<'_>> {
     (at.pos == body.len() && identifier).then_some(raw)
 }
 
-/// A position in the body, as text and as its bytes.
+/// A position in the body.
 struct Reader<'a> {
     text: &'a str,
-    body: &'a [u8],
     pos: usize,
 }
 
 impl<'a> Reader<'a> {
+    fn bytes(&self) -> &'a [u8] {
+        self.text.as_bytes()
+    }
+
     fn peek(&self) -> Option<u8> {
-        self.body.get(self.pos).copied()
+        self.bytes().get(self.pos).copied()
     }
 
     fn next(&mut self) -> Option<u8> {
@@ -104,11 +107,11 @@ impl<'a> Reader<'a> {
     fn string(&mut self) -> Option<&'a str> {
         self.expect(b'"')?;
         let start = self.pos;
-        let len = self.body[start..]
+        let len = self.bytes()[start..]
             .iter()
             .position(|&b| b == b'"' || b == b'\\' || b < 0x20)?;
         let end = start + len;
-        if self.body[end] != b'"' {
+        if self.bytes()[end] != b'"' {
             return None;
         }
         self.pos = end + 1;
@@ -127,13 +130,13 @@ impl<'a> Reader<'a> {
             self.pos += 1;
         }
         let digits = self.pos - start;
-        let leading_zero = digits > 1 && self.body[start] == b'0';
+        let leading_zero = digits > 1 && self.bytes()[start] == b'0';
         let fraction = matches!(self.peek(), Some(b'.' | b'e' | b'E'));
         (digits > 0 && !leading_zero && !fraction).then_some(value)
     }
 
     fn boolean(&mut self) -> Option<bool> {
-        let rest = &self.body[self.pos..];
+        let rest = &self.bytes()[self.pos..];
         let (value, len) = if rest.starts_with(b"true") {
             (true, 4)
         } else if rest.starts_with(b"false") {
