@@ -1,6 +1,7 @@
 //! Loom models of the stack's protocol: stacked calls sharing a layer never over-admit and a
 //! denial changes no layer (on the fixed-plan path on several keys, each key's lead locked, and
-//! on the lean path, which takes stacks deeper than four layers), racing calls both land in full, racing first inserts admit once, a call
+//! on the lean path, which takes stacks deeper than four layers), racing calls both land in full, racing first inserts admit once (on
+//! the one-key path too, and new keys racing for a global unit leave only the winner's), a call
 //! decided again after a race answers from its last reading alone, and a reader never mixes one
 //! plan's words with another's limits; and, in a stack with a global layer (whose entry lock is
 //! the commit lock every writing call takes instead of one lock per entry), racing calls and
@@ -270,6 +271,31 @@ fn racing_first_calls_on_a_new_key_admit_once() {
         assert!(here ^ there, "admitted {here} and {there}");
         assert_eq!(stack.len(), 1);
         assert_eq!(left(&stack, 7)[0], 0);
+    });
+}
+
+#[test]
+fn racing_first_calls_on_a_new_key_admit_once_on_the_one_key_path() {
+    // The key's entry is built apart and inserted under its shard's write lock by the call
+    // that wrote it: without the look for a racer's insert under that lock, both would insert.
+    loom::model(|| {
+        let stack = one_key_lean(1, 5);
+        let (here, there) = race(&stack, Some(7), Some(7));
+        assert!(here ^ there, "admitted {here} and {there}");
+        assert_eq!(stack.len(), 1);
+        assert_eq!(left(&stack, 7), [0, 4]);
+    });
+}
+
+#[test]
+fn first_calls_on_new_keys_racing_for_a_global_unit_admit_once_and_leave_one_key() {
+    // Two new keys, one unit left in the global layer: the loser's commit fails or its
+    // decision denies, and its entry, built apart, is never inserted.
+    loom::model(|| {
+        let stack = global_then_user(1, 5);
+        let (here, there) = race(&stack, Some(1), Some(2));
+        assert!(here ^ there, "admitted {here} and {there}");
+        assert_eq!(stack.len(), 1, "a denied first call left its key behind");
     });
 }
 

@@ -632,3 +632,52 @@ fn a_deep_stack_is_all_or_nothing_and_reports_every_layer_that_applies() {
         }
     );
 }
+
+/// Per user 3 a second (and, on the user's key, 2 a second) beside a global layer of 4: every
+/// keyed layer on one key, so a new key's first call is decided on an entry built apart.
+fn one_key_and_global(clock: &ManualClock) -> Stack<Request, u64, ManualClock> {
+    let user = Layer::keyed("per-user", |r: &Request| Some(r.user))
+        .limit(Kind::TokenBucket, per_second(3));
+    let second = user
+        .same_key("per-user-2")
+        .limit(Kind::TokenBucket, per_second(2));
+    Stack::builder()
+        .layer(user)
+        .layer(second)
+        .layer(Layer::global("global").limit(Kind::TokenBucket, per_second(4)))
+        .clock(clock.clone())
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn a_new_key_s_first_call_inserts_it_only_when_it_writes() {
+    let clock = ManualClock::new();
+    let stack = one_key_and_global(&clock);
+    // Over a layer's burst: an error, and the key is not inserted.
+    let err = stack.check_n(&req(1), 3).unwrap_err();
+    assert!(
+        matches!(err, CallError::Decision { ref layer, .. } if layer == "per-user-2"),
+        "{err}"
+    );
+    assert_eq!(stack.len(), 0);
+    // A call of no cost (a peek) decides as the key's first call would, and inserts nothing.
+    assert!(stack.check_n(&req(1), 0).unwrap().is_allowed());
+    assert_eq!(
+        (stack.len(), remaining(&stack, &req(1))),
+        (0, vec![3, 2, 4])
+    );
+    // Admitted: inserted once, holding exactly what the call took.
+    assert!(stack.check_n(&req(1), 2).unwrap().is_allowed());
+    assert_eq!(
+        (stack.len(), remaining(&stack, &req(1))),
+        (1, vec![1, 0, 2])
+    );
+    // The global layer's last two units go to a new key; the next new key is denied by it and
+    // left out.
+    assert!(stack.check_n(&req(3), 2).unwrap().is_allowed());
+    assert_eq!(stack.len(), 2);
+    assert!(stack.check(&req(4)).unwrap().is_denied());
+    assert_eq!(stack.len(), 2, "a denied first call left its key behind");
+    assert_eq!(remaining(&stack, &req(4)), vec![3, 2, 0]);
+}

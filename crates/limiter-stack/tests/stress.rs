@@ -4,7 +4,10 @@
 //! every answer, however its call raced, is consistent in itself. Both commit protocols run:
 //! the stack with a global layer commits under that layer's lock alone, the stack of keyed
 //! layers locks each entry; and a layer whose plan function chooses among plans of two limits.
+//! First calls racing on new keys (every keyed layer on one key, beside a global layer) admit
+//! exactly what binds and insert only the keys they wrote.
 
+use std::sync::Barrier;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 
@@ -304,5 +307,54 @@ fn records_racing_checks_all_land_and_checks_respect_them() {
             "group {group}: more than {used} in use: {paid:?}"
         );
         stack.clock().set(0);
+    }
+}
+
+#[test]
+fn first_calls_racing_on_new_keys_admit_exactly_what_binds_and_insert_only_admitted_keys() {
+    // Every keyed layer on one key, beside a global layer: each key's first call is decided on
+    // an entry built apart and inserted only by a call that wrote it. 20,000 new keys, 3 a
+    // key, 40,000 in all: the global layer binds, so exactly 40,000 calls are admitted, no key
+    // more than 3, and only keys with an admitted call are in the table.
+    const KEYS: u64 = 20_000;
+    const GLOBAL: u64 = 40_000;
+    let stack: Users = Stack::builder()
+        .layer(
+            Layer::keyed("user", |u: &u64| Some(*u)).limit(Kind::TokenBucket, Limit::per_hour(3)),
+        )
+        .layer(Layer::global("global").limit(Kind::TokenBucket, Limit::per_hour(GLOBAL)))
+        .clock(ManualClock::new())
+        .build()
+        .unwrap();
+    let admitted: Vec<AtomicU64> = (0..KEYS).map(|_| AtomicU64::new(0)).collect();
+    let start = Barrier::new(THREADS);
+    thread::scope(|s| {
+        for _ in 0..THREADS {
+            let (stack, admitted, start) = (&stack, &admitted, &start);
+            s.spawn(move || {
+                start.wait();
+                // Every thread in the same order, so first calls on a key race; four
+                // rounds.
+                for i in 0..4 * KEYS {
+                    let key = i % KEYS;
+                    if stack.check(&key).unwrap().is_allowed() {
+                        admitted[key as usize].fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    let counts: Vec<u64> = admitted.iter().map(|a| a.load(Ordering::Relaxed)).collect();
+    assert_eq!(counts.iter().sum::<u64>(), GLOBAL);
+    assert!(counts.iter().all(|&n| n <= 3), "a key admitted more than 3");
+    let held = counts.iter().filter(|&&n| n > 0).count() as u64;
+    assert_eq!(
+        stack.len(),
+        held,
+        "a key without an admitted call was inserted"
+    );
+    for (key, &n) in counts.iter().enumerate() {
+        // What each admitted call took, and nothing else: the user's layer, then the global.
+        assert_eq!(remaining(&stack, key as u64), [3 - n, 0], "key {key}");
     }
 }

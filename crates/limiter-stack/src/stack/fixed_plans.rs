@@ -11,8 +11,10 @@
 //! every keyed layer is on one key). The answer is folded into the caller's as each layer is
 //! decided, before any lock is taken, so no store of it happens while a lock is held (keeping
 //! each layer's answers and folding them after the commit measured 15% slower on a stack of
-//! three). Anything else (a key to insert, a plan to change, a word another call changed) goes
-//! to the general path from the start, which replaces the answer whole.
+//! three). A key's first call where every keyed layer is on that one key is decided apart
+//! (`first_sight.rs`). Anything else (a key to insert beside another, a plan to change, a word
+//! another call changed) goes to the general path from the start, which replaces the answer
+//! whole.
 
 use std::hash::Hash;
 
@@ -155,14 +157,23 @@ where
             let guard = self.table.read(self.table.shard_index(hash));
             (guard, hash)
         });
+        // `None`: the key has no entry. `Some(None)`: no keyed layer takes part.
         let entry = match (&found, &key) {
-            (Some((guard, hash)), Some((lead, key))) => {
-                match guard.find(*hash, |e| e.layer as usize == *lead && e.key == *key) {
-                    Some(entry) => Some(&entry.cells),
-                    None => return Ok(false),
+            (Some((guard, hash)), Some((lead, key))) => guard
+                .find(*hash, |e| e.layer as usize == *lead && e.key == *key)
+                .map(|entry| Some(&entry.cells)),
+            _ => Some(None),
+        };
+        let Some(entry) = entry else {
+            // The key's first call (or its first since a sweep forgot it): its shard's read
+            // lock let go, then written under its write lock.
+            let hash = found.map(|(_guard, hash)| hash);
+            return match (key, hash) {
+                (Some((lead, key)), Some(hash)) => {
+                    self.first_sight::<N, W, CHOSEN>(request, cost, now, out, (lead, key, hash))
                 }
-            }
-            _ => None,
+                _ => Ok(false),
+            };
         };
         let mut cells: [Option<&Cells>; N] = [None; N];
         // Each layer's plan, its words as read, and as the call would leave them.
@@ -286,7 +297,7 @@ where
     /// keeps its own copy of this loop: calling this one cost it 25–35 instructions a call
     /// (callgrind, stacks of one to three layers).
     #[inline(always)]
-    fn decide_cells<'c, const N: usize, const W: usize, const CHOSEN: bool>(
+    pub(super) fn decide_cells<'c, const N: usize, const W: usize, const CHOSEN: bool>(
         &'c self,
         keyed: impl Fn(usize) -> Option<&'c Cells>,
         request: &R,

@@ -64,6 +64,7 @@ use crate::sync::{AtomicU64, EntryHasher, Ordering};
 mod builder;
 mod chosen;
 mod each;
+mod first_sight;
 mod fixed_plans;
 mod general;
 mod groups;
