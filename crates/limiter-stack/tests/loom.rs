@@ -1,7 +1,8 @@
 //! Loom models of the stack's protocol: stacked calls sharing a layer never over-admit and a
 //! denial changes no layer (on the fixed-plan path on several keys, each key's lead locked, and
 //! on the lean path, which takes stacks deeper than four layers), racing calls both land in full, racing first inserts admit once (on
-//! the one-key path too, and new keys racing for a global unit leave only the winner's), a call
+//! the one-key path too, and new keys racing for a global or shared unit leave only the
+//! winner's), a call
 //! decided again after a race answers from its last reading alone, and a reader never mixes one
 //! plan's words with another's limits; and, in a stack with a global layer (whose entry lock is
 //! the commit lock every writing call takes instead of one lock per entry), racing calls and
@@ -296,6 +297,22 @@ fn first_calls_on_new_keys_racing_for_a_global_unit_admit_once_and_leave_one_key
         let (here, there) = race(&stack, Some(1), Some(2));
         assert!(here ^ there, "admitted {here} and {there}");
         assert_eq!(stack.len(), 1, "a denied first call left its key behind");
+    });
+}
+
+#[test]
+fn first_calls_on_several_new_keys_racing_for_a_shared_unit_admit_once_and_leave_one_user() {
+    // Each call has two keys with no entry (its user's and the shared layer's): the loser's
+    // decision denies or its commit fails, and neither of its entries, built apart, is
+    // inserted; the winner's two are.
+    loom::model(|| {
+        let stack = stack(5, 1);
+        let other = Arc::clone(&stack);
+        let racer = thread::spawn(move || call(&other, Some(2), true));
+        let here = call(&stack, Some(1), true);
+        let there = racer.join().unwrap();
+        assert!(here ^ there, "admitted {here} and {there}");
+        assert_eq!(stack.len(), 2, "a denied first call left a key behind");
     });
 }
 

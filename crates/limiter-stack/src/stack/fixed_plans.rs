@@ -11,10 +11,9 @@
 //! every keyed layer is on one key). The answer is folded into the caller's as each layer is
 //! decided, before any lock is taken, so no store of it happens while a lock is held (keeping
 //! each layer's answers and folding them after the commit measured 15% slower on a stack of
-//! three). A key's first call where every keyed layer is on that one key is decided apart
-//! (`first_sight.rs`). Anything else (a key to insert beside another, a plan to change, a word
-//! another call changed) goes to the general path from the start, which replaces the answer
-//! whole.
+//! three). A call with a key that has no entry yet is decided apart (`first_sight.rs`).
+//! Anything else (a plan to change, a word another call changed) goes to the general path from
+//! the start, which replaces the answer whole.
 
 use std::hash::Hash;
 
@@ -22,6 +21,7 @@ use limiter_core::{Clock, Decision};
 use limiter_store::table::ShardReadGuard;
 
 use super::chosen::chosen_only;
+use super::first_sight::LeadKeys;
 use super::locks::lock_in_address_order;
 use super::plan::{GLOBAL, ShardOrder};
 use super::{Entry, Stack};
@@ -267,6 +267,7 @@ where
         }
         // Each lead's entry, for the rest of its group (which comes after it).
         let mut entries: [Option<&EntryCells>; N] = [None; N];
+        let mut missing = [false; N];
         for slot in 0..N {
             let Some(key) = &keys[slot] else { continue };
             let found = guards[order.position(shards[slot])]
@@ -274,8 +275,21 @@ where
                 .and_then(|g| g.find(hashes[slot], |e| e.layer as usize == slot && e.key == *key));
             match found {
                 Some(entry) => entries[slot] = Some(&entry.cells),
-                None => return Ok(false),
+                None => missing[slot] = true,
             }
+        }
+        if missing.contains(&true) {
+            // A key's first call (or its first since a sweep forgot it): the read locks let
+            // go, then its shard's write lock taken with the others.
+            drop(guards);
+            let leads = LeadKeys {
+                keys,
+                hashes,
+                shards,
+                order,
+                missing,
+            };
+            return self.first_sight_on_keys::<N, W, CHOSEN>(request, cost, now, out, leads);
         }
         let done = self.decide_cells::<N, W, CHOSEN>(
             |slot| {
