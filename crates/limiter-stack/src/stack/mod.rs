@@ -41,12 +41,14 @@
 //! changes it), decided inline into the answer, committed under one lock (the commit lock, or
 //! the one key's lead) or, for keyed layers on several keys and no global layer, under each
 //! key's lead in address order, if no word and no plan changed since. Keyed layers on one key
-//! take a shorter variant of it, with no working arrays for keys.
+//! take a shorter variant of it, with no working arrays for keys. A key with no entry is
+//! decided there on an entry built apart, its shard write-locked instead of read-locked, and
+//! inserted only if the call wrote it: step 5 without the insert and removal around a denial.
 //!
 //! The jobs live apart: `builder.rs` (checking the layers, choosing the paths), `plan.rs`
-//! (what a call touches), `fixed_plans.rs` (the fixed-plan path), `chosen.rs` (its arms for
-//! plan functions), `lean.rs` (the lean path), `general.rs` (steps 2–5), `locks.rs` (the lock
-//! protocol).
+//! (what a call touches), `fixed_plans.rs` (the fixed-plan path), `first_sight.rs` (its new
+//! keys), `chosen.rs` (its arms for plan functions), `lean.rs` (the lean path), `general.rs`
+//! (steps 2–5), `locks.rs` (the lock protocol).
 
 use std::hash::Hash;
 
