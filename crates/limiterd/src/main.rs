@@ -44,6 +44,10 @@ struct Cli {
     /// in `[store]` (`password_file`, `password_env`) instead, with TLS files.
     #[arg(long, value_name = "WHERE")]
     redis: Option<String>,
+    /// Each Redis call's timeout in milliseconds (1 to 60000; 25 by default), overriding the
+    /// file's `timeout_ms`; a call past it follows the store's failure policy.
+    #[arg(long, value_name = "MS")]
+    redis_timeout_ms: Option<u64>,
     /// An envoy descriptor file (YAML, one domain) to serve over envoy's rate-limit gRPC
     /// protocol; repeat for more domains.
     #[arg(long = "envoy", value_name = "FILE")]
@@ -205,6 +209,7 @@ fn run(cli: &Cli) -> Result<(), String> {
     let sources = Sources {
         config: cli.config.clone(),
         redis: cli.redis.clone(),
+        redis_timeout_ms: cli.redis_timeout_ms,
         listen: cli.listen,
         envoy: cli.envoy.clone(),
         grpc_listen: cli.grpc_listen,

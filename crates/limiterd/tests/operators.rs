@@ -3,7 +3,8 @@
 //! `/debug/config`, `/debug/status`, `/readyz`, `/metrics`, the status page, `check-config`
 //! and its errors); a wrong password named as authentication and never ready; TLS with a CA
 //! file, and a wrong CA refused at start by name; a cluster with a dead master reporting its
-//! masters and failing slots while healthy identifiers stay on Redis.
+//! masters and failing slots while healthy identifiers stay on Redis; `--redis-timeout-ms`
+//! setting each call's timeout, and refused without a Redis store.
 
 use limiter_testkit::redis_server::tls::TestCerts;
 use limiter_testkit::redis_server::{ClusterOptions, RedisCluster, RedisServer};
@@ -141,6 +142,32 @@ async fn no_surface_shows_the_password_wherever_it_comes_from() {
     let said = check_config(bad.to_str().unwrap());
     assert!(said.contains("port `notaport`"), "{said}");
     assert!(!said.contains(PASSWORD), "{said}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_redis_timeout_flag_sets_each_call_s_timeout_and_needs_a_redis_store() {
+    let server = RedisServer::start();
+    let daemon = Daemon::start(&["--redis", &server.url(), "--redis-timeout-ms", "40"]);
+    let mut client = Client::connect(daemon.addr).await;
+    let (status, config) = client.send("GET", "/debug/config", "").await;
+    assert_eq!(status, 200);
+    let config: Value = serde_json::from_str(&config).unwrap();
+    assert_eq!(config["store"]["timeout_ms"], 40, "{config}");
+    let decided = client
+        .decide(json!({"policy": "api", "identifier": "u"}))
+        .await;
+    assert_eq!(decided["source"], "redis", "{decided}");
+    // On the in-memory store the flag means nothing: refused at start, saying what to add.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_limiterd"))
+        .args(["--listen", "127.0.0.1:0", "--redis-timeout-ms", "40"])
+        .output()
+        .expect("runs");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        said.contains("--redis-timeout-ms 40: the store is in memory; add --redis"),
+        "{said}"
+    );
 }
 
 /// Every kind of policy limiterd keeps on Redis, for the least-privilege user.

@@ -5,8 +5,9 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-use crate::config::{BUILT_IN, Config, DEFAULT_GRPC_LISTEN, EnvoySettings};
+use crate::config::{BUILT_IN, Config, DEFAULT_GRPC_LISTEN, EnvoySettings, Store};
 use crate::envoy::Domains;
 
 /// The files and the command line's overrides a configuration is read from.
@@ -16,6 +17,8 @@ pub struct Sources {
     pub config: Option<PathBuf>,
     /// `--redis`: keep state on this Redis, overriding the file's store.
     pub redis: Option<String>,
+    /// `--redis-timeout-ms`: each Redis call's timeout, overriding the file's `timeout_ms`.
+    pub redis_timeout_ms: Option<u64>,
     /// `--listen`: the HTTP address, overriding the file's.
     pub listen: Option<SocketAddr>,
     /// `--envoy`: descriptor files, added to the file's.
@@ -123,6 +126,9 @@ impl Sources {
         if let Some(url) = &self.redis {
             config = config.with_redis(url).map_err(|e| e.to_string())?;
         }
+        if let Some(ms) = self.redis_timeout_ms {
+            redis_timeout(&mut config, ms)?;
+        }
         if let Some(listen) = self.listen {
             config.listen = listen;
         }
@@ -164,6 +170,32 @@ impl Sources {
     }
 }
 
+/// `--redis-timeout-ms`: each Redis call's timeout, checked as the file's `timeout_ms` is (and
+/// against its `wait_timeout_ms`, which must stay below it).
+fn redis_timeout(config: &mut Config, ms: u64) -> Result<(), String> {
+    let Store::Redis { connection, .. } = &mut config.store else {
+        return Err(format!(
+            "--redis-timeout-ms {ms}: the store is in memory; add --redis WHERE, or a Redis `[store]` to the file"
+        ));
+    };
+    if !(1..=60_000).contains(&ms) {
+        return Err(format!(
+            "--redis-timeout-ms {ms}: use 1 to 60000 milliseconds"
+        ));
+    }
+    let timeout = Duration::from_millis(ms);
+    if let Some(wait) = connection.wait
+        && wait.timeout >= timeout
+    {
+        return Err(format!(
+            "--redis-timeout-ms {ms}: the file's `wait_timeout_ms = {}` must stay below it; raise the timeout or lower the wait",
+            wait.timeout.as_millis()
+        ));
+    }
+    connection.timeout = timeout;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -201,5 +233,44 @@ mod tests {
                 .expect_err("no files")
                 .contains("--envoy FILE")
         );
+    }
+
+    #[test]
+    fn the_redis_timeout_flag_overrides_the_file_and_is_checked_like_it() {
+        let timeout = |redis: Option<&str>, ms: u64| {
+            let sources = Sources {
+                redis: redis.map(str::to_owned),
+                redis_timeout_ms: Some(ms),
+                ..Sources::default()
+            };
+            sources.load().map(|(config, _)| match config.store {
+                Store::Redis { connection, .. } => connection.timeout,
+                Store::Memory { .. } => unreachable!("a memory store is refused"),
+            })
+        };
+        let redis = Some("redis://127.0.0.1:6379");
+        assert_eq!(timeout(redis, 400), Ok(Duration::from_millis(400)));
+        let memory = timeout(None, 400).unwrap_err();
+        assert!(
+            memory.contains("the store is in memory; add --redis"),
+            "{memory}"
+        );
+        for ms in [0, 60_001] {
+            let err = timeout(redis, ms).unwrap_err();
+            assert!(err.contains("use 1 to 60000 milliseconds"), "{err}");
+        }
+        // A wait for replicas must stay below the call's timeout.
+        let mut config = Config::parse(
+            "[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:6379\"\n\
+             timeout_ms = 100\nwait_replicas = 1\nwait_timeout_ms = 50\n\
+             [policies.api]\nlimits = [{ algorithm = \"token_bucket\", count = 10, period = \"1s\" }]\n",
+        )
+        .expect("valid");
+        let err = redis_timeout(&mut config, 50).unwrap_err();
+        assert!(
+            err.contains("`wait_timeout_ms = 50` must stay below it"),
+            "{err}"
+        );
+        assert_eq!(redis_timeout(&mut config, 51), Ok(()));
     }
 }
