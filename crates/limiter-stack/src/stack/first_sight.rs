@@ -19,6 +19,7 @@ use std::hash::Hash;
 
 use limiter_core::Clock;
 
+use super::fixed_plans::Found;
 use super::plan::{Guard, ShardOrder};
 use super::{Entry, Stack, fresh};
 use crate::cells::{EntryCells, MAX_LIMITS_PER_LAYER, Snapshot};
@@ -40,10 +41,10 @@ where
     K: Hash + Eq + Clone,
     C: Clock,
 {
-    /// Decides a call whose keyed layers are all on `key` (of hash `hash`, led by layer
-    /// `lead`), which has no entry, into `out` (new); `false`, having changed nothing, when
-    /// the general path must decide it. Out of line: the one-key path's arms stay as small as
-    /// they were.
+    /// Decides a call whose keyed layers are all on `key` (led by layer `lead`), which `found`
+    /// (its hash, its shard read-locked) has no entry for, into `out` (new); `false`, having
+    /// changed nothing, when the general path must decide it. Out of line: the one-key path's
+    /// arms stay as small as they were.
     #[inline(never)]
     pub(super) fn first_sight<const N: usize, const W: usize, const CHOSEN: bool>(
         &self,
@@ -51,8 +52,14 @@ where
         cost: u64,
         now: u64,
         out: &mut Answer<'_>,
-        (lead, key, hash): (usize, K, u64),
+        key: Option<(usize, K)>,
+        found: Found<'_, K>,
     ) -> Result<bool, CallError> {
+        let (Some((lead, key)), Some((guard, hash))) = (key, found) else {
+            return Ok(false);
+        };
+        // The read lock let go, for the write lock.
+        drop(guard);
         let Some(entry) = self.fresh_for(CHOSEN, request, lead, key) else {
             return Ok(false);
         };
@@ -104,9 +111,10 @@ where
         out: &mut Answer<'_>,
         mut leads: LeadKeys<K, N>,
     ) -> Result<bool, CallError> {
-        let Some(fresh) = self.fresh_entries(CHOSEN, request, &mut leads) else {
+        let mut fresh: [Option<Entry<K>>; N] = [const { None }; N];
+        if !self.fresh_entries(CHOSEN, request, &mut leads, &mut fresh) {
             return Ok(false);
-        };
+        }
         let new_keys = fresh.iter().flatten().count();
         if !self.reserve_keys(new_keys) {
             return Ok(false);
@@ -159,22 +167,31 @@ where
         decided
     }
 
-    /// Each missing key's entry, fresh (by slot), its key taken from `leads` and its shard
-    /// marked for writing; `None` when a plan function refuses the request.
+    /// Each missing key's entry, fresh, into `fresh` (by slot), its key taken from `leads` and
+    /// its shard marked for writing; `false` when a plan function refuses the request.
+    #[inline(always)]
     fn fresh_entries<const N: usize>(
         &self,
         chosen: bool,
         request: &R,
         leads: &mut LeadKeys<K, N>,
-    ) -> Option<[Option<Entry<K>>; N]> {
-        let mut fresh: [Option<Entry<K>>; N] = [const { None }; N];
-        let missing = leads.keys.iter_mut().zip(leads.missing).enumerate();
-        for (slot, (key, _)) in missing.filter(|(_, (_, missing))| *missing) {
-            fresh[slot] = Some(self.fresh_for(chosen, request, slot, key.take()?)?);
+        fresh: &mut [Option<Entry<K>>; N],
+    ) -> bool {
+        for (slot, entry) in fresh.iter_mut().enumerate() {
+            if !leads.missing[slot] {
+                continue;
+            }
+            let Some(key) = leads.keys[slot].take() else {
+                return false;
+            };
+            *entry = self.fresh_for(chosen, request, slot, key);
+            if entry.is_none() {
+                return false;
+            }
             let position = leads.order.position(leads.shards[slot]);
             leads.order.write[position] = true;
         }
-        Some(fresh)
+        true
     }
 
     /// Under the call's shard locks, each present lead's entry (by slot); `None` when one is

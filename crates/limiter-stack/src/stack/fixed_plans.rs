@@ -31,6 +31,9 @@ use crate::decision::{Answer, LayerDecision};
 use crate::error::CallError;
 use crate::layer::{KeySource, Layer};
 
+/// A key's hash and its shard, read-locked.
+pub(super) type Found<'a, K> = Option<(ShardReadGuard<'a, Entry<K>>, u64)>;
+
 /// The most layers the fixed-plan path takes.
 const MOST_LAYERS: usize = 4;
 
@@ -148,15 +151,7 @@ where
         now: u64,
         out: &mut Answer<'_>,
     ) -> Result<bool, CallError> {
-        let key = match self.one_key.map(|lead| (lead, &self.layers[lead].keyer)) {
-            Some((lead, KeySource::Keyed(keyer))) => keyer.key(request).map(|key| (lead, key)),
-            _ => None,
-        };
-        let found = key.as_ref().map(|(lead, key)| {
-            let hash = self.table.hash_one((*lead as u32, key));
-            let guard = self.table.read(self.table.shard_index(hash));
-            (guard, hash)
-        });
+        let (key, found) = self.one_key_found(request);
         // `None`: the key has no entry. `Some(None)`: no keyed layer takes part.
         let entry = match (&found, &key) {
             (Some((guard, hash)), Some((lead, key))) => guard
@@ -165,15 +160,8 @@ where
             _ => Some(None),
         };
         let Some(entry) = entry else {
-            // The key's first call (or its first since a sweep forgot it): its shard's read
-            // lock let go, then written under its write lock.
-            let hash = found.map(|(_guard, hash)| hash);
-            return match (key, hash) {
-                (Some((lead, key)), Some(hash)) => {
-                    self.first_sight::<N, W, CHOSEN>(request, cost, now, out, (lead, key, hash))
-                }
-                _ => Ok(false),
-            };
+            // The key's first call (or its first since a sweep forgot it).
+            return self.first_sight::<N, W, CHOSEN>(request, cost, now, out, key, found);
         };
         let mut cells: [Option<&Cells>; N] = [None; N];
         // Each layer's plan, its words as read, and as the call would leave them.
@@ -229,6 +217,22 @@ where
         }
         drop(found);
         Ok(true)
+    }
+
+    /// The call's one key with its lead, and its hash with its shard read-locked (`None` for
+    /// both where no keyed layer takes part).
+    #[inline(always)]
+    fn one_key_found(&self, request: &R) -> (Option<(usize, K)>, Found<'_, K>) {
+        let key = match self.one_key.map(|lead| (lead, &self.layers[lead].keyer)) {
+            Some((lead, KeySource::Keyed(keyer))) => keyer.key(request).map(|key| (lead, key)),
+            _ => None,
+        };
+        let found = key.as_ref().map(|(lead, key)| {
+            let hash = self.table.hash_one((*lead as u32, key));
+            let guard = self.table.read(self.table.shard_index(hash));
+            (guard, hash)
+        });
+        (key, found)
     }
 
     /// [`one_key_path`](Self::one_key_path) for keyed layers on several keys: each key's entry
