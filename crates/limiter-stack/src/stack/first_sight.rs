@@ -21,8 +21,8 @@ use limiter_core::Clock;
 
 use super::fixed_plans::Found;
 use super::plan::{Guard, ShardOrder};
-use super::{Entry, Stack, fresh};
-use crate::cells::{EntryCells, MAX_LIMITS_PER_LAYER, Snapshot};
+use super::{Entry, Stack};
+use crate::cells::EntryCells;
 use crate::decision::{Answer, MAX_LAYERS};
 use crate::error::CallError;
 
@@ -120,14 +120,7 @@ where
             return Ok(false);
         }
         let mut guards: [Option<Guard<'_, K>>; N] = [const { None }; N];
-        for (position, guard) in guards[..leads.order.len].iter_mut().enumerate() {
-            let shard = leads.order.shards[position];
-            *guard = Some(if leads.order.write[position] {
-                Guard::Write(self.table.write(shard))
-            } else {
-                Guard::Read(self.table.read(shard))
-            });
-        }
+        self.lock_shards(&leads.order, &mut guards);
         let decided = match self.find_leads(&leads, &fresh, &guards) {
             Some(entries) => self.decide_cells::<N, W, CHOSEN>(
                 |slot| {
@@ -241,25 +234,12 @@ where
     /// change, else of its first, as the fixed-plan path decides them; `None` when a plan
     /// function refuses the request (the general path says why).
     fn fresh_for(&self, chosen: bool, request: &R, lead: usize, key: K) -> Option<Entry<K>> {
-        let mut states = [Snapshot {
-            plan: 0,
-            words: [0; MAX_LIMITS_PER_LAYER],
-        }; MAX_LAYERS];
-        let mut members = 0;
-        for (state, member) in states.iter_mut().zip(self.group(lead)) {
-            let layer = &self.layers[member];
-            let plan = if chosen && self.plan_changes(member) {
-                layer.plan_for(request).ok()?
-            } else {
-                0
-            };
-            *state = fresh(layer, plan);
-            members += 1;
+        let mut plans = [0; MAX_LAYERS];
+        for member in self.group(lead) {
+            if chosen && self.plan_changes(member) {
+                plans[member] = self.layers[member].plan_for(request).ok()?;
+            }
         }
-        Some(Entry {
-            layer: u32::try_from(lead).ok()?,
-            key,
-            cells: EntryCells::new(&states[..members]),
-        })
+        Some(self.group_entry(lead, key, |member| plans[member]))
     }
 }

@@ -233,21 +233,9 @@ where
     /// the plan it chose (the group takes part as one: every member has its target).
     #[inline]
     fn fresh_entry(&self, targets: &Targets<K>, layer: usize, plan: usize, key: &K) -> Entry<K> {
-        let mut fresh_states = [Snapshot {
-            plan: 0,
-            words: [0; MAX_LIMITS_PER_LAYER],
-        }; MAX_LAYERS];
-        let mut members = 0;
-        for (state, member) in fresh_states.iter_mut().zip(self.group(layer)) {
-            let chosen = targets[member].as_ref().map_or(plan, |t| t.plan);
-            *state = fresh(&self.layers[member], chosen);
-            members += 1;
-        }
-        Entry {
-            layer: layer as u32,
-            key: key.clone(),
-            cells: EntryCells::new(&fresh_states[..members]),
-        }
+        self.group_entry(layer, key.clone(), |member| {
+            targets[member].as_ref().map_or(plan, |t| t.plan)
+        })
     }
 
     /// Takes the entries this call `inserted` out again, under their shards' write locks: nobody

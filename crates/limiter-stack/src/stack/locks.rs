@@ -8,7 +8,7 @@ use std::hash::Hash;
 use limiter_core::Clock;
 
 use super::Stack;
-use super::plan::{Guard, Guards, Outcome, ShardOrder, Targets};
+use super::plan::{Guard, Outcome, ShardOrder, Targets};
 use crate::cells::{Cells, Held, Snapshot};
 use crate::decision::MAX_LAYERS;
 use crate::error::CallError;
@@ -20,7 +20,11 @@ where
 {
     /// Locks the shards in ascending order, write locks where `order` asks for them.
     #[inline]
-    pub(super) fn lock_shards<'s>(&'s self, order: &ShardOrder, guards: &mut Guards<'s, K>) {
+    pub(super) fn lock_shards<'s, const N: usize>(
+        &'s self,
+        order: &ShardOrder<N>,
+        guards: &mut [Option<Guard<'s, K>>; N],
+    ) {
         for (position, guard) in guards[..order.len].iter_mut().enumerate() {
             let shard = order.shards[position];
             *guard = Some(if order.write[position] {

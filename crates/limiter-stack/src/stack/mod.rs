@@ -464,6 +464,28 @@ where
 }
 
 /// The fresh state of `layer` under plan `plan`.
+impl<R, K: Hash + Eq + Clone, C: Clock> Stack<R, K, C> {
+    /// `key`'s entry for the group `lead` leads, every layer fresh under the plan `plan_of`
+    /// names for it (by layer).
+    #[inline(always)]
+    fn group_entry(&self, lead: usize, key: K, plan_of: impl Fn(usize) -> usize) -> Entry<K> {
+        let mut states = [Snapshot {
+            plan: 0,
+            words: [0; MAX_LIMITS_PER_LAYER],
+        }; MAX_LAYERS];
+        let mut members = 0;
+        for (state, member) in states.iter_mut().zip(self.group(lead)) {
+            *state = fresh(&self.layers[member], plan_of(member));
+            members += 1;
+        }
+        Entry {
+            layer: lead as u32,
+            key,
+            cells: EntryCells::new(&states[..members]),
+        }
+    }
+}
+
 fn fresh<R, K>(layer: &Layer<R, K>, plan: usize) -> Snapshot {
     let mut words = [0; MAX_LIMITS_PER_LAYER];
     for (word, algorithm) in words.iter_mut().zip(&layer.plan(plan).limits) {
