@@ -18,6 +18,7 @@
 use std::hash::Hash;
 
 use limiter_core::Clock;
+use limiter_store::table::Shard;
 
 use super::fixed_plans::Found;
 use super::plan::{Guard, ShardOrder};
@@ -84,15 +85,7 @@ where
             )
         };
         if matches!(decided, Ok(true)) && out.decision.is_allowed() && cost > 0 {
-            let before = shard.len();
-            shard.insert(
-                hash,
-                entry,
-                |e| self.entry_is_full(e, now),
-                |e| self.table.hash_one((e.layer, &e.key)),
-            );
-            // The insert may have dropped full entries to make room.
-            self.forget_held(before.saturating_add(1).saturating_sub(shard.len()));
+            self.insert_written(&mut shard, hash, entry, now);
         } else {
             // Not inserted: its reservation goes back.
             self.forget_held(1);
@@ -142,15 +135,7 @@ where
             for (slot, entry) in fresh.into_iter().enumerate() {
                 let position = leads.order.position(leads.shards[slot]);
                 if let (Some(entry), Some(Guard::Write(shard))) = (entry, &mut guards[position]) {
-                    let before = shard.len();
-                    shard.insert(
-                        leads.hashes[slot],
-                        entry,
-                        |e| self.entry_is_full(e, now),
-                        |e| self.table.hash_one((e.layer, &e.key)),
-                    );
-                    // The insert may have dropped full entries to make room.
-                    self.forget_held(before.saturating_add(1).saturating_sub(shard.len()));
+                    self.insert_written(shard, leads.hashes[slot], entry, now);
                 }
             }
         } else {
@@ -213,6 +198,20 @@ where
             }
         }
         Some(entries)
+    }
+
+    /// Inserts `entry`, which the call wrote (so not full), into `shard`, write-locked and
+    /// holding no entry for its key.
+    fn insert_written(&self, shard: &mut Shard<Entry<K>>, hash: u64, entry: Entry<K>, now: u64) {
+        let before = shard.len();
+        shard.insert(
+            hash,
+            entry,
+            |e| self.entry_is_full(e, now),
+            |e| self.table.hash_one((e.layer, &e.key)),
+        );
+        // The insert may have dropped full entries to make room.
+        self.forget_held(before.saturating_add(1).saturating_sub(shard.len()));
     }
 
     /// With `max_keys`: reserves places for `n` new entries, all or none.

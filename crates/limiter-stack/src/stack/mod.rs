@@ -463,7 +463,6 @@ where
     }
 }
 
-/// The fresh state of `layer` under plan `plan`.
 impl<R, K: Hash + Eq + Clone, C: Clock> Stack<R, K, C> {
     /// `key`'s entry for the group `lead` leads, every layer fresh under the plan `plan_of`
     /// names for it (by layer).
@@ -486,6 +485,7 @@ impl<R, K: Hash + Eq + Clone, C: Clock> Stack<R, K, C> {
     }
 }
 
+/// The fresh state of `layer` under plan `plan`.
 fn fresh<R, K>(layer: &Layer<R, K>, plan: usize) -> Snapshot {
     let mut words = [0; MAX_LIMITS_PER_LAYER];
     for (word, algorithm) in words.iter_mut().zip(&layer.plan(plan).limits) {
