@@ -9,7 +9,8 @@
 //! Every subject that takes keys rotates through the same [`PAIRS`] requests (a user and an
 //! IP each), all of them warm: with one fixed pair, the run would measure whichever shards
 //! those two keys fell in, and in one run out of eight (at 8 shards) both would share one,
-//! saving the stack a shard lock.
+//! saving the stack a shard lock. One subject (`stack_2_first_calls`) takes a user never seen
+//! on every call instead: what a new identifier costs.
 
 use std::collections::HashMap;
 use std::hint::black_box;
@@ -394,6 +395,24 @@ fn stacks(c: &mut Criterion) {
             })
         });
     }
+    // Every call a user never seen (with `stack_2`'s layers, the user's limit always full again
+    // at once, so the table keeps sweeping): each is its key's first call, which builds and
+    // inserts the key's entry. Against `stack_2`, what a new identifier costs.
+    let first_calls = build(vec![user(Limit::per_second(1_000_000_000)), global(allow)]);
+    let mut new_user = 1_u64 << 40;
+    g.bench_function("stack_2_first_calls", |b| {
+        b.iter(|| {
+            new_user += 1;
+            let request = Request {
+                user: new_user,
+                ip: 0,
+            };
+            first_calls
+                .check(black_box(&request))
+                .expect("valid")
+                .is_allowed()
+        })
+    });
     // A permit per user beside the user's rate layer (taken and released by each call), beside
     // `stack_2`: a second rate layer.
     let permitted = limiter_concurrency::PermitStack::new(
