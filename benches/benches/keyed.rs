@@ -191,8 +191,8 @@ fn permits(c: &mut Criterion) {
     g.bench_function("concurrency_acquire_release", |b| {
         b.iter(|| black_box(limiter.try_acquire(black_box(&7)).map(|p| p.release())))
     });
-    // A calendar quota (a month in Berlin) on the default clock: the conversion to the zone's
-    // calendar on every decision.
+    // A calendar quota (a month in Berlin) on the default clock: the window kept by the
+    // calendar read on every decision (converted to the zone's calendar once a window).
     let clock = DefaultClock::new();
     let origin = limiter_core::unix_origin(&clock);
     let month =

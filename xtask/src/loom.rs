@@ -10,6 +10,7 @@ const MODELLED: &[&str] = &[
     "limiter-store",
     "limiter-stack",
     "limiter-concurrency",
+    "limiter-calendar",
 ];
 
 pub(crate) fn run() -> Result<(), String> {

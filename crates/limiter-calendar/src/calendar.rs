@@ -1,7 +1,8 @@
 //! [`Calendar`]: a unit of the calendar (a day, a week from Monday, a month, a year) in UTC or
 //! an IANA time zone, and the window of it an instant falls in: its number and where it starts
 //! and ends, at local midnight of the unit's first day (so a day across a daylight-saving
-//! change is 23 or 25 hours long).
+//! change is 23 or 25 hours long). The window computed last and the one after it are kept
+//! (`cache.rs`), so most calls convert nothing.
 
 use std::fmt;
 use std::str::FromStr;
@@ -9,6 +10,8 @@ use std::str::FromStr;
 use jiff::civil::Date;
 use jiff::tz::TimeZone;
 use jiff::{Timestamp, ToSpan};
+
+use crate::cache::WindowCache;
 
 /// A unit of the calendar.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -89,11 +92,19 @@ pub struct Window {
 }
 
 /// A unit of the calendar in a time zone.
+///
+/// It keeps the window it computed last and the one after it, shared by every thread that
+/// asks (read without a lock): a window is computed once and then read, until the clock moves
+/// past the one after it. A window is kept only where the zone's local date never goes back
+/// within it, so a kept window is exactly the one computing any of its instants gives (where a
+/// zone's clocks were once set back across midnight, as Goose Bay's were at 00:01, that window
+/// is computed every time).
 #[derive(Clone)]
 pub struct Calendar {
     unit: CalendarUnit,
     zone: TimeZone,
     zone_name: String,
+    cache: WindowCache,
 }
 
 impl fmt::Debug for Calendar {
@@ -125,6 +136,7 @@ impl Calendar {
             unit,
             zone: tz,
             zone_name: zone.to_owned(),
+            cache: WindowCache::new(),
         })
     }
 
@@ -140,7 +152,65 @@ impl Calendar {
 
     /// The window `unix_ns` (nanoseconds since the Unix epoch) falls in; `None` past the
     /// calendar's range (the year 9999).
+    #[inline]
     pub fn window(&self, unix_ns: u64) -> Option<Window> {
+        match self.cache.get(unix_ns) {
+            Some(window) => Some(window),
+            None => self.compute_and_keep(unix_ns),
+        }
+    }
+
+    /// The window `unix_ns` falls in, computed; kept with the one after it where each is
+    /// exactly what computing any of its instants gives.
+    #[cold]
+    fn compute_and_keep(&self, unix_ns: u64) -> Option<Window> {
+        let window = self.compute(unix_ns)?;
+        let holds = window.start_unix_ns <= unix_ns && unix_ns < window.end_unix_ns;
+        if holds && self.dates_never_go_back(&window) {
+            let next = self
+                .compute(window.end_unix_ns)
+                .filter(|next| self.dates_never_go_back(next));
+            self.cache.put(&window, next.as_ref());
+        }
+        Some(window)
+    }
+
+    /// Whether the zone's local date never goes back from `window`'s start to its end (both
+    /// included): then every instant of it has a date of the window's unit, and computing any
+    /// of them gives this window. A zone whose clocks were set back across midnight fails it
+    /// for that window; so does one with more changes in a window than are looked through.
+    fn dates_never_go_back(&self, window: &Window) -> bool {
+        const MOST_CHANGES: usize = 64;
+        let (Some(start), Some(end)) = (
+            Self::timestamp(window.start_unix_ns.saturating_sub(1)),
+            Self::timestamp(window.end_unix_ns),
+        ) else {
+            return false;
+        };
+        let mut seen = 0;
+        for change in self.zone.following(start).take(MOST_CHANGES + 1) {
+            let at = change.timestamp();
+            if at > end {
+                return true;
+            }
+            seen += 1;
+            let just_before = at.checked_sub(jiff::SignedDuration::from_nanos(1));
+            let Ok(just_before) = just_before else {
+                return false;
+            };
+            if self.zone.to_datetime(at).date() < self.zone.to_datetime(just_before).date() {
+                return false;
+            }
+        }
+        seen <= MOST_CHANGES
+    }
+
+    fn timestamp(unix_ns: u64) -> Option<Timestamp> {
+        Timestamp::from_nanosecond(i128::from(unix_ns)).ok()
+    }
+
+    /// The window `unix_ns` falls in, from the zone's calendar.
+    pub(crate) fn compute(&self, unix_ns: u64) -> Option<Window> {
         let at = Timestamp::from_nanosecond(i128::from(unix_ns)).ok()?;
         let today = at.to_zoned(self.zone.clone()).date();
         let (first, next, index) = match self.unit {

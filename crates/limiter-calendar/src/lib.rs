@@ -28,8 +28,12 @@
 #![forbid(unsafe_code)]
 #![warn(clippy::unwrap_used)]
 
+mod cache;
+#[cfg(test)]
+mod cache_tests;
 mod calendar;
 mod counter;
+mod sync;
 
 pub use calendar::{Calendar, CalendarError, CalendarUnit, Window};
 pub use counter::{CalendarCounter, MAX_CALENDAR_COUNT};
