@@ -495,65 +495,6 @@ fn bad_stacks_are_refused_with_errors_that_name_the_fix() {
     );
 }
 
-#[test]
-fn a_bounded_stack_refuses_new_keys_rather_than_forget_held_ones() {
-    let clock = ManualClock::new();
-    let bounded = |max_keys| {
-        Stack::builder()
-            .layer(
-                Layer::keyed("user", |r: &Request| Some(r.user))
-                    .limit(Kind::TokenBucket, per_second(2)),
-            )
-            .shards(1)
-            .max_keys(max_keys)
-            .clock(clock.clone())
-            .build()
-    };
-    assert_eq!(bounded(0).unwrap_err(), BuildError::ZeroMaxKeys);
-    let stack = bounded(2).unwrap();
-    assert!(stack.check_n(&req(1), 2).unwrap().is_allowed());
-    assert!(stack.check(&req(2)).unwrap().is_allowed());
-    let err = stack.check(&req(3)).unwrap_err();
-    assert_eq!(
-        err,
-        CallError::Full {
-            layer: "user".into(),
-            max_keys: 2
-        }
-    );
-    assert!(err.to_string().contains("raise `max_keys`"), "{err}");
-    assert_eq!(stack.len(), 2, "the refused key left nothing behind");
-    // Held keys go on with their consumption; a new key can still be peeked.
-    assert!(stack.check(&req(1)).unwrap().is_denied());
-    assert_eq!(stack.peek(&req(3)).unwrap().decision().remaining(), 2);
-    // Half a second on, key 2 is full again (1 of 2 used) and makes room; key 1 is not.
-    clock.advance(Duration::from_millis(500));
-    assert!(stack.check(&req(3)).unwrap().is_allowed());
-    assert_eq!(stack.len(), 2);
-    let one = stack.check(&req(1)).unwrap();
-    assert!(one.is_allowed());
-    assert_eq!(one.decision().remaining(), 0, "key 1 kept its consumption");
-    assert!(matches!(
-        stack.check(&req(4)).unwrap_err(),
-        CallError::Full { .. }
-    ));
-    // With the default shards too, the bound is exact: the first 5 keys, then none.
-    let many = Stack::builder()
-        .layer(
-            Layer::keyed("user", |r: &Request| Some(r.user))
-                .limit(Kind::TokenBucket, per_second(2)),
-        )
-        .max_keys(5)
-        .clock(clock.clone())
-        .build()
-        .unwrap();
-    let admitted = (0..100)
-        .filter(|&user| many.check(&req(user)).is_ok_and(|d| d.is_allowed()))
-        .count();
-    assert_eq!(admitted, 5);
-    assert_eq!(many.len(), 5);
-}
-
 /// Seven one-limit layers: five keyed on parts of the request (one of them skipped for reads),
 /// a global one, and one keyed by plan; deeper than the lean path's sized arms, so it runs on
 /// its widest one.
@@ -631,53 +572,4 @@ fn a_deep_stack_is_all_or_nothing_and_reports_every_layer_that_applies() {
             plans: 2
         }
     );
-}
-
-/// Per user 3 a second (and, on the user's key, 2 a second) beside a global layer of 4: every
-/// keyed layer on one key, so a new key's first call is decided on an entry built apart.
-fn one_key_and_global(clock: &ManualClock) -> Stack<Request, u64, ManualClock> {
-    let user = Layer::keyed("per-user", |r: &Request| Some(r.user))
-        .limit(Kind::TokenBucket, per_second(3));
-    let second = user
-        .same_key("per-user-2")
-        .limit(Kind::TokenBucket, per_second(2));
-    Stack::builder()
-        .layer(user)
-        .layer(second)
-        .layer(Layer::global("global").limit(Kind::TokenBucket, per_second(4)))
-        .clock(clock.clone())
-        .build()
-        .unwrap()
-}
-
-#[test]
-fn a_new_key_s_first_call_inserts_it_only_when_it_writes() {
-    let clock = ManualClock::new();
-    let stack = one_key_and_global(&clock);
-    // Over a layer's burst: an error, and the key is not inserted.
-    let err = stack.check_n(&req(1), 3).unwrap_err();
-    assert!(
-        matches!(err, CallError::Decision { ref layer, .. } if layer == "per-user-2"),
-        "{err}"
-    );
-    assert_eq!(stack.len(), 0);
-    // A call of no cost (a peek) decides as the key's first call would, and inserts nothing.
-    assert!(stack.check_n(&req(1), 0).unwrap().is_allowed());
-    assert_eq!(
-        (stack.len(), remaining(&stack, &req(1))),
-        (0, vec![3, 2, 4])
-    );
-    // Admitted: inserted once, holding exactly what the call took.
-    assert!(stack.check_n(&req(1), 2).unwrap().is_allowed());
-    assert_eq!(
-        (stack.len(), remaining(&stack, &req(1))),
-        (1, vec![1, 0, 2])
-    );
-    // The global layer's last two units go to a new key; the next new key is denied by it and
-    // left out.
-    assert!(stack.check_n(&req(3), 2).unwrap().is_allowed());
-    assert_eq!(stack.len(), 2);
-    assert!(stack.check(&req(4)).unwrap().is_denied());
-    assert_eq!(stack.len(), 2, "a denied first call left its key behind");
-    assert_eq!(remaining(&stack, &req(4)), vec![3, 2, 0]);
 }
