@@ -131,7 +131,29 @@ impl RedisQuota {
         let reply = self.run(key, TAKE, true, &args).await?;
         // The window Redis counted in: ours, or the next when its clock had passed ours.
         let [admitted, used, left_ms, window] = numbers(&reply)?;
-        let wait = left_ms.saturating_mul(1_000_000).max(1);
+        // Redis counts the milliseconds left on its own clock when the script runs: later
+        // than the caller's reading by the round trip, rounded down to the millisecond. Where
+        // the window's end from the calendar, measured from the caller's reading, is within
+        // that of Redis's wait (at most a millisecond shorter, at most `ROUND_TRIP` longer),
+        // it is the wait: the caller's reading plus it is the boundary exactly, and no earlier
+        // than Redis's. Clocks further apart keep Redis's wait.
+        const ROUND_TRIP: u64 = 100_000_000;
+        let left = left_ms.saturating_mul(1_000_000);
+        let end = if window == next.index {
+            Some(next.end_unix_ns)
+        } else {
+            (window == this.index).then_some(this.end_unix_ns)
+        };
+        let wait = match end.and_then(|end| end.checked_sub(at_unix_ns)) {
+            Some(exact)
+                if exact.saturating_add(1_000_000) > left
+                    && exact <= left.saturating_add(ROUND_TRIP) =>
+            {
+                exact
+            }
+            _ => left,
+        }
+        .max(1);
         let decision = if admitted == 1 {
             Decision::allow(self.count, self.count.saturating_sub(used), wait)
         } else {

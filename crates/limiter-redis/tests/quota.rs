@@ -46,6 +46,13 @@ async fn a_day_ends_at_local_midnight_and_redis_time_picks_the_window() {
     assert!(denied.decision.is_denied());
     assert_eq!(denied.decision.retry_after(), Duration::from_secs(10));
 
+    // A reading between milliseconds: the wait still ends at midnight exactly (Redis counts
+    // whole milliseconds left on its clock, which would land 0.4 ms past it).
+    let between = MIDNIGHT - 10 * S + 400_000;
+    clock.set(between);
+    let exact = quota.take("acme", 0, between).await.unwrap();
+    assert_eq!(between + exact.decision.reset_after_nanos(), MIDNIGHT);
+
     // Redis's clock is past midnight while this caller's still reads the old day: Redis's
     // clock decides, so the call counts in the new day.
     clock.set(MIDNIGHT + S);

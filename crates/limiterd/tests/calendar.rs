@@ -1,7 +1,8 @@
 //! Calendar quotas through a real limiterd over HTTP on Redis, two processes sharing one
 //! server: the quota is counted once for the fleet, beside the policy's rate limit and all or
-//! nothing with it, and `reset_at_ms` names the next local midnight in the policy's zone; while
-//! Redis fails, a falling-back policy counts this node's share of the quota in the process.
+//! nothing with it, and `reset_at_ms` names the next local midnight in the policy's zone; in a
+//! batch, all or nothing with the batch's other items; while Redis fails, a falling-back policy
+//! counts this node's share of the quota in the process.
 
 use limiter_testkit::redis_server::RedisServer;
 #[allow(dead_code)]
@@ -67,13 +68,88 @@ async fn a_fleet_shares_a_calendar_quota_all_or_nothing_with_its_rate() {
     assert_eq!(a.decide(ask(1)).await["success"], true);
     let spent = b.decide(ask(1)).await;
     assert_eq!(spent["success"], false, "the bucket is spent: {spent}");
+    // A batch of one decides as the call alone: the bucket is spent.
     let (status, many) = a
         .post("/v1/ratelimit/many", &json!({"requests": [ask(1)]}))
         .await;
-    assert_eq!(
-        status, 400,
-        "a calendar quota on Redis is decided alone: {many}"
+    assert_eq!((status, &many["success"]), (200, &json!(false)), "{many}");
+}
+
+/// Where the next month starts in Berlin, in Unix ms (from the embedded time zone database).
+fn next_berlin_month_ms() -> u64 {
+    let now_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_nanos() as u64;
+    let month =
+        limiter_calendar::Calendar::new(limiter_calendar::CalendarUnit::Month, "Europe/Berlin")
+            .expect("known zone");
+    month.window(now_ns).expect("in range").end_unix_ns / 1_000_000
+}
+
+#[tokio::test]
+async fn a_batch_counts_its_calendar_quotas_all_or_nothing_with_its_stacks() {
+    let server = RedisServer::start();
+    let config = temp_file(
+        &format!("calendar-batch-{}.toml", server.port),
+        "[policies.monthly]\n\
+         limits = [\n\
+           { algorithm = \"fixed_window\", count = 2, period = \"1mo\", calendar = \"Europe/Berlin\" },\n\
+           { algorithm = \"token_bucket\", count = 10, period = \"1h\" },\n\
+         ]\n\
+         [policies.hourly]\n\
+         limits = [{ algorithm = \"token_bucket\", count = 2, period = \"1h\" }]\n",
     );
+    let url = server.url();
+    let daemon = Daemon::start(&[
+        "--config",
+        config.to_str().expect("UTF-8"),
+        "--redis",
+        url.as_str(),
+    ]);
+    let mut client = Client::connect(daemon.addr).await;
+    let item = |policy: &str, identifier: &str, cost: u64| json!({"policy": policy, "identifier": identifier, "cost": cost});
+    let mut batch = async |items: Vec<Value>| {
+        let (status, answer) = client
+            .post("/v1/ratelimit/many", &json!({ "requests": items }))
+            .await;
+        assert_eq!(status, 200, "{answer}");
+        answer
+    };
+
+    // Admitted: the month's quota (1 of 2 left) binds the monthly item's answer.
+    let both = batch(vec![item("monthly", "acme", 1), item("hourly", "acme", 1)]).await;
+    assert_eq!(both["success"], true, "{both}");
+    assert_eq!(both["results"][0]["remaining"], 1, "{both}");
+    // The hourly item asks for 2 of its 1 left: the batch is refused and the quota's unit given
+    // back, so a peek in the next batch still sees 1 left this month.
+    let refused = batch(vec![item("monthly", "acme", 1), item("hourly", "acme", 2)]).await;
+    assert_eq!(refused["success"], false, "{refused}");
+    let peek = batch(vec![item("monthly", "acme", 0), item("hourly", "bob", 1)]).await;
+    assert_eq!(peek["success"], true, "{peek}");
+    assert_eq!(
+        peek["results"][0]["remaining"], 1,
+        "the unit came back: {peek}"
+    );
+    // The month's last unit, beside bob's last hourly one.
+    let last = batch(vec![item("monthly", "acme", 1), item("hourly", "bob", 1)]).await;
+    assert_eq!(last["success"], true, "{last}");
+    assert_eq!(last["results"][0]["remaining"], 0, "{last}");
+    // The quota binds: its reset is the next month's start in Berlin, to the millisecond.
+    let month_end_ms = next_berlin_month_ms();
+    assert_eq!(last["results"][0]["reset_at_ms"], month_end_ms, "{last}");
+    // The quota denies: the batch is refused before any stack takes a unit, and carol's hourly
+    // item reports her 2 untouched.
+    let over = batch(vec![item("hourly", "carol", 1), item("monthly", "acme", 1)]).await;
+    assert_eq!(over["success"], false, "{over}");
+    assert_eq!(over["results"][1]["success"], false, "{over}");
+    assert_eq!(over["results"][1]["reset_at_ms"], month_end_ms, "{over}");
+    assert_eq!(over["results"][0]["remaining"], 2, "{over}");
+    let carol = batch(vec![item("hourly", "carol", 2), item("monthly", "dan", 1)]).await;
+    assert_eq!(carol["success"], true, "carol still had both: {carol}");
+    // Alone, a report names the same boundary.
+    let alone = client.decide(item("monthly", "acme", 0)).await;
+    assert_eq!(alone["reset_at_ms"], month_end_ms, "{alone}");
 }
 
 #[tokio::test]

@@ -15,7 +15,7 @@ pub(super) type Resolved<'a> = (PolicyStack, Call, &'a PolicyCounters);
 
 /// How an item's answer counts: a peek, a record, a refund, a denial, an admission, or a take
 /// its batch refused (`admitted`: whether the call as a whole was).
-fn counted(item: &Item, answer: &Answer, admitted: bool) -> Counted {
+pub(super) fn counted(item: &Item, answer: &Answer, admitted: bool) -> Counted {
     if item.cost == 0 {
         Counted::Peeked
     } else if item.charge == Charge::Record {
@@ -111,7 +111,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
     /// decides it: a time before what the clock counts from is refused, and so is one more
     /// than [`MAX_TIME_AHEAD_MS`] ahead of the clock; one ahead by less is the clock's own
     /// reading (a time cannot spend what has not come back yet). `None`: now.
-    fn reading_for(&self, time_ms: Option<u64>) -> Result<u64, DecideError> {
+    pub(super) fn reading_for(&self, time_ms: Option<u64>) -> Result<u64, DecideError> {
         let now = self.stacks.clock().now();
         let Some(time_ms) = time_ms else {
             return Ok(now);
@@ -157,7 +157,11 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         items: &[Item],
         time_ms: Option<u64>,
     ) -> Result<(bool, Vec<Answer>), DecideError> {
-        self.refuse_gated(items)?;
+        self.refuse_permits(items)?;
+        let quotas = items.iter().any(|item| !self.gates_of(item).1.is_empty());
+        if quotas {
+            return self.decide_with_quotas(items, time_ms).await;
+        }
         self.decide_checked(items, time_ms).await
     }
 
@@ -217,7 +221,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
 
     /// Several items, all or nothing, decided by the first item's store (one script call on
     /// Redis, takes and refunds otherwise).
-    async fn decide_batch(
+    pub(super) async fn decide_batch(
         &self,
         items: &[Item],
         resolved: &[Resolved<'_>],

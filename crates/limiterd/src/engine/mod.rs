@@ -54,6 +54,7 @@ pub use crate::stacks::{
 mod decide;
 mod item;
 mod permitted;
+mod quota_batch;
 mod reload;
 
 pub use item::{Answer, DecideError, Item, MAX_TIME_AHEAD_MS, Target, source_name};

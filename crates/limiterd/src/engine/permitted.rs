@@ -60,9 +60,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         };
         match self.decide_ungated(item, time_ms).await {
             Ok((answer, true)) => {
-                let answer = counted
-                    .iter()
-                    .fold(answer, |a, (_, q)| tighter(a, q.decision));
+                let answer = counted.iter().fold(answer, |a, (_, q)| tighter(a, q));
                 Ok(match held {
                     Some((permits, id, held)) => (with_permit(answer, permits, held), Some(id)),
                     None => (answer, None),
@@ -89,7 +87,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         let (mut answer, _) = self.decide_ungated(item, time_ms).await?;
         for quota in quotas {
             match quota.take(&item.identifier, 0, self.now_unix_ns()).await {
-                Ok(state) => answer = tighter(answer, state.decision),
+                Ok(state) => answer = tighter(answer, &state),
                 Err(failure) => self.gate_failed(failure.closed, failure.message)?,
             }
         }
@@ -114,7 +112,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
     /// A gate's store (permits, a quota) failed: a closed policy refuses (503), an open one
     /// goes on without the gate (it counts nothing while its store fails). Counted as the
     /// policy's answer to a failure.
-    fn gate_failed(&self, closed: bool, message: String) -> Result<(), DecideError> {
+    pub(super) fn gate_failed(&self, closed: bool, message: String) -> Result<(), DecideError> {
         self.metrics.backend_error();
         if closed {
             self.metrics.failure_policy(FailurePolicy::Closed);
@@ -126,7 +124,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
 
     /// Counts the item's cost in each quota, all or nothing: the quotas counted, or (one
     /// denied, or its store failing closed) the answer to give, the others given back.
-    async fn take_quotas<'q>(
+    pub(super) async fn take_quotas<'q>(
         &self,
         item: &Item,
         quotas: &'q [PolicyQuota],
@@ -153,7 +151,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                             CountedIn::Redis { .. } => Origin::Remote,
                             CountedIn::Fallback { .. } => Origin::Fallback,
                         }),
-                        at_unix_ns: self.now_unix_ns(),
+                        at_unix_ns: denied.at_unix_ns,
                     };
                     return Err(Ok((answer, None)));
                 }
@@ -235,11 +233,8 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
 
     /// Why `items` cannot be decided together: one of them is on a policy with a concurrency
     /// limit, whose permit only [`decide_one`](Self::decide_one) can hand back.
-    pub(super) fn refuse_gated(&self, items: &[Item]) -> Result<(), DecideError> {
-        let gated = |item: &&Item| {
-            let (permits, quotas) = self.gates_of(item);
-            permits.is_some() || !quotas.is_empty()
-        };
+    pub(super) fn refuse_permits(&self, items: &[Item]) -> Result<(), DecideError> {
+        let gated = |item: &&Item| self.gates_of(item).0.is_some();
         let Some(item) = items.iter().find(gated) else {
             return Ok(());
         };
@@ -250,7 +245,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         Err(DecideError::Invalid {
             field: "policy",
             message: format!(
-                "policy `{name}` has a concurrency limit or a calendar quota on Redis: decide it alone with POST /v1/ratelimit (whose answer carries a permit to release)"
+                "policy `{name}` has a concurrency limit: decide it alone with POST /v1/ratelimit (whose answer carries a permit to release)"
             ),
         })
     }
@@ -290,7 +285,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         Ok((answer, None))
     }
 
-    fn now_unix_ns(&self) -> u64 {
+    pub(super) fn now_unix_ns(&self) -> u64 {
         self.unix_origin_ns
             .saturating_add(self.stacks.clock().now())
     }
@@ -304,7 +299,11 @@ async fn release(item: &Item, held: Option<(&PolicyPermits, String, u64)>) {
 }
 
 /// Gives back what each counted quota took for `item`.
-async fn refund_quotas(item: &Item, counted: &[(&PolicyQuota, QuotaTaken)], now_unix_ns: u64) {
+pub(super) async fn refund_quotas(
+    item: &Item,
+    counted: &[(&PolicyQuota, QuotaTaken)],
+    now_unix_ns: u64,
+) {
     for (quota, taken) in counted {
         quota
             .refund(&item.identifier, item.cost, taken, now_unix_ns)
@@ -312,11 +311,17 @@ async fn refund_quotas(item: &Item, counted: &[(&PolicyQuota, QuotaTaken)], now_
     }
 }
 
-/// `answer`, or `decision` where fewer are left by it (a policy's tighter limit binds).
-fn tighter(answer: Answer, decision: Decision) -> Answer {
+/// `answer`, or the quota's where fewer are left by it (a policy's tighter limit binds),
+/// measured from the quota's instant (so `reset_at_ms` is the window's end exactly).
+pub(super) fn tighter(answer: Answer, quota: &QuotaTaken) -> Answer {
+    let decision = quota.decision;
     let unbound = answer.decision.limit() == u64::MAX;
     if unbound || decision.remaining() < answer.decision.remaining() || decision.is_denied() {
-        Answer { decision, ..answer }
+        Answer {
+            decision,
+            at_unix_ns: quota.at_unix_ns,
+            ..answer
+        }
     } else {
         answer
     }

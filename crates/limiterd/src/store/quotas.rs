@@ -35,6 +35,9 @@ pub struct QuotaTaken {
     pub decision: Decision,
     /// Where it was counted, for a refund.
     pub place: CountedIn,
+    /// The instant (ns since the Unix epoch) the decision's waits are measured from: it plus
+    /// `reset_after` is the window's end exactly.
+    pub at_unix_ns: u64,
 }
 
 /// Where a quota counted a call.
@@ -120,7 +123,11 @@ impl LocalQuota {
             Some(Ok(decision)) => decision,
             Some(Err(_)) | None => self.refused(at_unix_ns),
         };
-        QuotaTaken { decision, place }
+        QuotaTaken {
+            decision,
+            place,
+            at_unix_ns,
+        }
     }
 
     fn refused(&self, at_unix_ns: u64) -> Decision {
@@ -201,6 +208,7 @@ impl PolicyQuota {
                 place: CountedIn::Redis {
                     window: answer.window,
                 },
+                at_unix_ns,
             }),
             Err(error) => match &self.fallback {
                 Some(local) => Ok(local.take(key, cost, at_unix_ns)),
