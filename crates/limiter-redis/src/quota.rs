@@ -7,7 +7,7 @@
 //! expiring when the window ends; one script call per decision.
 
 use limiter_calendar::{Calendar, MAX_CALENDAR_COUNT, Window};
-use limiter_core::Decision;
+use limiter_core::{Decision, Usage};
 use redis::Value;
 
 use crate::backend::RedisBackend;
@@ -15,9 +15,10 @@ use crate::error::{BackendError, BuildError};
 use crate::stack::DEFAULT_PREFIX;
 use crate::stack::build::check_name;
 
-/// Picks the window holding `now` (the caller's, or the next), then counts in it. `ARGV =
-/// [now?, cost, count, index, end_ms, next_index, next_end_ms]`: `{admitted, used, ms to the
-/// window's end, the window's number}`.
+/// Picks the window holding `now` (the caller's, or the next), then counts in it: a take only
+/// within the count, a record whatever it holds, up to `cap`. `ARGV = [now?, cost, count,
+/// index, end_ms, next_index, next_end_ms, record, cap]`: `{admitted, used, ms to the window's
+/// end, the window's number}` (a record is admitted when the window is still within its count).
 const TAKE: &str = "local index, finish = ARGV[4], tonumber(ARGV[5]) \
 if now >= finish then index, finish = ARGV[6], tonumber(ARGV[7]) end \
 local cost, count = tonumber(ARGV[2]), tonumber(ARGV[3]) \
@@ -25,9 +26,11 @@ local used = 0 \
 local held = redis.call('GET', KEYS[1]) \
 if held then local i, c = string.match(held, '^(%d+):(%d+)$') if i == index then used = tonumber(c) end end \
 local left = math.max(1, finish - now) \
-if used + cost <= count then \
-  if cost > 0 then redis.call('SET', KEYS[1], index .. ':' .. (used + cost), 'PX', left) end \
-  return {1, used + cost, left, tonumber(index)} \
+local within = used + cost <= count \
+if within or ARGV[8] == '1' then \
+  local after = math.min(used + cost, tonumber(ARGV[9])) \
+  if cost > 0 then redis.call('SET', KEYS[1], index .. ':' .. after, 'PX', left) end \
+  return {within and 1 or 0, after, left, tonumber(index)} \
 end \
 return {0, used, left, tonumber(index)}";
 
@@ -117,6 +120,30 @@ impl RedisQuota {
         cost: u64,
         at_unix_ns: u64,
     ) -> Result<QuotaAnswer, BackendError> {
+        self.count_in(key, cost, at_unix_ns, false).await
+    }
+
+    /// Records `cost` units for `key` that were already used, whatever the window holds (up to
+    /// twice its count, as every limit here holds at most that much debt): admitted while the
+    /// window is still within its count, and every later call of the window denied once it is
+    /// not. The window is picked as [`take`](Self::take) picks it.
+    pub async fn record(
+        &self,
+        key: &str,
+        cost: u64,
+        at_unix_ns: u64,
+    ) -> Result<QuotaAnswer, BackendError> {
+        self.count_in(key, cost, at_unix_ns, true).await
+    }
+
+    /// Counts `cost` in the window Redis's clock is in: a take, or (`record`) whatever it holds.
+    async fn count_in(
+        &self,
+        key: &str,
+        cost: u64,
+        at_unix_ns: u64,
+        record: bool,
+    ) -> Result<QuotaAnswer, BackendError> {
         let this = self.window(at_unix_ns)?;
         let next = self.window(this.end_unix_ns)?;
         let ms = |ns: u64| (ns / 1_000_000).to_string();
@@ -127,6 +154,8 @@ impl RedisQuota {
             ms(this.end_unix_ns),
             next.index.to_string(),
             ms(next.end_unix_ns),
+            u8::from(record).to_string(),
+            self.count.saturating_mul(Usage::MAX_DEBT).to_string(),
         ];
         let reply = self.run(key, TAKE, true, &args).await?;
         // The window Redis counted in: ours, or the next when its clock had passed ours.

@@ -104,6 +104,58 @@ async fn a_refund_comes_back_only_in_its_own_window_and_backends_share_the_count
 }
 
 #[tokio::test]
+async fn a_record_counts_whatever_the_window_holds_and_leaves_it_in_debt_until_it_ends() {
+    let server = common::RedisServer::start();
+    let clock = ManualClock::new();
+    let at = MIDNIGHT - 100 * S;
+    clock.set(at);
+    let quota = pinned(&server, &clock)
+        .await
+        .quota("tokens", 10, day())
+        .unwrap();
+    // Within the count: admitted, as a take would be.
+    let within = quota.record("acme", 6, at).await.unwrap();
+    assert!(within.decision.is_allowed());
+    assert_eq!(within.decision.remaining(), 4);
+    // Past it: written all the same (a take of 6 would be refused and count nothing).
+    let over = quota.record("acme", 6, at).await.unwrap();
+    assert!(over.decision.is_denied());
+    assert_eq!(over.decision.retry_after(), Duration::from_secs(100));
+    assert!(
+        quota
+            .take("acme", 0, at)
+            .await
+            .unwrap()
+            .decision
+            .is_denied()
+    );
+    assert!(
+        quota
+            .take("acme", 1, at)
+            .await
+            .unwrap()
+            .decision
+            .is_denied()
+    );
+    // At most twice the count is held, so the debt ends with the window all the same.
+    let capped = quota.record("acme", 1_000, at).await.unwrap();
+    assert!(capped.decision.is_denied());
+    let mut redis = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let held: String = redis::cmd("GET")
+        .arg("limiter:quota:tokens:{acme}")
+        .query(&mut redis)
+        .unwrap();
+    assert_eq!(held, format!("{}:20", within.window));
+    clock.set(MIDNIGHT);
+    let next_day = quota.take("acme", 10, MIDNIGHT).await.unwrap();
+    assert!(next_day.decision.is_allowed());
+    assert_eq!(next_day.window, within.window + 1);
+}
+
+#[tokio::test]
 async fn bad_settings_are_refused_naming_what_is_wrong() {
     let server = common::RedisServer::start();
     let backend = RedisBackend::builder(server.url().as_str())

@@ -98,7 +98,9 @@ async fn a_batch_counts_its_calendar_quotas_all_or_nothing_with_its_stacks() {
            { algorithm = \"token_bucket\", count = 10, period = \"1h\" },\n\
          ]\n\
          [policies.hourly]\n\
-         limits = [{ algorithm = \"token_bucket\", count = 2, period = \"1h\" }]\n",
+         limits = [{ algorithm = \"token_bucket\", count = 2, period = \"1h\" }]\n\
+         [policies.quota_only]\n\
+         limits = [{ algorithm = \"fixed_window\", count = 5, period = \"1mo\", calendar = \"Europe/Berlin\" }]\n",
     );
     let url = server.url();
     let daemon = Daemon::start(&[
@@ -150,6 +152,14 @@ async fn a_batch_counts_its_calendar_quotas_all_or_nothing_with_its_stacks() {
     // Alone, a report names the same boundary.
     let alone = client.decide(item("monthly", "acme", 0)).await;
     assert_eq!(alone["reset_at_ms"], month_end_ms, "{alone}");
+    // A policy of a quota alone (its stack has no layer) is answered by Redis, which counted it.
+    let only = client.decide(item("quota_only", "acme", 1)).await;
+    assert_eq!(
+        (&only["success"], &only["remaining"], &only["source"]),
+        (&json!(true), &json!(4), &json!("redis")),
+        "{only}"
+    );
+    assert_eq!(only["reset_at_ms"], month_end_ms, "{only}");
 }
 
 #[tokio::test]
@@ -250,4 +260,94 @@ async fn while_redis_fails_each_failure_policy_answers_reports_and_calls_on_gate
             "cost {cost}: {fallback}"
         );
     }
+}
+
+#[tokio::test]
+async fn a_record_counts_in_a_calendar_quota_on_redis_as_in_memory() {
+    let server = RedisServer::start();
+    let config = temp_file(
+        &format!("calendar-record-{}.toml", server.port),
+        "[policies.tokens]\n\
+         limits = [{ algorithm = \"fixed_window\", count = 100, period = \"1mo\", calendar = \"Europe/Berlin\" }]\n\
+         [policies.rated]\n\
+         limits = [\n\
+           { algorithm = \"fixed_window\", count = 100, period = \"1mo\", calendar = \"Europe/Berlin\" },\n\
+           { algorithm = \"token_bucket\", count = 15, period = \"1h\" },\n\
+         ]\n\
+         [policies.hourly]\n\
+         limits = [{ algorithm = \"token_bucket\", count = 2, period = \"1h\" }]\n",
+    );
+    let config = config.to_str().expect("UTF-8");
+    let url = server.url();
+    let on_redis = Daemon::start(&["--config", config, "--redis", url.as_str()]);
+    let in_memory = Daemon::start(&["--config", config]);
+    let record = |identifier: &str, cost: u64| json!({"policy": "tokens", "identifier": identifier, "cost": cost, "record": true});
+    let peek = |identifier: &str| json!({"policy": "tokens", "identifier": identifier, "cost": 0});
+    // Each step's answer, on Redis and in memory: the same but for who answered.
+    let mut answers = Vec::new();
+    for daemon in [&on_redis, &in_memory] {
+        let mut client = Client::connect(daemon.addr).await;
+        let mut seen = Vec::new();
+        // 150 tokens recorded against 100 a month: written, the month in debt.
+        seen.push(client.decide(record("ann", 150)).await);
+        seen.push(client.decide(peek("ann")).await);
+        // A record in a batch another item refuses is written all the same.
+        let hourly = |cost: u64| json!({"policy": "hourly", "identifier": "bob", "cost": cost});
+        assert_eq!(client.decide(hourly(2)).await["success"], true);
+        let (_, refused) = client
+            .post(
+                "/v1/ratelimit/many",
+                &json!({"requests": [
+                    record("bob", 30),
+                    hourly(1),
+                ]}),
+            )
+            .await;
+        assert_eq!(refused["success"], false, "{refused}");
+        seen.push(client.decide(peek("bob")).await);
+        // A record in a batch a quota refuses (dan's month is spent) is written too, in its
+        // stack (carol's bucket of 15 binds: 5 left) as in its quota.
+        assert_eq!(client.decide(record("dan", 100)).await["success"], true);
+        let take = json!({"policy": "tokens", "identifier": "dan", "cost": 1});
+        let carol = json!({"policy": "rated", "identifier": "carol", "cost": 10, "record": true});
+        let (_, refused) = client
+            .post("/v1/ratelimit/many", &json!({"requests": [carol, take]}))
+            .await;
+        assert_eq!(refused["success"], false, "{refused}");
+        let carol = json!({"policy": "rated", "identifier": "carol", "cost": 0});
+        seen.push(client.decide(carol).await);
+        answers.push(seen);
+    }
+    let month_end_ms = next_berlin_month_ms();
+    for seen in &answers {
+        assert_eq!(seen[0]["success"], false, "{}", seen[0]);
+        assert_eq!(
+            (&seen[1]["success"], &seen[1]["remaining"]),
+            (&json!(false), &json!(0))
+        );
+        assert_eq!(seen[1]["reset_at_ms"], month_end_ms, "{}", seen[1]);
+        assert_eq!(
+            (&seen[2]["success"], &seen[2]["remaining"]),
+            (&json!(true), &json!(70))
+        );
+        assert_eq!(
+            (&seen[3]["success"], &seen[3]["remaining"]),
+            (&json!(true), &json!(5))
+        );
+    }
+    let without_source = |seen: &Vec<Value>| -> Vec<Value> {
+        seen.iter()
+            .map(|answer| {
+                let mut answer = answer.clone();
+                answer.as_object_mut().expect("an object").remove("source");
+                answer
+                    .as_object_mut()
+                    .expect("an object")
+                    .remove("retry_after_ms");
+                answer
+            })
+            .collect()
+    };
+    assert_eq!(without_source(&answers[0]), without_source(&answers[1]));
+    assert_eq!(answers[0][1]["source"], "redis");
 }

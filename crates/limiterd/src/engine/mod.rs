@@ -54,6 +54,7 @@ pub use crate::stacks::{
 mod decide;
 mod item;
 mod permitted;
+mod quota_answer;
 mod quota_batch;
 mod reload;
 

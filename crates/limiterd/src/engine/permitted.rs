@@ -10,7 +10,9 @@ use limiter_stack::{Charge, Origin};
 
 use crate::metrics::{Counted, FailurePolicy};
 use crate::store::permits::{PermitFailure, PolicyPermits, Taken};
-use crate::store::quotas::{CountedIn, PolicyQuota, QuotaTaken};
+use crate::store::quotas::{CountedIn, PolicyQuota, QuotaFailure, QuotaTaken};
+
+use super::quota_answer::{quota_origin, tighter};
 
 use super::*;
 
@@ -86,7 +88,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
     ) -> Result<(Answer, Option<String>), DecideError> {
         let (mut answer, _) = self.decide_ungated(item, time_ms).await?;
         for quota in quotas {
-            match quota.take(&item.identifier, 0, self.now_unix_ns()).await {
+            match self.quota_state(item, quota).await {
                 Ok(state) => answer = tighter(answer, &state),
                 Err(failure) => self.gate_failed(failure.closed, failure.message)?,
             }
@@ -98,6 +100,21 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             }
         }
         Ok((answer, None))
+    }
+
+    /// What `quota` holds for an item that takes nothing: a record's units counted in it
+    /// (whatever it holds, as a record counts on every limit), else its state.
+    pub(super) async fn quota_state(
+        &self,
+        item: &Item,
+        quota: &PolicyQuota,
+    ) -> Result<QuotaTaken, QuotaFailure> {
+        let now = self.now_unix_ns();
+        if item.charge == Charge::Record && item.cost > 0 && !item.shadow {
+            quota.record(&item.identifier, item.cost, now).await
+        } else {
+            quota.take(&item.identifier, 0, now).await
+        }
     }
 
     /// Counts a gate's answer made by a falling-back policy's table while Redis failed
@@ -147,10 +164,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                         .count(Counted::Denied { shadow: false }, &item.identifier);
                     let answer = Answer {
                         decision: denied.decision,
-                        origin: Some(match denied.place {
-                            CountedIn::Redis { .. } => Origin::Remote,
-                            CountedIn::Fallback { .. } => Origin::Fallback,
-                        }),
+                        origin: Some(quota_origin(denied.place)),
                         at_unix_ns: denied.at_unix_ns,
                     };
                     return Err(Ok((answer, None)));
@@ -308,22 +322,6 @@ pub(super) async fn refund_quotas(
         quota
             .refund(&item.identifier, item.cost, taken, now_unix_ns)
             .await;
-    }
-}
-
-/// `answer`, or the quota's where fewer are left by it (a policy's tighter limit binds),
-/// measured from the quota's instant (so `reset_at_ms` is the window's end exactly).
-pub(super) fn tighter(answer: Answer, quota: &QuotaTaken) -> Answer {
-    let decision = quota.decision;
-    let unbound = answer.decision.limit() == u64::MAX;
-    if unbound || decision.remaining() < answer.decision.remaining() || decision.is_denied() {
-        Answer {
-            decision,
-            at_unix_ns: quota.at_unix_ns,
-            ..answer
-        }
-    } else {
-        answer
     }
 }
 

@@ -5,10 +5,11 @@
 //! of theirs was taken). Then the stacks decide the batch as any batch, and a refused batch
 //! gives every quota's units back. An admitted item's answer is its stack's tightened by its
 //! quotas'; an item that takes nothing (a peek, a record, a unit refund, a shadow check)
-//! reports its quotas' state beside its stack's, as it would alone.
+//! reports its quotas' state beside its stack's (a record counted in them), as it would alone.
 
 use super::decide::counted;
-use super::permitted::{refund_quotas, tighter};
+use super::permitted::refund_quotas;
+use super::quota_answer::tighter;
 use super::*;
 use crate::store::quotas::{PolicyQuota, QuotaTaken};
 
@@ -45,18 +46,20 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                 }
             }
         }
-        let (admitted, mut answers) = match self.decide_checked(items, time_ms).await {
-            Ok(decided @ (true, _)) => decided,
-            other => {
-                self.give_back(items, &taken_so_far).await;
-                return other;
-            }
-        };
-        for (place, taken) in &taken_so_far {
-            answers[*place] = taken
-                .iter()
-                .fold(answers[*place], |answer, (_, q)| tighter(answer, q));
+        let decided = self.decide_checked(items, time_ms).await;
+        let admitted = matches!(decided, Ok((true, _)));
+        if !admitted {
+            self.give_back(items, &taken_so_far).await;
         }
+        let (admitted, mut answers) = decided?;
+        if admitted {
+            for (place, taken) in &taken_so_far {
+                answers[*place] = taken
+                    .iter()
+                    .fold(answers[*place], |answer, (_, q)| tighter(answer, q));
+            }
+        }
+        // Records stay written whatever the batch's answer, in the stacks and the quotas.
         self.report_quotas(items, &mut answers).await?;
         Ok((admitted, answers))
     }
@@ -69,7 +72,8 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
     }
 
     /// The batch refused by the quota of the item at `place` (its answer `denied`, counted):
-    /// every other item reports what it holds, and counts as its refused batch's.
+    /// every other take reports what it holds, records are written as in any refused batch,
+    /// and each counts as its refused batch's.
     async fn refused_by_quota(
         &self,
         items: &[Item],
@@ -80,11 +84,13 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         let reading = self.reading_for(time_ms)?;
         let peeks: Vec<Item> = items
             .iter()
-            .map(|item| Item {
-                cost: 0,
-                charge: Charge::Take,
-                shadow: false,
-                ..item.clone()
+            .map(|item| match item.charge {
+                Charge::Take => Item {
+                    cost: 0,
+                    shadow: false,
+                    ..item.clone()
+                },
+                _ => item.clone(),
             })
             .collect();
         let resolved = peeks
@@ -99,12 +105,14 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                 counters.count(counted(item, answer, false), &item.identifier);
             }
         }
+        self.report_quotas(items, &mut answers).await?;
         answers[place] = denied;
         Ok((false, answers))
     }
 
-    /// Tightens the answer of each item that takes nothing by its quotas' state (a quota whose
-    /// store fails answers by its failure policy: closed refuses, open reports without it).
+    /// Tightens the answer of each item that takes nothing by its quotas' state, a record's
+    /// units counted in them first (a quota whose store fails answers by its failure policy:
+    /// closed refuses, open reports without it).
     async fn report_quotas(
         &self,
         items: &[Item],
@@ -115,7 +123,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                 continue;
             }
             for quota in self.gates_of(item).1 {
-                match quota.take(&item.identifier, 0, self.now_unix_ns()).await {
+                match self.quota_state(item, quota).await {
                     Ok(state) => *answer = tighter(*answer, &state),
                     Err(failure) => self.gate_failed(failure.closed, failure.message)?,
                 }

@@ -111,14 +111,18 @@ impl LocalQuota {
         table
     }
 
-    /// Counts `cost` units for `key` at `at_unix_ns`: a cost above the share (or a share of 0)
-    /// is refused until the window ends, as Redis refuses a cost above the count.
-    fn take(&self, key: &str, cost: u64, at_unix_ns: u64) -> QuotaTaken {
+    /// Counts `cost` units for `key` at `at_unix_ns` (`record`: whatever the window holds): a
+    /// cost above the share (or a share of 0) is refused until the window ends, as Redis
+    /// refuses a cost above the count.
+    fn take(&self, key: &str, cost: u64, at_unix_ns: u64, record: bool) -> QuotaTaken {
         let place = CountedIn::Fallback { at_unix_ns };
-        let decided = self
-            .counter
-            .as_ref()
-            .map(|counter| counter.check_key_at(key, cost, at_unix_ns));
+        let decided = self.counter.as_ref().map(|counter| {
+            if record {
+                counter.record_key_at(key, cost, at_unix_ns)
+            } else {
+                counter.check_key_at(key, cost, at_unix_ns)
+            }
+        });
         let decision = match decided {
             Some(Ok(decision)) => decision,
             Some(Err(_)) | None => self.refused(at_unix_ns),
@@ -201,8 +205,35 @@ impl PolicyQuota {
         cost: u64,
         at_unix_ns: u64,
     ) -> Result<QuotaTaken, QuotaFailure> {
+        self.count(identifier, cost, at_unix_ns, false).await
+    }
+
+    /// Records `cost` units already used by `identifier` at `at_unix_ns`, whatever the window
+    /// holds (as a record counts on every limit); while Redis fails, a falling-back policy's
+    /// stand-in records them.
+    pub async fn record(
+        &self,
+        identifier: &str,
+        cost: u64,
+        at_unix_ns: u64,
+    ) -> Result<QuotaTaken, QuotaFailure> {
+        self.count(identifier, cost, at_unix_ns, true).await
+    }
+
+    async fn count(
+        &self,
+        identifier: &str,
+        cost: u64,
+        at_unix_ns: u64,
+        record: bool,
+    ) -> Result<QuotaTaken, QuotaFailure> {
         let key = self.key(identifier);
-        match self.quota.take(key, cost, at_unix_ns).await {
+        let counted = if record {
+            self.quota.record(key, cost, at_unix_ns).await
+        } else {
+            self.quota.take(key, cost, at_unix_ns).await
+        };
+        match counted {
             Ok(answer) => Ok(QuotaTaken {
                 decision: answer.decision,
                 place: CountedIn::Redis {
@@ -211,7 +242,7 @@ impl PolicyQuota {
                 at_unix_ns,
             }),
             Err(error) => match &self.fallback {
-                Some(local) => Ok(local.take(key, cost, at_unix_ns)),
+                Some(local) => Ok(local.take(key, cost, at_unix_ns, record)),
                 None => Err(self.failed(&error)),
             },
         }
@@ -257,7 +288,7 @@ mod tests {
     #[test]
     fn a_stand_in_counts_the_nodes_share_and_refunds_only_its_window() {
         let local = LocalQuota::new(7, 3, day());
-        let taken = |cost, at| local.take("ann", cost, at).decision;
+        let taken = |cost, at| local.take("ann", cost, at, false).decision;
         assert!(taken(2, NOON).is_allowed(), "7 / 3 = 2 a day here");
         let over = taken(1, NOON);
         assert!(over.is_denied());
@@ -270,12 +301,16 @@ mod tests {
         assert!(taken(2, tomorrow).is_allowed());
         local.refund("ann", 2, NOON, tomorrow);
         assert!(taken(1, tomorrow).is_denied());
+        // A record is written whatever the share holds: bob's day is then in debt.
+        let recorded = local.take("bob", 5, NOON, true).decision;
+        assert!(recorded.is_denied(), "5 recorded against a share of 2");
+        assert!(local.take("bob", 0, NOON, false).decision.is_denied());
     }
 
     #[test]
     fn a_share_of_nothing_refuses_until_the_window_ends() {
         let local = LocalQuota::new(2, 3, day());
-        let refused = local.take("ann", 1, NOON).decision;
+        let refused = local.take("ann", 1, NOON, false).decision;
         assert!(refused.is_denied());
         assert_eq!(refused.limit(), 0);
         assert_eq!(refused.retry_after().as_secs(), 12 * 3600);
@@ -285,15 +320,15 @@ mod tests {
     fn a_reload_keeps_a_stand_in_unless_its_quota_changed() {
         let tables = QuotaTables::default();
         let first = LocalQuota::shared(&tables, "p:0", 10, 2, &day());
-        assert!(first.take("ann", 5, NOON).decision.is_allowed());
+        assert!(first.take("ann", 5, NOON, false).decision.is_allowed());
         let same = LocalQuota::shared(&tables, "p:0", 10, 2, &day());
         assert!(Arc::ptr_eq(&first, &same), "what was counted survives");
-        assert!(same.take("ann", 1, NOON).decision.is_denied());
+        assert!(same.take("ann", 1, NOON, false).decision.is_denied());
         let changed = LocalQuota::shared(&tables, "p:0", 10, 5, &day());
         assert!(
             !Arc::ptr_eq(&first, &changed),
             "a new fleet size is a new share"
         );
-        assert!(changed.take("ann", 2, NOON).decision.is_allowed());
+        assert!(changed.take("ann", 2, NOON, false).decision.is_allowed());
     }
 }

@@ -1,0 +1,127 @@
+//! A policy's answer beside its calendar quotas on Redis (kept apart from its stack, whose
+//! script knows no calendar): the stack's answer and each quota's folded by the stack's own
+//! rule, so a policy answers on Redis as the same limits in one stack answer in memory.
+
+use limiter_core::Decision;
+use limiter_stack::Origin;
+
+use super::Answer;
+use crate::store::quotas::{CountedIn, QuotaTaken};
+
+/// `answer` and `quota`'s, as a stack folds two layers: admitted only if both are; bound by a
+/// denial over an admission, the longer wait of two denials, else the fewer left (a tie keeps
+/// `answer`'s); the fewest left; full again when both are. Measured from the binding one's
+/// reading (a quota's, measured from its own, names the window's end exactly) and answered by
+/// whoever bound it.
+pub(super) fn tighter(answer: Answer, quota: &QuotaTaken) -> Answer {
+    let (ours, theirs) = (answer.decision, quota.decision);
+    let quota_answer = Answer {
+        decision: theirs,
+        origin: Some(quota_origin(quota.place)),
+        at_unix_ns: quota.at_unix_ns,
+    };
+    if ours.limit() == u64::MAX {
+        // No limit of the stack applied: the quota's answer alone.
+        return quota_answer;
+    }
+    let retry_at = |a: &Answer| a.at_unix_ns.saturating_add(a.decision.retry_after_nanos());
+    let quota_binds = match (theirs.is_denied(), ours.is_denied()) {
+        (true, false) => true,
+        (false, true) => false,
+        (true, true) => retry_at(&quota_answer) > retry_at(&answer),
+        (false, false) => theirs.remaining() < ours.remaining(),
+    };
+    let reset_at = |a: &Answer| a.at_unix_ns.saturating_add(a.decision.reset_after_nanos());
+    let full_at = reset_at(&answer).max(reset_at(&quota_answer));
+    let binding = if quota_binds { quota_answer } else { answer };
+    let bound = binding.decision;
+    let reset = full_at.saturating_sub(binding.at_unix_ns);
+    let remaining = ours.remaining().min(theirs.remaining());
+    let decision = if ours.is_allowed() && theirs.is_allowed() {
+        Decision::allow(bound.limit(), remaining, reset)
+    } else {
+        Decision::deny(bound.limit(), remaining, bound.retry_after_nanos(), reset)
+    };
+    Answer {
+        decision,
+        ..binding
+    }
+}
+
+/// Who answered for a quota: Redis, or this node's stand-in while Redis failed.
+pub(super) fn quota_origin(place: CountedIn) -> Origin {
+    match place {
+        CountedIn::Redis { .. } => Origin::Remote,
+        CountedIn::Fallback { .. } => Origin::Fallback,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    fn stack(decision: Decision, at: u64) -> Answer {
+        Answer {
+            decision,
+            origin: Some(Origin::Remote),
+            at_unix_ns: at,
+        }
+    }
+
+    fn quota(decision: Decision, at: u64) -> QuotaTaken {
+        QuotaTaken {
+            decision,
+            place: CountedIn::Redis { window: 7 },
+            at_unix_ns: at,
+        }
+    }
+
+    #[test]
+    fn the_fewer_left_binds_and_the_answer_is_full_again_when_both_are() {
+        // A bucket of 15 with 5 left, full in 40 s; a month of 100 with 90 left, ending in
+        // 2 days (its reading a millisecond later).
+        let (at, month_end) = (1_000 * S, 1_000 * S + 2 * 86_400 * S);
+        let bucket = stack(Decision::allow(15, 5, 40 * S), at);
+        let month = quota(
+            Decision::allow(100, 90, month_end - at - 1_000_000),
+            at + 1_000_000,
+        );
+        let both = tighter(bucket, &month);
+        assert!(both.decision.is_allowed());
+        assert_eq!((both.decision.limit(), both.decision.remaining()), (15, 5));
+        assert_eq!(
+            both.at_unix_ns + both.decision.reset_after_nanos(),
+            month_end
+        );
+        // The month with fewer left binds, answered by Redis from its own reading.
+        let month = quota(Decision::allow(100, 2, month_end - at), at);
+        let both = tighter(bucket, &month);
+        assert_eq!((both.decision.limit(), both.decision.remaining()), (100, 2));
+        assert_eq!(
+            both.at_unix_ns + both.decision.reset_after_nanos(),
+            month_end
+        );
+    }
+
+    #[test]
+    fn a_denial_binds_and_of_two_denials_the_longer_wait() {
+        let at = 1_000 * S;
+        let bucket_denied = stack(Decision::deny(15, 0, 4 * S, 60 * S), at);
+        let month_left = quota(Decision::allow(100, 90, 86_400 * S), at);
+        let both = tighter(bucket_denied, &month_left);
+        assert!(both.decision.is_denied());
+        assert_eq!(both.decision.limit(), 15);
+        assert_eq!(both.decision.retry_after_nanos(), 4 * S);
+        assert_eq!(both.decision.reset_after_nanos(), 86_400 * S);
+        let month_spent = quota(Decision::deny(100, 0, 86_400 * S, 86_400 * S), at);
+        let both = tighter(bucket_denied, &month_spent);
+        assert_eq!(both.decision.limit(), 100);
+        assert_eq!(both.decision.retry_after_nanos(), 86_400 * S);
+        assert_eq!(both.origin, Some(Origin::Remote));
+        // No limit of the stack applied: the quota's answer alone.
+        let unbound = stack(Decision::allow(u64::MAX, u64::MAX, 0), at);
+        assert_eq!(tighter(unbound, &month_left).decision, month_left.decision);
+    }
+}
