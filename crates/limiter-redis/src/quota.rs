@@ -184,7 +184,9 @@ impl RedisQuota {
         }
         .max(1);
         let decision = if admitted == 1 {
-            Decision::allow(self.count, self.count.saturating_sub(used), wait)
+            // A window that counts nothing is full now, as in process.
+            let reset = if used == 0 { 0 } else { wait };
+            Decision::allow(self.count, self.count.saturating_sub(used), reset)
         } else {
             Decision::deny(self.count, self.count.saturating_sub(used), wait, wait)
         };

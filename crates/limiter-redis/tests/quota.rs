@@ -39,6 +39,15 @@ async fn a_day_ends_at_local_midnight_and_redis_time_picks_the_window() {
         .await
         .quota("daily", 2, day())
         .unwrap();
+    // A key that counts nothing is full now: no reset to wait for.
+    let fresh = quota.take("acme", 0, MIDNIGHT - 10 * S).await.unwrap();
+    assert_eq!(
+        (
+            fresh.decision.remaining(),
+            fresh.decision.reset_after_nanos()
+        ),
+        (2, 0)
+    );
     let first = quota.take("acme", 2, MIDNIGHT - 10 * S).await.unwrap();
     assert!(first.decision.is_allowed());
     assert_eq!(first.decision.reset_after(), Duration::from_secs(10));

@@ -75,6 +75,13 @@ async fn a_fleet_shares_a_calendar_quota_all_or_nothing_with_its_rate() {
     assert_eq!((status, &many["success"]), (200, &json!(false)), "{many}");
 }
 
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis() as u64
+}
+
 /// Where the next month starts in Berlin, in Unix ms (from the embedded time zone database).
 fn next_berlin_month_ms() -> u64 {
     let now_ns = std::time::SystemTime::now()
@@ -263,7 +270,7 @@ async fn while_redis_fails_each_failure_policy_answers_reports_and_calls_on_gate
 }
 
 #[tokio::test]
-async fn a_record_counts_in_a_calendar_quota_on_redis_as_in_memory() {
+async fn one_configuration_answers_alike_on_redis_and_in_memory() {
     let server = RedisServer::start();
     let config = temp_file(
         &format!("calendar-record-{}.toml", server.port),
@@ -316,6 +323,23 @@ async fn a_record_counts_in_a_calendar_quota_on_redis_as_in_memory() {
         assert_eq!(refused["success"], false, "{refused}");
         let carol = json!({"policy": "rated", "identifier": "carol", "cost": 0});
         seen.push(client.decide(carol).await);
+        // Costs no window or bucket can ever admit: the same error, naming the same limit
+        // (the month is limit 0 of the identifier layer, the bucket after it limit 1).
+        for (policy, cost) in [("tokens", 101), ("rated", 16)] {
+            let ask = json!({"policy": policy, "identifier": "eve", "cost": cost});
+            let (status, error) = client.post("/v1/ratelimit", &ask).await;
+            assert_eq!(status, 400, "{error}");
+            seen.push(error);
+        }
+        // A month that counts nothing is full now: no reset ahead.
+        let (before_ms, mut fresh) = (now_ms(), client.decide(peek("zed")).await);
+        let reset = fresh
+            .as_object_mut()
+            .expect("an object")
+            .remove("reset_at_ms");
+        let reset = reset.and_then(|r| r.as_u64()).expect("a reset");
+        assert!(before_ms <= reset && reset <= now_ms() + 1, "{reset}");
+        seen.push(fresh);
         answers.push(seen);
     }
     let month_end_ms = next_berlin_month_ms();
@@ -334,6 +358,23 @@ async fn a_record_counts_in_a_calendar_quota_on_redis_as_in_memory() {
             (&seen[3]["success"], &seen[3]["remaining"]),
             (&json!(true), &json!(5))
         );
+        let message = |i: usize| {
+            seen[i]["error"]["message"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned()
+        };
+        assert!(
+            message(4).starts_with("layer `identifier`, limit 0: cost 101"),
+            "{}",
+            seen[4]
+        );
+        assert!(
+            message(5).starts_with("layer `identifier`, limit 1: cost 16"),
+            "{}",
+            seen[5]
+        );
+        assert_eq!(seen[6]["remaining"], 100, "{}", seen[6]);
     }
     let without_source = |seen: &Vec<Value>| -> Vec<Value> {
         seen.iter()

@@ -203,6 +203,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         let (stack, call, counters) = self.resolve(item)?;
         let ask = Ask::new(item.cost, item.charge).at(Some(reading));
         let asked = stack.ask(&call, ask).await;
+        let asked = asked.map_err(|e| self.numbered_as_in_memory(item, e));
         let result = self.answer(asked, &stack, &call, reading);
         match &result {
             // One item is admitted whenever its stack admits it.

@@ -147,6 +147,10 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         quotas: &'q [PolicyQuota],
     ) -> Result<Vec<(&'q PolicyQuota, QuotaTaken)>, Result<(Answer, Option<String>), DecideError>>
     {
+        if let Some(error) = quotas.iter().find_map(|q| q.unreachable(item.cost)) {
+            // A cost no window can ever admit: an error, nothing taken, as in memory.
+            return Err(Err(super::decide::call_error(&error)));
+        }
         let mut counted = Vec::with_capacity(quotas.len());
         for quota in quotas {
             match quota

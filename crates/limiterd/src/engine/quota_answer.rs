@@ -2,11 +2,50 @@
 //! script knows no calendar): the stack's answer and each quota's folded by the stack's own
 //! rule, so a policy answers on Redis as the same limits in one stack answer in memory.
 
-use limiter_core::Decision;
-use limiter_stack::Origin;
+use limiter_core::{Clock, Decision};
+use limiter_stack::{CallError, Origin};
 
-use super::Answer;
+use super::{Answer, Engine, Item, Target};
 use crate::store::quotas::{CountedIn, QuotaTaken};
+
+impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
+    /// `error` from `item`'s policy stack, its limit numbered as in memory: where a layer's
+    /// limits include calendar quotas (kept beside the stack on Redis), the stack's limits
+    /// after one are numbered one less than the same layer's in memory.
+    pub(super) fn numbered_as_in_memory(&self, item: &Item, error: CallError) -> CallError {
+        let CallError::Decision {
+            layer,
+            limit_index,
+            source,
+        } = error
+        else {
+            return error;
+        };
+        let entry = match &item.target {
+            Target::Policy(id) => self.policies.get(id.0),
+            Target::AdHoc { .. } => None,
+        };
+        let limit_index = entry
+            .filter(|entry| !entry.quotas.is_empty())
+            .and_then(|entry| {
+                entry
+                    .spec
+                    .limits
+                    .iter()
+                    .filter(|l| l.keying.layer_name() == layer)
+                    .enumerate()
+                    .filter(|(_, l)| !l.limit.is_quota_beside_stack())
+                    .nth(limit_index)
+                    .map(|(in_memory, _)| in_memory)
+            })
+            .unwrap_or(limit_index);
+        CallError::Decision {
+            layer,
+            limit_index,
+            source,
+        }
+    }
+}
 
 /// `answer` and `quota`'s, as a stack folds two layers: admitted only if both are; bound by a
 /// denial over an admission, the longer wait of two denials, else the fewer left (a tie keeps

@@ -145,11 +145,20 @@ pub fn groups(policy: &Policy) -> Vec<(Keying, Vec<&PolicyLimit>)> {
 }
 
 /// The calendar quotas of `policy` kept beside its stack on Redis (whose script knows no
-/// calendar), in the policy's order: each one's count, keying and calendar.
+/// calendar), in the policy's order: each one's count, keying, calendar, and place among its
+/// keying's limits (as the layer holding them all in memory numbers them).
 pub(crate) fn quotas_beside(
     policy: &Policy,
     stack_name: &str,
-) -> Result<Vec<(u64, Keying, limiter_calendar::Calendar)>, limiter_stack::BuildError> {
+) -> Result<Vec<(u64, Keying, limiter_calendar::Calendar, usize)>, limiter_stack::BuildError> {
+    let place = |quota: &PolicyLimit| {
+        policy
+            .limits
+            .iter()
+            .filter(|l| l.keying == quota.keying)
+            .position(|l| std::ptr::eq(l, quota))
+            .unwrap_or(0)
+    };
     let beside = policy
         .limits
         .iter()
@@ -163,7 +172,7 @@ pub(crate) fn quotas_beside(
                     name: stack_name.to_owned(),
                     reason: e.to_string(),
                 })?;
-            Ok((l.limit.limit().count(), l.keying, calendar))
+            Ok((l.limit.limit().count(), l.keying, calendar, place(l)))
         })
         .collect()
 }

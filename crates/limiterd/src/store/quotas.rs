@@ -25,6 +25,9 @@ pub struct PolicyQuota {
     on_failure: OnFailure,
     /// A falling-back policy's stand-in while Redis fails.
     fallback: Option<Arc<LocalQuota>>,
+    /// Its place among its keying's limits, as the layer holding them all in memory numbers
+    /// them (for errors worded as in memory).
+    limit_index: usize,
 }
 
 /// What a quota counted (or would have), and where.
@@ -164,7 +167,7 @@ impl PolicyQuota {
     /// `name`. A falling-back policy's quotas have a stand-in each from `tables`, counting
     /// `count / fleet`.
     pub(crate) fn of(
-        quotas: impl IntoIterator<Item = (u64, Keying, Calendar)>,
+        quotas: impl IntoIterator<Item = (u64, Keying, Calendar, usize)>,
         on_failure: OnFailure,
         backend: &RedisBackend,
         name: &str,
@@ -173,7 +176,7 @@ impl PolicyQuota {
         quotas
             .into_iter()
             .enumerate()
-            .map(|(i, (count, keying, calendar))| {
+            .map(|(i, (count, keying, calendar, limit_index))| {
                 let quota_name = format!("{name}:{i}");
                 let fallback = (on_failure == OnFailure::Fallback)
                     .then(|| LocalQuota::shared(tables, &quota_name, count, fleet, &calendar));
@@ -185,9 +188,21 @@ impl PolicyQuota {
                     keying,
                     on_failure,
                     fallback,
+                    limit_index,
                 })
             })
             .collect()
+    }
+
+    /// Why `cost` units can never be taken in one window, worded as the same limit in a stack
+    /// in memory words it; `None` within the count.
+    pub fn unreachable(&self, cost: u64) -> Option<limiter_stack::CallError> {
+        let burst = self.quota.count();
+        (cost > burst).then(|| limiter_stack::CallError::Decision {
+            layer: self.keying.layer_name().to_owned(),
+            limit_index: self.limit_index,
+            source: limiter_core::DecisionError::CostExceedsBurst { cost, burst },
+        })
     }
 
     fn key<'a>(&self, identifier: &'a str) -> &'a str {
