@@ -17,7 +17,9 @@ const POLICIES: &str = "[policies.exports]\n\
       { algorithm = \"fixed_window\", count = 100, period = \"1h\" },\n\
     ]\n\
     [policies.api]\n\
-    limits = [{ algorithm = \"token_bucket\", count = 10, period = \"1s\" }]\n";
+    limits = [{ algorithm = \"token_bucket\", count = 10, period = \"1s\" }]\n\
+    [policies.solo]\n\
+    limits = [{ algorithm = \"concurrency\", count = 1, ttl = \"10m\" }]\n";
 
 fn ask(identifier: &str) -> Value {
     json!({"policy": "exports", "identifier": identifier})
@@ -192,6 +194,18 @@ async fn a_fleet_on_redis_shares_the_permits_and_releases_through_any_process() 
     assert!(text_b.lines().any(|l| l == released), "{text_b}");
     let (_, text_a) = a.send("GET", "/metrics", "").await;
     assert!(text_a.lines().any(|l| l == not_held), "{text_a}");
+
+    // A concurrency limit alone (no rate limit, so no layer in the stack): Redis answers it,
+    // admitted, busy and reported.
+    let solo = |cost: u64| json!({"policy": "solo", "identifier": "acme", "cost": cost});
+    for (cost, success) in [(1, true), (1, false), (0, false)] {
+        let answer = a.decide(solo(cost)).await;
+        assert_eq!(
+            (&answer["success"], &answer["source"]),
+            (&json!(success), &json!("redis")),
+            "{answer}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -347,12 +347,14 @@ fn reported(answer: Answer, permits: &PolicyPermits, held: u64) -> Answer {
     }
     Answer {
         decision: Decision::deny(count, 0, 1_000_000, 1_000_000),
+        origin: Some(origin(permits)),
         ..answer
     }
 }
 
 /// The rate limits' admission, tightened by the permits when fewer of them are left: the
-/// permit's answer then (its limit, what is left, and its time to live as when it frees).
+/// permit's answer then (its limit, what is left, and its time to live as when it frees),
+/// answered by where the permits are held.
 fn with_permit(answer: Answer, permits: &PolicyPermits, held: u64) -> Answer {
     let limit = permits.limit();
     if answer.decision.is_denied() {
@@ -365,6 +367,7 @@ fn with_permit(answer: Answer, permits: &PolicyPermits, held: u64) -> Answer {
     let ttl = u64::try_from(limit.ttl.as_nanos()).unwrap_or(u64::MAX);
     Answer {
         decision: Decision::allow(limit.count, left, ttl),
+        origin: Some(origin(permits)),
         ..answer
     }
 }
