@@ -1,6 +1,7 @@
 //! A policy's answer beside its calendar quotas on Redis (kept apart from its stack, whose
 //! script knows no calendar): the stack's answer and each quota's folded by the stack's own
-//! rule, so a policy answers on Redis as the same limits in one stack answer in memory.
+//! rule, and the stack's errors numbering its limits as the policy's one layer in memory does,
+//! so a policy answers on Redis as the same limits in one stack answer in memory.
 
 use limiter_core::{Clock, Decision};
 use limiter_stack::{CallError, Origin};
