@@ -3,8 +3,8 @@
 //! conversion to the zone's calendar. Readers never wait (a reader that finds a write under way
 //! computes the window itself); a writer that finds another writing leaves it to that one.
 
-use crate::calendar::Window;
 use crate::sync::{AtomicU64, Ordering, fence};
+use crate::window::Window;
 
 /// The words kept: a window's number, its start and end, and the next window's number and end
 /// (the next starts where the first ends; an end equal to the first's: no next kept).

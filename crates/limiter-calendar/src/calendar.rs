@@ -12,6 +12,7 @@ use jiff::tz::TimeZone;
 use jiff::{Timestamp, ToSpan};
 
 use crate::cache::WindowCache;
+use crate::window::Window;
 
 /// A unit of the calendar.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -77,18 +78,6 @@ pub enum CalendarError {
     /// A period that is not a unit of the calendar.
     #[error("a calendar period is \"1d\", \"1w\" (from Monday), \"1mo\" or \"1y\", not {0:?}")]
     UnknownPeriod(String),
-}
-
-/// One window of a calendar: its number (counted from the unit that holds 1970-01-01 in the
-/// zone) and its bounds in nanoseconds since the Unix epoch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Window {
-    /// The window's number: days, weeks, months or years since the zone's 1970 start.
-    pub index: u64,
-    /// Where it starts (inclusive).
-    pub start_unix_ns: u64,
-    /// Where the next starts (exclusive).
-    pub end_unix_ns: u64,
 }
 
 /// A unit of the calendar in a time zone.

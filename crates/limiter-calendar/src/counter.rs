@@ -4,7 +4,8 @@
 
 use limiter_core::{Algorithm, Decision, DecisionError, Limit, LimitError, Step, Usage};
 
-use crate::calendar::{Calendar, Window};
+use crate::calendar::Calendar;
+use crate::window::Window;
 
 /// Bits of the state word that count units; the window's number (plus one: 0 is fresh) is above.
 const COUNT_BITS: u32 = 40;

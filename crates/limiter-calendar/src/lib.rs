@@ -34,9 +34,11 @@ mod cache_tests;
 mod calendar;
 mod counter;
 mod sync;
+mod window;
 
-pub use calendar::{Calendar, CalendarError, CalendarUnit, Window};
+pub use calendar::{Calendar, CalendarError, CalendarUnit};
 pub use counter::{CalendarCounter, MAX_CALENDAR_COUNT};
+pub use window::Window;
 
 /// One calendar window counter (build it with `DirectLimiter::from_algorithm`).
 pub type CalendarWindow<C = limiter_core::DefaultClock> =
