@@ -165,6 +165,13 @@ async fn a_batch_spans_stacks_shadow_calls_never_block_and_bad_calls_are_refused
     assert!(matches!(err, BatchError::Call { index: 1, .. }), "{err}");
     assert!(err.to_string().contains("call 1"), "{err}");
     assert_eq!(backend.stats().round_trips, trips, "nothing was sent");
+    // The stack that refuses it says so alike, with nothing sent.
+    let BatchError::Call { source, .. } = err else {
+        unreachable!()
+    };
+    assert_eq!(trial.check_cost(&ada, 2), Err(source));
+    assert_eq!(trial.check_cost(&ada, 1), Ok(()));
+    assert_eq!(backend.stats().round_trips, trips, "nothing was sent");
 
     // A stack of another backend cannot join: one batch is one script call.
     let other = backend_at(&server.url(), &clock).await;

@@ -340,6 +340,19 @@ async fn one_configuration_answers_alike_on_redis_and_in_memory() {
         let reset = reset.and_then(|r| r.as_u64()).expect("a reset");
         assert!(before_ms <= reset && reset <= now_ms() + 1, "{reset}");
         seen.push(fresh);
+        // The bucket's cost in a batch, after an item that fits: the batch's error names the
+        // same limit (on Redis, found from the item that refuses it).
+        let (status, error) = client
+            .post(
+                "/v1/ratelimit/many",
+                &json!({"requests": [
+                    {"policy": "hourly", "identifier": "fay", "cost": 1},
+                    {"policy": "rated", "identifier": "eve", "cost": 16},
+                ]}),
+            )
+            .await;
+        assert_eq!(status, 400, "{error}");
+        seen.push(error);
         answers.push(seen);
     }
     let month_end_ms = next_berlin_month_ms();
@@ -375,6 +388,11 @@ async fn one_configuration_answers_alike_on_redis_and_in_memory() {
             seen[5]
         );
         assert_eq!(seen[6]["remaining"], 100, "{}", seen[6]);
+        assert!(
+            message(7).starts_with("layer `identifier`, limit 1: cost 16"),
+            "{}",
+            seen[7]
+        );
     }
     let without_source = |seen: &Vec<Value>| -> Vec<Value> {
         seen.iter()

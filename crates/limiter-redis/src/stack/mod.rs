@@ -224,6 +224,14 @@ impl<R> RedisStack<R> {
         self.prepare(request, 0).map(|c| c.keys).unwrap_or_default()
     }
 
+    /// The error a take of `cost` units for `request` answers before anything is sent (a cost
+    /// above the burst of a limit it touches), found without a call to Redis; `Ok` when such
+    /// a take can be decided. A batch's error does not say which call it came from: this
+    /// finds it.
+    pub fn check_cost(&self, request: &R, cost: u64) -> Result<(), CallError> {
+        self.prepare(request, cost).map(drop)
+    }
+
     /// The stack's name.
     pub fn name(&self) -> &str {
         &self.name

@@ -242,7 +242,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         let stacks: Vec<&PolicyStack> = resolved.iter().map(|(stack, _, _)| stack).collect();
         let decided = crate::stacks::decide_batch(&batch, &stacks, Some(reading))
             .await
-            .map_err(|e| call_error(&e))?;
+            .map_err(|e| call_error(&self.batch_error_numbered(items, resolved, e)))?;
         // A refused batch's admitted takes were refunded and report what they hold after the
         // refund, read at the clock's reading then (no earlier than the batch's).
         let refunded_at = self.stacks.clock().now().max(reading);

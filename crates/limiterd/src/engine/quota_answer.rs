@@ -6,7 +6,8 @@
 use limiter_core::{Clock, Decision};
 use limiter_stack::{CallError, Origin};
 
-use super::{Answer, Engine, Item, Target};
+use super::decide::Resolved;
+use super::{Answer, Charge, Engine, Item, Target};
 use crate::store::quotas::{CountedIn, QuotaTaken};
 
 impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
@@ -45,6 +46,34 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             limit_index,
             source,
         }
+    }
+
+    /// A batch's `error`, numbered as in memory by the item it came from (a batch's error
+    /// does not name one): the first take whose policy stack on Redis refuses its cost before
+    /// anything is sent, as the batch refuses the first. Unchanged where that item cannot be
+    /// found (a stack in process comes first, or none refuses alike).
+    pub(super) fn batch_error_numbered(
+        &self,
+        items: &[Item],
+        resolved: &[Resolved<'_>],
+        error: CallError,
+    ) -> CallError {
+        for (item, (stack, call, _)) in items.iter().zip(resolved) {
+            if item.charge != Charge::Take || item.cost == 0 {
+                continue;
+            }
+            let Some(on_redis) = stack.per_call() else {
+                return error;
+            };
+            if let Err(refused) = on_redis.check_cost(call, item.cost) {
+                return if refused == error {
+                    self.numbered_as_in_memory(item, refused)
+                } else {
+                    error
+                };
+            }
+        }
+        error
     }
 }
 

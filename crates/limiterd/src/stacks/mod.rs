@@ -98,7 +98,7 @@ impl PolicyStack {
 
     /// The per-call Redis stack a batch decides this policy on (a leased policy's too: a batch
     /// is decided on Redis, not against a lease); `None` in process.
-    fn per_call(&self) -> Option<&RedisStack<Call>> {
+    pub(crate) fn per_call(&self) -> Option<&RedisStack<Call>> {
         match &self.on {
             OnStore::Memory(_) => None,
             OnStore::PerCall(stack) => Some(stack),
