@@ -233,10 +233,20 @@ async fn while_redis_fails_each_failure_policy_answers_reports_and_calls_on_gate
                {{ algorithm = \"token_bucket\", count = 10, period = \"1h\" }},\n]\n"
         )
     };
+    // Failing open, each gate alone and a quota beside a bucket: the answer reports the
+    // policy's tightest limit whole, as a stack failing open does.
+    let open_gates = "[policies.open_quota]\non_failure = \"open\"\n\
+        limits = [{ algorithm = \"fixed_window\", count = 3, period = \"1d\", calendar = \"UTC\" }]\n\
+        [policies.open_permits]\non_failure = \"open\"\n\
+        limits = [{ algorithm = \"concurrency\", count = 2 }]\n\
+        [policies.open_quota_and_bucket]\non_failure = \"open\"\n\
+        limits = [\n\
+          { algorithm = \"fixed_window\", count = 3, period = \"1d\", calendar = \"UTC\" },\n\
+          { algorithm = \"token_bucket\", count = 9, period = \"1s\" },\n]\n";
     let config = temp_file(
         &format!("calendar-failures-{}.toml", server.port),
         &format!(
-            "[store]\nkind = \"redis\"\nurl = \"{url}\"\n{}{}{}",
+            "[store]\nkind = \"redis\"\nurl = \"{url}\"\n{}{}{}{open_gates}",
             gated("open", "open"),
             gated("closed", "closed"),
             gated("fallback", "fallback"),
@@ -266,6 +276,32 @@ async fn while_redis_fails_each_failure_policy_answers_reports_and_calls_on_gate
             (200, &json!(true)),
             "cost {cost}: {fallback}"
         );
+        for (policy, limit) in [
+            ("open_quota", 3),
+            ("open_permits", 2),
+            ("open_quota_and_bucket", 3),
+        ] {
+            let (status, open) = client.post("/v1/ratelimit", &ask(policy, cost)).await;
+            assert_eq!(status, 200, "{policy}, cost {cost}: {open}");
+            assert_eq!(
+                (&open["limit"], &open["remaining"], &open["source"]),
+                (&json!(limit), &json!(limit), &json!("fail_open")),
+                "{policy}, cost {cost}: {open}"
+            );
+            assert!(open.get("permit").is_none(), "{policy}: {open}");
+        }
+        // In a batch too (quotas counted before the stacks, or reported beside them).
+        let batch =
+            json!({"requests": [ask("open_quota", cost), ask("open_quota_and_bucket", cost)]});
+        let (status, both) = client.post("/v1/ratelimit/many", &batch).await;
+        assert_eq!(status, 200, "cost {cost}: {both}");
+        for open in both["results"].as_array().expect("results") {
+            assert_eq!(
+                (&open["limit"], &open["remaining"], &open["source"]),
+                (&json!(3), &json!(3), &json!("fail_open")),
+                "cost {cost}: {both}"
+            );
+        }
     }
 }
 

@@ -12,7 +12,7 @@ use crate::metrics::{Counted, FailurePolicy};
 use crate::store::permits::{PermitFailure, PolicyPermits, Taken};
 use crate::store::quotas::{CountedIn, PolicyQuota, QuotaFailure, QuotaTaken};
 
-use super::quota_answer::{quota_origin, tighter};
+use super::quota_answer::{folded, quota_origin, tighter};
 
 use super::*;
 
@@ -50,7 +50,11 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                         } => return Ok((self.busy(item, permits, held, retry_after_ns), None)),
                     }
                 }
-                Err(failure) => return self.permit_store_failed(item, time_ms, failure).await,
+                Err(failure) => {
+                    return self
+                        .permit_store_failed(item, time_ms, permits, failure)
+                        .await;
+                }
             },
         };
         let counted = match self.take_quotas(item, quotas).await {
@@ -88,15 +92,19 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
     ) -> Result<(Answer, Option<String>), DecideError> {
         let (mut answer, _) = self.decide_ungated(item, time_ms).await?;
         for quota in quotas {
-            match self.quota_state(item, quota).await {
-                Ok(state) => answer = tighter(answer, &state),
-                Err(failure) => self.gate_failed(failure.closed, failure.message)?,
-            }
+            let state = match self.quota_state(item, quota).await {
+                Ok(state) => state,
+                Err(failure) => self.quota_failed(quota, failure)?,
+            };
+            answer = tighter(answer, &state);
         }
         if let Some(permits) = permits {
             match permits.held(&item.identifier).await {
                 Ok(held) => answer = reported(answer, permits, held),
-                Err(failure) => self.gate_failed(failure.closed, failure.message)?,
+                Err(failure) => {
+                    self.gate_failed(failure.closed, failure.message)?;
+                    answer = folded(answer, none_held(permits, self.now_unix_ns()));
+                }
             }
         }
         Ok((answer, None))
@@ -139,6 +147,17 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         Ok(())
     }
 
+    /// A quota whose store failed: a closed policy refuses (503); an open one counts nothing
+    /// and reports the whole window left, answered as failing open.
+    pub(super) fn quota_failed(
+        &self,
+        quota: &PolicyQuota,
+        failure: QuotaFailure,
+    ) -> Result<QuotaTaken, DecideError> {
+        self.gate_failed(failure.closed, failure.message)?;
+        Ok(quota.failed_open(self.now_unix_ns()))
+    }
+
     /// Counts the item's cost in each quota, all or nothing: the quotas counted, or (one
     /// denied, or its store failing closed) the answer to give, the others given back.
     pub(super) async fn take_quotas<'q>(
@@ -168,19 +187,20 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                         .count(Counted::Denied { shadow: false }, &item.identifier);
                     let answer = Answer {
                         decision: denied.decision,
-                        origin: Some(quota_origin(denied.place)),
+                        origin: quota_origin(denied.place),
                         at_unix_ns: denied.at_unix_ns,
                     };
                     return Err(Ok((answer, None)));
                 }
                 // Open: this quota counts nothing while its store fails (a falling-back
                 // policy's stand-in answered instead of failing).
-                Err(failure) => {
-                    if let Err(refused) = self.gate_failed(failure.closed, failure.message) {
+                Err(failure) => match self.quota_failed(quota, failure) {
+                    Ok(nothing_counted) => counted.push((quota, nothing_counted)),
+                    Err(refused) => {
                         refund_quotas(item, &counted, self.now_unix_ns()).await;
                         return Err(Err(refused));
                     }
-                }
+                },
             }
         }
         Ok(counted)
@@ -291,16 +311,18 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
     }
 
     /// The permits' store failed: the policy's failure policy answers (open admits without a
-    /// permit, closed refuses; a falling-back policy's table answered before this).
+    /// permit, reporting all of them free; closed refuses; a falling-back policy's table
+    /// answered before this).
     async fn permit_store_failed(
         &self,
         item: &Item,
         time_ms: Option<u64>,
+        permits: &PolicyPermits,
         failure: PermitFailure,
     ) -> Result<(Answer, Option<String>), DecideError> {
         self.gate_failed(failure.closed, failure.message)?;
         let (answer, _) = self.decide_ungated(item, time_ms).await?;
-        Ok((answer, None))
+        Ok((folded(answer, none_held(permits, self.now_unix_ns())), None))
     }
 
     pub(super) fn now_unix_ns(&self) -> u64 {
@@ -326,6 +348,17 @@ pub(super) async fn refund_quotas(
         quota
             .refund(&item.identifier, item.cost, taken, now_unix_ns)
             .await;
+    }
+}
+
+/// The permits' answer while their store fails and their policy fails open: none taken, all
+/// of the count left, answered as failing open (as a stack failing open reports its limits).
+fn none_held(permits: &PolicyPermits, at_unix_ns: u64) -> Answer {
+    let count = permits.limit().count;
+    Answer {
+        decision: Decision::allow(count, count, 0),
+        origin: None,
+        at_unix_ns,
     }
 }
 

@@ -83,12 +83,18 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
 /// reading (a quota's, measured from its own, names the window's end exactly) and answered by
 /// whoever bound it.
 pub(super) fn tighter(answer: Answer, quota: &QuotaTaken) -> Answer {
-    let (ours, theirs) = (answer.decision, quota.decision);
     let quota_answer = Answer {
-        decision: theirs,
-        origin: Some(quota_origin(quota.place)),
+        decision: quota.decision,
+        origin: quota_origin(quota.place),
         at_unix_ns: quota.at_unix_ns,
     };
+    folded(answer, quota_answer)
+}
+
+/// `answer` beside a gate's (a quota's, or permits whose store failed open), folded as
+/// [`tighter`] folds a quota's.
+pub(super) fn folded(answer: Answer, quota_answer: Answer) -> Answer {
+    let (ours, theirs) = (answer.decision, quota_answer.decision);
     if ours.limit() == u64::MAX {
         // No limit of the stack applied: the quota's answer alone.
         return quota_answer;
@@ -117,11 +123,13 @@ pub(super) fn tighter(answer: Answer, quota: &QuotaTaken) -> Answer {
     }
 }
 
-/// Who answered for a quota: Redis, or this node's stand-in while Redis failed.
-pub(super) fn quota_origin(place: CountedIn) -> Origin {
+/// Who answered for a quota: Redis, this node's stand-in while Redis failed, or nobody (its
+/// policy failed open).
+pub(super) fn quota_origin(place: CountedIn) -> Option<Origin> {
     match place {
-        CountedIn::Redis { .. } => Origin::Remote,
-        CountedIn::Fallback { .. } => Origin::Fallback,
+        CountedIn::Redis { .. } => Some(Origin::Remote),
+        CountedIn::Fallback { .. } => Some(Origin::Fallback),
+        CountedIn::Nowhere => None,
     }
 }
 

@@ -123,10 +123,11 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                 continue;
             }
             for quota in self.gates_of(item).1 {
-                match self.quota_state(item, quota).await {
-                    Ok(state) => *answer = tighter(*answer, &state),
-                    Err(failure) => self.gate_failed(failure.closed, failure.message)?,
-                }
+                let state = match self.quota_state(item, quota).await {
+                    Ok(state) => state,
+                    Err(failure) => self.quota_failed(quota, failure)?,
+                };
+                *answer = tighter(*answer, &state);
             }
         }
         Ok(())

@@ -56,6 +56,8 @@ pub enum CountedIn {
         /// When it was counted.
         at_unix_ns: u64,
     },
+    /// Nowhere: Redis failed and the policy fails open (the whole window reported left).
+    Nowhere,
 }
 
 /// This node's share of a quota while Redis fails: a calendar window counter per key, or none
@@ -205,6 +207,17 @@ impl PolicyQuota {
         })
     }
 
+    /// What the quota answers while its store fails and its policy fails open: nothing
+    /// counted, the whole window left (as a stack failing open reports its limits).
+    pub fn failed_open(&self, at_unix_ns: u64) -> QuotaTaken {
+        let count = self.quota.count();
+        QuotaTaken {
+            decision: limiter_core::Decision::allow(count, count, 0),
+            place: CountedIn::Nowhere,
+            at_unix_ns,
+        }
+    }
+
     fn key<'a>(&self, identifier: &'a str) -> &'a str {
         match self.keying {
             Keying::Identifier => identifier,
@@ -274,7 +287,7 @@ impl PolicyQuota {
             (CountedIn::Fallback { at_unix_ns }, Some(local)) => {
                 local.refund(key, units, at_unix_ns, now_unix_ns);
             }
-            (CountedIn::Fallback { .. }, None) => {}
+            (CountedIn::Fallback { .. }, None) | (CountedIn::Nowhere, _) => {}
         }
     }
 
