@@ -17,30 +17,60 @@ use crate::stack::build::check_name;
 
 /// Picks the window holding `now` (the caller's, or the next), then counts in it: a take only
 /// within the count, a record whatever it holds, up to `cap`. `ARGV = [now?, cost, count,
-/// index, end_ms, next_index, next_end_ms, record, cap]`: `{admitted, used, ms to the window's
-/// end, the window's number}` (a record is admitted when the window is still within its count).
-const TAKE: &str = "local index, finish = ARGV[4], tonumber(ARGV[5]) \
+/// index, end_ms, next_index, next_end_ms, record, cap, calendar]`: `{admitted, used, ms to
+/// the window's end, the window's number}` (a record is admitted when the window is still
+/// within its count).
+///
+/// A key's counter is `index:used:count:calendar` (the window's number, the units counted in
+/// it, and the count and calendar that counted them; `index:used` alone in keys written before
+/// those were kept). A counter written under another count or calendar keeps its consumption:
+/// the same fraction of the count, rounded up, as a changed limit keeps it in process; under
+/// another calendar its window is still on (the key lives until that window ends), so it counts
+/// in the window the current calendar is in. `scaled` is exact while `used * new` is below
+/// 2^53 (Lua's numbers are doubles), and above it rounds up by at most one unit more.
+const TAKE: &str = "local function scaled(used, old, new) \
+  if old == new then return used end \
+  local p, q = used * new, 0 \
+  if p < 9007199254740992 then \
+    q = math.floor(p / old) \
+    local r = p - q * old \
+    if r < 0 then q = q - 1 elseif r >= old then q = q + 1 end \
+    if q * old < p then q = q + 1 end \
+  else q = math.ceil(used / old * new) + 1 end \
+  return math.min(q, 2 * new) \
+end \
+local index, finish = ARGV[4], tonumber(ARGV[5]) \
 if now >= finish then index, finish = ARGV[6], tonumber(ARGV[7]) end \
 local cost, count = tonumber(ARGV[2]), tonumber(ARGV[3]) \
 local used = 0 \
 local held = redis.call('GET', KEYS[1]) \
-if held then local i, c = string.match(held, '^(%d+):(%d+)$') if i == index then used = tonumber(c) end end \
+if held then \
+  local i, c, rest = string.match(held, '^(%d+):(%d+)(.*)$') \
+  local n, cal = string.match(rest or '', '^:(%d+):(.+)$') \
+  if cal ~= nil and cal ~= ARGV[10] then used = scaled(tonumber(c), tonumber(n), count) \
+  elseif i == index then \
+    used = tonumber(c) \
+    if n ~= nil then used = scaled(used, tonumber(n), count) end \
+  end \
+end \
 local left = math.max(1, finish - now) \
 local within = used + cost <= count \
 if within or ARGV[8] == '1' then \
   local after = math.min(used + cost, tonumber(ARGV[9])) \
-  if cost > 0 then redis.call('SET', KEYS[1], index .. ':' .. after, 'PX', left) end \
+  if cost > 0 then \
+    redis.call('SET', KEYS[1], index .. ':' .. after .. ':' .. ARGV[3] .. ':' .. ARGV[10], 'PX', left) \
+  end \
   return {within and 1 or 0, after, left, tonumber(index)} \
 end \
 return {0, used, left, tonumber(index)}";
 
 /// Gives `units` back to window `index` if the key still counts in it. `ARGV = [units, index]`:
-/// the units left counted.
+/// the units left counted (the count and calendar that counted them kept).
 const REFUND: &str = "local held = redis.call('GET', KEYS[1]) if not held then return 0 end \
-local i, c = string.match(held, '^(%d+):(%d+)$') \
+local i, c, rest = string.match(held, '^(%d+):(%d+)(.*)$') \
 if i ~= ARGV[2] then return 0 end \
 local used = math.max(0, tonumber(c) - tonumber(ARGV[1])) \
-redis.call('SET', KEYS[1], i .. ':' .. used, 'KEEPTTL') \
+redis.call('SET', KEYS[1], i .. ':' .. used .. rest, 'KEEPTTL') \
 return used";
 
 /// Calendar quotas per key on Redis (see the module docs).
@@ -156,6 +186,7 @@ impl RedisQuota {
             ms(next.end_unix_ns),
             u8::from(record).to_string(),
             self.count.saturating_mul(Usage::MAX_DEBT).to_string(),
+            calendar_id(&self.calendar),
         ];
         let reply = self.run(key, TAKE, true, &args).await?;
         // The window Redis counted in: ours, or the next when its clock had passed ours.
@@ -224,6 +255,12 @@ impl RedisQuota {
             .eval_on_key(&redis_key, body, timed, &args)
             .await
     }
+}
+
+/// What a counter names its calendar by (`1mo@Europe/Berlin`): a counter written under
+/// another keeps its consumption in this one's window (see [`TAKE`]).
+fn calendar_id(calendar: &Calendar) -> String {
+    format!("{}@{}", calendar.unit().period(), calendar.zone())
 }
 
 fn numbers(reply: &Value) -> Result<[u64; 4], BackendError> {

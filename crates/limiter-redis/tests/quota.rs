@@ -8,7 +8,7 @@ use limiter_testkit::redis_server as common;
 
 use std::time::Duration;
 
-use limiter_calendar::{Calendar, CalendarUnit};
+use limiter_calendar::{Calendar, CalendarUnit, MAX_CALENDAR_COUNT};
 use limiter_core::ManualClock;
 use limiter_redis::RedisBackend;
 
@@ -157,7 +157,7 @@ async fn a_record_counts_whatever_the_window_holds_and_leaves_it_in_debt_until_i
         .arg("limiter:quota:tokens:{acme}")
         .query(&mut redis)
         .unwrap();
-    assert_eq!(held, format!("{}:20", within.window));
+    assert_eq!(held, format!("{}:20:10:1d@Europe/Berlin", within.window));
     clock.set(MIDNIGHT);
     let next_day = quota.take("acme", 10, MIDNIGHT).await.unwrap();
     assert!(next_day.decision.is_allowed());
@@ -196,4 +196,61 @@ async fn bad_settings_are_refused_naming_what_is_wrong() {
         .with_prefix("")
         .unwrap_err();
     assert!(err.to_string().contains("prefix `` is empty"), "{err}");
+}
+
+#[tokio::test]
+async fn a_counter_keeps_its_consumption_when_its_count_or_calendar_changes() {
+    let server = common::RedisServer::start();
+    let clock = ManualClock::new();
+    let at = MIDNIGHT - 100 * S;
+    clock.set(at);
+    let backend = pinned(&server, &clock).await;
+    let quota = |count: u64, calendar: Calendar| backend.quota("plan", count, calendar).unwrap();
+    let left = |answer: limiter_redis::QuotaAnswer| answer.decision.remaining();
+    assert_eq!(left(quota(3, day()).take("acme", 1, at).await.unwrap()), 2);
+    // 1 of 3 used is 2 of 6 (the same fraction, rounded up); 3 of 6 is 2 of 3.
+    assert_eq!(left(quota(6, day()).take("acme", 0, at).await.unwrap()), 4);
+    assert_eq!(left(quota(6, day()).take("acme", 1, at).await.unwrap()), 3);
+    assert_eq!(left(quota(3, day()).take("acme", 0, at).await.unwrap()), 1);
+    // Another calendar: the counter's day is still on, so it counts in the month's window.
+    let month = Calendar::new(CalendarUnit::Month, "Asia/Tokyo").expect("known zone");
+    let in_month = quota(12, month.clone()).take("acme", 0, at).await.unwrap();
+    assert_eq!(left(in_month), 6, "3 of 6 used is 6 of 12");
+    assert_eq!(in_month.window, month.window(at).expect("in range").index);
+    // Once the day it counted in has ended, nothing carries over.
+    clock.set(MIDNIGHT);
+    assert_eq!(
+        left(quota(3, day()).take("acme", 0, MIDNIGHT).await.unwrap()),
+        3
+    );
+
+    // A counter written as `index:used` (before the count and calendar were kept) counts as
+    // written under the same ones.
+    let mut redis = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let window = day().window(MIDNIGHT).expect("in range").index;
+    let _: () = redis::cmd("SET")
+        .arg("limiter:quota:plan:{old}")
+        .arg(format!("{window}:2"))
+        .query(&mut redis)
+        .unwrap();
+    assert_eq!(
+        left(quota(3, day()).take("old", 0, MIDNIGHT).await.unwrap()),
+        1
+    );
+
+    // Counts past 2^53 in Lua's doubles: never less than the exact fraction, rounded up, and
+    // at most one more.
+    let (old, new) = (MAX_CALENDAR_COUNT, MAX_CALENDAR_COUNT - 2);
+    let used = old / 3 + 1;
+    let exact = (u128::from(used) * u128::from(new)).div_ceil(u128::from(old));
+    let exact = u64::try_from(exact).unwrap();
+    quota(old, day()).take("big", used, MIDNIGHT).await.unwrap();
+    let scaled = new - left(quota(new, day()).take("big", 0, MIDNIGHT).await.unwrap());
+    assert!(
+        exact <= scaled && scaled <= exact + 1,
+        "{scaled} for {exact}"
+    );
 }

@@ -262,6 +262,61 @@ async fn reload_keeps_counters(name: &str, args: &[&str]) {
     assert_eq!(api["remaining"], 4, "{api}");
 }
 
+/// A calendar quota whose count, then calendar, then count again change by reloads keeps its
+/// consumption on Redis as in memory: the same fraction of the count, rounded up, in the new
+/// calendar's window.
+#[tokio::test]
+async fn a_reloaded_calendar_quota_keeps_its_consumption_on_redis_as_in_memory() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let text = |count: u64, period: &str, zone: &str| {
+        format!(
+            "[server]\nreload_check_ms = 50\n[policies.plan]\nlimits = [{{ algorithm = \
+             \"fixed_window\", count = {count}, period = \"{period}\", calendar = \"{zone}\" }}]\n"
+        )
+    };
+    let steps = [
+        (6, "1mo", "UTC"),
+        (12, "1d", "Asia/Tokyo"),
+        (3, "1d", "Asia/Tokyo"),
+    ];
+    let mut seen = Vec::new();
+    for (store, args) in [("memory", vec![]), ("redis", vec!["--redis", url.as_str()])] {
+        let path = temp_file(
+            &format!("quota-reload-{store}-{}.toml", server.port),
+            &text(3, "1mo", "UTC"),
+        );
+        let mut all = vec!["--config", path.to_str().expect("UTF-8")];
+        all.extend_from_slice(&args);
+        let daemon = Daemon::start(&all);
+        let mut client = Client::connect(daemon.addr).await;
+        let ask = |cost: u64| json!({"policy": "plan", "identifier": "acme", "cost": cost});
+        assert_eq!(client.decide(ask(1)).await["remaining"], 2, "{store}");
+        let mut answers = Vec::new();
+        for (applied, (count, period, zone)) in steps.into_iter().enumerate() {
+            std::fs::write(&path, text(count, period, zone)).expect("write");
+            let line = "limiterd_config_reloads_total{result=\"applied\"}";
+            let want = Some((applied + 1).to_string());
+            eventually!(
+                format!("reload {applied} on {store}"),
+                Duration::from_secs(20),
+                { async { (metric(&mut client, line).await == want).then_some(()) }.await }
+            );
+            let answer = client.decide(ask(0)).await;
+            answers.push((answer["limit"].clone(), answer["remaining"].clone()));
+            if applied == 0 {
+                // 2 of 6 used; one more makes 3 of 6.
+                assert_eq!(client.decide(ask(1)).await["remaining"], 3, "{store}");
+            }
+        }
+        seen.push(answers);
+    }
+    // 1 of 3 is 2 of 6; 3 of 6 is 6 of 12 in Tokyo's day; 6 of 12 is 2 of 3.
+    let expected = [(6, 4), (12, 6), (3, 1)].map(|(l, r)| (json!(l), json!(r)));
+    assert_eq!(seen[0], expected, "in memory");
+    assert_eq!(seen[1], expected, "on Redis");
+}
+
 #[tokio::test]
 async fn sighup_reloads_envoy_descriptor_files() {
     let yaml = |n: u32| {
