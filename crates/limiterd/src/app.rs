@@ -152,6 +152,56 @@ mod tests {
     }
 
     #[test]
+    fn a_reload_says_which_policies_kept_their_counters_and_keeps_them() {
+        let text = |api_failure: &str, api: u64, exports: u64| {
+            format!(
+                "[policies.api]\non_failure = \"{api_failure}\"\nlimits = [{{ algorithm = \"token_bucket\", count = {api}, period = \"1m\" }}]\n\
+                 [policies.exports]\nlimits = [{{ algorithm = \"concurrency\", count = {exports} }}]\n\
+                 [policies.same]\nlimits = [{{ algorithm = \"concurrency\", count = 1 }}]\n"
+            )
+        };
+        let config = Config::parse(&text("open", 5, 2)).unwrap();
+        let app = AppState::build(&config, Domains::default(), ManualClock::new(), None).unwrap();
+        let item = |app: &AppState<ManualClock>, cost: u64| Item {
+            target: Target::Policy(app.engine.policy_id("api").expect("configured")),
+            identifier: "u".into(),
+            cost,
+            shadow: false,
+            charge: crate::engine::Charge::Take,
+        };
+        let remaining = |app: &AppState<ManualClock>, cost: u64| {
+            let (_, answers) =
+                decided_at_once(app.engine.decide(std::slice::from_ref(&item(app, cost)))).unwrap();
+            answers[0].decision.remaining()
+        };
+        assert_eq!(remaining(&app, 2), 3);
+        // Only the failure policy changed: in memory the stack is its limits, kept whole.
+        let (app, carried) = app
+            .reloaded(
+                &Config::parse(&text("closed", 5, 2)).unwrap(),
+                Domains::default(),
+            )
+            .unwrap();
+        assert_eq!(carried.kept, ["api", "exports", "same"]);
+        assert_eq!(remaining(&app, 0), 3);
+        // A changed count: rescaled, the permits' policy too (its permits stay held).
+        let (app, carried) = app
+            .reloaded(
+                &Config::parse(&text("closed", 10, 3)).unwrap(),
+                Domains::default(),
+            )
+            .unwrap();
+        assert_eq!(
+            (carried.kept, carried.rescaled),
+            (
+                vec!["same".to_owned()],
+                vec!["api".to_owned(), "exports".to_owned()]
+            )
+        );
+        assert_eq!(remaining(&app, 0), 6, "2 of 5 used is 4 of 10");
+    }
+
+    #[test]
     fn a_redis_store_without_a_connection_is_a_typed_error() {
         let config = Config::parse(
             "[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:1\"\n[policies.api]\nlimits = [{ algorithm = \"token_bucket\", count = 1, period = \"1m\" }]\n",

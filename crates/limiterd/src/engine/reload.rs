@@ -41,15 +41,28 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             carried.kept.push(name.to_owned());
             return Some((stack, plan));
         }
+        // The same limits (the failure policy or lease changed): the counters are kept.
+        let same_limits = spec.limits == policy.limits && spec.concurrency == policy.concurrency;
         if names_keys {
             // Keys are named by stack, layer and place: a new stack finds them in Redis, and
             // the script rescales those written under other limits. (A leased stack's leases
             // stay with the old stack until they expire.)
-            if spec.limits == policy.limits {
+            if same_limits {
                 carried.kept.push(name.to_owned());
             } else {
                 carried.rescaled.push(name.to_owned());
             }
+            return None;
+        }
+        if same_limits && !previous.store_changed {
+            // In process a stack is its limits alone: the same ones keep it whole.
+            carried.kept.push(name.to_owned());
+            return Some((stack, plan));
+        }
+        if groups(policy).is_empty() && groups(&spec).is_empty() {
+            // No rate limit before or after: the policy's counters are its permits, which the
+            // store holds whatever the count (a new stack of no layer is built).
+            carried.rescaled.push(name.to_owned());
             return None;
         }
         if !same_shape(&spec, policy) {
