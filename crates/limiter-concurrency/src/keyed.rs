@@ -3,12 +3,12 @@
 
 use std::borrow::Borrow;
 use std::fmt;
-use std::hash::Hash;
+use std::hash::{BuildHasher, Hash};
 use std::ops::Deref;
 use std::sync::Arc;
 
 use limiter_core::{Algorithm, Clock, DefaultClock, Limit, LimitError};
-use limiter_store::{ShardedStore, Store, StoreStats};
+use limiter_store::{DefaultHasher, ShardedStore, Store, StoreStats};
 
 use crate::permits::{PermitCount, Recent, Releasing};
 use crate::sync::AtomicU64;
@@ -67,9 +67,9 @@ pub enum Refused {
 /// # drop(second);
 /// # Ok(()) }
 /// ```
-pub struct KeyedConcurrency<K> {
+pub struct KeyedConcurrency<K, S = DefaultHasher> {
     permits: PermitCount,
-    store: ShardedStore<K>,
+    store: ShardedStore<K, S>,
     /// Read when a key is inserted, to stamp it (the grace above).
     clock: Box<dyn Clock>,
     /// The newest insert's reading: what a sweep measures the grace against. Only a hint (a
@@ -77,7 +77,7 @@ pub struct KeyedConcurrency<K> {
     recent: AtomicU64,
 }
 
-impl<K> fmt::Debug for KeyedConcurrency<K> {
+impl<K, S> fmt::Debug for KeyedConcurrency<K, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KeyedConcurrency")
             .field("count", &self.permits.count())
@@ -90,9 +90,30 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> KeyedConcurrency<K> {
     pub fn new(count: u64) -> Result<Self, LimitError> {
         Self::with_store(count, ShardedStore::new())
     }
+}
 
-    /// As [`new`](Self::new), in `store` (its shards and hasher chosen).
-    pub fn with_store(count: u64, store: ShardedStore<K>) -> Result<Self, LimitError> {
+impl<K, S> KeyedConcurrency<K, S>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: BuildHasher + Send + Sync,
+{
+    /// As [`new`](Self::new), in `store` (its shards and hasher chosen: SipHash,
+    /// `std::hash::RandomState`, where keys come from an adversary who can time the calls).
+    ///
+    /// ```
+    /// use limiter_concurrency::KeyedConcurrency;
+    /// use limiter_store::ShardedStore;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = ShardedStore::with_hasher(std::hash::RandomState::new());
+    /// let exports = KeyedConcurrency::<String, _>::with_store(1, store)?;
+    /// let held = exports.try_acquire("acme")?;
+    /// assert!(exports.try_acquire("acme").is_err());
+    /// drop(held);
+    /// assert!(exports.try_acquire("acme").is_ok());
+    /// # Ok(()) }
+    /// ```
+    pub fn with_store(count: u64, store: ShardedStore<K, S>) -> Result<Self, LimitError> {
         Self::with_store_and_clock(count, store, DefaultClock::new())
     }
 
@@ -100,7 +121,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> KeyedConcurrency<K> {
     /// (a `ManualClock` in tests of the grace a released key gets).
     pub fn with_store_and_clock(
         count: u64,
-        store: ShardedStore<K>,
+        store: ShardedStore<K, S>,
         clock: impl Clock + 'static,
     ) -> Result<Self, LimitError> {
         Ok(Self {
@@ -117,7 +138,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> KeyedConcurrency<K> {
     }
 
     /// Takes one permit for `key`, released when the answer is dropped.
-    pub fn try_acquire<Q>(&self, key: &Q) -> Result<Permit<'_, K>, Refused>
+    pub fn try_acquire<Q>(&self, key: &Q) -> Result<Permit<'_, K, S>, Refused>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -127,7 +148,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> KeyedConcurrency<K> {
 
     /// Takes `units` permits for `key` at once (all or none), released together when the
     /// answer is dropped.
-    pub fn try_acquire_n<Q>(&self, key: &Q, units: u64) -> Result<Permit<'_, K>, Refused>
+    pub fn try_acquire_n<Q>(&self, key: &Q, units: u64) -> Result<Permit<'_, K, S>, Refused>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -142,7 +163,7 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> KeyedConcurrency<K> {
         self: &Arc<Self>,
         key: &Q,
         units: u64,
-    ) -> Result<OwnedPermit<K>, Refused>
+    ) -> Result<OwnedPermit<K, S>, Refused>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -222,10 +243,11 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> KeyedConcurrency<K> {
 /// Permits held for one key, released when dropped (or by [`release`](Held::release)); `H` is
 /// how the permit reaches its limiter: a borrow ([`Permit`]) or an `Arc` ([`OwnedPermit`]).
 #[must_use = "a permit is released as soon as it is dropped"]
-pub struct Held<H, K>
+pub struct Held<H, K, S = DefaultHasher>
 where
-    H: Deref<Target = KeyedConcurrency<K>>,
+    H: Deref<Target = KeyedConcurrency<K, S>>,
     K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: BuildHasher + Send + Sync,
 {
     limiter: H,
     key: K,
@@ -233,15 +255,16 @@ where
 }
 
 /// A permit borrowing its limiter.
-pub type Permit<'a, K> = Held<&'a KeyedConcurrency<K>, K>;
+pub type Permit<'a, K, S = DefaultHasher> = Held<&'a KeyedConcurrency<K, S>, K, S>;
 
 /// A permit owning a handle on its limiter.
-pub type OwnedPermit<K> = Held<Arc<KeyedConcurrency<K>>, K>;
+pub type OwnedPermit<K, S = DefaultHasher> = Held<Arc<KeyedConcurrency<K, S>>, K, S>;
 
-impl<H, K> Held<H, K>
+impl<H, K, S> Held<H, K, S>
 where
-    H: Deref<Target = KeyedConcurrency<K>>,
+    H: Deref<Target = KeyedConcurrency<K, S>>,
     K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: BuildHasher + Send + Sync,
 {
     fn new(limiter: H, key: K, units: u64) -> Self {
         Self {
@@ -268,10 +291,11 @@ where
     }
 }
 
-impl<H, K> Drop for Held<H, K>
+impl<H, K, S> Drop for Held<H, K, S>
 where
-    H: Deref<Target = KeyedConcurrency<K>>,
+    H: Deref<Target = KeyedConcurrency<K, S>>,
     K: Hash + Eq + Clone + Send + Sync + 'static,
+    S: BuildHasher + Send + Sync,
 {
     fn drop(&mut self) {
         if self.units > 0 {
@@ -280,10 +304,11 @@ where
     }
 }
 
-impl<H, K> fmt::Debug for Held<H, K>
+impl<H, K, S> fmt::Debug for Held<H, K, S>
 where
-    H: Deref<Target = KeyedConcurrency<K>>,
+    H: Deref<Target = KeyedConcurrency<K, S>>,
     K: Hash + Eq + Clone + Send + Sync + fmt::Debug + 'static,
+    S: BuildHasher + Send + Sync,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Permit")
