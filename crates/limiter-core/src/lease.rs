@@ -175,6 +175,43 @@ impl LeaseCell {
         }
     }
 
+    /// Adds `units` to the lease the cell holds at `now`, keeping at most `keep` of what is
+    /// left of it, all held until `deadline` (rounded down to a tick): a lease renewed ahead,
+    /// while callers still spend it, by the one caller renewing. What is left beyond `keep`
+    /// (the store counts no more as still held), and anything left of a lease expired or
+    /// closed, is not kept; a denial is replaced. At most [`MAX_LEASE_UNITS`] are held (any
+    /// more are never spent). Returns whether the cell holds the lease (not when it would hold
+    /// nothing, or the deadline is past what the word holds).
+    pub fn top_up(&self, keep: u64, units: u64, deadline: u64, now: u64) -> bool {
+        let Some(tick) = tick_of(deadline) else {
+            return false;
+        };
+        // Relaxed (here and in the exchange): as in `spend`, the word is the whole lease. A
+        // spend that lands between the load and the exchange fails the exchange, which reads
+        // the word again: a unit is spent from the old word or counted in the new, never both.
+        let mut word = self.word.load(Ordering::Relaxed);
+        loop {
+            let left = if word & DENIED == 0 && is_live(word, now) {
+                (word & UNITS).min(keep)
+            } else {
+                0
+            };
+            let held = left.saturating_add(units).min(UNITS);
+            if held == 0 {
+                return false;
+            }
+            match self.word.compare_exchange_weak(
+                word,
+                (tick << UNIT_BITS) | held,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return true,
+                Err(actual) => word = actual,
+            }
+        }
+    }
+
     /// Records that the store denies any cost of at least `cost` until `until` (rounded down
     /// to a tick, so the denial never outlasts the store's), replacing what the cell held:
     /// call it only after [`close`](Self::close). A cost of 0 or above [`MAX_LEASE_UNITS`]
@@ -272,6 +309,33 @@ mod tests {
             LeaseCell::units_of(cell.close()),
             0,
             "a denial holds no units"
+        );
+    }
+
+    #[test]
+    fn a_top_up_keeps_at_most_what_it_is_told_and_drops_what_expired() {
+        let cell = LeaseCell::new();
+        assert!(cell.grant(10, 100 * MS));
+        assert_eq!(cell.spend(4, 0), LeaseSpend::Spent { left: 6 });
+        // 6 left, 5 of them still counted by the store: 5 kept, 20 added, a later deadline.
+        assert!(cell.top_up(5, 20, 200 * MS, 0));
+        assert_eq!(cell.spend(0, 150 * MS), LeaseSpend::Spent { left: 25 });
+        // Past the lease's deadline nothing left of it is kept.
+        assert!(cell.top_up(25, 3, 300 * MS, 250 * MS));
+        assert_eq!(cell.spend(0, 250 * MS), LeaseSpend::Spent { left: 3 });
+        // A denial is replaced; a top-up to nothing, or past the word, holds nothing new.
+        assert!(cell.deny(2, 400 * MS));
+        assert!(cell.top_up(9, 4, 500 * MS, 0));
+        assert_eq!(cell.spend(0, 0), LeaseSpend::Spent { left: 4 });
+        assert!(!LeaseCell::new().top_up(5, 0, 500 * MS, 0));
+        assert!(!cell.top_up(0, 1, u64::MAX, 0));
+        assert!(cell.top_up(4, MAX_LEASE_UNITS, 500 * MS, 0));
+        assert_eq!(
+            cell.spend(0, 0),
+            LeaseSpend::Spent {
+                left: MAX_LEASE_UNITS
+            },
+            "capped at what a lease holds"
         );
     }
 

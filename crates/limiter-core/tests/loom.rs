@@ -1,5 +1,6 @@
 //! Loom models of the lease word (`LeaseCell`): callers spending a lease race the renewer
-//! closing it, and no unit is ever both spent and refunded, or spent twice.
+//! closing it or topping it up ahead, and no unit is ever both spent and refunded, spent
+//! twice, or spent beyond what was granted and kept.
 //! Run with `cargo xtask loom` (`RUSTFLAGS="--cfg limiter_loom"`, release, 2 preemptions).
 #![cfg(limiter_loom)]
 
@@ -69,5 +70,52 @@ fn a_spender_takes_from_the_old_lease_or_the_new_never_from_both() {
         // The old lease's one unit went to the spender or to the close; the new lease's two
         // are what is left, less the spender's unit if it came after the grant.
         assert_eq!(spent + old + left, 3);
+    });
+}
+
+#[test]
+fn a_top_up_ahead_adds_to_what_spenders_leave_never_to_what_they_took() {
+    loom::model(|| {
+        let cell = Arc::new(LeaseCell::new());
+        assert!(cell.grant(2, DEADLINE));
+        let a = spender(&cell, 1);
+        let b = spender(&cell, 1);
+        let renewer = {
+            let cell = Arc::clone(&cell);
+            // Keeps whatever is left of the 2 (the store counts both), adds 3.
+            thread::spawn(move || assert!(cell.top_up(2, 3, DEADLINE, 0)))
+        };
+        let spent = a.join().unwrap() + b.join().unwrap();
+        renewer.join().unwrap();
+        let left = LeaseCell::units_of(cell.close());
+        // Every unit of the 2 granted and the 3 added is spent once or left, whatever the order.
+        assert_eq!(
+            spent, 2,
+            "two units were there for both spenders in every order"
+        );
+        assert_eq!(spent + left, 5);
+    });
+}
+
+#[test]
+fn a_top_up_keeping_less_never_lets_more_than_it_keeps_be_spent() {
+    loom::model(|| {
+        let cell = Arc::new(LeaseCell::new());
+        assert!(cell.grant(2, DEADLINE));
+        let a = spender(&cell, 2);
+        let renewer = {
+            let cell = Arc::clone(&cell);
+            // The store counts 1 of the 2 as still held: at most that one survives, beside 1.
+            thread::spawn(move || assert!(cell.top_up(1, 1, DEADLINE, 0)))
+        };
+        let spent = a.join().unwrap();
+        renewer.join().unwrap();
+        let left = LeaseCell::units_of(cell.close());
+        // Spent before the top-up: 2, then only the 1 added is left; after it: the 2 kept
+        // (1) and added (1) are there, and the spender of 2 takes both.
+        assert!(
+            (spent, left) == (2, 1) || (spent, left) == (2, 0),
+            "{spent} {left}"
+        );
     });
 }

@@ -1,8 +1,9 @@
 //! The one place limiter-redis starts work of its own: [`spawn`] runs a future on the
-//! caller's tokio runtime (a leased stack's idle sweep, the coalescer's next call, a
-//! connection's reader and writer, a cluster's slot-map refresh, the Sentinel watch) and
-//! [`pause`] waits between a watch's rounds. Library code spawns and sleeps nowhere else
-//! (`cargo xtask lint`), so what runs in the background is listed here by its callers.
+//! caller's tokio runtime (a leased stack's idle sweep and its renewing ahead, the
+//! coalescer's next call, a connection's reader and writer, a cluster's slot-map refresh, the
+//! Sentinel watch) and [`pause`] waits between a watch's rounds. Library code spawns and sleeps
+//! nowhere else (`cargo xtask lint`), so what runs in the background is listed here by its
+//! callers.
 
 use std::future::Future;
 

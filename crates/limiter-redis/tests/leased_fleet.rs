@@ -2,7 +2,8 @@
 //! key, share one `redis-server`. The fleet admits within the limit plus the slack, at least
 //! the limit less the slack, and asks Redis about once per hundred decisions. A process killed
 //! (SIGKILL) while it holds a lease loses that lease and nothing more, and the lease stops
-//! counting against the slack once it expires.
+//! counting against the slack once it expires. A lease running low is renewed ahead, in the
+//! background, keeping what is left, so its callers never wait for Redis.
 //!
 //! Time is frozen (injected), so nothing refills and no lease expires during a run unless the
 //! test moves its clock.
@@ -265,4 +266,91 @@ fn a_process_killed_holding_a_lease_loses_that_lease_and_nothing_more() {
         );
         survivor.refund_leases().await;
     });
+}
+
+/// What the ledger of the one leased key holds: each holder's units.
+fn ledger_units(url: &str) -> Vec<u64> {
+    let mut redis = redis::Client::open(url).unwrap().get_connection().unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*:lease").query(&mut redis).unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let records: Vec<(String, String)> = redis::cmd("HGETALL")
+        .arg(&keys[0])
+        .query(&mut redis)
+        .unwrap();
+    records
+        .iter()
+        .map(|(_, record)| record.split(' ').next().unwrap().parse().unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_running_low_is_renewed_ahead_keeping_what_is_left() {
+    let server = common::RedisServer::start();
+    let clock = ManualClock::starting_at(START);
+    let lease = Lease::new(Slack::units(100)).ttl(Duration::from_secs(600));
+    let node = leased_on(&server.url(), &clock, Limit::per_hour(LIMIT), lease).await;
+    // A first lease of one unit, then (the frozen clock makes demand look endless) the whole
+    // slack: 100 units.
+    while node.stats().leased < 100 {
+        node.check("hot").await.unwrap();
+    }
+    let (renewals, leased) = (node.stats().renewals, node.stats().leased);
+    // 51 spent leave 49, under half the lease: the next is asked for ahead.
+    for _ in 0..51 {
+        let d = node.check("hot").await.unwrap();
+        assert_eq!(d.origin(), Some(limiter_redis::Origin::Lease));
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while node.stats().leased == leased {
+        assert!(std::time::Instant::now() < deadline, "never renewed ahead");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // One call in the background: the 49 left are kept and 51 more taken (the slack's 100
+    // less what is kept), and the ledger counts the 100 as this holder's one lease.
+    assert_eq!(node.stats().renewals, renewals + 1);
+    assert_eq!(node.stats().leased, leased + 51);
+    assert_eq!(ledger_units(&server.url()), [100]);
+    // So 50 more calls are decided here (leaving half), none waiting for Redis.
+    for _ in 0..50 {
+        let d = node.check("hot").await.unwrap();
+        assert_eq!(d.origin(), Some(limiter_redis::Origin::Lease));
+    }
+    assert_eq!(node.stats().renewals, renewals + 1);
+    // Every unit admitted was taken from the bucket: the first call's, the leases'.
+    let taken = LIMIT - redis_remaining(&node, "hot").await;
+    assert_eq!(
+        taken,
+        node.stats().leased + 2,
+        "the two renewing callers' units"
+    );
+
+    // Redis's ledger counts fewer units as this node's than it holds (say, written over): a
+    // renewal ahead keeps no more than the ledger counts, so what the node may spend never
+    // passes what the ledger records. 50 left: one more spend asks (49 < 50).
+    let mut redis = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*:lease").query(&mut redis).unwrap();
+    let records: Vec<(String, String)> = redis::cmd("HGETALL")
+        .arg(&keys[0])
+        .query(&mut redis)
+        .unwrap();
+    let (holder, record) = &records[0];
+    let rest = record.split_once(' ').unwrap().1;
+    let _: () = redis::cmd("HSET")
+        .arg(&keys[0])
+        .arg(holder)
+        .arg(format!("20 {rest}"))
+        .query(&mut redis)
+        .unwrap();
+    let leased = node.stats().leased;
+    node.check("hot").await.unwrap();
+    while node.stats().leased == leased {
+        assert!(std::time::Instant::now() < deadline, "never renewed ahead");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // 20 kept (not the 29 left) and 80 taken: the ledger's 100 is all the node holds.
+    assert_eq!(node.stats().leased, leased + 80);
+    assert_eq!(ledger_units(&server.url()), [100]);
 }

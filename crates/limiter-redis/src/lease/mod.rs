@@ -3,15 +3,18 @@
 //! A [`LeasedStack`] (or [`LeasedLimiter`], the one-layer case) takes part of a key's budget
 //! from Redis ahead of time, in one script call: the caller's cost plus a **lease** of more
 //! units, consumed from the same state the per-call path decides on. Later calls on that key
-//! spend the lease locally, by compare-and-swap on one word ([`LeaseCell`]), until it runs
-//! out or expires; then one script call refunds what is left and takes the next lease.
+//! spend the lease locally, by compare-and-swap on one word ([`LeaseCell`]). When a spend
+//! leaves less than half of it, the next lease is taken ahead in the background, keeping what
+//! is left (`ahead.rs`); a lease that runs out or expires first is renewed by the caller that
+//! finds it empty, in one script call that refunds what is left and takes the next.
 //!
 //! The bound it keeps and how it fails are on [`LeasedStack`].
 
 //!
 //! Its parts: `options.rs` ([`Slack`], [`Lease`], [`LeaseStats`]), `table.rs` (the sharded
 //! table of leased keys and the answers spent from it locally), `renew.rs` (the script calls
-//! that renew, refund and release leases).
+//! that renew, refund and release leases), `ahead.rs` (a lease running low renewed in the
+//! background while callers spend what is left).
 
 use core::fmt;
 use std::hash::BuildHasher;
@@ -30,6 +33,7 @@ use crate::error::{BuildError, CallError};
 use crate::refund::RedisGrant;
 use crate::stack::{RedisLimiter, RedisStack};
 
+mod ahead;
 mod options;
 mod renew;
 mod table;
@@ -149,6 +153,7 @@ impl<R: Send + Sync + 'static> RedisStack<R> {
             .min()
             .unwrap_or(0)
             .min(MAX_LEASE_UNITS);
+        let (ahead, asked) = tokio::sync::mpsc::unbounded_channel();
         let shards = (0..shard_count())
             .map(|_| crossbeam_utils::CachePadded::new(RwLock::new(HashTable::new())))
             .collect();
@@ -156,6 +161,7 @@ impl<R: Send + Sync + 'static> RedisStack<R> {
             holder: holder_name(self.name()),
             least_burst: self.least_burst(),
             clock: self.backend().local_clock(),
+            ahead: Some(ahead),
             stack: self,
             lease,
             slack,
@@ -167,8 +173,10 @@ impl<R: Send + Sync + 'static> RedisStack<R> {
             refunded: AtomicU64::new(0),
         });
         if most > 0 {
-            // Without a runtime nothing sweeps: idle leases then expire in Redis on their own.
+            // Without a runtime nothing sweeps (idle leases then expire in Redis on their
+            // own) and nothing renews ahead (the receiver dropped, a spend's ask finds none).
             let _ = crate::task::spawn(sweep(Arc::downgrade(&shared)));
+            let _ = crate::task::spawn(ahead::renew_asked(Arc::downgrade(&shared), asked));
         }
         Ok(LeasedStack { shared })
     }

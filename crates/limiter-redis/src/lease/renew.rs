@@ -64,7 +64,7 @@ impl<R> LeasedStack<R> {
         let refunded = LeaseCell::units_of(old);
         let want = meta.next_want(refunded, now, ttl, shared.most);
         let sent = backend.sent();
-        let (keys, args) = self.lease_call(call, [cost, want, refunded]);
+        let (keys, args) = self.lease_call(call, [cost, want, refunded, 0]);
         // Relaxed: a statistic.
         shared.renewals.fetch_add(1, Ordering::Relaxed);
         let reply = backend.eval_as(&keys, args, Some(&meta.field)).await;
@@ -77,7 +77,15 @@ impl<R> LeasedStack<R> {
                 Some((lease, Ok(answers))) => {
                     // Relaxed: a statistic.
                     shared.refunded.fetch_add(refunded, Ordering::Relaxed);
-                    self.take(entry, meta, lease, &answers, (&sent, now_us), request, call)
+                    self.take(
+                        entry,
+                        meta,
+                        lease.units,
+                        &answers,
+                        (&sent, now_us),
+                        request,
+                        call,
+                    )
                 }
                 Some((_, Err(reason))) => {
                     // The script refused the group before writing any state.
@@ -130,6 +138,7 @@ impl<R> LeasedStack<R> {
             // a unit Redis has already given up.
             let deadline = sent.at.saturating_add(ttl - ttl / 10);
             if entry.cell.grant(lease, deadline) {
+                entry.granted(lease);
                 meta.granted = lease;
                 meta.granted_at = sent.at;
                 // Relaxed: a statistic.
@@ -150,8 +159,8 @@ impl<R> LeasedStack<R> {
     }
 
     /// The keys and arguments of a lease call for `call`: `head` is the cost, the units
-    /// wanted and the units refunded.
-    fn lease_call(&self, call: &Prepared, head: [u64; 3]) -> (Vec<String>, Call) {
+    /// wanted, the units refunded and the units of the live lease kept (renewing ahead).
+    pub(super) fn lease_call(&self, call: &Prepared, head: [u64; 4]) -> (Vec<String>, Call) {
         let shared = &*self.shared;
         let mut keys = call.keys.clone();
         keys.extend(call.keys.iter().map(|k| format!("{k}:lease")));
@@ -170,7 +179,7 @@ impl<R> LeasedStack<R> {
         if units == 0 {
             return 0;
         }
-        let (keys, args) = self.lease_call(&meta.call, [0, 0, units]);
+        let (keys, args) = self.lease_call(&meta.call, [0, 0, units, 0]);
         let backend = self.shared.stack.backend();
         // Relaxed: a statistic.
         self.shared.renewals.fetch_add(1, Ordering::Relaxed);

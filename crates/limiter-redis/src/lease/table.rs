@@ -3,7 +3,7 @@
 //! the lease gives locally ([`LocalAnswer`]).
 
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use hashbrown::HashTable;
@@ -26,7 +26,22 @@ pub(super) struct Entry {
     pub(super) known: Known,
     /// The word the previous idle sweep saw (the sweep's alone).
     pub(super) seen: AtomicU64,
+    /// Units left below which a spend asks for the next lease ahead (half the last lease; 0:
+    /// never), and whether that ask is under way.
+    pub(super) low_water: AtomicU64,
+    pub(super) asked_ahead: AtomicBool,
     pub(super) renewal: tokio::sync::Mutex<Meta>,
+}
+
+impl Entry {
+    /// The lease `granted` units ago: a spend leaving less than half of them asks for the
+    /// next ahead (half a lease is spent while the call is out: a hot key's lease, sized to
+    /// half a time to live of its demand, or the slack, lasts many round trips).
+    pub(super) fn granted(&self, granted: u64) {
+        // Relaxed: a hint read by spends, ordered with nothing (a stale one asks a little
+        // early or late; the renewal itself is under the renewal lock).
+        self.low_water.store(granted / 2, Ordering::Relaxed);
+    }
 }
 
 /// What the one renewing caller knows (under the entry's renewal lock).
@@ -116,6 +131,9 @@ pub(super) struct Shared<R> {
     pub(super) hasher: foldhash::fast::RandomState,
     /// The backend's local clock, kept here to save a pointer chase on the hot path.
     pub(super) clock: Arc<dyn Clock>,
+    /// Where spends send a key whose lease runs low, for the next to be taken ahead (`None`
+    /// outside a tokio runtime: the caller that finds it empty renews).
+    pub(super) ahead: Option<tokio::sync::mpsc::UnboundedSender<Arc<Entry>>>,
     pub(super) renewals: AtomicU64,
     pub(super) leased: AtomicU64,
     pub(super) refunded: AtomicU64,
@@ -149,7 +167,13 @@ impl<R> LeasedStack<R> {
         let shard = read_lock(shard);
         let (_, entry) = shard.find(hash, |(k, _)| **k == *identity)?;
         let spent = match entry.cell.spend(cost, now) {
-            LeaseSpend::Spent { left } => Ok(left),
+            LeaseSpend::Spent { left } => {
+                // Relaxed: see `Entry::granted`.
+                if left < entry.low_water.load(Ordering::Relaxed) {
+                    self.ask_ahead(entry);
+                }
+                Ok(left)
+            }
             LeaseSpend::Denied { until } => Err(until.saturating_sub(now).max(1)),
             LeaseSpend::Ask => return None,
         };
@@ -161,6 +185,23 @@ impl<R> LeasedStack<R> {
             known: &entry.known,
             now,
         }))
+    }
+
+    /// Sends `entry`, whose lease runs low, to be renewed ahead, unless it was sent already.
+    #[cold]
+    #[inline(never)]
+    fn ask_ahead(&self, entry: &Arc<Entry>) {
+        let Some(ahead) = &self.shared.ahead else {
+            return;
+        };
+        // Relaxed: a flag that keeps one ask under way per key; what the ask does is under
+        // the renewal lock.
+        if entry.asked_ahead.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        // Refused only when no task renews (the stack was made outside a tokio runtime): the
+        // flag stays set, so this key never asks again.
+        let _ = ahead.send(Arc::clone(entry));
     }
 
     /// The entry for `identity`, made for `call` if there is none.
@@ -183,6 +224,8 @@ impl<R> LeasedStack<R> {
                     layers: Touched::new(self.shared.stack.target_bursts(call)),
                     known: Known::default(),
                     seen: AtomicU64::new(0),
+                    low_water: AtomicU64::new(0),
+                    asked_ahead: AtomicBool::new(false),
                     renewal: tokio::sync::Mutex::new(Meta {
                         call: call.clone(),
                         field: format!("{}/{identity}", self.shared.holder),

@@ -127,7 +127,7 @@ impl Call {
     /// Starts a lease group (mode 3): the cost, the units wanted ahead, the units refunded,
     /// the lease's time to live, on `limits` limits (each then [`limit`](Self::limit) and
     /// [`ledger`](Self::ledger)).
-    pub(crate) fn lease_group(&mut self, head: [u64; 3], ttl_ms: u64, limits: usize) {
+    pub(crate) fn lease_group(&mut self, head: [u64; 4], ttl_ms: u64, limits: usize) {
         self.groups = self.groups.saturating_add(1);
         for value in head {
             self.push(value);

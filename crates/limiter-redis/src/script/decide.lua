@@ -34,8 +34,8 @@
 --         an old state's word is read with them)
 --   mode 2 (refunds): units, granted_us (-1: units taken now, no grant), the number of limits,
 --     and the six numbers per limit; it answers as a peek after the refund
---   mode 3 (leases): cost, want, returned, ttl_ms, the number of limits, and per limit the six
---     numbers, then the KEYS index of its lease ledger and its slack in units
+--   mode 3 (leases): cost, want, returned, kept, ttl_ms, the number of limits, and per limit
+--     the six numbers, then the KEYS index of its lease ledger and its slack in units
 -- A group is all or nothing: its writes happen only if every limit admits (a record's always
 -- happen; its admitted flag says whether every limit is still within its limit). Groups are
 -- decided in order, each on the state the earlier ones left. In mode 1 the batch is all or
@@ -45,7 +45,7 @@
 -- so it reports what it holds after the batch (as a refunded batch does in process).
 --
 -- Reply: one string of big-endian doubles (a table would cost more to send): now_us, then per
--- group either admitted (0/1), the units leased (mode 3 only), and per limit allowed (0/1),
+-- group either admitted (0/1), the units leased and kept (mode 3 only), and per limit allowed (0/1),
 -- remaining, retry_after_us, reset_after_us; or 2, when the script refused that group alone
 -- (it then writes nothing), the length of the reason, and the reason (`limiter: <why>`).
 
@@ -633,7 +633,9 @@ end
 -- records the leases outstanding, so that they never add up to more than the limit's slack.
 -- A group: returns the `returned` units of the holder's live lease (never more than the
 -- ledger says it holds; nothing once the lease expired or the limit changed), ends that lease,
--- then takes `cost` units for the caller and up to `want` more as a new lease of `ttl_ms`:
+-- then takes `cost` units for the caller and up to `want` more as a new lease of `ttl_ms`
+-- (renewing ahead, the holder instead keeps up to `kept` units of its live lease, no more than
+-- the ledger says it holds, and they count in the new lease, which takes that much less):
 -- no more than the state holds beyond the cost, and on each limit no more than an equal share
 -- of what the slack leaves once the other live leases are counted: (slack - held) / (holders
 -- + 1). A holder that asked for a lease is recorded even when it got none, so the others'
@@ -641,9 +643,10 @@ end
 -- answers are the denial); a want of 0 takes no lease and leaves the ledger. Expired leases
 -- leave the ledger (their units are lost, never returned: the holder may have spent them).
 local function lease_group(keys, blob, pos, head, holder, now, slack)
-  local cost, want, returned, ttl, n = head[1], head[2], head[3], head[4], head[5]
+  local cost, want, returned, kept, ttl, n = head[1], head[2], head[3], head[4], head[5], head[6]
   local limits = {}
   local lease = want
+  local least_free = nil
   for i = 1, n do
     local k, algo, a, b, c, d, params = limit_at(blob, pos)
     local ledger, share = unpack('>dd', blob, pos + LIMIT_SIZE)
@@ -663,6 +666,7 @@ local function lease_group(keys, blob, pos, head, holder, now, slack)
         redis.call('HDEL', keys[ledger], entries[j])
       elseif entries[j] == holder then
         mine = { units, granted }
+        if units < kept then kept = units end
       else
         held = held + units
         holders = holders + 1
@@ -686,9 +690,13 @@ local function lease_group(keys, blob, pos, head, holder, now, slack)
     if free < 0 then free = 0 end
     free = fdiv(free, holders + 1)
     if free < lease then lease = free end
+    if least_free == nil or free < least_free then least_free = free end
+    if mine == nil then kept = 0 end
     limits[i] = { k = k, algo = algo, a = a, b = b, c = c, d = d, params = params, w1 = w1,
-      w2 = w2, w3 = w3, dirty = dirty, ledger = keys[ledger], reset = reset }
+      w2 = w2, w3 = w3, dirty = dirty, ledger = keys[ledger], reset = reset, mine = mine }
   end
+  -- What is kept counts in the holder's share: the new lease takes that much less.
+  if least_free ~= nil and lease > least_free - kept then lease = least_free - kept end
   if lease < 0 then lease = 0 end
   -- Decides every limit at `take`: its answers and writes; nil when one does not admit it.
   local function take_all(take)
@@ -732,14 +740,17 @@ local function lease_group(keys, blob, pos, head, holder, now, slack)
     if wr ~= nil then apply(keys, wr, slack) end
     if want > 0 then
       -- Recorded even with nothing leased, so the other holders' shares make room for it.
-      redis.call('HSET', l.ledger, holder, string.format('%.0f %.0f %.0f', lease, now + ttl * 1000, now))
+      -- Units kept were granted earlier: a refund of any of them is made at that instant.
+      local granted = now
+      if kept > 0 then granted = l.mine[2] end
+      redis.call('HSET', l.ledger, holder, string.format('%.0f %.0f %.0f', lease + kept, now + ttl * 1000, granted))
       local left = redis.call('PTTL', l.ledger)
       if left < ttl then redis.call('PEXPIRE', l.ledger, ttl + slack) end
     else
       redis.call('HDEL', l.ledger, holder)
     end
   end
-  return pack('>dd', admitted, lease) .. table.concat(parts)
+  return pack('>ddd', admitted, lease, kept) .. table.concat(parts)
 end
 
 local function fail(msg)
@@ -808,10 +819,10 @@ local function decide(keys, args)
     local holder = args[2]
     if type(holder) ~= 'string' then return fail('a lease call names its holder in ARGV[2]') end
     for g = 1, groups do
-      local cost, want, returned, ttl, n = unpack('>ddddd', blob, pos)
-      pos = pos + 40
+      local cost, want, returned, kept, ttl, n = unpack('>dddddd', blob, pos)
+      pos = pos + 48
       if ttl < 1 then return fail('a lease header is malformed') end
-      local answer, err = lease_group(keys, blob, pos, { cost, want, returned, ttl, n }, holder, now, slack)
+      local answer, err = lease_group(keys, blob, pos, { cost, want, returned, kept, ttl, n }, holder, now, slack)
       pos = pos + n * LEASE_LIMIT_SIZE
       reply[g + 1] = answer or refused(err)
     end

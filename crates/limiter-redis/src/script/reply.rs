@@ -2,7 +2,7 @@
 //! clear [`BackendError::BadReply`], not a panic or a made-up decision.
 //!
 //! The reply is one string of big-endian doubles: the time decided at (µs), then per group
-//! either admitted (0/1), the units leased (lease calls only), and per limit allowed (0/1),
+//! either admitted (0/1), the units leased and kept (lease calls only), and per limit allowed (0/1),
 //! remaining, retry_after_us, reset_after_us; or 2 when the script refused that group alone,
 //! the length of its reason, and the reason (`limiter: <why>`).
 #![deny(clippy::arithmetic_side_effects)]
@@ -22,6 +22,14 @@ pub(crate) struct LimitAnswer {
 
 /// One group's answer: every limit's, or the script's reason for refusing the group.
 pub(crate) type GroupAnswer = Result<Vec<LimitAnswer>, String>;
+
+/// What a lease call's group leased: the new units, and how many of the holder's live lease
+/// it counts as still held (a lease renewed ahead keeps them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Leased {
+    pub(crate) units: u64,
+    pub(crate) kept: u64,
+}
 
 fn bad(what: impl Into<String>) -> BackendError {
     BackendError::BadReply(what.into())
@@ -48,12 +56,12 @@ pub(crate) fn parse(
     Ok((now, groups.into_iter().map(|(_, answer)| answer).collect()))
 }
 
-/// The reply to a lease call: as [`parse`], with each admitted or denied group's leased units
-/// (0 for a group that failed).
+/// The reply to a lease call: as [`parse`], with what each admitted or denied group leased
+/// (nothing for a group that failed).
 pub(crate) fn parse_leases(
     value: &Value,
     sizes: &[usize],
-) -> Result<(u64, Vec<(u64, GroupAnswer)>), BackendError> {
+) -> Result<(u64, Vec<(Leased, GroupAnswer)>), BackendError> {
     parse_with(value, sizes, true)
 }
 
@@ -61,7 +69,7 @@ fn parse_with(
     value: &Value,
     sizes: &[usize],
     leased: bool,
-) -> Result<(u64, Vec<(u64, GroupAnswer)>), BackendError> {
+) -> Result<(u64, Vec<(Leased, GroupAnswer)>), BackendError> {
     let Value::BulkString(bytes) = value else {
         return Err(bad(format!("expected a string, got {value:?}")));
     };
@@ -82,15 +90,19 @@ fn parse_with(
                 let reason = reader
                     .take(usize::try_from(length).unwrap_or(usize::MAX))
                     .ok_or_else(|| bad(format!("group {g}'s reason is cut short")))?;
-                groups.push((0, Err(String::from_utf8_lossy(reason).into_owned())));
+                let reason = String::from_utf8_lossy(reason).into_owned();
+                groups.push((Leased::default(), Err(reason)));
                 continue;
             }
             n => return Err(bad(format!("group {g} has flag {n}"))),
         };
         let lease = if leased {
-            reader.whole("the lease")?
+            Leased {
+                units: reader.whole("the lease")?,
+                kept: reader.whole("the units kept")?,
+            }
         } else {
-            0
+            Leased::default()
         };
         let mut answers = Vec::with_capacity(size);
         for i in 0..size {
@@ -183,9 +195,9 @@ mod tests {
             u64::MAX,
             "saturates"
         );
-        let leased = reply(&[&numbers(&[7.0, 1.0, 4.0, 1.0, 2.0, 0.0, 3.0])]);
+        let leased = reply(&[&numbers(&[7.0, 1.0, 4.0, 5.0, 1.0, 2.0, 0.0, 3.0])]);
         let (_, groups) = parse_leases(&leased, &[1]).unwrap();
-        assert_eq!(groups[0].0, 4);
+        assert_eq!(groups[0].0, Leased { units: 4, kept: 5 });
     }
 
     #[test]

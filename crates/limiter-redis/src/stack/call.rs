@@ -298,6 +298,18 @@ impl<R> RedisStack<R> {
                 return self.on_failure_of(request, call, BackendError::Script(reason));
             }
         };
+        self.decided(call, &answers, sent, remember)
+    }
+
+    /// Redis's answers to `call` (one per limit it touches) as a decision, each denial
+    /// remembered in the deny cache when `remember` says so.
+    pub(crate) fn decided(
+        &self,
+        call: &Prepared,
+        answers: &[LimitAnswer],
+        sent: Sent,
+        remember: bool,
+    ) -> RedisDecision {
         let mut layers = Vec::with_capacity(self.layers.len());
         let mut start = 0;
         while start < call.targets.len() {
@@ -330,13 +342,14 @@ impl<R> RedisStack<R> {
     }
 
     /// Appends a lease group for `call` (mode 3): `head` (the cost, the units wanted ahead,
-    /// the units refunded), the lease's time to live, then per limit its fields, its
+    /// the units refunded, the units of the live lease kept), the lease's time to live, then
+    /// per limit its fields, its
     /// ledger's `KEYS` index (the ledgers follow the call's keys) and its slack in units, read
     /// from `slack` by layer and limit index.
     pub(crate) fn encode_lease(
         &self,
         call: &Prepared,
-        head: [u64; 3],
+        head: [u64; 4],
         ttl_ms: u64,
         slack: &[Vec<u64>],
         args: &mut Call,
