@@ -23,8 +23,6 @@ pub(super) async fn renew_asked<R>(
             return;
         };
         LeasedStack { shared }.renew_ahead(&entry).await;
-        // Relaxed: see `LeasedStack::ask_ahead`.
-        entry.asked_ahead.store(false, Ordering::Relaxed);
     }
 }
 
@@ -39,9 +37,8 @@ impl<R> LeasedStack<R> {
         let now = backend.local_now();
         let word = entry.cell.load();
         let left = LeaseCell::units_of(word);
-        // Relaxed: see `Entry::granted`.
-        let low = entry.low_water.load(Ordering::Relaxed);
-        if meta.removed || !LeaseCell::holds_units(word, now) || left >= low {
+        // Gone, run out (its caller renews it), or renewed meanwhile (more than half left).
+        if meta.removed || !LeaseCell::holds_units(word, now) || left >= meta.granted / 2 {
             return;
         }
         let ttl = renew::duration_nanos(shared.lease.time_to_live());

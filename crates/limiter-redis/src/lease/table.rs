@@ -3,7 +3,7 @@
 //! the lease gives locally ([`LocalAnswer`]).
 
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use hashbrown::HashTable;
@@ -26,10 +26,9 @@ pub(super) struct Entry {
     pub(super) known: Known,
     /// The word the previous idle sweep saw (the sweep's alone).
     pub(super) seen: AtomicU64,
-    /// Units left below which a spend asks for the next lease ahead (half the last lease; 0:
-    /// never), and whether that ask is under way.
+    /// Units left below which a spend asks for the next lease ahead (half the last lease; 0
+    /// once asked, until the next lease: one ask per lease).
     pub(super) low_water: AtomicU64,
-    pub(super) asked_ahead: AtomicBool,
     pub(super) renewal: tokio::sync::Mutex<Meta>,
 }
 
@@ -187,21 +186,21 @@ impl<R> LeasedStack<R> {
         }))
     }
 
-    /// Sends `entry`, whose lease runs low, to be renewed ahead, unless it was sent already.
+    /// Sends `entry`, whose lease runs low, to be renewed ahead, once per lease: the first
+    /// spend under the mark takes the mark away (the next lease sets it again), so the spends
+    /// after it neither ask nor call here.
     #[cold]
     #[inline(never)]
     fn ask_ahead(&self, entry: &Arc<Entry>) {
-        let Some(ahead) = &self.shared.ahead else {
-            return;
-        };
-        // Relaxed: a flag that keeps one ask under way per key; what the ask does is under
-        // the renewal lock.
-        if entry.asked_ahead.swap(true, Ordering::Relaxed) {
+        // Relaxed: see `Entry::granted`; the swap leaves one spend asking.
+        if entry.low_water.swap(0, Ordering::Relaxed) == 0 {
             return;
         }
-        // Refused only when no task renews (the stack was made outside a tokio runtime): the
-        // flag stays set, so this key never asks again.
-        let _ = ahead.send(Arc::clone(entry));
+        if let Some(ahead) = &self.shared.ahead {
+            // Refused only when no task renews (the stack was made outside a tokio runtime):
+            // the caller that finds the lease empty renews it.
+            let _ = ahead.send(Arc::clone(entry));
+        }
     }
 
     /// The entry for `identity`, made for `call` if there is none.
@@ -225,7 +224,6 @@ impl<R> LeasedStack<R> {
                     known: Known::default(),
                     seen: AtomicU64::new(0),
                     low_water: AtomicU64::new(0),
-                    asked_ahead: AtomicBool::new(false),
                     renewal: tokio::sync::Mutex::new(Meta {
                         call: call.clone(),
                         field: format!("{}/{identity}", self.shared.holder),
