@@ -203,6 +203,8 @@ impl LeaseCell {
             match self.word.compare_exchange_weak(
                 word,
                 (tick << UNIT_BITS) | held,
+                // Relaxed: as the load above; the exchange succeeds only from the word right
+                // before it, so no unit spent since is counted again.
                 Ordering::Relaxed,
                 Ordering::Relaxed,
             ) {
