@@ -161,7 +161,7 @@ impl<R: Send + Sync + 'static> RedisStack<R> {
             holder: holder_name(self.name()),
             least_burst: self.least_burst(),
             clock: self.backend().local_clock(),
-            ahead: Some(ahead),
+            ahead,
             stack: self,
             lease,
             slack,

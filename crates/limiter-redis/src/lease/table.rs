@@ -130,9 +130,9 @@ pub(super) struct Shared<R> {
     pub(super) hasher: foldhash::fast::RandomState,
     /// The backend's local clock, kept here to save a pointer chase on the hot path.
     pub(super) clock: Arc<dyn Clock>,
-    /// Where spends send a key whose lease runs low, for the next to be taken ahead (`None`
-    /// outside a tokio runtime: the caller that finds it empty renews).
-    pub(super) ahead: Option<tokio::sync::mpsc::UnboundedSender<Arc<Entry>>>,
+    /// Where spends send a key whose lease runs low, for the next to be taken ahead (outside
+    /// a tokio runtime no task receives: the caller that finds the lease empty renews it).
+    pub(super) ahead: tokio::sync::mpsc::UnboundedSender<Arc<Entry>>,
     pub(super) renewals: AtomicU64,
     pub(super) leased: AtomicU64,
     pub(super) refunded: AtomicU64,
@@ -196,11 +196,9 @@ impl<R> LeasedStack<R> {
         if entry.low_water.swap(0, Ordering::Relaxed) == 0 {
             return;
         }
-        if let Some(ahead) = &self.shared.ahead {
-            // Refused only when no task renews (the stack was made outside a tokio runtime):
-            // the caller that finds the lease empty renews it.
-            let _ = ahead.send(Arc::clone(entry));
-        }
+        // Refused only when no task renews (the stack was made outside a tokio runtime): the
+        // caller that finds the lease empty renews it.
+        let _ = self.shared.ahead.send(Arc::clone(entry));
     }
 
     /// The entry for `identity`, made for `call` if there is none.

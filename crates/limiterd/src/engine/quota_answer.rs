@@ -93,22 +93,22 @@ pub(super) fn tighter(answer: Answer, quota: &QuotaTaken) -> Answer {
 
 /// `answer` beside a gate's (a quota's, or permits whose store failed open), folded as
 /// [`tighter`] folds a quota's.
-pub(super) fn folded(answer: Answer, quota_answer: Answer) -> Answer {
-    let (ours, theirs) = (answer.decision, quota_answer.decision);
+pub(super) fn folded(answer: Answer, gate: Answer) -> Answer {
+    let (ours, theirs) = (answer.decision, gate.decision);
     if ours.limit() == u64::MAX {
-        // No limit of the stack applied: the quota's answer alone.
-        return quota_answer;
+        // No limit of the stack applied: the gate's answer alone.
+        return gate;
     }
     let retry_at = |a: &Answer| a.at_unix_ns.saturating_add(a.decision.retry_after_nanos());
-    let quota_binds = match (theirs.is_denied(), ours.is_denied()) {
+    let gate_binds = match (theirs.is_denied(), ours.is_denied()) {
         (true, false) => true,
         (false, true) => false,
-        (true, true) => retry_at(&quota_answer) > retry_at(&answer),
+        (true, true) => retry_at(&gate) > retry_at(&answer),
         (false, false) => theirs.remaining() < ours.remaining(),
     };
     let reset_at = |a: &Answer| a.at_unix_ns.saturating_add(a.decision.reset_after_nanos());
-    let full_at = reset_at(&answer).max(reset_at(&quota_answer));
-    let binding = if quota_binds { quota_answer } else { answer };
+    let full_at = reset_at(&answer).max(reset_at(&gate));
+    let binding = if gate_binds { gate } else { answer };
     let bound = binding.decision;
     let reset = full_at.saturating_sub(binding.at_unix_ns);
     let remaining = ours.remaining().min(theirs.remaining());
