@@ -4,10 +4,11 @@
 //! permit. The admitted call's answer hands back the permit.
 
 use std::fmt;
-use std::hash::Hash;
+use std::hash::{BuildHasher, Hash};
 
 use limiter_core::{Clock, DefaultClock, LimitError};
 use limiter_stack::{CallError, Stack, StackDecision};
+use limiter_store::DefaultHasher;
 
 use crate::keyed::{KeyedConcurrency, Permit, Refused};
 
@@ -38,16 +39,16 @@ use crate::keyed::{KeyedConcurrency, Permit, Refused};
 /// assert_eq!(decision.decision().remaining(), 3);
 /// # Ok(()) }
 /// ```
-pub struct PermitStack<R, K, PK, C = DefaultClock> {
+pub struct PermitStack<R, K, PK, C = DefaultClock, S = DefaultHasher> {
     stack: Stack<R, K, C>,
-    permits: KeyedConcurrency<PK>,
+    permits: KeyedConcurrency<PK, S>,
     permit_key: PermitKey<R, PK>,
 }
 
 /// What takes a request's permit key.
 type PermitKey<R, PK> = Box<dyn Fn(&R) -> Option<PK> + Send + Sync>;
 
-impl<R, K, PK, C> fmt::Debug for PermitStack<R, K, PK, C> {
+impl<R, K, PK, C, S> fmt::Debug for PermitStack<R, K, PK, C, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PermitStack")
             .field("permits", &self.permits)
@@ -57,9 +58,10 @@ impl<R, K, PK, C> fmt::Debug for PermitStack<R, K, PK, C> {
 
 /// What a [`PermitStack`] answered.
 #[derive(Debug)]
-pub enum Admission<'a, PK>
+pub enum Admission<'a, PK, S = DefaultHasher>
 where
     PK: Hash + Eq + Clone + Send + Sync + 'static,
+    S: BuildHasher + Send + Sync,
 {
     /// Admitted: the rate layers took their units, and the call holds `permit` (`None` when
     /// the request has no permit key, so the concurrency limit does not apply) until it is
@@ -68,7 +70,7 @@ where
         /// The rate layers' answer.
         decision: StackDecision,
         /// The call's permit.
-        permit: Option<Permit<'a, PK>>,
+        permit: Option<Permit<'a, PK, S>>,
     },
     /// A rate layer denied the call: nothing was taken, no permit held.
     Denied(StackDecision),
@@ -90,21 +92,43 @@ where
         count: u64,
         permit_key: impl Fn(&R) -> Option<PK> + Send + Sync + 'static,
     ) -> Result<Self, LimitError> {
-        Ok(Self {
+        Ok(Self::with_permits(
             stack,
-            permits: KeyedConcurrency::new(count)?,
+            KeyedConcurrency::new(count)?,
+            permit_key,
+        ))
+    }
+}
+
+impl<R, K, PK, C, S> PermitStack<R, K, PK, C, S>
+where
+    K: Hash + Eq + Clone,
+    C: Clock,
+    PK: Hash + Eq + Clone + Send + Sync + 'static,
+    S: BuildHasher + Send + Sync,
+{
+    /// `stack`'s rate layers and `permits` (their count, store and hasher chosen: SipHash for
+    /// keys an adversary picks), taken by `permit_key`.
+    pub fn with_permits(
+        stack: Stack<R, K, C>,
+        permits: KeyedConcurrency<PK, S>,
+        permit_key: impl Fn(&R) -> Option<PK> + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            stack,
+            permits,
             permit_key: Box::new(permit_key),
-        })
+        }
     }
 
     /// Decides one unit of every rate layer and a permit for `request`.
-    pub fn check(&self, request: &R) -> Result<Admission<'_, PK>, CallError> {
+    pub fn check(&self, request: &R) -> Result<Admission<'_, PK, S>, CallError> {
         self.check_n(request, 1)
     }
 
     /// Decides `cost` units of every rate layer and a permit for `request`, all or nothing. An
     /// error (a cost no layer can ever admit) takes nothing either.
-    pub fn check_n(&self, request: &R, cost: u64) -> Result<Admission<'_, PK>, CallError> {
+    pub fn check_n(&self, request: &R, cost: u64) -> Result<Admission<'_, PK, S>, CallError> {
         let permit = match (self.permit_key)(request) {
             None => None,
             Some(key) => match self.permits.try_acquire(&key) {
@@ -127,7 +151,7 @@ where
     }
 
     /// The permits.
-    pub fn permits(&self) -> &KeyedConcurrency<PK> {
+    pub fn permits(&self) -> &KeyedConcurrency<PK, S> {
         &self.permits
     }
 }

@@ -79,3 +79,24 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn permits_in_a_store_of_another_hasher_decide_alike() {
+    let store = limiter_store::ShardedStore::with_hasher(std::hash::RandomState::new());
+    let permits = limiter_concurrency::KeyedConcurrency::with_store(1, store).expect("valid");
+    let limiter = PermitStack::with_permits(stack(), permits, |u: &u8| Some(*u));
+    let Admission::Admitted { permit, decision } = limiter.check(&1).expect("valid") else {
+        panic!("a free permit and a full bucket admit")
+    };
+    assert_eq!(decision.decision().remaining(), RATE - 1);
+    // The one permit is held: refused, and no rate unit is taken.
+    assert!(matches!(
+        limiter.check(&1).expect("valid"),
+        Admission::Busy(Refused::Busy { held: 1, count: 1 })
+    ));
+    drop(permit);
+    let Admission::Admitted { decision, .. } = limiter.check(&1).expect("valid") else {
+        panic!("the permit was released")
+    };
+    assert_eq!(decision.decision().remaining(), RATE - 2);
+}
