@@ -192,11 +192,12 @@ impl RedisQuota {
         // The window Redis counted in: ours, or the next when its clock had passed ours.
         let [admitted, used, left_ms, window] = numbers(&reply)?;
         // Redis counts the milliseconds left on its own clock when the script runs: later
-        // than the caller's reading by the round trip, rounded down to the millisecond. Where
-        // the window's end from the calendar, measured from the caller's reading, is within
-        // that of Redis's wait (at most a millisecond shorter, at most `ROUND_TRIP` longer),
-        // it is the wait: the caller's reading plus it is the boundary exactly, and no earlier
-        // than Redis's. Clocks further apart keep Redis's wait.
+        // than the caller's reading by the round trip, rounded down to the millisecond. The
+        // window's end, measured from the caller's reading, is when it is full again: its
+        // reading plus that is the boundary exactly, as in process, whatever the clocks say.
+        // A denial's wait is that too where the clocks agree (the end at most a millisecond
+        // short of Redis's wait, at most `ROUND_TRIP` past it), else Redis's own, so no caller
+        // is told to come back before Redis's clock reaches the end.
         const ROUND_TRIP: u64 = 100_000_000;
         let left = left_ms.saturating_mul(1_000_000);
         let end = if window == next.index {
@@ -204,7 +205,8 @@ impl RedisQuota {
         } else {
             (window == this.index).then_some(this.end_unix_ns)
         };
-        let wait = match end.and_then(|end| end.checked_sub(at_unix_ns)) {
+        let exact = end.and_then(|end| end.checked_sub(at_unix_ns));
+        let wait = match exact {
             Some(exact)
                 if exact.saturating_add(1_000_000) > left
                     && exact <= left.saturating_add(ROUND_TRIP) =>
@@ -214,12 +216,18 @@ impl RedisQuota {
             _ => left,
         }
         .max(1);
+        let full_again = exact.unwrap_or(wait).max(1);
         let decision = if admitted == 1 {
             // A window that counts nothing is full now, as in process.
-            let reset = if used == 0 { 0 } else { wait };
+            let reset = if used == 0 { 0 } else { full_again };
             Decision::allow(self.count, self.count.saturating_sub(used), reset)
         } else {
-            Decision::deny(self.count, self.count.saturating_sub(used), wait, wait)
+            Decision::deny(
+                self.count,
+                self.count.saturating_sub(used),
+                wait,
+                full_again,
+            )
         };
         Ok(QuotaAnswer { decision, window })
     }

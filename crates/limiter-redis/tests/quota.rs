@@ -63,15 +63,37 @@ async fn a_day_ends_at_local_midnight_and_redis_time_picks_the_window() {
     assert_eq!(between + exact.decision.reset_after_nanos(), MIDNIGHT);
 
     // Redis's clock is past midnight while this caller's still reads the old day: Redis's
-    // clock decides, so the call counts in the new day.
+    // clock decides, so the call counts in the new day, full again at its end (the boundary
+    // itself, measured from this caller's reading, as in process)...
     clock.set(MIDNIGHT + S);
     let late = quota.take("acme", 1, MIDNIGHT - S).await.unwrap();
     assert!(late.decision.is_allowed());
     assert_eq!(late.window, first.window + 1);
     assert_eq!(late.decision.remaining(), 1);
+    let next_midnight = MIDNIGHT + 24 * 3_600 * S;
     assert_eq!(
-        late.decision.reset_after(),
+        MIDNIGHT - S + late.decision.reset_after_nanos(),
+        next_midnight
+    );
+    // ...while a denial's wait is Redis's, whose clock reaches that end 2 s sooner: no caller
+    // is told to come back later than it may, nor before.
+    assert!(
+        quota
+            .take("acme", 1, MIDNIGHT - S)
+            .await
+            .unwrap()
+            .decision
+            .is_allowed()
+    );
+    let denied = quota.take("acme", 1, MIDNIGHT - S).await.unwrap();
+    assert!(denied.decision.is_denied());
+    assert_eq!(
+        denied.decision.retry_after(),
         Duration::from_secs(24 * 3_600 - 1)
+    );
+    assert_eq!(
+        MIDNIGHT - S + denied.decision.reset_after_nanos(),
+        next_midnight
     );
 }
 
