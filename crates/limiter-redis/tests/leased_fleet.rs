@@ -353,4 +353,17 @@ async fn a_lease_running_low_is_renewed_ahead_keeping_what_is_left() {
     // 20 kept (not the 29 left) and 80 taken: the ledger's 100 is all the node holds.
     assert_eq!(node.stats().leased, leased + 80);
     assert_eq!(ledger_units(&server.url()), [100]);
+
+    // A record spent from the lease asks ahead too: 60 of the 100 leave 40.
+    let leased = node.stats().leased;
+    let d = node.record("hot", 60).await.unwrap();
+    assert_eq!(d.origin(), Some(limiter_redis::Origin::Lease));
+    while node.stats().leased == leased {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a record never asked ahead"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(ledger_units(&server.url()), [100]);
 }

@@ -242,7 +242,13 @@ impl<R> LeasedStack<R> {
             if let Some(entry) = entry {
                 let local = |left| local_answer(entry.layers, Ok(left), &entry.known, now);
                 match entry.cell.spend(cost, now) {
-                    LeaseSpend::Spent { left } => return Ok(local(left)),
+                    LeaseSpend::Spent { left } => {
+                        // Relaxed: see `Entry::granted`.
+                        if left < entry.low_water.load(Ordering::Relaxed) {
+                            self.ask_ahead(&entry);
+                        }
+                        return Ok(local(left));
+                    }
                     // A standing denial stays true with more used: Redis records it all.
                     LeaseSpend::Denied { .. } => {}
                     LeaseSpend::Ask => {

@@ -191,7 +191,7 @@ impl<R> LeasedStack<R> {
     /// after it neither ask nor call here.
     #[cold]
     #[inline(never)]
-    fn ask_ahead(&self, entry: &Arc<Entry>) {
+    pub(super) fn ask_ahead(&self, entry: &Arc<Entry>) {
         // Relaxed: see `Entry::granted`; the swap leaves one spend asking.
         if entry.low_water.swap(0, Ordering::Relaxed) == 0 {
             return;
