@@ -7,21 +7,25 @@ use limiter_stack::{LayerAnswers, LayerDecision, Origin, StackDecision};
 use crate::error::BackendError;
 
 /// How a call was answered: decided by the limits (by Redis, the deny cache, a lease or the
-/// local fallback: [`Origin`]), or by the failure policy without deciding.
+/// local fallback: [`Origin`]), or by the failure policy without deciding. Two words, no
+/// padding: the policy's two answers are variants of their own, whose tags take values an
+/// [`Origin`] (a whole word) never holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Answered {
     /// The limits decided, here; with the Redis failure behind a fallback's answer (boxed:
     /// a failure is rare, and every answer carries the room for it).
     Decided(Origin, Option<Box<BackendError>>),
-    /// Redis failed and the policy admitted (`true`) or refused (`false`) without deciding.
-    ByPolicy(bool, Box<BackendError>),
+    /// Redis failed and the policy admitted without deciding.
+    FailedOpen(Box<BackendError>),
+    /// Redis failed and the policy refused without deciding.
+    FailedClosed(Box<BackendError>),
 }
 
 /// The answer to one call on Redis.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RedisDecision {
-    allowed: bool,
-    /// The stacked answer.
+    /// The stacked answer (admitted iff it is, unless a failure policy answered: no `bool`
+    /// apart, whose padding every move of the answer would copy in pieces).
     stack: StackDecision,
     /// Each layer's answer where Redis or the local fallback decided (Redis decides them all
     /// in one script, and a call on a cluster combines its parts'); boxed, and none for an
@@ -29,19 +33,18 @@ pub struct RedisDecision {
     layers: Option<Box<LayerAnswers>>,
     answered: Answered,
     /// When Redis decided, in microseconds of its `TIME` (since the Unix epoch): the instant
-    /// the waits count from.
-    at_us: Option<u64>,
+    /// the waits count from; 0 when not (a word: an `Option`'s tag would be padded).
+    at_us: u64,
 }
 
 impl RedisDecision {
     #[inline]
-    pub(crate) fn new(allowed: bool, layers: LayerAnswers, answered: Answered) -> Self {
+    pub(crate) fn new(layers: LayerAnswers, answered: Answered) -> Self {
         Self {
-            allowed,
             stack: layers.summary(),
             layers: (!layers.is_empty()).then(|| Box::new(layers)),
             answered,
-            at_us: None,
+            at_us: 0,
         }
     }
 
@@ -49,14 +52,7 @@ impl RedisDecision {
     /// by `origin`.
     #[inline]
     pub(crate) fn decided(layers: LayerAnswers, origin: Origin) -> Self {
-        let stack = layers.summary();
-        Self {
-            allowed: stack.is_allowed(),
-            stack,
-            layers: (!layers.is_empty()).then(|| Box::new(layers)),
-            answered: Answered::Decided(origin, None),
-            at_us: None,
-        }
+        Self::new(layers, Answered::Decided(origin, None))
     }
 
     /// The local fallback's answer, `layers` by the stack's rule, while Redis failed with
@@ -71,21 +67,19 @@ impl RedisDecision {
     /// The failure policy's answer while Redis failed with `error`: admitted (fail open) or
     /// refused (fail closed), no limit consulted.
     pub(crate) fn by_policy(admitted: bool, error: BackendError) -> Self {
-        Self::new(
-            admitted,
-            LayerAnswers::new(),
-            Answered::ByPolicy(admitted, Box::new(error)),
-        )
+        let error = Box::new(error);
+        let answered = if admitted {
+            Answered::FailedOpen(error)
+        } else {
+            Answered::FailedClosed(error)
+        };
+        Self::new(LayerAnswers::new(), answered)
     }
 
     /// The answer to a call no layer applied to: admitted, nothing counted (reported as the
     /// store's, whose stack it is).
     pub(crate) fn no_layer() -> Self {
-        Self::new(
-            true,
-            LayerAnswers::new(),
-            Answered::Decided(Origin::Remote, None),
-        )
+        Self::new(LayerAnswers::new(), Answered::Decided(Origin::Remote, None))
     }
 
     /// Redis's answer to a call decided in parts (one per cluster slot): their layers stacked
@@ -105,7 +99,7 @@ impl RedisDecision {
     #[inline]
     pub(crate) fn at(mut self, now_us: u64) -> Self {
         if self.answered == Answered::Decided(Origin::Remote, None) {
-            self.at_us = Some(now_us);
+            self.at_us = now_us;
         }
         self
     }
@@ -134,7 +128,7 @@ impl RedisDecision {
     /// This decision, made against a lease, as of `at_us` on Redis's clock.
     #[inline]
     pub(crate) fn leased_at(mut self, at_us: u64) -> Self {
-        self.at_us = Some(at_us);
+        self.at_us = at_us;
         self
     }
 
@@ -142,28 +136,31 @@ impl RedisDecision {
     /// order), kept compact: each layer's is not kept (the seam's `decide_request_each` asks
     /// for them).
     #[inline]
-    pub(crate) fn leased(allowed: bool, layers: impl IntoIterator<Item = LayerDecision>) -> Self {
+    pub(crate) fn leased(layers: impl IntoIterator<Item = LayerDecision>) -> Self {
         let mut stack = StackDecision::new();
         for layer in layers {
             stack.push(layer);
         }
         Self {
-            allowed,
             stack,
             layers: None,
             answered: Answered::Decided(Origin::Lease, None),
-            at_us: None,
+            at_us: 0,
         }
     }
 
     /// Whether the call was admitted (by the limits, or by a fail-open policy).
     pub fn is_allowed(&self) -> bool {
-        self.allowed
+        match self.answered {
+            Answered::Decided(..) => self.stack.is_allowed(),
+            Answered::FailedOpen(_) => true,
+            Answered::FailedClosed(_) => false,
+        }
     }
 
     /// Whether the call was refused (by the limits, or by a fail-closed policy).
     pub fn is_denied(&self) -> bool {
-        !self.allowed
+        !self.is_allowed()
     }
 
     /// Who decided the call: Redis ([`Origin::Remote`], also for a call no layer applied
@@ -173,7 +170,7 @@ impl RedisDecision {
     pub fn origin(&self) -> Option<Origin> {
         match self.answered {
             Answered::Decided(origin, _) => Some(origin),
-            Answered::ByPolicy(..) => None,
+            Answered::FailedOpen(_) | Answered::FailedClosed(_) => None,
         }
     }
 
@@ -182,20 +179,20 @@ impl RedisDecision {
     pub fn backend_error(&self) -> Option<&BackendError> {
         match &self.answered {
             Answered::Decided(_, error) => error.as_deref(),
-            Answered::ByPolicy(_, error) => Some(error),
+            Answered::FailedOpen(error) | Answered::FailedClosed(error) => Some(error),
         }
     }
 
     /// Whether Redis failed and the policy admitted the call without deciding (nothing was
     /// counted).
     pub fn failed_open(&self) -> bool {
-        matches!(self.answered, Answered::ByPolicy(true, _))
+        matches!(self.answered, Answered::FailedOpen(_))
     }
 
     /// Whether Redis failed and the policy refused the call. Not "over the limit": an HTTP
     /// layer answers 503, not 429.
     pub fn failed_closed(&self) -> bool {
-        matches!(self.answered, Answered::ByPolicy(false, _))
+        matches!(self.answered, Answered::FailedClosed(_))
     }
 
     /// The stacked answer (the binding layer, the least left, the longest waits), combined
@@ -221,14 +218,14 @@ impl RedisDecision {
     /// local clock since); `None` for the deny cache, the fallback and the failure policies,
     /// whose waits count from this node's clock.
     pub fn decided_at_micros(&self) -> Option<u64> {
-        self.at_us
+        (self.at_us != 0).then_some(self.at_us)
     }
 
     /// The answer as one [`Decision`] (least remaining, longest waits), or `None` when a
     /// fail-open or fail-closed policy answered without consulting any limit.
     pub fn decision(&self) -> Option<Decision> {
         match self.answered {
-            Answered::ByPolicy(..) => None,
+            Answered::FailedOpen(_) | Answered::FailedClosed(_) => None,
             Answered::Decided(..) => Some(self.stack.decision()),
         }
     }

@@ -40,7 +40,9 @@ pub struct StackDecision {
     binding: Option<LayerDecision>,
     least_remaining: u64,
     longest_reset: u64,
-    allowed: bool,
+    // Whether every layer allowed is not kept apart: a denial binds over every admission, so
+    // the binding layer's answer says it (and a `bool` among words is seven bytes of padding,
+    // copied in pieces each time the answer moves).
 }
 
 impl Default for StackDecision {
@@ -58,7 +60,6 @@ impl StackDecision {
             binding: None,
             least_remaining: u64::MAX,
             longest_reset: 0,
-            allowed: true,
         }
     }
 
@@ -69,7 +70,6 @@ impl StackDecision {
     #[inline(always)]
     pub fn push(&mut self, layer: LayerDecision) {
         let d = &layer.decision;
-        self.allowed &= d.is_allowed();
         self.least_remaining = self.least_remaining.min(d.remaining());
         self.longest_reset = self.longest_reset.max(d.reset_after_nanos());
         let binds = match &self.binding {
@@ -84,13 +84,16 @@ impl StackDecision {
     /// Whether every layer admitted the call.
     #[inline]
     pub fn is_allowed(&self) -> bool {
-        self.allowed
+        match &self.binding {
+            Some(binding) => binding.decision.is_allowed(),
+            None => true,
+        }
     }
 
     /// Whether some layer denied the call.
     #[inline]
     pub fn is_denied(&self) -> bool {
-        !self.allowed
+        !self.is_allowed()
     }
 
     /// The layer that bound the answer, or `None` if no layer applied to the request.
@@ -108,7 +111,7 @@ impl StackDecision {
             return Decision::allow(u64::MAX, u64::MAX, 0);
         };
         let limit = binding.decision.limit();
-        if self.allowed {
+        if binding.decision.is_allowed() {
             Decision::allow(limit, self.least_remaining, self.longest_reset)
         } else {
             // A denial binds over every admission and the longest wait over a shorter one, so
@@ -417,9 +420,52 @@ mod tests {
     }
 
     #[test]
+    fn a_stacked_answer_admits_iff_every_layer_admits_in_any_order() {
+        // The admission is read from the binding layer (no flag kept apart): every mix of up
+        // to four layers, admitted or denied with waits that tie or differ, in every order
+        // of pushing them.
+        let answers = [
+            Decision::allow(10, 3, 5),
+            Decision::allow(10, 0, 9),
+            Decision::deny(10, 0, 7, 7),
+            Decision::deny(10, 2, 7, 9),
+            Decision::deny(10, 0, 1, 1),
+        ];
+        let n = answers.len();
+        for count in 0..=4u32 {
+            for pick in 0..n.pow(count) {
+                let layers: Vec<LayerDecision> = (0..count as usize)
+                    .map(|i| layer(i, answers[pick / n.pow(i as u32) % n]))
+                    .collect();
+                let every = layers.iter().all(|l| l.decision.is_allowed());
+                let mut pushed = StackDecision::new();
+                for l in layers.iter().rev() {
+                    pushed.push(*l);
+                }
+                let summary = StackDecision::from_layers(layers.iter().copied());
+                for d in [pushed, summary] {
+                    assert_eq!(d.is_allowed(), every, "{layers:?}");
+                    assert_eq!(d.is_denied(), !every);
+                    assert_eq!(d.decision().is_allowed(), every);
+                }
+            }
+        }
+    }
+
+    #[test]
     fn the_compact_answer_is_a_few_words_and_combines_as_the_layers_do() {
-        // What every call returns is small; each layer's answer is kept only when asked for.
-        assert!(std::mem::size_of::<StackDecision>() <= 112);
+        // What every call returns is small and whole words (no padding to copy in pieces when
+        // it moves); each layer's answer is kept only when asked for.
+        use std::mem::size_of;
+        assert_eq!(
+            size_of::<Option<LayerDecision>>(),
+            size_of::<LayerDecision>()
+        );
+        assert_eq!(size_of::<LayerDecision>(), size_of::<Decision>() + 4 * 8);
+        assert_eq!(
+            size_of::<StackDecision>(),
+            size_of::<LayerDecision>() + 2 * 8
+        );
         let denied = StackDecision::from_layers([
             layer(0, Decision::allow(10, 1, 40)),
             layer(1, Decision::deny(10, 0, 30, 90)),

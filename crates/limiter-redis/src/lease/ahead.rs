@@ -1,4 +1,4 @@
-//! A lease renewed ahead: a spend that leaves less than a quarter of the last lease sends its
+//! A lease renewed ahead: a spend that leaves less than half of the last lease sends its
 //! key here, and one task per leased stack takes the next lease in the background, in one
 //! script call that keeps what is left of the live one (Redis's ledger counts it in the new
 //! lease, which takes that much less of the holder's share), then adds the new units to the

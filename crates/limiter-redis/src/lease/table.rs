@@ -289,24 +289,20 @@ impl LocalAnswer<'_> {
     /// each layer's is not kept (the hot path; [`layers`](Self::layers) gives them).
     #[inline]
     pub(crate) fn decision(&self) -> RedisDecision {
-        self.at(RedisDecision::leased(self.answer.is_ok(), self.layers()))
+        self.at(RedisDecision::leased(self.layers()))
     }
 
     /// The compact answer and each layer's into `each`, from one read of the entry's record
     /// (read twice, a racing update could make the two disagree).
     pub(crate) fn decision_keeping(&self, each: &mut LayerAnswers) -> RedisDecision {
         *each = LayerAnswers::from_layers(self.layers());
-        self.at(RedisDecision::leased(
-            self.answer.is_ok(),
-            each.iter().copied(),
-        ))
+        self.at(RedisDecision::leased(each.iter().copied()))
     }
 
     /// The answer as a [`RedisDecision`], each layer's kept.
     fn decision_each(&self) -> RedisDecision {
         let layers = LayerAnswers::from_layers(self.layers());
         self.at(RedisDecision::new(
-            self.answer.is_ok(),
             layers,
             Answered::Decided(Origin::Lease, None),
         ))

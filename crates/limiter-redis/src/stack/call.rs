@@ -243,7 +243,6 @@ impl<R> RedisStack<R> {
                     limit_reset_after_nanos: decision.reset_after_nanos(),
                 };
                 return Some(RedisDecision::new(
-                    false,
                     LayerAnswers::from_layers([layer]),
                     Answered::Decided(Origin::DenyCache, None),
                 ));

@@ -203,7 +203,7 @@ impl<R> RedisStack<R> {
             && let Ok(_) = local.decide_at_each(request, 0, now, &mut each)
         {
             let fallback = Answered::Decided(Origin::Fallback, Some(Box::new(e.clone())));
-            *decision = RedisDecision::new(true, each, fallback);
+            *decision = RedisDecision::new(each, fallback);
         }
     }
 

@@ -39,6 +39,9 @@ pub type Failure = Arc<dyn Error + Send + Sync>;
 /// Who decided a call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
+// A whole word: beside the words of an answer a byte would leave seven of padding, which every
+// move of the answer copies in overlapping pieces (loads the preceding stores cannot forward).
+#[repr(u64)]
 pub enum Origin {
     /// This process's memory.
     InProcess,
