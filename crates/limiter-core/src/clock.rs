@@ -146,7 +146,11 @@ pub enum ClockSource {
 /// [`MonotonicClock`], which is most of a check's cost. [`TscClock::source`] says which source
 /// this machine gave it. What it trades: quanta calibrates the
 /// counter against the OS clock once per process (the first `TscClock::new` takes a few
-/// milliseconds), and uses the counter only where the processor says it is invariant (the
+/// milliseconds), so its rate keeps that calibration's error for the life of the process: 16
+/// ppm on the development VM, whose readings drifted from the OS clock by 1.4 s a day. A limit
+/// measures intervals, which that moves by 16 µs a second; a service that reports or reads Unix
+/// times for days (`limiterd`) reads [`MonotonicClock`] instead, which the OS keeps at the
+/// system clock's rate. It uses the counter only where the processor says it is invariant (the
 /// same rate on every core, in every power state); elsewhere, and on other architectures, it
 /// reads the OS clock, so it is never worse than `MonotonicClock` by much. A reading taken on
 /// one core may trail one just taken on another by the cores' counter skew (nanoseconds): a

@@ -41,4 +41,4 @@ pub mod store;
 #[cfg(feature = "server")]
 mod server;
 #[cfg(feature = "server")]
-pub use server::{Listeners, serve};
+pub use server::{Listeners, ServiceClock, serve};

@@ -270,3 +270,57 @@ async fn on_redis_the_callers_time_is_checked_and_redis_decides() {
         "{body}"
     );
 }
+
+/// An error a batch's decision finds (not its parser) names the request at fault as the
+/// parser does (`requests[1].cost`), in memory and on Redis alike; a single ask names the
+/// field alone.
+#[tokio::test]
+async fn a_batch_names_the_request_its_decision_refuses() {
+    let server = redis_server::RedisServer::start();
+    let config = temp_file(
+        &format!("usage-batch-fields-{}.toml", server.port),
+        "[policies.small]\n\
+         limits = [{ algorithm = \"token_bucket\", count = 2, period = \"1h\" }]\n\
+         [policies.jobs]\n\
+         limits = [{ algorithm = \"concurrency\", count = 1, ttl = \"1m\" }]\n",
+    );
+    let config = config.to_str().expect("UTF-8");
+    let url = server.url();
+    let fits = json!({"policy": "small", "identifier": "a", "cost": 1});
+    let too_big = json!({"policy": "small", "identifier": "b", "cost": 3});
+    let jobs = json!({"policy": "jobs", "identifier": "c"});
+    let cases = [
+        (vec![fits.clone(), too_big.clone()], "requests[1].cost"),
+        (vec![too_big.clone()], "requests[0].cost"),
+        (vec![too_big.clone(), fits.clone()], "requests[0].cost"),
+        (
+            vec![fits.clone(), fits.clone(), jobs.clone()],
+            "requests[2].policy",
+        ),
+    ];
+    for args in [
+        vec!["--config", config],
+        vec!["--config", config, "--redis", url.as_str()],
+    ] {
+        let daemon = Daemon::start(&args);
+        let mut client = Client::connect(daemon.addr).await;
+        for (requests, field) in &cases {
+            let (status, body) = client
+                .post("/v1/ratelimit/many", &json!({ "requests": requests }))
+                .await;
+            assert_eq!(
+                (status, body["error"]["field"].as_str()),
+                (400, Some(*field)),
+                "{args:?} {requests:?}: {body}"
+            );
+        }
+        let (status, body) = client.post("/v1/ratelimit", &too_big).await;
+        assert_eq!(
+            (status, body["error"]["field"].as_str()),
+            (400, Some("cost")),
+            "{body}"
+        );
+        // Nothing was taken by a refused batch.
+        assert_eq!(client.decide(fits.clone()).await["remaining"], 1);
+    }
+}

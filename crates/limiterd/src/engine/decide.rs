@@ -62,10 +62,7 @@ pub(super) fn call_error(e: &CallError) -> DecideError {
             tracing::warn!(error = %e, "a policy's key store is full: new identifiers are refused");
             DecideError::Full(e.to_string())
         }
-        _ => DecideError::Invalid {
-            field: "cost",
-            message: e.to_string(),
-        },
+        _ => DecideError::invalid("cost", e.to_string()),
     }
 }
 
@@ -73,13 +70,9 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
     pub(super) fn resolve(&self, item: &Item) -> Result<Resolved<'_>, DecideError> {
         match &item.target {
             Target::Policy(id) => {
-                let entry = self
-                    .policies
-                    .get(id.0)
-                    .ok_or_else(|| DecideError::Invalid {
-                        field: "policy",
-                        message: format!("no policy number {}", id.0),
-                    })?;
+                let entry = self.policies.get(id.0).ok_or_else(|| {
+                    DecideError::invalid("policy", format!("no policy number {}", id.0))
+                })?;
                 let call = Call {
                     identifier: Arc::clone(&item.identifier),
                     plan: entry.plan,
@@ -116,10 +109,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         let Some(time_ms) = time_ms else {
             return Ok(now);
         };
-        let invalid = |message: String| DecideError::Invalid {
-            field: "time",
-            message,
-        };
+        let invalid = |message: String| DecideError::invalid("time", message);
         let at = time_ms.saturating_mul(1_000_000);
         let origin = self.unix_origin_ns;
         if at < origin {
@@ -159,10 +149,16 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
     ) -> Result<(bool, Vec<Answer>), DecideError> {
         self.refuse_permits(items)?;
         let quotas = items.iter().any(|item| !self.gates_of(item).1.is_empty());
-        if quotas {
-            return self.decide_with_quotas(items, time_ms).await;
+        let decided = if quotas {
+            self.decide_with_quotas(items, time_ms).await
+        } else {
+            self.decide_checked(items, time_ms).await
+        };
+        match items {
+            // One item: whatever was wrong was its own.
+            [_] => decided.map_err(|e| e.in_item(0)),
+            _ => decided,
         }
-        self.decide_checked(items, time_ms).await
     }
 
     /// [`decide_at`](Self::decide_at) once the items are known to take no permit.
@@ -179,7 +175,8 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         let reading = self.reading_for(time_ms)?;
         let resolved = items
             .iter()
-            .map(|item| self.resolve(item))
+            .enumerate()
+            .map(|(i, item)| self.resolve(item).map_err(|e| e.in_item(i)))
             .collect::<Result<Vec<_>, _>>()?;
         let result = self.decide_batch(items, &resolved, reading).await;
         match &result {
@@ -242,7 +239,13 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         let stacks: Vec<&PolicyStack> = resolved.iter().map(|(stack, _, _)| stack).collect();
         let decided = crate::stacks::decide_batch(&batch, &stacks, Some(reading))
             .await
-            .map_err(|e| call_error(&self.batch_error_numbered(items, resolved, e)))?;
+            .map_err(|e| {
+                let (item, error) = self.batch_error_located(items, resolved, e);
+                match item {
+                    Some(i) => call_error(&error).in_item(i),
+                    None => call_error(&error),
+                }
+            })?;
         // A refused batch's admitted takes were refunded and report what they hold after the
         // refund, read at the clock's reading then (no earlier than the batch's).
         let refunded_at = self.stacks.clock().now().max(reading);

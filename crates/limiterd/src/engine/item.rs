@@ -103,6 +103,9 @@ pub enum DecideError {
         field: &'static str,
         /// What was wrong and how to fix it.
         message: String,
+        /// Which of the items asked together it is the field of (its position), where one
+        /// is at fault; an API that takes several names the field by it (`requests[1].cost`).
+        item: Option<usize>,
     },
     /// Too many distinct ad-hoc limits.
     #[error(
@@ -117,4 +120,32 @@ pub enum DecideError {
     /// must wait (held ones go on).
     #[error("{0}")]
     Full(String),
+}
+
+impl DecideError {
+    /// The error of a request field (see [`Invalid`](Self::Invalid)), no item named.
+    pub(crate) fn invalid(field: &'static str, message: String) -> Self {
+        Self::Invalid {
+            field,
+            message,
+            item: None,
+        }
+    }
+
+    /// This error, named as the item at `index` of those asked together caused it (an
+    /// invalid field is then that item's; one already named keeps its item).
+    pub(crate) fn in_item(self, index: usize) -> Self {
+        match self {
+            Self::Invalid {
+                field,
+                message,
+                item: None,
+            } => Self::Invalid {
+                field,
+                message,
+                item: Some(index),
+            },
+            other => other,
+        }
+    }
 }

@@ -227,7 +227,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         identifier: &str,
         permit: &str,
     ) -> Result<bool, DecideError> {
-        let invalid = |field, message| DecideError::Invalid { field, message };
+        let invalid = DecideError::invalid;
         let id = self
             .policy_id(policy)
             .ok_or_else(|| invalid("policy", format!("no policy named `{policy}`")))?;
@@ -272,20 +272,19 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
     /// Why `items` cannot be decided together: one of them is on a policy with a concurrency
     /// limit, whose permit only [`decide_one`](Self::decide_one) can hand back.
     pub(super) fn refuse_permits(&self, items: &[Item]) -> Result<(), DecideError> {
-        let gated = |item: &&Item| self.gates_of(item).0.is_some();
-        let Some(item) = items.iter().find(gated) else {
+        let gated = |item: &Item| self.gates_of(item).0.is_some();
+        let Some(index) = items.iter().position(gated) else {
             return Ok(());
         };
+        let item = &items[index];
         let name = match &item.target {
             Target::Policy(id) => self.policy_name(*id).unwrap_or("?"),
             Target::AdHoc { .. } => "?",
         };
-        Err(DecideError::Invalid {
-            field: "policy",
-            message: format!(
-                "policy `{name}` has a concurrency limit: decide it alone with POST /v1/ratelimit (whose answer carries a permit to release)"
-            ),
-        })
+        let message = format!(
+            "policy `{name}` has a concurrency limit: decide it alone with POST /v1/ratelimit (whose answer carries a permit to release)"
+        );
+        Err(DecideError::invalid("policy", message).in_item(index))
     }
 
     fn counters_of(&self, item: &Item) -> &PolicyCounters {

@@ -3,11 +3,12 @@
 //! rule, and the stack's errors numbering its limits as the policy's one layer in memory does,
 //! so a policy answers on Redis as the same limits in one stack answer in memory.
 
-use limiter_core::{Clock, Decision};
+use limiter_core::{Clock, Decision, DecisionError};
 use limiter_stack::{CallError, Origin};
 
 use super::decide::Resolved;
 use super::{Answer, Charge, Engine, Item, Target};
+use crate::stacks::PolicyStack;
 use crate::store::quotas::{CountedIn, QuotaTaken};
 
 impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
@@ -48,33 +49,62 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         }
     }
 
-    /// A batch's `error`, numbered as in memory by the item it came from (a batch's error
-    /// does not name one): the first take whose policy stack on Redis refuses its cost before
-    /// anything is sent, as the batch refuses the first. Unchanged where that item cannot be
-    /// found (a stack in process comes first, or none refuses alike).
-    pub(super) fn batch_error_numbered(
+    /// The item a batch's `error` came from (a batch's error does not name one), and the
+    /// error numbered as in memory: the first take whose policy stack refuses its cost before
+    /// anything is counted, as the batch refuses the first (on Redis, the error the stack
+    /// answers before sending; in memory, a cost above the burst the error names, of a limit
+    /// of the layer it names). No item where none refuses alike.
+    pub(super) fn batch_error_located(
         &self,
         items: &[Item],
         resolved: &[Resolved<'_>],
         error: CallError,
-    ) -> CallError {
-        for (item, (stack, call, _)) in items.iter().zip(resolved) {
+    ) -> (Option<usize>, CallError) {
+        for (index, (item, (stack, call, _))) in items.iter().zip(resolved).enumerate() {
             if item.charge != Charge::Take || item.cost == 0 {
                 continue;
             }
-            let Some(on_redis) = stack.per_call() else {
-                return error;
-            };
-            if let Err(refused) = on_redis.check_cost(call, item.cost) {
-                return if refused == error {
-                    self.numbered_as_in_memory(item, refused)
-                } else {
-                    error
-                };
+            match stack.per_call() {
+                Some(on_redis) => {
+                    if let Err(refused) = on_redis.check_cost(call, item.cost) {
+                        if refused != error {
+                            return (None, error);
+                        }
+                        return (Some(index), self.numbered_as_in_memory(item, refused));
+                    }
+                }
+                None if refuses_in_memory(stack, item.cost, &error) => {
+                    return (Some(index), error);
+                }
+                None => {}
             }
         }
-        error
+        (None, error)
     }
+}
+
+/// Whether `error` is an in-process `stack`'s refusal of a take of `cost`: a cost above the
+/// burst it names, that of a limit at the position it names in a layer of the name it names.
+fn refuses_in_memory(stack: &PolicyStack, cost: u64, error: &CallError) -> bool {
+    let CallError::Decision {
+        layer,
+        limit_index,
+        source:
+            DecisionError::CostExceedsBurst {
+                cost: refused,
+                burst,
+            },
+    } = error
+    else {
+        return false;
+    };
+    let names_a_limit = |plan: &Vec<limiter_core::Limit>| {
+        plan.get(*limit_index)
+            .is_some_and(|limit| limit.burst() == *burst)
+    };
+    *refused == cost
+        && (stack.layers().iter())
+            .any(|info| info.name == *layer && info.plans.iter().any(names_a_limit))
 }
 
 /// `answer` and `quota`'s, as a stack folds two layers: admitted only if both are; bound by a

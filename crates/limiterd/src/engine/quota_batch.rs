@@ -41,7 +41,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                 Ok(taken) => taken_so_far.push((place, taken)),
                 Err(answered) => {
                     self.give_back(items, &taken_so_far).await;
-                    let (denied, _) = answered?;
+                    let (denied, _) = answered.map_err(|e| e.in_item(place))?;
                     return self.refused_by_quota(items, place, denied, time_ms).await;
                 }
             }

@@ -128,9 +128,8 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         if map.len() >= MAX_AD_HOC_SHAPES {
             return Err(DecideError::TooManyShapes);
         }
-        let invalid = |field: &'static str, message: String| DecideError::Invalid {
-            field,
-            message: format!("`limit` per `duration_ms`: {message}"),
+        let invalid = |field: &'static str, message: String| {
+            DecideError::invalid(field, format!("`limit` per `duration_ms`: {message}"))
         };
         let limit = Limit::new(limit, std::time::Duration::from_millis(duration_ms));
         let checked = CheckedLimit::new(kind, limit, self.store_kind()).map_err(|e| match e {

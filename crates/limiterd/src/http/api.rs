@@ -175,7 +175,7 @@ fn unix_ms() -> u64 {
 
 pub(super) fn decide_error(e: DecideError) -> ApiError {
     match e {
-        DecideError::Invalid { field, message } => ApiError::invalid(field, message),
+        DecideError::Invalid { field, message, .. } => ApiError::invalid(field, message),
         DecideError::TooManyShapes => ApiError {
             status: StatusCode::BAD_REQUEST,
             code: "too_many_limits",
@@ -292,6 +292,19 @@ async fn one<C: Clock + Clone + Send + Sync + 'static>(
     response
 }
 
+/// [`decide_error`] for a batch: an invalid field is named by its request
+/// (`requests[1].cost`), as the batch's parser names the fields it refuses.
+fn batch_error(e: DecideError) -> ApiError {
+    match e {
+        DecideError::Invalid {
+            field,
+            message,
+            item: Some(i),
+        } => ApiError::invalid(format!("requests[{i}].{field}"), message),
+        other => decide_error(other),
+    }
+}
+
 async fn many<C: Clock + Clone + Send + Sync + 'static>(
     _: Authorized,
     State(live): State<Arc<Live<C>>>,
@@ -321,7 +334,7 @@ async fn many<C: Clock + Clone + Send + Sync + 'static>(
                 let results = answers.iter().map(outcome).collect();
                 json(StatusCode::OK, &Batch { success, results })
             }
-            Err(e) => decide_error(e).into_response(),
+            Err(e) => batch_error(e).into_response(),
         },
     };
     state.metrics.observe(started.elapsed());

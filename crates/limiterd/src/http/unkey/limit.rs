@@ -88,10 +88,19 @@ fn reset_ms(at_unix_ns: u64, duration_ms: u64) -> u64 {
         .saturating_mul(duration)
 }
 
-fn decide_refusal(e: DecideError) -> Refusal {
+/// Why the store could not decide; `batch`: the body is an array, whose items an invalid
+/// field is named by (`body[1].cost`).
+fn decide_refusal(e: DecideError, batch: bool) -> Refusal {
     match e {
-        DecideError::Invalid { field, message } => invalid(
-            format!("body.{field}"),
+        DecideError::Invalid {
+            field,
+            message,
+            item,
+        } => invalid(
+            match (batch, item) {
+                (true, Some(i)) => format!("body[{i}].{field}"),
+                _ => format!("body.{field}"),
+            },
             message,
             "send a limit the store can count",
         ),
@@ -166,9 +175,12 @@ async fn limit_one<C: Clock + Clone + Send + Sync + 'static>(
                 data["success"] = json!(passed);
                 ok(data)
             }
-            None => decide_refusal(DecideError::Unavailable("no answer".into())).into_response(),
+            None => {
+                let missing = DecideError::Unavailable("no answer".into());
+                decide_refusal(missing, false).into_response()
+            }
         },
-        Err(e) => decide_refusal(e).into_response(),
+        Err(e) => decide_refusal(e, false).into_response(),
     }
 }
 
@@ -230,6 +242,6 @@ async fn limit_many<C: Clock + Clone + Send + Sync + 'static>(
                 .collect();
             ok(json!({ "passed": admitted && !hopeless, "limits": limits }))
         }
-        Err(e) => decide_refusal(e).into_response(),
+        Err(e) => decide_refusal(e, true).into_response(),
     }
 }
