@@ -71,7 +71,7 @@ struct PlanHeaders {
     /// The `RateLimit-Policy` items for every limit of the plan, comma-separated.
     policy: String,
     /// The same as a header value, for a response where this plan's layer alone applied (a
-    /// clone shares its bytes: nothing is formatted or allocated per response).
+    /// static value: nothing is formatted, allocated or counted per response).
     policy_value: Option<HeaderValue>,
     /// Per limit, its quoted policy name.
     names: Vec<String>,
@@ -202,7 +202,7 @@ fn plan_headers(layer: &str, limits: &[Limit]) -> PlanHeaders {
             let _ = write!(policy, ";burst={}", limit.burst().min(SF_INTEGER_MAX));
         }
     }
-    let policy_value = HeaderValue::try_from(policy.clone()).ok();
+    let policy_value = values::constant(&policy);
     PlanHeaders {
         policy,
         policy_value,

@@ -1,9 +1,13 @@
 //! Header values written without an allocation per response: each thread writes its values
 //! into one buffer and hands out each as a shared slice of it (`bytes::Bytes`). When every response
 //! that held a slice is gone, the next value reuses the buffer in place; while some are alive, a
-//! new buffer is taken once it is full (one allocation per about a hundred values).
+//! new buffer is taken once it is full (one allocation per about a hundred values). A value
+//! every response repeats (a policy's `RateLimit-Policy`) is kept once for the process and
+//! handed out with no reference count ([`constant`]).
 
 use std::cell::RefCell;
+use std::collections::HashSet;
+use std::sync::{Mutex, PoisonError};
 
 use bytes::BytesMut;
 use http::HeaderValue;
@@ -40,6 +44,35 @@ pub(crate) fn value(write: impl FnOnce(&mut Writer<'_>)) -> Option<HeaderValue> 
 #[inline]
 pub(crate) fn number(n: u64) -> Option<HeaderValue> {
     value(|out| out.number(n))
+}
+
+/// The most distinct constant values kept for the process: past it (layers built again and
+/// again with ever new policies), a value is shared by reference count instead.
+const MAX_CONSTANTS: usize = 4096;
+
+/// Every constant value handed out so far, each kept once for the life of the process.
+static CONSTANTS: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None);
+
+/// `text` as a header value every response can carry with no per-response cost: a static
+/// value, whose clone and drop touch no counter (a value shared by reference count would have
+/// every response on every core increment and decrement one counter). Each distinct text is
+/// kept once (a layer built again with the same policies reuses it), at most
+/// [`MAX_CONSTANTS`] of them; `None` for a text a header value cannot hold.
+pub(crate) fn constant(text: &str) -> Option<HeaderValue> {
+    // Checked first: `from_static` refuses (panics on) what `from_str` refuses.
+    let checked = HeaderValue::from_str(text).ok()?;
+    let mut kept = CONSTANTS.lock().unwrap_or_else(PoisonError::into_inner);
+    let kept = kept.get_or_insert_with(HashSet::new);
+    let text: &'static str = match kept.get(text) {
+        Some(text) => text,
+        None if kept.len() >= MAX_CONSTANTS => return Some(checked),
+        None => {
+            let text = Box::leak(text.to_owned().into_boxed_str());
+            kept.insert(text);
+            text
+        }
+    };
+    Some(HeaderValue::from_static(text))
 }
 
 /// Where one value is written: the end of the thread's buffer.
@@ -89,5 +122,21 @@ mod tests {
         assert_eq!(written.unwrap(), long.as_str());
         // A byte a header value cannot hold is refused, not passed on.
         assert!(value(|out| out.bytes(b"a\nb")).is_none());
+    }
+
+    #[test]
+    fn a_constant_is_kept_once_and_refuses_what_a_header_cannot_hold() {
+        let text = "\"per-ip\";q=10;w=1, \"constant-test\";q=5;w=60";
+        let first = constant(text).expect("printable");
+        let again = constant(&text.to_owned()).expect("printable");
+        assert_eq!(first, text);
+        // The same bytes, kept once: both point at one static text.
+        assert_eq!(first.as_bytes().as_ptr(), again.as_bytes().as_ptr());
+        assert!(constant("a\nb").is_none());
+        let kept = CONSTANTS.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = kept
+            .as_ref()
+            .map_or(0, |k| k.iter().filter(|t| **t == text).count());
+        assert_eq!(count, 1);
     }
 }
