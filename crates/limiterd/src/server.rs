@@ -434,34 +434,3 @@ async fn reloads(
         }
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use std::time::{SystemTime, UNIX_EPOCH};
-
-    use limiter_core::{Clock, TscClock, unix_origin};
-
-    use super::*;
-
-    #[test]
-    fn the_service_reads_unix_time_from_the_os_clock() {
-        // The OS's clock, which NTP keeps at the system clock's rate, not the counter (whose
-        // rate is a calibration's: see `ServiceClock`).
-        let clock = ServiceClock::new();
-        let wall = || {
-            SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos())
-        };
-        let origin = unix_origin(&clock);
-        let (before, reading, after) = (wall(), clock.now(), wall());
-        let unix = u128::from(origin + reading);
-        // Within a millisecond of the wall clock read around it (the two start aligned).
-        assert!(unix + 1_000_000 >= before && unix <= after + 1_000_000);
-        // Not the counter, whose rate drifts from the wall clock's by its calibration's error.
-        assert_ne!(
-            std::any::type_name::<ServiceClock>(),
-            std::any::type_name::<TscClock>()
-        );
-    }
-}

@@ -324,3 +324,20 @@ async fn a_batch_names_the_request_its_decision_refuses() {
         assert_eq!(client.decide(fits.clone()).await["remaining"], 1);
     }
 }
+
+/// The service reads Unix time from the OS's clock, which NTP keeps at the system clock's
+/// rate, not from the counter, whose rate is a calibration's (see `limiterd::ServiceClock`).
+#[test]
+fn the_service_reads_unix_time_from_the_os_clock() {
+    use limiter_core::{Clock, TscClock, unix_origin};
+    let clock = limiterd::ServiceClock::new();
+    let origin = unix_origin(&clock);
+    let (before, reading, after) = (unix_ms(), clock.now(), unix_ms());
+    let unix_ms_read = (origin + reading) / 1_000_000;
+    // Within a millisecond of the wall clock read around it (the two start aligned).
+    assert!(unix_ms_read + 1 >= before && unix_ms_read <= after + 1);
+    assert_ne!(
+        std::any::type_name::<limiterd::ServiceClock>(),
+        std::any::type_name::<TscClock>()
+    );
+}
