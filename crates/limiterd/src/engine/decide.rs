@@ -241,9 +241,10 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             .await
             .map_err(|e| {
                 let (item, error) = self.batch_error_located(items, resolved, e);
+                let error = call_error(&error);
                 match item {
-                    Some(i) => call_error(&error).in_item(i),
-                    None => call_error(&error),
+                    Some(i) => error.in_item(i),
+                    None => error,
                 }
             })?;
         // A refused batch's admitted takes were refunded and report what they hold after the

@@ -4,7 +4,7 @@
 //! so a policy answers on Redis as the same limits in one stack answer in memory.
 
 use limiter_core::{Clock, Decision, DecisionError};
-use limiter_stack::{CallError, Origin};
+use limiter_stack::{CallError, LayerInfo, Origin};
 
 use super::decide::Resolved;
 use super::{Answer, Charge, Engine, Item, Target};
@@ -102,9 +102,9 @@ fn refuses_in_memory(stack: &PolicyStack, cost: u64, error: &CallError) -> bool 
         plan.get(*limit_index)
             .is_some_and(|limit| limit.burst() == *burst)
     };
-    *refused == cost
-        && (stack.layers().iter())
-            .any(|info| info.name == *layer && info.plans.iter().any(names_a_limit))
+    let names_the_layer =
+        |info: &LayerInfo| info.name == *layer && info.plans.iter().any(names_a_limit);
+    *refused == cost && stack.layers().iter().any(names_the_layer)
 }
 
 /// `answer` and `quota`'s, as a stack folds two layers: admitted only if both are; bound by a
