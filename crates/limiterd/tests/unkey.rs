@@ -55,6 +55,18 @@ async fn a_key_is_always_required_and_refusals_are_in_unkeys_shape() {
     }
     let (status, value) = root(&mut client, "multiLimit", &json!([])).await;
     assert_eq!(status, 400, "{value}");
+    // A limit refused when its shape is resolved (more than a sliding window counts), not
+    // when the body is read, still names the check it came in: the second.
+    let too_many = limit("api", "cy", 50_000_000_000, 60_000, None);
+    let batch = json!([limit("api", "ada", 5, 60_000, None), too_many]);
+    let (status, value) = root(&mut client, "multiLimit", &batch).await;
+    assert_eq!(status, 400, "{value}");
+    let errors = value["error"]["errors"].as_array().expect("errors");
+    assert_eq!(errors[0]["location"], "body[1].limit", "{value}");
+    // And alone, the body.
+    let (status, value) = root(&mut client, "limit", &too_many).await;
+    assert_eq!(status, 400, "{value}");
+    assert_eq!(value["error"]["errors"][0]["location"], "body.limit", "{value}");
 }
 
 #[tokio::test]

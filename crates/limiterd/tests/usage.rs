@@ -289,6 +289,10 @@ async fn a_batch_names_the_request_its_decision_refuses() {
     let fits = json!({"policy": "small", "identifier": "a", "cost": 1});
     let too_big = json!({"policy": "small", "identifier": "b", "cost": 3});
     let jobs = json!({"policy": "jobs", "identifier": "c"});
+    // Refused when its shape is resolved, after the body was read: more than a sliding
+    // window counts.
+    let uncountable = json!({"namespace": "n", "identifier": "d", "limit": 50_000_000_000_u64,
+        "duration_ms": 1000, "algorithm": "sliding_window"});
     let cases = [
         (vec![fits.clone(), too_big.clone()], "requests[1].cost"),
         (vec![too_big.clone()], "requests[0].cost"),
@@ -297,6 +301,8 @@ async fn a_batch_names_the_request_its_decision_refuses() {
             vec![fits.clone(), fits.clone(), jobs.clone()],
             "requests[2].policy",
         ),
+        (vec![fits.clone(), uncountable.clone()], "requests[1].limit"),
+        (vec![uncountable.clone(), fits.clone()], "requests[0].limit"),
     ];
     for args in [
         vec!["--config", config],

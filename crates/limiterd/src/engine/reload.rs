@@ -129,7 +129,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             return Err(DecideError::TooManyShapes);
         }
         let invalid = |field: &'static str, message: String| {
-            DecideError::invalid(field, format!("`limit` per `duration_ms`: {message}"))
+            DecideError::invalid(field, format!("the ad-hoc limit: {message}"))
         };
         let limit = Limit::new(limit, std::time::Duration::from_millis(duration_ms));
         let checked = CheckedLimit::new(kind, limit, self.store_kind()).map_err(|e| match e {
