@@ -74,12 +74,7 @@ const ODD_ZONES: [&str; 9] = [
 ];
 
 fn unit() -> impl Strategy<Value = CalendarUnit> {
-    prop_oneof![
-        Just(CalendarUnit::Day),
-        Just(CalendarUnit::Week),
-        Just(CalendarUnit::Month),
-        Just(CalendarUnit::Year),
-    ]
+    prop::sample::select(CalendarUnit::ALL.to_vec())
 }
 
 proptest! {

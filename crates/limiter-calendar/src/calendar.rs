@@ -28,6 +28,9 @@ pub enum CalendarUnit {
 }
 
 impl CalendarUnit {
+    /// Every unit, shortest first: what a `period` may name.
+    pub const ALL: [Self; 4] = [Self::Day, Self::Week, Self::Month, Self::Year];
+
     /// The unit's usual length (a day, 7 days, 30 days, 365 days): for display, where a
     /// limit names its period; windows follow the calendar, not this.
     pub fn nominal(self) -> std::time::Duration {

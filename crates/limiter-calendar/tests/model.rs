@@ -56,12 +56,7 @@ fn window(unit: CalendarUnit, secs: u64) -> (u64, u64) {
 }
 
 fn unit() -> impl Strategy<Value = CalendarUnit> {
-    prop_oneof![
-        Just(CalendarUnit::Day),
-        Just(CalendarUnit::Week),
-        Just(CalendarUnit::Month),
-        Just(CalendarUnit::Year),
-    ]
+    prop::sample::select(CalendarUnit::ALL.to_vec())
 }
 
 proptest! {
