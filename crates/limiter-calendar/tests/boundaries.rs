@@ -109,10 +109,17 @@ fn unknown_zones_and_periods_are_refused_naming_them() {
     for unit in CalendarUnit::ALL {
         assert_eq!(unit.period().parse::<CalendarUnit>(), Ok(unit));
         assert!(!seen.contains(&unit), "{unit:?} twice");
-        assert!(err.to_string().contains(&format!("{:?}", unit.period())), "{err}");
+        assert!(
+            err.to_string().contains(&format!("{:?}", unit.period())),
+            "{err}"
+        );
         seen.push(unit);
     }
-    assert!(CalendarUnit::ALL.windows(2).all(|w| w[0].nominal() < w[1].nominal()));
+    assert!(
+        CalendarUnit::ALL
+            .windows(2)
+            .all(|w| w[0].nominal() < w[1].nominal())
+    );
     for period in ["1d", "1w", "1mo", "1y"] {
         let unit = period.parse::<CalendarUnit>().unwrap();
         assert!(CalendarUnit::ALL.contains(&unit), "{period}");

@@ -414,18 +414,22 @@ async fn one_configuration_answers_alike_on_redis_and_in_memory() {
                 .to_owned()
         };
         assert!(
-            message(4).starts_with("layer `identifier`, limit 0: cost 101"),
+            message(4).starts_with("`cost` 101 is above the burst of 100 of a limit of the policy counted per identifier"),
             "{}",
             seen[4]
         );
         assert!(
-            message(5).starts_with("layer `identifier`, limit 1: cost 16"),
+            message(5).starts_with(
+                "`cost` 16 is above the burst of 15 of a limit of the policy counted per identifier"
+            ),
             "{}",
             seen[5]
         );
         assert_eq!(seen[6]["remaining"], 100, "{}", seen[6]);
         assert!(
-            message(7).starts_with("layer `identifier`, limit 1: cost 16"),
+            message(7).starts_with(
+                "`cost` 16 is above the burst of 15 of a limit of the policy counted per identifier"
+            ),
             "{}",
             seen[7]
         );

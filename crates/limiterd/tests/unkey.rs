@@ -66,7 +66,10 @@ async fn a_key_is_always_required_and_refusals_are_in_unkeys_shape() {
     // And alone, the body.
     let (status, value) = root(&mut client, "limit", &too_many).await;
     assert_eq!(status, 400, "{value}");
-    assert_eq!(value["error"]["errors"][0]["location"], "body.limit", "{value}");
+    assert_eq!(
+        value["error"]["errors"][0]["location"], "body.limit",
+        "{value}"
+    );
 }
 
 #[tokio::test]

@@ -331,6 +331,58 @@ async fn a_batch_names_the_request_its_decision_refuses() {
     }
 }
 
+/// A cost no limit of a policy can ever admit is refused in the caller's terms: the burst it
+/// is above and how that limit counts (not the stack's layer and index, which number neither
+/// a concurrency limit nor the policy's order), with both ways out; alike on both stores.
+#[tokio::test]
+async fn a_cost_above_a_burst_is_refused_naming_the_burst_and_how_it_counts() {
+    let server = redis_server::RedisServer::start();
+    let config = temp_file(
+        &format!("usage-cost-words-{}.toml", server.port),
+        "[policies.exports]\n\
+         limits = [\n\
+           { algorithm = \"concurrency\", count = 2, ttl = \"1m\" },\n\
+           { algorithm = \"fixed_window\", count = 10, period = \"1h\" },\n\
+           { algorithm = \"token_bucket\", count = 5, period = \"1h\", key = \"global\" },\n\
+         ]\n",
+    );
+    let config = config.to_str().expect("UTF-8");
+    let url = server.url();
+    for args in [
+        vec!["--config", config],
+        vec!["--config", config, "--redis", url.as_str()],
+    ] {
+        let daemon = Daemon::start(&args);
+        let mut client = Client::connect(daemon.addr).await;
+        for (cost, words, most) in [
+            (
+                11,
+                "`cost` 11 is above the burst of 10 of a limit of the policy counted per identifier",
+                10,
+            ),
+            (
+                7,
+                "`cost` 7 is above the burst of 5 of a limit of the policy counted for every \
+                 identifier together",
+                5,
+            ),
+        ] {
+            let ask = json!({"policy": "exports", "identifier": "a", "cost": cost});
+            let (status, body) = client.post("/v1/ratelimit", &ask).await;
+            let message = body["error"]["message"].as_str().unwrap_or("");
+            assert_eq!(status, 400, "{args:?}: {body}");
+            assert_eq!(body["error"]["field"], "cost", "{body}");
+            assert!(message.starts_with(words), "{args:?}: {message}");
+            assert!(
+                message.contains(&format!("parts of at most {most} units")),
+                "{message}"
+            );
+            assert!(message.contains("\"record\": true"), "{message}");
+            assert!(!message.contains("layer"), "{message}");
+        }
+    }
+}
+
 /// The service reads Unix time from the OS's clock, which NTP keeps at the system clock's
 /// rate, not from the counter, whose rate is a calibration's (see `limiterd::ServiceClock`).
 #[test]

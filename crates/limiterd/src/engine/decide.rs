@@ -62,8 +62,32 @@ pub(super) fn call_error(e: &CallError) -> DecideError {
             tracing::warn!(error = %e, "a policy's key store is full: new identifiers are refused");
             DecideError::Full(e.to_string())
         }
-        _ => DecideError::invalid("cost", e.to_string()),
+        _ => DecideError::invalid("cost", cost_refused(e).unwrap_or_else(|| e.to_string())),
     }
+}
+
+/// A cost above a burst, worded for the API's caller: a limit of the policy, named by its
+/// burst and how it counts, not by the stack's layer and index (which number neither a
+/// policy's concurrency limit nor its order); `None` for any other error.
+fn cost_refused(e: &CallError) -> Option<String> {
+    let CallError::Decision {
+        layer,
+        source: limiter_core::DecisionError::CostExceedsBurst { cost, burst },
+        ..
+    } = e
+    else {
+        return None;
+    };
+    let counted = match layer.as_str() {
+        "identifier" => "counted per identifier",
+        "global" => "counted for every identifier together",
+        _ => return None,
+    };
+    Some(format!(
+        "`cost` {cost} is above the burst of {burst} of a limit of the policy {counted}, so it \
+         could never be admitted; split the request into parts of at most {burst} units or \
+         raise that limit's burst; to record usage that already happened, add `\"record\": true`"
+    ))
 }
 
 impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
