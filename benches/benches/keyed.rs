@@ -191,9 +191,10 @@ fn permits(c: &mut Criterion) {
     g.bench_function("concurrency_acquire_release", |b| {
         b.iter(|| black_box(limiter.try_acquire(black_box(&7)).map(|p| p.release())))
     });
-    // A calendar quota (a month in Berlin) on the default clock: the window kept by the
-    // calendar read on every decision (converted to the zone's calendar once a window).
-    let clock = DefaultClock::new();
+    // A calendar quota (a month in Berlin) on the calendar's default clock (the OS's: a
+    // calendar needs the wall clock's rate): the window kept by the calendar read on every
+    // decision (converted to the zone's calendar once a window).
+    let clock = limiter_core::MonotonicClock::new();
     let origin = limiter_core::unix_origin(&clock);
     let month =
         limiter_calendar::Calendar::new(limiter_calendar::CalendarUnit::Month, "Europe/Berlin")

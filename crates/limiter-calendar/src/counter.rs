@@ -26,7 +26,9 @@ pub struct CalendarCounter {
 
 impl CalendarCounter {
     /// `count` units per window of `calendar`, on a clock whose reading 0 is `origin_unix_ns`
-    /// nanoseconds after the Unix epoch ([`limiter_core::unix_origin`] finds it for a clock).
+    /// nanoseconds after the Unix epoch ([`limiter_core::unix_origin`] finds it for a clock)
+    /// and whose rate is the OS clock's ([`MonotonicClock`](limiter_core::MonotonicClock);
+    /// see the crate's docs on the clock).
     pub fn new(count: u64, calendar: Calendar, origin_unix_ns: u64) -> Result<Self, LimitError> {
         if count == 0 || count > MAX_CALENDAR_COUNT {
             return Err(LimitError::Unsupported {

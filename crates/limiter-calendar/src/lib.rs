@@ -7,6 +7,14 @@
 //! boundaries, with or without `/usr/share/zoneinfo`; an unknown zone is refused when the
 //! calendar is built.
 //!
+//! A calendar turns a clock's readings into Unix time (from the reading 0's instant,
+//! [`limiter_core::unix_origin`]), so it needs a clock that keeps the OS clock's rate:
+//! [`MonotonicClock`](limiter_core::MonotonicClock), the default of [`CalendarWindow`] and
+//! [`KeyedCalendarWindow`]. The library's `DefaultClock` reads the time-stamp counter at the
+//! rate quanta calibrated once (16 ppm off on the development VM: a month's boundary half a
+//! minute off after a month of uptime); a stack with a calendar layer is built with
+//! `.clock(MonotonicClock::new())` for the same reason.
+//!
 //! ```
 //! use limiter_calendar::{Calendar, CalendarCounter, CalendarUnit, CalendarWindow};
 //! use limiter_core::ManualClock;
@@ -40,13 +48,15 @@ pub use calendar::{Calendar, CalendarError, CalendarUnit};
 pub use counter::{CalendarCounter, MAX_CALENDAR_COUNT};
 pub use window::Window;
 
-/// One calendar window counter (build it with `DirectLimiter::from_algorithm`).
-pub type CalendarWindow<C = limiter_core::DefaultClock> =
+/// One calendar window counter (build it with `DirectLimiter::from_algorithm`), on the OS's
+/// monotonic clock unless another is named (see the crate's docs on the clock).
+pub type CalendarWindow<C = limiter_core::MonotonicClock> =
     limiter_core::DirectLimiter<CalendarCounter, C>;
 
-/// A calendar window counter per key (build it with `KeyedLimiter::from_algorithm`).
+/// A calendar window counter per key (build it with `KeyedLimiter::from_algorithm`), on the
+/// OS's monotonic clock unless another is named.
 pub type KeyedCalendarWindow<
     K,
-    C = limiter_core::DefaultClock,
+    C = limiter_core::MonotonicClock,
     St = limiter_store::ShardedStore<K>,
 > = limiter_store::KeyedLimiter<CalendarCounter, K, C, St>;

@@ -154,6 +154,36 @@ fn a_quota_resets_at_the_boundary_and_says_when() {
     );
 }
 
+/// A window on its default clock (named by the type alone: the OS's monotonic clock, whose rate
+/// the OS keeps at the wall clock's) says the next UTC midnight as the wall clock has it.
+#[test]
+fn a_window_on_its_default_clock_ends_at_the_wall_clocks_midnight() {
+    let clock = limiter_core::MonotonicClock::new();
+    let origin = limiter_core::unix_origin(&clock);
+    let day = Calendar::new(CalendarUnit::Day, "UTC").unwrap();
+    let quota: CalendarWindow =
+        CalendarWindow::from_algorithm(CalendarCounter::new(5, day, origin).unwrap(), clock);
+    let wall = |at: std::time::SystemTime| {
+        at.duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_nanos()
+    };
+    let before = wall(std::time::SystemTime::now());
+    let reset = quota.check().unwrap().reset_after().as_nanos();
+    let after = wall(std::time::SystemTime::now());
+    let midnight = |at: u128| (at / u128::from(24 * HOUR) + 1) * u128::from(24 * HOUR);
+    // The reading was taken between the two wall readings: its midnight, less it, is the reset
+    // (a millisecond either way for the wall clock's own steps); a midnight between the two
+    // readings leaves nothing to compare.
+    if midnight(before) == midnight(after) {
+        let ms = 1_000_000;
+        assert!(
+            midnight(before) - after <= reset + ms && reset <= midnight(before) - before + ms,
+            "reset {reset} ns, wall {before}..{after}"
+        );
+    }
+}
+
 #[test]
 fn keys_count_apart_and_are_forgotten_once_their_window_passes() {
     let origin = 1_774_994_400 * S - S; // a second before April in Berlin

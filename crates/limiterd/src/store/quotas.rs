@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use limiter_calendar::{Calendar, CalendarCounter, KeyedCalendarWindow};
-use limiter_core::{Decision, DefaultClock};
+use limiter_core::{Decision, MonotonicClock};
 use limiter_store::ShardedStore;
 
 use super::{BackendError, Keying, OnFailure, RedisBackend, RedisQuota};
@@ -84,7 +84,7 @@ impl LocalQuota {
             .map(|algorithm| {
                 KeyedCalendarWindow::from_algorithm(
                     algorithm,
-                    DefaultClock::new(),
+                    MonotonicClock::new(),
                     ShardedStore::new(),
                 )
             });
