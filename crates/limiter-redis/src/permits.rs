@@ -326,7 +326,12 @@ impl RedisPermits {
     /// [`RedisBackend::eval_on_key`]).
     /// On one server or Sentinel the name's index is given too (`KEYS[2]`: the scripts write
     /// it in the same call); on a cluster it is in another slot, and the callers write it apart.
-    async fn run(&self, key: &str, body: &str, args: &[&str]) -> Result<Value, BackendError> {
+    async fn run(
+        &self,
+        key: &str,
+        body: &'static str,
+        args: &[&str],
+    ) -> Result<Value, BackendError> {
         // The key's own hash tag: on a cluster, keys spread over the masters.
         let redis_key = format!("{}:permits:{}:{{{key}}}", self.prefix, self.name);
         if self.backend.is_cluster() {

@@ -253,7 +253,7 @@ impl RedisQuota {
     async fn run(
         &self,
         key: &str,
-        body: &str,
+        body: &'static str,
         timed: bool,
         args: &[String],
     ) -> Result<Value, BackendError> {

@@ -59,30 +59,22 @@ impl RedisRecords {
         Ok(self)
     }
 
-    fn script(&self, body: &str, args: &[&str]) -> redis::Cmd {
-        let mut cmd = redis::cmd("EVAL");
-        cmd.arg(body).arg(2).arg(&self.keys[0]).arg(&self.keys[1]);
-        for arg in args {
-            cmd.arg(*arg);
-        }
-        cmd
+    /// Runs `body` on the records' two keys (by its hash, as every one-key script).
+    async fn script(&self, body: &'static str, args: &[&str]) -> Result<Value, BackendError> {
+        self.backend
+            .eval_on_keys(&self.keys[0], &[&self.keys[1]], body, false, args)
+            .await
     }
 
     /// Sets `field` to `value`; the version after the change.
     pub async fn put(&self, field: &str, value: &str) -> Result<u64, BackendError> {
-        let reply = self
-            .backend
-            .query_writing(&self.keys[0], &self.script(PUT, &[field, value]))
-            .await?;
+        let reply = self.script(PUT, &[field, value]).await?;
         number(&reply)
     }
 
     /// Deletes `field`; whether it was there.
     pub async fn remove(&self, field: &str) -> Result<bool, BackendError> {
-        let reply = self
-            .backend
-            .query_writing(&self.keys[0], &self.script(REMOVE, &[field]))
-            .await?;
+        let reply = self.script(REMOVE, &[field]).await?;
         Ok(number(&reply)? > 0)
     }
 
@@ -100,7 +92,7 @@ impl RedisRecords {
     pub async fn all(&self) -> Result<(u64, Vec<(String, String)>), BackendError> {
         let reply = self
             .backend
-            .query(&self.keys[0], &self.script(ALL, &[]))
+            .read_on_keys(&self.keys[0], &[&self.keys[1]], ALL, &[])
             .await?;
         let Value::Array(parts) = reply else {
             return Err(bad(&reply));

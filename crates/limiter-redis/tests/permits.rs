@@ -457,3 +457,46 @@ async fn with_wait_for_replicas_a_permit_is_answered_once_a_replica_has_it() {
         "{err}"
     );
 }
+
+/// Calls of `command` the server has counted (`INFO commandstats`), failed ones included.
+fn calls(server: &common::RedisServer, command: &str) -> u64 {
+    let stats = common::raw_command(server.port, "INFO commandstats").expect("INFO");
+    let line = stats
+        .lines()
+        .find(|l| l.starts_with(&format!("cmdstat_{command}:")));
+    let field = |name: &str| {
+        line.and_then(|l| l.split([':', ',']).find_map(|f| f.strip_prefix(name)))
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    field("calls=") + field("rejected_calls=")
+}
+
+/// A permit's scripts go by their hash (`EVALSHA`), each sent in full (`EVAL`) once to a
+/// server that lacks it, and once more after the server's scripts are flushed: not the whole
+/// text on every call, which the server would hash each time.
+#[tokio::test]
+async fn scripts_go_by_their_hash_and_in_full_once_to_a_server_that_lacks_them() {
+    let server = common::RedisServer::start();
+    let clock = ManualClock::new();
+    clock.set(START);
+    let permits = pinned(&server, &clock)
+        .await
+        .permits("hashed", 100, TTL)
+        .unwrap();
+    for _ in 0..5 {
+        let held = permit(permits.acquire("acme").await.unwrap());
+        assert!(permits.release("acme", held.id()).await.unwrap());
+    }
+    // Two scripts (an acquire and a release), each sent in full once.
+    assert_eq!(calls(&server, "eval"), 2);
+    assert!(calls(&server, "evalsha") >= 10, "every call by its hash");
+    assert_eq!(
+        common::raw_command(server.port, "SCRIPT FLUSH").as_deref(),
+        Some("+OK\r\n")
+    );
+    let held = permit(permits.acquire("acme").await.unwrap());
+    assert!(permits.release("acme", held.id()).await.unwrap());
+    assert_eq!(calls(&server, "eval"), 4, "sent in full again, once each");
+    assert_eq!(permits.held("acme").await.unwrap(), 0);
+}
