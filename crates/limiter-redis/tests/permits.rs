@@ -474,16 +474,15 @@ fn calls(server: &common::RedisServer, command: &str) -> u64 {
 
 /// A permit's scripts go by their hash (`EVALSHA`), each sent in full (`EVAL`) once to a
 /// server that lacks it, and once more after the server's scripts are flushed: not the whole
-/// text on every call, which the server would hash each time.
+/// text on every call, which the server would hash each time; and sending one in full is not
+/// a load of the decision library.
 #[tokio::test]
 async fn scripts_go_by_their_hash_and_in_full_once_to_a_server_that_lacks_them() {
     let server = common::RedisServer::start();
     let clock = ManualClock::new();
     clock.set(START);
-    let permits = pinned(&server, &clock)
-        .await
-        .permits("hashed", 100, TTL)
-        .unwrap();
+    let backend = pinned(&server, &clock).await;
+    let permits = backend.permits("hashed", 100, TTL).unwrap();
     for _ in 0..5 {
         let held = permit(permits.acquire("acme").await.unwrap());
         assert!(permits.release("acme", held.id()).await.unwrap());
@@ -499,4 +498,7 @@ async fn scripts_go_by_their_hash_and_in_full_once_to_a_server_that_lacks_them()
     assert!(permits.release("acme", held.id()).await.unwrap());
     assert_eq!(calls(&server, "eval"), 4, "sent in full again, once each");
     assert_eq!(permits.held("acme").await.unwrap(), 0);
+    // Not the decision library's loads, which would load it on every master of a cluster.
+    assert_eq!(backend.stats().script_loads, 0);
+    assert_eq!(calls(&server, "function|load"), 0);
 }

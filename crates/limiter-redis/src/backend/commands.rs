@@ -159,10 +159,12 @@ impl RedisBackend {
                 Err(Failed::Call(e))
                     if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
                 {
+                    // Not the decision library's load (`script_loads`, which loads it on every
+                    // master): `EVAL` caches this script on this server for the next call.
                     let in_full = command("EVAL", &script.text);
                     run::send(&link, &in_full, asking, wait)
                         .await
-                        .map(|value| (value, true))
+                        .map(|value| (value, false))
                 }
                 answer => answer.map(|value| (value, false)),
             }
