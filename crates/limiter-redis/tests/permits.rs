@@ -458,18 +458,10 @@ async fn with_wait_for_replicas_a_permit_is_answered_once_a_replica_has_it() {
     );
 }
 
-/// Calls of `command` the server has counted (`INFO commandstats`), failed ones included.
+/// Calls of `command` the server has counted.
 fn calls(server: &common::RedisServer, command: &str) -> u64 {
     let stats = common::raw_command(server.port, "INFO commandstats").expect("INFO");
-    let line = stats
-        .lines()
-        .find(|l| l.starts_with(&format!("cmdstat_{command}:")));
-    let field = |name: &str| {
-        line.and_then(|l| l.split([':', ',']).find_map(|f| f.strip_prefix(name)))
-            .and_then(|n| n.trim().parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    field("calls=") + field("rejected_calls=")
+    common::calls_in(&stats, command)
 }
 
 /// A permit's scripts go by their hash (`EVALSHA`), each sent in full (`EVAL`) once to a

@@ -149,18 +149,10 @@ impl RedisCluster {
                     .arg("commandstats")
                     .query(&mut node.client())
                     .expect("INFO commandstats");
-                info.lines()
-                    .filter(|l| {
-                        ["cmdstat_fcall:", "cmdstat_evalsha:", "cmdstat_eval:"]
-                            .iter()
-                            .any(|c| l.starts_with(c))
-                    })
-                    .filter_map(|l| {
-                        l.split([':', ','])
-                            .find_map(|f| f.strip_prefix("calls="))
-                            .and_then(|n| n.parse::<u64>().ok())
-                    })
-                    .sum()
+                ["fcall", "evalsha", "eval"]
+                    .iter()
+                    .map(|command| super::calls_in(&info, command))
+                    .sum::<u64>()
             })
             .collect()
     }

@@ -92,6 +92,17 @@ pub fn raw_command(port: u16, command: &str) -> Option<String> {
     Some(String::from_utf8_lossy(&buffer[..n]).into_owned())
 }
 
+/// The calls of `command` (`fcall`, `function|load`) that `stats`, a server's
+/// `INFO commandstats`, counts; 0 for one it has not run.
+pub fn calls_in(stats: &str, command: &str) -> u64 {
+    stats
+        .lines()
+        .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:")))
+        .and_then(|fields| fields.split(',').find_map(|f| f.strip_prefix("calls=")))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 /// Waits (polling every 20 ms, at most 20 s) until `ready`.
 pub fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(20);
