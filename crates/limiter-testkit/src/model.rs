@@ -95,8 +95,10 @@ impl Model for GcraModel {
         let now = u128::from(now) * count;
         let tau = burst * period;
         let start = self.tat.max(now);
-        // At most one burst of debt; never lowered.
-        let after = (start + u128::from(cost) * period)
+        // At most one burst of debt; never lowered. (A record of up to u64::MAX units of a
+        // period up to u64::MAX ns passes u128 past a late start: saturated, then capped.)
+        let after = start
+            .saturating_add(u128::from(cost) * period)
             .min(now + 2 * tau)
             .max(start);
         self.tat = after;
@@ -172,10 +174,13 @@ impl Model for TokenModel {
             i128::from(self.limit.count()),
             i128::from(self.limit.period_nanos()),
         );
-        // Never below minus a full bucket (one burst of debt); never raised by a record.
+        // Never below minus a full bucket (one burst of debt); never raised by a record. (The
+        // units' ticks pass i128 for a record of u64::MAX units of a period of u64::MAX ns.)
         let floor = (-full).min(self.tokens);
-        self.tokens = (self.tokens - i128::from(cost) * period).max(floor);
-        let ns = |scaled: i128| u64::try_from((scaled + count - 1) / count).expect("fits");
+        let taken = i128::from(cost).saturating_mul(period);
+        self.tokens = self.tokens.saturating_sub(taken).max(floor);
+        // Waits past u64::MAX ns saturate, as the algorithms report them.
+        let ns = |scaled: i128| u64::try_from((scaled + count - 1) / count).unwrap_or(u64::MAX);
         Ok(if self.tokens >= 0 {
             Decision::allow(
                 self.limit.burst(),
@@ -204,7 +209,8 @@ impl Model for TokenModel {
             i128::from(self.limit.count()),
             i128::from(self.limit.period_nanos()),
         );
-        let ns = |scaled: i128| u64::try_from((scaled + count - 1) / count).expect("fits");
+        // Waits past u64::MAX ns saturate, as the algorithms report them.
+        let ns = |scaled: i128| u64::try_from((scaled + count - 1) / count).unwrap_or(u64::MAX);
         let remaining =
             |tokens: i128| u64::try_from(tokens.max(0) / period).expect("at most burst");
         let need = i128::from(cost) * period;
@@ -373,5 +379,26 @@ impl<const SLIDING: bool> Model for WindowModel<SLIDING> {
     /// ends, and a sliding one weighs it into the next (where the bound does not count it).
     fn record_counts(limit: &Limit, recorded_at: u64, admitted_at: u64) -> bool {
         recorded_at / limit.period_nanos() == admitted_at / limit.period_nanos()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A record of every unit a `u64` holds, on the longest period, late in the clock's range:
+    /// each model takes one burst of debt (denying, full again after two bursts' time), where
+    /// its arithmetic used to overflow (a fuzz input found it).
+    #[test]
+    fn the_largest_record_on_the_longest_period_is_one_burst_of_debt() {
+        let limit = Limit::from_nanos(9, u64::MAX);
+        let at = u64::MAX - 1;
+        let gcra = GcraModel::new(limit).record(u64::MAX, at).unwrap();
+        let tokens = TokenModel::new(limit).record(u64::MAX, at).unwrap();
+        for answer in [gcra, tokens] {
+            assert!(answer.is_denied(), "{answer:?}");
+            assert_eq!(answer.remaining(), 0);
+            assert_eq!(answer.reset_after_nanos(), u64::MAX, "two bursts saturate");
+        }
     }
 }
