@@ -6,6 +6,7 @@
 use limiter_core::{Clock, Decision, Limit};
 use limiter_stack::{Ask, BatchItem, CallError, Origin, Outcome};
 
+use crate::config::Keying;
 use crate::metrics::{Counted, FailurePolicy};
 
 use super::*;
@@ -78,9 +79,10 @@ fn cost_refused(e: &CallError) -> Option<String> {
     else {
         return None;
     };
+    // A policy's layers are named by their keying (`stacks/limits.rs`).
     let counted = match layer.as_str() {
-        "identifier" => "counted per identifier",
-        "global" => "counted for every identifier together",
+        name if name == Keying::Identifier.layer_name() => "counted per identifier",
+        name if name == Keying::Global.layer_name() => "counted for every identifier together",
         _ => return None,
     };
     Some(format!(
