@@ -116,6 +116,11 @@ impl Algorithm for CalendarCounter {
         &self.limit
     }
 
+    /// Always: a window's bounds are the calendar's, in Unix time.
+    fn reads_unix_time(&self) -> bool {
+        true
+    }
+
     fn decide(&self, state: u64, cost: u64, now: u64) -> Result<Step, DecisionError> {
         let count = self.limit.count();
         if cost > count {

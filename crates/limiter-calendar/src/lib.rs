@@ -13,7 +13,8 @@
 //! [`KeyedCalendarWindow`]. The library's `DefaultClock` reads the time-stamp counter at the
 //! rate quanta calibrated once (16 ppm off on the development VM: a month's boundary half a
 //! minute off after a month of uptime); a stack with a calendar layer is built with
-//! `.clock(MonotonicClock::new())` for the same reason.
+//! `.clock(MonotonicClock::new())` for the same reason, and refuses to build on a clock that
+//! does not keep the wall clock's rate ([`Clock::keeps_wall_rate`](limiter_core::Clock::keeps_wall_rate)).
 //!
 //! ```
 //! use limiter_calendar::{Calendar, CalendarCounter, CalendarUnit, CalendarWindow};

@@ -41,6 +41,16 @@ pub trait Algorithm: Send + Sync + Sized {
         Accuracy::EXACT
     }
 
+    /// Whether the algorithm turns the clock's readings into Unix time (a calendar's windows),
+    /// so it needs a clock that keeps the wall clock's rate ([`Clock::keeps_wall_rate`]): a
+    /// stack refuses it on a clock that does not. `false` unless the algorithm's docs state
+    /// otherwise.
+    ///
+    /// [`Clock::keeps_wall_rate`]: crate::Clock::keeps_wall_rate
+    fn reads_unix_time(&self) -> bool {
+        false
+    }
+
     /// Decides a call of `cost` units at `now` (nanoseconds since the clock's epoch) on `state`.
     ///
     /// Cost 0 is a peek. [`Step::next`] is `None` when nothing must be written: a denial or a
@@ -199,6 +209,10 @@ impl<A: Algorithm> Algorithm for Recording<'_, A> {
         self.0.accuracy()
     }
 
+    fn reads_unix_time(&self) -> bool {
+        self.0.reads_unix_time()
+    }
+
     #[inline]
     fn decide(&self, state: u64, cost: u64, now: u64) -> Result<Step, DecisionError> {
         self.0.record(state, cost, now)
@@ -253,6 +267,10 @@ impl<A: Algorithm> Algorithm for Refunding<'_, A> {
 
     fn accuracy(&self) -> Accuracy {
         self.algorithm.accuracy()
+    }
+
+    fn reads_unix_time(&self) -> bool {
+        self.algorithm.reads_unix_time()
     }
 
     fn decide(&self, state: u64, units: u64, now: u64) -> Result<Step, DecisionError> {

@@ -31,11 +31,24 @@ use crate::sync::{Arc, AtomicU64, Ordering};
 pub trait Clock: Send + Sync {
     /// Nanoseconds since this clock's epoch.
     fn now(&self) -> u64;
+
+    /// Whether readings advance at the OS wall clock's rate (as the system clock is slewed), so
+    /// a reading turned into Unix time ([`unix_origin`] plus the reading) stays on the wall
+    /// clock however long the process runs. What counts by the calendar needs it: a stack
+    /// refuses a calendar limit on a clock that does not. `true` unless the clock says
+    /// otherwise: [`TscClock`] on the time-stamp counter keeps one calibration's rate (16 ppm
+    /// off on the development VM, half a minute a month).
+    fn keeps_wall_rate(&self) -> bool {
+        true
+    }
 }
 
 impl<C: Clock + ?Sized> Clock for &C {
     fn now(&self) -> u64 {
         (**self).now()
+    }
+    fn keeps_wall_rate(&self) -> bool {
+        (**self).keeps_wall_rate()
     }
 }
 
@@ -43,11 +56,17 @@ impl<C: Clock + ?Sized> Clock for std::sync::Arc<C> {
     fn now(&self) -> u64 {
         (**self).now()
     }
+    fn keeps_wall_rate(&self) -> bool {
+        (**self).keeps_wall_rate()
+    }
 }
 
 impl<C: Clock + ?Sized> Clock for Box<C> {
     fn now(&self) -> u64 {
         (**self).now()
+    }
+    fn keeps_wall_rate(&self) -> bool {
+        (**self).keeps_wall_rate()
     }
 }
 
@@ -228,6 +247,11 @@ impl Clock for TscClock {
         u64::try_from(nanos)
             .unwrap_or(u64::MAX)
             .saturating_add(self.start)
+    }
+
+    /// Only where it reads the OS clock: the counter runs at one calibration's rate.
+    fn keeps_wall_rate(&self) -> bool {
+        self.source() == ClockSource::OsClock
     }
 }
 
@@ -421,6 +445,11 @@ impl<S: Clock> Clock for CoarseClock<S> {
     fn now(&self) -> u64 {
         // Relaxed: see `Coarse::refresh`.
         self.shared.nanos.load(Ordering::Relaxed)
+    }
+
+    /// As its source's.
+    fn keeps_wall_rate(&self) -> bool {
+        self.shared.source.keeps_wall_rate()
     }
 }
 

@@ -12,6 +12,7 @@ pub(crate) trait DynAlgorithm: Send + Sync {
     fn name(&self) -> &'static str;
     fn fresh(&self) -> u64;
     fn limit(&self) -> &Limit;
+    fn reads_unix_time(&self) -> bool;
     fn is_full(&self, state: u64, now: u64) -> bool;
     fn usage(&self, state: u64, now: u64) -> Usage;
     fn with_usage(&self, usage: Usage, now: u64) -> Result<u64, DecisionError>;
@@ -78,6 +79,10 @@ impl DynAlgorithm for PlanLimit {
     #[inline]
     fn limit(&self) -> &Limit {
         dispatch!(self, a => DynAlgorithm::limit(a))
+    }
+    #[inline]
+    fn reads_unix_time(&self) -> bool {
+        dispatch!(self, a => DynAlgorithm::reads_unix_time(a))
     }
     #[inline]
     fn is_full(&self, state: u64, now: u64) -> bool {
@@ -150,6 +155,9 @@ impl<A: Algorithm> DynAlgorithm for A {
     }
     fn limit(&self) -> &Limit {
         Algorithm::limit(self)
+    }
+    fn reads_unix_time(&self) -> bool {
+        Algorithm::reads_unix_time(self)
     }
     fn is_full(&self, state: u64, now: u64) -> bool {
         Algorithm::is_full(self, state, now)

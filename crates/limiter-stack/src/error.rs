@@ -165,6 +165,17 @@ pub enum BuildError {
         /// The layer.
         layer: String,
     },
+    /// A calendar limit on a clock that does not keep the wall clock's rate, so its windows
+    /// would end early or late by the clock's drift.
+    #[error(
+        "layer `{layer}` counts by the calendar (plan `{plan}`), which turns the stack's clock readings into Unix time, but the stack's clock does not keep the wall clock's rate (the default clock reads the CPU's time-stamp counter at one calibration's rate: on the development VM a month's window would end half a minute early); build the stack with `.clock(MonotonicClock::new())`"
+    )]
+    CalendarClock {
+        /// The layer.
+        layer: String,
+        /// Its plan holding the calendar limit.
+        plan: String,
+    },
     /// A plan added to a layer the stack does not have.
     #[error("the stack has {layers} layers (0 to {}), not layer {layer}", layers.saturating_sub(1))]
     NoSuchLayer {

@@ -29,6 +29,18 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// Refused, naming `layer`, where a limit counts by the calendar and the stack's clock does
+    /// not keep the wall clock's rate (`wall_rate`).
+    fn check_clock(&self, layer: &str, wall_rate: bool) -> Result<(), BuildError> {
+        if wall_rate || !self.limits.iter().any(DynAlgorithm::reads_unix_time) {
+            return Ok(());
+        }
+        Err(BuildError::CalendarClock {
+            layer: layer.to_owned(),
+            plan: self.name.clone(),
+        })
+    }
+
     /// An empty plan called `name`; add limits with [`limit`](Self::limit).
     pub fn new(name: impl Into<String>) -> Self {
         Self {
@@ -198,13 +210,22 @@ impl<R, K> Layer<R, K> {
         self.plans.iter().chain(added)
     }
 
+    /// Refused where a plan of the layer counts by the calendar and the stack's clock does not
+    /// keep the wall clock's rate (`wall_rate`).
+    pub(crate) fn check_clock(&self, wall_rate: bool) -> Result<(), BuildError> {
+        self.all_plans()
+            .try_for_each(|plan| plan.check_clock(&self.name, wall_rate))
+    }
+
     /// Adds `plan` to an open layer; its index, which the plan function then returns for
-    /// the requests it applies to.
-    pub(crate) fn add_plan(&self, plan: Plan) -> Result<usize, BuildError> {
+    /// the requests it applies to (`wall_rate`: whether the stack's clock keeps the wall
+    /// clock's rate, which a calendar limit needs).
+    pub(crate) fn add_plan(&self, plan: Plan, wall_rate: bool) -> Result<usize, BuildError> {
         let layer = || self.name.clone();
         let Some(open) = &self.open else {
             return Err(BuildError::NotOpen { layer: layer() });
         };
+        plan.check_clock(&self.name, wall_rate)?;
         if let Some(refused) = plan.refused {
             return Err(refused.in_layer(&self.name));
         }

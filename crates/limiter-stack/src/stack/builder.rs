@@ -77,8 +77,13 @@ impl<R, K, C> StackBuilder<R, K, C> {
         self
     }
 
-    /// The stack, or what is wrong with its layers.
-    pub fn build(self) -> Result<Stack<R, K, C>, BuildError> {
+    /// The stack, or what is wrong with its layers (a calendar limit, which turns readings
+    /// into Unix time, is refused on a clock that does not keep the wall clock's rate, the
+    /// default clock on the time-stamp counter among them: [`BuildError::CalendarClock`]).
+    pub fn build(self) -> Result<Stack<R, K, C>, BuildError>
+    where
+        C: Clock,
+    {
         static IDS: StdAtomicU64 = StdAtomicU64::new(1);
         if self.layers.is_empty() {
             return Err(BuildError::NoLayers);
@@ -89,8 +94,10 @@ impl<R, K, C> StackBuilder<R, K, C> {
                 max: MAX_LAYERS,
             });
         }
+        let wall_rate = self.clock.keeps_wall_rate();
         for layer in &self.layers {
             layer.validate()?;
+            layer.check_clock(wall_rate)?;
         }
         let globals: Box<[Option<CachePadded<Cells>>]> = self
             .layers

@@ -426,14 +426,16 @@ where
     /// Adds `plan` to layer `layer` (by index, in stack order), which was opened with
     /// [`Layer::open_plans`]; returns the plan's index, for the layer's plan function to
     /// choose. Calls go on while a plan is added; a plan never goes away. Refused, with the
-    /// fix, for a layer that is not open or is full, and for a plan whose limits the layer's
-    /// algorithm refuses or whose number of limits is not the layer's.
+    /// fix, for a layer that is not open or is full, for a plan whose limits the layer's
+    /// algorithm refuses or whose number of limits is not the layer's, and for a calendar
+    /// limit on a clock that does not keep the wall clock's rate
+    /// ([`BuildError::CalendarClock`]).
     pub fn add_plan(&self, layer: usize, plan: Plan) -> Result<usize, BuildError> {
         let layers = self.layers.len();
         self.layers
             .get(layer)
             .ok_or(BuildError::NoSuchLayer { layer, layers })?
-            .add_plan(plan)
+            .add_plan(plan, self.clock.keeps_wall_rate())
     }
 
     /// The name of layer `index`, for headers and metrics.

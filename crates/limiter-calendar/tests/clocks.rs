@@ -1,0 +1,163 @@
+//! A calendar limit and the clock it reads: a stack refuses one on a clock that does not keep
+//! the wall clock's rate (its windows would end early or late by the clock's drift), when built
+//! and when a plan holding one is added while it serves, naming the layer, the plan and the
+//! fix; the clocks say which keep that rate, wrappers as their source.
+
+use std::sync::Arc;
+
+use limiter_calendar::{Calendar, CalendarCounter, CalendarUnit};
+use limiter_core::{
+    Algorithm, Clock, ClockSource, CoarseClock, DefaultClock, Limit, ManualClock, MonotonicClock,
+    TscClock, unix_origin,
+};
+use limiter_stack::{BuildError, Kind, Layer, Plan, Stack};
+
+/// A clock like the time-stamp counter's: readings from a manual clock, at a rate it does not
+/// promise is the wall clock's.
+#[derive(Clone, Debug, Default)]
+struct Drifting(ManualClock);
+
+impl Clock for Drifting {
+    fn now(&self) -> u64 {
+        self.0.now()
+    }
+    fn keeps_wall_rate(&self) -> bool {
+        false
+    }
+}
+
+/// A clock's reading 0 in Unix time, 2026-04-01 in Berlin (a test's clock starts there).
+const APRIL: u64 = 1_774_994_400 * 1_000_000_000;
+
+/// `count` a month in Berlin, on a clock whose reading 0 is `origin` in Unix time.
+fn monthly(count: u64, origin: u64) -> CalendarCounter {
+    let month = Calendar::new(CalendarUnit::Month, "Europe/Berlin").expect("known zone");
+    CalendarCounter::new(count, month, origin).expect("valid")
+}
+
+/// Per customer a rate and a month's quota (on a clock whose reading 0 is `origin`).
+fn customer(origin: u64) -> Layer<&'static str, String> {
+    Layer::keyed("customer", |c: &&str| Some(c.to_string()))
+        .limit(Kind::TokenBucket, Limit::per_second(10))
+        .algorithm(monthly(1_000, origin))
+}
+
+#[test]
+fn a_calendar_limit_is_refused_on_a_clock_off_the_wall_rate_naming_the_fix() {
+    let refused = Stack::builder()
+        .layer(Layer::global("all").limit(Kind::TokenBucket, Limit::per_second(100)))
+        .layer(customer(APRIL))
+        .clock(Drifting::default())
+        .build()
+        .expect_err("a drifting clock");
+    assert_eq!(
+        refused,
+        BuildError::CalendarClock {
+            layer: "customer".into(),
+            plan: "customer".into(),
+        }
+    );
+    let message = refused.to_string();
+    assert!(message.contains("layer `customer`"), "{message}");
+    assert!(
+        message.contains(".clock(MonotonicClock::new())"),
+        "{message}"
+    );
+    // The same layers on a clock the OS keeps at the wall's rate, or on a test's clock.
+    let os_clock = MonotonicClock::new();
+    let on_os_clock = Stack::builder()
+        .layer(customer(unix_origin(&os_clock)))
+        .clock(os_clock)
+        .build()
+        .expect("the OS clock keeps the wall's rate");
+    assert!(on_os_clock.check(&"acme").expect("valid").is_allowed());
+    Stack::builder()
+        .layer(customer(APRIL))
+        .clock(ManualClock::new())
+        .build()
+        .expect("a test's clock reads what the test sets");
+    // Rate limits alone measure intervals: any clock will do.
+    Stack::builder()
+        .layer(
+            Layer::keyed("ip", |c: &&str| Some(c.to_string()))
+                .limit(Kind::TokenBucket, Limit::per_second(10)),
+        )
+        .clock(Drifting::default())
+        .build()
+        .expect("no calendar");
+}
+
+#[test]
+fn the_default_clock_takes_a_calendar_only_where_it_reads_the_os_clock() {
+    let built: Result<Stack<&str, String>, _> = Stack::builder().layer(customer(APRIL)).build();
+    match DefaultClock::new().source() {
+        ClockSource::TimeStampCounter => {
+            assert!(matches!(built, Err(BuildError::CalendarClock { .. })));
+        }
+        ClockSource::OsClock => assert!(built.is_ok()),
+    }
+}
+
+/// A stack of one layer open to plans added while it serves, on `clock`.
+fn tiers<C: Clock>(clock: C) -> Stack<&'static str, String, C> {
+    Stack::builder()
+        .layer(
+            Layer::keyed("customer", |c: &&str| Some(c.to_string())).open_plans(4, 1, |_: &&str| 0),
+        )
+        .clock(clock)
+        .build()
+        .expect("an open layer")
+}
+
+#[test]
+fn a_plan_counting_by_the_calendar_is_refused_when_added_on_such_a_clock() {
+    let drifting: Stack<&str, String, Drifting> = tiers(Drifting::default());
+    let month = Plan::new("monthly").algorithm(monthly(1_000, APRIL));
+    assert_eq!(
+        drifting.add_plan(0, month).expect_err("a drifting clock"),
+        BuildError::CalendarClock {
+            layer: "customer".into(),
+            plan: "monthly".into(),
+        }
+    );
+    let rate = Plan::new("per second").limit(Kind::TokenBucket, Limit::per_second(5));
+    assert_eq!(drifting.add_plan(0, rate).expect("no calendar"), 0);
+    let manual: Stack<&str, String, ManualClock> = tiers(ManualClock::new());
+    let month = Plan::new("monthly").algorithm(monthly(1_000, APRIL));
+    assert_eq!(manual.add_plan(0, month).expect("a test's clock"), 0);
+    assert!(manual.check(&"acme").expect("valid").is_allowed());
+}
+
+#[test]
+fn clocks_say_whether_they_keep_the_wall_rate_and_wrappers_as_their_source() {
+    assert!(MonotonicClock::new().keeps_wall_rate());
+    assert!(ManualClock::new().keeps_wall_rate());
+    let tsc = TscClock::new();
+    assert_eq!(
+        tsc.keeps_wall_rate(),
+        tsc.source() == ClockSource::OsClock,
+        "the counter runs at one calibration's rate"
+    );
+    assert!(!Drifting::default().keeps_wall_rate());
+    assert!(!Arc::new(Drifting::default()).keeps_wall_rate());
+    let by_reference = |clock: &Drifting| -> bool { Clock::keeps_wall_rate(&clock) };
+    assert!(!by_reference(&Drifting::default()));
+    let boxed: Box<dyn Clock> = Box::new(Drifting::default());
+    assert!(!boxed.keeps_wall_rate());
+    assert!(!CoarseClock::over(Drifting::default()).keeps_wall_rate());
+    assert!(CoarseClock::over(MonotonicClock::new()).keeps_wall_rate());
+}
+
+#[test]
+fn only_a_calendar_reads_unix_time() {
+    assert!(monthly(1, APRIL).reads_unix_time());
+    let origin = unix_origin(&MonotonicClock::new());
+    let day = Calendar::new(CalendarUnit::Day, "UTC").expect("known zone");
+    assert!(
+        CalendarCounter::new(1, day, origin)
+            .expect("valid")
+            .reads_unix_time()
+    );
+    let bucket = limiter_token_bucket::Gcra::new(Limit::per_second(1)).expect("valid");
+    assert!(!bucket.reads_unix_time());
+}
