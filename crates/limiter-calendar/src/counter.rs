@@ -2,7 +2,7 @@
 //! one word (the window's number and the units counted in it), and a call in a later window
 //! starts from zero, as envoy's and unkey's fixed windows do, but on the calendar's boundaries.
 
-use limiter_core::{Algorithm, Decision, DecisionError, Limit, LimitError, Step, Usage};
+use limiter_core::{Algorithm, Clock, Decision, DecisionError, Limit, LimitError, Step, Usage};
 
 use crate::calendar::Calendar;
 use crate::window::Window;
@@ -44,6 +44,40 @@ impl CalendarCounter {
             calendar,
             origin_unix_ns,
         })
+    }
+
+    /// `count` units per window of `calendar`, on `clock`: [`new`](Self::new) with the clock's
+    /// reading 0 found ([`limiter_core::unix_origin`]), refused for a clock that does not keep
+    /// the wall clock's rate ([`Clock::keeps_wall_rate`]: the default clock on the time-stamp
+    /// counter), whose windows would end early or late by its drift.
+    ///
+    /// ```
+    /// use limiter_calendar::{Calendar, CalendarCounter, CalendarUnit, CalendarWindow};
+    /// use limiter_core::MonotonicClock;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let clock = MonotonicClock::new();
+    /// let day = Calendar::new(CalendarUnit::Day, "America/New_York")?;
+    /// let quota = CalendarWindow::from_algorithm(CalendarCounter::on_clock(10_000, day, &clock)?, clock);
+    /// assert!(quota.check()?.is_allowed());
+    /// # Ok(()) }
+    /// ```
+    pub fn on_clock(
+        count: u64,
+        calendar: Calendar,
+        clock: &impl Clock,
+    ) -> Result<Self, LimitError> {
+        if !clock.keeps_wall_rate() {
+            return Err(LimitError::Unsupported {
+                algorithm: Self::NAME,
+                reason: format!(
+                    "{count} per {} in {}: a calendar turns the clock's readings into Unix time, and this clock does not keep the wall clock's rate (the default clock reads the CPU's time-stamp counter at one calibration's rate, half a minute a month off on the development VM); read `MonotonicClock`",
+                    calendar.unit().period(),
+                    calendar.zone()
+                ),
+            });
+        }
+        Self::new(count, calendar, limiter_core::unix_origin(clock))
     }
 
     /// The calendar.

@@ -49,13 +49,14 @@ pub use calendar::{Calendar, CalendarError, CalendarUnit};
 pub use counter::{CalendarCounter, MAX_CALENDAR_COUNT};
 pub use window::Window;
 
-/// One calendar window counter (build it with `DirectLimiter::from_algorithm`), on the OS's
-/// monotonic clock unless another is named (see the crate's docs on the clock).
+/// One calendar window counter (build it with `DirectLimiter::from_algorithm` from a
+/// [`CalendarCounter::on_clock`]), on the OS's monotonic clock unless another is named (see
+/// the crate's docs on the clock).
 pub type CalendarWindow<C = limiter_core::MonotonicClock> =
     limiter_core::DirectLimiter<CalendarCounter, C>;
 
-/// A calendar window counter per key (build it with `KeyedLimiter::from_algorithm`), on the
-/// OS's monotonic clock unless another is named.
+/// A calendar window counter per key (build it with `KeyedLimiter::from_algorithm` from a
+/// [`CalendarCounter::on_clock`]), on the OS's monotonic clock unless another is named.
 pub type KeyedCalendarWindow<
     K,
     C = limiter_core::MonotonicClock,

@@ -161,3 +161,34 @@ fn only_a_calendar_reads_unix_time() {
     let bucket = limiter_token_bucket::Gcra::new(Limit::per_second(1)).expect("valid");
     assert!(!bucket.reads_unix_time());
 }
+
+#[test]
+fn a_counter_on_a_clock_finds_its_origin_and_refuses_a_drifting_one() {
+    let day = || Calendar::new(CalendarUnit::Day, "UTC").expect("known zone");
+    let clock = MonotonicClock::new();
+    let counter = CalendarCounter::on_clock(5, day(), &clock).expect("the OS clock");
+    // Its windows are the wall clock's: the day now in the OS clock's reading is today's.
+    let window = counter.window_at(clock.now()).expect("in range");
+    let origin = unix_origin(&clock);
+    assert_eq!(
+        counter.window_at(0).expect("in range").start_unix_ns,
+        CalendarCounter::new(5, day(), origin)
+            .expect("valid")
+            .window_at(0)
+            .expect("in range")
+            .start_unix_ns
+    );
+    let today = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs()
+        / 86_400;
+    assert!(window.start_unix_ns / 86_400_000_000_000 >= today.saturating_sub(1));
+    assert!(window.start_unix_ns / 86_400_000_000_000 <= today);
+    let refused = CalendarCounter::on_clock(5, day(), &Drifting::default())
+        .expect_err("a drifting clock")
+        .to_string();
+    assert!(refused.contains("5 per 1d in UTC"), "{refused}");
+    assert!(refused.contains("read `MonotonicClock`"), "{refused}");
+    assert!(CalendarCounter::on_clock(0, day(), &clock).is_err());
+}
