@@ -28,7 +28,8 @@ impl CalendarCounter {
     /// `count` units per window of `calendar`, on a clock whose reading 0 is `origin_unix_ns`
     /// nanoseconds after the Unix epoch ([`limiter_core::unix_origin`] finds it for a clock)
     /// and whose rate is the OS clock's ([`MonotonicClock`](limiter_core::MonotonicClock);
-    /// see the crate's docs on the clock).
+    /// see the crate's docs on the clock). [`on_clock`](Self::on_clock) finds the reading 0
+    /// from the clock itself and refuses one off the wall clock's rate.
     pub fn new(count: u64, calendar: Calendar, origin_unix_ns: u64) -> Result<Self, LimitError> {
         if count == 0 || count > MAX_CALENDAR_COUNT {
             return Err(LimitError::Unsupported {
