@@ -11,31 +11,51 @@ mod support;
 use serde_json::{Value, json};
 use support::{Client, Daemon, temp_file};
 
-const POLICIES: &str = "[policies.daily]\n\
-    limits = [\n\
-      { algorithm = \"fixed_window\", count = 3, period = \"1d\", calendar = \"Asia/Tokyo\" },\n\
-      { algorithm = \"token_bucket\", count = 2, period = \"1h\" },\n\
-    ]\n";
+/// A policy of 3 a day in `zone` beside a bucket of 2 an hour.
+fn daily_policy(zone: &str) -> String {
+    format!(
+        "[policies.daily]\n\
+         limits = [\n\
+           {{ algorithm = \"fixed_window\", count = 3, period = \"1d\", calendar = \"{zone}\" }},\n\
+           {{ algorithm = \"token_bucket\", count = 2, period = \"1h\" }},\n\
+         ]\n"
+    )
+}
 
 fn ask(cost: u64) -> Value {
     json!({"policy": "daily", "identifier": "acme", "cost": cost})
 }
 
-/// The next midnight in Tokyo (UTC+9, no daylight saving) after now, in Unix ms.
-fn next_tokyo_midnight_ms() -> u64 {
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("after 1970")
-        .as_millis() as u64;
+/// An hour: more than any bucket in these tests takes to be full again (half an hour at most).
+const ROOM_MS: u64 = 3_600_000;
+
+/// A zone without daylight saving whose next midnight is at least [`ROOM_MS`] away, and that
+/// midnight in Unix ms, worked out from its offset: Tokyo (UTC+9), or in the hour before
+/// Tokyo's midnight Honolulu (UTC-10, whose midnight is then 18 hours off). A quota's boundary
+/// then binds an answer's reset beside a bucket at any time of day (the reset is the later of
+/// the two: within the hour before Tokyo's midnight, the bucket's).
+fn zone_with_a_midnight_ahead() -> (&'static str, u64) {
     let day = 86_400_000;
-    let offset = 9 * 3_600_000;
-    (now_ms + offset) / day * day + day - offset
+    let now = now_ms();
+    [("Asia/Tokyo", 9_i64), ("Pacific/Honolulu", -10)]
+        .into_iter()
+        .map(|(zone, hours)| {
+            let offset = hours * 3_600_000;
+            let local = now as i64 + offset;
+            (zone, (local.div_euclid(day) * day + day - offset) as u64)
+        })
+        .find(|&(_, midnight)| midnight >= now + ROOM_MS)
+        .expect("Tokyo's and Honolulu's midnights are 19 hours apart")
 }
 
 #[tokio::test]
 async fn a_fleet_shares_a_calendar_quota_all_or_nothing_with_its_rate() {
     let server = RedisServer::start();
-    let config = temp_file(&format!("calendar-redis-{}.toml", server.port), POLICIES);
+    let (zone, midnight) = zone_with_a_midnight_ahead();
+    let config = temp_file(
+        &format!("calendar-redis-{}.toml", server.port),
+        &daily_policy(zone),
+    );
     let url = server.url();
     let args = [
         "--config",
@@ -49,10 +69,9 @@ async fn a_fleet_shares_a_calendar_quota_all_or_nothing_with_its_rate() {
 
     let first = a.decide(ask(1)).await;
     assert_eq!(first["success"], true, "{first}");
-    let midnight = next_tokyo_midnight_ms();
     let reset = first["reset_at_ms"].as_u64().expect("a reset");
-    // The tighter limit binds the answer: the quota (2 left of 3 today) or the bucket (1 of 2).
-    assert!(reset <= midnight, "{first}");
+    // Full again when both are: at the quota's midnight (the bucket's 1 of 2 is back sooner).
+    assert_eq!(reset, midnight, "{zone}: {first}");
 
     // The bucket has 1 left: a call of 2 is denied by it, and the quota counts nothing.
     let denied = b.decide(ask(2)).await;
@@ -82,32 +101,51 @@ fn now_ms() -> u64 {
         .as_millis() as u64
 }
 
-/// Where the next month starts in Berlin, in Unix ms (from the embedded time zone database).
-fn next_berlin_month_ms() -> u64 {
+/// Where the next month starts in `zone`, in Unix ms (from the embedded time zone database).
+fn next_month_ms(zone: &str) -> u64 {
     let now_ns = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .expect("after 1970")
         .as_nanos() as u64;
-    let month =
-        limiter_calendar::Calendar::new(limiter_calendar::CalendarUnit::Month, "Europe/Berlin")
-            .expect("known zone");
+    let month = limiter_calendar::Calendar::new(limiter_calendar::CalendarUnit::Month, zone)
+        .expect("known zone");
     month.window(now_ns).expect("in range").end_unix_ns / 1_000_000
+}
+
+/// Where the next month starts in Berlin, in Unix ms.
+fn next_berlin_month_ms() -> u64 {
+    next_month_ms("Europe/Berlin")
+}
+
+/// Berlin, or in the last hour of its month Honolulu (whose month then ends 11 or 12 hours
+/// later), and where its month ends: at least [`ROOM_MS`] ahead, so a quota's boundary binds
+/// an answer's reset beside a bucket whenever the test runs.
+fn zone_with_a_month_ahead() -> (&'static str, u64) {
+    let now = now_ms();
+    ["Europe/Berlin", "Pacific/Honolulu"]
+        .into_iter()
+        .map(|zone| (zone, next_month_ms(zone)))
+        .find(|&(_, end)| end >= now + ROOM_MS)
+        .expect("Berlin's and Honolulu's months end 11 hours apart")
 }
 
 #[tokio::test]
 async fn a_batch_counts_its_calendar_quotas_all_or_nothing_with_its_stacks() {
     let server = RedisServer::start();
+    let (zone, month_end_ms) = zone_with_a_month_ahead();
     let config = temp_file(
         &format!("calendar-batch-{}.toml", server.port),
-        "[policies.monthly]\n\
-         limits = [\n\
-           { algorithm = \"fixed_window\", count = 2, period = \"1mo\", calendar = \"Europe/Berlin\" },\n\
-           { algorithm = \"token_bucket\", count = 10, period = \"1h\" },\n\
-         ]\n\
-         [policies.hourly]\n\
-         limits = [{ algorithm = \"token_bucket\", count = 2, period = \"1h\" }]\n\
-         [policies.quota_only]\n\
-         limits = [{ algorithm = \"fixed_window\", count = 5, period = \"1mo\", calendar = \"Europe/Berlin\" }]\n",
+        &format!(
+            "[policies.monthly]\n\
+             limits = [\n\
+               {{ algorithm = \"fixed_window\", count = 2, period = \"1mo\", calendar = \"{zone}\" }},\n\
+               {{ algorithm = \"token_bucket\", count = 10, period = \"1h\" }},\n\
+             ]\n\
+             [policies.hourly]\n\
+             limits = [{{ algorithm = \"token_bucket\", count = 2, period = \"1h\" }}]\n\
+             [policies.quota_only]\n\
+             limits = [{{ algorithm = \"fixed_window\", count = 5, period = \"1mo\", calendar = \"{zone}\" }}]\n"
+        ),
     );
     let url = server.url();
     let daemon = Daemon::start(&[
@@ -144,8 +182,7 @@ async fn a_batch_counts_its_calendar_quotas_all_or_nothing_with_its_stacks() {
     let last = batch(vec![item("monthly", "acme", 1), item("hourly", "bob", 1)]).await;
     assert_eq!(last["success"], true, "{last}");
     assert_eq!(last["results"][0]["remaining"], 0, "{last}");
-    // The quota binds: its reset is the next month's start in Berlin, to the millisecond.
-    let month_end_ms = next_berlin_month_ms();
+    // The quota binds: its reset is the next month's start in its zone, to the millisecond.
     assert_eq!(last["results"][0]["reset_at_ms"], month_end_ms, "{last}");
     // The quota denies: the batch is refused before any stack takes a unit, and carol's hourly
     // item reports her 2 untouched.
