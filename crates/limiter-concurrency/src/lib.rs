@@ -24,9 +24,9 @@
 //! ```
 //!
 //! Guarantees, each checked: the permits a key holds never exceed `count`, whatever the
-//! threads (`tests/stress.rs`, and `tests/loom.rs` for acquires and releases racing each other
+//! threads (`tests/integration/stress.rs`, and `tests/loom.rs` for acquires and releases racing each other
 //! and the store's reclamation); a release gives back exactly what its permit took, once
-//! (`tests/model.rs`, against a reference model).
+//! (`tests/integration/model.rs`, against a reference model).
 #![forbid(unsafe_code)]
 #![warn(clippy::unwrap_used)]
 

@@ -3,7 +3,7 @@
 //! conformance checks every algorithm must pass.
 //!
 //! An algorithm gets the whole battery by naming itself once (the token bucket's own
-//! `tests/conformance.rs` runs this; here it is only compiled):
+//! `tests/integration/conformance.rs` runs this; here it is only compiled):
 //!
 //! ```no_run
 //! use limiter_testkit::{conformance, model::GcraModel};
@@ -26,3 +26,18 @@ pub mod ops;
 #[cfg(feature = "redis-server")]
 pub mod redis_server;
 pub mod store;
+
+/// The name the test harness knows test `test` of module `module` (its `module_path!()`) by:
+/// what `--exact` takes to run that test alone in a child process of the test binary. The
+/// harness leaves out the path's first segment, the test binary's own crate.
+///
+/// ```
+/// assert_eq!(limiter_testkit::test_name("integration::fleet", "child"), "fleet::child");
+/// assert_eq!(limiter_testkit::test_name("wait", "child"), "child");
+/// ```
+pub fn test_name(module: &str, test: &str) -> String {
+    match module.split_once("::") {
+        Some((_, path)) => format!("{path}::{test}"),
+        None => test.to_owned(),
+    }
+}

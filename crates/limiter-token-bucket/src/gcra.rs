@@ -7,7 +7,7 @@
 //! word only for rare limits doubles the CAS width or the cell type. A per-limit fixed-point
 //! tick with conservative rounding costs one multiply and one shift per call (the same as the
 //! old exact ticks), keeps every round limit exact, and its error is below 1 unit in 10^5 for
-//! every limit up to 10^6 per second, proven by `tests/every_limit.rs` against the exact `u128`
+//! every limit up to 10^6 per second, proven by `tests/integration/every_limit.rs` against the exact `u128`
 //! model.
 #![deny(clippy::arithmetic_side_effects)]
 

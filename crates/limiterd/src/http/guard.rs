@@ -6,7 +6,7 @@
 //!
 //! An extractor rather than a route layer: a layer boxed every request's future twice and cost
 //! about 3,000 instructions a decision (callgrind), a fifth of what a decision adds to
-//! `/healthz`. `tests/unkey.rs` sends every native route without a key, so a route whose
+//! `/healthz`. `tests/integration/unkey.rs` sends every native route without a key, so a route whose
 //! handler forgets it fails there.
 
 use std::sync::Arc;

@@ -3,10 +3,11 @@
 //! service), and the header values read back as Structured Fields. Time comes from a
 //! `ManualClock`.
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::Ordering;
 
+use crate::support::{get, item, items, send, serve};
 use http::{HeaderName, Method, Response, StatusCode};
 use limiter_core::{Limit, ManualClock};
 use limiter_stack::Kind;
@@ -15,7 +16,6 @@ use limiter_tower::{
     ClientIp, ForwardedHeader, HeaderKey, HeaderMode, HttpRequest, Key, PeerIp, RateLimitLayer,
     RejectionBody, by_key,
 };
-use support::{get, item, items, send, serve};
 use tower_layer::Layer as _;
 use tower_service::Service as _;
 

@@ -5,12 +5,9 @@
 //! keywords the document uses and refuses any other, so a keyword it cannot check never passes
 //! silently.
 
-#[allow(dead_code)]
-mod support;
-
+use crate::support::{Client, Daemon, temp_file};
 use limiter_testkit::redis_server::RedisServer;
 use serde_json::{Value, json};
-use support::{Client, Daemon, temp_file};
 
 /// Checks `value` against `schema` (resolving `$ref` in `doc`); the path of each mismatch.
 fn check(doc: &Value, schema: &Value, value: &Value, at: &str, errors: &mut Vec<String>) {

@@ -5,11 +5,9 @@
 //! either scrapes the fleet's count).
 
 use limiter_testkit::redis_server::RedisServer;
-#[allow(dead_code)]
-mod support;
 
+use crate::support::{Client, Daemon, temp_file};
 use serde_json::{Value, json};
-use support::{Client, Daemon, temp_file};
 
 const POLICIES: &str = "[policies.exports]\n\
     limits = [\n\

@@ -18,7 +18,7 @@ use limiter_redis::{
 const PASSWORD: &str = "s3cret-Pa55-word";
 
 /// docs/operations.md's rule for limiterd's user: its commands, on its key prefixes, nothing else.
-pub const LEAST_PRIVILEGE: &str = "limiter on >s3cret-Pa55-word ~limiter:* ~limiterd:* \
+const LEAST_PRIVILEGE: &str = "limiter on >s3cret-Pa55-word ~limiter:* ~limiterd:* \
      resetchannels -@all +ping +fcall +function|load +evalsha +eval +get +set +time +pttl \
      +pexpire +hset +hdel +hgetall +incr +zadd +zcard +zcount +zrange +zrem +zremrangebyscore +zscore +cluster|slots +cluster|info +asking +wait";
 

@@ -4,11 +4,8 @@
 
 use limiter_testkit::redis_server::RedisCluster;
 
-#[allow(dead_code)]
-mod support;
-
+use crate::support::{Client, Daemon, temp_file};
 use serde_json::json;
-use support::{Client, Daemon, temp_file};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_policy_spreads_over_a_cluster_and_stays_all_or_nothing() {

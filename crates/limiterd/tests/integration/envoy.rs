@@ -7,11 +7,10 @@
 //! files take about a second).
 
 use limiter_testkit::redis_server;
-#[allow(dead_code)]
-mod support;
 
 use std::path::{Path, PathBuf};
 
+use crate::support::{Client, Daemon, temp_file};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
     Entry, RateLimitOverride,
@@ -21,7 +20,6 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use serde_json::{Value, json};
-use support::{Client, Daemon, temp_file};
 use tonic::transport::Channel;
 
 /// One step of a case file.

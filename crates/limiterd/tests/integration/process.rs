@@ -5,15 +5,12 @@
 
 use limiter_testkit::redis_server;
 
-#[allow(dead_code)]
-mod support;
-
 use std::io::BufRead;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crate::support::{Client, Daemon, temp_file};
 use serde_json::{Value, json};
-use support::{Client, Daemon, temp_file};
 
 #[tokio::test]
 async fn serves_the_built_in_policies_exactly() {

@@ -166,7 +166,7 @@ async fn a_promoted_replica_takes_its_slots_back_with_what_its_master_took() {
         );
     }
     // What the master took is on its replica (asynchronous replication can lose the last
-    // writes at a failover: `tests/sentinel.rs` and limiterd's measure that).
+    // writes at a failover: `tests/integration/sentinel.rs` and limiterd's measure that).
     cluster.wait_for_replication(0);
     let killed = Instant::now();
     cluster.nodes[0].kill();

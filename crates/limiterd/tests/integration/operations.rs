@@ -5,16 +5,13 @@
 //! down and up) and the debug views. Waits are for events (a reply, a process exit, a value
 //! seen), each with a deadline; nothing sleeps to let time pass.
 
-#[allow(dead_code)]
-mod support;
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
+use crate::support::{Client, Daemon, temp_file};
 use limiter_testkit::redis_server::RedisServer;
 use serde_json::{Value, json};
-use support::{Client, Daemon, temp_file};
 
 /// Evaluates `probe` (an expression giving an `Option`, awaited in place) until it is
 /// `Some`, or fails naming `what` after `within`.

@@ -263,7 +263,11 @@ async fn shared(url: &str) -> RedisPermits {
 fn child(exe: &std::path::Path, entry: &str, var: &str, url: &str) -> Command {
     let mut command = Command::new(exe);
     command
-        .args(["--exact", entry, "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            &limiter_testkit::test_name(module_path!(), entry),
+        ])
+        .args(["--nocapture", "--test-threads=1"])
         .env(var, url);
     command
 }

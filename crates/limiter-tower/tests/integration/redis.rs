@@ -3,15 +3,15 @@
 //! each failure policy: fail closed answers 503 (never 429), fail open passes with no headers,
 //! the fallback decides locally with the same headers.
 
+use crate::support;
 use limiter_testkit::redis_server;
-mod support;
 
 use std::time::Duration;
 
+use crate::support::{get, item, items, serve};
 use limiter_core::{Limit, ManualClock};
 use limiter_redis::{Kind, OnFailure, RedisBackend, RedisLayer, RedisStack};
 use limiter_tower::{HttpRequest, PeerIp, RateLimitLayer, by_key_string};
-use support::{get, item, items, serve};
 
 fn stack(backend: &RedisBackend, policy: OnFailure) -> RedisStack<HttpRequest> {
     RedisStack::builder(backend, "http")

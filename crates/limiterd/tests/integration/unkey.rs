@@ -5,12 +5,11 @@
 //! restart in their file); a fleet on Redis is `unkey_fleet.rs`. (The SDKs themselves drive
 //! it in `cargo xtask unkey`.)
 
-#[allow(dead_code)]
-mod support;
+use crate::support;
 
+use crate::support::unkey::{KEY, call, limit, name, root};
+use crate::support::{Client, Daemon};
 use serde_json::{Value, json};
-use support::unkey::{KEY, call, limit, name, root};
-use support::{Client, Daemon};
 
 fn start() -> Daemon {
     Daemon::start_with_env(&["--log-level", "warn"], &[("LIMITERD_ROOT_KEY", KEY)])

@@ -7,13 +7,10 @@
 
 use limiter_testkit::redis_server::{ClusterOptions, MASTER_NAME, RedisCluster, SentinelSet};
 
-#[allow(dead_code)]
-mod support;
-
 use std::time::{Duration, Instant};
 
+use crate::support::{Client, Daemon, temp_file};
 use serde_json::json;
-use support::{Client, Daemon, temp_file};
 
 const LIMIT: u64 = 100;
 

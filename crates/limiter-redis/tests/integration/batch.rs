@@ -435,7 +435,7 @@ fn processes_racing_overlapping_batches_count_exactly() {
             Command::new(&exe)
                 .args([
                     "--exact",
-                    "batch_child_process_entry_point",
+                    &limiter_testkit::test_name(module_path!(), "batch_child_process_entry_point"),
                     "--nocapture",
                     "--test-threads=1",
                 ])

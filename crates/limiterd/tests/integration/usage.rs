@@ -5,11 +5,9 @@
 //! `current` is what is in use.
 
 use limiter_testkit::redis_server;
-#[allow(dead_code)]
-mod support;
 
+use crate::support::{Client, Daemon, temp_file};
 use serde_json::{Value, json};
-use support::{Client, Daemon, temp_file};
 
 const TOKENS: &str = "[policies.tokens]\n\
     limits = [{ algorithm = \"fixed_window\", count = 10000, period = \"1d\" }]\n\

@@ -4,10 +4,11 @@
 //! renews it (a pinned clock); while Redis fails, 503, or the service is called when failing
 //! open.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 
+use crate::support::{Feeds, open_stream, read_to_end, streaming_routes};
 use bytes::Bytes;
 use http::StatusCode;
 use limiter_core::ManualClock;
@@ -15,7 +16,6 @@ use limiter_redis::{RedisBackend, RedisPermits};
 use limiter_testkit::http_client::send;
 use limiter_testkit::redis_server::{RedisServer, raw_command};
 use limiter_tower::{HeaderKey, RedisConcurrencyLayer};
-use support::{Feeds, open_stream, read_to_end, streaming_routes};
 use tokio::io::AsyncReadExt;
 
 /// A Unix time (ns) the pinned tests start at.

@@ -145,7 +145,7 @@ fn processes_sharing_one_redis_admit_exactly_the_limit() {
             Command::new(&exe)
                 .args([
                     "--exact",
-                    "child_process_entry_point",
+                    &limiter_testkit::test_name(module_path!(), "child_process_entry_point"),
                     "--nocapture",
                     "--test-threads=1",
                 ])

@@ -4,9 +4,6 @@
 
 use limiter_testkit::redis_server::tls::TestCerts;
 
-#[allow(dead_code)]
-mod support;
-
 const POLICY: &str =
     "\n[policies.api]\nlimits = [{ algorithm = \"token_bucket\", count = 10, period = \"1s\" }]\n";
 

@@ -5,11 +5,9 @@
 //! counts this node's share of the quota in the process.
 
 use limiter_testkit::redis_server::RedisServer;
-#[allow(dead_code)]
-mod support;
 
+use crate::support::{Client, Daemon, temp_file};
 use serde_json::{Value, json};
-use support::{Client, Daemon, temp_file};
 
 /// A policy of 3 a day in `zone` beside a bucket of 2 an hour.
 fn daily_policy(zone: &str) -> String {

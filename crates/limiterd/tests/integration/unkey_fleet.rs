@@ -3,13 +3,12 @@
 //! seen through the other at once (reads and the namespace's bound) and applied to its
 //! decisions within a poll.
 
-#[allow(dead_code)]
-mod support;
+use crate::support;
 
+use crate::support::unkey::{KEY, limit, name, root};
+use crate::support::{Client, Daemon};
 use limiter_testkit::redis_server::RedisServer;
 use serde_json::{Value, json};
-use support::unkey::{KEY, limit, name, root};
-use support::{Client, Daemon};
 
 /// Two limiterd processes on one Redis, started with `args` beside `--redis`, and a client of
 /// each (dropped in that order: clients, processes, Redis).

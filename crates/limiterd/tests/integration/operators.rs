@@ -9,11 +9,8 @@
 use limiter_testkit::redis_server::tls::TestCerts;
 use limiter_testkit::redis_server::{ClusterOptions, RedisCluster, RedisServer};
 
-#[allow(dead_code)]
-mod support;
-
+use crate::support::{Client, Daemon, temp_file};
 use serde_json::{Value, json};
-use support::{Client, Daemon, temp_file};
 
 const PASSWORD: &str = "Op3rat0r-Secret-77";
 const USER: &str = "limiter on >Op3rat0r-Secret-77 ~limiterd:* resetchannels -@all +ping +fcall \

@@ -3,17 +3,17 @@
 //! `Retry-After` (another key passes); a client that disconnects mid-body releases its permit;
 //! beside a rate limit, the concurrency layer outermost keeps the two all or nothing.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 
+use crate::support::{Feeds, open_stream, read_to_end, streaming_routes};
 use bytes::Bytes;
 use http::StatusCode;
 use limiter_core::{Limit, ManualClock};
 use limiter_stack::{Kind, Layer, Stack};
 use limiter_testkit::http_client::send;
 use limiter_tower::{ConcurrencyLayer, HeaderKey, HttpRequest, Key, RateLimitLayer, by_key};
-use support::{Feeds, open_stream, read_to_end, streaming_routes};
 
 fn api_key() -> HeaderKey {
     HeaderKey::new("x-api-key".parse().unwrap())

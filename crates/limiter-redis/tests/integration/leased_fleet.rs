@@ -136,7 +136,7 @@ fn processes_sharing_a_leased_limit_stay_within_its_bound() {
             Command::new(&exe)
                 .args([
                     "--exact",
-                    "leased_child_process_entry_point",
+                    &limiter_testkit::test_name(module_path!(), "leased_child_process_entry_point"),
                     "--nocapture",
                     "--test-threads=1",
                 ])
@@ -188,7 +188,7 @@ fn a_process_killed_holding_a_lease_loses_that_lease_and_nothing_more() {
     let mut child = Command::new(&exe)
         .args([
             "--exact",
-            "holding_child_process_entry_point",
+            &limiter_testkit::test_name(module_path!(), "holding_child_process_entry_point"),
             "--nocapture",
             "--test-threads=1",
         ])
