@@ -59,7 +59,7 @@ impl CalendarCounter {
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let clock = MonotonicClock::new();
     /// let day = Calendar::new(CalendarUnit::Day, "America/New_York")?;
-    /// let quota = CalendarWindow::from_algorithm(CalendarCounter::on_clock(10_000, day, &clock)?, clock);
+    /// let quota = CalendarWindow::from_algorithm(CalendarCounter::on_clock(10_000, day, &clock)?, clock)?;
     /// assert!(quota.check()?.is_allowed());
     /// # Ok(()) }
     /// ```

@@ -14,7 +14,8 @@
 //! rate quanta calibrated once (16 ppm off on the development VM: a month's boundary half a
 //! minute off after a month of uptime); a stack with a calendar layer is built with
 //! `.clock(MonotonicClock::new())` for the same reason, and refuses to build on a clock that
-//! does not keep the wall clock's rate ([`Clock::keeps_wall_rate`](limiter_core::Clock::keeps_wall_rate)).
+//! does not keep the wall clock's rate ([`Clock::keeps_wall_rate`](limiter_core::Clock::keeps_wall_rate)),
+//! as a window built from a counter does ([`limiter_core::check_clock`]).
 //!
 //! ```
 //! use limiter_calendar::{Calendar, CalendarCounter, CalendarUnit, CalendarWindow};
@@ -26,7 +27,7 @@
 //! let origin = 1_774_994_399_000_000_000;
 //! let month = Calendar::new(CalendarUnit::Month, "Europe/Berlin")?;
 //! let clock = ManualClock::new();
-//! let quota = CalendarWindow::from_algorithm(CalendarCounter::new(3, month, origin)?, clock.clone());
+//! let quota = CalendarWindow::from_algorithm(CalendarCounter::new(3, month, origin)?, clock.clone())?;
 //! assert!(quota.check_n(3)?.is_allowed());
 //! let denied = quota.check()?;
 //! assert_eq!(denied.retry_after().as_secs(), 1); // April starts in a second

@@ -307,6 +307,36 @@ impl<A: Algorithm> Algorithm for Refunding<'_, A> {
     }
 }
 
+/// Refuses `algorithm` on `clock` where the algorithm turns the clock's readings into Unix time
+/// ([`Algorithm::reads_unix_time`], a calendar's windows) and the clock does not keep the wall
+/// clock's rate ([`Clock::keeps_wall_rate`]: the default clock on the CPU's time-stamp counter),
+/// whose windows would end early or late by the clock's drift. What every limiter built from
+/// an algorithm already made checks ([`DirectLimiter::from_algorithm`], the store's
+/// `KeyedLimiter::from_algorithm`); a stack checks each layer's limits the same way.
+///
+/// `limiter_calendar::CalendarCounter` is such an algorithm; its docs show the clocks it takes.
+///
+/// [`Clock::keeps_wall_rate`]: crate::Clock::keeps_wall_rate
+/// [`DirectLimiter::from_algorithm`]: crate::DirectLimiter::from_algorithm
+pub fn check_clock<A: Algorithm, C: crate::Clock>(
+    algorithm: &A,
+    clock: &C,
+) -> Result<(), LimitError> {
+    if !algorithm.reads_unix_time() || clock.keeps_wall_rate() {
+        return Ok(());
+    }
+    Err(LimitError::Unsupported {
+        algorithm: A::NAME,
+        reason: format!(
+            "{}: it turns the clock's readings into Unix time, and this clock does not keep the \
+             wall clock's rate (the default clock reads the CPU's time-stamp counter at one \
+             calibration's rate, half a minute a month off on the development VM), so its \
+             windows would end early or late; read `MonotonicClock`",
+            algorithm.limit()
+        ),
+    })
+}
+
 /// Why a wrapper of an algorithm (`wrapper`) cannot be built from `limit`: it wraps one
 /// already built.
 fn not_built_from_a_limit(algorithm: &'static str, wrapper: &str, limit: Limit) -> LimitError {

@@ -38,13 +38,17 @@ impl<A: Algorithm, C: Clock> DirectLimiter<A, C> {
     }
 
     /// A full limiter of `algorithm`, already built (one that takes more than a [`Limit`],
-    /// such as a calendar window), reading `clock`.
-    pub fn from_algorithm(algorithm: A, clock: C) -> Self {
-        Self {
+    /// such as a calendar window), reading `clock`; refused ([`check_clock`]) where the
+    /// algorithm reads Unix time and the clock does not keep the wall clock's rate.
+    ///
+    /// [`check_clock`]: crate::check_clock
+    pub fn from_algorithm(algorithm: A, clock: C) -> Result<Self, LimitError> {
+        crate::check_clock(&algorithm, &clock)?;
+        Ok(Self {
             cell: CachePadded::new(StateCell::new(A::FRESH)),
             algorithm,
             clock,
-        }
+        })
     }
 
     /// Decides one unit now.

@@ -57,7 +57,9 @@ pub mod text;
 pub mod wait;
 
 pub use accuracy::Accuracy;
-pub use algorithm::{Algorithm, MIN_CLOCK_RANGE, Recording, Refunding, StateCell, Step, Usage};
+pub use algorithm::{
+    Algorithm, MIN_CLOCK_RANGE, Recording, Refunding, StateCell, Step, Usage, check_clock,
+};
 #[cfg(not(limiter_loom))]
 pub use clock::CoarseClock;
 pub use clock::{

@@ -54,14 +54,19 @@ where
     }
 
     /// A keyed limiter of `algorithm`, already built (one that takes more than a [`Limit`],
-    /// such as a calendar window), reading `clock`, keeping its states in `store`.
-    pub fn from_algorithm(algorithm: A, clock: C, store: St) -> Self {
-        Self {
+    /// such as a calendar window), reading `clock`, keeping its states in `store`; refused
+    /// ([`check_clock`]) where the algorithm reads Unix time and the clock does not keep the
+    /// wall clock's rate.
+    ///
+    /// [`check_clock`]: limiter_core::check_clock
+    pub fn from_algorithm(algorithm: A, clock: C, store: St) -> Result<Self, LimitError> {
+        limiter_core::check_clock(&algorithm, &clock)?;
+        Ok(Self {
             algorithm,
             store,
             clock,
             _key: std::marker::PhantomData,
-        }
+        })
     }
 
     /// Decides one unit for `key` now.

@@ -56,6 +56,7 @@ pub use limiter_token_bucket::{KeyedTokenBucket, TokenBucket};
 pub mod algorithm {
     pub use limiter_core::{
         Accuracy, Algorithm, DirectLimiter, MIN_CLOCK_RANGE, Recording, StateCell, Step, Usage,
+        check_clock,
     };
     pub use limiter_sliding_window::{FixedCounter, SlidingCounter, WindowCounter};
     pub use limiter_store::KeyedLimiter;

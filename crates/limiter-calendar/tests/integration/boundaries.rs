@@ -135,7 +135,8 @@ fn a_quota_resets_at_the_boundary_and_says_when() {
     let quota = CalendarWindow::from_algorithm(
         CalendarCounter::new(2, day, origin).unwrap(),
         clock.clone(),
-    );
+    )
+    .unwrap();
     let first = quota.check().unwrap();
     assert!(first.is_allowed());
     assert_eq!(first.reset_after(), Duration::from_secs(1));
@@ -162,7 +163,8 @@ fn a_window_on_its_default_clock_ends_at_the_wall_clocks_midnight() {
     let origin = limiter_core::unix_origin(&clock);
     let day = Calendar::new(CalendarUnit::Day, "UTC").unwrap();
     let quota: CalendarWindow =
-        CalendarWindow::from_algorithm(CalendarCounter::new(5, day, origin).unwrap(), clock);
+        CalendarWindow::from_algorithm(CalendarCounter::new(5, day, origin).unwrap(), clock)
+            .unwrap();
     let wall = |at: std::time::SystemTime| {
         at.duration_since(std::time::UNIX_EPOCH)
             .expect("after 1970")
@@ -193,7 +195,8 @@ fn keys_count_apart_and_are_forgotten_once_their_window_passes() {
         CalendarCounter::new(1, month, origin).unwrap(),
         clock.clone(),
         ShardedStore::new(),
-    );
+    )
+    .unwrap();
     assert!(per_key.check_key("acme").unwrap().is_allowed());
     assert!(per_key.check_key("acme").unwrap().is_denied());
     assert!(per_key.check_key("globex").unwrap().is_allowed());

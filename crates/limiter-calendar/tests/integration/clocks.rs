@@ -1,7 +1,8 @@
 //! A calendar limit and the clock it reads: a stack refuses one on a clock that does not keep
 //! the wall clock's rate (its windows would end early or late by the clock's drift), when built
 //! and when a plan holding one is added while it serves, naming the layer, the plan and the
-//! fix; the clocks say which keep that rate, wrappers as their source.
+//! fix; a limiter built from a counter refuses one too; the clocks say which keep that rate,
+//! wrappers as their source.
 
 use std::sync::Arc;
 
@@ -90,11 +91,14 @@ fn a_calendar_limit_is_refused_on_a_clock_off_the_wall_rate_naming_the_fix() {
 #[test]
 fn the_default_clock_takes_a_calendar_only_where_it_reads_the_os_clock() {
     let built: Result<Stack<&str, String>, _> = Stack::builder().layer(customer(APRIL)).build();
+    let window =
+        limiter_calendar::CalendarWindow::from_algorithm(monthly(5, APRIL), DefaultClock::new());
     match DefaultClock::new().source() {
         ClockSource::TimeStampCounter => {
             assert!(matches!(built, Err(BuildError::CalendarClock { .. })));
+            assert!(window.is_err());
         }
-        ClockSource::OsClock => assert!(built.is_ok()),
+        ClockSource::OsClock => assert!(built.is_ok() && window.is_ok()),
     }
 }
 
@@ -191,4 +195,42 @@ fn a_counter_on_a_clock_finds_its_origin_and_refuses_a_drifting_one() {
     assert!(refused.contains("5 per 1d in UTC"), "{refused}");
     assert!(refused.contains("read `MonotonicClock`"), "{refused}");
     assert!(CalendarCounter::on_clock(0, day(), &clock).is_err());
+}
+
+#[test]
+fn a_limiter_built_from_a_counter_refuses_a_drifting_clock_and_takes_the_others() {
+    use limiter_calendar::{CalendarWindow, KeyedCalendarWindow};
+    use limiter_core::DirectLimiter;
+    use limiter_store::ShardedStore;
+
+    // A counter built with a raw origin (`new`) is checked where it meets its clock.
+    let refused = CalendarWindow::from_algorithm(monthly(5, APRIL), Drifting::default())
+        .expect_err("a drifting clock")
+        .to_string();
+    assert!(refused.contains("calendar"), "{refused}");
+    assert!(refused.contains("read `MonotonicClock`"), "{refused}");
+    let keyed: Result<KeyedCalendarWindow<u8, Drifting>, _> = KeyedCalendarWindow::from_algorithm(
+        monthly(5, APRIL),
+        Drifting::default(),
+        ShardedStore::new(),
+    );
+    assert!(keyed.is_err());
+
+    // The clocks that keep the wall's rate build, and the limiter counts.
+    let clock = ManualClock::new();
+    let quota = CalendarWindow::from_algorithm(monthly(2, APRIL), clock.clone()).expect("exact");
+    assert!(quota.check_n(2).expect("decides").is_allowed());
+    assert!(quota.check().expect("decides").is_denied());
+    let keyed: KeyedCalendarWindow<u8, MonotonicClock> = KeyedCalendarWindow::from_algorithm(
+        monthly(5, unix_origin(&MonotonicClock::new())),
+        MonotonicClock::new(),
+        ShardedStore::new(),
+    )
+    .expect("the OS clock");
+    assert!(keyed.check_key(&1).expect("decides").is_allowed());
+
+    // An algorithm that reads no Unix time takes any clock.
+    let bucket = limiter_token_bucket::Gcra::new(Limit::per_second(1)).expect("valid");
+    let direct = DirectLimiter::from_algorithm(bucket, Drifting::default()).expect("a rate limit");
+    assert!(direct.check().expect("decides").is_allowed());
 }

@@ -75,7 +75,8 @@ proptest! {
             CalendarCounter::new(count, calendar, origin_secs * 1_000_000_000).unwrap(),
             clock.clone(),
             ShardedStore::new(),
-        );
+        )
+        .unwrap();
         let mut used: HashMap<(u8, u64), u64> = HashMap::new();
         let mut now = origin_secs;
         for (step, key, cost) in calls {

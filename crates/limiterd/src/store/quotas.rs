@@ -81,12 +81,14 @@ impl LocalQuota {
         let share = count / fleet.max(1);
         let counter = CalendarCounter::new(share, calendar.clone(), 0)
             .ok()
-            .map(|algorithm| {
+            // The OS clock keeps the wall clock's rate: never refused.
+            .and_then(|algorithm| {
                 KeyedCalendarWindow::from_algorithm(
                     algorithm,
                     MonotonicClock::new(),
                     ShardedStore::new(),
                 )
+                .ok()
             });
         Self {
             counter,
