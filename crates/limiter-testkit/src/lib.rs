@@ -41,3 +41,19 @@ pub fn test_name(module: &str, test: &str) -> String {
         None => test.to_owned(),
     }
 }
+
+/// A command that runs test `test` of module `module` (its `module_path!()`) alone in a child
+/// process of this test binary, its output not captured: how a test stands up processes of its
+/// own (a fleet sharing one Redis). The child finds its part in the environment the caller
+/// sets, and the caller pipes or spawns it.
+pub fn child_test(module: &str, test: &str) -> std::process::Command {
+    let exe = std::env::current_exe().expect("the test binary's own path");
+    let mut command = std::process::Command::new(exe);
+    command.args([
+        "--exact",
+        &test_name(module, test),
+        "--nocapture",
+        "--test-threads=1",
+    ]);
+    command
+}

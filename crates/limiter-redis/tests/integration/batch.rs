@@ -6,7 +6,6 @@
 use limiter_testkit::redis_server as common;
 
 use std::collections::HashMap;
-use std::process::Command;
 use std::sync::Arc;
 
 use limiter_core::{Decision, Limit, ManualClock};
@@ -429,16 +428,9 @@ async fn batch_child_process_entry_point() {
 #[test]
 fn processes_racing_overlapping_batches_count_exactly() {
     let server = common::RedisServer::start();
-    let exe = std::env::current_exe().unwrap();
     let children: Vec<_> = (0..3)
         .map(|index| {
-            Command::new(&exe)
-                .args([
-                    "--exact",
-                    &limiter_testkit::test_name(module_path!(), "batch_child_process_entry_point"),
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
+            limiter_testkit::child_test(module_path!(), "batch_child_process_entry_point")
                 .env(CHILD_URL, server.url())
                 .env(CHILD_INDEX, index.to_string())
                 .stdout(std::process::Stdio::piped())

@@ -5,7 +5,6 @@
 
 use limiter_testkit::redis_server as common;
 
-use std::process::Command;
 use std::sync::Arc;
 
 use limiter_core::{Limit, ManualClock};
@@ -139,16 +138,9 @@ async fn child_process_entry_point() {
 #[test]
 fn processes_sharing_one_redis_admit_exactly_the_limit() {
     let server = common::RedisServer::start();
-    let exe = std::env::current_exe().unwrap();
     let children: Vec<_> = (0..3)
         .map(|_| {
-            Command::new(&exe)
-                .args([
-                    "--exact",
-                    &limiter_testkit::test_name(module_path!(), "child_process_entry_point"),
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
+            limiter_testkit::child_test(module_path!(), "child_process_entry_point")
                 .env(CHILD_URL, server.url())
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())

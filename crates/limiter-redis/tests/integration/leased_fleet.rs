@@ -11,7 +11,7 @@
 use limiter_testkit::redis_server as common;
 
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -130,16 +130,9 @@ fn field(stdout: &str, name: &str) -> u64 {
 #[test]
 fn processes_sharing_a_leased_limit_stay_within_its_bound() {
     let server = common::RedisServer::start();
-    let exe = std::env::current_exe().unwrap();
     let children: Vec<_> = (0..3)
         .map(|_| {
-            Command::new(&exe)
-                .args([
-                    "--exact",
-                    &limiter_testkit::test_name(module_path!(), "leased_child_process_entry_point"),
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
+            limiter_testkit::child_test(module_path!(), "leased_child_process_entry_point")
                 .env(CHILD_URL, server.url())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
@@ -184,20 +177,14 @@ async fn redis_remaining(node: &LeasedLimiter, key: &str) -> u64 {
 #[test]
 fn a_process_killed_holding_a_lease_loses_that_lease_and_nothing_more() {
     let server = common::RedisServer::start();
-    let exe = std::env::current_exe().unwrap();
-    let mut child = Command::new(&exe)
-        .args([
-            "--exact",
-            &limiter_testkit::test_name(module_path!(), "holding_child_process_entry_point"),
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(HOLD_URL, server.url())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start the holding child");
+    let mut child =
+        limiter_testkit::child_test(module_path!(), "holding_child_process_entry_point")
+            .env(HOLD_URL, server.url())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the holding child");
     let stdout = BufReader::new(child.stdout.take().unwrap());
     let holding = stdout
         .lines()

@@ -260,15 +260,9 @@ async fn shared(url: &str) -> RedisPermits {
         .unwrap()
 }
 
-fn child(exe: &std::path::Path, entry: &str, var: &str, url: &str) -> Command {
-    let mut command = Command::new(exe);
-    command
-        .args([
-            "--exact",
-            &limiter_testkit::test_name(module_path!(), entry),
-        ])
-        .args(["--nocapture", "--test-threads=1"])
-        .env(var, url);
+fn child(entry: &str, var: &str, url: &str) -> Command {
+    let mut command = limiter_testkit::child_test(module_path!(), entry);
+    command.env(var, url);
     command
 }
 
@@ -283,11 +277,9 @@ fn field(stdout: &str, name: &str) -> u64 {
 #[test]
 fn processes_racing_for_permits_take_exactly_the_count() {
     let server = common::RedisServer::start();
-    let exe = std::env::current_exe().unwrap();
     let children: Vec<_> = (0..3)
         .map(|_| {
             child(
-                &exe,
                 "permits_child_process_entry_point",
                 CHILD_URL,
                 &server.url(),
@@ -340,9 +332,7 @@ async fn permits_holder_process_entry_point() {
 #[tokio::test]
 async fn a_holder_killed_with_sigkill_loses_its_permits_after_their_ttl_and_nothing_else() {
     let server = common::RedisServer::start();
-    let exe = std::env::current_exe().unwrap();
     let mut holder = child(
-        &exe,
         "permits_holder_process_entry_point",
         HOLD_URL,
         &server.url(),
