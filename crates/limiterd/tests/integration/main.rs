@@ -14,6 +14,7 @@ mod operations;
 mod operators;
 mod overrides;
 mod process;
+mod process_edges;
 mod support;
 mod unkey;
 mod unkey_fleet;
