@@ -11,9 +11,12 @@
 //!
 //! The status is 200 for `OK` and 429 for `OVER_LIMIT`.
 
+use std::fmt;
+use std::marker::PhantomData;
 use std::time::Duration;
 
 use serde::Deserialize;
+use serde::de::{self, Deserializer, Visitor};
 use serde_json::{Map, Value, json};
 
 use super::rules::Unit;
@@ -25,7 +28,7 @@ struct RawRequest {
     domain: String,
     #[serde(default)]
     descriptors: Vec<RawDescriptor>,
-    #[serde(default, alias = "hits_addend")]
+    #[serde(default, alias = "hits_addend", deserialize_with = "proto_int")]
     hits_addend: u32,
 }
 
@@ -35,7 +38,7 @@ struct RawDescriptor {
     #[serde(default)]
     entries: Vec<RawEntry>,
     limit: Option<RawOverride>,
-    #[serde(alias = "hits_addend")]
+    #[serde(default, alias = "hits_addend", deserialize_with = "proto_int_or_null")]
     hits_addend: Option<u64>,
     #[serde(default, alias = "is_negative_hits")]
     is_negative_hits: bool,
@@ -52,25 +55,93 @@ struct RawEntry {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct RawOverride {
-    #[serde(alias = "requests_per_unit")]
+    #[serde(alias = "requests_per_unit", deserialize_with = "proto_int")]
     requests_per_unit: u32,
     /// A name (`"SECOND"`) or the enum's number.
     unit: Value,
 }
 
-/// Parses a `POST /json` body.
+/// An integer as protobuf's JSON mapping gives one: a number, or its decimal digits in a string
+/// (how it writes 64-bit integers, such as a descriptor's `hitsAddend`; every integer is read
+/// from either), or `null` for 0.
+fn proto_int<'de, D: Deserializer<'de>, T: TryFrom<u64>>(deserializer: D) -> Result<T, D::Error> {
+    deserializer.deserialize_any(ProtoInt(PhantomData))
+}
+
+/// [`proto_int`] for a field that may be `null` (protobuf's JSON for an unset wrapper).
+fn proto_int_or_null<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<u64>, D::Error> {
+    Option::<ProtoIntValue>::deserialize(deserializer).map(|v| v.map(|ProtoIntValue(n)| n))
+}
+
+/// A `u64` read by [`proto_int`].
+struct ProtoIntValue(u64);
+
+impl<'de> Deserialize<'de> for ProtoIntValue {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        proto_int(deserializer).map(ProtoIntValue)
+    }
+}
+
+/// Reads a protobuf JSON integer that fits `T`.
+struct ProtoInt<T>(PhantomData<T>);
+
+impl<T: TryFrom<u64>> Visitor<'_> for ProtoInt<T> {
+    type Value = T;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "a whole number from 0 to {} (a number, or its digits in a string)",
+            max_of::<T>()
+        )
+    }
+
+    fn visit_u64<E: de::Error>(self, n: u64) -> Result<T, E> {
+        T::try_from(n).map_err(|_| E::invalid_value(de::Unexpected::Unsigned(n), &self))
+    }
+
+    fn visit_i64<E: de::Error>(self, n: i64) -> Result<T, E> {
+        let n = u64::try_from(n).map_err(|_| E::invalid_value(de::Unexpected::Signed(n), &self))?;
+        self.visit_u64(n)
+    }
+
+    /// `null`: protobuf's JSON for the field's default, 0.
+    fn visit_unit<E: de::Error>(self) -> Result<T, E> {
+        self.visit_u64(0)
+    }
+
+    fn visit_str<E: de::Error>(self, text: &str) -> Result<T, E> {
+        let digits = text.bytes().all(|b| b.is_ascii_digit()) && !text.is_empty();
+        match text.parse::<u64>() {
+            Ok(n) if digits => self.visit_u64(n),
+            _ => Err(E::invalid_value(de::Unexpected::Str(text), &self)),
+        }
+    }
+}
+
+/// The largest `T` from a `u64` (`u64::MAX` for `u64` itself).
+fn max_of<T: TryFrom<u64>>() -> u64 {
+    // The largest `2^k - 1` that fits: every unsigned integer's maximum is one.
+    (0..=64)
+        .rev()
+        .map(|bits| u64::MAX.checked_shr(64 - bits).unwrap_or(0))
+        .find(|&max| T::try_from(max).is_ok())
+        .unwrap_or(0)
+}
+
+/// Parses a `POST /json` body: an object wherever protobuf's JSON has one (never an array
+/// read by position), refused with the path to the value at fault.
 pub fn parse(body: &[u8]) -> Result<Request, EnvoyError> {
-    let mut deserializer = serde_json::Deserializer::from_slice(body);
-    let raw: RawRequest = serde_path_to_error::deserialize(&mut deserializer).map_err(|e| {
-        let path = e.path().to_string();
-        EnvoyError::Invalid(format!(
-            "{path}: {}: send {{\"domain\": \"...\", \"descriptors\": [{{\"entries\": [{{\"key\": \"...\", \"value\": \"...\"}}]}}]}}",
-            e.into_inner()
-        ))
+    let raw: RawRequest = limiter_json::from_slice(body).map_err(|e| {
+        let message = format!(
+            "{}: send {{\"domain\": \"...\", \"descriptors\": [{{\"entries\": [{{\"key\": \"...\", \"value\": \"...\"}}]}}]}}",
+            e.message
+        );
+        EnvoyError::Invalid(match e.path {
+            Some(path) => format!("{path}: {message}"),
+            None => message,
+        })
     })?;
-    deserializer
-        .end()
-        .map_err(|e| EnvoyError::Invalid(format!("{e}: send one JSON object")))?;
     let descriptors = raw
         .descriptors
         .into_iter()
@@ -81,13 +152,23 @@ pub fn parse(body: &[u8]) -> Result<Request, EnvoyError> {
                 Some(l) => Some(Override {
                     requests_per_unit: l.requests_per_unit,
                     unit: match &l.unit {
-                        Value::Number(n) => n.as_i64().and_then(|n| i32::try_from(n).ok()).unwrap_or(0),
+                        Value::Number(n) => n.as_i64().and_then(|n| i32::try_from(n).ok()).ok_or_else(|| {
+                            EnvoyError::Invalid(format!(
+                                "descriptors[{i}].limit.unit: {n} is not a unit: send SECOND, MINUTE, HOUR, DAY, WEEK, MONTH or YEAR (or the enum's number)"
+                            ))
+                        })?,
                         Value::String(name) => Unit::parse(name).map(Unit::number).ok_or_else(|| {
                             EnvoyError::Invalid(format!(
                                 "descriptors[{i}].limit.unit: `{name}` is not a unit: send SECOND, MINUTE, HOUR, DAY, WEEK, MONTH or YEAR"
                             ))
                         })?,
-                        _ => 0,
+                        // protobuf's JSON for the default: UNKNOWN, refused as the number 0 is.
+                        Value::Null => 0,
+                        other => {
+                            return Err(EnvoyError::Invalid(format!(
+                                "descriptors[{i}].limit.unit: {other} is not a unit: send SECOND, MINUTE, HOUR, DAY, WEEK, MONTH or YEAR (or the enum's number)"
+                            )));
+                        }
                     },
                 }),
             };
@@ -200,12 +281,117 @@ mod tests {
             (br#"{"domain":"web","descriptors":[{"entries":[],"limit":{"requestsPerUnit":1,"unit":"fortnight"}}]}"#, "descriptors[0].limit.unit"),
             (br#"{"domain":"web","hitsAddend":-1}"#, "hitsAddend"),
             (br#"{"domain":"web","extra":1}"#, "extra"),
-            (br#"{"domain":"web"} {}"#, "one JSON object"),
+            (br#"{"domain":"web"} {}"#, "one JSON value, then trailing characters"),
         ] {
             let EnvoyError::Invalid(message) = parse(body).expect_err(field) else {
                 panic!("invalid")
             };
             assert!(message.contains(field), "{field}: {message}");
+        }
+    }
+
+    #[test]
+    fn integers_are_read_as_protobuf_json_writes_them() {
+        // A descriptor's `hitsAddend` is a `UInt64Value`: protobuf's JSON writes it as a
+        // string; every integer is read from a number or a string, and `null` is the default.
+        let request = parse(
+            br#"{"domain":"web","hitsAddend":"3","descriptors":[
+                {"entries":[{"key":"a","value":"1"}],"hitsAddend":"18446744073709551615"},
+                {"entries":[{"key":"b","value":"2"}],"hitsAddend":null,
+                 "limit":{"requestsPerUnit":"9","unit":null}}]}"#,
+        )
+        .expect("valid");
+        assert_eq!(request.hits_addend, 3);
+        assert_eq!(request.descriptors[0].hits_addend, Some(u64::MAX));
+        assert_eq!(request.descriptors[1].hits_addend, None);
+        assert_eq!(
+            request.descriptors[1].limit,
+            Some(Override {
+                requests_per_unit: 9,
+                unit: 0
+            })
+        );
+        assert_eq!(
+            parse(br#"{"domain":"web","hitsAddend":null}"#)
+                .unwrap()
+                .hits_addend,
+            0
+        );
+        for (body, field, says) in [
+            (
+                &br#"{"domain":"web","hitsAddend":"4294967296"}"#[..],
+                "hitsAddend",
+                "from 0 to 4294967295",
+            ),
+            (
+                br#"{"domain":"web","hitsAddend":"-1"}"#,
+                "hitsAddend",
+                "from 0 to 4294967295",
+            ),
+            (
+                br#"{"domain":"web","hitsAddend":" 1"}"#,
+                "hitsAddend",
+                "its digits in a string",
+            ),
+            (
+                br#"{"domain":"web","hitsAddend":1.5}"#,
+                "hitsAddend",
+                "from 0 to 4294967295",
+            ),
+            (
+                br#"{"domain":"web","descriptors":[{"hitsAddend":"x"}]}"#,
+                "descriptors[0].hitsAddend",
+                "18446744073709551615",
+            ),
+            (
+                br#"{"domain":"web","descriptors":[{"limit":{"requestsPerUnit":1,"unit":true}}]}"#,
+                "descriptors[0].limit.unit",
+                "is not a unit",
+            ),
+            (
+                br#"{"domain":"web","descriptors":[{"limit":{"requestsPerUnit":1,"unit":2.5}}]}"#,
+                "descriptors[0].limit.unit",
+                "is not a unit",
+            ),
+        ] {
+            let EnvoyError::Invalid(message) = parse(body).expect_err(field) else {
+                panic!("invalid")
+            };
+            assert!(message.starts_with(field), "{field}: {message}");
+            assert!(message.contains(says), "{field}: {message}");
+        }
+    }
+
+    #[test]
+    fn an_array_is_never_read_as_an_object() {
+        // serde reads a struct from an array by position; protobuf's JSON never writes one.
+        for (body, field) in [
+            (&br#"["web", [], 1]"#[..], None),
+            (
+                br#"{"domain":"web","descriptors":[[[], null, null, false]]}"#,
+                Some("descriptors[0]"),
+            ),
+            (
+                br#"{"domain":"web","descriptors":[{"entries":[["k","v"]]}]}"#,
+                Some("descriptors[0].entries[0]"),
+            ),
+            (
+                br#"{"domain":"web","descriptors":[{"entries":[],"limit":[1,"SECOND"]}]}"#,
+                Some("descriptors[0].limit"),
+            ),
+        ] {
+            let EnvoyError::Invalid(message) = parse(body).expect_err("an array") else {
+                panic!("invalid")
+            };
+            let says = "invalid type: array, expected a JSON object";
+            match field {
+                Some(field) => assert!(
+                    message.starts_with(&format!("{field}: {says}")),
+                    "{message}"
+                ),
+                None => assert!(message.starts_with(says), "{message}"),
+            }
+            assert!(!message.contains("struct"), "{message}");
         }
     }
 

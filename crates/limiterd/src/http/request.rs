@@ -5,6 +5,7 @@
 use std::borrow::Cow;
 
 use http::StatusCode;
+use limiter_json::JsonErrorKind;
 use limiter_stack::Kind;
 use serde::{Deserialize, Serialize};
 
@@ -90,58 +91,40 @@ struct RawMany<'a> {
     requests: Vec<RawRequest<'a>>,
 }
 
-/// What serde found where an object belonged, from its message, in JSON's words.
+/// What came where an object belonged, from the strict reader's message (`invalid type:
+/// array, expected a JSON object`).
 fn what_came(text: &str) -> &'static str {
-    let is = |kind: &str| text.contains(&format!("invalid type: {kind}"));
-    if text.contains("invalid length") || is("sequence") {
+    let came = text
+        .strip_prefix("invalid type: ")
+        .or_else(|| text.strip_prefix("invalid value: "))
+        .unwrap_or("");
+    let is = |kind: &str| came.starts_with(kind);
+    if is("array") {
         "an array"
     } else if is("string") {
         "a string"
-    } else if is("integer") || is("floating point") {
+    } else if is("number") {
         "a number"
     } else if is("boolean") {
         "a boolean"
-    } else if is("null") || is("unit") {
+    } else if is("null") {
         "null"
     } else {
         "something else"
     }
 }
 
+/// `body` read as `T` by the strict reader (`limiter-json`: an object wherever a struct is
+/// read, never an array by position), or a 400 naming the field at fault and the fix.
 pub(crate) fn from_json<'de, T: Deserialize<'de>>(body: &'de [u8]) -> Result<T, ApiError> {
-    // An object, not a sequence: serde would read a struct from an array by position.
-    let first = body.iter().find(|b| !b.is_ascii_whitespace());
-    if first.is_some_and(|&b| b != b'{') {
-        let came = match first {
-            Some(b'[') => "an array",
-            Some(b'"') => "a string",
-            Some(b't' | b'f') => "a boolean",
-            Some(b'n') => "null",
-            Some(b'-' | b'0'..=b'9') => "a number",
-            _ => "something that is not JSON",
-        };
-        return Err(ApiError {
-            status: StatusCode::BAD_REQUEST,
-            code: "invalid_json",
-            field: None,
-            message: format!(
-                "expected a JSON object, got {came}: send a JSON object such as {{\"policy\": \"api\", \"identifier\": \"user-1\"}}"
-            ),
-        });
-    }
-    let mut deserializer = serde_json::Deserializer::from_slice(body);
-    let value = serde_path_to_error::deserialize(&mut deserializer).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        let mut field = if path == "." || path == "?" {
-            String::new()
-        } else {
-            path
-        };
-        let text = inner.to_string();
-        const EXAMPLE: &str =
-            "send a JSON object such as {\"policy\": \"api\", \"identifier\": \"user-1\"}";
-        let message = if let Some(name) = text
+    const EXAMPLE: &str =
+        "send a JSON object such as {\"policy\": \"api\", \"identifier\": \"user-1\"}";
+    limiter_json::from_slice(body).map_err(|e| {
+        let mut field = e.path.unwrap_or_default();
+        let message = if e.kind == JsonErrorKind::Trailing {
+            format!("{}: send one JSON object", e.message)
+        } else if let Some(name) = e
+            .message
             .strip_prefix("missing field `")
             .and_then(|rest| rest.split('`').next())
         {
@@ -152,14 +135,14 @@ pub(crate) fn from_json<'de, T: Deserialize<'de>>(body: &'de [u8]) -> Result<T, 
                 format!("{field}.{name}")
             };
             format!("`{name}` is missing: {EXAMPLE}")
-        } else if text.contains("struct Raw") {
-            // Not an object where one belongs: say what came, not the parser's type names.
+        } else if e.message.contains("expected a JSON object") {
+            // Not an object where one belongs: say what came.
             format!(
                 "expected a JSON object, got {}: {EXAMPLE}",
-                what_came(&text)
+                what_came(&e.message)
             )
         } else {
-            format!("{text}: {EXAMPLE}")
+            format!("{}: {EXAMPLE}", e.message)
         };
         ApiError {
             status: StatusCode::BAD_REQUEST,
@@ -167,14 +150,7 @@ pub(crate) fn from_json<'de, T: Deserialize<'de>>(body: &'de [u8]) -> Result<T, 
             field: (!field.is_empty()).then_some(field),
             message,
         }
-    })?;
-    deserializer.end().map_err(|e| ApiError {
-        status: StatusCode::BAD_REQUEST,
-        code: "invalid_json",
-        field: None,
-        message: format!("{e}: send one JSON object"),
-    })?;
-    Ok(value)
+    })
 }
 
 /// What a body asks for: the items, and the instant the caller gave (`time`, ms since the
@@ -540,5 +516,61 @@ mod tests {
         assert_eq!(e.field.as_deref(), Some("requests[0].cost"));
         let e = parse_many(br#"{"requests":[]}"#, &policies).expect_err("refused");
         assert_eq!(e.field.as_deref(), Some("requests"));
+    }
+
+    #[test]
+    fn only_an_object_is_read_where_one_belongs_and_refusals_say_what_came() {
+        // Arrays as long as the request has fields: serde alone reads them by position.
+        let positional = r#"["api",null,"u",null,null,null,null,null,null]"#;
+        for (body, field, says) in [
+            (positional, None, "expected a JSON object, got an array"),
+            ("null", None, "expected a JSON object, got null"),
+            (r#""api""#, None, "expected a JSON object, got a string"),
+            ("42", None, "expected a JSON object, got a number"),
+            ("true", None, "expected a JSON object, got a boolean"),
+            (
+                "not json",
+                None,
+                "not JSON: expected ident at line 1 column 2",
+            ),
+            ("nul", None, "not JSON: "),
+            ("fals", None, "not JSON: "),
+            ("-x", None, "not JSON: "),
+            (
+                r#"{"policy":"api","identifier":"u","cost":-1}"#,
+                Some("cost"),
+                "invalid value: number `-1`, expected a whole number from 0 to 18446744073709551615",
+            ),
+        ] {
+            let e = refused(body);
+            assert_eq!(
+                (e.code, e.field.as_deref()),
+                ("invalid_json", field),
+                "{body}"
+            );
+            assert!(e.message.starts_with(says), "{body}: {}", e.message);
+            assert!(
+                !e.message.contains("struct") && !e.message.contains("u64"),
+                "{body}: {}",
+                e.message
+            );
+        }
+        let many = format!(r#"{{"requests":[{{"policy":"api","identifier":"u"}},{positional}]}}"#);
+        let e = parse_many(many.as_bytes(), &policies).expect_err("refused");
+        assert_eq!(e.field.as_deref(), Some("requests[1]"));
+        assert!(
+            e.message
+                .starts_with("expected a JSON object, got an array"),
+            "{}",
+            e.message
+        );
+        let e = parse_many(format!("[{positional}]").as_bytes(), &policies).expect_err("refused");
+        assert_eq!(e.field, None);
+        assert!(
+            e.message
+                .starts_with("expected a JSON object, got an array"),
+            "{}",
+            e.message
+        );
     }
 }

@@ -401,10 +401,27 @@ async fn malformed_requests_are_invalid_argument_and_the_service_goes_on() {
     assert_eq!(body["statuses"].as_array().map(Vec::len), Some(2), "{body}");
     let (status, body) = http.post("/json", &json!({"domain": ""})).await;
     assert_eq!(status, 400, "{body}");
+    // protobuf's JSON writes a descriptor's `hitsAddend` (a `UInt64Value`) as a string.
+    let entries = json!([{"key": "k", "value": "string-hits"}]);
+    let (status, body) = http
+        .post(
+            "/json",
+            &json!({"domain": domain, "descriptors": [{"entries": entries, "hitsAddend": "2"}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    // An array is never read as the request's object by position.
+    let (status, body) = http.post("/json", &json!([domain, [], 1])).await;
+    assert_eq!(status, 400, "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("invalid type: array, expected a JSON object"),
+        "{body}"
+    );
     let (status, metrics) = http.send("GET", "/metrics", "").await;
     assert_eq!(status, 200);
     assert!(
-        metrics.contains("limiterd_invalid_requests_total 3"),
+        metrics.contains("limiterd_invalid_requests_total 4"),
         "{metrics}"
     );
 }

@@ -44,8 +44,11 @@ async fn a_key_is_always_required_and_refusals_are_in_unkeys_shape() {
         ),
         (
             json!({"namespace": "api", "identifier": "ada", "limit": 5}),
-            "body",
+            "body.duration",
         ),
+        // An array is never read as an object by position (serde alone would).
+        (json!(["api", "ada", 5, 60_000, 1]), "body"),
+        (json!("api"), "body"),
     ] {
         let (status, value) = root(&mut client, "limit", &bad).await;
         assert_eq!(status, 400, "{bad}: {value}");
@@ -54,6 +57,35 @@ async fn a_key_is_always_required_and_refusals_are_in_unkeys_shape() {
     }
     let (status, value) = root(&mut client, "multiLimit", &json!([])).await;
     assert_eq!(status, 400, "{value}");
+    for (batch, location) in [
+        (
+            json!([
+                limit("api", "ada", 5, 60_000, None),
+                ["api", "bo", 5, 60_000, 1]
+            ]),
+            "body[1]",
+        ),
+        (
+            json!([{"namespace": "api", "identifier": "bo", "limit": 5}]),
+            "body[0].duration",
+        ),
+    ] {
+        let (status, value) = root(&mut client, "multiLimit", &batch).await;
+        assert_eq!(status, 400, "{batch}: {value}");
+        let error = &value["error"]["errors"][0];
+        assert_eq!(error["location"], location, "{batch}: {value}");
+        assert!(
+            !error["message"].as_str().unwrap().contains("struct"),
+            "{value}"
+        );
+    }
+    // Nothing was counted by the refused batches.
+    let (status, value) = root(&mut client, "limit", &limit("api", "ada", 5, 60_000, None)).await;
+    assert_eq!(
+        (status, &value["data"]["remaining"]),
+        (200, &json!(4)),
+        "{value}"
+    );
     // A limit refused when its shape is resolved (more than a sliding window counts), not
     // when the body is read, still names the check it came in: the second.
     let too_many = limit("api", "cy", 50_000_000_000, 60_000, None);
@@ -338,6 +370,22 @@ async fn overrides_apply_exact_before_patterns_and_survive_a_restart() {
         let (status, _) = call(&mut client, op, None, &body).await;
         assert_eq!(status, 401, "{op} without a key");
     }
+    // Each operation reads an object, never an array by position.
+    for (op, body) in [
+        ("setOverride", json!(["api", "user_x", 1, 1_000])),
+        ("getOverride", json!(["api", "user_vip"])),
+        ("deleteOverride", json!(["api", "user_*"])),
+        ("listOverrides", json!(["api", null, null])),
+    ] {
+        let (status, value) = root(&mut client, op, &body).await;
+        assert_eq!(status, 400, "{op}: {value}");
+        assert_eq!(
+            value["error"]["errors"][0]["location"], "body",
+            "{op}: {value}"
+        );
+    }
+    let (status, _) = root(&mut client, "getOverride", &name("api", "user_*")).await;
+    assert_eq!(status, 200, "the refused delete kept the override");
 
     // A restart keeps them (the file), and /debug/config shows them.
     drop(client);

@@ -19,6 +19,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use limiter_core::Clock;
+use limiter_json::JsonErrorKind;
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -170,25 +171,32 @@ fn authorized(keys: &Keys, headers: &HeaderMap, needs: Needs) -> Result<(), Refu
     }
 }
 
+/// `bytes` read as `T` by the strict reader (`limiter-json`: an object wherever the SDK's
+/// types have one, never an array by position), or a 400 naming where the body is wrong.
 fn parse<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Refusal> {
-    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
-    let value = serde_path_to_error::deserialize(&mut deserializer).map_err(|e| {
-        let path = e.path().to_string();
-        let location = if path == "." {
-            "body".to_owned()
-        } else {
-            format!("body.{path}")
+    limiter_json::from_slice(bytes).map_err(|e| {
+        // A missing field is named inside the object it is missing from.
+        let missing = e
+            .message
+            .strip_prefix("missing field `")
+            .and_then(|rest| rest.split('`').next());
+        let path = match (e.path, missing) {
+            (Some(path), Some(name)) => Some(format!("{path}.{name}")),
+            (None, Some(name)) => Some(name.to_owned()),
+            (path, None) => path,
         };
-        invalid(
-            location,
-            e.inner().to_string(),
-            "send the body the SDK's types describe",
-        )
-    })?;
-    deserializer
-        .end()
-        .map_err(|e| invalid("body".into(), e.to_string(), "send one JSON value"))?;
-    Ok(value)
+        let location = match path {
+            Some(path) if path.starts_with('[') => format!("body{path}"),
+            Some(path) => format!("body.{path}"),
+            None => "body".to_owned(),
+        };
+        let fix = match e.kind {
+            JsonErrorKind::Syntax => "send the body as JSON",
+            JsonErrorKind::Trailing => "send one JSON value",
+            _ => "send the body the SDK's types describe",
+        };
+        invalid(location, e.message, fix)
+    })
 }
 
 /// The body of an authorized call, by the keys and timeout of `state` (the one snapshot of the
