@@ -132,7 +132,7 @@ fn max_of<T: TryFrom<u64>>() -> u64 {
 /// Parses a `POST /json` body: an object wherever protobuf's JSON has one (never an array
 /// read by position), refused with the path to the value at fault.
 pub fn parse(body: &[u8]) -> Result<Request, EnvoyError> {
-    let raw: RawRequest = limiter_json::from_slice(body).map_err(|e| {
+    let raw: RawRequest = limiter_input::from_slice(body).map_err(|e| {
         let message = format!(
             "{}: send {{\"domain\": \"...\", \"descriptors\": [{{\"entries\": [{{\"key\": \"...\", \"value\": \"...\"}}]}}]}}",
             e.message

@@ -379,15 +379,22 @@ impl Config {
     /// and password files) are relative to `dir`.
     pub fn parse_in(text: &str, dir: Option<&std::path::Path>) -> Result<Self, ConfigError> {
         let source = Source(text, dir);
-        let raw: RawConfig = toml::from_str(text).map_err(|e| {
-            let message = e.message().trim_end().to_owned();
-            source.error(
-                e.span(),
-                format!(
-                    "{message} (`limiterd example-config` prints a complete file to start from)"
-                ),
-            )
-        })?;
+        // A table wherever a struct is read: serde alone would read an array by position
+        // (`limits = [["token_bucket", 10, "1s", ...]]`), a shape the file format never has.
+        let raw: RawConfig = toml::de::Deserializer::parse(text)
+            .and_then(|toml| limiter_input::deserialize(toml, "a table"))
+            .map_err(|e| {
+                let message = e
+                    .message()
+                    .trim_end()
+                    .replace("invalid type: sequence", "invalid type: array");
+                source.error(
+                    e.span(),
+                    format!(
+                        "{message} (`limiterd example-config` prints a complete file to start from)"
+                    ),
+                )
+            })?;
         let listen = match &raw.listen {
             None => SocketAddr::from(([127, 0, 0, 1], 8080)),
             Some(listen) => parse_listen(&source, "listen", listen)?,

@@ -144,6 +144,10 @@ fn every_error_names_the_line_and_the_fix() {
             (policy("{ algorithm = \"token_bucket\", count = 1, period = \"1s\", key = \"ip\" }"), "line 3, column 65: `key = \"ip\"`: use \"identifier\""),
             ("[policies.\"bad name\"]\nlimits = []\n".to_owned(), "line 1, column 11: policy name \"bad name\""),
             ("[policies.p]\nlimits = []\n".to_owned(), "line 2, column 10: policy `p` has no limits"),
+            // A table wherever one belongs: serde alone reads an array of every field by position.
+            (policy("[\"fixed_window\", 10, \"1d\", 10, \"identifier\", \"5s\", \"UTC\"]"), "line 3, column 3: invalid type: array, expected a table"),
+            ("store = [\"memory\"]\n".to_owned(), "line 1, column 9: invalid type: array, expected a table"),
+            ("[policies]\np = [[{ algorithm = \"token_bucket\", count = 1, period = \"1s\" }]]\n".to_owned(), "line 2, column 5: invalid type: array, expected a table"),
             ("[policies.p]\nlimits = [{ algorithm = \"token_bucket\", count = 1, period = \"1s\" }]\non_failure = \"maybe\"\n".to_owned(), "line 3, column 14: `on_failure = \"maybe\"`"),
         ] {
             let got = error(&text);

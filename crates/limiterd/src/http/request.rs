@@ -5,7 +5,7 @@
 use std::borrow::Cow;
 
 use http::StatusCode;
-use limiter_json::JsonErrorKind;
+use limiter_input::JsonErrorKind;
 use limiter_stack::Kind;
 use serde::{Deserialize, Serialize};
 
@@ -114,12 +114,12 @@ fn what_came(text: &str) -> &'static str {
     }
 }
 
-/// `body` read as `T` by the strict reader (`limiter-json`: an object wherever a struct is
+/// `body` read as `T` by the strict reader (`limiter-input`: an object wherever a struct is
 /// read, never an array by position), or a 400 naming the field at fault and the fix.
 pub(crate) fn from_json<'de, T: Deserialize<'de>>(body: &'de [u8]) -> Result<T, ApiError> {
     const EXAMPLE: &str =
         "send a JSON object such as {\"policy\": \"api\", \"identifier\": \"user-1\"}";
-    limiter_json::from_slice(body).map_err(|e| {
+    limiter_input::from_slice(body).map_err(|e| {
         let mut field = e.path.unwrap_or_default();
         let message = if e.kind == JsonErrorKind::Trailing {
             format!("{}: send one JSON object", e.message)

@@ -77,7 +77,8 @@ impl Keeping {
     /// no overrides; an unreadable one is an error naming it).
     pub fn load(path: &Path) -> Result<(Self, Table), String> {
         let table = match std::fs::read(path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
+            // Strictly, as a request body: an object wherever one belongs.
+            Ok(bytes) => limiter_input::from_slice(&bytes)
                 .map_err(|e| format!("{}: not an overrides file ({e})", path.display()))?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Table::new(),
             Err(e) => return Err(format!("{}: {e}", path.display())),

@@ -19,7 +19,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use limiter_core::Clock;
-use limiter_json::JsonErrorKind;
+use limiter_input::JsonErrorKind;
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -171,10 +171,10 @@ fn authorized(keys: &Keys, headers: &HeaderMap, needs: Needs) -> Result<(), Refu
     }
 }
 
-/// `bytes` read as `T` by the strict reader (`limiter-json`: an object wherever the SDK's
+/// `bytes` read as `T` by the strict reader (`limiter-input`: an object wherever the SDK's
 /// types have one, never an array by position), or a 400 naming where the body is wrong.
 fn parse<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Refusal> {
-    limiter_json::from_slice(bytes).map_err(|e| {
+    limiter_input::from_slice(bytes).map_err(|e| {
         // A missing field is named inside the object it is missing from.
         let missing = e
             .message

@@ -1,11 +1,13 @@
-//! Request bodies read as JSON strictly, for every API limiterd serves (its own, unkey's and
-//! envoy's `POST /json`).
+//! What callers and operators write, read strictly: request bodies as JSON, for every API
+//! limiterd serves (its own, unkey's and envoy's `POST /json`), and structured files in any
+//! self-describing format (limiterd's TOML configuration).
 //!
-//! serde's derived structs also read a JSON array, by position: `["api", null, "user-1"]`
-//! would pass for `{"policy": "api", "identifier": "user-1"}`, a shape no API documents and
-//! no client means. [`from_slice`] reads an object wherever a struct is read, at every depth,
-//! and says what is wrong in JSON's words (an object, an array, a whole number from 0 to
-//! 18446744073709551615), never a Rust type's name, with the path to the value at fault.
+//! serde's derived structs also read an array, by position: `["api", null, "user-1"]`
+//! would pass for `{"policy": "api", "identifier": "user-1"}`, a shape no API or file format
+//! documents and no one means. [`from_slice`] (JSON) and [`deserialize`] (any format) read an
+//! object wherever a struct is read, at every depth; [`from_slice`] says what is wrong in
+//! JSON's words (an object, an array, a whole number from 0 to 18446744073709551615), never a
+//! Rust type's name, with the path to the value at fault.
 //!
 //! ```
 //! #[derive(Debug, serde::Deserialize)]
@@ -14,16 +16,16 @@
 //!     cost: Option<u64>,
 //! }
 //!
-//! let ask: Ask = limiter_json::from_slice(br#"{"policy": "api", "cost": 2}"#)?;
+//! let ask: Ask = limiter_input::from_slice(br#"{"policy": "api", "cost": 2}"#)?;
 //! assert_eq!((ask.policy.as_str(), ask.cost), ("api", Some(2)));
 //!
-//! let positional = limiter_json::from_slice::<Ask>(br#"["api", 2]"#).unwrap_err();
-//! assert_eq!(positional.message, "invalid type: array, expected a JSON object at line 1 column 0");
+//! let positional = limiter_input::from_slice::<Ask>(br#"["api", 2]"#).unwrap_err();
+//! assert_eq!(positional.message, "invalid type: array, expected a JSON object at line 1 column 1");
 //!
-//! let negative = limiter_json::from_slice::<Ask>(br#"{"policy": "api", "cost": -1}"#).unwrap_err();
+//! let negative = limiter_input::from_slice::<Ask>(br#"{"policy": "api", "cost": -1}"#).unwrap_err();
 //! assert_eq!(negative.path.as_deref(), Some("cost"));
 //! assert!(negative.message.contains("expected a whole number from 0 to 18446744073709551615"));
-//! # Ok::<(), limiter_json::JsonError>(())
+//! # Ok::<(), limiter_input::JsonError>(())
 //! ```
 
 mod strict;
@@ -73,7 +75,11 @@ impl std::error::Error for JsonError {}
 /// struct; see the crate docs.
 pub fn from_slice<'de, T: Deserialize<'de>>(body: &'de [u8]) -> Result<T, JsonError> {
     let mut json = serde_json::Deserializer::from_slice(body);
-    let value = serde_path_to_error::deserialize(strict::Strict(&mut json)).map_err(|e| {
+    let strict = strict::Strict {
+        inner: &mut json,
+        object: "a JSON object",
+    };
+    let value = serde_path_to_error::deserialize(strict).map_err(|e| {
         let path = e.path().to_string();
         let path = (path != "." && path != "?").then_some(path);
         let inner = e.into_inner();
@@ -93,6 +99,30 @@ pub fn from_slice<'de, T: Deserialize<'de>>(body: &'de [u8]) -> Result<T, JsonEr
         kind: JsonErrorKind::Trailing,
     })?;
     Ok(value)
+}
+
+/// Reads a `T` from `deserializer` (any self-describing format) with an object wherever `T`
+/// (or anything in it) is a struct: an array there is refused as `invalid type: sequence,
+/// expected {object}`, `object` being the format's word for one (`"a table"` for TOML).
+///
+/// ```
+/// #[derive(Debug, serde::Deserialize)]
+/// struct Limit {
+///     count: u64,
+/// }
+///
+/// let json = &mut serde_json::Deserializer::from_str(r#"[{"count": 5}, [6]]"#);
+/// let error = limiter_input::deserialize::<_, Vec<Limit>>(json, "an object").unwrap_err();
+/// assert_eq!(error.to_string(), "invalid type: sequence, expected an object at line 1 column 16");
+/// ```
+pub fn deserialize<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
+    deserializer: D,
+    object: &'static str,
+) -> Result<T, D::Error> {
+    T::deserialize(strict::Strict {
+        inner: deserializer,
+        object,
+    })
 }
 
 /// What `error` says, in JSON's words.
