@@ -31,6 +31,11 @@
 mod strict;
 mod words;
 
+pub use words::in_plain_words;
+
+/// JSON's word for an object, in refusals.
+const JSON_OBJECT: &str = "a JSON object";
+
 use std::fmt;
 
 use serde::Deserialize;
@@ -77,7 +82,7 @@ pub fn from_slice<'de, T: Deserialize<'de>>(body: &'de [u8]) -> Result<T, JsonEr
     let mut json = serde_json::Deserializer::from_slice(body);
     let strict = strict::Strict {
         inner: &mut json,
-        object: "a JSON object",
+        object: JSON_OBJECT,
     };
     let value = serde_path_to_error::deserialize(strict).map_err(|e| {
         let path = e.path().to_string();
@@ -130,7 +135,7 @@ fn message(kind: JsonErrorKind, error: &serde_json::Error) -> String {
     let text = error.to_string();
     match kind {
         JsonErrorKind::Syntax => format!("not JSON: {text}"),
-        JsonErrorKind::Shape | JsonErrorKind::Trailing => words::in_json_words(&text),
+        JsonErrorKind::Shape | JsonErrorKind::Trailing => in_plain_words(&text, JSON_OBJECT),
     }
 }
 

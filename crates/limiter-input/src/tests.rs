@@ -99,7 +99,7 @@ fn says_what_is_wrong_in_json_words_with_the_path() {
         (
             r#"{"list": {"key": "a"}}"#,
             Some("list"),
-            "invalid type: object, expected an array",
+            "invalid type: JSON object, expected an array",
         ),
         (
             r#"{"inner": null, "list": 3}"#,
@@ -150,12 +150,15 @@ fn tells_a_body_that_is_not_json_from_one_of_another_shape() {
 #[test]
 fn rewrites_whole_words_only() {
     assert_eq!(
-        words::in_json_words("invalid type: string \"x\", expected u8 at line 1"),
+        in_plain_words(
+            "invalid type: string \"x\", expected u8 at line 1",
+            "a JSON object"
+        ),
         "invalid type: string \"x\", expected a whole number from 0 to 255 at line 1"
     );
     // `expected u8` is not the start of `expected u64`, nor `map` of `mapping`.
     assert_eq!(
-        words::in_json_words("expected u64, invalid type: mapping"),
+        in_plain_words("expected u64, invalid type: mapping", "a JSON object"),
         "expected a whole number from 0 to 18446744073709551615, invalid type: mapping"
     );
 }

@@ -1,16 +1,14 @@
-//! serde's words for what it found and expected, rewritten in JSON's: `sequence` is an array,
-//! `map` an object, `u64` a whole number from 0 to 18446744073709551615.
+//! serde's words for what it found and expected, rewritten in a format's: `sequence` is an
+//! array, `map` an object (or a table), `u64` a whole number from 0 to 18446744073709551615.
 
-/// serde's phrase, and JSON's.
-const PHRASES: [(&str, &str); 14] = [
+/// serde's phrase, and the format's (the object's own word is the caller's).
+const PHRASES: [(&str, &str); 12] = [
     ("invalid type: sequence", "invalid type: array"),
-    ("invalid type: map", "invalid type: object"),
     ("invalid type: unit value", "invalid type: null"),
     ("invalid type: floating point", "invalid type: number"),
     ("invalid value: integer", "invalid value: number"),
     ("invalid type: integer", "invalid type: number"),
     ("expected a sequence", "expected an array"),
-    ("expected a map", "expected a JSON object"),
     (
         "expected u64",
         "expected a whole number from 0 to 18446744073709551615",
@@ -31,12 +29,30 @@ const PHRASES: [(&str, &str); 14] = [
     ),
 ];
 
-/// `text` (a serde error's message) with serde's phrases in JSON's words. A phrase is
-/// replaced only where a word ends after it (`expected u8` is not the start of `expected
-/// u64`).
-pub(crate) fn in_json_words(text: &str) -> String {
+/// `text` (a serde error's message) with serde's phrases in the format's words, `object`
+/// being its word for an object (`"a JSON object"`, `"a table"`). A phrase is replaced only
+/// where a word ends after it (`expected u8` is not the start of `expected u64`).
+///
+/// ```
+/// let text = "invalid type: map, expected u16 at line 2 column 9";
+/// assert_eq!(
+///     limiter_input::in_plain_words(text, "a table"),
+///     "invalid type: table, expected a whole number from 0 to 65535 at line 2 column 9"
+/// );
+/// ```
+pub fn in_plain_words(text: &str, object: &str) -> String {
+    let noun = object
+        .strip_prefix("a ")
+        .or_else(|| object.strip_prefix("an "))
+        .unwrap_or(object);
+    let found_object = format!("invalid type: {noun}");
+    let expected_object = format!("expected {object}");
+    let object_phrases = [
+        ("invalid type: map", found_object.as_str()),
+        ("expected a map", expected_object.as_str()),
+    ];
     let mut out = text.to_owned();
-    for (serde, json) in PHRASES {
+    for (serde, json) in PHRASES.into_iter().chain(object_phrases) {
         let mut from = 0;
         while let Some(found) = out[from..].find(serde).map(|at| at + from) {
             let end = found + serde.len();

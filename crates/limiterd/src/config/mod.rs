@@ -384,10 +384,7 @@ impl Config {
         let raw: RawConfig = toml::de::Deserializer::parse(text)
             .and_then(|toml| limiter_input::deserialize(toml, "a table"))
             .map_err(|e| {
-                let message = e
-                    .message()
-                    .trim_end()
-                    .replace("invalid type: sequence", "invalid type: array");
+                let message = limiter_input::in_plain_words(e.message().trim_end(), "a table");
                 source.error(
                     e.span(),
                     format!(

@@ -120,7 +120,7 @@ fn lease_slack_reads_a_share_or_units_and_refuses_anything_else() {
 fn every_error_names_the_line_and_the_fix() {
     let policy = |limit: &str| format!("[policies.p]\nlimits = [\n  {limit},\n]\n");
     for (text, want) in [
-            ("listen = 8080\n".to_owned(), "line 1, column 10: invalid type: integer `8080`, expected a string"),
+            ("listen = 8080\n".to_owned(), "line 1, column 10: invalid type: number `8080`, expected a string"),
             ("listen = \"nowhere\"\n".to_owned(), "line 1, column 10: `listen = \"nowhere\"` is not an address"),
             ("colour = 1\n".to_owned(), "line 1, column 1: unknown field `colour`"),
             ("[store]\nkind = \"disk\"\n".to_owned(), "line 2, column 8: store `kind = \"disk\"`: use \"memory\" or \"redis\""),
@@ -139,7 +139,7 @@ fn every_error_names_the_line_and_the_fix() {
             (policy("{ algorithm = \"token_bucket\", count = 0, period = \"1s\" }"), "line 3, column 41: policy `p`: invalid limit: `count` is 0"),
             (policy("{ algorithm = \"token_bucket\", count = 5, period = \"1s\", burst = 0 }"), "line 3, column 67: policy `p`: invalid limit: `burst` is 0"),
             (policy("{ algorithm = \"token_bucket\", count = 1, period = \"1 sec\" }"), "line 3, column 53: `period = \"1 sec\"`: write a whole number with a unit"),
-            (policy("{ algorithm = \"token_bucket\", count = -1, period = \"1s\" }"), "line 3, column 41: invalid value: integer `-1`, expected u64"),
+            (policy("{ algorithm = \"token_bucket\", count = -1, period = \"1s\" }"), "line 3, column 41: invalid value: number `-1`, expected a whole number from 0 to 18446744073709551615"),
             (policy("{ algorithm = \"fixed_window\", count = 10, period = \"1s\", burst = 20 }"), "line 3, column 3: policy `p`: invalid limit for the fixed window"),
             (policy("{ algorithm = \"token_bucket\", count = 1, period = \"1s\", key = \"ip\" }"), "line 3, column 65: `key = \"ip\"`: use \"identifier\""),
             ("[policies.\"bad name\"]\nlimits = []\n".to_owned(), "line 1, column 11: policy name \"bad name\""),
