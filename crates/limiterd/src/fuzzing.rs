@@ -38,11 +38,20 @@ fn accepted(item: &Item) {
     }
 }
 
+/// Whether `bytes` is a JSON object, as far as its first byte says: every body the parsers
+/// accept is one (an array is never read as an object by position).
+fn an_object(bytes: &[u8]) -> bool {
+    bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{')
+}
+
 /// One request body through both endpoints' parsers.
 pub fn request(bytes: &[u8]) {
     envoy_json(bytes);
     match api::parse_request(bytes, &lookup) {
-        Ok(asked) => accepted(&asked.items),
+        Ok(asked) => {
+            assert!(an_object(bytes));
+            accepted(&asked.items);
+        }
         Err(e) => {
             assert_eq!(e.status().as_u16(), 400, "{e:?}");
             assert!(!e.message.is_empty());
@@ -50,6 +59,7 @@ pub fn request(bytes: &[u8]) {
     }
     match api::parse_many(bytes, &lookup) {
         Ok(asked) => {
+            assert!(an_object(bytes));
             let items = asked.items;
             assert!((1..=MAX_BATCH).contains(&items.len()));
             items.iter().for_each(accepted);
@@ -94,7 +104,10 @@ fn fuzz_envoy() -> &'static FuzzEnvoy {
 /// descriptor or refuses the request as invalid (never a store failure, never a panic).
 pub fn envoy_json(bytes: &[u8]) {
     let request = match crate::envoy::json::parse(bytes) {
-        Ok(request) => request,
+        Ok(request) => {
+            assert!(an_object(bytes));
+            request
+        }
         Err(EnvoyError::Invalid(message)) => return assert!(!message.is_empty()),
         Err(e) => panic!("parsing never reports the store: {e}"),
     };
