@@ -38,6 +38,10 @@ pub(crate) fn run(args: &[String]) -> Result<(), String> {
     // features, so after the tests nothing is rebuilt).
     cargo(&["test", "--workspace", "--test", "fuzz_regressions"], &[])?;
     let fuzz_dir = root().join("fuzz");
+    // Every target built in one cargo run (their own crates compiled and linked side by side),
+    // then each run finds its binary built: one `cargo fuzz run` at a time built them one
+    // after another.
+    cargo_in(&fuzz_dir, &["fuzz", "build", "-s", "none"], &[])?;
     let max_time = format!("-max_total_time={seconds}");
     for target in TARGETS {
         cargo_in(
