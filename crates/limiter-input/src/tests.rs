@@ -148,6 +148,21 @@ fn tells_a_body_that_is_not_json_from_one_of_another_shape() {
 }
 
 #[test]
+fn never_rewrites_what_the_message_quotes_from_the_input() {
+    let error = strict(r#"{"count": "a \"expected u8\" map"}"#).unwrap_err();
+    assert_eq!(
+        error.message,
+        "invalid type: string \"a \\\"expected u8\\\" map\", expected a whole number from 0 to 18446744073709551615 at line 1 column 33"
+    );
+    let error = strict(r#"{"expected u64": 1}"#).unwrap_err();
+    assert!(
+        error.message.starts_with("unknown field `expected u64`, expected one of"),
+        "{}",
+        error.message
+    );
+}
+
+#[test]
 fn rewrites_whole_words_only() {
     assert_eq!(
         in_plain_words(

@@ -31,7 +31,9 @@ const PHRASES: [(&str, &str); 12] = [
 
 /// `text` (a serde error's message) with serde's phrases in the format's words, `object`
 /// being its word for an object (`"a JSON object"`, `"a table"`). A phrase is replaced only
-/// where a word ends after it (`expected u8` is not the start of `expected u64`).
+/// where a word ends after it (`expected u8` is not the start of `expected u64`), and never
+/// inside what the message quotes from the input (a field's name in backticks, a string in
+/// double quotes).
 ///
 /// ```
 /// let text = "invalid type: map, expected u16 at line 2 column 9";
@@ -39,6 +41,8 @@ const PHRASES: [(&str, &str); 12] = [
 ///     limiter_input::in_plain_words(text, "a table"),
 ///     "invalid type: table, expected a whole number from 0 to 65535 at line 2 column 9"
 /// );
+/// let quoted = "unknown field `expected u64`, expected `count`";
+/// assert_eq!(limiter_input::in_plain_words(quoted, "a table"), quoted);
 /// ```
 pub fn in_plain_words(text: &str, object: &str) -> String {
     let noun = object
@@ -51,22 +55,63 @@ pub fn in_plain_words(text: &str, object: &str) -> String {
         ("invalid type: map", found_object.as_str()),
         ("expected a map", expected_object.as_str()),
     ];
-    let mut out = text.to_owned();
-    for (serde, json) in PHRASES.into_iter().chain(object_phrases) {
-        let mut from = 0;
-        while let Some(found) = out[from..].find(serde).map(|at| at + from) {
-            let end = found + serde.len();
-            let whole = out[end..]
-                .chars()
-                .next()
-                .is_none_or(|c| !c.is_ascii_alphanumeric());
-            if whole {
-                out.replace_range(found..end, json);
-                from = found + json.len();
-            } else {
-                from = end;
-            }
+    let mut out = String::with_capacity(text.len() + 32);
+    for (quoted, part) in parts(text) {
+        if quoted {
+            out.push_str(part);
+            continue;
         }
+        let mut plain = part.to_owned();
+        for (serde, words) in PHRASES.into_iter().chain(object_phrases) {
+            replace_whole(&mut plain, serde, words);
+        }
+        out.push_str(&plain);
     }
     out
+}
+
+/// Replaces each `phrase` in `text` that a word does not go on after.
+fn replace_whole(text: &mut String, phrase: &str, with: &str) {
+    let mut from = 0;
+    while let Some(found) = text[from..].find(phrase).map(|at| at + from) {
+        let end = found + phrase.len();
+        let whole = text[end..]
+            .chars()
+            .next()
+            .is_none_or(|c| !c.is_ascii_alphanumeric());
+        if whole {
+            text.replace_range(found..end, with);
+            from = found + with.len();
+        } else {
+            from = end;
+        }
+    }
+}
+
+/// `text` cut into what it says and what it quotes (from a backtick or a double quote to the
+/// next one; a double quote after a backslash is quoted text's own), each with whether it is
+/// quoted, in order.
+fn parts(text: &str) -> Vec<(bool, &str)> {
+    let mut parts = Vec::new();
+    let mut start = 0;
+    let mut quote: Option<char> = None;
+    let mut escaped = false;
+    for (at, c) in text.char_indices() {
+        match quote {
+            None if c == '`' || c == '"' => {
+                parts.push((false, &text[start..at]));
+                start = at;
+                quote = Some(c);
+            }
+            Some(q) if c == q && !escaped => {
+                parts.push((true, &text[start..at + 1]));
+                start = at + 1;
+                quote = None;
+            }
+            _ => {}
+        }
+        escaped = quote == Some('"') && c == '\\' && !escaped;
+    }
+    parts.push((quote.is_some(), &text[start..]));
+    parts
 }
