@@ -156,7 +156,9 @@ fn never_rewrites_what_the_message_quotes_from_the_input() {
     );
     let error = strict(r#"{"expected u64": 1}"#).unwrap_err();
     assert!(
-        error.message.starts_with("unknown field `expected u64`, expected one of"),
+        error
+            .message
+            .starts_with("unknown field `expected u64`, expected one of"),
         "{}",
         error.message
     );
