@@ -96,6 +96,14 @@ fn wait_cost(readings: &Readings) -> Option<(f64, f64)> {
 /// three checks cost without a transaction. Each row is a label, its value (absent when a row
 /// it needs was not measured) and its unit.
 fn stack_context(results: &[Measured]) -> Vec<(&'static str, Option<f64>, &'static str)> {
+    let mut rows = stack_floors(results);
+    rows.extend(stack_ratios(results));
+    rows
+}
+
+/// What one check and a 3-layer transaction cost at least: their synchronisation, and the
+/// floor against what the stacks spend.
+fn stack_floors(results: &[Measured]) -> Vec<(&'static str, Option<f64>, &'static str)> {
     let median = |f: &str| Some(find(results, "stack", f)?.median);
     let ratio = |ours: &str, theirs: &str| Some(median(ours)? / median(theirs)?);
     // A clock reading, `locks` shard read locks and `exchanges` compare-exchanges.
@@ -136,6 +144,15 @@ fn stack_context(results: &[Measured]) -> Vec<(&'static str, Option<f64>, &'stat
                 .map(|(stack, floor)| stack - floor),
             " ns",
         ),
+    ]
+}
+
+/// The stacks against the floor, a sketch typed at compile time, our limiters in sequence
+/// and each other.
+fn stack_ratios(results: &[Measured]) -> Vec<(&'static str, Option<f64>, &'static str)> {
+    let median = |f: &str| Some(find(results, "stack", f)?.median);
+    let ratio = |ours: &str, theirs: &str| Some(median(ours)? / median(theirs)?);
+    vec![
         (
             "The floor deciding every limit (static dispatch), answers as they come / one check",
             ratio("floor_deciding", "one_check"),
