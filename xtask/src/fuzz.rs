@@ -12,6 +12,7 @@ const TARGETS: &[&str] = &[
     "limiterd_request",
     "limiterd_config",
     "envoy_rules",
+    "input_json",
 ];
 
 pub(crate) fn run(args: &[String]) -> Result<(), String> {

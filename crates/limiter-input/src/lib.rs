@@ -28,6 +28,7 @@
 //! # Ok::<(), limiter_input::JsonError>(())
 //! ```
 
+pub mod fuzzing;
 mod strict;
 mod words;
 

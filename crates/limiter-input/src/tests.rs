@@ -2,29 +2,10 @@
 //! arrays where structs belong (at every depth), and messages in JSON's words.
 
 use proptest::prelude::*;
-use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::fuzzing::{Outer, objects_where_structs_belong};
 use super::*;
-
-#[derive(Debug, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-struct Inner {
-    key: String,
-    #[serde(default)]
-    value: u64,
-}
-
-#[derive(Debug, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-struct Outer {
-    name: Option<String>,
-    count: Option<u64>,
-    inner: Option<Inner>,
-    list: Option<Vec<Inner>>,
-    numbers: Option<Vec<u32>>,
-    any: Option<Value>,
-}
 
 fn strict(body: &str) -> Result<Outer, JsonError> {
     from_slice(body.as_bytes())
@@ -209,25 +190,14 @@ fn any_json() -> impl Strategy<Value = Value> {
     })
 }
 
-/// Whether `value`, read as an `Outer`, has an object wherever a struct is read.
-fn objects_where_structs_belong(value: &Value) -> bool {
-    let Value::Object(outer) = value else {
-        return false;
-    };
-    let inner_ok = |v: &Value| v.is_null() || v.is_object();
-    let list_ok = |v: &Value| match v {
-        Value::Array(items) => items.iter().all(Value::is_object),
-        _ => true,
-    };
-    outer.get("inner").is_none_or(inner_ok) && outer.get("list").is_none_or(list_ok)
-}
-
 proptest! {
     /// The strict reading accepts exactly what serde_json accepts with objects where structs
     /// belong, and reads the same value from it.
     #[test]
     fn strict_is_serde_with_objects_only(value in any_json()) {
         let body = serde_json::to_vec(&value).unwrap();
+        // The fuzz target's own checks, then this one's.
+        fuzzing::json(&body);
         let by_serde = serde_json::from_slice::<Outer>(&body);
         let by_strict = from_slice::<Outer>(&body);
         match (&by_serde, &by_strict) {
