@@ -1,9 +1,9 @@
 //! The body of the `input_json` fuzz target, shared with the plain test that replays its saved
 //! inputs (`tests/fuzz_regressions.rs`) and with the proptest (`tests.rs`): bytes read by
-//! [`from_slice`](crate::from_slice) and by serde_json alone, as an [`Outer`] (the shapes
-//! limiterd's bodies have: an object in an object, a list of objects, a list of numbers, any
-//! value). The strict reading never panics, reads what serde_json reads wherever objects are
-//! where structs belong, with the same value, and calls malformed only what is.
+//! [`from_slice`] and by serde_json alone, as an [`Outer`] (the shapes limiterd's bodies have:
+//! an object in an object, a list of objects, a list of numbers, any value). The strict
+//! reading never panics, reads what serde_json reads wherever objects are where structs
+//! belong, with the same value, and calls malformed only what is.
 
 use serde::Deserialize;
 use serde_json::Value;
