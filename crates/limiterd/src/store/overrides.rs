@@ -246,6 +246,18 @@ mod tests {
         std::fs::write(&path, "not json").expect("write");
         let refused = Keeping::load(&path).expect_err("not json");
         assert!(refused.contains("not an overrides file"), "{refused}");
+        // Read strictly: an override given as an array is refused by its place, not read by
+        // position (serde alone would).
+        let positional = r#"{"api": {"user_*": ["ovr_1", "user_*", 5, 60000]}}"#;
+        assert!(serde_json::from_str::<Table>(positional).is_ok());
+        std::fs::write(&path, positional).expect("write");
+        let refused = Keeping::load(&path).expect_err("an array");
+        assert!(
+            refused.contains(
+                "not an overrides file (api.user_*: invalid type: array, expected a JSON object"
+            ),
+            "{refused}"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 
