@@ -66,6 +66,25 @@ pub enum JsonErrorKind {
     Trailing,
 }
 
+impl JsonError {
+    /// For a field that is missing, its name.
+    pub fn missing_field(&self) -> Option<&str> {
+        self.message
+            .strip_prefix("missing field `")
+            .and_then(|rest| rest.split('`').next())
+    }
+
+    /// Where the value at fault is, a missing field named inside the object it is missing
+    /// from (`requests[0].identifier`); `None` for the body as a whole.
+    pub fn place(&self) -> Option<String> {
+        match (&self.path, self.missing_field()) {
+            (Some(path), Some(name)) => Some(format!("{path}.{name}")),
+            (None, Some(name)) => Some(name.to_owned()),
+            (path, None) => path.clone(),
+        }
+    }
+}
+
 impl fmt::Display for JsonError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.path {

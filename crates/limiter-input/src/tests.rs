@@ -91,6 +91,15 @@ fn says_what_is_wrong_in_json_words_with_the_path() {
     ];
     for (body, path, message) in cases {
         let error = strict(body).unwrap_err();
+        // The place names a missing field inside its object; else it is the path.
+        match error.missing_field() {
+            Some(name) => assert_eq!(
+                error.place(),
+                Some(path.map_or(name.to_owned(), |p| format!("{p}.{name}"))),
+                "{body}"
+            ),
+            None => assert_eq!(error.place(), error.path, "{body}"),
+        }
         assert_eq!(error.kind, JsonErrorKind::Shape, "{body}");
         assert_eq!(error.path.as_deref(), path, "{body}");
         assert!(

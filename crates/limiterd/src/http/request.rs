@@ -120,20 +120,11 @@ pub(crate) fn from_json<'de, T: Deserialize<'de>>(body: &'de [u8]) -> Result<T, 
     const EXAMPLE: &str =
         "send a JSON object such as {\"policy\": \"api\", \"identifier\": \"user-1\"}";
     limiter_input::from_slice(body).map_err(|e| {
-        let mut field = e.path.unwrap_or_default();
+        // The field at fault; a missing one inside the object it is missing from.
+        let field = e.place();
         let message = if e.kind == JsonErrorKind::Trailing {
             format!("{}: send one JSON object", e.message)
-        } else if let Some(name) = e
-            .message
-            .strip_prefix("missing field `")
-            .and_then(|rest| rest.split('`').next())
-        {
-            // The field at fault is the one missing, inside the object it is missing from.
-            field = if field.is_empty() {
-                name.to_owned()
-            } else {
-                format!("{field}.{name}")
-            };
+        } else if let Some(name) = e.missing_field() {
             format!("`{name}` is missing: {EXAMPLE}")
         } else if e.message.contains("expected a JSON object") {
             // Not an object where one belongs: say what came.
@@ -147,7 +138,7 @@ pub(crate) fn from_json<'de, T: Deserialize<'de>>(body: &'de [u8]) -> Result<T, 
         ApiError {
             status: StatusCode::BAD_REQUEST,
             code: "invalid_json",
-            field: (!field.is_empty()).then_some(field),
+            field,
             message,
         }
     })

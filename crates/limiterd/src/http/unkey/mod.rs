@@ -176,16 +176,7 @@ fn authorized(keys: &Keys, headers: &HeaderMap, needs: Needs) -> Result<(), Refu
 fn parse<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Refusal> {
     limiter_input::from_slice(bytes).map_err(|e| {
         // A missing field is named inside the object it is missing from.
-        let missing = e
-            .message
-            .strip_prefix("missing field `")
-            .and_then(|rest| rest.split('`').next());
-        let path = match (e.path, missing) {
-            (Some(path), Some(name)) => Some(format!("{path}.{name}")),
-            (None, Some(name)) => Some(name.to_owned()),
-            (path, None) => path,
-        };
-        let location = match path {
+        let location = match e.place() {
             Some(path) if path.starts_with('[') => format!("body{path}"),
             Some(path) => format!("body.{path}"),
             None => "body".to_owned(),
