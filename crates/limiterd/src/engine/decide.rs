@@ -223,11 +223,23 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         time_ms: Option<u64>,
     ) -> Result<Answer, DecideError> {
         let reading = self.reading_for(time_ms)?;
-        let (stack, call, counters) = self.resolve(item)?;
+        let resolved = self.resolve(item)?;
         let ask = Ask::new(item.cost, item.charge).at(Some(reading));
-        let asked = stack.ask(&call, ask).await;
+        let asked = resolved.0.ask(&resolved.1, ask).await;
+        self.read_one(item, asked, &resolved, reading)
+    }
+
+    /// What one item's stack answered (`asked`, at the clock's `reading`), as the API reports
+    /// it, counted where the metrics count it.
+    pub(super) fn read_one(
+        &self,
+        item: &Item,
+        asked: Result<Outcome, CallError>,
+        (stack, call, counters): &Resolved<'_>,
+        reading: u64,
+    ) -> Result<Answer, DecideError> {
         let asked = asked.map_err(|e| self.numbered_as_in_memory(item, e));
-        let result = self.answer(asked, &stack, &call, reading);
+        let result = self.answer(asked, stack, call, reading);
         match &result {
             // One item is admitted whenever its stack admits it.
             Ok(answer) => counters.count(counted(item, answer, true), &item.identifier),

@@ -37,7 +37,9 @@
 //!
 //! Its parts: `reload.rs` (a policy's stack carried over on reload; ad-hoc shapes),
 //! `decide.rs` (items resolved and decided through the seam, and every store's outcome read as
-//! an [`Answer`]).
+//! an [`Answer`]), `permitted.rs` (concurrency limits' permits), `quota_take.rs` and
+//! `quota_batch.rs` (calendar quotas on Redis taken with the stack, alone and in a batch),
+//! `quota_answer.rs` (their answers folded with the stack's).
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -56,6 +58,7 @@ mod item;
 mod permitted;
 mod quota_answer;
 mod quota_batch;
+mod quota_take;
 mod reload;
 
 pub use item::{Answer, DecideError, Item, MAX_TIME_AHEAD_MS, Target, source_name};

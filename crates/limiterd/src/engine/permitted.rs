@@ -10,9 +10,9 @@ use limiter_stack::{Charge, Origin};
 
 use crate::metrics::{Counted, FailurePolicy};
 use crate::store::permits::{PermitFailure, PolicyPermits, Taken};
-use crate::store::quotas::{CountedIn, PolicyQuota, QuotaFailure, QuotaTaken};
+use crate::store::quotas::{PolicyQuota, QuotaFailure, QuotaTaken};
 
-use super::quota_answer::{folded, quota_origin, tighter};
+use super::quota_answer::{folded, tighter};
 
 use super::*;
 
@@ -57,26 +57,21 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                 }
             },
         };
-        let counted = match self.take_quotas(item, quotas).await {
-            Ok(counted) => counted,
-            Err(answered) => {
-                release(item, held).await;
-                return answered;
-            }
+        // The quotas and the stack at once, all or nothing (`quota_take.rs`).
+        let decided = if quotas.is_empty() {
+            self.decide_checked_one(item, time_ms).await
+        } else {
+            self.take_with_quotas(item, time_ms, quotas).await
         };
-        match self.decide_ungated(item, time_ms).await {
-            Ok((answer, true)) => {
-                let answer = counted.iter().fold(answer, |a, (_, q)| tighter(a, q));
-                Ok(match held {
-                    Some((permits, id, held)) => (with_permit(answer, permits, held), Some(id)),
-                    None => (answer, None),
-                })
-            }
+        match decided {
+            Ok(answer) if answer.decision.is_allowed() => Ok(match held {
+                Some((permits, id, held)) => (with_permit(answer, permits, held), Some(id)),
+                None => (answer, None),
+            }),
             other => {
-                // Denied, failed or undecidable: the quotas and the permit go back now.
-                refund_quotas(item, &counted, self.now_unix_ns()).await;
+                // Denied, failed or undecidable: the permit goes back now.
                 release(item, held).await;
-                other.map(|(answer, _)| (answer, None))
+                other.map(|answer| (answer, None))
             }
         }
     }
@@ -127,7 +122,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
 
     /// Counts a gate's answer made by a falling-back policy's table while Redis failed
     /// (`fell_back`) as the failure policy's, as the stacks count their fallback's.
-    fn count_fallback(&self, fell_back: bool) {
+    pub(super) fn count_fallback(&self, fell_back: bool) {
         if fell_back {
             self.metrics.backend_error();
             self.metrics.failure_policy(FailurePolicy::Fallback);
@@ -156,54 +151,6 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
     ) -> Result<QuotaTaken, DecideError> {
         self.gate_failed(failure.closed, failure.message)?;
         Ok(quota.failed_open(self.now_unix_ns()))
-    }
-
-    /// Counts the item's cost in each quota, all or nothing: the quotas counted, or (one
-    /// denied, or its store failing closed) the answer to give, the others given back.
-    pub(super) async fn take_quotas<'q>(
-        &self,
-        item: &Item,
-        quotas: &'q [PolicyQuota],
-    ) -> Result<Vec<(&'q PolicyQuota, QuotaTaken)>, Result<(Answer, Option<String>), DecideError>>
-    {
-        if let Some(error) = quotas.iter().find_map(|q| q.unreachable(item.cost)) {
-            // A cost no window can ever admit: an error, nothing taken, as in memory.
-            return Err(Err(super::decide::call_error(&error)));
-        }
-        let mut counted = Vec::with_capacity(quotas.len());
-        for quota in quotas {
-            match quota
-                .take(&item.identifier, item.cost, self.now_unix_ns())
-                .await
-            {
-                Ok(answer) if answer.decision.is_allowed() => {
-                    self.count_fallback(matches!(answer.place, CountedIn::Fallback { .. }));
-                    counted.push((quota, answer));
-                }
-                Ok(denied) => {
-                    self.count_fallback(matches!(denied.place, CountedIn::Fallback { .. }));
-                    refund_quotas(item, &counted, self.now_unix_ns()).await;
-                    self.counters_of(item)
-                        .count(Counted::Denied { shadow: false }, &item.identifier);
-                    let answer = Answer {
-                        decision: denied.decision,
-                        origin: quota_origin(denied.place),
-                        at_unix_ns: denied.at_unix_ns,
-                    };
-                    return Err(Ok((answer, None)));
-                }
-                // Open: this quota counts nothing while its store fails (a falling-back
-                // policy's stand-in answered instead of failing).
-                Err(failure) => match self.quota_failed(quota, failure) {
-                    Ok(nothing_counted) => counted.push((quota, nothing_counted)),
-                    Err(refused) => {
-                        refund_quotas(item, &counted, self.now_unix_ns()).await;
-                        return Err(Err(refused));
-                    }
-                },
-            }
-        }
-        Ok(counted)
     }
 
     /// Every permit of the item's key held: the answer, counted as a denial.
@@ -287,7 +234,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         Err(DecideError::invalid("policy", message).in_item(index))
     }
 
-    fn counters_of(&self, item: &Item) -> &PolicyCounters {
+    pub(super) fn counters_of(&self, item: &Item) -> &PolicyCounters {
         match &item.target {
             Target::Policy(id) => self
                 .policies
@@ -337,17 +284,16 @@ async fn release(item: &Item, held: Option<(&PolicyPermits, String, u64)>) {
     }
 }
 
-/// Gives back what each counted quota took for `item`.
+/// Gives back what each counted quota took for `item`, all at once.
 pub(super) async fn refund_quotas(
     item: &Item,
     counted: &[(&PolicyQuota, QuotaTaken)],
     now_unix_ns: u64,
 ) {
-    for (quota, taken) in counted {
-        quota
-            .refund(&item.identifier, item.cost, taken, now_unix_ns)
-            .await;
-    }
+    let refunds = counted
+        .iter()
+        .map(|(quota, taken)| quota.refund(&item.identifier, item.cost, taken, now_unix_ns));
+    futures_util::future::join_all(refunds).await;
 }
 
 /// The permits' answer while their store fails and their policy fails open: none taken, all

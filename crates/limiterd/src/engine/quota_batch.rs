@@ -1,16 +1,21 @@
 //! A batch with calendar quotas on Redis (`POST /v1/ratelimit/many`), all or nothing across
-//! the quotas and the stacks. Each taking item's quotas are counted first, in order, all or
-//! nothing per item as a call alone counts them; a quota that denies gives back every unit
-//! counted before it and refuses the batch, whose other items report what they hold (nothing
-//! of theirs was taken). Then the stacks decide the batch as any batch, and a refused batch
-//! gives every quota's units back. An admitted item's answer is its stack's tightened by its
+//! the quotas and the stacks. Every taking item's quotas are counted first, all at once (one
+//! round trip), each item's all or nothing as a call alone counts them; when an item's quotas
+//! deny, every unit the others counted goes back and the first such item (in order) refuses
+//! the batch, whose other items report what they hold (nothing of theirs stays taken). Then
+//! the stacks decide the batch as any batch, and a refused batch gives every quota's units
+//! back. An admitted item's answer is its stack's tightened by its
 //! quotas'; an item that takes nothing (a peek, a record, a unit refund, a shadow check)
 //! reports its quotas' state beside its stack's (a record counted in them), as it would alone.
+
+use futures_util::future::join_all;
 
 use super::decide::counted;
 use super::permitted::refund_quotas;
 use super::quota_answer::tighter;
+use super::quota_take::NotCounted;
 use super::*;
+use crate::metrics::Counted;
 use crate::store::quotas::{PolicyQuota, QuotaTaken};
 
 /// What one item's quotas counted, by the item's place in its batch.
@@ -31,21 +36,21 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                 vec![answer],
             ));
         }
-        let mut taken_so_far: CountedQuotas<'_> = Vec::new();
-        for (place, item) in items.iter().enumerate() {
-            let quotas = self.gates_of(item).1;
-            if quotas.is_empty() || item.cost == 0 || item.never_denies() {
-                continue;
-            }
-            match self.take_quotas(item, quotas).await {
-                Ok(taken) => taken_so_far.push((place, taken)),
-                Err(answered) => {
-                    self.give_back(items, &taken_so_far).await;
-                    let (denied, _) = answered.map_err(|e| e.in_item(place))?;
-                    return self.refused_by_quota(items, place, denied, time_ms).await;
-                }
-            }
+        let taking = self.taking_quotas(items);
+        for (place, quotas) in &taking {
+            self.quota_cost_refused(&items[*place], quotas)
+                .map_err(|e| e.in_item(*place))?;
         }
+        let taken_so_far = match self.count_batch_quotas(items, &taking).await {
+            Ok(taken) => taken,
+            Err((place, NotCounted::Refused(error))) => return Err(error.in_item(place)),
+            Err((place, NotCounted::Denied(denied))) => {
+                let item = &items[place];
+                self.counters_of(item)
+                    .count(Counted::Denied { shadow: false }, &item.identifier);
+                return self.refused_by_quota(items, place, denied, time_ms).await;
+            }
+        };
         let decided = self.decide_checked(items, time_ms).await;
         let admitted = matches!(decided, Ok((true, _)));
         if !admitted {
@@ -64,11 +69,56 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         Ok((admitted, answers))
     }
 
-    /// Gives back every unit `taken` holds.
-    async fn give_back(&self, items: &[Item], taken: &CountedQuotas<'_>) {
-        for (place, quotas) in taken {
-            refund_quotas(&items[*place], quotas, self.now_unix_ns()).await;
+    /// The items that take units from their quotas (an enforced take of a cost), by place,
+    /// with their quotas.
+    fn taking_quotas<'e>(&'e self, items: &[Item]) -> Vec<(usize, &'e [PolicyQuota])> {
+        let takes = |item: &Item| item.cost > 0 && !item.never_denies();
+        items
+            .iter()
+            .enumerate()
+            .filter(|(_, item)| takes(item))
+            .map(|(place, item)| (place, self.gates_of(item).1))
+            .filter(|(_, quotas)| !quotas.is_empty())
+            .collect()
+    }
+
+    /// Counts every `taking` item's quotas at once, each item's all or nothing: what each
+    /// counted, or the first item (in order) whose quotas counted nothing, and why, with
+    /// every other item's units given back.
+    async fn count_batch_quotas<'q>(
+        &'q self,
+        items: &[Item],
+        taking: &[(usize, &'q [PolicyQuota])],
+    ) -> Result<CountedQuotas<'q>, (usize, NotCounted)> {
+        let counts = taking
+            .iter()
+            .map(|(place, quotas)| self.count_quotas(&items[*place], quotas));
+        let mut taken_so_far: CountedQuotas<'_> = Vec::new();
+        let mut refused = None;
+        for ((place, _), counted) in taking.iter().zip(join_all(counts).await) {
+            match counted {
+                Ok(taken) => taken_so_far.push((*place, taken)),
+                Err(not_counted) => {
+                    refused.get_or_insert((*place, not_counted));
+                }
+            }
         }
+        match refused {
+            None => Ok(taken_so_far),
+            Some(refused) => {
+                self.give_back(items, &taken_so_far).await;
+                Err(refused)
+            }
+        }
+    }
+
+    /// Gives back every unit `taken` holds, all at once.
+    async fn give_back(&self, items: &[Item], taken: &CountedQuotas<'_>) {
+        let now = self.now_unix_ns();
+        let refunds = taken
+            .iter()
+            .map(|(place, quotas)| refund_quotas(&items[*place], quotas, now));
+        join_all(refunds).await;
     }
 
     /// The batch refused by the quota of the item at `place` (its answer `denied`, counted):

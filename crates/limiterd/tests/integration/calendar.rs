@@ -204,6 +204,62 @@ async fn a_batch_counts_its_calendar_quotas_all_or_nothing_with_its_stacks() {
     assert_eq!(only["reset_at_ms"], month_end_ms, "{only}");
 }
 
+/// A call's quotas and its stack are taken together: when one quota denies, what the others
+/// and the stack took goes back, alone or in a batch.
+#[tokio::test]
+async fn a_quota_that_denies_leaves_the_other_quotas_and_the_stack_untouched() {
+    let server = RedisServer::start();
+    let (zone, _) = zone_with_a_midnight_ahead();
+    // A day's 1 per identifier, a week's 2 for everyone, a bucket of 2 an hour for everyone:
+    // the week and the bucket each hold exactly what two admitted calls take.
+    let config = temp_file(
+        &format!("calendar-gated-{}.toml", server.port),
+        &format!(
+            "[policies.gated]\n\
+             limits = [\n\
+               {{ algorithm = \"fixed_window\", count = 1, period = \"1d\", calendar = \"{zone}\" }},\n\
+               {{ algorithm = \"fixed_window\", count = 2, period = \"1w\", calendar = \"{zone}\", key = \"global\" }},\n\
+               {{ algorithm = \"token_bucket\", count = 2, period = \"1h\", key = \"global\" }},\n\
+             ]\n"
+        ),
+    );
+    let url = server.url();
+    let daemon = Daemon::start(&[
+        "--config",
+        config.to_str().expect("UTF-8"),
+        "--redis",
+        url.as_str(),
+    ]);
+    let mut client = Client::connect(daemon.addr).await;
+    let item = |identifier: &str| json!({"policy": "gated", "identifier": identifier});
+
+    let first = client.decide(item("ann")).await;
+    assert_eq!(first["success"], true, "{first}");
+    // Ann's day is spent: the week and the bucket, asked with it, give their units back.
+    let again = client.decide(item("ann")).await;
+    assert_eq!(again["success"], false, "{again}");
+    // In a batch too: Ann's day refuses it, and Dan's units in every quota go back.
+    let (status, batch) = client
+        .post(
+            "/v1/ratelimit/many",
+            &json!({"requests": [item("dan"), item("ann")]}),
+        )
+        .await;
+    assert_eq!((status, &batch["success"]), (200, &json!(false)), "{batch}");
+    // So the week and the bucket still hold one unit each, which Dan takes; then none is left.
+    let dan = client.decide(item("dan")).await;
+    assert_eq!(
+        (&dan["success"], &dan["remaining"]),
+        (&json!(true), &json!(0)),
+        "the week's and the bucket's last unit: {dan}"
+    );
+    let erin = client.decide(item("erin")).await;
+    assert_eq!(
+        erin["success"], false,
+        "the week and the bucket are spent: {erin}"
+    );
+}
+
 #[tokio::test]
 async fn while_redis_fails_a_falling_back_policy_counts_its_share_of_the_quota_here() {
     let mut server = RedisServer::start();
