@@ -68,17 +68,21 @@ impl CalendarCounter {
         calendar: Calendar,
         clock: &impl Clock,
     ) -> Result<Self, LimitError> {
-        if !clock.keeps_wall_rate() {
-            return Err(LimitError::Unsupported {
-                algorithm: Self::NAME,
+        let counter = Self::new(count, calendar, limiter_core::unix_origin(clock))?;
+        // The clock refused in the words every limiter built from an algorithm uses, after
+        // the quota it was asked for.
+        limiter_core::check_clock(&counter, clock).map_err(|refused| match refused {
+            LimitError::Unsupported { algorithm, reason } => LimitError::Unsupported {
+                algorithm,
                 reason: format!(
-                    "{count} per {} in {}: a calendar turns the clock's readings into Unix time, and this clock does not keep the wall clock's rate (the default clock reads the CPU's time-stamp counter at one calibration's rate, half a minute a month off on the development VM); read `MonotonicClock`",
-                    calendar.unit().period(),
-                    calendar.zone()
+                    "{count} per {} in {}: {reason}",
+                    counter.calendar.unit().period(),
+                    counter.calendar.zone()
                 ),
-            });
-        }
-        Self::new(count, calendar, limiter_core::unix_origin(clock))
+            },
+            other => other,
+        })?;
+        Ok(counter)
     }
 
     /// The calendar.

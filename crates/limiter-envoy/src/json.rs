@@ -64,7 +64,7 @@ struct RawOverride {
 /// An integer as protobuf's JSON mapping gives one: a number, or its decimal digits in a string
 /// (how it writes 64-bit integers, such as a descriptor's `hitsAddend`; every integer is read
 /// from either), or `null` for 0.
-fn proto_int<'de, D: Deserializer<'de>, T: TryFrom<u64>>(deserializer: D) -> Result<T, D::Error> {
+fn proto_int<'de, D: Deserializer<'de>, T: ProtoUnsigned>(deserializer: D) -> Result<T, D::Error> {
     deserializer.deserialize_any(ProtoInt(PhantomData))
 }
 
@@ -82,17 +82,30 @@ impl<'de> Deserialize<'de> for ProtoIntValue {
     }
 }
 
+/// An unsigned integer type of protobuf's (`uint32`, `uint64`), and its largest value.
+trait ProtoUnsigned: TryFrom<u64> {
+    const MAX: u64;
+}
+
+impl ProtoUnsigned for u32 {
+    const MAX: u64 = u32::MAX as u64;
+}
+
+impl ProtoUnsigned for u64 {
+    const MAX: u64 = u64::MAX;
+}
+
 /// Reads a protobuf JSON integer that fits `T`.
 struct ProtoInt<T>(PhantomData<T>);
 
-impl<T: TryFrom<u64>> Visitor<'_> for ProtoInt<T> {
+impl<T: ProtoUnsigned> Visitor<'_> for ProtoInt<T> {
     type Value = T;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
             "a whole number from 0 to {} (a number, or its digits in a string)",
-            max_of::<T>()
+            T::MAX
         )
     }
 
@@ -117,16 +130,6 @@ impl<T: TryFrom<u64>> Visitor<'_> for ProtoInt<T> {
             _ => Err(E::invalid_value(de::Unexpected::Str(text), &self)),
         }
     }
-}
-
-/// The largest `T` from a `u64` (`u64::MAX` for `u64` itself).
-fn max_of<T: TryFrom<u64>>() -> u64 {
-    // The largest `2^k - 1` that fits: every unsigned integer's maximum is one.
-    (0..=64)
-        .rev()
-        .map(|bits| u64::MAX.checked_shr(64 - bits).unwrap_or(0))
-        .find(|&max| T::try_from(max).is_ok())
-        .unwrap_or(0)
 }
 
 /// Parses a `POST /json` body: an object wherever protobuf's JSON has one (never an array
