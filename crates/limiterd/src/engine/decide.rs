@@ -226,26 +226,36 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         let resolved = self.resolve(item)?;
         let ask = Ask::new(item.cost, item.charge).at(Some(reading));
         let asked = resolved.0.ask(&resolved.1, ask).await;
-        self.read_one(item, asked, &resolved, reading)
+        let result = self.read_outcome(item, asked, &resolved, reading);
+        self.count_one(item, resolved.2, &result);
+        result
     }
 
     /// What one item's stack answered (`asked`, at the clock's `reading`), as the API reports
-    /// it, counted where the metrics count it.
-    pub(super) fn read_one(
+    /// it (not counted yet: [`count_one`](Self::count_one)).
+    pub(super) fn read_outcome(
         &self,
         item: &Item,
         asked: Result<Outcome, CallError>,
-        (stack, call, counters): &Resolved<'_>,
+        (stack, call, _): &Resolved<'_>,
         reading: u64,
     ) -> Result<Answer, DecideError> {
         let asked = asked.map_err(|e| self.numbered_as_in_memory(item, e));
-        let result = self.answer(asked, stack, call, reading);
-        match &result {
+        self.answer(asked, stack, call, reading)
+    }
+
+    /// Counts one item's `result` where the metrics count it.
+    pub(super) fn count_one(
+        &self,
+        item: &Item,
+        counters: &PolicyCounters,
+        result: &Result<Answer, DecideError>,
+    ) {
+        match result {
             // One item is admitted whenever its stack admits it.
             Ok(answer) => counters.count(counted(item, answer, true), &item.identifier),
             Err(e) => self.count_error(e),
         }
-        result
     }
 
     /// Counts a decision that could not be made where the metrics name it (a full store).

@@ -1,6 +1,9 @@
-//! Calls on a policy with a concurrency limit: a permit is taken first, then the rate limits
-//! decide (if the policy has any), all or nothing: a call refused for want of a permit takes
-//! no rate units, and a call the rate limits deny gives its permit back at once. The admitted
+//! Calls on a policy with a concurrency limit: a permit is taken with the rate limits (if the
+//! policy has any), all or nothing: a call refused for want of a permit takes no rate units,
+//! and a call the rate limits deny gives its permit back at once. In process the permit is
+//! taken first, then the rate limits decide; on Redis the permit, the calendar quotas and the
+//! stack are asked at once (one round trip), and whichever refuses, what the others took goes
+//! back. The admitted
 //! call's answer carries the permit's id, which the caller releases when its work ends (or
 //! which expires after the limit's `ttl`). Such a call is decided alone: a batch, envoy's
 //! protocol and unkey's API cannot hand a permit back, so they refuse the policy.
@@ -12,7 +15,10 @@ use crate::metrics::{Counted, FailurePolicy};
 use crate::store::permits::{PermitFailure, PolicyPermits, Taken};
 use crate::store::quotas::{PolicyQuota, QuotaFailure, QuotaTaken};
 
+use futures_util::future::join;
+
 use super::quota_answer::{folded, tighter};
+use super::quota_take::TakenTogether;
 
 use super::*;
 
@@ -36,6 +42,11 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         // they report the rate limits' answer tightened by the permits held and the quotas.
         if item.cost == 0 || item.charge != Charge::Take || item.shadow {
             return self.report_gated(item, time_ms, permits, quotas).await;
+        }
+        if let Some(permits) = permits.filter(|permits| permits.on_redis()) {
+            return self
+                .take_permitted_on_redis(item, time_ms, permits, quotas)
+                .await;
         }
         let held = match permits {
             None => None,
@@ -70,6 +81,65 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             }),
             other => {
                 // Denied, failed or undecidable: the permit goes back now.
+                release(item, held).await;
+                other.map(|answer| (answer, None))
+            }
+        }
+    }
+
+    /// A take on a policy whose permits are on Redis: the permit, the quotas and the stack
+    /// asked at once, one round trip for all (`quota_take.rs`), all or nothing; the answer is
+    /// the one asking them in turn gives: the permits' (every one held, or their store failing
+    /// closed) first, then the quotas', then the stack's.
+    async fn take_permitted_on_redis(
+        &self,
+        item: &Item,
+        time_ms: Option<u64>,
+        permits: &PolicyPermits,
+        quotas: &[PolicyQuota],
+    ) -> Result<(Answer, Option<String>), DecideError> {
+        self.quota_cost_refused(item, quotas)?;
+        let reading = self.reading_for(time_ms)?;
+        let resolved = self.resolve(item)?;
+        let (acquired, together) = join(
+            permits.acquire(&item.identifier),
+            self.take_together(item, reading, &resolved, quotas),
+        )
+        .await;
+        let held = match acquired {
+            Ok((taken, fell_back)) => {
+                self.count_fallback(fell_back);
+                match taken {
+                    Taken::Held { id, held } => Some((permits, id, held)),
+                    Taken::Busy {
+                        held,
+                        retry_after_ns,
+                    } => {
+                        together.give_back(item, self.now_unix_ns()).await;
+                        return Ok((self.busy(item, permits, held, retry_after_ns), None));
+                    }
+                }
+            }
+            Err(failure) => match self.gate_failed(failure.closed, failure.message) {
+                // Open: no permit, all of them reported free.
+                Ok(()) => None,
+                Err(refused) => {
+                    together.give_back(item, self.now_unix_ns()).await;
+                    return Err(refused);
+                }
+            },
+        };
+        let TakenTogether { answer, .. } = together;
+        self.count_one(item, resolved.2, &answer);
+        match (answer, held) {
+            (Ok(answer), Some((permits, id, held))) if answer.decision.is_allowed() => {
+                Ok((with_permit(answer, permits, held), Some(id)))
+            }
+            (Ok(answer), None) => {
+                Ok((folded(answer, none_held(permits, self.now_unix_ns())), None))
+            }
+            // Denied, failed or undecidable: the permit goes back now.
+            (other, held) => {
                 release(item, held).await;
                 other.map(|answer| (answer, None))
             }

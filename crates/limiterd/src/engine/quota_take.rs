@@ -4,18 +4,18 @@
 //! is undoable, so whichever denies, what the others took goes back. The answer is the one the
 //! quotas and then the stack, asked in turn, would give: a quota's denial (or its store failing
 //! closed) first, the first by the policy's order; then the stack's denial or error; an
-//! admission tightened by every quota's answer. A batch's items count their quotas at once
-//! the same way (`quota_batch.rs`).
+//! admission tightened by every quota's answer. A policy's permits on Redis are asked with
+//! them too (`permitted.rs`), and a batch's items count their quotas at once the same way
+//! (`quota_batch.rs`).
 
 use futures_util::future::{join, join_all};
 use limiter_core::Clock;
-use limiter_stack::{Outcome, Taken};
+use limiter_stack::{Outcome, Taken, Undo};
 
-use super::decide::call_error;
+use super::decide::{Resolved, call_error};
 use super::permitted::refund_quotas;
 use super::quota_answer::{quota_origin, tighter};
 use super::{Answer, DecideError, Engine, Item};
-use crate::metrics::Counted;
 use crate::store::quotas::{CountedIn, PolicyQuota, QuotaTaken};
 
 /// What every quota of an item counted (a quota whose store failed open counted nothing).
@@ -104,37 +104,86 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         self.quota_cost_refused(item, quotas)?;
         let reading = self.reading_for(time_ms)?;
         let resolved = self.resolve(item)?;
-        let (stack, call, counters) = &resolved;
+        let together = self.take_together(item, reading, &resolved, quotas).await;
+        // Admitted or not, the answer stands: what was taken stays taken.
+        let TakenTogether { answer, .. } = together;
+        self.count_one(item, resolved.2, &answer);
+        answer
+    }
+
+    /// Takes `item`'s cost in its `quotas` (none, or checked by
+    /// [`quota_cost_refused`](Self::quota_cost_refused)) and its `resolved` stack at once, at
+    /// the clock's `reading`: the answer, not counted yet, and, when admitted, what to give
+    /// back should a permit asked with it be refused; when not admitted, nothing stays taken.
+    pub(super) async fn take_together<'r>(
+        &self,
+        item: &Item,
+        reading: u64,
+        resolved: &'r Resolved<'_>,
+        quotas: &'r [PolicyQuota],
+    ) -> TakenTogether<'r> {
+        let (stack, call, _) = resolved;
         let take = stack.take_undoable(call, item.cost, Some(reading));
         let (quotas_counted, taken) = join(self.count_quotas(item, quotas), take).await;
         let (outcome, undo): (Result<Outcome, _>, _) = match taken {
             Ok(Taken { outcome, undo }) => (Ok(outcome), undo),
             Err(error) => (Err(error), None),
         };
-        let denied = match quotas_counted {
+        let not_counted = match quotas_counted {
             Ok(counted) => {
-                return match self.read_one(item, outcome, &resolved, reading) {
-                    Ok(answer) if answer.decision.is_allowed() => {
-                        Ok(counted.iter().fold(answer, |a, (_, q)| tighter(a, q)))
-                    }
+                return match self.read_outcome(item, outcome, resolved, reading) {
+                    Ok(answer) if answer.decision.is_allowed() => TakenTogether {
+                        answer: Ok(counted.iter().fold(answer, |a, (_, q)| tighter(a, q))),
+                        taken: Some((undo, counted)),
+                    },
                     // Denied, failed or undecidable: the quotas go back.
                     other => {
                         refund_quotas(item, &counted, self.now_unix_ns()).await;
-                        other
+                        TakenTogether {
+                            answer: other,
+                            taken: None,
+                        }
                     }
                 };
             }
-            Err(NotCounted::Denied(answer)) => Ok(answer),
-            Err(NotCounted::Refused(error)) => Err(error),
+            Err(not_counted) => not_counted,
         };
         // A quota denied: whatever the stack took goes back, and the stack's answer is not
         // read (asked in turn, the stack would not have been asked).
         if let Some(undo) = undo {
             let _ = undo().await;
         }
-        if denied.is_ok() {
-            counters.count(Counted::Denied { shadow: false }, &item.identifier);
+        TakenTogether {
+            answer: match not_counted {
+                NotCounted::Denied(answer) => Ok(answer),
+                NotCounted::Refused(error) => Err(error),
+            },
+            taken: None,
         }
-        denied
+    }
+}
+
+/// What a call's quotas and stack, taken together, answered (not counted yet), and what an
+/// admission took.
+pub(super) struct TakenTogether<'r> {
+    /// The answer, as the quotas and then the stack, asked in turn, would give it.
+    pub(super) answer: Result<Answer, DecideError>,
+    /// An admission's take of the stack (to undo) and of each quota.
+    taken: Option<(Option<Undo<'r>>, QuotasCounted<'r>)>,
+}
+
+impl TakenTogether<'_> {
+    /// Gives back everything an admission took (nothing otherwise: a call not admitted kept
+    /// nothing), leaving the answer uncounted.
+    pub(super) async fn give_back(self, item: &Item, now_unix_ns: u64) {
+        let Some((undo, counted)) = self.taken else {
+            return;
+        };
+        let stack = async {
+            if let Some(undo) = undo {
+                let _ = undo().await;
+            }
+        };
+        join(stack, refund_quotas(item, &counted, now_unix_ns)).await;
     }
 }

@@ -32,7 +32,7 @@ const ROOM_MS: u64 = 3_600_000;
 /// Tokyo's midnight Honolulu (UTC-10, whose midnight is then 18 hours off). A quota's boundary
 /// then binds an answer's reset beside a bucket at any time of day (the reset is the later of
 /// the two: within the hour before Tokyo's midnight, the bucket's).
-fn zone_with_a_midnight_ahead() -> (&'static str, u64) {
+pub(crate) fn zone_with_a_midnight_ahead() -> (&'static str, u64) {
     let day = 86_400_000;
     let now = now_ms();
     [("Asia/Tokyo", 9_i64), ("Pacific/Honolulu", -10)]

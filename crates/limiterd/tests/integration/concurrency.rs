@@ -206,6 +206,56 @@ async fn a_fleet_on_redis_shares_the_permits_and_releases_through_any_process() 
     }
 }
 
+/// On Redis a permit is asked with the rate limits and the calendar quotas at once: a call
+/// refused for want of a permit gives back what they took, and one they refuse gives back its
+/// permit.
+#[tokio::test]
+async fn on_redis_a_permit_and_the_rate_limits_are_all_or_nothing() {
+    let server = RedisServer::start();
+    let (zone, _) = crate::calendar::zone_with_a_midnight_ahead();
+    // A permit per identifier; a bucket and a week's quota for everyone, each holding exactly
+    // what two admitted calls take.
+    let config = temp_file(
+        &format!("concurrency-gated-{}.toml", server.port),
+        &format!(
+            "[policies.gated]\n\
+             limits = [\n\
+               {{ algorithm = \"concurrency\", count = 1, ttl = \"10m\" }},\n\
+               {{ algorithm = \"token_bucket\", count = 2, period = \"1h\", key = \"global\" }},\n\
+               {{ algorithm = \"fixed_window\", count = 2, period = \"1w\", calendar = \"{zone}\", key = \"global\" }},\n\
+             ]\n"
+        ),
+    );
+    let url = server.url();
+    let daemon = Daemon::start(&[
+        "--config",
+        config.to_str().expect("UTF-8"),
+        "--redis",
+        url.as_str(),
+    ]);
+    let mut client = Client::connect(daemon.addr).await;
+    let ask = |identifier: &str| json!({"policy": "gated", "identifier": identifier});
+
+    let ann = client.decide(ask("ann")).await;
+    let _ann_permit = permit(&ann);
+    // Ann holds her one permit: refused, and the bucket's and the week's units asked with it
+    // go back.
+    let busy = client.decide(ask("ann")).await;
+    assert_eq!(busy["success"], false, "{busy}");
+    assert!(busy.get("permit").is_none(), "{busy}");
+    // So Bob gets the last unit of each.
+    let bob = client.decide(ask("bob")).await;
+    let _bob_permit = permit(&bob);
+    assert_eq!(bob["remaining"], 0, "{bob}");
+    // Carol's permit is free, but the bucket and the week are spent: the permit goes back.
+    let carol = client.decide(ask("carol")).await;
+    assert_eq!(carol["success"], false, "{carol}");
+    assert!(carol.get("permit").is_none(), "{carol}");
+    let (_, text) = client.send("GET", "/metrics", "").await;
+    let held = "limiterd_permits_held{policy=\"gated\"} 2";
+    assert!(text.lines().any(|l| l == held), "Ann's and Bob's alone: {text}");
+}
+
 #[tokio::test]
 async fn while_redis_fails_a_falling_back_policy_hands_out_its_share_from_a_local_table() {
     let mut server = RedisServer::start();
