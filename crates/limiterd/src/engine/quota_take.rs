@@ -4,13 +4,15 @@
 //! is undoable, so whichever denies, what the others took goes back. The answer is the one the
 //! quotas and then the stack, asked in turn, would give: a quota's denial (or its store failing
 //! closed) first, the first by the policy's order; then the stack's denial or error; an
-//! admission tightened by every quota's answer. A policy's permits on Redis are asked with
+//! admission tightened by every quota's answer. A stack deciding against leases is asked
+//! after its quotas instead (its take costs no round trip, and cannot be undone; a policy with
+//! a lease has no permits). A policy's permits on Redis are asked with
 //! them too (`permitted.rs`), and a batch's items count their quotas at once the same way
 //! (`quota_batch.rs`).
 
 use futures_util::future::{join, join_all};
 use limiter_core::Clock;
-use limiter_stack::{Outcome, Taken, Undo};
+use limiter_stack::{Ask, Charge, Outcome, Taken, Undo};
 
 use super::decide::{Resolved, call_error};
 use super::permitted::refund_quotas;
@@ -123,6 +125,9 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         quotas: &'r [PolicyQuota],
     ) -> TakenTogether<'r> {
         let (stack, call, _) = resolved;
+        if stack.is_leased() {
+            return self.take_leased(item, reading, resolved, quotas).await;
+        }
         let take = stack.take_undoable(call, item.cost, Some(reading));
         let (quotas_counted, taken) = join(self.count_quotas(item, quotas), take).await;
         let (outcome, undo): (Result<Outcome, _>, _) = match taken {
@@ -153,12 +158,41 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         if let Some(undo) = undo {
             let _ = undo().await;
         }
-        TakenTogether {
-            answer: match not_counted {
-                NotCounted::Denied(answer) => Ok(answer),
-                NotCounted::Refused(error) => Err(error),
+        TakenTogether::not_admitted(not_counted)
+    }
+}
+
+impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
+    /// [`take_together`](Self::take_together) for a stack that decides against leases: the
+    /// quotas first, then the lease (no round trip; a take that went to Redis to be undoable
+    /// would spend a call on every decision the lease saves). Nothing of the stack's is given
+    /// back, so no permit is asked with it (a policy with a lease has none).
+    async fn take_leased<'r>(
+        &self,
+        item: &Item,
+        reading: u64,
+        resolved: &'r Resolved<'_>,
+        quotas: &'r [PolicyQuota],
+    ) -> TakenTogether<'r> {
+        let counted = match self.count_quotas(item, quotas).await {
+            Ok(counted) => counted,
+            Err(not_counted) => return TakenTogether::not_admitted(not_counted),
+        };
+        let (stack, call, _) = resolved;
+        let ask = Ask::new(item.cost, Charge::Take).at(Some(reading));
+        let asked = stack.ask(call, ask).await;
+        match self.read_outcome(item, asked, resolved, reading) {
+            Ok(answer) if answer.decision.is_allowed() => TakenTogether {
+                answer: Ok(counted.iter().fold(answer, |a, (_, q)| tighter(a, q))),
+                taken: Some((None, counted)),
             },
-            taken: None,
+            other => {
+                refund_quotas(item, &counted, self.now_unix_ns()).await;
+                TakenTogether {
+                    answer: other,
+                    taken: None,
+                }
+            }
         }
     }
 }
@@ -173,6 +207,17 @@ pub(super) struct TakenTogether<'r> {
 }
 
 impl TakenTogether<'_> {
+    /// A call its quotas refused, nothing taken.
+    fn not_admitted(not_counted: NotCounted) -> Self {
+        Self {
+            answer: match not_counted {
+                NotCounted::Denied(answer) => Ok(answer),
+                NotCounted::Refused(error) => Err(error),
+            },
+            taken: None,
+        }
+    }
+
     /// Gives back everything an admission took (nothing otherwise: a call not admitted kept
     /// nothing), leaving the answer uncounted.
     pub(super) async fn give_back(self, item: &Item, now_unix_ns: u64) {

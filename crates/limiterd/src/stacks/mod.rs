@@ -106,6 +106,12 @@ impl PolicyStack {
         }
     }
 
+    /// Whether the stack decides its takes against leases held in this process (a take
+    /// there cannot be undone, and costs no round trip).
+    pub(crate) fn is_leased(&self) -> bool {
+        matches!(self.on, OnStore::Leased(_))
+    }
+
     /// The stack's open plans, in process (a reload's changed limits and the ad-hoc shapes
     /// become plans); `None` on Redis, where a new stack finds the old one's keys by name.
     pub fn open_plans(&self) -> Option<&dyn OpenPlans> {

@@ -260,6 +260,48 @@ async fn a_quota_that_denies_leaves_the_other_quotas_and_the_stack_untouched() {
     );
 }
 
+/// A leased policy's quota is counted on Redis at each call, and its rate limits are decided
+/// against the lease, as without a quota: no call to Redis for them.
+#[tokio::test]
+async fn a_leased_policy_decides_its_rate_limits_on_the_lease_beside_its_quota() {
+    let server = RedisServer::start();
+    let (zone, _) = zone_with_a_midnight_ahead();
+    let config = temp_file(
+        &format!("calendar-leased-{}.toml", server.port),
+        &format!(
+            "[policies.leased]\n\
+             limits = [\n\
+               {{ algorithm = \"fixed_window\", count = 100000, period = \"1d\", calendar = \"{zone}\" }},\n\
+               {{ algorithm = \"token_bucket\", count = 100, period = \"1h\" }},\n\
+             ]\n\
+             lease_slack = \"10%\"\n"
+        ),
+    );
+    let url = server.url();
+    let daemon = Daemon::start(&[
+        "--config",
+        config.to_str().expect("UTF-8"),
+        "--redis",
+        url.as_str(),
+    ]);
+    let mut client = Client::connect(daemon.addr).await;
+    let mut from_the_lease = 0;
+    for _ in 0..40 {
+        let answer = client.decide(ask_leased()).await;
+        assert_eq!(answer["success"], true, "{answer}");
+        // The bucket binds (fewer left than the day's quota): its answer names where it came from.
+        from_the_lease += u32::from(answer["source"] == "lease");
+    }
+    assert!(
+        from_the_lease >= 30,
+        "{from_the_lease} of 40 decided on the lease"
+    );
+}
+
+fn ask_leased() -> Value {
+    json!({"policy": "leased", "identifier": "acme"})
+}
+
 #[tokio::test]
 async fn while_redis_fails_a_falling_back_policy_counts_its_share_of_the_quota_here() {
     let mut server = RedisServer::start();

@@ -253,7 +253,10 @@ async fn on_redis_a_permit_and_the_rate_limits_are_all_or_nothing() {
     assert!(carol.get("permit").is_none(), "{carol}");
     let (_, text) = client.send("GET", "/metrics", "").await;
     let held = "limiterd_permits_held{policy=\"gated\"} 2";
-    assert!(text.lines().any(|l| l == held), "Ann's and Bob's alone: {text}");
+    assert!(
+        text.lines().any(|l| l == held),
+        "Ann's and Bob's alone: {text}"
+    );
 }
 
 #[tokio::test]
