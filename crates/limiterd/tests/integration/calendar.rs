@@ -258,6 +258,13 @@ async fn a_quota_that_denies_leaves_the_other_quotas_and_the_stack_untouched() {
         erin["success"], false,
         "the week and the bucket are spent: {erin}"
     );
+    // Each call counted once, by its answer: Ann's and Dan's admissions; Ann's two denials and
+    // Erin's; Dan's item of the refused batch.
+    let (_, text) = client.send("GET", "/metrics", "").await;
+    for (result, n) in [("allowed", 2), ("denied", 3), ("batch_refused", 1)] {
+        let line = format!("limiterd_decisions_total{{policy=\"gated\",result=\"{result}\"}} {n}");
+        assert!(text.lines().any(|l| l == line), "{line}: {text}");
+    }
 }
 
 /// A leased policy's quota is counted on Redis at each call, and its rate limits are decided

@@ -257,6 +257,11 @@ async fn on_redis_a_permit_and_the_rate_limits_are_all_or_nothing() {
         text.lines().any(|l| l == held),
         "Ann's and Bob's alone: {text}"
     );
+    // Each call counted once, by its answer, whatever else was asked with it.
+    for (result, n) in [("allowed", 2), ("denied", 2)] {
+        let line = format!("limiterd_decisions_total{{policy=\"gated\",result=\"{result}\"}} {n}");
+        assert!(text.lines().any(|l| l == line), "{line}: {text}");
+    }
 }
 
 #[tokio::test]
