@@ -4,6 +4,7 @@
 //! compiled and linked the same code again.
 
 mod calendar;
+mod calendar_together;
 mod cluster;
 mod concurrency;
 mod docs_redis;

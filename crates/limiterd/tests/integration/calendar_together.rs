@@ -1,0 +1,115 @@
+//! A call's calendar quotas on Redis asked with its policy's stack, through a real limiterd
+//! over HTTP: when a quota denies, what the other quotas and the stack took goes back, alone
+//! and in a batch, and each call is counted once; a leased policy's rate limits are still
+//! decided on its lease.
+
+use limiter_testkit::redis_server::RedisServer;
+use serde_json::{Value, json};
+
+use crate::calendar::zone_with_a_midnight_ahead;
+use crate::support::{Client, Daemon, temp_file};
+
+/// A call's quotas and its stack are taken together: when one quota denies, what the others
+/// and the stack took goes back, alone or in a batch.
+#[tokio::test]
+async fn a_quota_that_denies_leaves_the_other_quotas_and_the_stack_untouched() {
+    let server = RedisServer::start();
+    let (zone, _) = zone_with_a_midnight_ahead();
+    // A day's 1 per identifier, a week's 2 for everyone, a bucket of 2 an hour for everyone:
+    // the week and the bucket each hold exactly what two admitted calls take.
+    let config = temp_file(
+        &format!("calendar-gated-{}.toml", server.port),
+        &format!(
+            "[policies.gated]\n\
+             limits = [\n\
+               {{ algorithm = \"fixed_window\", count = 1, period = \"1d\", calendar = \"{zone}\" }},\n\
+               {{ algorithm = \"fixed_window\", count = 2, period = \"1w\", calendar = \"{zone}\", key = \"global\" }},\n\
+               {{ algorithm = \"token_bucket\", count = 2, period = \"1h\", key = \"global\" }},\n\
+             ]\n"
+        ),
+    );
+    let url = server.url();
+    let daemon = Daemon::start(&[
+        "--config",
+        config.to_str().expect("UTF-8"),
+        "--redis",
+        url.as_str(),
+    ]);
+    let mut client = Client::connect(daemon.addr).await;
+    let item = |identifier: &str| json!({"policy": "gated", "identifier": identifier});
+
+    let first = client.decide(item("ann")).await;
+    assert_eq!(first["success"], true, "{first}");
+    // Ann's day is spent: the week and the bucket, asked with it, give their units back.
+    let again = client.decide(item("ann")).await;
+    assert_eq!(again["success"], false, "{again}");
+    // In a batch too: Ann's day refuses it, and Dan's units in every quota go back.
+    let (status, batch) = client
+        .post(
+            "/v1/ratelimit/many",
+            &json!({"requests": [item("dan"), item("ann")]}),
+        )
+        .await;
+    assert_eq!((status, &batch["success"]), (200, &json!(false)), "{batch}");
+    // So the week and the bucket still hold one unit each, which Dan takes; then none is left.
+    let dan = client.decide(item("dan")).await;
+    assert_eq!(
+        (&dan["success"], &dan["remaining"]),
+        (&json!(true), &json!(0)),
+        "the week's and the bucket's last unit: {dan}"
+    );
+    let erin = client.decide(item("erin")).await;
+    assert_eq!(
+        erin["success"], false,
+        "the week and the bucket are spent: {erin}"
+    );
+    // Each call counted once, by its answer: Ann's and Dan's admissions; Ann's two denials and
+    // Erin's; Dan's item of the refused batch.
+    let (_, text) = client.send("GET", "/metrics", "").await;
+    for (result, n) in [("allowed", 2), ("denied", 3), ("batch_refused", 1)] {
+        let line = format!("limiterd_decisions_total{{policy=\"gated\",result=\"{result}\"}} {n}");
+        assert!(text.lines().any(|l| l == line), "{line}: {text}");
+    }
+}
+
+/// A leased policy's quota is counted on Redis at each call, and its rate limits are decided
+/// against the lease, as without a quota: no call to Redis for them.
+#[tokio::test]
+async fn a_leased_policy_decides_its_rate_limits_on_the_lease_beside_its_quota() {
+    let server = RedisServer::start();
+    let (zone, _) = zone_with_a_midnight_ahead();
+    let config = temp_file(
+        &format!("calendar-leased-{}.toml", server.port),
+        &format!(
+            "[policies.leased]\n\
+             limits = [\n\
+               {{ algorithm = \"fixed_window\", count = 100000, period = \"1d\", calendar = \"{zone}\" }},\n\
+               {{ algorithm = \"token_bucket\", count = 100, period = \"1h\" }},\n\
+             ]\n\
+             lease_slack = \"10%\"\n"
+        ),
+    );
+    let url = server.url();
+    let daemon = Daemon::start(&[
+        "--config",
+        config.to_str().expect("UTF-8"),
+        "--redis",
+        url.as_str(),
+    ]);
+    let mut client = Client::connect(daemon.addr).await;
+    let mut from_the_lease = 0;
+    for _ in 0..40 {
+        let answer = client.decide(ask_leased()).await;
+        assert_eq!(answer["success"], true, "{answer}");
+        // The bucket binds (fewer left than the day's quota): its answer names where it came from.
+        from_the_lease += u32::from(answer["source"] == "lease");
+    }
+    assert!(
+        from_the_lease >= 30,
+        "{from_the_lease} of 40 decided on the lease"
+    );
+}
+
+fn ask_leased() -> Value {
+    json!({"policy": "leased", "identifier": "acme"})
+}
