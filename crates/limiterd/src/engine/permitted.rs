@@ -22,16 +22,15 @@ use super::quota_take::TakenTogether;
 
 use super::*;
 
+/// One call's answer and its permit's id, or why it could not be decided.
+type Answered = Result<(Answer, Option<String>), DecideError>;
+
 impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
     /// Decides one item, as [`decide_at`](Self::decide_at) does, and on a policy with a
     /// concurrency limit takes a permit with it: the answer and the permit's id (`None` when
     /// nothing was taken, or the policy has no concurrency limit). A policy's calendar quotas
     /// on Redis are counted beside its stack here too, all or nothing with it.
-    pub async fn decide_one(
-        &self,
-        item: &Item,
-        time_ms: Option<u64>,
-    ) -> Result<(Answer, Option<String>), DecideError> {
+    pub async fn decide_one(&self, item: &Item, time_ms: Option<u64>) -> Answered {
         let (permits, quotas) = self.gates_of(item);
         if permits.is_none() && quotas.is_empty() {
             // Known to take no permit: no second look at the policy's gates.
@@ -43,45 +42,88 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         if item.cost == 0 || item.charge != Charge::Take || item.shadow {
             return self.report_gated(item, time_ms, permits, quotas).await;
         }
-        if let Some(permits) = permits.filter(|permits| permits.on_redis()) {
-            return self
-                .take_permitted_on_redis(item, time_ms, permits, quotas)
-                .await;
+        match permits {
+            Some(permits) if permits.on_redis() => {
+                self.take_permitted_on_redis(item, time_ms, permits, quotas)
+                    .await
+            }
+            Some(permits) => self.take_permitted(item, time_ms, permits, quotas).await,
+            // The quotas and the stack at once, all or nothing (`quota_take.rs`).
+            None => Ok((self.take_with_quotas(item, time_ms, quotas).await?, None)),
         }
-        let held = match permits {
-            None => None,
-            Some(permits) => match permits.acquire(&item.identifier).await {
-                Ok((taken, fell_back)) => {
-                    self.count_fallback(fell_back);
-                    match taken {
-                        Taken::Held { id, held } => Some((permits, id, held)),
-                        Taken::Busy {
-                            held,
-                            retry_after_ns,
-                        } => return Ok((self.busy(item, permits, held, retry_after_ns), None)),
-                    }
-                }
-                Err(failure) => {
-                    return self
-                        .permit_store_failed(item, time_ms, permits, failure)
-                        .await;
-                }
-            },
+    }
+
+    /// A take on a policy whose permits are in this process: the permit first, then the rate
+    /// limits (and any quotas, at once), the permit given back if they refuse.
+    async fn take_permitted(
+        &self,
+        item: &Item,
+        time_ms: Option<u64>,
+        permits: &PolicyPermits,
+        quotas: &[PolicyQuota],
+    ) -> Answered {
+        let acquired = permits.acquire(&item.identifier).await;
+        let held = match self.permit_taken(item, permits, acquired) {
+            Ok(held) => held,
+            Err(answered) => return answered,
         };
-        // The quotas and the stack at once, all or nothing (`quota_take.rs`).
         let decided = if quotas.is_empty() {
             self.decide_checked_one(item, time_ms).await
         } else {
             self.take_with_quotas(item, time_ms, quotas).await
         };
-        match decided {
-            Ok(answer) if answer.decision.is_allowed() => Ok(match held {
-                Some((permits, id, held)) => (with_permit(answer, permits, held), Some(id)),
-                None => (answer, None),
-            }),
-            other => {
-                // Denied, failed or undecidable: the permit goes back now.
-                release(item, held).await;
+        self.with_permit_held(item, permits, held, decided).await
+    }
+
+    /// What acquiring a permit answered, read: the permit (its id and the permits then held),
+    /// or `None` when its store failed and the policy fails open (no permit; all reported
+    /// free); or the call's answer now: every permit held (a denial, counted), or the store
+    /// failing closed.
+    fn permit_taken(
+        &self,
+        item: &Item,
+        permits: &PolicyPermits,
+        acquired: Result<(Taken, bool), PermitFailure>,
+    ) -> Result<Option<(String, u64)>, Answered> {
+        match acquired {
+            Ok((taken, fell_back)) => {
+                self.count_fallback(fell_back);
+                match taken {
+                    Taken::Held { id, held } => Ok(Some((id, held))),
+                    Taken::Busy {
+                        held,
+                        retry_after_ns,
+                    } => Err(Ok((self.busy(item, permits, held, retry_after_ns), None))),
+                }
+            }
+            Err(failure) => match self.gate_failed(failure.closed, failure.message) {
+                Ok(()) => Ok(None),
+                Err(refused) => Err(Err(refused)),
+            },
+        }
+    }
+
+    /// The rate limits' answer (`decided`, counted) beside the permit `held`: an admission
+    /// carries the permit (or, with none as its store failed open, reports all free); a
+    /// denial, failure or error gives the permit back now.
+    async fn with_permit_held(
+        &self,
+        item: &Item,
+        permits: &PolicyPermits,
+        held: Option<(String, u64)>,
+        decided: Result<Answer, DecideError>,
+    ) -> Answered {
+        match (decided, held) {
+            (Ok(answer), Some((id, held))) if answer.decision.is_allowed() => {
+                Ok((with_permit(answer, permits, held), Some(id)))
+            }
+            (Ok(answer), None) => {
+                Ok((folded(answer, none_held(permits, self.now_unix_ns())), None))
+            }
+            (other, held) => {
+                if let Some((id, _)) = held {
+                    let _ = permits.release(&item.identifier, &id).await;
+                }
                 other.map(|answer| (answer, None))
             }
         }
@@ -97,7 +139,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         time_ms: Option<u64>,
         permits: &PolicyPermits,
         quotas: &[PolicyQuota],
-    ) -> Result<(Answer, Option<String>), DecideError> {
+    ) -> Answered {
         self.quota_cost_refused(item, quotas)?;
         let reading = self.reading_for(time_ms)?;
         let resolved = self.resolve(item)?;
@@ -106,44 +148,16 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             self.take_together(item, reading, &resolved, quotas),
         )
         .await;
-        let held = match acquired {
-            Ok((taken, fell_back)) => {
-                self.count_fallback(fell_back);
-                match taken {
-                    Taken::Held { id, held } => Some((permits, id, held)),
-                    Taken::Busy {
-                        held,
-                        retry_after_ns,
-                    } => {
-                        together.give_back(item, self.now_unix_ns()).await;
-                        return Ok((self.busy(item, permits, held, retry_after_ns), None));
-                    }
-                }
+        let held = match self.permit_taken(item, permits, acquired) {
+            Ok(held) => held,
+            Err(answered) => {
+                together.give_back(item, self.now_unix_ns()).await;
+                return answered;
             }
-            Err(failure) => match self.gate_failed(failure.closed, failure.message) {
-                // Open: no permit, all of them reported free.
-                Ok(()) => None,
-                Err(refused) => {
-                    together.give_back(item, self.now_unix_ns()).await;
-                    return Err(refused);
-                }
-            },
         };
         let TakenTogether { answer, .. } = together;
         self.count_one(item, resolved.2, &answer);
-        match (answer, held) {
-            (Ok(answer), Some((permits, id, held))) if answer.decision.is_allowed() => {
-                Ok((with_permit(answer, permits, held), Some(id)))
-            }
-            (Ok(answer), None) => {
-                Ok((folded(answer, none_held(permits, self.now_unix_ns())), None))
-            }
-            // Denied, failed or undecidable: the permit goes back now.
-            (other, held) => {
-                release(item, held).await;
-                other.map(|answer| (answer, None))
-            }
-        }
+        self.with_permit_held(item, permits, held, answer).await
     }
 
     /// A call that took nothing on a policy with permits or quotas: the rate limits' answer,
@@ -154,8 +168,8 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         time_ms: Option<u64>,
         permits: Option<&PolicyPermits>,
         quotas: &[PolicyQuota],
-    ) -> Result<(Answer, Option<String>), DecideError> {
-        let (mut answer, _) = self.decide_ungated(item, time_ms).await?;
+    ) -> Answered {
+        let mut answer = self.decide_checked_one(item, time_ms).await?;
         for quota in quotas {
             let state = match self.quota_state(item, quota).await {
                 Ok(state) => state,
@@ -314,43 +328,9 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         }
     }
 
-    /// The item's rate limits alone (a policy of a concurrency limit alone admits): the answer
-    /// and whether it was admitted. Counted as every decision is.
-    async fn decide_ungated(
-        &self,
-        item: &Item,
-        time_ms: Option<u64>,
-    ) -> Result<(Answer, bool), DecideError> {
-        let answer = self.decide_checked_one(item, time_ms).await?;
-        let admitted = answer.decision.is_allowed();
-        Ok((answer, admitted))
-    }
-
-    /// The permits' store failed: the policy's failure policy answers (open admits without a
-    /// permit, reporting all of them free; closed refuses; a falling-back policy's table
-    /// answered before this).
-    async fn permit_store_failed(
-        &self,
-        item: &Item,
-        time_ms: Option<u64>,
-        permits: &PolicyPermits,
-        failure: PermitFailure,
-    ) -> Result<(Answer, Option<String>), DecideError> {
-        self.gate_failed(failure.closed, failure.message)?;
-        let (answer, _) = self.decide_ungated(item, time_ms).await?;
-        Ok((folded(answer, none_held(permits, self.now_unix_ns())), None))
-    }
-
     pub(super) fn now_unix_ns(&self) -> u64 {
         self.unix_origin_ns
             .saturating_add(self.stacks.clock().now())
-    }
-}
-
-/// Releases the permit `held` took for `item`, if any.
-async fn release(item: &Item, held: Option<(&PolicyPermits, String, u64)>) {
-    if let Some((permits, id, _)) = held {
-        let _ = permits.release(&item.identifier, &id).await;
     }
 }
 

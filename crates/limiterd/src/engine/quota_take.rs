@@ -12,7 +12,7 @@
 
 use futures_util::future::{join, join_all};
 use limiter_core::Clock;
-use limiter_stack::{Ask, Charge, Outcome, Taken, Undo};
+use limiter_stack::{Ask, CallError, Charge, Outcome, Taken, Undo};
 
 use super::decide::{Resolved, call_error};
 use super::permitted::refund_quotas;
@@ -136,20 +136,9 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         };
         let not_counted = match quotas_counted {
             Ok(counted) => {
-                return match self.read_outcome(item, outcome, resolved, reading) {
-                    Ok(answer) if answer.decision.is_allowed() => TakenTogether {
-                        answer: Ok(counted.iter().fold(answer, |a, (_, q)| tighter(a, q))),
-                        taken: Some((undo, counted)),
-                    },
-                    // Denied, failed or undecidable: the quotas go back.
-                    other => {
-                        refund_quotas(item, &counted, self.now_unix_ns()).await;
-                        TakenTogether {
-                            answer: other,
-                            taken: None,
-                        }
-                    }
-                };
+                return self
+                    .beside_counted(item, (outcome, undo), counted, resolved, reading)
+                    .await;
             }
             Err(not_counted) => not_counted,
         };
@@ -181,10 +170,25 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         let (stack, call, _) = resolved;
         let ask = Ask::new(item.cost, Charge::Take).at(Some(reading));
         let asked = stack.ask(call, ask).await;
+        self.beside_counted(item, (asked, None), counted, resolved, reading)
+            .await
+    }
+
+    /// The stack's answer (`asked`, with the undo of what it took) beside quotas that every
+    /// one `counted`: an admission tightened by each quota's answer, holding what was taken;
+    /// otherwise (denied, failed or undecidable) the quotas given back.
+    async fn beside_counted<'r>(
+        &self,
+        item: &Item,
+        (asked, undo): (Result<Outcome, CallError>, Option<Undo<'r>>),
+        counted: QuotasCounted<'r>,
+        resolved: &Resolved<'_>,
+        reading: u64,
+    ) -> TakenTogether<'r> {
         match self.read_outcome(item, asked, resolved, reading) {
             Ok(answer) if answer.decision.is_allowed() => TakenTogether {
                 answer: Ok(counted.iter().fold(answer, |a, (_, q)| tighter(a, q))),
-                taken: Some((None, counted)),
+                taken: Some((undo, counted)),
             },
             other => {
                 refund_quotas(item, &counted, self.now_unix_ns()).await;
