@@ -15,7 +15,7 @@ use crate::metrics::{Counted, FailurePolicy};
 use crate::store::permits::{PermitFailure, PolicyPermits, Taken};
 use crate::store::quotas::{PolicyQuota, QuotaFailure, QuotaTaken};
 
-use futures_util::future::join;
+use futures_util::future::{join, join_all, join3};
 
 use super::quota_answer::{folded, tighter};
 use super::quota_take::TakenTogether;
@@ -169,24 +169,59 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         permits: Option<&PolicyPermits>,
         quotas: &[PolicyQuota],
     ) -> Answered {
-        let mut answer = self.decide_checked_one(item, time_ms).await?;
-        for quota in quotas {
-            let state = match self.quota_state(item, quota).await {
+        // The stack, the quotas and the permits asked at once: one round trip on Redis.
+        let held = async {
+            match permits {
+                Some(permits) => Some((permits, permits.held(&item.identifier).await)),
+                None => None,
+            }
+        };
+        let (answer, states, held) = join3(
+            self.decide_checked_one(item, time_ms),
+            self.quota_states(item, quotas),
+            held,
+        )
+        .await;
+        let mut answer = self.tightened(answer?, quotas, states)?;
+        match held {
+            Some((permits, Ok(held))) => answer = reported(answer, permits, held),
+            Some((permits, Err(failure))) => {
+                self.gate_failed(failure.closed, failure.message)?;
+                answer = folded(answer, none_held(permits, self.now_unix_ns()));
+            }
+            None => {}
+        }
+        Ok((answer, None))
+    }
+
+    /// What each of `quotas` holds for `item`, which takes nothing ([`quota_state`]), all
+    /// asked at once.
+    ///
+    /// [`quota_state`]: Self::quota_state
+    pub(super) async fn quota_states(
+        &self,
+        item: &Item,
+        quotas: &[PolicyQuota],
+    ) -> Vec<Result<QuotaTaken, QuotaFailure>> {
+        join_all(quotas.iter().map(|quota| self.quota_state(item, quota))).await
+    }
+
+    /// `answer` tightened by each quota's `states` (a quota whose store failed answers by its
+    /// failure policy: closed refuses, open reports without it).
+    pub(super) fn tightened(
+        &self,
+        mut answer: Answer,
+        quotas: &[PolicyQuota],
+        states: Vec<Result<QuotaTaken, QuotaFailure>>,
+    ) -> Result<Answer, DecideError> {
+        for (quota, state) in quotas.iter().zip(states) {
+            let state = match state {
                 Ok(state) => state,
                 Err(failure) => self.quota_failed(quota, failure)?,
             };
             answer = tighter(answer, &state);
         }
-        if let Some(permits) = permits {
-            match permits.held(&item.identifier).await {
-                Ok(held) => answer = reported(answer, permits, held),
-                Err(failure) => {
-                    self.gate_failed(failure.closed, failure.message)?;
-                    answer = folded(answer, none_held(permits, self.now_unix_ns()));
-                }
-            }
-        }
-        Ok((answer, None))
+        Ok(answer)
     }
 
     /// What `quota` holds for an item that takes nothing: a record's units counted in it

@@ -162,23 +162,24 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
 
     /// Tightens the answer of each item that takes nothing by its quotas' state, a record's
     /// units counted in them first (a quota whose store fails answers by its failure policy:
-    /// closed refuses, open reports without it).
+    /// closed refuses, open reports without it); every item's quotas asked at once.
     async fn report_quotas(
         &self,
         items: &[Item],
         answers: &mut [Answer],
     ) -> Result<(), DecideError> {
-        for (item, answer) in items.iter().zip(answers) {
-            if item.cost > 0 && !item.never_denies() {
-                continue;
-            }
-            for quota in self.gates_of(item).1 {
-                let state = match self.quota_state(item, quota).await {
-                    Ok(state) => state,
-                    Err(failure) => self.quota_failed(quota, failure)?,
-                };
-                *answer = tighter(*answer, &state);
-            }
+        let reporting: Vec<(usize, &[PolicyQuota])> = items
+            .iter()
+            .enumerate()
+            .filter(|(_, item)| item.cost == 0 || item.never_denies())
+            .map(|(place, item)| (place, self.gates_of(item).1))
+            .filter(|(_, quotas)| !quotas.is_empty())
+            .collect();
+        let states = reporting
+            .iter()
+            .map(|(place, quotas)| self.quota_states(&items[*place], quotas));
+        for ((place, quotas), states) in reporting.iter().zip(join_all(states).await) {
+            answers[*place] = self.tightened(answers[*place], quotas, states)?;
         }
         Ok(())
     }
