@@ -3,19 +3,18 @@
 //! and a call the rate limits deny gives its permit back at once. In process the permit is
 //! taken first, then the rate limits decide; on Redis the permit, the calendar quotas and the
 //! stack are asked at once (one round trip), and whichever refuses, what the others took goes
-//! back. The admitted
-//! call's answer carries the permit's id, which the caller releases when its work ends (or
-//! which expires after the limit's `ttl`). Such a call is decided alone: a batch, envoy's
-//! protocol and unkey's API cannot hand a permit back, so they refuse the policy.
+//! back. The admitted call's answer carries the permit's id, which the caller releases when
+//! its work ends (or which expires after the limit's `ttl`). Such a call is decided alone: a
+//! batch, envoy's protocol and unkey's API cannot hand a permit back, so they refuse the
+//! policy.
 
+use futures_util::future::{join, join_all, join3};
 use limiter_core::{Clock, Decision};
 use limiter_stack::{Charge, Origin};
 
 use crate::metrics::{Counted, FailurePolicy};
 use crate::store::permits::{PermitFailure, PolicyPermits, Taken};
 use crate::store::quotas::{PolicyQuota, QuotaFailure, QuotaTaken};
-
-use futures_util::future::{join, join_all, join3};
 
 use super::quota_answer::{folded, tighter};
 use super::quota_take::TakenTogether;
@@ -378,7 +377,7 @@ pub(super) async fn refund_quotas(
     let refunds = counted
         .iter()
         .map(|(quota, taken)| quota.refund(&item.identifier, item.cost, taken, now_unix_ns));
-    futures_util::future::join_all(refunds).await;
+    join_all(refunds).await;
 }
 
 /// The permits' answer while their store fails and their policy fails open: none taken, all

@@ -4,9 +4,9 @@
 //! deny, every unit the others counted goes back and the first such item (in order) refuses
 //! the batch, whose other items report what they hold (nothing of theirs stays taken). Then
 //! the stacks decide the batch as any batch, and a refused batch gives every quota's units
-//! back. An admitted item's answer is its stack's tightened by its
-//! quotas'; an item that takes nothing (a peek, a record, a unit refund, a shadow check)
-//! reports its quotas' state beside its stack's (a record counted in them), as it would alone.
+//! back. An admitted item's answer is its stack's tightened by its quotas'; an item that
+//! takes nothing (a peek, a record, a unit refund, a shadow check) reports its quotas' state
+//! beside its stack's (a record counted in them), as it would alone.
 
 use futures_util::future::join_all;
 

@@ -6,8 +6,8 @@
 //! closed) first, the first by the policy's order; then the stack's denial or error; an
 //! admission tightened by every quota's answer. A stack deciding against leases is asked
 //! after its quotas instead (its take costs no round trip, and cannot be undone; a policy with
-//! a lease has no permits). A policy's permits on Redis are asked with
-//! them too (`permitted.rs`), and a batch's items count their quotas at once the same way
+//! a lease has no permits). A policy's permits on Redis are asked with them too
+//! (`permitted.rs`), and a batch's items count their quotas at once the same way
 //! (`quota_batch.rs`).
 
 use futures_util::future::{join, join_all};
