@@ -310,3 +310,62 @@ async fn while_redis_fails_a_falling_back_policy_hands_out_its_share_from_a_loca
     // The fleet's count cannot be read while Redis is down: left out, not its last reading.
     assert!(!text.contains(gauge), "{text}");
 }
+
+/// Callers racing on one permit, on Redis: a busy permit gives back exactly what the bucket
+/// and the week's quota took with it, whatever the interleaving, so the calls admitted are
+/// exactly the rate limits' count (one unit leaked to a busy call would admit fewer; none is
+/// ever admitted past them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_callers_on_one_permit_leak_no_rate_unit() {
+    let server = RedisServer::start();
+    let (zone, _) = crate::calendar::zone_with_a_midnight_ahead();
+    let config = temp_file(
+        &format!("concurrency-race-{}.toml", server.port),
+        &format!(
+            "[policies.one]\n\
+             limits = [\n\
+               {{ algorithm = \"concurrency\", count = 1, ttl = \"10m\" }},\n\
+               {{ algorithm = \"token_bucket\", count = 30, period = \"1d\", key = \"global\" }},\n\
+               {{ algorithm = \"fixed_window\", count = 30, period = \"1w\", calendar = \"{zone}\", key = \"global\" }},\n\
+             ]\n"
+        ),
+    );
+    let url = server.url();
+    let daemon = Daemon::start(&[
+        "--config",
+        config.to_str().expect("UTF-8"),
+        "--redis",
+        url.as_str(),
+    ]);
+    let callers = (0..6).map(|_| {
+        let addr = daemon.addr;
+        tokio::spawn(async move {
+            let mut client = Client::connect(addr).await;
+            let ask = json!({"policy": "one", "identifier": "x"});
+            let (mut admitted, mut busy) = (0_u64, 0_u64);
+            loop {
+                let answer = client.decide(ask.clone()).await;
+                if answer["success"] == true {
+                    admitted += 1;
+                    let body =
+                        json!({"policy": "one", "identifier": "x", "permit": permit(&answer)});
+                    let (status, _) = client.post("/v1/ratelimit/release", &body).await;
+                    assert_eq!(status, 200);
+                } else if answer["limit"] == 1 {
+                    busy += 1; // another caller holds the permit: ask again
+                } else {
+                    assert_eq!(answer["limit"], 30, "{answer}");
+                    return (admitted, busy);
+                }
+            }
+        })
+    });
+    let (mut admitted, mut busy) = (0, 0);
+    for caller in callers.collect::<Vec<_>>() {
+        let (a, b) = caller.await.expect("a caller");
+        admitted += a;
+        busy += b;
+    }
+    println!("racing: {admitted} admitted, {busy} busy");
+    assert_eq!(admitted, 30, "{busy} busy answers leaked rate units");
+}
