@@ -1,7 +1,7 @@
 //! A call's calendar quotas on Redis asked with its policy's stack, through a real limiterd
 //! over HTTP: when a quota denies, what the other quotas and the stack took goes back, alone
-//! and in a batch, and each call is counted once; a leased policy's rate limits are still
-//! decided on its lease.
+//! and in a batch, and each call is counted once; callers racing leak no unit; a leased
+//! policy's rate limits are still decided on its lease.
 
 use limiter_testkit::redis_server::RedisServer;
 use serde_json::{Value, json};
@@ -112,4 +112,61 @@ async fn a_leased_policy_decides_its_rate_limits_on_the_lease_beside_its_quota()
 
 fn ask_leased() -> Value {
     json!({"policy": "leased", "identifier": "acme"})
+}
+
+/// Callers racing, each asking twice per identifier, so every second call is denied by its
+/// identifier's day while the bucket and the week's quota were asked with it: the calls
+/// admitted are exactly their count (one unit leaked to a denied call would admit fewer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_callers_denied_by_a_quota_leak_no_unit() {
+    let server = RedisServer::start();
+    let (zone, _) = zone_with_a_midnight_ahead();
+    let config = temp_file(
+        &format!("calendar-race-{}.toml", server.port),
+        &format!(
+            "[policies.daily]\n\
+             limits = [\n\
+               {{ algorithm = \"fixed_window\", count = 1, period = \"1d\", calendar = \"{zone}\" }},\n\
+               {{ algorithm = \"fixed_window\", count = 30, period = \"1w\", calendar = \"{zone}\", key = \"global\" }},\n\
+               {{ algorithm = \"token_bucket\", count = 30, period = \"1d\", key = \"global\" }},\n\
+             ]\n"
+        ),
+    );
+    let url = server.url();
+    let daemon = Daemon::start(&[
+        "--config",
+        config.to_str().expect("UTF-8"),
+        "--redis",
+        url.as_str(),
+    ]);
+    let callers = (0..6).map(|caller| {
+        let addr = daemon.addr;
+        tokio::spawn(async move {
+            let mut client = Client::connect(addr).await;
+            let (mut admitted, mut denied_by_day) = (0_u64, 0_u64);
+            for n in 0.. {
+                let ask = json!({"policy": "daily", "identifier": format!("{caller}-{n}")});
+                for _ in 0..2 {
+                    let answer = client.decide(ask.clone()).await;
+                    if answer["success"] == true {
+                        admitted += 1;
+                    } else if answer["limit"] == 1 {
+                        denied_by_day += 1;
+                    } else {
+                        assert_eq!(answer["limit"], 30, "{answer}");
+                        return (admitted, denied_by_day);
+                    }
+                }
+            }
+            unreachable!("the week runs out")
+        })
+    });
+    let (mut admitted, mut denied_by_day) = (0, 0);
+    for caller in callers.collect::<Vec<_>>() {
+        let (a, d) = caller.await.expect("a caller");
+        admitted += a;
+        denied_by_day += d;
+    }
+    println!("racing: {admitted} admitted, {denied_by_day} denied by their day");
+    assert_eq!(admitted, 30, "{denied_by_day} denials leaked units");
 }
