@@ -7,7 +7,7 @@ use limiter_testkit::redis_server::RedisServer;
 use serde_json::{Value, json};
 
 use crate::calendar::zone_with_a_midnight_ahead;
-use crate::support::{Client, Daemon, temp_file};
+use crate::support::{Client, Daemon};
 
 /// A call's quotas and its stack are taken together: when one quota denies, what the others
 /// and the stack took goes back, alone or in a batch.
@@ -17,7 +17,7 @@ async fn a_quota_that_denies_leaves_the_other_quotas_and_the_stack_untouched() {
     let (zone, _) = zone_with_a_midnight_ahead();
     // A day's 1 per identifier, a week's 2 for everyone, a bucket of 2 an hour for everyone:
     // the week and the bucket each hold exactly what two admitted calls take.
-    let config = temp_file(
+    let daemon = Daemon::on_redis(
         &format!("calendar-gated-{}.toml", server.port),
         &format!(
             "[policies.gated]\n\
@@ -27,14 +27,8 @@ async fn a_quota_that_denies_leaves_the_other_quotas_and_the_stack_untouched() {
                {{ algorithm = \"token_bucket\", count = 2, period = \"1h\", key = \"global\" }},\n\
              ]\n"
         ),
+        &server.url(),
     );
-    let url = server.url();
-    let daemon = Daemon::start(&[
-        "--config",
-        config.to_str().expect("UTF-8"),
-        "--redis",
-        url.as_str(),
-    ]);
     let mut client = Client::connect(daemon.addr).await;
     let item = |identifier: &str| json!({"policy": "gated", "identifier": identifier});
 
@@ -78,7 +72,7 @@ async fn a_quota_that_denies_leaves_the_other_quotas_and_the_stack_untouched() {
 async fn a_leased_policy_decides_its_rate_limits_on_the_lease_beside_its_quota() {
     let server = RedisServer::start();
     let (zone, _) = zone_with_a_midnight_ahead();
-    let config = temp_file(
+    let daemon = Daemon::on_redis(
         &format!("calendar-leased-{}.toml", server.port),
         &format!(
             "[policies.leased]\n\
@@ -88,14 +82,8 @@ async fn a_leased_policy_decides_its_rate_limits_on_the_lease_beside_its_quota()
              ]\n\
              lease_slack = \"10%\"\n"
         ),
+        &server.url(),
     );
-    let url = server.url();
-    let daemon = Daemon::start(&[
-        "--config",
-        config.to_str().expect("UTF-8"),
-        "--redis",
-        url.as_str(),
-    ]);
     let mut client = Client::connect(daemon.addr).await;
     let mut from_the_lease = 0;
     for _ in 0..40 {
@@ -121,7 +109,7 @@ fn ask_leased() -> Value {
 async fn racing_callers_denied_by_a_quota_leak_no_unit() {
     let server = RedisServer::start();
     let (zone, _) = zone_with_a_midnight_ahead();
-    let config = temp_file(
+    let daemon = Daemon::on_redis(
         &format!("calendar-race-{}.toml", server.port),
         &format!(
             "[policies.daily]\n\
@@ -131,14 +119,8 @@ async fn racing_callers_denied_by_a_quota_leak_no_unit() {
                {{ algorithm = \"token_bucket\", count = 30, period = \"1d\", key = \"global\" }},\n\
              ]\n"
         ),
+        &server.url(),
     );
-    let url = server.url();
-    let daemon = Daemon::start(&[
-        "--config",
-        config.to_str().expect("UTF-8"),
-        "--redis",
-        url.as_str(),
-    ]);
     let callers = (0..6).map(|caller| {
         let addr = daemon.addr;
         tokio::spawn(async move {

@@ -215,7 +215,7 @@ async fn on_redis_a_permit_and_the_rate_limits_are_all_or_nothing() {
     let (zone, _) = crate::calendar::zone_with_a_midnight_ahead();
     // A permit per identifier; a bucket and a week's quota for everyone, each holding exactly
     // what two admitted calls take.
-    let config = temp_file(
+    let daemon = Daemon::on_redis(
         &format!("concurrency-gated-{}.toml", server.port),
         &format!(
             "[policies.gated]\n\
@@ -225,14 +225,8 @@ async fn on_redis_a_permit_and_the_rate_limits_are_all_or_nothing() {
                {{ algorithm = \"fixed_window\", count = 2, period = \"1w\", calendar = \"{zone}\", key = \"global\" }},\n\
              ]\n"
         ),
+        &server.url(),
     );
-    let url = server.url();
-    let daemon = Daemon::start(&[
-        "--config",
-        config.to_str().expect("UTF-8"),
-        "--redis",
-        url.as_str(),
-    ]);
     let mut client = Client::connect(daemon.addr).await;
     let ask = |identifier: &str| json!({"policy": "gated", "identifier": identifier});
 
@@ -319,7 +313,7 @@ async fn while_redis_fails_a_falling_back_policy_hands_out_its_share_from_a_loca
 async fn racing_callers_on_one_permit_leak_no_rate_unit() {
     let server = RedisServer::start();
     let (zone, _) = crate::calendar::zone_with_a_midnight_ahead();
-    let config = temp_file(
+    let daemon = Daemon::on_redis(
         &format!("concurrency-race-{}.toml", server.port),
         &format!(
             "[policies.one]\n\
@@ -329,14 +323,8 @@ async fn racing_callers_on_one_permit_leak_no_rate_unit() {
                {{ algorithm = \"fixed_window\", count = 30, period = \"1w\", calendar = \"{zone}\", key = \"global\" }},\n\
              ]\n"
         ),
+        &server.url(),
     );
-    let url = server.url();
-    let daemon = Daemon::start(&[
-        "--config",
-        config.to_str().expect("UTF-8"),
-        "--redis",
-        url.as_str(),
-    ]);
     let callers = (0..6).map(|_| {
         let addr = daemon.addr;
         tokio::spawn(async move {

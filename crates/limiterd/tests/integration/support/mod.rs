@@ -27,6 +27,18 @@ impl Daemon {
         Self::start_with_env(args, &[])
     }
 
+    /// Started on the configuration `config` (written to the temporary file `file`), its store
+    /// the Redis at `redis_url`.
+    pub(crate) fn on_redis(file: &str, config: &str, redis_url: &str) -> Self {
+        let config = temp_file(file, config);
+        Self::start(&[
+            "--config",
+            config.to_str().expect("UTF-8"),
+            "--redis",
+            redis_url,
+        ])
+    }
+
     /// [`start`](Self::start) with environment variables set for the process.
     pub(crate) fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Self {
         Self::spawn(args, env, Stdio::inherit())
