@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use limiter_stack::Origin;
+use limiter_stack::{Grant, Origin};
 
 use crate::decision::RedisDecision;
 use crate::error::{BackendError, CallError, RefundError};
@@ -18,13 +18,17 @@ use crate::script::call::{Call, Mode};
 use crate::script::reply;
 use crate::stack::{Prepared, RedisLimiter, RedisStack};
 
-/// The units an admitted call took on Redis, which [`RedisStack::refund`] can give back. Not
-/// `Clone`: each refund takes its units off the grant.
+/// The units an admitted call took on Redis (or, when Redis could not decide, on the stack's
+/// local fallback), which [`RedisStack::refund`] can give back. Not `Clone`: each refund takes
+/// its units off the grant.
 pub struct RedisGrant {
     stack: Arc<()>,
     call: Prepared,
     granted_us: u64,
     left: u64,
+    /// Where the units were taken when the local fallback decided: its grant, and why Redis
+    /// did not (`None`: taken on Redis).
+    fallback: Option<Box<(Grant, BackendError)>>,
 }
 
 impl std::fmt::Debug for RedisGrant {
@@ -34,6 +38,7 @@ impl std::fmt::Debug for RedisGrant {
             .field("granted_us", &self.granted_us)
             .field("taken", &self.call.cost)
             .field("left", &self.left)
+            .field("fell_back", &self.fell_back())
             .finish()
     }
 }
@@ -49,9 +54,17 @@ impl RedisGrant {
         self.left
     }
 
-    /// Redis's time (microseconds since the Unix epoch) the units were taken at.
+    /// Redis's time (microseconds since the Unix epoch) the units were taken at; 0 for units
+    /// the local fallback took.
     pub fn granted_at_us(&self) -> u64 {
         self.granted_us
+    }
+
+    /// Whether the stack's local fallback took the units (Redis could not decide and the
+    /// failure policy is [`OnFailure::Fallback`](crate::OnFailure::Fallback)): a refund gives
+    /// them back there, whether or not Redis is back by then.
+    pub fn fell_back(&self) -> bool {
+        self.fallback.is_some()
     }
 
     /// The Redis keys the grant took from.
@@ -61,10 +74,11 @@ impl RedisGrant {
 }
 
 impl<R> RedisStack<R> {
-    /// Decides `cost` units for `request`, as [`check_n`](Self::check_n) does, and when Redis
-    /// admitted them returns a [`RedisGrant`] that [`refund`](Self::refund) can give back. No
-    /// grant comes with a peek, a denial, or an answer Redis did not give (the deny cache, a
-    /// failure policy, the local fallback).
+    /// Decides `cost` units for `request`, as [`check_n`](Self::check_n) does, and when they
+    /// were taken returns a [`RedisGrant`] that [`refund`](Self::refund) can give back: units
+    /// Redis admitted, or, when Redis could not decide, units the local fallback took (given
+    /// back there). No grant comes with a peek, a denial, or an admission that took nothing
+    /// (failing open).
     ///
     /// # Errors
     /// [`CallError`] for a call no limit can decide (its cost exceeds a burst).
@@ -74,7 +88,11 @@ impl<R> RedisStack<R> {
         cost: u64,
     ) -> Result<(RedisDecision, Option<RedisGrant>), CallError> {
         let call = self.prepare(request, cost)?;
-        let (decision, now_us) = self.decide_prepared(request, &call).await;
+        let (decision, now_us) = match self.ask_redis(request, &call).await {
+            Ok(answered) => answered,
+            Err(error) if cost > 0 => return Ok(self.granted_on_failure(request, call, error)),
+            Err(error) => (self.on_failure_of(request, &call, error), None),
+        };
         let grant = match now_us {
             Some(granted_us)
                 if cost > 0
@@ -86,6 +104,7 @@ impl<R> RedisStack<R> {
                     call,
                     granted_us,
                     left: cost,
+                    fallback: None,
                 })
             }
             _ => None,
@@ -93,8 +112,27 @@ impl<R> RedisStack<R> {
         Ok((decision, grant))
     }
 
+    /// The failure policy's answer to a take Redis could not decide (`error`), with a grant
+    /// of what the local fallback took.
+    fn granted_on_failure(
+        &self,
+        request: &R,
+        call: Prepared,
+        error: BackendError,
+    ) -> (RedisDecision, Option<RedisGrant>) {
+        let (decision, held) = self.on_failure_granted(request, call.cost, error.clone());
+        let grant = held.map(|local| RedisGrant {
+            stack: Arc::clone(self.token()),
+            left: call.cost,
+            call,
+            granted_us: 0,
+            fallback: Some(Box::new((local, error))),
+        });
+        (decision, grant)
+    }
+
     /// Gives back `units` of what `grant` took, on every limit the call touched, in one
-    /// round trip; answers with what `request` holds after it (a peek). Units that have come
+    /// round trip (on the local fallback, with no round trip, for units it took); answers with what `request` holds after it (a peek). Units that have come
     /// back on their own are not returned twice, and no limit goes above full.
     ///
     /// # Errors
@@ -116,6 +154,12 @@ impl<R> RedisStack<R> {
                 left: grant.left,
                 taken: grant.call.cost,
             });
+        }
+        if let Some(fallback) = grant.fallback.as_deref_mut() {
+            let (local, error) = fallback;
+            let after = self.refund_on_fallback(request, local, units, error)?;
+            grant.left = grant.left.saturating_sub(units);
+            return Ok(after);
         }
         // Spent before sending: whatever happens to the reply, these units never come back
         // twice.

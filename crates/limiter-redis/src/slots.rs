@@ -29,12 +29,13 @@ use crate::stack::{Prepared, RedisStack};
 
 impl<R> RedisStack<R> {
     /// Decides `call` (whose keys span slots) part by part; with the script's time (µs) of its
-    /// first part when Redis decided it.
+    /// first part when Redis decided it. When Redis fails, what earlier parts took goes back
+    /// and the error is the answer (the caller asks the failure policy).
     pub(crate) async fn decide_across(
         &self,
         request: &R,
         call: &Prepared,
-    ) -> (RedisDecision, Option<u64>) {
+    ) -> Result<(RedisDecision, Option<u64>), BackendError> {
         let sent = self.backend().sent();
         // A call that takes units can be undone; a record or a peek has nothing to give back.
         let undoable = !call.record && call.cost > 0;
@@ -42,22 +43,20 @@ impl<R> RedisStack<R> {
         let mut taken: Vec<(Prepared, u64)> = Vec::new();
         let mut first_us = None;
         for part in call.by_slot() {
-            let (now_us, group) = match self.send(&part).await {
-                Ok((now_us, Ok(answers))) => (now_us, answers),
-                Ok((_, Err(reason))) => {
-                    refund_taken(self, request, call.cost, taken).await;
-                    return (
-                        self.on_failure_of(request, call, BackendError::Script(reason)),
-                        None,
-                    );
-                }
+            let answered = match self.send(&part).await {
+                Ok((now_us, group)) => self
+                    .concluded(&part, group, sent, true)
+                    .map(|decision| (now_us, decision)),
+                Err(e) => Err(e),
+            };
+            let (now_us, decision) = match answered {
+                Ok(answered) => answered,
                 Err(e) => {
                     refund_taken(self, request, call.cost, taken).await;
-                    return (self.on_failure_of(request, call, e), None);
+                    return Err(e);
                 }
             };
             let decided_at = *first_us.get_or_insert(now_us);
-            let decision = self.conclude(request, &part, Ok(group), sent, true);
             layers.extend(decision.layers().iter().copied());
             if undoable && decision.is_denied() {
                 // Later layers of a denied call are not asked; earlier ones report what they hold
@@ -66,13 +65,13 @@ impl<R> RedisStack<R> {
                     layers.extend(peek.layers().iter().copied());
                 }
                 let denied = RedisDecision::from_parts(layers, Some(decided_at));
-                return (denied, Some(decided_at));
+                return Ok((denied, Some(decided_at)));
             }
             if undoable {
                 taken.push((part, now_us));
             }
         }
-        (RedisDecision::from_parts(layers, first_us), first_us)
+        Ok((RedisDecision::from_parts(layers, first_us), first_us))
     }
 }
 

@@ -283,21 +283,30 @@ impl<R> RedisStack<R> {
         sent: Sent,
         remember: bool,
     ) -> RedisDecision {
-        let answers = match answer {
-            Ok(answers) if answers.len() == call.targets.len() => answers,
-            Ok(answers) => {
-                let e = BackendError::BadReply(format!(
-                    "{} answers for {} limits",
-                    answers.len(),
-                    call.targets.len()
-                ));
-                return self.on_failure_of(request, call, e);
+        self.concluded(call, answer, sent, remember)
+            .unwrap_or_else(|e| self.on_failure_of(request, call, e))
+    }
+
+    /// [`conclude`](Self::conclude) without the failure policy: the decision, or why the
+    /// script's answer is none (the caller asks the policy).
+    pub(crate) fn concluded(
+        &self,
+        call: &Prepared,
+        answer: GroupAnswer,
+        sent: Sent,
+        remember: bool,
+    ) -> Result<RedisDecision, BackendError> {
+        match answer {
+            Ok(answers) if answers.len() == call.targets.len() => {
+                Ok(self.decided(call, &answers, sent, remember))
             }
-            Err(reason) => {
-                return self.on_failure_of(request, call, BackendError::Script(reason));
-            }
-        };
-        self.decided(call, &answers, sent, remember)
+            Ok(answers) => Err(BackendError::BadReply(format!(
+                "{} answers for {} limits",
+                answers.len(),
+                call.targets.len()
+            ))),
+            Err(reason) => Err(BackendError::Script(reason)),
+        }
     }
 
     /// Redis's answers to `call` (one per limit it touches) as a decision, each denial

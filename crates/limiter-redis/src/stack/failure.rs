@@ -11,7 +11,7 @@ use crate::backend::RedisBackend;
 use limiter_stack::Origin;
 
 use crate::decision::{Answered, RedisDecision};
-use crate::error::{BackendError, BuildError};
+use crate::error::{BackendError, BuildError, RefundError};
 
 /// What a limiter does when Redis fails, times out, or its circuit breaker is open.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -139,8 +139,8 @@ impl<R> RedisStack<R> {
         }
     }
 
-    /// The failure policy's answer.
-    pub(crate) fn on_failure(&self, request: &R, cost: u64, error: BackendError) -> RedisDecision {
+    /// Says, at debug level, that the failure policy answers for `error`.
+    fn log_failure(&self, error: &BackendError) {
         tracing::debug!(
             target: "limiter_redis::stack",
             stack = %self.name,
@@ -148,6 +148,11 @@ impl<R> RedisStack<R> {
             error = %error,
             "Redis could not decide: the failure policy answers"
         );
+    }
+
+    /// The failure policy's answer.
+    pub(crate) fn on_failure(&self, request: &R, cost: u64, error: BackendError) -> RedisDecision {
+        self.log_failure(&error);
         let mut each = LayerAnswers::new();
         match (&self.fallback, self.on_failure) {
             (Some(local), OnFailure::Fallback) => {
@@ -182,6 +187,52 @@ impl<R> RedisStack<R> {
             (_, OnFailure::Open) => (RedisDecision::by_policy(true, error), None),
             _ => (RedisDecision::by_policy(false, error), None),
         }
+    }
+
+    /// The failure policy's answer to a take of `cost` units Redis could not decide, now by
+    /// the local clock: as [`on_failure`](Self::on_failure), with the fallback's [`Grant`]
+    /// when it took the units, so they can come back (see [`RedisStack::acquire`]).
+    pub(crate) fn on_failure_granted(
+        &self,
+        request: &R,
+        cost: u64,
+        error: BackendError,
+    ) -> (RedisDecision, Option<Grant>) {
+        self.log_failure(&error);
+        let now = self
+            .fallback
+            .as_ref()
+            .map_or(0, |local| local.clock().now());
+        self.on_failure_held(request, cost, now, error)
+    }
+
+    /// Gives back `units` of what the local fallback took under `grant` (it decided because
+    /// of `error`) and answers what `request` holds on it after (a peek).
+    pub(crate) fn refund_on_fallback(
+        &self,
+        request: &R,
+        grant: &mut Grant,
+        units: u64,
+        error: &BackendError,
+    ) -> Result<RedisDecision, RefundError> {
+        let Some(local) = &self.fallback else {
+            return Err(RefundError::WrongStack);
+        };
+        local.refund(request, grant, units).map_err(|e| match e {
+            limiter_stack::RefundError::ExceedsGrant { units, left, taken } => {
+                RefundError::ExceedsGrant { units, left, taken }
+            }
+            limiter_stack::RefundError::WrongStack => RefundError::WrongStack,
+            limiter_stack::RefundError::Call(e) => RefundError::Call(e),
+            // An in-process stack's refund has no backend to fail; any kind added later is
+            // reported, not dropped.
+            other => RefundError::Backend(BackendError::BadReply(format!(
+                "the local fallback refused the refund: {other}"
+            ))),
+        })?;
+        let mut each = LayerAnswers::new();
+        local.check_each(request, 0, &mut each)?;
+        Ok(RedisDecision::fell_back(each, error.clone()))
     }
 
     /// Gives back everything `grant` holds on the local fallback (a fallback batch another

@@ -28,7 +28,7 @@ use limiter_core::Clock;
 use crate::backend::RedisBackend;
 use crate::coalesce;
 use crate::decision::RedisDecision;
-use crate::error::CallError;
+use crate::error::{BackendError, CallError};
 use crate::script::call::{Call, Mode};
 use crate::script::reply::{self};
 use crate::spec::RedisLimit;
@@ -124,20 +124,28 @@ impl<R> RedisStack<R> {
         request: &R,
         call: &Prepared,
     ) -> (RedisDecision, Option<u64>) {
+        self.ask_redis(request, call)
+            .await
+            .unwrap_or_else(|e| (self.on_failure_of(request, call, e), None))
+    }
+
+    /// [`decide_prepared`](Self::decide_prepared) without the failure policy: the decision
+    /// (the deny cache's, or Redis's with its script time), or why Redis could not decide.
+    pub(crate) async fn ask_redis(
+        &self,
+        request: &R,
+        call: &Prepared,
+    ) -> Result<(RedisDecision, Option<u64>), BackendError> {
         if let Some(early) = self.answer_locally(call) {
-            return (early, None);
+            return Ok((early, None));
         }
         if call.spans_slots() {
             return self.decide_across(request, call).await;
         }
         let sent = self.backend.sent();
-        match self.send(call).await {
-            Ok((now_us, group)) => (
-                self.conclude(request, call, group, sent, true).at(now_us),
-                Some(now_us),
-            ),
-            Err(e) => (self.on_failure_of(request, call, e), None),
-        }
+        let (now_us, group) = self.send(call).await?;
+        let decision = self.concluded(call, group, sent, true)?;
+        Ok((decision.at(now_us), Some(now_us)))
     }
 
     /// Sends a call whose keys share a slot as one script call (sharing it with others queued
@@ -186,7 +194,7 @@ impl<R> RedisStack<R> {
         });
         let across = across.into_iter().map(|(i, call)| async move {
             let (request, _) = calls[i];
-            (i, self.decide_across(request, &call).await.0)
+            (i, self.decide_prepared(request, &call).await.0)
         });
         let (answered, across) = futures_util::future::join(
             futures_util::future::join_all(trips),

@@ -1,7 +1,7 @@
 //! Refunds on a real `redis-server`: the guard (never more than a grant took, never on
 //! another stack's grant), windows that have moved on, the deny cache forgetting refunded
-//! keys, a refund while Redis is down, and a proptest holding every refund and every state
-//! written to the Rust algorithms' own `refund`.
+//! keys, a refund while Redis is down, a take the local fallback granted and gave back, and a
+//! proptest holding every refund and every state written to the Rust algorithms' own `refund`.
 
 use limiter_testkit::redis_server as common;
 
@@ -220,9 +220,52 @@ async fn a_refund_redis_does_not_take_is_an_error_and_never_comes_back_twice() {
     let err = bucket.refund("k", &mut grant, 4).await.unwrap_err();
     assert!(matches!(err, RefundError::Backend(_)), "{err}");
     assert_eq!(grant.left(), 2, "the units sent are spent, reply or not");
-    // Nor does the fallback hand out grants.
+    // Failing closed takes nothing: no grant.
     let (d, none) = bucket.acquire("k", 1).await.unwrap();
     assert!(d.origin() != Some(Origin::Remote) && none.is_none());
+}
+
+/// While Redis is down, a falling-back stack's take is granted by its local fallback and given
+/// back there, with the same guard: never more than it took.
+#[tokio::test]
+async fn a_take_the_local_fallback_decided_is_granted_and_given_back_there() {
+    let mut server = common::RedisServer::start();
+    let clock = ManualClock::starting_at(START);
+    let backend = RedisBackend::builder(server.url())
+        .time_from(clock.clone())
+        .clock(clock.clone())
+        .timeout(Duration::from_millis(200))
+        .connect()
+        .await
+        .unwrap();
+    let bucket = RedisLimiter::builder(&backend, "fallback")
+        .limit(Kind::TokenBucket, Limit::per_hour(10))
+        .on_failure(OnFailure::Fallback)
+        .build()
+        .unwrap();
+    server.kill();
+    let (taken, grant) = bucket.acquire("k", 6).await.unwrap();
+    assert_eq!(taken.origin(), Some(Origin::Fallback), "{taken:?}");
+    let mut grant = grant.expect("the fallback took 6 units");
+    assert!(grant.fell_back() && grant.granted_at_us() == 0, "{grant:?}");
+    assert_eq!((grant.taken(), grant.left()), (6, 6));
+    // 4 left locally: a take of 6 is denied, with no grant.
+    let (denied, none) = bucket.acquire("k", 6).await.unwrap();
+    assert!(denied.is_denied() && none.is_none(), "{denied:?}");
+
+    let after = bucket.refund("k", &mut grant, 4).await.unwrap();
+    assert_eq!(after.origin(), Some(Origin::Fallback), "{after:?}");
+    assert_eq!(remaining(&after), 8, "4 of the 6 back on the fallback");
+    let err = bucket.refund("k", &mut grant, 3).await.unwrap_err();
+    assert!(
+        matches!(err, RefundError::ExceedsGrant { left: 2, .. }),
+        "{err}"
+    );
+    let after = bucket.refund("k", &mut grant, 2).await.unwrap();
+    assert_eq!((remaining(&after), grant.left()), (10, 0), "{after:?}");
+    // Full again: a take of the whole burst is admitted.
+    let (whole, _) = bucket.acquire("k", 10).await.unwrap();
+    assert!(whole.is_allowed(), "{whole:?}");
 }
 
 // ---- The script's refunds against the Rust algorithms'. ----

@@ -1,6 +1,7 @@
 //! A call's calendar quotas on Redis asked with its policy's stack, through a real limiterd
 //! over HTTP: when a quota denies, what the other quotas and the stack took goes back, alone
-//! and in a batch, and each call is counted once; callers racing leak no unit; a leased
+//! and in a batch, and each call is counted once; the same while Redis fails and the local
+//! fallbacks decide; callers racing leak no unit; a leased
 //! policy's rate limits are still decided on its lease.
 
 use limiter_testkit::redis_server::RedisServer;
@@ -64,6 +65,56 @@ async fn a_quota_that_denies_leaves_the_other_quotas_and_the_stack_untouched() {
         let line = format!("limiterd_decisions_total{{policy=\"gated\",result=\"{result}\"}} {n}");
         assert!(text.lines().any(|l| l == line), "{line}: {text}");
     }
+}
+
+/// While Redis fails, a falling-back policy decides its quota and its stack on their local
+/// stand-ins, together as on Redis: a call the quota denies gives back what the stack's
+/// fallback took for it (a denied call changes no limit, on Redis or beside it).
+#[tokio::test]
+async fn while_redis_fails_a_quota_that_denies_leaves_the_fallback_stack_untouched() {
+    let mut server = RedisServer::start();
+    let (zone, _) = zone_with_a_midnight_ahead();
+    // A day's 1 per identifier and a bucket of 2 an hour for everyone: the bucket holds
+    // exactly what two admitted calls take.
+    let daemon = Daemon::on_redis(
+        &format!("calendar-fallback-gated-{}.toml", server.port),
+        &format!(
+            "[policies.gated]
+on_failure = \"fallback\"
+\
+             limits = [
+\
+               {{ algorithm = \"fixed_window\", count = 1, period = \"1d\", calendar = \"{zone}\" }},
+\
+               {{ algorithm = \"token_bucket\", count = 2, period = \"1h\", key = \"global\" }},
+\
+             ]
+"
+        ),
+        &server.url(),
+    );
+    let mut client = Client::connect(daemon.addr).await;
+    let item = |identifier: &str| json!({"policy": "gated", "identifier": identifier});
+    server.kill();
+
+    let first = client.decide(item("ann")).await;
+    assert_eq!(
+        (&first["success"], &first["source"]),
+        (&json!(true), &json!("fallback")),
+        "{first}"
+    );
+    // Ann's day is spent: the bucket's unit, taken by the fallback beside it, goes back.
+    let again = client.decide(item("ann")).await;
+    assert_eq!(again["success"], false, "{again}");
+    // So the bucket still holds one unit, which Dan takes; then none is left for Erin.
+    let dan = client.decide(item("dan")).await;
+    assert_eq!(
+        (&dan["success"], &dan["remaining"]),
+        (&json!(true), &json!(0)),
+        "the bucket's last unit: {dan}"
+    );
+    let erin = client.decide(item("erin")).await;
+    assert_eq!(erin["success"], false, "the bucket is spent: {erin}");
 }
 
 /// A leased policy's quota is counted on Redis at each call, and its rate limits are decided

@@ -2,7 +2,7 @@
 //! permit, a call past the count is refused taking nothing, a release answers whether the
 //! permit was held (idempotent), the metrics count what is held; in memory, and on Redis
 //! shared by two processes (a permit taken through one is released through the other, and
-//! either scrapes the fleet's count).
+//! either scrapes the fleet's count); while Redis fails, on local stand-ins, all or nothing.
 
 use limiter_testkit::redis_server::RedisServer;
 
@@ -303,6 +303,37 @@ async fn while_redis_fails_a_falling_back_policy_hands_out_its_share_from_a_loca
     assert!(fallback >= Some(4), "{fallback:?}: {text}");
     // The fleet's count cannot be read while Redis is down: left out, not its last reading.
     assert!(!text.contains(gauge), "{text}");
+}
+
+/// While Redis fails, a falling-back policy's permit and rate limit are decided on their local
+/// stand-ins, together as on Redis: a call whose permit is busy gives back what the bucket's
+/// fallback took for it.
+#[tokio::test]
+async fn while_redis_fails_a_busy_permit_leaves_the_fallback_bucket_untouched() {
+    let mut server = RedisServer::start();
+    let daemon = Daemon::on_redis(
+        &format!("concurrency-fallback-gated-{}.toml", server.port),
+        "[policies.one]\non_failure = \"fallback\"\n\
+         limits = [\n\
+           { algorithm = \"concurrency\", count = 1, ttl = \"10m\" },\n\
+           { algorithm = \"token_bucket\", count = 2, period = \"1h\", key = \"global\" },\n\
+         ]\n",
+        &server.url(),
+    );
+    let mut client = Client::connect(daemon.addr).await;
+    let item = |identifier: &str| json!({"policy": "one", "identifier": identifier});
+    server.kill();
+
+    let held = client.decide(item("acme")).await;
+    assert!(permit(&held).starts_with("local-"), "{held}");
+    // Acme's permit is held: its second call is busy, and the bucket's unit goes back.
+    let busy = client.decide(item("acme")).await;
+    assert_eq!(busy["success"], false, "{busy}");
+    // So the bucket still holds one unit, which Bob takes; then none is left for Carol.
+    let bob = client.decide(item("bob")).await;
+    assert_eq!(bob["success"], true, "the bucket's last unit: {bob}");
+    let carol = client.decide(item("carol")).await;
+    assert_eq!(carol["success"], false, "the bucket is spent: {carol}");
 }
 
 /// Callers racing on one permit, on Redis: a busy permit gives back exactly what the bucket
