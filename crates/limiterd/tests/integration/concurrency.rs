@@ -307,7 +307,7 @@ async fn while_redis_fails_a_falling_back_policy_hands_out_its_share_from_a_loca
 
 /// While Redis fails, a falling-back policy's permit and rate limit are decided on their local
 /// stand-ins, together as on Redis: a call whose permit is busy gives back what the bucket's
-/// fallback took for it.
+/// fallback took for it, and a call the bucket denies gives back its local permit.
 #[tokio::test]
 async fn while_redis_fails_a_busy_permit_leaves_the_fallback_bucket_untouched() {
     let mut server = RedisServer::start();
@@ -328,12 +328,24 @@ async fn while_redis_fails_a_busy_permit_leaves_the_fallback_bucket_untouched() 
     assert!(permit(&held).starts_with("local-"), "{held}");
     // Acme's permit is held: its second call is busy, and the bucket's unit goes back.
     let busy = client.decide(item("acme")).await;
-    assert_eq!(busy["success"], false, "{busy}");
+    assert_eq!(
+        (&busy["success"], &busy["limit"]),
+        (&json!(false), &json!(1)),
+        "the permit's answer: {busy}"
+    );
     // So the bucket still holds one unit, which Bob takes; then none is left for Carol.
     let bob = client.decide(item("bob")).await;
     assert_eq!(bob["success"], true, "the bucket's last unit: {bob}");
-    let carol = client.decide(item("carol")).await;
-    assert_eq!(carol["success"], false, "the bucket is spent: {carol}");
+    // Carol's calls are denied by the bucket, and the local permit each took goes back: her
+    // next call is the bucket's denial again, not a busy permit's.
+    for _ in 0..2 {
+        let carol = client.decide(item("carol")).await;
+        assert_eq!(
+            (&carol["success"], &carol["limit"]),
+            (&json!(false), &json!(2)),
+            "the bucket is spent: {carol}"
+        );
+    }
 }
 
 /// Callers racing on one permit, on Redis: a busy permit gives back exactly what the bucket
