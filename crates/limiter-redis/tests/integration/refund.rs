@@ -29,6 +29,17 @@ async fn backend(url: &str, clock: &ManualClock, deny_cache: usize) -> RedisBack
         .unwrap()
 }
 
+/// A backend on a Redis the test kills: each call waits at most 200 ms for it.
+async fn backend_to_kill(url: &str, clock: &ManualClock) -> RedisBackend {
+    RedisBackend::builder(url)
+        .time_from(clock.clone())
+        .clock(clock.clone())
+        .timeout(Duration::from_millis(200))
+        .connect()
+        .await
+        .unwrap()
+}
+
 fn limiter(backend: &RedisBackend, name: &str, kind: Kind, limit: Limit) -> RedisLimiter {
     RedisLimiter::builder(backend, name)
         .limit(kind, limit)
@@ -206,13 +217,7 @@ async fn a_changed_limit_is_never_answered_from_the_old_limits_denial_or_refund(
 async fn a_refund_redis_does_not_take_is_an_error_and_never_comes_back_twice() {
     let mut server = common::RedisServer::start();
     let clock = ManualClock::starting_at(START);
-    let backend = RedisBackend::builder(server.url())
-        .time_from(clock.clone())
-        .clock(clock.clone())
-        .timeout(Duration::from_millis(200))
-        .connect()
-        .await
-        .unwrap();
+    let backend = backend_to_kill(&server.url(), &clock).await;
     let bucket = limiter(&backend, "down", Kind::TokenBucket, Limit::per_hour(10));
     let (_, grant) = bucket.acquire("k", 6).await.unwrap();
     let mut grant: RedisGrant = grant.unwrap();
@@ -231,13 +236,7 @@ async fn a_refund_redis_does_not_take_is_an_error_and_never_comes_back_twice() {
 async fn a_take_the_local_fallback_decided_is_granted_and_given_back_there() {
     let mut server = common::RedisServer::start();
     let clock = ManualClock::starting_at(START);
-    let backend = RedisBackend::builder(server.url())
-        .time_from(clock.clone())
-        .clock(clock.clone())
-        .timeout(Duration::from_millis(200))
-        .connect()
-        .await
-        .unwrap();
+    let backend = backend_to_kill(&server.url(), &clock).await;
     let bucket = RedisLimiter::builder(&backend, "fallback")
         .limit(Kind::TokenBucket, Limit::per_hour(10))
         .on_failure(OnFailure::Fallback)
