@@ -132,8 +132,9 @@ impl<R> RedisStack<R> {
     }
 
     /// Gives back `units` of what `grant` took, on every limit the call touched, in one
-    /// round trip (on the local fallback, with no round trip, for units it took); answers with what `request` holds after it (a peek). Units that have come
-    /// back on their own are not returned twice, and no limit goes above full.
+    /// round trip (on the local fallback, with none, for units it took); answers with what
+    /// `request` holds after it (a peek). Units that have come back on their own are not
+    /// returned twice, and no limit goes above full.
     ///
     /// # Errors
     /// [`RefundError::WrongStack`] or [`RefundError::ExceedsGrant`] (nothing sent, the grant

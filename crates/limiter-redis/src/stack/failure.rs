@@ -150,20 +150,9 @@ impl<R> RedisStack<R> {
         );
     }
 
-    /// The failure policy's answer.
+    /// The failure policy's answer (a fallback's grant not kept: what it took stays taken).
     pub(crate) fn on_failure(&self, request: &R, cost: u64, error: BackendError) -> RedisDecision {
-        self.log_failure(&error);
-        let mut each = LayerAnswers::new();
-        match (&self.fallback, self.on_failure) {
-            (Some(local), OnFailure::Fallback) => {
-                match local.check_each(request, cost, &mut each) {
-                    Ok(_) => RedisDecision::fell_back(each, error),
-                    Err(_) => RedisDecision::by_policy(false, error),
-                }
-            }
-            (_, OnFailure::Open) => RedisDecision::by_policy(true, error),
-            _ => RedisDecision::by_policy(false, error),
-        }
+        self.on_failure_granted(request, cost, error).0
     }
 
     /// The failure policy's answer for one member of an all-or-nothing batch, at the local
