@@ -4,7 +4,7 @@
 //! debug assertions), so neither CI nor a newcomer installs cargo-fuzz (compiling it was three
 //! of the fuzz step's five minutes on a 2-core VM); `cargo fuzz run` in `fuzz/` works as well.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use crate::run::{cargo, cargo_in, root};
@@ -91,16 +91,15 @@ fn host_triple() -> Result<String, String> {
 /// Runs the fuzzer `binary` for `seconds` on `target`'s corpus (`fuzz/corpus/TARGET`, which it
 /// grows), a crash written to `fuzz/artifacts/TARGET/`: where `cargo fuzz run` keeps them.
 fn fuzz_one(fuzz_dir: &Path, binary: &Path, target: &str, seconds: u64) -> Result<(), String> {
-    let corpus: PathBuf = fuzz_dir.join("corpus").join(target);
-    let artifacts: PathBuf = fuzz_dir.join("artifacts").join(target);
+    let corpus = fuzz_dir.join("corpus").join(target);
+    let artifacts = fuzz_dir.join("artifacts").join(target);
     for dir in [&corpus, &artifacts] {
         std::fs::create_dir_all(dir)
             .map_err(|e| format!("could not create {}: {e}", dir.display()))?;
     }
-    let mut prefix = artifacts.into_os_string();
-    prefix.push("/");
     let mut artifact_prefix = std::ffi::OsString::from("-artifact_prefix=");
-    artifact_prefix.push(prefix);
+    artifact_prefix.push(artifacts);
+    artifact_prefix.push("/");
     eprintln!(
         "xtask: $ {} -max_total_time={seconds} fuzz/corpus/{target}",
         binary.display()
