@@ -43,11 +43,29 @@ end "
     };
 }
 
+/// What the scripts that change a key start with: `expired(set)` drops `set`'s expired permits,
+/// answering an error reply (naming the key and the fix) when `set` holds another type (an
+/// operator's or another program's key under the prefix), which is left as found. Every set a
+/// script writes is checked so before its first write: a script that stopped halfway would
+/// leave a permit taken that its caller was told failed.
+macro_rules! expiring {
+    () => {
+        "local function expired(set) \
+  local dropped = redis.pcall('ZREMRANGEBYSCORE', set, '-inf', now) \
+  if type(dropped) == 'table' then \
+    return redis.error_reply('limiter: key ' .. set .. ' cannot be read (' .. tostring(dropped.err) .. '); delete it or change the prefix') \
+  end \
+end "
+    };
+}
+
 /// Drops expired permits, then takes one if fewer than `count` are held: `{1, held, expiry}`
 /// or `{0, held, ms until the first expiry}`. `ARGV = [now?, count, ttl_ms, id]`.
 const ACQUIRE: &str = concat!(
     indexing!(),
-    "redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now) \
+    expiring!(),
+    "local refused = expired(KEYS[1]) or (KEYS[2] and expired(KEYS[2])) \
+if refused then return refused end \
 local held = redis.call('ZCARD', KEYS[1]) \
 if held < tonumber(ARGV[2]) then \
   local expiry = now + tonumber(ARGV[3]) \
@@ -63,15 +81,21 @@ return {0, held, tonumber(first[2]) - now}"
 
 /// Drops expired permits, then releases `id` (from the index too, where it is given): 1 if it
 /// was held. `ARGV = [now?, id]`.
-const RELEASE: &str = "redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now) \
+const RELEASE: &str = concat!(
+    expiring!(),
+    "local refused = expired(KEYS[1]) or (KEYS[2] and expired(KEYS[2])) \
+if refused then return refused end \
 if KEYS[2] then redis.call('ZREM', KEYS[2], ARGV[2]) end \
-return redis.call('ZREM', KEYS[1], ARGV[2])";
+return redis.call('ZREM', KEYS[1], ARGV[2])"
+);
 
 /// Drops expired permits, then moves `id`'s expiry to `now + ttl` if it is still held: the new
 /// expiry, or 0. `ARGV = [now?, ttl_ms, id]`.
 const RENEW: &str = concat!(
     indexing!(),
-    "redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now) \
+    expiring!(),
+    "local refused = expired(KEYS[1]) or (KEYS[2] and expired(KEYS[2])) \
+if refused then return refused end \
 if not redis.call('ZSCORE', KEYS[1], ARGV[3]) then return 0 end \
 local expiry = now + tonumber(ARGV[2]) \
 redis.call('ZADD', KEYS[1], 'XX', expiry, ARGV[3]) \

@@ -15,6 +15,29 @@ use crate::error::{BackendError, BuildError};
 use crate::stack::DEFAULT_PREFIX;
 use crate::stack::build::check_name;
 
+/// Lua's `read(key)`: a quota's counter at `key` as `held, index, used, count, calendar`
+/// (`held` false for no key; `count` and `calendar` nil for a counter written before they were
+/// kept), or `nil` and an error reply for a value no quota wrote (another type, or a string
+/// of another shape: an operator's or another program's key under the quota's prefix), which
+/// is refused and left as found, as a rate limit's script refuses a state it cannot read.
+macro_rules! reading {
+    () => {
+        "local function read(key) \
+  local held = redis.pcall('GET', key) \
+  if type(held) == 'table' then \
+    return nil, redis.error_reply('limiter: key ' .. key .. ' cannot be read (' .. tostring(held.err) .. '); delete it or change the prefix') \
+  end \
+  if not held then return false end \
+  local i, c, rest = string.match(held, '^(%d+):(%d+)(.*)$') \
+  local n, cal = string.match(rest or '', '^:(%d+):(.+)$') \
+  if i == nil or (rest ~= '' and cal == nil) or (n ~= nil and tonumber(n) < 1) then \
+    return nil, redis.error_reply('limiter: key ' .. key .. ' holds \"' .. string.sub(held, 1, 40) .. '\", not a quota counter; delete it or change the prefix') \
+  end \
+  return true, i, c, n, cal \
+end "
+    };
+}
+
 /// Picks the window holding `now` (the caller's, or the next), then counts in it: a take only
 /// within the count, a record whatever it holds, up to `cap`. `ARGV = [now?, cost, count,
 /// index, end_ms, next_index, next_end_ms, record, cap, calendar]`: `{admitted, used, ms to
@@ -28,7 +51,9 @@ use crate::stack::build::check_name;
 /// another calendar its window is still on (the key lives until that window ends), so it counts
 /// in the window the current calendar is in. `scaled` is exact while `used * new` is below
 /// 2^53 (Lua's numbers are doubles), and above it rounds up by at most one unit more.
-const TAKE: &str = "local function scaled(used, old, new) \
+const TAKE: &str = concat!(
+    reading!(),
+    "local function scaled(used, old, new) \
   if old == new then return used end \
   local p, q = used * new, 0 \
   if p < 9007199254740992 then \
@@ -43,10 +68,9 @@ local index, finish = ARGV[4], tonumber(ARGV[5]) \
 if now >= finish then index, finish = ARGV[6], tonumber(ARGV[7]) end \
 local cost, count = tonumber(ARGV[2]), tonumber(ARGV[3]) \
 local used = 0 \
-local held = redis.call('GET', KEYS[1]) \
+local held, i, c, n, cal = read(KEYS[1]) \
+if held == nil then return i end \
 if held then \
-  local i, c, rest = string.match(held, '^(%d+):(%d+)(.*)$') \
-  local n, cal = string.match(rest or '', '^:(%d+):(.+)$') \
   if cal ~= nil and cal ~= ARGV[10] then used = scaled(tonumber(c), tonumber(n), count) \
   elseif i == index then \
     used = tonumber(c) \
@@ -62,16 +86,21 @@ if within or ARGV[8] == '1' then \
   end \
   return {within and 1 or 0, after, left, tonumber(index)} \
 end \
-return {0, used, left, tonumber(index)}";
+return {0, used, left, tonumber(index)}"
+);
 
 /// Gives `units` back to window `index` if the key still counts in it. `ARGV = [units, index]`:
 /// the units left counted (the count and calendar that counted them kept).
-const REFUND: &str = "local held = redis.call('GET', KEYS[1]) if not held then return 0 end \
-local i, c, rest = string.match(held, '^(%d+):(%d+)(.*)$') \
-if i ~= ARGV[2] then return 0 end \
+const REFUND: &str = concat!(
+    reading!(),
+    "local held, i, c, n, cal = read(KEYS[1]) \
+if held == nil then return i end \
+if not held or i ~= ARGV[2] then return 0 end \
 local used = math.max(0, tonumber(c) - tonumber(ARGV[1])) \
+local rest = '' if cal ~= nil then rest = ':' .. n .. ':' .. cal end \
 redis.call('SET', KEYS[1], i .. ':' .. used .. rest, 'KEEPTTL') \
-return used";
+return used"
+);
 
 /// Calendar quotas per key on Redis (see the module docs).
 #[derive(Clone, Debug)]

@@ -1,5 +1,5 @@
-//! All-or-nothing batches on a real `redis-server`: a denied batch writes nothing, shadow calls
-//! never block, a batch spans stacks of one backend, the local fallback keeps the rule, a
+//! All-or-nothing batches on a real `redis-server`: a denied batch writes nothing, a call on a
+//! key Redis cannot read refuses its batch whole, shadow calls never block, a batch spans stacks of one backend, the local fallback keeps the rule, a
 //! proptest checks every answer and every written state against the Rust algorithms run as a
 //! simple model, and OS processes racing overlapping batches are counted exactly.
 
@@ -231,6 +231,33 @@ async fn the_fallback_keeps_a_batch_all_or_nothing_while_redis_is_down() {
     let batch = open.check_all(&[("x", 1), ("y", 1)]).await.unwrap();
     assert!(batch.is_admitted());
     assert!(batch.decisions()[1].failed_open());
+}
+
+/// A call whose key Redis cannot read (an operator overwrote it) fails closed, and its
+/// batch with it: the other calls' units are not taken, and the bad key is left as found.
+#[tokio::test]
+async fn a_call_on_a_key_redis_cannot_read_refuses_its_batch_whole() {
+    let server = common::RedisServer::start();
+    let clock = ManualClock::starting_at(START);
+    let backend = backend_at(&server.url(), &clock).await;
+    let limiter = seats(&backend, OnFailure::Closed);
+    let mut conn = server.client();
+    let bad_key = limiter.redis_keys("bad").remove(0);
+    let _: () = conn.set(&bad_key, "not a state").unwrap();
+
+    for calls in [vec![("a", 3), ("bad", 1)], vec![("bad", 1), ("a", 3)]] {
+        let batch = limiter.check_all(&calls).await.unwrap();
+        assert!(!batch.is_admitted(), "{batch:?}");
+        assert!(
+            batch.decisions().iter().any(|d| d.failed_closed()),
+            "{batch:?}"
+        );
+    }
+    assert_eq!(remaining(&limiter.check_n("a", 0).await.unwrap()), 10);
+    let stored: Option<String> = conn.get(&limiter.redis_keys("a")[0]).unwrap();
+    assert_eq!(stored, None, "a refused batch writes nothing");
+    let kept: String = conn.get(&bad_key).unwrap();
+    assert_eq!(kept, "not a state", "nothing overwritten");
 }
 
 // ---- A model: the Rust algorithms on a map of states, all or nothing. ----

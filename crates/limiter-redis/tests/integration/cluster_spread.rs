@@ -2,8 +2,9 @@
 //! land on every master (no master above 40% of 10,000 identifiers' keys) and decisions on
 //! one master share script calls (coalesced per master, across its slots), a stack whose
 //! layers land in different slots is all or nothing (a denial by a later slot gives back what
-//! earlier slots took), racing calls across slots leave exactly what they admitted, and a
-//! leased stack across slots is refused when built.
+//! earlier slots took, and so does a later slot whose state Redis cannot read), racing calls
+//! across slots leave exactly what they admitted, and a leased stack across slots is refused
+//! when built.
 //!
 //! Time is injected and frozen, so nothing refills and every count is exact.
 
@@ -14,7 +15,8 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use limiter_core::{Limit, ManualClock};
 use limiter_redis::{
-    BuildError, Kind, Lease, OnFailure, Origin, RedisBackend, RedisLayer, RedisStack, Slack,
+    BackendError, BuildError, Kind, Lease, OnFailure, Origin, RedisBackend, RedisLayer, RedisStack,
+    Slack,
 };
 
 const START: u64 = 1_795_000_000_000_000_000;
@@ -195,6 +197,58 @@ async fn a_stack_across_slots_is_all_or_nothing() {
         "{error}"
     );
     assert!(error.to_string().contains("hash_tag_from"), "{error}");
+}
+
+/// Runs `command` on whichever master serves its key's slot (the others answer `MOVED`).
+fn on_its_master(cluster: &common::RedisCluster, command: &redis::Cmd) {
+    let done = cluster
+        .nodes
+        .iter()
+        .any(|node| command.query::<()>(&mut node.client()).is_ok());
+    assert!(done, "no master took {command:?}");
+}
+
+/// A later slot whose state Redis cannot read (a key an operator overwrote) fails that part:
+/// what the earlier slot took goes back before the failure policy answers the whole call, and
+/// a failing first slot leaves the later one unasked. Either way no unit stays taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_redis_cannot_decide_leaves_the_other_slots_as_they_were() {
+    let cluster = common::RedisCluster::start();
+    let backend = backend(&cluster).await;
+    let left = |d: &limiter_redis::RedisDecision| -> Vec<u64> {
+        d.layers().iter().map(|l| l.decision.remaining()).collect()
+    };
+    let stack = users_and_all(&backend, "spoilt", 10);
+    assert!(stack.check(&req("ann")).await.unwrap().is_allowed());
+    // The global layer's key (the call's second part, after Ann's) overwritten.
+    let global_key = stack.redis_keys(&req("ann")).remove(1);
+    on_its_master(
+        &cluster,
+        redis::cmd("SET").arg(&global_key).arg("not a state"),
+    );
+    for _ in 0..2 {
+        let failed = stack.check(&req("ann")).await.unwrap();
+        let (true, Some(BackendError::Script(message))) =
+            (failed.failed_closed(), failed.backend_error())
+        else {
+            panic!("expected the global slot's script error, got {failed:?}");
+        };
+        assert!(message.contains(&global_key), "{message}");
+    }
+    // Ann's slot took a unit for each failed call and gave it back: 2 of her 3 left, as after
+    // her one admitted call.
+    on_its_master(&cluster, redis::cmd("DEL").arg(&global_key));
+    let peek = stack.check_n(&req("ann"), 0).await.unwrap();
+    assert_eq!(left(&peek), [2, 10], "{peek:?}");
+
+    // The first part failing: the later one is never asked, so the global count is untouched.
+    let other = users_and_all(&backend, "spoilt-first", 10);
+    let bob_key = other.redis_keys(&req("bob")).remove(0);
+    on_its_master(&cluster, redis::cmd("SET").arg(&bob_key).arg("not a state"));
+    let failed = other.check(&req("bob")).await.unwrap();
+    assert!(failed.failed_closed(), "{failed:?}");
+    let carol = other.check_n(&req("carol"), 0).await.unwrap();
+    assert_eq!(left(&carol), [3, 10], "{carol:?}");
 }
 
 /// Calls racing from many tasks on two threads, each across two slots: no limit admits past

@@ -2,7 +2,7 @@
 //! processes, a release that is idempotent, expiry and renewal on a pinned clock, and a holder
 //! killed with SIGKILL losing its permits after their time to live and nothing else; the
 //! fleet's total (every key's permits, from the name's index) follows each of those, on one
-//! server and on a cluster.
+//! server and on a cluster; a key or index of another type is refused and takes no permit.
 
 use limiter_testkit::redis_server as common;
 
@@ -107,6 +107,40 @@ async fn a_release_is_idempotent_and_an_expired_permit_is_gone_once() {
     );
     assert!(!permits.release("acme", second.id()).await.unwrap());
     assert_eq!(permits.renew("acme", second.id()).await.unwrap(), None);
+}
+
+/// A key or the name's index holding another type (an operator's, another program's under the
+/// prefix) refuses the call with an error naming it and the fix, and is left as found; no
+/// permit is taken for a call that failed.
+#[tokio::test]
+async fn a_key_of_another_type_is_refused_naming_it_and_takes_no_permit() {
+    use redis::Commands;
+    let server = common::RedisServer::start();
+    let clock = ManualClock::new();
+    clock.set(START);
+    let permits = pinned(&server, &clock)
+        .await
+        .permits("jobs", 2, TTL)
+        .unwrap();
+    let mut conn = server.client();
+    let _: () = conn.set("limiter:permits:jobs:{acme}", "mine").unwrap();
+    let error = permits.acquire("acme").await.unwrap_err().to_string();
+    assert!(error.contains("limiter:permits:jobs:{acme}"), "{error}");
+    assert!(error.contains("delete it or change the prefix"), "{error}");
+    let error = permits.release("acme", "some-id").await.unwrap_err();
+    assert!(error.to_string().contains("{acme}"), "{error}");
+    let kept: String = conn.get("limiter:permits:jobs:{acme}").unwrap();
+    assert_eq!(kept, "mine", "left as found");
+
+    // The index of every key's permits spoilt: the key's permit is not taken either.
+    let _: () = conn.set("limiter:permits:{jobs}", "mine").unwrap();
+    let error = permits.acquire("bolt").await.unwrap_err().to_string();
+    assert!(error.contains("limiter:permits:{jobs}"), "{error}");
+    let _: () = conn.del("limiter:permits:{jobs}").unwrap();
+    assert_eq!(permits.held("bolt").await.unwrap(), 0, "no permit taken");
+    let first = permit(permits.acquire("bolt").await.unwrap());
+    assert_eq!(permits.held_total().await.unwrap(), 1);
+    assert!(permits.release("bolt", first.id()).await.unwrap());
 }
 
 #[tokio::test]

@@ -1,7 +1,7 @@
 //! Calendar quotas on Redis against a real `redis-server`, on pinned clocks: a day in Berlin
 //! ends at its local midnight as in process; Redis's clock picks the window when a caller's
 //! clock is off across a boundary; a refund gives units back only in their own window; two
-//! backends on one Redis count together.
+//! backends on one Redis count together; a value no quota wrote is refused and left alone.
 #![cfg(feature = "calendar")]
 
 use limiter_testkit::redis_server as common;
@@ -218,6 +218,57 @@ async fn bad_settings_are_refused_naming_what_is_wrong() {
         .with_prefix("")
         .unwrap_err();
     assert!(err.to_string().contains("prefix `` is empty"), "{err}");
+}
+
+/// A value at a quota's key that no quota wrote (an operator's, another program's under the
+/// same prefix) is refused with an error naming the key and the fix, and left as found: not
+/// read as an empty window, which would count from zero and admit past the count.
+#[tokio::test]
+async fn a_value_no_quota_wrote_is_refused_naming_its_key_and_left_alone() {
+    use redis::Commands;
+    let server = common::RedisServer::start();
+    let clock = ManualClock::new();
+    clock.set(MIDNIGHT - 10 * S);
+    let quota = pinned(&server, &clock)
+        .await
+        .quota("daily", 2, day())
+        .unwrap();
+    let mut conn = server.client();
+    let strings = ["not a counter", "12", "7:1:junk", "7:1:0:1d@Europe/Berlin"];
+    for (i, value) in strings.iter().enumerate() {
+        let key = format!("s{i}");
+        let redis_key = format!("limiter:quota:daily:{{{key}}}");
+        let _: () = conn.set(&redis_key, value).unwrap();
+        let taken = quota.take(&key, 1, MIDNIGHT - 10 * S).await;
+        let refunded = quota.refund(&key, 1, 7).await;
+        for error in [taken.map(|_| ()).unwrap_err(), refunded.unwrap_err()] {
+            let message = error.to_string();
+            assert!(message.contains(&redis_key), "{value}: {message}");
+            assert!(
+                message.contains("delete it or change the prefix"),
+                "{value}: {message}"
+            );
+        }
+        let kept: String = conn.get(&redis_key).unwrap();
+        assert_eq!(&kept, value, "left as found");
+    }
+    let _: () = conn
+        .hset("limiter:quota:daily:{hash}", "field", "1")
+        .unwrap();
+    let error = quota.take("hash", 1, MIDNIGHT - 10 * S).await.unwrap_err();
+    assert!(error.to_string().contains("WRONGTYPE"), "{error}");
+    assert!(error.to_string().contains("{hash}"), "{error}");
+    // A counter written before the count and calendar were kept still counts.
+    let window = quota
+        .take("new", 0, MIDNIGHT - 10 * S)
+        .await
+        .unwrap()
+        .window;
+    let _: () = conn
+        .set("limiter:quota:daily:{old}", format!("{window}:1"))
+        .unwrap();
+    let old = quota.take("old", 1, MIDNIGHT - 10 * S).await.unwrap();
+    assert_eq!(old.decision.remaining(), 0, "{old:?}");
 }
 
 #[tokio::test]

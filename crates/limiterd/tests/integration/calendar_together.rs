@@ -1,8 +1,9 @@
 //! A call's calendar quotas on Redis asked with its policy's stack, through a real limiterd
 //! over HTTP: when a quota denies, what the other quotas and the stack took goes back, alone
 //! and in a batch, and each call is counted once; the same while Redis fails and the local
-//! fallbacks decide; callers racing leak no unit; a leased
-//! policy's rate limits are still decided on its lease.
+//! fallbacks decide; a part Redis cannot read (its key overwritten) fails the call and what
+//! the other parts took goes back; callers racing leak no unit; a leased policy's rate limits
+//! are still decided on its lease.
 
 use limiter_testkit::redis_server::RedisServer;
 use serde_json::{Value, json};
@@ -113,6 +114,70 @@ on_failure = \"fallback\"
         (&json!(true), &json!(0)),
         "the bucket's last unit: {dan}"
     );
+    let erin = client.decide(item("erin")).await;
+    assert_eq!(erin["success"], false, "the bucket is spent: {erin}");
+}
+
+/// A part Redis cannot decide (its key overwritten by an operator) fails the call by the
+/// policy's failure policy (closed here: 503 naming the key), and what the other parts took
+/// for it goes back: the stack's unit when the quota's key is bad, the quota's when the
+/// bucket's is.
+#[tokio::test]
+async fn a_part_redis_cannot_read_gives_back_what_the_others_took() {
+    let server = RedisServer::start();
+    let (zone, _) = zone_with_a_midnight_ahead();
+    // A day's 2 per identifier and a bucket of 3 an hour for everyone, failing closed.
+    let daemon = Daemon::on_redis(
+        &format!("calendar-spoilt-{}.toml", server.port),
+        &format!(
+            "[policies.gated]\n\
+             on_failure = \"closed\"\n\
+             limits = [\n\
+               {{ algorithm = \"fixed_window\", count = 2, period = \"1d\", calendar = \"{zone}\" }},\n\
+               {{ algorithm = \"token_bucket\", count = 3, period = \"1h\", key = \"global\" }},\n\
+             ]\n"
+        ),
+        &server.url(),
+    );
+    let mut client = Client::connect(daemon.addr).await;
+    let item = |identifier: &str| json!({"policy": "gated", "identifier": identifier});
+    let first = client.decide(item("ann")).await;
+    assert_eq!(first["success"], true, "{first}");
+    let mut redis = server.client();
+    let mut set = |key: &str, value: Option<&str>| {
+        let command = match value {
+            Some(value) => redis::cmd("SET").arg(key).arg(value).clone(),
+            None => redis::cmd("DEL").arg(key).clone(),
+        };
+        command.query::<()>(&mut redis).unwrap();
+    };
+    // The bucket's key overwritten: Ann's call fails, and her day's unit goes back.
+    let bucket = "limiterd:{gated}:global:0";
+    set(bucket, Some("not a state"));
+    let (status, failed) = client.post("/v1/ratelimit", &item("ann")).await;
+    assert_eq!(status, 503, "{failed}");
+    assert!(failed.to_string().contains(bucket), "{failed}");
+    set(bucket, None);
+    let second = client.decide(item("ann")).await;
+    assert_eq!(
+        (&second["success"], &second["remaining"]),
+        (&json!(true), &json!(0)),
+        "her day's second unit: {second}"
+    );
+    // Bob's quota key overwritten: his call fails, and the bucket's unit goes back (the
+    // bucket, emptied above, gave Ann one of its 3).
+    set("limiterd:quota:gated:0:{bob}", Some("not a state"));
+    let (status, failed) = client.post("/v1/ratelimit", &item("bob")).await;
+    assert_eq!(status, 503, "{failed}");
+    assert!(failed.to_string().contains("{bob}"), "{failed}");
+    for (who, left) in [("carol", 1), ("dan", 0)] {
+        let taken = client.decide(item(who)).await;
+        assert_eq!(
+            (&taken["success"], &taken["remaining"]),
+            (&json!(true), &json!(left)),
+            "{who}: {taken}"
+        );
+    }
     let erin = client.decide(item("erin")).await;
     assert_eq!(erin["success"], false, "the bucket is spent: {erin}");
 }
