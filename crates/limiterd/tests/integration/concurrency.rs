@@ -2,7 +2,8 @@
 //! permit, a call past the count is refused taking nothing, a release answers whether the
 //! permit was held (idempotent), the metrics count what is held; in memory, and on Redis
 //! shared by two processes (a permit taken through one is released through the other, and
-//! either scrapes the fleet's count); while Redis fails, on local stand-ins, all or nothing.
+//! either scrapes the fleet's count); a permit key Redis cannot read fails the call and
+//! keeps no unit; while Redis fails, on local stand-ins, all or nothing.
 
 use limiter_testkit::redis_server::RedisServer;
 
@@ -256,6 +257,52 @@ async fn on_redis_a_permit_and_the_rate_limits_are_all_or_nothing() {
         let line = format!("limiterd_decisions_total{{policy=\"gated\",result=\"{result}\"}} {n}");
         assert!(text.lines().any(|l| l == line), "{line}: {text}");
     }
+}
+
+/// A permit key holding what no limiter wrote (an operator's `SET`) fails the call by the
+/// policy's failure policy (closed: a 503 naming the key), takes no permit, and gives back
+/// the bucket's unit asked with it.
+#[tokio::test]
+async fn on_redis_a_permit_key_redis_cannot_read_gives_back_the_rate_units() {
+    let server = RedisServer::start();
+    let daemon = Daemon::on_redis(
+        &format!("concurrency-spoilt-{}.toml", server.port),
+        "[policies.gated]\n\
+         on_failure = \"closed\"\n\
+         limits = [\n\
+           { algorithm = \"concurrency\", count = 1, ttl = \"10m\" },\n\
+           { algorithm = \"token_bucket\", count = 2, period = \"1h\", key = \"global\" },\n\
+         ]\n",
+        &server.url(),
+    );
+    let mut client = Client::connect(daemon.addr).await;
+    let ask = |identifier: &str| json!({"policy": "gated", "identifier": identifier});
+    let _ann = permit(&client.decide(ask("ann")).await);
+    let mut redis = server.client();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*permits*{ann}")
+        .query(&mut redis)
+        .unwrap();
+    let [ann_key] = keys.as_slice() else {
+        panic!("Ann's permit key: {keys:?}");
+    };
+    let zed_key = ann_key.replace("{ann}", "{zed}");
+    redis::cmd("SET")
+        .arg(&zed_key)
+        .arg("mine")
+        .query::<()>(&mut redis)
+        .unwrap();
+    let (status, failed) = client.post("/v1/ratelimit", &ask("zed")).await;
+    assert_eq!(status, 503, "{failed}");
+    assert!(failed.to_string().contains(&zed_key), "{failed}");
+    // The bucket's unit taken with Zed's call came back: Bob takes the last, Carol none.
+    let bob = client.decide(ask("bob")).await;
+    let _bob = permit(&bob);
+    assert_eq!(bob["remaining"], 0, "{bob}");
+    let carol = client.decide(ask("carol")).await;
+    assert_eq!(carol["success"], false, "{carol}");
+    let kept: String = redis::cmd("GET").arg(&zed_key).query(&mut redis).unwrap();
+    assert_eq!(kept, "mine", "left as found");
 }
 
 #[tokio::test]
