@@ -121,7 +121,7 @@ on_failure = \"fallback\"
 /// A part Redis cannot decide (its key overwritten by an operator) fails the call by the
 /// policy's failure policy (closed here: 503 naming the key), and what the other parts took
 /// for it goes back: the stack's unit when the quota's key is bad, the quota's when the
-/// bucket's is.
+/// bucket's is, alone and in a batch.
 #[tokio::test]
 async fn a_part_redis_cannot_read_gives_back_what_the_others_took() {
     let server = RedisServer::start();
@@ -170,6 +170,15 @@ async fn a_part_redis_cannot_read_gives_back_what_the_others_took() {
     let (status, failed) = client.post("/v1/ratelimit", &item("bob")).await;
     assert_eq!(status, 503, "{failed}");
     assert!(failed.to_string().contains("{bob}"), "{failed}");
+    // In a batch too: Bob's bad key fails it, and Carol's units in the quota and the bucket go
+    // back.
+    let (status, failed) = client
+        .post(
+            "/v1/ratelimit/many",
+            &json!({"requests": [item("carol"), item("bob")]}),
+        )
+        .await;
+    assert_eq!(status, 503, "{failed}");
     for (who, left) in [("carol", 1), ("dan", 0)] {
         let taken = client.decide(item(who)).await;
         assert_eq!(
