@@ -129,7 +129,7 @@ impl Policies {
     /// The IETF headers of every layer's answer in `each`. The usual answer (one layer)
     /// reuses its plan's policy value; several are joined. Values are written into the
     /// thread's header buffer (`values.rs`): nothing is allocated per response.
-    fn ietf(&self, each: &LayerAnswers) -> RateHeaders {
+    pub(crate) fn ietf(&self, each: &LayerAnswers) -> RateHeaders {
         let applied = || {
             each.iter().filter_map(|layer| {
                 let plan = self.plan(layer.layer, layer.plan)?;

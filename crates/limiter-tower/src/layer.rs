@@ -315,13 +315,7 @@ where
         // In process, the answer is here now. A remote limiter's future borrows the request
         // and has done nothing yet: it is dropped, and asked again from a future that owns the
         // request.
-        // Each layer's answer is asked for only where a header reports every layer.
-        let mut each = None;
-        let now = match shared.decide(&request, cost, &mut each) {
-            Decide::Now(answer) => Some(answer),
-            Decide::Later(_unpolled) => None,
-        };
-        let now = now.map(|answer| shared.verdict(&answer, &request, answers(&each)));
+        let now = shared.decide_now(&request, cost);
         if let Some(verdict) = now {
             // The inner service (the one driven to readiness) is called at once: no
             // allocation, no clone of it.
@@ -453,6 +447,38 @@ impl<L: AsyncLimiter<HttpRequest>> Shared<L> {
             }
         }
         Ok(())
+    }
+
+    /// The verdict on `request` when the limiter answers at once (in process), `None` when it
+    /// decides later. Each layer's answer is kept only for the IETF headers. The answer is
+    /// read where the limiter wrote it, not moved out of `Decide::Now` into an `Option` first
+    /// (a copy of the whole answer per request). Where each layer's answer is kept (`each`
+    /// borrowed until the answer is out), an admission is told apart in place and rendered
+    /// from `each` alone; only another answer is moved out.
+    #[allow(clippy::result_large_err)]
+    #[inline]
+    fn decide_now<RB: AnswerBody>(
+        &self,
+        request: &HttpRequest,
+        cost: u64,
+    ) -> Option<Result<RateHeaders, Response<RB>>> {
+        if self.mode != HeaderMode::Ietf {
+            return match self.limiter.decide_request(request, cost) {
+                Decide::Now(answer) => Some(self.verdict(&answer, request, answers(&None))),
+                Decide::Later(_unpolled) => None,
+            };
+        }
+        let mut each = None;
+        let other = match self.decide(request, cost, &mut each) {
+            Decide::Now(Ok(Outcome::Decided { decision, .. })) if decision.is_allowed() => None,
+            Decide::Now(other) => Some(other),
+            Decide::Later(_unpolled) => return None,
+        };
+        let each = answers(&each);
+        Some(match other {
+            None => Ok(self.policies.ietf(each)),
+            Some(answer) => self.verdict(&answer, request, each),
+        })
     }
 
     /// The limiter's answer to `cost` units of `request`, with each layer's in `each` when
