@@ -31,6 +31,12 @@ async fn pinned(server: &common::RedisServer, clock: &ManualClock) -> RedisBacke
         .expect("connects")
 }
 
+/// Permits `jobs`, 2 per key, on `server` with `clock` set to [`START`].
+async fn two_jobs(server: &common::RedisServer, clock: &ManualClock) -> RedisPermits {
+    clock.set(START);
+    pinned(server, clock).await.permits("jobs", 2, TTL).unwrap()
+}
+
 fn permit(acquired: Acquired) -> limiter_redis::RedisPermit {
     match acquired {
         Acquired::Held(permit) => permit,
@@ -42,11 +48,7 @@ fn permit(acquired: Acquired) -> limiter_redis::RedisPermit {
 async fn a_release_is_idempotent_and_an_expired_permit_is_gone_once() {
     let server = common::RedisServer::start();
     let clock = ManualClock::new();
-    clock.set(START);
-    let permits = pinned(&server, &clock)
-        .await
-        .permits("jobs", 2, TTL)
-        .unwrap();
+    let permits = two_jobs(&server, &clock).await;
     let first = permit(permits.acquire("acme").await.unwrap());
     assert_eq!(first.expires_at_ms(), START / 1_000_000 + 30_000);
     let second = permit(permits.acquire("acme").await.unwrap());
@@ -117,11 +119,7 @@ async fn a_key_of_another_type_is_refused_naming_it_and_takes_no_permit() {
     use redis::Commands;
     let server = common::RedisServer::start();
     let clock = ManualClock::new();
-    clock.set(START);
-    let permits = pinned(&server, &clock)
-        .await
-        .permits("jobs", 2, TTL)
-        .unwrap();
+    let permits = two_jobs(&server, &clock).await;
     let mut conn = server.client();
     let _: () = conn.set("limiter:permits:jobs:{acme}", "mine").unwrap();
     let error = permits.acquire("acme").await.unwrap_err().to_string();

@@ -30,15 +30,20 @@ fn day() -> Calendar {
     Calendar::new(CalendarUnit::Day, "Europe/Berlin").expect("known zone")
 }
 
+/// Quota `daily`, 2 a day in Berlin, on `server` with `clock` set 10 s before [`MIDNIGHT`].
+async fn two_a_day(server: &common::RedisServer, clock: &ManualClock) -> limiter_redis::RedisQuota {
+    clock.set(MIDNIGHT - 10 * S);
+    pinned(server, clock)
+        .await
+        .quota("daily", 2, day())
+        .unwrap()
+}
+
 #[tokio::test]
 async fn a_day_ends_at_local_midnight_and_redis_time_picks_the_window() {
     let server = common::RedisServer::start();
     let clock = ManualClock::new();
-    clock.set(MIDNIGHT - 10 * S);
-    let quota = pinned(&server, &clock)
-        .await
-        .quota("daily", 2, day())
-        .unwrap();
+    let quota = two_a_day(&server, &clock).await;
     // A key that counts nothing is full now: no reset to wait for.
     let fresh = quota.take("acme", 0, MIDNIGHT - 10 * S).await.unwrap();
     assert_eq!(
@@ -228,11 +233,7 @@ async fn a_value_no_quota_wrote_is_refused_naming_its_key_and_left_alone() {
     use redis::Commands;
     let server = common::RedisServer::start();
     let clock = ManualClock::new();
-    clock.set(MIDNIGHT - 10 * S);
-    let quota = pinned(&server, &clock)
-        .await
-        .quota("daily", 2, day())
-        .unwrap();
+    let quota = two_a_day(&server, &clock).await;
     let mut conn = server.client();
     let strings = ["not a counter", "12", "7:1:junk", "7:1:0:1d@Europe/Berlin"];
     for (i, value) in strings.iter().enumerate() {

@@ -46,6 +46,23 @@ async fn released_once(client: &mut Client, identifier: &str, permit: &str) {
     );
 }
 
+/// A limiterd on `server` with policy `gated`: a permit per identifier and a bucket of 2 an
+/// hour for everyone (exactly what two admitted calls take), under failure policy
+/// `on_failure`.
+fn permit_and_bucket(server: &RedisServer, on_failure: &str) -> Daemon {
+    Daemon::on_redis(
+        &format!("concurrency-{on_failure}-gated-{}.toml", server.port),
+        &format!(
+            "[policies.gated]\non_failure = \"{on_failure}\"\n\
+             limits = [\n\
+               {{ algorithm = \"concurrency\", count = 1, ttl = \"10m\" }},\n\
+               {{ algorithm = \"token_bucket\", count = 2, period = \"1h\", key = \"global\" }},\n\
+             ]\n"
+        ),
+        &server.url(),
+    )
+}
+
 async fn release(client: &mut Client, identifier: &str, permit: &str) -> (u16, Value) {
     let body = json!({"policy": "exports", "identifier": identifier, "permit": permit});
     client.post("/v1/ratelimit/release", &body).await
@@ -265,16 +282,7 @@ async fn on_redis_a_permit_and_the_rate_limits_are_all_or_nothing() {
 #[tokio::test]
 async fn on_redis_a_permit_key_redis_cannot_read_gives_back_the_rate_units() {
     let server = RedisServer::start();
-    let daemon = Daemon::on_redis(
-        &format!("concurrency-spoilt-{}.toml", server.port),
-        "[policies.gated]\n\
-         on_failure = \"closed\"\n\
-         limits = [\n\
-           { algorithm = \"concurrency\", count = 1, ttl = \"10m\" },\n\
-           { algorithm = \"token_bucket\", count = 2, period = \"1h\", key = \"global\" },\n\
-         ]\n",
-        &server.url(),
-    );
+    let daemon = permit_and_bucket(&server, "closed");
     let mut client = Client::connect(daemon.addr).await;
     let ask = |identifier: &str| json!({"policy": "gated", "identifier": identifier});
     let _ann = permit(&client.decide(ask("ann")).await);
@@ -358,17 +366,9 @@ async fn while_redis_fails_a_falling_back_policy_hands_out_its_share_from_a_loca
 #[tokio::test]
 async fn while_redis_fails_a_busy_permit_leaves_the_fallback_bucket_untouched() {
     let mut server = RedisServer::start();
-    let daemon = Daemon::on_redis(
-        &format!("concurrency-fallback-gated-{}.toml", server.port),
-        "[policies.one]\non_failure = \"fallback\"\n\
-         limits = [\n\
-           { algorithm = \"concurrency\", count = 1, ttl = \"10m\" },\n\
-           { algorithm = \"token_bucket\", count = 2, period = \"1h\", key = \"global\" },\n\
-         ]\n",
-        &server.url(),
-    );
+    let daemon = permit_and_bucket(&server, "fallback");
     let mut client = Client::connect(daemon.addr).await;
-    let item = |identifier: &str| json!({"policy": "one", "identifier": identifier});
+    let item = |identifier: &str| json!({"policy": "gated", "identifier": identifier});
     server.kill();
 
     let held = client.decide(item("acme")).await;
