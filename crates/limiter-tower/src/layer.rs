@@ -511,6 +511,7 @@ impl<L: AsyncLimiter<HttpRequest>> Shared<L> {
         // Read only to answer: an admitted request never looks.
         let grpc = || response::is_grpc(request.headers());
         match answer {
+            // `decide_now` renders an in-process IETF admission from `each` as this does.
             Ok(Outcome::Decided { decision, .. }) if decision.is_allowed() => {
                 Ok(self.policies.render(self.mode, decision, each))
             }
