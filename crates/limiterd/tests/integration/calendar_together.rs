@@ -11,6 +11,25 @@ use serde_json::{Value, json};
 use crate::calendar::zone_with_a_midnight_ahead;
 use crate::support::{Client, Daemon};
 
+/// A limiterd on `server` with policy `gated`: a day's `day` per identifier (in a zone whose
+/// midnight is ahead) and a bucket of `bucket` an hour for everyone, under failure policy
+/// `on_failure`.
+fn day_and_bucket(server: &RedisServer, day: u64, bucket: u64, on_failure: &str) -> Daemon {
+    let (zone, _) = zone_with_a_midnight_ahead();
+    Daemon::on_redis(
+        &format!("calendar-{on_failure}-gated-{}.toml", server.port),
+        &format!(
+            "[policies.gated]\n\
+             on_failure = \"{on_failure}\"\n\
+             limits = [\n\
+               {{ algorithm = \"fixed_window\", count = {day}, period = \"1d\", calendar = \"{zone}\" }},\n\
+               {{ algorithm = \"token_bucket\", count = {bucket}, period = \"1h\", key = \"global\" }},\n\
+             ]\n"
+        ),
+        &server.url(),
+    )
+}
+
 /// A call's quotas and its stack are taken together: when one quota denies, what the others
 /// and the stack took goes back, alone or in a batch.
 #[tokio::test]
@@ -74,26 +93,9 @@ async fn a_quota_that_denies_leaves_the_other_quotas_and_the_stack_untouched() {
 #[tokio::test]
 async fn while_redis_fails_a_quota_that_denies_leaves_the_fallback_stack_untouched() {
     let mut server = RedisServer::start();
-    let (zone, _) = zone_with_a_midnight_ahead();
     // A day's 1 per identifier and a bucket of 2 an hour for everyone: the bucket holds
     // exactly what two admitted calls take.
-    let daemon = Daemon::on_redis(
-        &format!("calendar-fallback-gated-{}.toml", server.port),
-        &format!(
-            "[policies.gated]
-on_failure = \"fallback\"
-\
-             limits = [
-\
-               {{ algorithm = \"fixed_window\", count = 1, period = \"1d\", calendar = \"{zone}\" }},
-\
-               {{ algorithm = \"token_bucket\", count = 2, period = \"1h\", key = \"global\" }},
-\
-             ]
-"
-        ),
-        &server.url(),
-    );
+    let daemon = day_and_bucket(&server, 1, 2, "fallback");
     let mut client = Client::connect(daemon.addr).await;
     let item = |identifier: &str| json!({"policy": "gated", "identifier": identifier});
     server.kill();
@@ -125,20 +127,8 @@ on_failure = \"fallback\"
 #[tokio::test]
 async fn a_part_redis_cannot_read_gives_back_what_the_others_took() {
     let server = RedisServer::start();
-    let (zone, _) = zone_with_a_midnight_ahead();
     // A day's 2 per identifier and a bucket of 3 an hour for everyone, failing closed.
-    let daemon = Daemon::on_redis(
-        &format!("calendar-spoilt-{}.toml", server.port),
-        &format!(
-            "[policies.gated]\n\
-             on_failure = \"closed\"\n\
-             limits = [\n\
-               {{ algorithm = \"fixed_window\", count = 2, period = \"1d\", calendar = \"{zone}\" }},\n\
-               {{ algorithm = \"token_bucket\", count = 3, period = \"1h\", key = \"global\" }},\n\
-             ]\n"
-        ),
-        &server.url(),
-    );
+    let daemon = day_and_bucket(&server, 2, 3, "closed");
     let mut client = Client::connect(daemon.addr).await;
     let item = |identifier: &str| json!({"policy": "gated", "identifier": identifier});
     let first = client.decide(item("ann")).await;
