@@ -435,7 +435,11 @@ impl RedisBackend {
                         asking = !moved;
                         continue;
                     }
-                    if e.to_string().contains("limiter:") {
+                    if let (Some("limiter:"), Some(detail)) = (e.code(), e.detail()) {
+                        // The script's own refusal, as written (Redis's error shows its first
+                        // word as a quoted code), as a refusal inside a reply reads.
+                        Err(BackendError::Script(format!("limiter: {detail}")))
+                    } else if e.to_string().contains("limiter:") {
                         Err(BackendError::Script(e.to_string()))
                     } else {
                         Err(link.explain(Failed::Call(e)))

@@ -13,13 +13,50 @@ use crate::error::{BackendError, BuildError};
 use crate::stack::DEFAULT_PREFIX;
 use crate::stack::build::check_name;
 
-/// Sets a field and moves the version on: `KEYS = [hash, version]`, `ARGV = [field, value]`.
-const PUT: &str =
-    "redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) return redis.call('INCR', KEYS[2])";
+/// A records script: `body` after a check that refuses a version that is not a whole number
+/// (another type, or a value no change wrote), naming the key, before anything is written;
+/// `version` holds the version read (`false` before any change). The body runs its first
+/// command on the hash through `hashed`, which refuses a hash key of another type the same way
+/// (Redis runs a command on a key of another type not at all). No command beyond those of
+/// the documented least-privilege ACL user (no `TYPE`).
+macro_rules! checked {
+    ($body:literal) => {
+        concat!(
+            "local function refused(key, what, detail)
+  return redis.error_reply('limiter: key ' .. key .. ' is not ' .. what .. ' (' .. detail .. '); delete it or change the prefix')
+end
+local function hashed(...)
+  local reply = redis.pcall(...)
+  if type(reply) == 'table' and reply.err then return nil, refused(KEYS[1], 'a records hash', reply.err) end
+  return reply
+end
+local version = redis.pcall('GET', KEYS[2])
+if type(version) == 'table' and version.err then return refused(KEYS[2], 'a records version', version.err) end
+if version and not string.match(version, '^%d+$') then
+  return refused(KEYS[2], 'a records version', 'it holds \"' .. string.sub(version, 1, 40) .. '\"')
+end
+",
+            $body
+        )
+    };
+}
+
+/// Sets a field and moves the version on: `ARGV = [field, value]`.
+const PUT: &str = checked!(
+    "local _, err = hashed('HSET', KEYS[1], ARGV[1], ARGV[2]) if err then return err end
+return redis.call('INCR', KEYS[2])"
+);
 /// Deletes a field and, if it was there, moves the version on; the number of fields deleted.
-const REMOVE: &str = "local n = redis.call('HDEL', KEYS[1], ARGV[1]) if n > 0 then redis.call('INCR', KEYS[2]) end return n";
+const REMOVE: &str = checked!(
+    "local n, err = hashed('HDEL', KEYS[1], ARGV[1]) if err then return err end
+if n > 0 then redis.call('INCR', KEYS[2]) end
+return n"
+);
 /// The version and every field, read together.
-const ALL: &str = "return {redis.call('GET', KEYS[2]) or '0', redis.call('HGETALL', KEYS[1])}";
+const ALL: &str = checked!(
+    "local fields, err = hashed('HGETALL', KEYS[1]) if err then return err end
+return {version or '0', fields}"
+);
 
 /// A named set of records in Redis (see the module docs).
 #[derive(Clone, Debug)]
@@ -78,17 +115,40 @@ impl RedisRecords {
         Ok(number(&reply)? > 0)
     }
 
-    /// The version now (0 before any change).
+    /// The version now (0 before any change); an error naming the key when it holds what no
+    /// change wrote.
     pub async fn version(&self) -> Result<u64, BackendError> {
         let mut cmd = redis::cmd("GET");
         cmd.arg(&self.keys[1]);
-        match self.backend.query(&self.keys[1], &cmd).await? {
-            Value::Nil => Ok(0),
-            other => number(&other),
+        match self.backend.query(&self.keys[1], &cmd).await {
+            Ok(Value::Nil) => Ok(0),
+            Ok(other) => self.version_in(&other),
+            Err(BackendError::Redis(e)) if e.contains("WRONGTYPE") => {
+                Err(BackendError::BadReply(format!(
+                    "records: key {} is not a records version ({e}); delete it or change the \
+                     prefix",
+                    self.keys[1]
+                )))
+            }
+            Err(e) => Err(e),
         }
     }
 
-    /// The version and every `(field, value)`, as of one instant.
+    /// The version `reply` holds, or an error naming the version's key and the fix.
+    fn version_in(&self, reply: &Value) -> Result<u64, BackendError> {
+        number(reply).map_err(|_| {
+            BackendError::BadReply(format!(
+                "records: key {} holds {}, not a version; delete it (the next change starts \
+                 it again, and every reader reads the records whole)",
+                self.keys[1],
+                shown(reply)
+            ))
+        })
+    }
+
+    /// The version and every `(field, value)`, as of one instant. A field or value that is
+    /// not UTF-8 is read with its bad bytes replaced (U+FFFD), so its reader sees a record it
+    /// cannot read and the records beside it still read.
     pub async fn all(&self) -> Result<(u64, Vec<(String, String)>), BackendError> {
         let reply = self
             .backend
@@ -100,11 +160,11 @@ impl RedisRecords {
         let (Some(version), Some(Value::Array(flat))) = (parts.first(), parts.get(1)) else {
             return Err(bad(&Value::Array(parts)));
         };
-        let version = number(version)?;
+        let version = self.version_in(version)?;
         let mut fields = Vec::with_capacity(flat.len() / 2);
         for pair in flat.chunks(2) {
             if let [field, value] = pair {
-                fields.push((text(field)?, text(value)?));
+                fields.push((lossy(field)?, lossy(value)?));
             }
         }
         Ok((version, fields))
@@ -120,6 +180,25 @@ fn text(value: &Value) -> Result<String, BackendError> {
         Value::BulkString(bytes) => String::from_utf8(bytes.clone()).map_err(|_| bad(value)),
         Value::SimpleString(s) => Ok(s.clone()),
         other => Err(bad(other)),
+    }
+}
+
+/// A field or value of the records hash as text, bad UTF-8 replaced.
+fn lossy(value: &Value) -> Result<String, BackendError> {
+    match value {
+        Value::BulkString(bytes) => Ok(String::from_utf8_lossy(bytes).into_owned()),
+        other => text(other),
+    }
+}
+
+/// A reply as an operator would recognise it: its text (at most 40 characters), else its shape.
+fn shown(value: &Value) -> String {
+    match value {
+        Value::BulkString(bytes) => {
+            let text: String = String::from_utf8_lossy(bytes).chars().take(40).collect();
+            format!("{text:?}")
+        }
+        other => format!("{other:?}"),
     }
 }
 

@@ -641,7 +641,8 @@ end
 -- + 1). A holder that asked for a lease is recorded even when it got none, so the others'
 -- next shares make room for it. Nothing is taken unless every limit holds the cost (then the
 -- answers are the denial); a want of 0 takes no lease and leaves the ledger. Expired leases
--- leave the ledger (their units are lost, never returned: the holder may have spent them).
+-- leave the ledger (their units are lost, never returned: the holder may have spent them); an
+-- entry no lease wrote fails the call with the key named, and is left as found.
 local function lease_group(keys, blob, pos, head, holder, now, slack)
   local cost, want, returned, kept, ttl, n = head[1], head[2], head[3], head[4], head[5], head[6]
   local limits = {}
@@ -662,7 +663,11 @@ local function lease_group(keys, blob, pos, head, holder, now, slack)
     for j = 1, #entries, 2 do
       local units, deadline, granted = string.match(entries[j + 1], '^(%d+) (%d+) (%d+)$')
       units, deadline, granted = tonumber(units), tonumber(deadline), tonumber(granted)
-      if units == nil or deadline <= now then
+      if units == nil then
+        -- Not what a lease writes (another program's field, a hand-made entry): refused,
+        -- as a state no limiter wrote is, and left for whoever wrote it.
+        return nil, 'key ' .. keys[ledger] .. ' holds an entry "' .. string.sub(entries[j], 1, 40) .. '" = "' .. string.sub(entries[j + 1], 1, 40) .. '" no lease wrote; delete it or change the prefix'
+      elseif deadline <= now then
         redis.call('HDEL', keys[ledger], entries[j])
       elseif entries[j] == holder then
         mine = { units, granted }

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use limiter_core::{Clock, Limit, ManualClock};
 use limiter_redis::{
-    BuildError, Kind, Lease, LeasedLimiter, LeasedStack, OnFailure, Origin, RedisBackend,
-    RedisLayer, RedisLimiter, RedisStack, Slack,
+    BackendError, BuildError, Kind, Lease, LeasedLimiter, LeasedStack, OnFailure, Origin,
+    RedisBackend, RedisLayer, RedisLimiter, RedisStack, Slack,
 };
 use proptest::prelude::*;
 
@@ -356,6 +356,78 @@ async fn a_lease_outside_its_range_is_refused_with_the_fix() {
         text.contains("1ms") && text.contains("choose one"),
         "{text}"
     );
+}
+
+/// A lease ledger holding what no lease wrote (another type at its key, or an entry of
+/// another shape) fails the call with the key named, takes nothing and is left as found: an
+/// entry dropped as if expired would let the leases outstanding pass the slack unseen.
+#[tokio::test]
+async fn a_ledger_no_lease_wrote_is_refused_and_left_alone() {
+    let server = common::RedisServer::start();
+    let clock = ManualClock::starting_at(START);
+    let lease = Lease::new(Slack::units(20)).ttl(Duration::from_secs(60));
+    let limit = Limit::per_hour(1_000);
+    let node = node(
+        &server.url(),
+        &clock,
+        "foreign",
+        Kind::TokenBucket,
+        limit,
+        lease,
+    )
+    .await;
+    let mut conn = server.client();
+    let ledger_of = |key: &str| {
+        format!(
+            "{}:lease",
+            node.stack().stack().redis_keys(&key.to_owned())[0]
+        )
+    };
+    let _: () = redis::cmd("SET")
+        .arg(ledger_of("string"))
+        .arg("not a ledger")
+        .query(&mut conn)
+        .unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(ledger_of("entry"))
+        .arg("someone")
+        .arg("50 units until noon")
+        .query(&mut conn)
+        .unwrap();
+    for (key, named) in [
+        ("string", "is not a lease ledger"),
+        ("entry", "\"someone\""),
+    ] {
+        let d = node.check(key).await.unwrap();
+        let (true, Some(BackendError::Script(message))) = (d.failed_closed(), d.backend_error())
+        else {
+            panic!("expected a script error on {key}, got {d:?}");
+        };
+        assert!(
+            message.contains(&ledger_of(key)) && message.contains(named),
+            "{message}"
+        );
+        assert!(
+            message.contains("delete it or change the prefix"),
+            "{message}"
+        );
+        assert_eq!(
+            redis_remaining(&node, key).await,
+            1_000,
+            "nothing taken on {key}"
+        );
+    }
+    let string: String = redis::cmd("GET")
+        .arg(ledger_of("string"))
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(string, "not a ledger");
+    let entry: String = redis::cmd("HGET")
+        .arg(ledger_of("entry"))
+        .arg("someone")
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(entry, "50 units until noon", "the entry is left as found");
 }
 
 #[tokio::test]

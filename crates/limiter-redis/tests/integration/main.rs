@@ -20,6 +20,7 @@ mod leased_fleet;
 mod permits;
 mod quota;
 mod record;
+mod records;
 mod refund;
 mod semantics;
 mod sentinel;

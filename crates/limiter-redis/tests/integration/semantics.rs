@@ -564,68 +564,6 @@ async fn a_state_written_by_the_previous_version_is_read() {
 }
 
 #[tokio::test]
-async fn records_move_their_version_with_every_change_and_read_whole() {
-    let server = common::RedisServer::start();
-    let backend = RedisBackend::builder(server.url())
-        .timeout(Duration::from_secs(2))
-        .connect()
-        .await
-        .unwrap();
-    let records = backend
-        .records("overrides")
-        .unwrap()
-        .with_prefix("limiterd")
-        .unwrap();
-    assert_eq!(records.version().await.unwrap(), 0);
-    assert_eq!(records.all().await.unwrap(), (0, Vec::new()));
-    assert_eq!(records.put("a", "1").await.unwrap(), 1);
-    assert_eq!(records.put("b", "{\"x\": 2}").await.unwrap(), 2);
-    assert_eq!(
-        records.put("a", "3").await.unwrap(),
-        3,
-        "a change of a field moves it too"
-    );
-    let (version, mut fields) = records.all().await.unwrap();
-    fields.sort();
-    assert_eq!(version, 3);
-    assert_eq!(
-        fields,
-        [("a".into(), "3".into()), ("b".into(), "{\"x\": 2}".into())]
-    );
-    assert!(records.remove("a").await.unwrap());
-    assert!(!records.remove("a").await.unwrap(), "gone already");
-    assert_eq!(
-        records.version().await.unwrap(),
-        4,
-        "only a real removal moves it"
-    );
-    // Another backend on the same server sees the same records; another name does not.
-    let other = RedisBackend::builder(server.url())
-        .timeout(Duration::from_secs(2))
-        .connect()
-        .await
-        .unwrap();
-    let same = other.records("overrides").unwrap().with_prefix("limiterd");
-    assert_eq!(same.unwrap().all().await.unwrap().1.len(), 1);
-    let elsewhere = other.records("overrides").unwrap();
-    assert_eq!(elsewhere.version().await.unwrap(), 0, "another prefix");
-    assert_eq!(other.records("else").unwrap().version().await.unwrap(), 0);
-    for bad in ["", "a{b", "c}"] {
-        let refused = backend.records(bad).expect_err("a bad name");
-        assert!(refused.to_string().contains("records"), "{refused}");
-        let prefix = backend.records("ok").unwrap().with_prefix(bad);
-        assert!(prefix.is_err(), "{bad:?} as a prefix");
-    }
-    // Both keys share a hash tag: one slot on a cluster.
-    let mut connection = redis::Client::open(server.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
-    let keys: Vec<String> = connection.keys("limiterd:{records:overrides}:*").unwrap();
-    assert_eq!(keys.len(), 2, "{keys:?}");
-}
-
-#[tokio::test]
 async fn through_the_seam_each_layers_answer_is_kept_when_asked_for() {
     use limiter_stack::{AsyncLimiter, LayerAnswers, Outcome};
     let server = common::RedisServer::start();

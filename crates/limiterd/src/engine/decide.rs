@@ -325,8 +325,12 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         reading: u64,
     ) -> Result<Answer, DecideError> {
         let here = |reading: u64| self.unix_origin_ns.saturating_add(reading);
-        let failed = |policy: FailurePolicy| {
-            self.metrics.backend_error();
+        // `why`: the store's error, when the answer carries it (a fallback's does not).
+        let failed = |policy: FailurePolicy, why: Option<&dyn std::fmt::Display>| {
+            match why {
+                Some(error) => self.metrics.store_failed(error),
+                None => self.metrics.backend_error(),
+            }
             self.metrics.failure_policy(policy);
         };
         match outcome.map_err(|e| call_error(&e))? {
@@ -336,7 +340,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                 at_unix_us,
             } => {
                 if origin == Origin::Fallback {
-                    failed(FailurePolicy::Fallback);
+                    failed(FailurePolicy::Fallback, None);
                 }
                 let at_unix_ns = match (at_unix_us, origin) {
                     (Some(us), _) => us.saturating_mul(1_000),
@@ -349,8 +353,8 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                     at_unix_ns,
                 })
             }
-            Outcome::FailedOpen(_) => {
-                failed(FailurePolicy::Open);
+            Outcome::FailedOpen(e) => {
+                failed(FailurePolicy::Open, Some(&e));
                 // Admitted without counting: the policy's tightest limit, with nothing taken.
                 let limit = policy_limit(&**stack, call.plan);
                 Ok(Answer {
@@ -360,7 +364,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                 })
             }
             Outcome::FailedClosed(e) => {
-                failed(FailurePolicy::Closed);
+                failed(FailurePolicy::Closed, Some(&e));
                 Err(DecideError::Unavailable(e.to_string()))
             }
         }

@@ -251,7 +251,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
     /// goes on without the gate (it counts nothing while its store fails). Counted as the
     /// policy's answer to a failure.
     pub(super) fn gate_failed(&self, closed: bool, message: String) -> Result<(), DecideError> {
-        self.metrics.backend_error();
+        self.metrics.store_failed(&message);
         if closed {
             self.metrics.failure_policy(FailurePolicy::Closed);
             return Err(DecideError::Unavailable(message));

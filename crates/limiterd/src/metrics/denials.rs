@@ -3,8 +3,9 @@
 //! denial logged at most once a second, with the number not logged since.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::Duration;
+
+use super::paced::Paced;
 
 /// How many identifiers [`TopDenied`] keeps.
 pub const TOP_DENIED: usize = 32;
@@ -87,20 +88,15 @@ impl TopDenied {
 #[derive(Debug)]
 pub(super) struct Denials {
     top: Mutex<TopDenied>,
-    started: Instant,
-    /// When a denial was last logged, in ms since `started` (`u64::MAX`: never).
-    logged_at_ms: AtomicU64,
-    /// Denials not logged since the last one that was.
-    unlogged: AtomicU64,
+    /// One denial a second is logged.
+    logged: Paced,
 }
 
 impl Denials {
     pub(super) fn new() -> Self {
         Self {
             top: Mutex::new(TopDenied::default()),
-            started: Instant::now(),
-            logged_at_ms: AtomicU64::new(u64::MAX),
-            unlogged: AtomicU64::new(0),
+            logged: Paced::new(Duration::from_secs(1)),
         }
     }
 
@@ -119,28 +115,13 @@ impl Denials {
         if let Ok(mut top) = self.top.try_lock() {
             top.record(policy, identifier);
         }
-        let now_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        // Relaxed: the sampling instant only paces the log (see the exchange below).
-        let last = self.logged_at_ms.load(Ordering::Relaxed);
-        let due = last == u64::MAX || now_ms.saturating_sub(last) >= 1_000;
-        if due
-            && self
-                .logged_at_ms
-                // Relaxed: the sampling instant only paces the log; losing a race skips one line.
-                .compare_exchange(last, now_ms, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            // Relaxed: a statistic, as above.
-            let unlogged = self.unlogged.swap(0, Ordering::Relaxed);
+        if let Some(unlogged) = self.logged.due() {
             tracing::info!(
                 policy,
                 identifier,
                 unlogged,
                 "denied (one denial a second is logged)"
             );
-        } else {
-            // Relaxed: a count of unlogged denials, a statistic.
-            self.unlogged.fetch_add(1, Ordering::Relaxed);
         }
     }
 }

@@ -9,8 +9,9 @@
 //!
 //! For the status page, the metrics also keep every policy's totals ([`Metrics::totals`]) and
 //! the identifiers denied most ([`TopDenied`]: a fixed-size Space-Saving sketch, so its memory
-//! is bounded whatever the traffic), and a denial is logged at most once a second (with the
-//! number not logged since).
+//! is bounded whatever the traffic), and a denial is logged at most once a second, a store
+//! failure a policy answered at most once every ten seconds (each with the number not logged
+//! since: `paced.rs`).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicI64;
@@ -25,6 +26,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 mod denials;
+mod paced;
 mod store;
 use denials::Denials;
 pub use denials::{HeavyHitter, TOP_DENIED, TopDenied};
@@ -193,6 +195,8 @@ pub struct Metrics {
     envoy_keys: Mutex<std::collections::HashSet<String>>,
     invalid: Counter,
     backend_errors: Counter,
+    /// One store failure every ten seconds is logged, with its error.
+    failures_logged: paced::Paced,
     store_full: Counter,
     failure_policy: Family<[(&'static str, &'static str); 1], Counter>,
     store_keys: Gauge<i64, AtomicI64>,
@@ -279,6 +283,7 @@ impl Metrics {
             decisions,
             invalid,
             backend_errors,
+            failures_logged: paced::Paced::new(Duration::from_secs(10)),
             store_full,
             failure_policy,
             store_keys,
@@ -418,8 +423,24 @@ impl Metrics {
         self.store_full.inc();
     }
 
+    /// A store call failed and the failure policy answered without saying why (a fallback
+    /// decided): counted.
     pub(crate) fn backend_error(&self) {
         self.backend_errors.inc();
+    }
+
+    /// A store call failed with `error` (an outage, or a key holding what limiterd did not
+    /// write, named in it) and the failure policy answered: counted, and logged at most once
+    /// every ten seconds with the number not logged since.
+    pub(crate) fn store_failed(&self, error: &dyn std::fmt::Display) {
+        self.backend_errors.inc();
+        if let Some(unlogged) = self.failures_logged.due() {
+            tracing::warn!(
+                %error,
+                unlogged,
+                "a store call failed and the policy's on_failure answered (one such line every 10 s)"
+            );
+        }
     }
 
     /// Counts an answer given by a failure policy.

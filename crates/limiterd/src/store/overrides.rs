@@ -97,7 +97,7 @@ impl Keeping {
 
     /// On Redis, the table as Redis holds it and its version, if the version is not `seen`
     /// (one `GET` when nothing changed); `None` elsewhere or when nothing changed. A record
-    /// this version cannot read is skipped, not fatal.
+    /// this version cannot read is skipped with a warning naming its field, not fatal.
     pub async fn read_if_changed(
         &self,
         seen: Option<u64>,
@@ -112,13 +112,22 @@ impl Keeping {
         }
         let (version, fields) = records.all().await?;
         let mut table = Table::new();
-        for (_, value) in fields {
-            if let Ok(stored) = serde_json::from_str::<Stored>(&value) {
-                let entry = stored.entry;
-                table
-                    .entry(stored.namespace)
-                    .or_default()
-                    .insert(entry.identifier.clone(), entry);
+        for (field, value) in fields {
+            match serde_json::from_str::<Stored>(&value) {
+                Ok(stored) => {
+                    let entry = stored.entry;
+                    table
+                        .entry(stored.namespace)
+                        .or_default()
+                        .insert(entry.identifier.clone(), entry);
+                }
+                // Logged at each read of a changed table, never per decision.
+                Err(e) => tracing::warn!(
+                    field = %field,
+                    error = %e,
+                    "an override record on Redis is not one this version reads; it is skipped \
+                     (a newer limiterd's, or written by hand: delete the field or fix it)"
+                ),
             }
         }
         Ok(Some((table, version)))

@@ -16,6 +16,7 @@ mod operators;
 mod overrides;
 mod process;
 mod process_edges;
+mod store_failures;
 mod support;
 mod unkey;
 mod unkey_fleet;

@@ -4,11 +4,14 @@
 //! and its errors); a wrong password named as authentication and never ready; TLS with a CA
 //! file, and a wrong CA refused at start by name; a cluster with a dead master reporting its
 //! masters and failing slots while healthy identifiers stay on Redis; `--redis-timeout-ms`
-//! setting each call's timeout, and refused without a Redis store.
+//! setting each call's timeout, and refused without a Redis store; the least-privilege ACL
+//! user of docs/operations.md serving every kind of policy, leases, ad-hoc limits and unkey's
+//! overrides.
 
 use limiter_testkit::redis_server::tls::TestCerts;
 use limiter_testkit::redis_server::{ClusterOptions, RedisCluster, RedisServer};
 
+use crate::support::unkey::{KEY, limit, name, root};
 use crate::support::{Client, Daemon, temp_file};
 use serde_json::{Value, json};
 
@@ -224,6 +227,75 @@ async fn the_documented_least_privilege_user_serves_every_kind_of_policy() {
             "a calendar quota as the ACL user: {d}"
         );
     }
+    let (status, ready) = client.send("GET", "/readyz", "").await;
+    assert_eq!(status, 200, "{ready}");
+}
+
+/// The rest of what limiterd keeps on Redis, for the same least-privilege user: a leased
+/// policy (its ledgers), an ad-hoc limit, and unkey's overrides (records: set, read, applied,
+/// listed, deleted) with unkey's namespaced limits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_least_privilege_user_keeps_leases_ad_hoc_limits_and_overrides() {
+    let server = RedisServer::start_with_users(&[USER]);
+    let port = server.port;
+    let file = temp_file(
+        &format!("least-privilege-rest-{port}.toml"),
+        &format!(
+            "[store]\nkind = \"redis\"\nurl = \"redis://limiter:{PASSWORD}@127.0.0.1:{port}\"\non_failure = \"closed\"\n{POLICY}lease_slack = \"10%\"\n"
+        ),
+    );
+    let daemon = Daemon::start_with_env(
+        &["--config", file.to_str().expect("UTF-8")],
+        &[("LIMITERD_ROOT_KEY", KEY)],
+    );
+    let mut client = Client::connect(daemon.addr).await;
+    let mut sources = Vec::new();
+    for _ in 0..5 {
+        let leased = client
+            .decide(json!({"policy": "api", "identifier": "u"}))
+            .await;
+        assert_eq!(
+            leased["success"], true,
+            "a leased policy as the ACL user: {leased}"
+        );
+        sources.push(leased["source"].as_str().unwrap_or_default().to_owned());
+    }
+    assert!(
+        sources.iter().any(|s| s == "lease"),
+        "decided on a lease: {sources:?}"
+    );
+    let ad_hoc = json!({"namespace": "acl", "identifier": "v", "limit": 5, "duration_ms": 60_000});
+    let answer = client.decide(ad_hoc).await;
+    assert_eq!(
+        (answer["success"].clone(), answer["limit"].clone()),
+        (json!(true), json!(5)),
+        "an ad-hoc limit as the ACL user: {answer}"
+    );
+    let set = json!({"namespace": "acl", "identifier": "vip_*", "limit": 1, "duration": 60_000});
+    let (status, value) = root(&mut client, "setOverride", &set).await;
+    assert_eq!(status, 200, "an override kept as the ACL user: {value}");
+    let (status, value) = root(&mut client, "getOverride", &name("acl", "vip_*")).await;
+    assert_eq!(
+        (status, value["data"]["limit"].clone()),
+        (200, json!(1)),
+        "{value}"
+    );
+    let (status, value) = root(&mut client, "listOverrides", &json!({"namespace": "acl"})).await;
+    assert_eq!(status, 200, "{value}");
+    assert_eq!(value["data"].as_array().map(Vec::len), Some(1), "{value}");
+    let (status, value) = root(
+        &mut client,
+        "limit",
+        &limit("acl", "vip_1", 100, 60_000, None),
+    )
+    .await;
+    assert_eq!(
+        (status, value["data"]["limit"].clone()),
+        (200, json!(1)),
+        "{value}"
+    );
+    let (status, value) = root(&mut client, "deleteOverride", &name("acl", "vip_*")).await;
+    assert_eq!(status, 200, "{value}");
     let (status, ready) = client.send("GET", "/readyz", "").await;
     assert_eq!(status, 200, "{ready}");
 }

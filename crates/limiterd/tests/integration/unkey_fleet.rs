@@ -209,3 +209,84 @@ async fn the_bound_on_a_namespace_counts_the_other_instances_overrides_at_once()
         assert_eq!(status, 200);
     }
 }
+
+/// An override record on Redis that this version cannot read (a newer limiterd's, or one
+/// written by hand) is skipped with a warning naming its field, and the records beside it
+/// still apply.
+#[tokio::test]
+async fn a_record_this_version_cannot_read_is_skipped_with_a_warning_naming_it() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let daemon = Daemon::start_recorded(
+        &["--log-level", "warn", "--redis", url.as_str()],
+        &[("LIMITERD_ROOT_KEY", KEY)],
+    );
+    let mut client = Client::connect(daemon.addr).await;
+    let set = json!({"namespace": "mixed", "identifier": "vip", "limit": 1, "duration": 60_000});
+    let (status, value) = root(&mut client, "setOverride", &set).await;
+    assert_eq!(status, 200, "{value}");
+    for command in [
+        "HSET limiterd:{records:overrides}:hash from-the-future not-json",
+        "INCR limiterd:{records:overrides}:version",
+    ] {
+        let reply = limiter_testkit::redis_server::raw_command(redis.port, command);
+        assert!(
+            reply.as_deref().is_some_and(|r| r.starts_with(':')),
+            "{reply:?}"
+        );
+    }
+    let output = daemon.wait_for_output("from-the-future");
+    assert!(output.contains("not one this version reads"), "{output}");
+    let (status, value) = root(&mut client, "getOverride", &name("mixed", "vip")).await;
+    assert_eq!(status, 200, "the readable record still reads: {value}");
+    let (_, value) = root(
+        &mut client,
+        "limit",
+        &limit("mixed", "vip", 100, 60_000, None),
+    )
+    .await;
+    assert_eq!(value["data"]["limit"], 1, "and still applies: {value}");
+}
+
+/// The overrides' version key on Redis holding what no change wrote stops every instance
+/// seeing the others' changes: the poll warns naming the key (once while it lasts) and says
+/// when the overrides read again.
+#[tokio::test]
+async fn a_version_key_no_change_wrote_is_named_in_a_warning_until_it_is_fixed() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let daemon = Daemon::start_recorded(
+        &["--log-level", "info", "--redis", url.as_str()],
+        &[("LIMITERD_ROOT_KEY", KEY)],
+    );
+    let version = "limiterd:{records:overrides}:version";
+    let raw = |command: &str| limiter_testkit::redis_server::raw_command(redis.port, command);
+    assert_eq!(
+        raw(&format!("SET {version} spoilt")).as_deref(),
+        Some("+OK\r\n")
+    );
+    // The poll's warning (the first read may have warned too, if the process was starting).
+    let output = daemon.wait_for_output("the overrides cannot be read from Redis");
+    let warning = output
+        .lines()
+        .find(|line| line.contains("the overrides cannot be read from Redis"))
+        .unwrap_or_default();
+    assert!(warning.contains(version), "{output}");
+    assert!(output.contains("delete it"), "{output}");
+    let mut client = Client::connect(daemon.addr).await;
+    let set = json!({"namespace": "spoilt", "identifier": "vip", "limit": 1, "duration": 60_000});
+    let (status, value) = root(&mut client, "setOverride", &set).await;
+    assert!(
+        status >= 500,
+        "a change that cannot be kept is refused: {value}"
+    );
+    assert!(value.to_string().contains(version), "{value}");
+    assert_eq!(raw(&format!("DEL {version}")).as_deref(), Some(":1\r\n"));
+    let output = daemon.wait_for_output("read from Redis again");
+    let warnings = output
+        .matches("the overrides cannot be read from Redis")
+        .count();
+    assert_eq!(warnings, 1, "one warning while it lasted:\n{output}");
+    let (status, value) = root(&mut client, "setOverride", &set).await;
+    assert_eq!(status, 200, "{value}");
+}
