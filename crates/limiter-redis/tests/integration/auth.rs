@@ -141,7 +141,7 @@ fn documented_rule() -> BTreeSet<String> {
 }
 
 /// Every command this crate's sources send to a data server: what its Lua calls
-/// (`redis.call('X'`, `redis.pcall('X'`) and what the client sends (`cmd("X")`,
+/// (`redis.call('X'`, `redis.pcall('X'`, the records' `hashed('X'`) and what the client sends (`cmd("X")`,
 /// `script_cmd("X"`), with a container command's subcommand (`CLUSTER SLOTS` is
 /// `cluster|slots`). Sentinel's own commands go to the sentinels, not to the data server.
 fn commands_sent() -> BTreeSet<String> {
@@ -166,6 +166,8 @@ fn commands_sent() -> BTreeSet<String> {
             "redis.call('",
             "redis.pcall('",
             "redis.call(\"",
+            // The records scripts' own wrapper of `redis.pcall`.
+            "hashed('",
             "cmd(\"",
             "script_cmd(\"",
         ] {
