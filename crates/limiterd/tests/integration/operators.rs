@@ -178,19 +178,30 @@ limits = [{ algorithm = \"concurrency\", count = 1, ttl = \"30s\" }]\n\
 [policies.monthly]\n\
 limits = [{ algorithm = \"fixed_window\", count = 2, period = \"1mo\", calendar = \"UTC\" }]\n";
 
+/// A Redis with docs/operations.md's least-privilege user, and limiterd on it as that user
+/// (failing closed) serving `policies`, with `env` set.
+fn as_least_privileged_user(
+    name: &str,
+    policies: &str,
+    env: &[(&str, &str)],
+) -> (RedisServer, Daemon) {
+    let server = RedisServer::start_with_users(&[USER]);
+    let port = server.port;
+    let file = temp_file(
+        &format!("least-privilege-{name}-{port}.toml"),
+        &format!(
+            "[store]\nkind = \"redis\"\nurl = \"redis://limiter:{PASSWORD}@127.0.0.1:{port}\"\non_failure = \"closed\"\n{policies}"
+        ),
+    );
+    let daemon = Daemon::start_with_env(&["--config", file.to_str().expect("UTF-8")], env);
+    (server, daemon)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_documented_least_privilege_user_serves_every_kind_of_policy() {
     // The rule docs/operations.md gives, with this test's password: permits (sorted sets) and
     // calendar quotas included, every key under `limiterd:`.
-    let server = RedisServer::start_with_users(&[USER]);
-    let port = server.port;
-    let file = temp_file(
-        &format!("least-privilege-{port}.toml"),
-        &format!(
-            "[store]\nkind = \"redis\"\nurl = \"redis://limiter:{PASSWORD}@127.0.0.1:{port}\"\non_failure = \"closed\"\n{EVERY_KIND}"
-        ),
-    );
-    let daemon = Daemon::start(&["--config", file.to_str().expect("UTF-8")]);
+    let (_server, daemon) = as_least_privileged_user("every-kind", EVERY_KIND, &[]);
     let mut client = Client::connect(daemon.addr).await;
     let api = client
         .decide(json!({"policy": "api", "identifier": "u"}))
@@ -236,18 +247,9 @@ async fn the_documented_least_privilege_user_serves_every_kind_of_policy() {
 /// listed, deleted) with unkey's namespaced limits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_documented_least_privilege_user_keeps_leases_ad_hoc_limits_and_overrides() {
-    let server = RedisServer::start_with_users(&[USER]);
-    let port = server.port;
-    let file = temp_file(
-        &format!("least-privilege-rest-{port}.toml"),
-        &format!(
-            "[store]\nkind = \"redis\"\nurl = \"redis://limiter:{PASSWORD}@127.0.0.1:{port}\"\non_failure = \"closed\"\n{POLICY}lease_slack = \"10%\"\n"
-        ),
-    );
-    let daemon = Daemon::start_with_env(
-        &["--config", file.to_str().expect("UTF-8")],
-        &[("LIMITERD_ROOT_KEY", KEY)],
-    );
+    let policies = format!("{POLICY}lease_slack = \"10%\"\n");
+    let (_server, daemon) =
+        as_least_privileged_user("the-rest", &policies, &[("LIMITERD_ROOT_KEY", KEY)]);
     let mut client = Client::connect(daemon.addr).await;
     let mut sources = Vec::new();
     for _ in 0..5 {

@@ -215,12 +215,7 @@ async fn the_bound_on_a_namespace_counts_the_other_instances_overrides_at_once()
 /// still apply.
 #[tokio::test]
 async fn a_record_this_version_cannot_read_is_skipped_with_a_warning_naming_it() {
-    let redis = RedisServer::start();
-    let url = redis.url();
-    let daemon = Daemon::start_recorded(
-        &["--log-level", "warn", "--redis", url.as_str()],
-        &[("LIMITERD_ROOT_KEY", KEY)],
-    );
+    let (redis, daemon) = recorded_on_redis("warn");
     let mut client = Client::connect(daemon.addr).await;
     let set = json!({"namespace": "mixed", "identifier": "vip", "limit": 1, "duration": 60_000});
     let (status, value) = root(&mut client, "setOverride", &set).await;
@@ -253,12 +248,7 @@ async fn a_record_this_version_cannot_read_is_skipped_with_a_warning_naming_it()
 /// when the overrides read again.
 #[tokio::test]
 async fn a_version_key_no_change_wrote_is_named_in_a_warning_until_it_is_fixed() {
-    let redis = RedisServer::start();
-    let url = redis.url();
-    let daemon = Daemon::start_recorded(
-        &["--log-level", "info", "--redis", url.as_str()],
-        &[("LIMITERD_ROOT_KEY", KEY)],
-    );
+    let (redis, daemon) = recorded_on_redis("info");
     let version = "limiterd:{records:overrides}:version";
     let raw = |command: &str| limiter_testkit::redis_server::raw_command(redis.port, command);
     assert_eq!(
@@ -289,4 +279,15 @@ async fn a_version_key_no_change_wrote_is_named_in_a_warning_until_it_is_fixed()
     assert_eq!(warnings, 1, "one warning while it lasted:\n{output}");
     let (status, value) = root(&mut client, "setOverride", &set).await;
     assert_eq!(status, 200, "{value}");
+}
+
+/// One limiterd on a fresh Redis, logging at `level` and recorded, with the root key.
+fn recorded_on_redis(level: &str) -> (RedisServer, Daemon) {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let daemon = Daemon::start_recorded(
+        &["--log-level", level, "--redis", url.as_str()],
+        &[("LIMITERD_ROOT_KEY", KEY)],
+    );
+    (redis, daemon)
 }
