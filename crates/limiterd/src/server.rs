@@ -186,31 +186,13 @@ fn warn_if_open(config: &Config, state: &AppState<ServiceClock>) {
 }
 
 /// Reads the overrides from Redis every interval, so a change another instance made applies
-/// here within one. A failure is a warning when it first happens or changes (a key holding
-/// what no change wrote is named in it), then quiet until it ends, which is logged too.
+/// here within one (each poll's failure logged and kept as [`Overrides::poll`] says).
+///
+/// [`Overrides::poll`]: crate::ops::overrides::Overrides::poll
 async fn refresh_overrides(live: Arc<Live<ServiceClock>>) {
-    let mut failing: Option<String> = None;
     loop {
         tokio::time::sleep(REFRESH_EVERY).await;
-        match live.overrides.refresh().await {
-            Ok(_) => {
-                if failing.take().is_some() {
-                    tracing::info!("the overrides are read from Redis again");
-                }
-            }
-            Err(e) => {
-                let text = e.to_string();
-                if failing.as_deref() == Some(text.as_str()) {
-                    tracing::debug!(error = %e, "the overrides still cannot be read from Redis");
-                } else {
-                    tracing::warn!(
-                        error = %e,
-                        "the overrides cannot be read from Redis: this instance decides by the copy it has until they can; retrying"
-                    );
-                }
-                failing = Some(text);
-            }
-        }
+        live.overrides.poll().await;
     }
 }
 

@@ -126,8 +126,9 @@ pub fn overrides(overrides: &super::overrides::Overrides) -> Value {
     })
 }
 
-/// How many overrides there are, and the first [`SHOWN_OVERRIDES`] (by namespace, then
-/// identifier), as the status page lists them.
+/// How many overrides there are, the first [`SHOWN_OVERRIDES`] (by namespace, then
+/// identifier), as the status page lists them, and why the last poll of Redis could not read
+/// them (`read_error`, `null` when it could or they are not on Redis).
 pub fn override_list(overrides: &super::overrides::Overrides) -> Value {
     let all = overrides.snapshot();
     let count: usize = all.values().map(Vec::len).sum();
@@ -145,7 +146,7 @@ pub fn override_list(overrides: &super::overrides::Overrides) -> Value {
         })
         .take(SHOWN_OVERRIDES)
         .collect();
-    json!({ "count": count, "shown": shown })
+    json!({ "count": count, "shown": shown, "read_error": overrides.read_error() })
 }
 
 /// The most overrides the status page lists.

@@ -20,7 +20,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::store::RedisRecords;
 pub use crate::store::overrides::Override;
@@ -71,6 +71,9 @@ pub struct Overrides {
     /// Held by one change or refresh at a time, across its write to (or read of) the file or
     /// Redis, so no two of them lose each other's work.
     writing: tokio::sync::Mutex<()>,
+    /// Why the last poll of Redis could not read them (`None`: it could, or no poll yet), for
+    /// `/debug/status`; only [`poll`](Self::poll) writes it.
+    read_error: Mutex<Option<String>>,
 }
 
 impl Overrides {
@@ -84,6 +87,7 @@ impl Overrides {
             keeping,
             table: RwLock::new((table, None)),
             writing: tokio::sync::Mutex::new(()),
+            read_error: Mutex::new(None),
         }
     }
 
@@ -119,6 +123,38 @@ impl Overrides {
             }
             None => Ok(false),
         }
+    }
+
+    /// One poll of Redis (every [`REFRESH_EVERY`]): [`refresh`](Self::refresh), with its
+    /// failure kept for `/debug/status` and logged as a warning when it starts or changes (a
+    /// key holding what no change wrote is named in it), quietly while it lasts, and its end
+    /// logged too.
+    pub async fn poll(&self) {
+        let result = self.refresh().await.map_err(|e| e.to_string());
+        let mut read_error = self
+            .read_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match (&result, read_error.as_deref()) {
+            (Ok(_), Some(_)) => tracing::info!("the overrides are read from Redis again"),
+            (Err(error), last) if last != Some(error.as_str()) => tracing::warn!(
+                %error,
+                "the overrides cannot be read from Redis: this instance decides by the copy it has until they can; retrying"
+            ),
+            (Err(error), _) => {
+                tracing::debug!(%error, "the overrides still cannot be read from Redis");
+            }
+            (Ok(_), None) => {}
+        }
+        *read_error = result.err();
+    }
+
+    /// Why the last poll of Redis could not read the overrides (`None`: it could).
+    pub fn read_error(&self) -> Option<String> {
+        self.read_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// On Redis, catches up with the changes other instances made (one `GET` when there were

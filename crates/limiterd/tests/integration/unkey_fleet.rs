@@ -244,8 +244,8 @@ async fn a_record_this_version_cannot_read_is_skipped_with_a_warning_naming_it()
 }
 
 /// The overrides' version key on Redis holding what no change wrote stops every instance
-/// seeing the others' changes: the poll warns naming the key (once while it lasts) and says
-/// when the overrides read again.
+/// seeing the others' changes: the poll warns naming the key (once while it lasts),
+/// `/debug/status` names it while it lasts, and the log says when the overrides read again.
 #[tokio::test]
 async fn a_version_key_no_change_wrote_is_named_in_a_warning_until_it_is_fixed() {
     let (redis, daemon) = recorded_on_redis("info");
@@ -271,8 +271,21 @@ async fn a_version_key_no_change_wrote_is_named_in_a_warning_until_it_is_fixed()
         "a change that cannot be kept is refused: {value}"
     );
     assert!(value.to_string().contains(version), "{value}");
+    let read_error = |status: &str| {
+        let status: Value = serde_json::from_str(status).expect("JSON");
+        status["overrides"]["read_error"].clone()
+    };
+    let (code, status) = client.send("GET", "/debug/status", "").await;
+    assert_eq!(code, 200, "{status}");
+    let shown = read_error(&status);
+    assert!(
+        shown.as_str().is_some_and(|e| e.contains(version)),
+        "{status}"
+    );
     assert_eq!(raw(&format!("DEL {version}")).as_deref(), Some(":1\r\n"));
     let output = daemon.wait_for_output("read from Redis again");
+    let (_, status) = client.send("GET", "/debug/status", "").await;
+    assert_eq!(read_error(&status), Value::Null, "{status}");
     let warnings = output
         .matches("the overrides cannot be read from Redis")
         .count();
