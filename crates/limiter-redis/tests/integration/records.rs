@@ -91,33 +91,9 @@ async fn keys_holding_what_no_change_wrote_are_refused_by_name_and_left_alone() 
         "limiterd:{records:overrides}:hash",
         "limiterd:{records:overrides}:version",
     );
-    let refused_naming = |result: Result<String, BackendError>, key: &str, what: &str| {
-        let message = result.expect_err(what).to_string();
-        assert!(message.contains(key), "{what}: {message}");
-        assert!(message.contains("delete it"), "{what}: {message}");
-    };
     // A version that is not a whole number: every call refused, nothing written.
     let _: () = conn.set(version, "not a version").unwrap();
-    refused_naming(
-        records.version().await.map(|v| v.to_string()),
-        version,
-        "version",
-    );
-    refused_naming(
-        records.all().await.map(|a| format!("{a:?}")),
-        version,
-        "all",
-    );
-    refused_naming(
-        records.put("a", "1").await.map(|v| v.to_string()),
-        version,
-        "put",
-    );
-    refused_naming(
-        records.remove("a").await.map(|r| r.to_string()),
-        version,
-        "remove",
-    );
+    refused_naming(&records, version, &["version", "all", "put", "remove"]).await;
     let written: bool = conn.exists(hash).unwrap();
     assert!(!written, "a refused put writes no field");
     let kept: String = conn.get(version).unwrap();
@@ -125,29 +101,11 @@ async fn keys_holding_what_no_change_wrote_are_refused_by_name_and_left_alone() 
     // A version of another type.
     let _: () = conn.del(version).unwrap();
     let _: () = conn.rpush(version, "x").unwrap();
-    refused_naming(
-        records.version().await.map(|v| v.to_string()),
-        version,
-        "a list's version",
-    );
-    refused_naming(
-        records.put("a", "1").await.map(|v| v.to_string()),
-        version,
-        "a list's put",
-    );
-    // The hash of another type.
+    refused_naming(&records, version, &["version", "all", "put", "remove"]).await;
+    // The hash of another type (the version, absent, reads as 0).
     let _: () = conn.del(version).unwrap();
     let _: () = conn.set(hash, "not a hash").unwrap();
-    refused_naming(
-        records.all().await.map(|a| format!("{a:?}")),
-        hash,
-        "a string's all",
-    );
-    refused_naming(
-        records.put("a", "1").await.map(|v| v.to_string()),
-        hash,
-        "a string's put",
-    );
+    refused_naming(&records, hash, &["all", "put", "remove"]).await;
     let moved: Option<String> = conn.get(version).unwrap();
     assert_eq!(moved, None, "a refused put moves no version");
     // A record that is not UTF-8 reads (its bad bytes replaced) beside a good one.
@@ -163,4 +121,23 @@ async fn keys_holding_what_no_change_wrote_are_refused_by_name_and_left_alone() 
             ("good".into(), "{}".into())
         ]
     );
+}
+
+/// Asserts that each of `records`' calls named in `refused` (`version`, `all`, `put`,
+/// `remove`) is refused with an error naming `key` and the fix.
+async fn refused_naming(records: &RedisRecords, key: &str, refused: &[&str]) {
+    for &call in refused {
+        let result = match call {
+            "version" => records.version().await.map(|v| v.to_string()),
+            "all" => records.all().await.map(|a| format!("{a:?}")),
+            "put" => records.put("a", "1").await.map(|v| v.to_string()),
+            _ => records.remove("a").await.map(|r| r.to_string()),
+        };
+        let message: String = result.map_or_else(
+            |e: BackendError| e.to_string(),
+            |ok| panic!("{call} on {key}: not refused, answered {ok}"),
+        );
+        assert!(message.contains(key), "{call}: {message}");
+        assert!(message.contains("delete it"), "{call}: {message}");
+    }
 }
