@@ -43,19 +43,32 @@ end "
     };
 }
 
-/// What the scripts that change a key start with: `expired(set)` drops `set`'s expired permits,
-/// answering an error reply (naming the key and the fix) when `set` holds another type (an
-/// operator's or another program's key under the prefix), which is left as found. Every set a
-/// script writes is checked so before its first write: a script that stopped halfway would
-/// leave a permit taken that its caller was told failed.
-macro_rules! expiring {
+/// What every script starts with: `refused(set, reply)` is an error reply naming `set` and the
+/// fix when `reply` (a `redis.pcall`'s) is Redis's error, as it is when `set` holds another type
+/// (an operator's or another program's key under the prefix), which is left as found; `nil`
+/// otherwise.
+macro_rules! refusing {
     () => {
-        "local function expired(set) \
-  local dropped = redis.pcall('ZREMRANGEBYSCORE', set, '-inf', now) \
-  if type(dropped) == 'table' then \
-    return redis.error_reply('limiter: key ' .. set .. ' cannot be read (' .. tostring(dropped.err) .. '); delete it or change the prefix') \
+        "local function refused(set, reply) \
+  if type(reply) == 'table' and reply.err then \
+    return redis.error_reply('limiter: key ' .. set .. ' cannot be read (' .. tostring(reply.err) .. '); delete it or change the prefix') \
   end \
 end "
+    };
+}
+
+/// What the scripts that change a key start with: `expired(set)` drops `set`'s expired permits,
+/// answering [`refusing`]'s error reply when `set` holds another type. Every set a script
+/// writes is checked so before its first write: a script that stopped halfway would leave a
+/// permit taken that its caller was told failed.
+macro_rules! expiring {
+    () => {
+        concat!(
+            refusing!(),
+            "local function expired(set) \
+  return refused(set, redis.pcall('ZREMRANGEBYSCORE', set, '-inf', now)) \
+end "
+        )
     };
 }
 
@@ -108,17 +121,33 @@ return expiry"
 /// On a cluster, where the index is in a slot of its own: indexes permit `id` until `expiry`
 /// (taken or renewed; expired ones dropped first) and keeps the index as long as its last
 /// permit. `ARGV = [now?, expiry, id]`.
-const INDEX: &str = concat!(indexing!(), "index(KEYS[1], ARGV[2], ARGV[3]) return 1");
+const INDEX: &str = concat!(
+    indexing!(),
+    expiring!(),
+    "local refused = expired(KEYS[1]) if refused then return refused end \
+index(KEYS[1], ARGV[2], ARGV[3]) return 1"
+);
 
 /// On a cluster: drops permit `id` from the index. `ARGV = [id]`.
-const UNINDEX: &str = "return redis.call('ZREM', KEYS[1], ARGV[1])";
+const UNINDEX: &str = concat!(
+    refusing!(),
+    "local gone = redis.pcall('ZREM', KEYS[1], ARGV[1]) \
+return refused(KEYS[1], gone) or gone"
+);
 
 /// Drops expired permits from the index and counts the rest. `ARGV = [now?]`.
-const TOTAL: &str = "redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now) \
-return redis.call('ZCARD', KEYS[1])";
+const TOTAL: &str = concat!(
+    expiring!(),
+    "local refused = expired(KEYS[1]) if refused then return refused end \
+return redis.call('ZCARD', KEYS[1])"
+);
 
 /// Permits held and not expired: read only. `ARGV = [now?]`.
-const HELD: &str = "return redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')";
+const HELD: &str = concat!(
+    refusing!(),
+    "local held = redis.pcall('ZCOUNT', KEYS[1], '(' .. now, '+inf') \
+return refused(KEYS[1], held) or held"
+);
 
 /// Permits per key on Redis (see the module docs). Cheap to clone: it shares the backend.
 ///

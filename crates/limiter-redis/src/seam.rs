@@ -14,8 +14,8 @@
 use std::sync::Arc;
 
 use limiter_stack::{
-    Ask, AsyncLimiter, BatchAnswer, BatchItem, Charge, Charges, Decide, Granted, LayerAnswers,
-    LayerInfo, Outcome, Pending, Refunds, Taken, decide_all, undo_with_grant,
+    Ask, AsyncLimiter, BatchAnswer, BatchItem, Charge, Charges, Decide, Failure, Granted,
+    LayerAnswers, LayerInfo, Origin, Outcome, Pending, Refunds, Taken, decide_all, undo_with_grant,
 };
 
 use crate::{BackendError, BatchError, RedisDecision, RedisGrant, RedisStack, RefundError};
@@ -38,10 +38,16 @@ impl From<RedisDecision> for Outcome {
                 Self::FailedClosed(failure())
             };
         };
+        // A fallback's answer carries the failure that sent it there; no other does.
+        let failure = match origin {
+            Origin::Fallback => Some(failure() as Failure),
+            _ => None,
+        };
         Self::Decided {
             decision: *answer.stack(),
             origin,
             at_unix_us: answer.decided_at_micros(),
+            failure,
         }
     }
 }

@@ -13,6 +13,7 @@ use limiter_core::{Limit, ManualClock};
 use limiter_redis::{
     BackendError, BreakerConfig, Kind, OnFailure, Origin, RedisBackend, RedisDecision, RedisLimiter,
 };
+use limiter_stack::Outcome;
 
 const TIMEOUT: Duration = Duration::from_millis(100);
 /// Far longer than any call may take: a call slower than this is a hang.
@@ -168,12 +169,30 @@ async fn the_fallback_enforces_the_same_limits_locally() {
         .limit(Kind::FixedWindow, Limit::per_hour(5))
         .build()
         .unwrap();
-    assert_eq!(call(&limiter, "k").await.origin(), Some(Origin::Remote));
+    let remote = call(&limiter, "k").await;
+    assert_eq!(remote.origin(), Some(Origin::Remote));
+    assert!(
+        matches!(
+            Outcome::from(remote),
+            Outcome::Decided { failure: None, .. }
+        ),
+        "Redis decided: no failure"
+    );
     server.kill();
     let mut admitted = 0;
     for _ in 0..10 {
         let d = call(&limiter, "k").await;
         assert_eq!(d.origin(), Some(Origin::Fallback), "{d:?}");
+        // Through the seam, the fallback's answer says what sent it there.
+        let why = d.backend_error().expect("a fallback's failure").to_string();
+        let Outcome::Decided {
+            failure: Some(failure),
+            ..
+        } = Outcome::from(d.clone())
+        else {
+            panic!("a fallback's answer carries its failure: {d:?}");
+        };
+        assert_eq!(failure.to_string(), why);
         admitted += u32::from(d.is_allowed());
         if d.is_denied() {
             assert!(d.decision().unwrap().retry_after() > Duration::ZERO);

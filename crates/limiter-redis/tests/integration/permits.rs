@@ -113,7 +113,8 @@ async fn a_release_is_idempotent_and_an_expired_permit_is_gone_once() {
 
 /// A key or the name's index holding another type (an operator's, another program's under the
 /// prefix) refuses the call with an error naming it and the fix, and is left as found; no
-/// permit is taken for a call that failed.
+/// permit is taken for a call that failed. Reads (what a key holds, the name's total) name it
+/// too.
 #[tokio::test]
 async fn a_key_of_another_type_is_refused_naming_it_and_takes_no_permit() {
     use redis::Commands;
@@ -127,6 +128,10 @@ async fn a_key_of_another_type_is_refused_naming_it_and_takes_no_permit() {
     assert!(error.contains("delete it or change the prefix"), "{error}");
     let error = permits.release("acme", "some-id").await.unwrap_err();
     assert!(error.to_string().contains("{acme}"), "{error}");
+    // Read only, too: what it holds is not answered as Redis's bare `WRONGTYPE`.
+    let error = permits.held("acme").await.unwrap_err().to_string();
+    assert!(error.contains("limiter:permits:jobs:{acme}"), "{error}");
+    assert!(error.contains("delete it or change the prefix"), "{error}");
     let kept: String = conn.get("limiter:permits:jobs:{acme}").unwrap();
     assert_eq!(kept, "mine", "left as found");
 
@@ -134,6 +139,9 @@ async fn a_key_of_another_type_is_refused_naming_it_and_takes_no_permit() {
     let _: () = conn.set("limiter:permits:{jobs}", "mine").unwrap();
     let error = permits.acquire("bolt").await.unwrap_err().to_string();
     assert!(error.contains("limiter:permits:{jobs}"), "{error}");
+    let error = permits.held_total().await.unwrap_err().to_string();
+    assert!(error.contains("limiter:permits:{jobs}"), "{error}");
+    assert!(error.contains("delete it or change the prefix"), "{error}");
     let _: () = conn.del("limiter:permits:{jobs}").unwrap();
     assert_eq!(permits.held("bolt").await.unwrap(), 0, "no permit taken");
     let first = permit(permits.acquire("bolt").await.unwrap());

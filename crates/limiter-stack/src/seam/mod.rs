@@ -71,6 +71,10 @@ pub enum Outcome {
         /// clock (so every node of a fleet reads the same instant); `None` when this process
         /// decided it, at its clock's reading.
         at_unix_us: Option<u64>,
+        /// Why the remote store did not decide: the failure a fallback answered for (with
+        /// [`Origin::Fallback`], so a caller can log what sent the call there: an outage, or a
+        /// key holding what no limiter wrote, named in it); `None` for every other origin.
+        failure: Option<Failure>,
     },
     /// The backend failed and its policy is to admit: nothing was counted.
     FailedOpen(Failure),
@@ -86,6 +90,7 @@ impl Outcome {
             decision,
             origin: Origin::InProcess,
             at_unix_us: None,
+            failure: None,
         }
     }
 }

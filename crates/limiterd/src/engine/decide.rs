@@ -325,12 +325,9 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         reading: u64,
     ) -> Result<Answer, DecideError> {
         let here = |reading: u64| self.unix_origin_ns.saturating_add(reading);
-        // `why`: the store's error, when the answer carries it (a fallback's does not).
-        let failed = |policy: FailurePolicy, why: Option<&dyn std::fmt::Display>| {
-            match why {
-                Some(error) => self.metrics.store_failed(error),
-                None => self.metrics.backend_error(),
-            }
+        // `why`: the store's error (every failure policy's answer carries it).
+        let failed = |policy: FailurePolicy, why: &dyn std::fmt::Display| {
+            self.metrics.store_failed(why);
             self.metrics.failure_policy(policy);
         };
         match outcome.map_err(|e| call_error(&e))? {
@@ -338,9 +335,14 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                 decision,
                 origin,
                 at_unix_us,
+                failure,
             } => {
                 if origin == Origin::Fallback {
-                    failed(FailurePolicy::Fallback, None);
+                    let unknown = "the store failed (no error given)";
+                    match &failure {
+                        Some(error) => failed(FailurePolicy::Fallback, error),
+                        None => failed(FailurePolicy::Fallback, &unknown),
+                    }
                 }
                 let at_unix_ns = match (at_unix_us, origin) {
                     (Some(us), _) => us.saturating_mul(1_000),
@@ -354,7 +356,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                 })
             }
             Outcome::FailedOpen(e) => {
-                failed(FailurePolicy::Open, Some(&e));
+                failed(FailurePolicy::Open, &e);
                 // Admitted without counting: the policy's tightest limit, with nothing taken.
                 let limit = policy_limit(&**stack, call.plan);
                 Ok(Answer {
@@ -364,7 +366,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                 })
             }
             Outcome::FailedClosed(e) => {
-                failed(FailurePolicy::Closed, Some(&e));
+                failed(FailurePolicy::Closed, &e);
                 Err(DecideError::Unavailable(e.to_string()))
             }
         }

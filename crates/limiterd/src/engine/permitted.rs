@@ -82,11 +82,11 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         &self,
         item: &Item,
         permits: &PolicyPermits,
-        acquired: Result<(Taken, bool), PermitFailure>,
+        acquired: Result<(Taken, Option<String>), PermitFailure>,
     ) -> Result<Option<(String, u64)>, Answered> {
         match acquired {
             Ok((taken, fell_back)) => {
-                self.count_fallback(fell_back);
+                self.count_fallback(fell_back.as_deref());
                 match taken {
                     Taken::Held { id, held } => Ok(Some((id, held))),
                     Taken::Busy {
@@ -183,7 +183,10 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         .await;
         let mut answer = self.tightened(answer?, quotas, states)?;
         match held {
-            Some((permits, Ok(held))) => answer = reported(answer, permits, held),
+            Some((permits, Ok((held, fell_back)))) => {
+                self.count_fallback(fell_back.as_deref());
+                answer = reported(answer, permits, held);
+            }
             Some((permits, Err(failure))) => {
                 self.gate_failed(failure.closed, failure.message)?;
                 answer = folded(answer, none_held(permits, self.now_unix_ns()));
@@ -215,7 +218,10 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
     ) -> Result<Answer, DecideError> {
         for (quota, state) in quotas.iter().zip(states) {
             let state = match state {
-                Ok(state) => state,
+                Ok(state) => {
+                    self.count_fallback(state.fell_back.as_deref());
+                    state
+                }
                 Err(failure) => self.quota_failed(quota, failure)?,
             };
             answer = tighter(answer, &state);
@@ -238,11 +244,12 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         }
     }
 
-    /// Counts a gate's answer made by a falling-back policy's table while Redis failed
-    /// (`fell_back`) as the failure policy's, as the stacks count their fallback's.
-    pub(super) fn count_fallback(&self, fell_back: bool) {
-        if fell_back {
-            self.metrics.backend_error();
+    /// Counts a gate's answer made by a falling-back policy's table while Redis failed with
+    /// `fell_back` as the failure policy's (the failure logged, paced), as the stacks count
+    /// their fallback's; `None`: the store answered, nothing to count.
+    pub(super) fn count_fallback(&self, fell_back: Option<&str>) {
+        if let Some(why) = fell_back {
+            self.metrics.store_failed(&why);
             self.metrics.failure_policy(FailurePolicy::Fallback);
         }
     }

@@ -182,6 +182,7 @@ mod tests {
             decision,
             place: CountedIn::Redis { window: 7 },
             at_unix_ns: at,
+            fell_back: None,
         }
     }
 

@@ -18,7 +18,7 @@ use super::decide::{Resolved, call_error};
 use super::permitted::refund_quotas;
 use super::quota_answer::{quota_origin, tighter};
 use super::{Answer, DecideError, Engine, Item};
-use crate::store::quotas::{CountedIn, PolicyQuota, QuotaTaken};
+use crate::store::quotas::{PolicyQuota, QuotaTaken};
 
 /// What every quota of an item counted (a quota whose store failed open counted nothing).
 pub(super) type QuotasCounted<'q> = Vec<(&'q PolicyQuota, QuotaTaken)>;
@@ -63,7 +63,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         for (quota, answer) in quotas.iter().zip(answers) {
             let not_counted = match answer {
                 Ok(taken) => {
-                    self.count_fallback(matches!(taken.place, CountedIn::Fallback { .. }));
+                    self.count_fallback(taken.fell_back.as_deref());
                     if taken.decision.is_allowed() {
                         counted.push((quota, taken));
                         continue;

@@ -423,12 +423,6 @@ impl Metrics {
         self.store_full.inc();
     }
 
-    /// A store call failed and the failure policy answered without saying why (a fallback
-    /// decided): counted.
-    pub(crate) fn backend_error(&self) {
-        self.backend_errors.inc();
-    }
-
     /// A store call failed with `error` (an outage, or a key holding what limiterd did not
     /// write, named in it) and the failure policy answered: counted, and logged at most once
     /// every ten seconds with the number not logged since.

@@ -164,19 +164,22 @@ impl PolicyPermits {
     }
 
     /// Takes a permit for `identifier` if fewer than `count` are held: what was taken, and
-    /// whether the fallback table answered (Redis failed). A store that fails otherwise
-    /// answers its error (the policy's failure policy decides).
-    pub async fn acquire(&self, identifier: &str) -> Result<(Taken, bool), PermitFailure> {
+    /// the Redis failure the fallback table answered for (`None`: the store answered). A
+    /// store that fails otherwise answers its error (the policy's failure policy decides).
+    pub async fn acquire(
+        &self,
+        identifier: &str,
+    ) -> Result<(Taken, Option<String>), PermitFailure> {
         let key = self.key(identifier);
         match &self.store {
-            Store::Memory(table) => Ok((table.acquire(key, self.limit), false)),
+            Store::Memory(table) => Ok((table.acquire(key, self.limit), None)),
             Store::Redis(permits, fallback) => match permits.acquire(key).await {
                 Ok(Acquired::Held(permit)) => Ok((
                     Taken::Held {
                         id: permit.id().to_owned(),
                         held: permit.held(),
                     },
-                    false,
+                    None,
                 )),
                 Ok(Acquired::Busy {
                     held, retry_after, ..
@@ -185,10 +188,10 @@ impl PolicyPermits {
                         held,
                         retry_after_ns: u64::try_from(retry_after.as_nanos()).unwrap_or(u64::MAX),
                     },
-                    false,
+                    None,
                 )),
                 Err(e) => match fallback {
-                    Some(fallback) => Ok((fallback.acquire(key), true)),
+                    Some(fallback) => Ok((fallback.acquire(key), Some(e.to_string()))),
                     None => Err(self.failed(&e)),
                 },
             },
@@ -208,16 +211,17 @@ impl PolicyPermits {
         }
     }
 
-    /// Permits `identifier` holds now (while Redis fails, a falling-back policy's table
-    /// answers what this node holds; a store that fails otherwise answers its error).
-    pub async fn held(&self, identifier: &str) -> Result<u64, PermitFailure> {
+    /// Permits `identifier` holds now, and the Redis failure a falling-back policy's table
+    /// answered for (while Redis fails it answers what this node holds; a store that fails
+    /// otherwise answers its error).
+    pub async fn held(&self, identifier: &str) -> Result<(u64, Option<String>), PermitFailure> {
         let key = self.key(identifier);
         match &self.store {
-            Store::Memory(table) => Ok(table.held(key)),
+            Store::Memory(table) => Ok((table.held(key), None)),
             Store::Redis(permits, fallback) => match permits.held(key).await {
-                Ok(held) => Ok(held),
+                Ok(held) => Ok((held, None)),
                 Err(e) => match fallback {
-                    Some(fallback) => Ok(fallback.table.held(key)),
+                    Some(fallback) => Ok((fallback.table.held(key), Some(e.to_string()))),
                     None => Err(self.failed(&e)),
                 },
             },

@@ -31,7 +31,7 @@ pub struct PolicyQuota {
 }
 
 /// What a quota counted (or would have), and where.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QuotaTaken {
     /// Admitted (the units counted) or denied (nothing counted); `reset_after` and a denial's
     /// `retry_after` are the time to the window's end.
@@ -41,6 +41,9 @@ pub struct QuotaTaken {
     /// The instant (ns since the Unix epoch) the decision's waits are measured from: it plus
     /// `reset_after` is the window's end exactly.
     pub at_unix_ns: u64,
+    /// The Redis failure a falling-back policy's stand-in counted it for (`None`: Redis
+    /// counted it, or nothing did), so the caller can say what sent the call there.
+    pub fell_back: Option<Arc<str>>,
 }
 
 /// Where a quota counted a call.
@@ -138,6 +141,8 @@ impl LocalQuota {
             decision,
             place,
             at_unix_ns,
+            // Set by the caller, which knows the failure.
+            fell_back: None,
         }
     }
 
@@ -217,6 +222,7 @@ impl PolicyQuota {
             decision: limiter_core::Decision::allow(count, count, 0),
             place: CountedIn::Nowhere,
             at_unix_ns,
+            fell_back: None,
         }
     }
 
@@ -270,9 +276,13 @@ impl PolicyQuota {
                     window: answer.window,
                 },
                 at_unix_ns,
+                fell_back: None,
             }),
             Err(error) => match &self.fallback {
-                Some(local) => Ok(local.take(key, cost, at_unix_ns, record)),
+                Some(local) => Ok(QuotaTaken {
+                    fell_back: Some(Arc::from(error.to_string())),
+                    ..local.take(key, cost, at_unix_ns, record)
+                }),
                 None => Err(self.failed(&error)),
             },
         }

@@ -1,7 +1,8 @@
 //! A store failure as an operator meets it: a key on Redis holding what limiterd did not
 //! write, under `on_failure = "open"`, admits the call without counting it, and the log names
 //! the key, at most one line every ten seconds (with how many were left out), where before
-//! only a counter moved.
+//! only a counter moved; under `on_failure = "fallback"` the same for every part that falls
+//! back (the stack, a calendar quota, permits).
 
 use limiter_testkit::redis_server::RedisServer;
 use redis::Commands;
@@ -48,4 +49,79 @@ async fn a_key_limiterd_did_not_write_is_named_in_a_paced_warning_when_the_polic
     assert!(warnings[0].contains(key.as_str()), "{output}");
     let held: String = conn.get(key).expect("GET");
     assert_eq!(held, "not a state", "left as found");
+}
+
+/// Under `on_failure = "fallback"`, a policy of `limit` (one limit, its key spoilt after the
+/// first call) decides `calls` more calls on this node's stand-in: each admitted, each counted
+/// as the fallback's answer, and the log names the spoilt key once (paced). Every part that can
+/// fall back does this: the stack, a calendar quota and permits, whether the call takes or
+/// only reads (`cost`).
+async fn a_fallback_names_the_spoilt_key(limit: &str, cost: u64) {
+    let redis = RedisServer::start();
+    let file = temp_file(
+        &format!("fallback-{}.toml", redis.port),
+        &format!(
+            "[store]\nkind = \"redis\"\nurl = \"{}\"\non_failure = \"fallback\"\nfleet_size = 1\n\
+             [policies.api]\nlimits = [{limit}]\n",
+            redis.url()
+        ),
+    );
+    let daemon = Daemon::start_recorded(&["--config", file.to_str().expect("UTF-8")], &[]);
+    let mut client = crate::support::Client::connect(daemon.addr).await;
+    let ask = json!({"policy": "api", "identifier": "spoilt", "cost": cost});
+    let first = client
+        .decide(json!({"policy": "api", "identifier": "spoilt"}))
+        .await;
+    assert_eq!(first["success"], true, "{limit}: {first}");
+    let mut conn = redis.client();
+    let keys: Vec<String> = conn.keys("limiterd:*spoilt*").expect("KEYS");
+    let [key] = keys.as_slice() else {
+        panic!("{limit}: one key for the identifier: {keys:?}");
+    };
+    let _: () = conn.set(key, "not a state").expect("SET");
+    let calls = 3;
+    for _ in 0..calls {
+        let answer = client.decide(ask.clone()).await;
+        assert_eq!(answer["success"], true, "{limit}: {answer}");
+    }
+    let output = daemon.wait_for_output(key.as_str());
+    let warnings: Vec<&str> = output
+        .lines()
+        .filter(|line| line.contains("a store call failed"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{limit}: paced:\n{output}");
+    assert!(warnings[0].contains(key.as_str()), "{limit}: {output}");
+    let (_, metrics) = client.send("GET", "/metrics", "").await;
+    let counted = |name: &str| {
+        metrics
+            .lines()
+            .find(|line| line.starts_with(name))
+            .and_then(|line| line.rsplit(' ').next()?.parse::<u64>().ok())
+    };
+    assert_eq!(
+        counted("limiterd_failure_policy_total{policy=\"fallback\"}"),
+        Some(calls),
+        "{limit}: each call the fallback answered counted:\n{metrics}"
+    );
+    assert_eq!(
+        counted("limiterd_backend_errors_total"),
+        Some(calls),
+        "{limit}: {metrics}"
+    );
+}
+
+#[tokio::test]
+async fn a_fallback_names_the_key_that_sent_each_part_there() {
+    let bucket = "{ algorithm = \"token_bucket\", count = 100, period = \"1h\" }";
+    let quota =
+        "{ algorithm = \"fixed_window\", count = 100, period = \"1mo\", calendar = \"UTC\" }";
+    let permits = "{ algorithm = \"concurrency\", count = 100, ttl = \"30s\" }";
+    for limit in [bucket, quota, permits] {
+        a_fallback_names_the_spoilt_key(limit, 1).await;
+    }
+    // A call that takes nothing reads each part's state: a quota's and the permits' fall back
+    // too.
+    for limit in [quota, permits] {
+        a_fallback_names_the_spoilt_key(limit, 0).await;
+    }
 }
