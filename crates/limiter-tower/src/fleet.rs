@@ -21,6 +21,7 @@ use tower_service::Service;
 use crate::body::AnswerBody;
 use crate::concurrency::{BodyPermit, PermitBody};
 use crate::error::ConfigError;
+use crate::failures::FailureLog;
 use crate::key::KeyExtractor;
 use crate::response::{Rejection, RejectionBody, RejectionKind, is_grpc, rejection};
 
@@ -56,6 +57,8 @@ pub struct RedisConcurrencyLayer<X> {
     key: Arc<X>,
     fail_open: bool,
     body: RejectionBody,
+    /// Redis's failures answered for, for the operator (shared by every clone).
+    failures: Arc<FailureLog>,
 }
 
 impl<X> Clone for RedisConcurrencyLayer<X> {
@@ -65,6 +68,7 @@ impl<X> Clone for RedisConcurrencyLayer<X> {
             key: Arc::clone(&self.key),
             fail_open: self.fail_open,
             body: self.body.clone(),
+            failures: Arc::clone(&self.failures),
         }
     }
 }
@@ -79,6 +83,7 @@ impl<X: KeyExtractor> RedisConcurrencyLayer<X> {
             key: Arc::new(key),
             fail_open: false,
             body: RejectionBody::default(),
+            failures: Arc::new(FailureLog::new()),
         })
     }
 
@@ -171,15 +176,21 @@ where
                 Ok(Acquired::Busy {
                     held, retry_after, ..
                 }) => return Ok(layer.busy(held, retry_after, grpc)),
-                Err(_) if layer.fail_open => None,
+                Err(error) if layer.fail_open => {
+                    let what = "the concurrency limiter's store failed: the request went through without a permit";
+                    layer.failures.report(what, &error);
+                    None
+                }
                 Err(error) => {
-                    let detail = format!(
-                        "the concurrency limiter is unavailable ({error}); try again later"
-                    );
+                    let what =
+                        "the concurrency limiter's store failed: the request was refused with 503";
+                    layer.failures.report(what, &error);
+                    // The error names servers and keys: the client is told only this.
+                    let detail = "the concurrency limiter is unavailable; try again later";
                     let refused = rejection(
                         RejectionKind::Unavailable,
                         StatusCode::SERVICE_UNAVAILABLE,
-                        detail,
+                        detail.to_owned(),
                     );
                     return Ok(layer.answer(&refused, grpc));
                 }

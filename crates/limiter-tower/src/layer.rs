@@ -1,11 +1,9 @@
-//! [`RateLimitLayer`] builds the [`RateLimit`] service: extract the keys, decide, then call
-//! the inner service with the rate limit headers added, or answer 429 / 503 / 400 / 500
-//! without calling it. Every clone of the layer or the service shares one limiter (an axum
-//! router clones its services per connection).
+//! [`RateLimitLayer`] builds the [`RateLimit`] service (its future: `future.rs`): extract the
+//! keys, decide, then call the inner service with the rate limit headers added, or answer 429
+//! / 503 / 400 / 500 without calling it. Every clone of the layer or the service shares one
+//! limiter (an axum router clones its services per connection).
 
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -16,12 +14,13 @@ use limiter_core::Limit;
 use limiter_stack::{
     AsyncLimiter, CallError, Decide, Kind, LayerAnswers, Outcome, Stack, StackDecision,
 };
-use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::body::AnswerBody;
 use crate::error::ConfigError;
+use crate::failures::FailureLog;
+use crate::future::ResponseFuture;
 use crate::headers::{self, HeaderMode, Policies, RateHeaders};
 use crate::key::{Key, KeyExtractor, PeerIp};
 use crate::request::{HttpRequest, KeyList, by_key};
@@ -55,6 +54,8 @@ struct Shared<L> {
     mode: HeaderMode,
     policies: Policies,
     body: RejectionBody,
+    /// The failures answered for, for the operator.
+    failures: FailureLog,
 }
 
 /// Rate limits every request through an [`AsyncLimiter`] (an in-process `Stack`, a direct
@@ -239,6 +240,7 @@ impl<L: AsyncLimiter<HttpRequest>> RateLimitLayerBuilder<L> {
                 mode: self.mode,
                 policies,
                 body: self.body,
+                failures: FailureLog::new(),
             }),
         })
     }
@@ -278,8 +280,6 @@ impl<S: fmt::Debug, L> fmt::Debug for RateLimit<S, L> {
             .finish()
     }
 }
-
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 impl<S, L, B, RB> Service<Request<B>> for RateLimit<S, L>
 where
@@ -346,90 +346,6 @@ where
     }
 }
 
-pin_project! {
-    /// The future of a [`RateLimit`] call: the inner service's, whose response gets the rate
-    /// limit headers; the middleware's own answer (429, 503, 400, 500); or, for a limiter that
-    /// decides remotely, a boxed future that decides and then calls the inner service.
-    pub struct ResponseFuture<F, RB, E> {
-        #[pin]
-        state: State<F, RB, E>,
-    }
-}
-
-pin_project! {
-    #[project = StateProj]
-    enum State<F, RB, E> {
-        Inner {
-            #[pin]
-            future: F,
-            headers: RateHeaders,
-        },
-        Answered {
-            response: Option<Response<RB>>,
-        },
-        Waiting {
-            future: BoxFuture<Result<Response<RB>, E>>,
-        },
-    }
-}
-
-impl<F, RB, E> ResponseFuture<F, RB, E> {
-    fn inner(future: F, headers: RateHeaders) -> Self {
-        Self {
-            state: State::Inner { future, headers },
-        }
-    }
-
-    fn answered(response: Response<RB>) -> Self {
-        Self {
-            state: State::Answered {
-                response: Some(response),
-            },
-        }
-    }
-
-    fn waiting(future: BoxFuture<Result<Response<RB>, E>>) -> Self {
-        Self {
-            state: State::Waiting { future },
-        }
-    }
-}
-
-impl<F, RB, E> fmt::Debug for ResponseFuture<F, RB, E> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = match &self.state {
-            State::Inner { .. } => "inner",
-            State::Answered { .. } => "answered",
-            State::Waiting { .. } => "waiting",
-        };
-        f.debug_struct("ResponseFuture")
-            .field("state", &state)
-            .finish()
-    }
-}
-
-impl<F, RB, E> Future for ResponseFuture<F, RB, E>
-where
-    F: Future<Output = Result<Response<RB>, E>>,
-{
-    type Output = Result<Response<RB>, E>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().state.project() {
-            StateProj::Inner { future, headers } => {
-                let mut response = std::task::ready!(future.poll(cx))?;
-                std::mem::take(headers).apply(response.headers_mut());
-                Poll::Ready(Ok(response))
-            }
-            StateProj::Answered { response } => match response.take() {
-                Some(response) => Poll::Ready(Ok(response)),
-                None => Poll::Pending,
-            },
-            StateProj::Waiting { future } => future.as_mut().poll(cx),
-        }
-    }
-}
-
 impl<L: AsyncLimiter<HttpRequest>> Shared<L> {
     /// Takes the request's keys into its list (empty), or says why it cannot be keyed.
     fn take_keys(&self, request: &mut HttpRequest) -> Result<(), Rejection> {
@@ -470,7 +386,11 @@ impl<L: AsyncLimiter<HttpRequest>> Shared<L> {
         }
         let mut each = None;
         let other = match self.decide(request, cost, &mut each) {
-            Decide::Now(Ok(Outcome::Decided { decision, .. })) if decision.is_allowed() => None,
+            Decide::Now(Ok(Outcome::Decided {
+                decision,
+                failure: None,
+                ..
+            })) if decision.is_allowed() => None,
             Decide::Now(other) => Some(other),
             Decide::Later(_unpolled) => return None,
         };
@@ -510,15 +430,39 @@ impl<L: AsyncLimiter<HttpRequest>> Shared<L> {
     ) -> Result<RateHeaders, Response<RB>> {
         // Read only to answer: an admitted request never looks.
         let grpc = || response::is_grpc(request.headers());
+        // A failure is the operator's to read (logged, paced); of a store's, the client is
+        // told only that the limiter is unavailable: its error names servers and keys.
+        let log = &self.failures;
         match answer {
-            // `decide_now` renders an in-process IETF admission from `each` as this does.
-            Ok(Outcome::Decided { decision, .. }) if decision.is_allowed() => {
-                Ok(self.policies.render(self.mode, decision, each))
+            Ok(Outcome::Decided {
+                decision, failure, ..
+            }) => {
+                if let Some(failure) = failure {
+                    log.report(
+                        "the rate limiter's store failed: its local fallback decided",
+                        failure,
+                    );
+                }
+                if decision.is_allowed() {
+                    // `decide_now` renders an in-process IETF admission from `each` as this does.
+                    Ok(self.policies.render(self.mode, decision, each))
+                } else {
+                    Err(self.denied(decision, each, grpc()))
+                }
             }
-            Ok(Outcome::Decided { decision, .. }) => Err(self.denied(decision, each, grpc())),
-            Ok(Outcome::FailedOpen(_)) => Ok(RateHeaders::default()),
-            Ok(Outcome::FailedClosed(reason)) => {
-                let detail = format!("the rate limiter is unavailable ({reason}); try again later");
+            Ok(Outcome::FailedOpen(failure)) => {
+                log.report(
+                    "the rate limiter's store failed: the request went through uncounted",
+                    failure,
+                );
+                Ok(RateHeaders::default())
+            }
+            Ok(Outcome::FailedClosed(failure)) => {
+                log.report(
+                    "the rate limiter's store failed: the request was refused with 503",
+                    failure,
+                );
+                let detail = "the rate limiter is unavailable; try again later".to_owned();
                 let r = rejection(
                     RejectionKind::Unavailable,
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -527,6 +471,12 @@ impl<L: AsyncLimiter<HttpRequest>> Shared<L> {
                 Err(self.respond(&r, grpc()))
             }
             Err(reason) => {
+                log.report(
+                    "a request cannot be rate limited: it was refused with 500",
+                    reason,
+                );
+                // The stack's own error (a cost above a burst, a full key store) names layers
+                // and limits, which the headers show anyway: the client may act on it.
                 let detail = format!("the request cannot be rate limited: {reason}");
                 let r = rejection(
                     RejectionKind::Error,

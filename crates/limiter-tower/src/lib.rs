@@ -81,8 +81,10 @@ mod body;
 mod concurrency;
 mod digits;
 mod error;
+mod failures;
 #[cfg(feature = "redis")]
 mod fleet;
+mod future;
 mod headers;
 mod ip;
 mod key;
@@ -98,10 +100,11 @@ pub use concurrency::{
 pub use error::{ConfigError, IpNetError, KeyError};
 #[cfg(feature = "redis")]
 pub use fleet::{FleetPermitFuture, RedisConcurrencyLayer, RedisConcurrencyLimit};
+pub use future::ResponseFuture;
 pub use headers::HeaderMode;
 pub use ip::{ForwardedHeader, IpNet};
 pub use key::{ClientIp, DEFAULT_IPV6_PREFIX, HeaderKey, Key, KeyExtractor, PeerAddr, PeerIp};
-pub use layer::{PerIpStack, RateLimit, RateLimitLayer, RateLimitLayerBuilder, ResponseFuture};
+pub use layer::{PerIpStack, RateLimit, RateLimitLayer, RateLimitLayerBuilder};
 pub use limiter_stack::{AsyncLimiter, Decide, LayerInfo, Outcome};
 pub use request::{ByKey, ByKeyString, HttpRequest, by_key, by_key_string};
 pub use response::{Rejection, RejectionBody, RejectionKind};

@@ -385,6 +385,7 @@ async fn forwarded_addresses_count_only_behind_trusted_proxies() {
 
 #[tokio::test]
 async fn problem_json_grpc_and_undecidable_requests() {
+    let (_capture, logs) = support::capture_logs();
     let clock = ManualClock::new();
     let problem = RateLimitLayer::builder(per_ip(&clock, 1))
         .key("ip", PeerIp::new())
@@ -428,6 +429,13 @@ async fn problem_json_grpc_and_undecidable_requests() {
     assert!(reply.body.contains("burst"), "{}", reply.body);
     assert_eq!(get(addr, &[]).await.status, 200);
     assert_eq!(calls.load(Ordering::SeqCst), 1);
+    // The operator reads it too.
+    let said = logs.text();
+    assert!(
+        said.lines()
+            .any(|l| l.contains("cannot be rate limited") && l.contains("burst")),
+        "{said}"
+    );
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! The middleware on a Redis stack: a real `redis-server` on a free loopback port (started by
 //! the test, with decisions and the deny cache on an injected `ManualClock`), and a Redis that is not there, for
 //! each failure policy: fail closed answers 503 (never 429), fail open passes with no headers,
-//! the fallback decides locally with the same headers.
+//! the fallback decides locally with the same headers; each failure is the operator's to read
+//! in the log (paced), never the client's.
 
 use crate::support;
 use limiter_testkit::redis_server;
@@ -81,8 +82,10 @@ async fn decides_on_redis_with_the_same_headers() {
 
 #[tokio::test]
 async fn a_failing_backend_is_answered_by_its_policy_never_as_over_the_limit() {
+    let (_capture, logs) = support::capture_logs();
     // Nothing listens on this port: every call fails (quickly, connection refused).
     let port = redis_server::free_port();
+    let server = format!("127.0.0.1:{port}");
     let backend = RedisBackend::builder(format!("redis://127.0.0.1:{port}"))
         .timeout(Duration::from_millis(200))
         .connect()
@@ -102,6 +105,14 @@ async fn a_failing_backend_is_answered_by_its_policy_never_as_over_the_limit() {
         "{}",
         reply.body
     );
+    // The error names the server: the operator reads it in the log, the client never does.
+    assert!(!reply.body.contains(&server), "{}", reply.body);
+    let said = logs.text();
+    assert!(
+        said.lines()
+            .any(|l| l.contains("refused with 503") && l.contains(&server)),
+        "{said}"
+    );
     assert_eq!(reply.header("retry-after"), None);
     assert_eq!(reply.header("ratelimit"), None);
     assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 0);
@@ -120,6 +131,12 @@ async fn a_failing_backend_is_answered_by_its_policy_never_as_over_the_limit() {
     let reply = get(addr, &[]).await;
     assert_eq!(reply.status, 200);
     assert_eq!(reply.header("ratelimit"), None, "no limit was consulted");
+    let said = logs.text();
+    assert!(
+        said.lines()
+            .any(|l| l.contains("went through uncounted") && l.contains(&server)),
+        "{said}"
+    );
 
     let fallback = RateLimitLayer::builder(stack(&backend, OnFailure::Fallback))
         .key("ip", PeerIp::new())
@@ -138,6 +155,13 @@ async fn a_failing_backend_is_answered_by_its_policy_never_as_over_the_limit() {
         429,
         "the local fallback enforces the same limit"
     );
+    let said = logs.text();
+    let fell_back: Vec<&str> = said
+        .lines()
+        .filter(|l| l.contains("its local fallback decided"))
+        .collect();
+    assert_eq!(fell_back.len(), 1, "paced, not a line a request:\n{said}");
+    assert!(fell_back[0].contains(&server), "{said}");
 }
 
 /// A Redis layer reading a key the middleware never extracts is refused at build, as in

@@ -175,3 +175,44 @@ pub async fn read_to_end(stream: &mut tokio::net::TcpStream) {
         rest.extend_from_slice(&chunk[..n]);
     }
 }
+
+/// What this thread logs from now until the guard drops, as text (a test on tokio's default,
+/// one-thread runtime: the servers it spawns log on its thread).
+pub fn capture_logs() -> (tracing::subscriber::DefaultGuard, Logs) {
+    let logs = Logs::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_writer(logs.clone())
+        .finish();
+    (tracing::subscriber::set_default(subscriber), logs)
+}
+
+/// Log lines written so far (see [`capture_logs`]).
+#[derive(Clone, Default)]
+pub struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Logs {
+    /// The lines written so far.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().expect("unpoisoned")).into_owned()
+    }
+}
+
+impl std::io::Write for Logs {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("unpoisoned").extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
+    type Writer = Logs;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
