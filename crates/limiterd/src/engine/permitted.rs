@@ -16,7 +16,7 @@ use crate::metrics::{Counted, FailurePolicy};
 use crate::store::permits::{PermitFailure, PolicyPermits, Taken};
 use crate::store::quotas::{PolicyQuota, QuotaFailure, QuotaTaken};
 
-use super::quota_answer::{folded, tighter};
+use super::quota_answer::{answered_by, folded, tighter};
 use super::quota_take::TakenTogether;
 
 use super::*;
@@ -83,16 +83,20 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         item: &Item,
         permits: &PolicyPermits,
         acquired: Result<(Taken, Option<String>), PermitFailure>,
-    ) -> Result<Option<(String, u64)>, Answered> {
+    ) -> Result<Option<(String, PermitsHeld)>, Answered> {
         match acquired {
             Ok((taken, fell_back)) => {
                 self.count_fallback(fell_back.as_deref());
+                let by = permits_answered_by(permits, fell_back.is_some());
                 match taken {
-                    Taken::Held { id, held } => Ok(Some((id, held))),
+                    Taken::Held { id, held } => Ok(Some((id, PermitsHeld { held, by }))),
                     Taken::Busy {
                         held,
                         retry_after_ns,
-                    } => Err(Ok((self.busy(item, permits, held, retry_after_ns), None))),
+                    } => {
+                        let held = PermitsHeld { held, by };
+                        Err(Ok((self.busy(item, permits, held, retry_after_ns), None)))
+                    }
                 }
             }
             Err(failure) => match self.gate_failed(failure.closed, failure.message) {
@@ -109,7 +113,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         &self,
         item: &Item,
         permits: &PolicyPermits,
-        held: Option<(String, u64)>,
+        held: Option<(String, PermitsHeld)>,
         decided: Result<Answer, DecideError>,
     ) -> Answered {
         match (decided, held) {
@@ -185,7 +189,8 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         match held {
             Some((permits, Ok((held, fell_back)))) => {
                 self.count_fallback(fell_back.as_deref());
-                answer = reported(answer, permits, held);
+                let by = permits_answered_by(permits, fell_back.is_some());
+                answer = reported(answer, permits, PermitsHeld { held, by });
             }
             Some((permits, Err(failure))) => {
                 self.gate_failed(failure.closed, failure.message)?;
@@ -279,14 +284,20 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
     }
 
     /// Every permit of the item's key held: the answer, counted as a denial.
-    fn busy(&self, item: &Item, permits: &PolicyPermits, held: u64, retry_after_ns: u64) -> Answer {
+    fn busy(
+        &self,
+        item: &Item,
+        permits: &PolicyPermits,
+        held: PermitsHeld,
+        retry_after_ns: u64,
+    ) -> Answer {
         self.counters_of(item)
             .count(Counted::Denied { shadow: false }, &item.identifier);
         let count = permits.limit().count;
         let wait = retry_after_ns.max(1);
         Answer {
-            decision: Decision::deny(count, count.saturating_sub(held), wait, wait),
-            origin: Some(origin(permits)),
+            decision: Decision::deny(count, count.saturating_sub(held.held), wait, wait),
+            origin: Some(held.by),
             at_unix_ns: self.now_unix_ns(),
         }
     }
@@ -398,45 +409,61 @@ fn none_held(permits: &PolicyPermits, at_unix_ns: u64) -> Answer {
     }
 }
 
-/// Who answered a permit: this process, or Redis.
-fn origin(permits: &PolicyPermits) -> Origin {
-    if permits.on_redis() {
-        Origin::Remote
-    } else {
-        Origin::InProcess
+/// The permits a key holds, and who answered that: this process, Redis, or the fallback table
+/// standing in while Redis fails.
+#[derive(Clone, Copy, Debug)]
+struct PermitsHeld {
+    held: u64,
+    by: Origin,
+}
+
+/// Who answers `permits`: the fallback table where it stood in (`fell_back`), else this
+/// process or Redis, where they are held.
+fn permits_answered_by(permits: &PolicyPermits, fell_back: bool) -> Origin {
+    match (fell_back, permits.on_redis()) {
+        (true, _) => Origin::Fallback,
+        (false, true) => Origin::Remote,
+        (false, false) => Origin::InProcess,
     }
 }
 
 /// A report on a policy with permits: every permit held is a denial (when one frees is not
 /// known: a retry in a millisecond), else the rate limits' answer tightened by the permits.
-fn reported(answer: Answer, permits: &PolicyPermits, held: u64) -> Answer {
+fn reported(answer: Answer, permits: &PolicyPermits, held: PermitsHeld) -> Answer {
     let count = permits.limit().count;
-    if held < count || answer.decision.is_denied() {
+    if held.held < count || answer.decision.is_denied() {
         return with_permit(answer, permits, held);
     }
     Answer {
         decision: Decision::deny(count, 0, 1_000_000, 1_000_000),
-        origin: Some(origin(permits)),
+        origin: answered_by([answer.origin, Some(held.by)], Some(held.by)),
         ..answer
     }
 }
 
 /// The rate limits' admission, tightened by the permits when fewer of them are left: the
 /// permit's answer then (its limit, what is left, and its time to live as when it frees),
-/// answered by where the permits are held.
-fn with_permit(answer: Answer, permits: &PolicyPermits, held: u64) -> Answer {
+/// answered by whoever answered the part that bound (or failed: [`answered_by`]).
+fn with_permit(answer: Answer, permits: &PolicyPermits, held: PermitsHeld) -> Answer {
     let limit = permits.limit();
+    let origin = |binding| answered_by([answer.origin, Some(held.by)], binding);
     if answer.decision.is_denied() {
-        return answer;
+        return Answer {
+            origin: origin(answer.origin),
+            ..answer
+        };
     }
-    let left = limit.count.saturating_sub(held);
+    let left = limit.count.saturating_sub(held.held);
     if left >= answer.decision.remaining() && answer.decision.limit() != u64::MAX {
-        return answer;
+        return Answer {
+            origin: origin(answer.origin),
+            ..answer
+        };
     }
     let ttl = u64::try_from(limit.ttl.as_nanos()).unwrap_or(u64::MAX);
     Answer {
         decision: Decision::allow(limit.count, left, ttl),
-        origin: Some(origin(permits)),
+        origin: origin(Some(held.by)),
         ..answer
     }
 }

@@ -139,6 +139,7 @@ pub(super) fn folded(answer: Answer, gate: Answer) -> Answer {
     let reset_at = |a: &Answer| a.at_unix_ns.saturating_add(a.decision.reset_after_nanos());
     let full_at = reset_at(&answer).max(reset_at(&gate));
     let binding = if gate_binds { gate } else { answer };
+    let origin = answered_by([answer.origin, gate.origin], binding.origin);
     let bound = binding.decision;
     let reset = full_at.saturating_sub(binding.at_unix_ns);
     let remaining = ours.remaining().min(theirs.remaining());
@@ -149,7 +150,22 @@ pub(super) fn folded(answer: Answer, gate: Answer) -> Answer {
     };
     Answer {
         decision,
+        origin,
         ..binding
+    }
+}
+
+/// Who answered a call decided in parts (its rate limits, a calendar quota, permits): where a
+/// part's store failed, its failure policy's answer, whichever part bound (failing open,
+/// `None`, over a fallback), so a caller sees a degraded answer as one; else `binding`, who
+/// answered the part that bound.
+pub(super) fn answered_by(parts: [Option<Origin>; 2], binding: Option<Origin>) -> Option<Origin> {
+    if parts.contains(&None) {
+        None
+    } else if parts.contains(&Some(Origin::Fallback)) {
+        Some(Origin::Fallback)
+    } else {
+        binding
     }
 }
 
@@ -231,5 +247,44 @@ mod tests {
         // No limit of the stack applied: the quota's answer alone.
         let unbound = stack(Decision::allow(u64::MAX, u64::MAX, 0), at);
         assert_eq!(tighter(unbound, &month_left).decision, month_left.decision);
+    }
+
+    /// A part its store's failure answered for names the answer, whichever part bound: the
+    /// caller sees a degraded answer as one (failing open over a fallback).
+    #[test]
+    fn a_part_answered_by_its_failure_policy_names_the_answer_whichever_binds() {
+        let at = 1_000 * S;
+        let by = |origin| Answer {
+            origin,
+            ..stack(Decision::allow(15, 10, S), at)
+        };
+        // The month with fewer left binds, counted on Redis; the stack fell back.
+        let month = quota(Decision::allow(100, 2, 86_400 * S), at);
+        let both = tighter(by(Some(Origin::Fallback)), &month);
+        assert_eq!(both.decision.remaining(), 2, "the month binds");
+        assert_eq!(both.origin, Some(Origin::Fallback));
+        // The stack binds; the month was counted by this node's stand-in.
+        let stood_in = QuotaTaken {
+            place: CountedIn::Fallback { at_unix_ns: at },
+            ..quota(Decision::allow(100, 90, 86_400 * S), at)
+        };
+        let both = tighter(by(Some(Origin::Remote)), &stood_in);
+        assert_eq!(both.decision.remaining(), 10, "the stack binds");
+        assert_eq!(both.origin, Some(Origin::Fallback));
+        // Failing open (nothing counted) over a fallback.
+        assert_eq!(tighter(by(None), &stood_in).origin, None);
+        // Nothing failed: whoever answered the part that bound.
+        assert_eq!(
+            tighter(by(Some(Origin::Lease)), &month).origin,
+            Some(Origin::Remote)
+        );
+        assert_eq!(
+            tighter(
+                by(Some(Origin::Lease)),
+                &quota(Decision::allow(100, 90, S), at)
+            )
+            .origin,
+            Some(Origin::Lease)
+        );
     }
 }

@@ -83,6 +83,7 @@ async fn a_fallback_names_the_spoilt_key(limit: &str, cost: u64) {
     for _ in 0..calls {
         let answer = client.decide(ask.clone()).await;
         assert_eq!(answer["success"], true, "{limit}: {answer}");
+        assert_eq!(answer["source"], "fallback", "{limit}: {answer}");
     }
     let output = daemon.wait_for_output(key.as_str());
     let warnings: Vec<&str> = output
