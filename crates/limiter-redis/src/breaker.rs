@@ -122,13 +122,21 @@ impl Breaker {
         if reopen {
             let open_for = u64::try_from(self.config.open_for.as_nanos()).unwrap_or(u64::MAX);
             state.open_until = Some(now.saturating_add(open_for));
-            tracing::warn!(
-                target: "limiter_redis::breaker",
-                failures = state.failures,
-                open_for = ?self.config.open_for,
-                probe_failed = matches!(pass, Pass::Probe),
-                "circuit breaker open: calls skip Redis and follow the failure policy until a probe succeeds"
-            );
+            if matches!(pass, Pass::Probe) {
+                // Still open: said once when it opened, not at every probe of an outage.
+                tracing::debug!(
+                    target: "limiter_redis::breaker",
+                    open_for = ?self.config.open_for,
+                    "circuit breaker stays open: the probe failed"
+                );
+            } else {
+                tracing::warn!(
+                    target: "limiter_redis::breaker",
+                    failures = state.failures,
+                    open_for = ?self.config.open_for,
+                    "circuit breaker open: calls skip Redis and follow the failure policy until a probe succeeds"
+                );
+            }
         }
     }
 

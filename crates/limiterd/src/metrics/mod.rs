@@ -26,7 +26,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 mod denials;
-mod paced;
+pub(crate) mod paced;
 mod store;
 use denials::Denials;
 pub use denials::{HeavyHitter, TOP_DENIED, TopDenied};

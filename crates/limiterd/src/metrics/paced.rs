@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 /// One kind of event's pace in the log.
 #[derive(Debug)]
-pub(super) struct Paced {
+pub(crate) struct Paced {
     started: Instant,
     every_ms: u64,
     /// When a line was last due, in ms since `started` (`u64::MAX`: never).
@@ -18,7 +18,7 @@ pub(super) struct Paced {
 
 impl Paced {
     /// At most one line every `every`.
-    pub(super) fn new(every: Duration) -> Self {
+    pub(crate) fn new(every: Duration) -> Self {
         Self {
             started: Instant::now(),
             every_ms: u64::try_from(every.as_millis()).unwrap_or(u64::MAX),
@@ -29,7 +29,7 @@ impl Paced {
 
     /// `Some(left_out)` when this event is to be logged now (`left_out`: the events left out
     /// since the last line), else `None`, and it is counted as left out.
-    pub(super) fn due(&self) -> Option<u64> {
+    pub(crate) fn due(&self) -> Option<u64> {
         let now_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
         // Relaxed: the instant only paces the log (see the exchange below).
         let last = self.logged_at_ms.load(Ordering::Relaxed);

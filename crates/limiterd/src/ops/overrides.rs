@@ -22,12 +22,16 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use crate::metrics::paced::Paced;
 use crate::store::RedisRecords;
 pub use crate::store::overrides::Override;
 use crate::store::overrides::{Keeping, NotSaved, Table};
 
 /// How often an instance on Redis looks for overrides another instance changed.
 pub const REFRESH_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// The least time between two warnings of a poll failure that lasts but changes.
+pub const CHANGES_WARNED_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Why an override was not set or found.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -74,6 +78,9 @@ pub struct Overrides {
     /// Why the last poll of Redis could not read them (`None`: it could, or no poll yet), for
     /// `/debug/status`; only [`poll`](Self::poll) writes it.
     read_error: Mutex<Option<String>>,
+    /// Paces the warnings of a failure that lasts but changes (an outage's errors name the
+    /// breaker's next probe, so they differ at every poll).
+    changes_warned: Paced,
 }
 
 impl Overrides {
@@ -88,6 +95,7 @@ impl Overrides {
             table: RwLock::new((table, None)),
             writing: tokio::sync::Mutex::new(()),
             read_error: Mutex::new(None),
+            changes_warned: Paced::new(CHANGES_WARNED_EVERY),
         }
     }
 
@@ -126,25 +134,34 @@ impl Overrides {
     }
 
     /// One poll of Redis (every [`REFRESH_EVERY`]): [`refresh`](Self::refresh), with its
-    /// failure kept for `/debug/status` and logged as a warning when it starts or changes (a
-    /// key holding what no change wrote is named in it), quietly while it lasts, and its end
-    /// logged too.
+    /// failure kept for `/debug/status` and logged as a warning when it starts (a key holding
+    /// what no change wrote is named in it) and when it changes, at most once every
+    /// [`CHANGES_WARNED_EVERY`] (an outage's errors differ at every poll), quietly otherwise,
+    /// and its end logged too.
     pub async fn poll(&self) {
         let result = self.refresh().await.map_err(|e| e.to_string());
         let mut read_error = self
             .read_error
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        match (&result, read_error.as_deref()) {
-            (Ok(_), Some(_)) => tracing::info!("the overrides are read from Redis again"),
-            (Err(error), last) if last != Some(error.as_str()) => tracing::warn!(
-                %error,
-                "the overrides cannot be read from Redis: this instance decides by the copy it has until they can; retrying"
-            ),
-            (Err(error), _) => {
+        let last = read_error.as_deref();
+        match &result {
+            Ok(_) if last.is_some() => tracing::info!("the overrides are read from Redis again"),
+            Ok(_) => {}
+            Err(error) if last.is_none() => {
+                // Starts the pace, so a change right after is not warned again.
+                let _ = self.changes_warned.due();
+                tracing::warn!(
+                    %error,
+                    "the overrides cannot be read from Redis: this instance decides by the copy it has until they can; retrying"
+                );
+            }
+            Err(error) if last != Some(error.as_str()) && self.changes_warned.due().is_some() => {
+                tracing::warn!(%error, "the overrides still cannot be read from Redis, now for this reason");
+            }
+            Err(error) => {
                 tracing::debug!(%error, "the overrides still cannot be read from Redis");
             }
-            (Ok(_), None) => {}
         }
         *read_error = result.err();
     }

@@ -304,3 +304,32 @@ fn recorded_on_redis(level: &str) -> (RedisServer, Daemon) {
     );
     (redis, daemon)
 }
+
+/// Redis going away is warned once by each part that meets it, though the poll's errors
+/// change at every poll while it lasts (the breaker's names its next probe) and the breaker
+/// probes every second: a warning every 250 ms would bury the log.
+#[tokio::test]
+async fn an_outage_is_warned_once_however_its_errors_change() {
+    let (mut redis, daemon) = recorded_on_redis("debug");
+    daemon.wait_for_output("the store answered");
+    redis.kill();
+    // Eight polls (two seconds): the breaker has probed at least once by then.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let output = loop {
+        let output = daemon.output();
+        let polls = output.matches("the overrides still cannot be read").count();
+        if polls >= 8 && output.contains("circuit breaker stays open") {
+            break output;
+        }
+        assert!(std::time::Instant::now() < deadline, "{output}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let warned = |what: &str| {
+        output
+            .lines()
+            .filter(|line| line.contains("WARN") && line.contains(what))
+            .count()
+    };
+    assert_eq!(warned("the overrides"), 1, "{output}");
+    assert_eq!(warned("circuit breaker"), 1, "{output}");
+}
