@@ -59,10 +59,8 @@ fn ad_hoc_key(kind: Kind, namespace: &str, identifier: &str) -> String {
 /// A call that can never be decided, as the API reports it.
 pub(super) fn call_error(e: &CallError) -> DecideError {
     match e {
-        CallError::Full { .. } => {
-            tracing::warn!(error = %e, "a policy's key store is full: new identifiers are refused");
-            DecideError::Full(e.to_string())
-        }
+        // Logged where it is counted, paced (`Metrics::store_full`).
+        CallError::Full { .. } => DecideError::Full(e.to_string()),
         _ => DecideError::invalid("cost", cost_refused(e).unwrap_or_else(|| e.to_string())),
     }
 }
@@ -260,8 +258,8 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
 
     /// Counts a decision that could not be made where the metrics name it (a full store).
     fn count_error(&self, e: &DecideError) {
-        if let DecideError::Full(_) = e {
-            self.metrics.store_full();
+        if let DecideError::Full(why) = e {
+            self.metrics.store_full(why);
         }
     }
 

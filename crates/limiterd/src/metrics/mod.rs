@@ -197,6 +197,8 @@ pub struct Metrics {
     backend_errors: Counter,
     /// One store failure every ten seconds is logged, with its error.
     failures_logged: paced::Paced,
+    /// Paces the log line of a full store's refusals.
+    full_logged: paced::Paced,
     store_full: Counter,
     failure_policy: Family<[(&'static str, &'static str); 1], Counter>,
     store_keys: Gauge<i64, AtomicI64>,
@@ -284,6 +286,7 @@ impl Metrics {
             invalid,
             backend_errors,
             failures_logged: paced::Paced::new(Duration::from_secs(10)),
+            full_logged: paced::Paced::new(Duration::from_secs(10)),
             store_full,
             failure_policy,
             store_keys,
@@ -417,10 +420,18 @@ impl Metrics {
         self.invalid.inc();
     }
 
-    /// Counts a backend failure.
-    /// A request refused because a bounded store was full.
-    pub(crate) fn store_full(&self) {
+    /// A request refused because a bounded store was full (`error` names the policy's
+    /// store): counted, and logged at most once every ten seconds with the number not logged
+    /// since (a flood of new identifiers is what fills a store).
+    pub(crate) fn store_full(&self, error: &dyn std::fmt::Display) {
         self.store_full.inc();
+        if let Some(unlogged) = self.full_logged.due() {
+            tracing::warn!(
+                %error,
+                unlogged,
+                "a policy's key store is full: new identifiers are refused (one such line every 10 s)"
+            );
+        }
     }
 
     /// A store call failed with `error` (an outage, or a key holding what limiterd did not

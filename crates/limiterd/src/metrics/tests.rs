@@ -17,7 +17,7 @@ fn counts_by_policy_name_and_failure_policy_with_escaped_labels() {
     metrics
         .policy("envoy:a\"b\\c\nd")
         .count(Counted::Denied { shadow: false }, "u");
-    metrics.store_full();
+    metrics.store_full(&"full");
     metrics.failure_policy(FailurePolicy::Closed);
     metrics.invalid();
     metrics.observe(Duration::from_micros(30));

@@ -126,3 +126,40 @@ async fn a_fallback_names_the_key_that_sent_each_part_there() {
         a_fallback_names_the_spoilt_key(limit, 0).await;
     }
 }
+
+/// A bounded store that is full refuses new identifiers (503 `store_full`), each counted, and
+/// says so in the log once every ten seconds, not once a refusal: a flood of new identifiers
+/// is what fills a store.
+#[tokio::test]
+async fn a_full_store_is_counted_per_refusal_and_logged_paced() {
+    let file = temp_file(
+        "full-store.toml",
+        "[store]\nkind = \"memory\"\nmax_keys = 2\n\
+         [policies.api]\nlimits = [{ algorithm = \"token_bucket\", count = 5, period = \"1h\" }]\n",
+    );
+    let daemon = Daemon::start_recorded(&["--config", file.to_str().expect("UTF-8")], &[]);
+    let mut client = crate::support::Client::connect(daemon.addr).await;
+    for identifier in ["a", "b"] {
+        let answer = client
+            .decide(json!({"policy": "api", "identifier": identifier}))
+            .await;
+        assert_eq!(answer["success"], true, "{answer}");
+    }
+    let refusals = 4;
+    for n in 0..refusals {
+        let body = json!({"policy": "api", "identifier": format!("new-{n}")}).to_string();
+        let (status, answer) = client.send("POST", "/v1/ratelimit", &body).await;
+        assert_eq!(status, 503, "{answer}");
+        assert!(answer.contains("store_full"), "{answer}");
+    }
+    let output = daemon.wait_for_output("key store is full");
+    let lines = output.matches("key store is full").count();
+    assert_eq!(lines, 1, "paced, not a line a refusal:\n{output}");
+    let (_, metrics) = client.send("GET", "/metrics", "").await;
+    assert!(
+        metrics
+            .lines()
+            .any(|line| line == format!("limiterd_store_full_total {refusals}")),
+        "{metrics}"
+    );
+}
