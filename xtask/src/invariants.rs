@@ -35,7 +35,6 @@ const RULES: &[Rule] = &[
             "crates/limiter-redis/src/script/run.rs",
             "crates/limiter-redis/src/topology/",
             "crates/limiter-store/src/bounded.rs",
-            "crates/limiter-tower/src/failures.rs",
             "crates/limiter-stack/src/stack/builder.rs",
             "crates/limiterd/src/metrics/",
             "crates/limiterd/src/ops/live.rs",

@@ -42,7 +42,7 @@
 //! ```
 
 pub use limiter_core::{
-    Clock, Decision, DecisionError, DefaultClock, Limit, LimitError, Limiter, ManualClock,
+    Clock, Decision, DecisionError, DefaultClock, Limit, LimitError, Limiter, ManualClock, Paced,
 };
 pub use limiter_sliding_window::{
     FixedWindow, KeyedFixedWindow, KeyedSlidingWindow, SlidingWindow,

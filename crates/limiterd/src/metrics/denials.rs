@@ -5,7 +5,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use super::paced::Paced;
+use limiter_core::Paced;
 
 /// How many identifiers [`TopDenied`] keeps.
 pub const TOP_DENIED: usize = 32;

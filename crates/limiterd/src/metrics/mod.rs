@@ -11,12 +11,14 @@
 //! the identifiers denied most ([`TopDenied`]: a fixed-size Space-Saving sketch, so its memory
 //! is bounded whatever the traffic), and a denial is logged at most once a second, a store
 //! failure a policy answered at most once every ten seconds (each with the number not logged
-//! since: `paced.rs`).
+//! since: `limiter_core::Paced`).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicI64;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
+
+use limiter_core::Paced;
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -26,7 +28,6 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 mod denials;
-pub(crate) mod paced;
 mod store;
 use denials::Denials;
 pub use denials::{HeavyHitter, TOP_DENIED, TopDenied};
@@ -196,9 +197,9 @@ pub struct Metrics {
     invalid: Counter,
     backend_errors: Counter,
     /// One store failure every ten seconds is logged, with its error.
-    failures_logged: paced::Paced,
+    failures_logged: Paced,
     /// Paces the log line of a full store's refusals.
-    full_logged: paced::Paced,
+    full_logged: Paced,
     store_full: Counter,
     failure_policy: Family<[(&'static str, &'static str); 1], Counter>,
     store_keys: Gauge<i64, AtomicI64>,
@@ -285,8 +286,8 @@ impl Metrics {
             decisions,
             invalid,
             backend_errors,
-            failures_logged: paced::Paced::new(Duration::from_secs(10)),
-            full_logged: paced::Paced::new(Duration::from_secs(10)),
+            failures_logged: Paced::new(Duration::from_secs(10)),
+            full_logged: Paced::new(Duration::from_secs(10)),
             store_full,
             failure_policy,
             store_keys,

@@ -22,10 +22,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use crate::metrics::paced::Paced;
 use crate::store::RedisRecords;
 pub use crate::store::overrides::Override;
 use crate::store::overrides::{Keeping, NotSaved, Table};
+use limiter_core::Paced;
 
 /// How often an instance on Redis looks for overrides another instance changed.
 pub const REFRESH_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
