@@ -85,20 +85,18 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         acquired: Result<(Taken, Option<String>), PermitFailure>,
     ) -> Result<Option<(String, PermitsHeld)>, Answered> {
         match acquired {
-            Ok((taken, fell_back)) => {
-                self.count_fallback(fell_back.as_deref());
-                let by = permits_answered_by(permits, fell_back.is_some());
-                match taken {
-                    Taken::Held { id, held } => Ok(Some((id, PermitsHeld { held, by }))),
-                    Taken::Busy {
-                        held,
-                        retry_after_ns,
-                    } => {
-                        let held = PermitsHeld { held, by };
-                        Err(Ok((self.busy(item, permits, held, retry_after_ns), None)))
-                    }
+            Ok((taken, fell_back)) => match taken {
+                Taken::Held { id, held } => {
+                    Ok(Some((id, self.held_as_answered(permits, held, fell_back))))
                 }
-            }
+                Taken::Busy {
+                    held,
+                    retry_after_ns,
+                } => {
+                    let held = self.held_as_answered(permits, held, fell_back);
+                    Err(Ok((self.busy(item, permits, held, retry_after_ns), None)))
+                }
+            },
             Err(failure) => match self.gate_failed(failure.closed, failure.message) {
                 Ok(()) => Ok(None),
                 Err(refused) => Err(Err(refused)),
@@ -188,9 +186,8 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         let mut answer = self.tightened(answer?, quotas, states)?;
         match held {
             Some((permits, Ok((held, fell_back)))) => {
-                self.count_fallback(fell_back.as_deref());
-                let by = permits_answered_by(permits, fell_back.is_some());
-                answer = reported(answer, permits, PermitsHeld { held, by });
+                let held = self.held_as_answered(permits, held, fell_back);
+                answer = reported(answer, permits, held);
             }
             Some((permits, Err(failure))) => {
                 self.gate_failed(failure.closed, failure.message)?;
@@ -257,6 +254,23 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             self.metrics.store_failed(&why);
             self.metrics.failure_policy(FailurePolicy::Fallback);
         }
+    }
+
+    /// `held` permits as `permits`' store (or, where it failed with `fell_back`, the fallback
+    /// table, counted as the failure policy's answer) answered them.
+    fn held_as_answered(
+        &self,
+        permits: &PolicyPermits,
+        held: u64,
+        fell_back: Option<String>,
+    ) -> PermitsHeld {
+        self.count_fallback(fell_back.as_deref());
+        let by = match (fell_back, permits.on_redis()) {
+            (Some(_), _) => Origin::Fallback,
+            (None, true) => Origin::Remote,
+            (None, false) => Origin::InProcess,
+        };
+        PermitsHeld { held, by }
     }
 
     /// A gate's store (permits, a quota) failed: a closed policy refuses (503), an open one
@@ -415,16 +429,6 @@ fn none_held(permits: &PolicyPermits, at_unix_ns: u64) -> Answer {
 struct PermitsHeld {
     held: u64,
     by: Origin,
-}
-
-/// Who answers `permits`: the fallback table where it stood in (`fell_back`), else this
-/// process or Redis, where they are held.
-fn permits_answered_by(permits: &PolicyPermits, fell_back: bool) -> Origin {
-    match (fell_back, permits.on_redis()) {
-        (true, _) => Origin::Fallback,
-        (false, true) => Origin::Remote,
-        (false, false) => Origin::InProcess,
-    }
 }
 
 /// A report on a policy with permits: every permit held is a denial (when one frees is not
