@@ -90,13 +90,18 @@ async fn refund_taken<R>(
             .await
         {
             Ok(peek) => peeks.push(peek),
-            Err(e) => tracing::warn!(
-                target: "limiter_redis::slots",
-                error = %e,
-                keys = ?part.keys,
-                "a denied call across slots could not give back what an earlier slot took; \
-                 those units stay taken until they refill"
-            ),
+            Err(e) => {
+                if let Some(unlogged) = stack.refund_failure_due() {
+                    tracing::warn!(
+                        target: "limiter_redis::slots",
+                        error = %e,
+                        keys = ?part.keys,
+                        unlogged,
+                        "a denied call across slots could not give back what an earlier slot took; \
+                         those units stay taken until they refill (one such line every 10 s)"
+                    );
+                }
+            }
         }
     }
     peeks

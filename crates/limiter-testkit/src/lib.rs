@@ -21,6 +21,8 @@ pub mod harness;
 pub mod http;
 #[cfg(feature = "http-client")]
 pub mod http_client;
+#[cfg(feature = "logs")]
+pub mod logs;
 pub mod model;
 pub mod ops;
 #[cfg(feature = "redis-server")]

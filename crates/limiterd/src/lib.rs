@@ -24,6 +24,8 @@
 //! envoy domains are configured, reloading on SIGHUP and file changes, until a shutdown
 //! signal; requests in flight then finish, within a deadline.
 
+#[cfg(feature = "server")]
+mod accept;
 pub mod app;
 pub mod config;
 pub mod engine;

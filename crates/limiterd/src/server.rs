@@ -24,6 +24,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+use crate::accept::Acceptor;
 use crate::app::AppState;
 use crate::config::{Config, ServerSettings, Store};
 use crate::envoy::Domains;
@@ -93,7 +94,7 @@ pub async fn serve(
 
     let grpc = listeners.grpc.map(|listener| {
         let service = Grpc::service(Serving(Arc::clone(&live)));
-        let incoming = tonic::transport::server::TcpIncoming::from(listener);
+        let incoming = Acceptor::new(listener, "grpc").into_stream();
         tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(health_service)
@@ -212,24 +213,13 @@ async fn serve_http(
 ) -> Result<(), String> {
     let mut connections = JoinSet::new();
     let stop = stopped.clone();
+    let acceptor = Acceptor::new(listener, "http");
     loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
+        let stream = tokio::select! {
+            stream = acceptor.next() => stream,
             () = signalled(stop.clone()) => break,
         };
         while connections.try_join_next().is_some() {}
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
-            Err(e) => {
-                // Out of descriptors, say: wait for connections to close rather than spin.
-                tracing::warn!(error = %e, "cannot accept a connection");
-                tokio::select! {
-                    () = tokio::time::sleep(Duration::from_millis(50)) => continue,
-                    () = signalled(stop.clone()) => break,
-                }
-            }
-        };
-        let _ = stream.set_nodelay(true);
         let service = TowerToHyperService::new(router.clone());
         let conn_stop = stopped.clone();
         connections.spawn(async move {
@@ -248,7 +238,7 @@ async fn serve_http(
             }
         });
     }
-    drop(listener);
+    drop(acceptor);
     let finished = tokio::time::timeout(settings.shutdown_timeout, async {
         while connections.join_next().await.is_some() {}
     })

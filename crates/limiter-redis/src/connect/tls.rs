@@ -68,10 +68,12 @@ pub enum TlsError {
         reason: String,
     },
     /// PEM text holding no usable certificate or key. Fix: give PEM (`-----BEGIN ...`).
-    #[error("the TLS {what} holds no usable PEM {expected}: {reason}")]
+    #[error("the TLS {what}{} holds no usable PEM {expected}: {reason}", shown(path.as_deref()))]
     Pem {
         /// Which setting.
         what: &'static str,
+        /// The file it was read from (`None`: given as bytes).
+        path: Option<PathBuf>,
         /// What it should hold.
         expected: &'static str,
         /// Why it was refused.
@@ -172,12 +174,40 @@ impl TlsOptions {
     /// Builds the rustls configuration for every connection (rebuilt when its files change).
     pub(crate) fn build(&self) -> Result<TlsSetup, TlsError> {
         Ok(TlsSetup {
-            built: Arc::new(Mutex::new(self.configured()?)),
+            built: Arc::new(Mutex::new(Built {
+                configured: self.configured()?,
+                refusal: None,
+            })),
         })
     }
 
     /// The rustls configuration of these settings.
     fn configured(&self) -> Result<Configured, TlsError> {
+        self.configured_from_pem().map_err(|error| match error {
+            TlsError::Pem {
+                what,
+                path: None,
+                expected,
+                reason,
+            } => {
+                let path = match what {
+                    "CA file" => self.files.ca.clone(),
+                    "certificate file" => self.files.identity.as_ref().map(|(c, _)| c.clone()),
+                    _ => self.files.identity.as_ref().map(|(_, k)| k.clone()),
+                };
+                TlsError::Pem {
+                    what,
+                    path,
+                    expected,
+                    reason,
+                }
+            }
+            other => other,
+        })
+    }
+
+    /// [`configured`](Self::configured), a PEM error not yet naming its file.
+    fn configured_from_pem(&self) -> Result<Configured, TlsError> {
         let roots = self.roots()?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let verifier =
@@ -259,15 +289,22 @@ fn read_identity(cert: &Path, key: &Path) -> Result<(Vec<u8>, Secret), TlsError>
     let cert_pem = read(cert, "certificate file")?;
     let key_text = String::from_utf8(read(key, "key file")?).map_err(|_| TlsError::Pem {
         what: "key file",
+        path: Some(key.to_owned()),
         expected: "private key",
         reason: "it is not text".to_owned(),
     })?;
     Ok((cert_pem, Secret::new(key_text)))
 }
 
+/// ` /path/to/file` for a setting read from a file, nothing for one given as bytes.
+fn shown(path: Option<&Path>) -> String {
+    path.map_or_else(String::new, |p| format!(" {}", p.display()))
+}
+
 fn pem_error(what: &'static str, expected: &'static str, reason: impl fmt::Display) -> TlsError {
     TlsError::Pem {
         what,
+        path: None,
         expected,
         reason: reason.to_string(),
     }
@@ -294,7 +331,15 @@ impl fmt::Debug for TlsOptions {
 /// connection (and every clone), rebuilt when a file it came from changes.
 #[derive(Clone)]
 pub(crate) struct TlsSetup {
-    built: Arc<Mutex<Configured>>,
+    built: Arc<Mutex<Built>>,
+}
+
+/// The configuration in use, and why the files as they stand now were refused (if they were):
+/// a refusal is warned once, not at every new connection while the files stay unusable (a
+/// reconnecting client makes one a second).
+struct Built {
+    configured: Configured,
+    refusal: Option<String>,
 }
 
 /// One reading of the settings, configured: the connector, the name to check if not the
@@ -322,30 +367,47 @@ impl TlsSetup {
         self.built
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+            .configured
             .clone()
     }
 
     /// The configuration for a new connection: the settings' files read again, and the
     /// configuration rebuilt if they changed. A file that cannot be read or used now (a
-    /// rotation half done) keeps the last configuration, with a warning naming it.
+    /// rotation half done) keeps the last configuration, with a warning naming it: one for
+    /// each new reason, a debug event for the same reason again.
     fn for_new_connection(&self) -> Configured {
         let mut built = self.built.lock().unwrap_or_else(PoisonError::into_inner);
         match built
+            .configured
             .options
             .reread()
             .and_then(|fresh| fresh.map(|f| f.configured()).transpose())
         {
             Ok(Some(fresh)) => {
                 tracing::info!("the TLS files changed: new connections use them");
-                *built = fresh;
+                *built = Built {
+                    configured: fresh,
+                    refusal: None,
+                };
             }
-            Ok(None) => {}
-            Err(error) => tracing::warn!(
-                %error,
-                "the TLS files changed but cannot be used; new connections keep the last ones"
-            ),
+            // The files are those in use again (a rotation put back): a refusal after this
+            // is news.
+            Ok(None) => built.refusal = None,
+            Err(error) => {
+                let reason = error.to_string();
+                if built.refusal.as_deref() == Some(reason.as_str()) {
+                    tracing::debug!(%error, "the TLS files still cannot be used");
+                } else {
+                    tracing::warn!(
+                        %error,
+                        "the TLS files changed but cannot be used; new connections keep the last ones \
+                         (warned again only for another reason)"
+                    );
+                    built.refusal = Some(reason);
+                }
+            }
         }
-        built.clone()
+        built.configured.clone()
     }
 }
 
@@ -431,5 +493,40 @@ mod tests {
             ),
             "{name:?}"
         );
+    }
+
+    /// A rotation left half done (or a file gone) is warned once for each reason, not at each
+    /// new connection while it lasts, and warned again once the files were usable in between.
+    #[test]
+    fn unusable_files_are_warned_once_for_each_reason() {
+        let certs = limiter_testkit::redis_server::tls::TestCerts::fresh("tls-warned-once");
+        let dir = std::env::temp_dir().join(format!("limiter-tls-warned-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ca = dir.join("ca.pem");
+        std::fs::copy(&certs.ca, &ca).unwrap();
+        let setup = TlsOptions::new().ca_file(&ca).unwrap().build().unwrap();
+        let (_capture, logs) = limiter_testkit::logs::capture();
+        let connections = |n| (0..n).for_each(|_| drop(setup.for_new_connection()));
+        let warned = || logs.count("cannot be used");
+
+        std::fs::write(&ca, "not pem").unwrap();
+        connections(5);
+        assert_eq!(warned(), 1, "{}", logs.text());
+        std::fs::remove_file(&ca).unwrap(); // another reason: warned
+        connections(5);
+        assert_eq!(warned(), 2, "{}", logs.text());
+        assert_eq!(
+            logs.count("ca.pem"),
+            2,
+            "each names the file: {}",
+            logs.text()
+        );
+        std::fs::copy(&certs.ca, &ca).unwrap(); // the files in use, back
+        connections(1);
+        std::fs::write(&ca, "not pem").unwrap(); // broken again: news
+        connections(3);
+        assert_eq!(warned(), 3, "{}", logs.text());
+        assert_eq!(logs.count("new connections use them"), 0, "{}", logs.text());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

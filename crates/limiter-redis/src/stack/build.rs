@@ -186,6 +186,7 @@ impl<R: 'static> RedisStackBuilder<R> {
             on_failure: self.on_failure,
             fallback,
             token: Arc::new(()),
+            refunds_failed: limiter_core::Paced::new(std::time::Duration::from_secs(10)),
         })
     }
 }

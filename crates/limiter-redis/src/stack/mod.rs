@@ -74,6 +74,9 @@ pub struct RedisStack<R> {
     fallback: Option<Fallback<R>>,
     /// This stack's identity, which its grants carry.
     token: Arc<()>,
+    /// Paces the warning of a denied call across slots whose give back failed (a call's, while
+    /// a master is down: one line every ten seconds, with the number not said since).
+    refunds_failed: limiter_core::Paced,
 }
 
 impl<R> fmt::Debug for RedisStack<R> {
@@ -254,6 +257,12 @@ impl<R> RedisStack<R> {
     /// cluster, with more than one layer.
     pub(crate) fn may_span_slots(&self) -> bool {
         self.backend.is_cluster() && matches!(self.tag, Tag::Key) && self.layers.len() > 1
+    }
+
+    /// Whether a failed give back across slots is to be warned now (`Some`: how many were
+    /// not since the last).
+    pub(crate) fn refund_failure_due(&self) -> Option<u64> {
+        self.refunds_failed.due()
     }
 
     /// This stack's identity, which its grants carry.

@@ -385,7 +385,7 @@ async fn forwarded_addresses_count_only_behind_trusted_proxies() {
 
 #[tokio::test]
 async fn problem_json_grpc_and_undecidable_requests() {
-    let (_capture, logs) = support::capture_logs();
+    let (_capture, logs) = limiter_testkit::logs::capture();
     let clock = ManualClock::new();
     let problem = RateLimitLayer::builder(per_ip(&clock, 1))
         .key("ip", PeerIp::new())

@@ -82,7 +82,7 @@ async fn decides_on_redis_with_the_same_headers() {
 
 #[tokio::test]
 async fn a_failing_backend_is_answered_by_its_policy_never_as_over_the_limit() {
-    let (_capture, logs) = support::capture_logs();
+    let (_capture, logs) = limiter_testkit::logs::capture();
     // Nothing listens on this port: every call fails (quickly, connection refused).
     let port = redis_server::free_port();
     let server = format!("127.0.0.1:{port}");

@@ -191,7 +191,7 @@ async fn a_body_that_keeps_streaming_renews_its_permit_and_one_that_stalls_does_
 // One thread: its servers log where the capture is.
 #[tokio::test]
 async fn while_redis_fails_requests_are_refused_with_503_or_pass_when_failing_open() {
-    let (_capture, logs) = crate::support::capture_logs();
+    let (_capture, logs) = limiter_testkit::logs::capture();
     let mut server = RedisServer::start();
     let address = format!("127.0.0.1:{}", server.port);
     let ttl = Duration::from_secs(30);

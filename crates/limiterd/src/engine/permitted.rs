@@ -343,8 +343,8 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
     }
 
     /// Permits held now, by policy with a concurrency limit: in this process's memory, or on
-    /// Redis the fleet's (`None` when Redis does not answer).
-    pub async fn permits_held(&self) -> Vec<(&str, Option<u64>)> {
+    /// Redis the fleet's (the error when Redis does not answer or the count cannot be read).
+    pub async fn permits_held(&self) -> Vec<(&str, Result<u64, String>)> {
         let mut held = Vec::new();
         for policy in &self.policies {
             if let Some(permits) = &policy.permits {
@@ -507,7 +507,7 @@ mod tests {
         assert!(busy.decision.is_denied() && none.is_none());
         assert_eq!(busy.decision.retry_after(), Duration::from_secs(30));
         assert!(one(&engine, "bob", 1).1.is_some(), "another identifier");
-        assert_eq!(decided_at_once(engine.permits_held()), [("p", Some(3))]);
+        assert_eq!(decided_at_once(engine.permits_held()), [("p", Ok(3))]);
 
         let (a, b) = (a.expect("a permit"), b.expect("a permit"));
         assert!(release(&engine, "ann", &a));
@@ -516,7 +516,7 @@ mod tests {
         assert!(one(&engine, "ann", 1).1.is_some());
         // Nobody releases: after 30 s every permit is gone, and a late release says so.
         clock.advance(Duration::from_secs(30));
-        assert_eq!(decided_at_once(engine.permits_held()), [("p", Some(0))]);
+        assert_eq!(decided_at_once(engine.permits_held()), [("p", Ok(0))]);
         assert!(!release(&engine, "ann", &b), "expired");
         assert!(one(&engine, "ann", 1).0.decision.is_allowed());
     }
@@ -538,11 +538,11 @@ mod tests {
         let (denied, none) = one(&engine, "ann", 1);
         assert!(denied.decision.is_denied() && none.is_none());
         assert_eq!(denied.decision.limit(), 3);
-        assert_eq!(decided_at_once(engine.permits_held()), [("p", Some(0))]);
+        assert_eq!(decided_at_once(engine.permits_held()), [("p", Ok(0))]);
         // A report takes nothing, no permit either, and says what is left.
         let (report, none) = one(&engine, "ann", 0);
         assert_eq!((report.decision.remaining(), none), (0, None));
-        assert_eq!(decided_at_once(engine.permits_held()), [("p", Some(0))]);
+        assert_eq!(decided_at_once(engine.permits_held()), [("p", Ok(0))]);
     }
 
     #[test]

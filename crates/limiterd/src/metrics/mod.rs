@@ -2,7 +2,8 @@
 //! Prometheus scrapes) for `GET /metrics`: decisions allowed, denied and shadow-denied per
 //! policy (labelled by name), invalid requests, backend errors, answers from a failure policy
 //! (labelled open, closed or fallback), keys held in memory, how long each decision request
-//! took, and the store's health (`store.rs`: ready, reachable, each Redis master).
+//! took (`latency.rs`: a histogram kept without a lock, so requests on every core share no
+//! mutex), and the store's health (`store.rs`: ready, reachable, each Redis master).
 //!
 //! A policy registers its counters once, by name ([`Metrics::policy`]), and keeps the handles:
 //! counting a decision is one atomic increment, with no lookup.
@@ -24,13 +25,14 @@ use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 mod denials;
+mod latency;
 mod store;
 use denials::Denials;
 pub use denials::{HeavyHitter, TOP_DENIED, TopDenied};
+use latency::Latency;
 use store::StoreGauges;
 pub use store::{MasterReading, StoreReading};
 
@@ -196,17 +198,36 @@ pub struct Metrics {
     envoy_keys: Mutex<std::collections::HashSet<String>>,
     invalid: Counter,
     backend_errors: Counter,
-    /// One store failure every ten seconds is logged, with its error.
-    failures_logged: Paced,
-    /// Paces the log line of a full store's refusals.
-    full_logged: Paced,
+    /// Paces the log lines of what happens at every request while it lasts.
+    logged: LogPacing,
     store_full: Counter,
     failure_policy: Family<[(&'static str, &'static str); 1], Counter>,
     store_keys: Gauge<i64, AtomicI64>,
     permits_held: Family<[(&'static str, String); 1], Gauge<i64, AtomicI64>>,
     releases: Family<Labels, Counter>,
     store: StoreGauges,
-    duration: Histogram,
+    duration: Latency,
+}
+
+/// How often each log line of something that lasts (an outage, a full store) is said.
+#[derive(Debug)]
+struct LogPacing {
+    /// A store failure a policy answered: every ten seconds, with its error.
+    store_failed: Paced,
+    /// A full store's refusals: every ten seconds.
+    store_full: Paced,
+    /// A gauge the store could not read at a scrape: once a minute.
+    gauge_unread: Paced,
+}
+
+impl Default for LogPacing {
+    fn default() -> Self {
+        Self {
+            store_failed: Paced::new(Duration::from_secs(10)),
+            store_full: Paced::new(Duration::from_secs(10)),
+            gauge_unread: Paced::new(Duration::from_secs(60)),
+        }
+    }
 }
 
 impl Default for Metrics {
@@ -263,7 +284,7 @@ impl Metrics {
             releases.clone(),
         );
         let store = StoreGauges::register(&mut registry);
-        let duration = Histogram::new(BUCKETS_S);
+        let duration = Latency::new(&BUCKETS_S);
         registry.register(
             "limiterd_request_duration_seconds",
             "Time to answer a decision request",
@@ -286,8 +307,7 @@ impl Metrics {
             decisions,
             invalid,
             backend_errors,
-            failures_logged: Paced::new(Duration::from_secs(10)),
-            full_logged: Paced::new(Duration::from_secs(10)),
+            logged: LogPacing::default(),
             store_full,
             failure_policy,
             store_keys,
@@ -299,19 +319,29 @@ impl Metrics {
     }
 
     /// Sets the permits each policy holds now (read at each scrape: in memory, or the fleet's
-    /// on Redis); a policy whose count could not be read (Redis does not answer) is left out
-    /// of this scrape, not reported at its last reading.
-    pub fn set_permits_held(&self, held: &[(&str, Option<u64>)]) {
+    /// on Redis); a policy whose count could not be read (Redis does not answer, or its index
+    /// is a key of another type) is left out of this scrape, not reported at its last reading,
+    /// and the error is counted as a store call failed and logged (at most once a minute).
+    pub fn set_permits_held(&self, held: &[(&str, Result<u64, String>)]) {
         for (policy, n) in held {
             let labels = [("policy", (*policy).to_owned())];
             match n {
-                Some(n) => {
+                Ok(n) => {
                     self.permits_held
                         .get_or_create(&labels)
                         .set(i64::try_from(*n).unwrap_or(i64::MAX));
                 }
-                None => {
+                Err(error) => {
                     self.permits_held.remove(&labels);
+                    self.backend_errors.inc();
+                    if let Some(unlogged) = self.logged.gauge_unread.due() {
+                        tracing::warn!(
+                            policy,
+                            %error,
+                            unlogged,
+                            "the permits a policy holds could not be read: limiterd_permits_held leaves it out (one such line a minute)"
+                        );
+                    }
                 }
             }
         }
@@ -426,7 +456,7 @@ impl Metrics {
     /// since (a flood of new identifiers is what fills a store).
     pub(crate) fn store_full(&self, error: &dyn std::fmt::Display) {
         self.store_full.inc();
-        if let Some(unlogged) = self.full_logged.due() {
+        if let Some(unlogged) = self.logged.store_full.due() {
             tracing::warn!(
                 %error,
                 unlogged,
@@ -440,7 +470,7 @@ impl Metrics {
     /// every ten seconds with the number not logged since.
     pub(crate) fn store_failed(&self, error: &dyn std::fmt::Display) {
         self.backend_errors.inc();
-        if let Some(unlogged) = self.failures_logged.due() {
+        if let Some(unlogged) = self.logged.store_failed.due() {
             tracing::warn!(
                 %error,
                 unlogged,
@@ -463,7 +493,7 @@ impl Metrics {
 
     /// Records how long one decision request took.
     pub fn observe(&self, took: Duration) {
-        self.duration.observe(took.as_secs_f64());
+        self.duration.observe(took);
     }
 
     /// The text exposition, with `keys` held in memory.

@@ -166,3 +166,70 @@ fn store_health_gauges_follow_the_last_probe_and_drop_masters_no_longer_known() 
     }
     assert!(!text.contains("10.0.0.3:6379"), "{text}");
 }
+
+/// The request duration histogram, kept without a lock: each observation in the bucket of the
+/// least bound at or above it (cumulative in the exposition), the count the buckets' sum, the
+/// sum exact; and observed from several threads at once, none is lost.
+#[test]
+fn request_durations_are_bucketed_summed_and_never_lost_across_threads() {
+    let metrics = Arc::new(Metrics::new());
+    for took in [
+        Duration::from_micros(25),    // at a bound: in it
+        Duration::from_nanos(25_001), // just above: the next
+        Duration::from_millis(3),
+        Duration::from_secs(2), // above every bound: +Inf only
+    ] {
+        metrics.observe(took);
+    }
+    let text = metrics.render(0);
+    for line in [
+        "limiterd_request_duration_seconds_bucket{le=\"0.000025\"} 1",
+        "limiterd_request_duration_seconds_bucket{le=\"0.00005\"} 2",
+        "limiterd_request_duration_seconds_bucket{le=\"0.0025\"} 2",
+        "limiterd_request_duration_seconds_bucket{le=\"0.005\"} 3",
+        "limiterd_request_duration_seconds_bucket{le=\"1.0\"} 3",
+        "limiterd_request_duration_seconds_bucket{le=\"+Inf\"} 4",
+        "limiterd_request_duration_seconds_count 4",
+        "limiterd_request_duration_seconds_sum 2.003050001",
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "{line:?} missing from\n{text}"
+        );
+    }
+
+    let metrics = Arc::new(Metrics::new());
+    let (threads, each) = (4_u64, 10_000_u64);
+    let workers: Vec<_> = (0..threads)
+        .map(|t| {
+            let metrics = Arc::clone(&metrics);
+            std::thread::spawn(move || {
+                for i in 0..each {
+                    metrics.observe(Duration::from_nanos(t * 1_000_000 + i));
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.join().expect("no panic");
+    }
+    let text = metrics.render(0);
+    let count = threads * each;
+    let sum_nanos: u64 = (0..threads)
+        .map(|t| t * 1_000_000 * each + each * (each - 1) / 2)
+        .sum();
+    assert!(
+        text.lines()
+            .any(|l| l == format!("limiterd_request_duration_seconds_count {count}")),
+        "{text}"
+    );
+    let sum_line = text
+        .lines()
+        .find(|l| l.starts_with("limiterd_request_duration_seconds_sum "))
+        .expect("a sum");
+    let sum: f64 = sum_line.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(
+        (sum - sum_nanos as f64 / 1e9).abs() < 1e-9,
+        "{sum_line} vs {sum_nanos} ns"
+    );
+}

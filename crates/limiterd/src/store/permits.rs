@@ -229,11 +229,12 @@ impl PolicyPermits {
     }
 
     /// Every permit held now: in this process's table, or on Redis the fleet's (every
-    /// process's, from the name's index); `None` when Redis does not answer. The metrics' gauge.
-    pub async fn held_total(&self) -> Option<u64> {
+    /// process's, from the name's index); on Redis, its error when it does not answer or the
+    /// index is not one limiterd wrote (naming the key). The metrics' gauge.
+    pub async fn held_total(&self) -> Result<u64, String> {
         match &self.store {
-            Store::Memory(table) => Some(table.total()),
-            Store::Redis(permits, _) => permits.held_total().await.ok(),
+            Store::Memory(table) => Ok(table.total()),
+            Store::Redis(permits, _) => permits.held_total().await.map_err(|e| e.to_string()),
         }
     }
 }

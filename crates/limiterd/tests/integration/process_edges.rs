@@ -491,3 +491,43 @@ async fn logs_are_json_lines_on_stderr_and_report_the_breaker() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// Out of file descriptors, neither server spins on its listener or stays silent: each says it
+/// cannot accept (once, paced: a line every ten seconds at most, where the HTTP loop warned
+/// every 50 ms and tonic's gRPC loop retried at once, logging at trace level), and both serve
+/// again once connections close.
+#[tokio::test]
+async fn out_of_descriptors_each_server_says_so_once_and_recovers() {
+    let envoy = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/envoy/reference.yaml");
+    let daemon =
+        Daemon::start_recorded_with_files(&["--envoy", envoy, "--grpc-listen", "127.0.0.1:0"], 64);
+    let output = daemon.wait_for_output("envoy rate-limit gRPC on ");
+    let grpc = output
+        .split("envoy rate-limit gRPC on ")
+        .nth(1)
+        .and_then(|rest| rest.split(';').next())
+        .expect("the gRPC address")
+        .to_owned();
+    // Idle connections until the daemon has no descriptor left to accept with.
+    let held: Vec<std::net::TcpStream> = (0..80)
+        .map(|_| std::net::TcpStream::connect(daemon.addr).expect("the backlog takes it"))
+        .collect();
+    daemon.wait_for_output("server=\"http\"");
+    let waiting = std::net::TcpStream::connect(&grpc).expect("the backlog takes it");
+    let output = daemon.wait_for_output("server=\"grpc\"");
+    let said: Vec<&str> = output
+        .lines()
+        .filter(|line| line.contains("cannot accept a connection"))
+        .collect();
+    assert_eq!(said.len(), 2, "one line a server, paced:\n{output}");
+    assert!(
+        said.iter().all(|line| line.contains("Too many open files")),
+        "{output}"
+    );
+    drop(held);
+    drop(waiting);
+    let mut client = Client::connect(daemon.addr).await;
+    let (status, _) = client.send("GET", "/healthz", "").await;
+    assert_eq!(status, 200, "serving again");
+    let _grpc_again = std::net::TcpStream::connect(&grpc).expect("listening still");
+}

@@ -2,7 +2,7 @@
 //! write, under `on_failure = "open"`, admits the call without counting it, and the log names
 //! the key, at most one line every ten seconds (with how many were left out), where before
 //! only a counter moved; under `on_failure = "fallback"` the same for every part that falls
-//! back (the stack, a calendar quota, permits).
+//! back (the stack, a calendar quota, permits); and a gauge read from the store at a scrape.
 
 use limiter_testkit::redis_server::RedisServer;
 use redis::Commands;
@@ -162,4 +162,59 @@ async fn a_full_store_is_counted_per_refusal_and_logged_paced() {
             .any(|line| line == format!("limiterd_store_full_total {refusals}")),
         "{metrics}"
     );
+}
+
+/// The permits a policy holds, read at each scrape, cannot be read when their index on Redis
+/// holds what limiterd did not write: the gauge leaves the policy out, each failed read is
+/// counted as a store call failed, and the log names the key once (paced), where the gauge
+/// used to go missing with nothing said.
+#[tokio::test]
+async fn a_gauge_the_store_cannot_read_is_named_in_the_log_once() {
+    let redis = RedisServer::start();
+    let file = temp_file(
+        &format!("gauge-spoilt-{}.toml", redis.port),
+        &format!(
+            "[store]\nkind = \"redis\"\nurl = \"{}\"\n\
+             [policies.api]\nlimits = [{{ algorithm = \"concurrency\", count = 5, ttl = \"30s\" }}]\n",
+            redis.url()
+        ),
+    );
+    let daemon = Daemon::start_recorded(&["--config", file.to_str().expect("UTF-8")], &[]);
+    let mut client = crate::support::Client::connect(daemon.addr).await;
+    let held = client
+        .decide(json!({"policy": "api", "identifier": "ann"}))
+        .await;
+    assert_eq!(held["success"], true, "{held}");
+    let (_, metrics) = client.send("GET", "/metrics", "").await;
+    assert!(
+        metrics.contains("limiterd_permits_held{policy=\"api\"} 1"),
+        "{metrics}"
+    );
+    let mut conn = redis.client();
+    let index = "limiterd:permits:{api}";
+    let kind: String = redis::cmd("TYPE")
+        .arg(index)
+        .query(&mut conn)
+        .expect("TYPE");
+    assert_eq!(kind, "zset", "the index's name as limiterd writes it");
+    let _: () = conn.set(index, "not an index").expect("SET");
+    let scrapes = 3;
+    let mut metrics = String::new();
+    for _ in 0..scrapes {
+        metrics = client.send("GET", "/metrics", "").await.1;
+        assert!(!metrics.contains("limiterd_permits_held{"), "{metrics}");
+    }
+    assert!(
+        metrics
+            .lines()
+            .any(|line| line == format!("limiterd_backend_errors_total {scrapes}")),
+        "{metrics}"
+    );
+    let output = daemon.wait_for_output(index);
+    let warnings: Vec<&str> = output
+        .lines()
+        .filter(|line| line.contains("could not be read"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "paced, not a line a scrape:\n{output}");
+    assert!(warnings[0].contains(index), "{output}");
 }

@@ -47,7 +47,22 @@ impl Daemon {
     /// [`start_with_env`](Self::start_with_env), recording everything it writes (see
     /// [`Daemon::output`]).
     pub(crate) fn start_recorded(args: &[&str], env: &[(&str, &str)]) -> Self {
-        let mut daemon = Self::spawn(args, env, Stdio::piped());
+        Self::recording(Self::spawn(args, env, Stdio::piped()))
+    }
+
+    /// [`start_recorded`](Self::start_recorded), the process allowed at most `open_files`
+    /// file descriptors (`ulimit -n`).
+    pub(crate) fn start_recorded_with_files(args: &[&str], open_files: u32) -> Self {
+        Self::recording(Self::spawn_limited(
+            args,
+            &[],
+            Stdio::piped(),
+            Some(open_files),
+        ))
+    }
+
+    /// `daemon`, its output recorded from now on.
+    fn recording(mut daemon: Self) -> Self {
         let recorded = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
         let stderr = daemon.child.stderr.take().expect("piped");
         let stdout = daemon.stdout.take().expect("stdout not yet taken");
@@ -97,7 +112,30 @@ impl Daemon {
     }
 
     fn spawn(args: &[&str], env: &[(&str, &str)], stderr: Stdio) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_limiterd"))
+        Self::spawn_limited(args, env, stderr, None)
+    }
+
+    fn spawn_limited(
+        args: &[&str],
+        env: &[(&str, &str)],
+        stderr: Stdio,
+        open_files: Option<u32>,
+    ) -> Self {
+        let binary = env!("CARGO_BIN_EXE_limiterd");
+        let mut command = match open_files {
+            None => Command::new(binary),
+            // The shell lowers its limit and becomes limiterd (same process, same limit).
+            Some(n) => {
+                let mut shell = Command::new("sh");
+                shell.args([
+                    "-c",
+                    &format!("ulimit -n {n} && exec \"$0\" \"$@\""),
+                    binary,
+                ]);
+                shell
+            }
+        };
+        let mut child = command
             .args(args)
             .envs(env.iter().copied())
             .args(["--listen", "127.0.0.1:0"])
