@@ -83,7 +83,8 @@ impl Latency {
                 .position(|&bound| nanos <= bound)
                 .unwrap_or(MAX_BUCKETS - 1),
         );
-        let shard = &b.shards[SHARD.with(|shard| *shard)];
+        // A thread whose locals are being torn down counts into the first shard.
+        let shard = &b.shards[SHARD.try_with(|shard| *shard).unwrap_or(0)];
         // Relaxed: statistics, ordered with nothing; a scrape reads each word on its own.
         shard.counts[bucket].fetch_add(1, Ordering::Relaxed);
         // Relaxed: as above. Wraps only after 584 years of summed request time.
