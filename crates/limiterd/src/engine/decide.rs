@@ -3,6 +3,8 @@
 //! every policy is on Redis, takes and refunds otherwise), and every store's outcome read as
 //! an [`Answer`] in one place.
 
+use std::borrow::Cow;
+
 use limiter_core::{Clock, Decision, Limit};
 use limiter_stack::{Ask, BatchItem, CallError, Origin, Outcome};
 
@@ -11,8 +13,9 @@ use crate::metrics::{Counted, FailurePolicy};
 
 use super::*;
 
-/// An item's policy stack, what it decides on, and the counters its answer goes to.
-pub(super) type Resolved<'a> = (PolicyStack, Call, &'a PolicyCounters);
+/// An item's stack (a configured policy's borrowed: no reference count every request on every
+/// core would bump; an ad-hoc shape's, out of its lock, owned), its call, and its counters.
+pub(super) type Resolved<'a> = (Cow<'a, PolicyStack>, Call, &'a PolicyCounters);
 
 /// How an item's answer counts: a peek, a record, a refund, a denial, an admission, or a take
 /// its batch refused (`admitted`: whether the call as a whole was).
@@ -101,7 +104,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                     identifier: Arc::clone(&item.identifier),
                     plan: entry.plan,
                 };
-                Ok((entry.stack.clone(), call, &entry.counters))
+                Ok((Cow::Borrowed(&entry.stack), call, &entry.counters))
             }
             Target::AdHoc {
                 kind,
@@ -119,7 +122,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                     identifier: ad_hoc_key(*kind, namespace, &item.identifier).into(),
                     plan,
                 };
-                Ok((stack, call, &self.ad_hoc_counters))
+                Ok((Cow::Owned(stack), call, &self.ad_hoc_counters))
             }
         }
     }
@@ -275,14 +278,14 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             .iter()
             .zip(resolved)
             .map(|(item, (stack, call, _))| BatchItem {
-                limiter: &**stack,
+                limiter: &***stack,
                 request: call,
                 cost: item.cost,
                 charge: item.charge,
                 shadow: item.shadow,
             })
             .collect();
-        let stacks: Vec<&PolicyStack> = resolved.iter().map(|(stack, _, _)| stack).collect();
+        let stacks: Vec<&PolicyStack> = resolved.iter().map(|(stack, _, _)| &**stack).collect();
         let decided = crate::stacks::decide_batch(&batch, &stacks, Some(reading))
             .await
             .map_err(|e| {
