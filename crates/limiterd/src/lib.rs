@@ -17,8 +17,8 @@
 //! - Adapters (feature `server`): `http` (the HTTP JSON API, its request parser, and
 //!   `POST /json`), `grpc` (envoy's protocol over tonic), served by `serve`.
 //!
-//! Dependencies point one way: store ← metrics ← config ← stacks ← engine ← envoy ← app ← ops ←
-//! http, grpc ← server; no module imports one that imports it (`cargo xtask lint`).
+//! Dependencies point one way: shards, store ← metrics ← config ← stacks ← engine ← envoy ← app
+//! ← ops ← http, grpc ← server; no module imports one that imports it (`cargo xtask lint`).
 //!
 //! `serve` (feature `server`) runs the HTTP API, and the gRPC service with gRPC health if
 //! envoy domains are configured, reloading on SIGHUP and file changes, until a shutdown
@@ -37,6 +37,7 @@ pub mod grpc;
 pub mod http;
 pub mod metrics;
 pub mod ops;
+mod shards;
 pub mod stacks;
 pub mod store;
 
@@ -44,3 +45,4 @@ pub mod store;
 mod server;
 #[cfg(feature = "server")]
 pub use server::{Listeners, ServiceClock, serve};
+pub use shards::Current;

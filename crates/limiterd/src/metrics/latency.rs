@@ -1,35 +1,24 @@
 //! How long each decision request took, as a Prometheus histogram kept without a lock and
 //! without a shared cache line: `prometheus-client`'s `Histogram` takes one mutex per
 //! observation, which every request on every core would share. Here each thread counts into
-//! one of [`SHARDS`] cache-padded shards (its bucket's count, and the sum in whole
-//! nanoseconds, exact: two relaxed atomic adds), and a scrape adds the shards up. The count a
-//! scrape shows is the sum of its buckets, so the two always agree; the sum may lag them by
-//! the observations in flight.
-
+//! its shard's counts (`shards.rs`), cache-padded (its bucket's count, and the sum in whole
+//! nanoseconds, exact: two relaxed atomic adds), and a scrape adds the shards up. Two threads
+//! observing at once into one set of counters took 150-200 ns an observation, into a shard
+//! each 21 ns (a scratch benchmark on the 2-core VM; the mutex 25 ns alone, 160 shared). The
+//! count a scrape shows is the sum of its buckets, so the two always agree; the sum may lag
+//! them by the observations in flight.
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crossbeam_utils::CachePadded;
 use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::{MetricType, TypedMetric};
 
-/// Shards a histogram's counts are spread over (threads past this many share them): two
-/// cores observing at once into one set of counters took 150-200 ns an observation, into a
-/// shard each 21 ns (a scratch benchmark on the 2-core VM; the mutex 25 ns alone, 160 shared).
-const SHARDS: usize = 16;
+use crate::shards::{self, SHARDS};
 
 /// The most buckets a histogram has (its `+Inf` one included).
 const MAX_BUCKETS: usize = 16;
-
-thread_local! {
-    /// This thread's shard, handed out round-robin as threads first observe.
-    static SHARD: usize = {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        // Relaxed: only spreads threads over shards; any order is as good.
-        NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS
-    };
-}
 
 /// A histogram of durations over fixed buckets; clones share it.
 #[derive(Clone, Debug)]
@@ -83,8 +72,7 @@ impl Latency {
                 .position(|&bound| nanos <= bound)
                 .unwrap_or(MAX_BUCKETS - 1),
         );
-        // A thread whose locals are being torn down counts into the first shard.
-        let shard = &b.shards[SHARD.try_with(|shard| *shard).unwrap_or(0)];
+        let shard = &b.shards[shards::this_thread()];
         // Relaxed: statistics, ordered with nothing; a scrape reads each word on its own.
         shard.counts[bucket].fetch_add(1, Ordering::Relaxed);
         // Relaxed: as above. Wraps only after 584 years of summed request time.

@@ -1,7 +1,8 @@
 //! The configuration being served, swapped whole on reload.
 //!
-//! [`Live`] holds the [`AppState`] every request reads ([`Live::current`]: a read lock and a
-//! reference count, never held across a decision). [`Live::reload`] builds the parts for a new
+//! [`Live`] holds the [`AppState`] every request reads ([`Live::current`]: a handle read
+//! from the calling thread's shard, so requests on different cores share no lock and no
+//! reference count; `shards.rs`). [`Live::reload`] builds the parts for a new
 //! configuration beside the serving ones ([`AppState::reloaded`], which keeps counters) and
 //! swaps them in one step: a request sees the old configuration or the new, never a mix, and a
 //! configuration that cannot be built is refused with the message `check-config` gives while
@@ -10,7 +11,7 @@
 //! file that changes it is refused, naming it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use limiter_core::Clock;
 
@@ -20,11 +21,12 @@ use crate::config::{Config, RedisConnection, Store};
 use crate::engine::Carried;
 use crate::envoy::Domains;
 use crate::metrics::{MasterReading, StoreReading};
+use crate::shards::{Current, PerThread};
 
 /// The state every request reads, replaced whole by [`reload`](Self::reload).
 #[derive(Debug)]
 pub struct Live<C> {
-    current: RwLock<Arc<AppState<C>>>,
+    current: PerThread<AppState<C>>,
     /// Whether the service is ready: what the server's probe last found, and whether it is
     /// shutting down.
     pub health: Health,
@@ -269,7 +271,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Live<C> {
     /// Serves `state` with `overrides`.
     pub fn with_overrides(state: AppState<C>, overrides: Overrides) -> Self {
         Self {
-            current: RwLock::new(Arc::new(state)),
+            current: PerThread::new(state),
             health: Health::default(),
             overrides: Arc::new(overrides),
         }
@@ -277,9 +279,8 @@ impl<C: Clock + Clone + Send + Sync + 'static> Live<C> {
 
     /// The state serving now. A request holds it to the end, so a reload never changes the
     /// rules under a decision.
-    pub fn current(&self) -> Arc<AppState<C>> {
-        // A poisoned lock still holds a whole state: swaps are one assignment.
-        Arc::clone(&self.current.read().unwrap_or_else(PoisonError::into_inner))
+    pub fn current(&self) -> Current<AppState<C>> {
+        self.current.read()
     }
 
     /// Serves `config` and `domains` from now on, keeping counters, or says why not (and the
@@ -297,7 +298,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Live<C> {
         let (state, carried) = serving
             .reloaded(config, domains)
             .map_err(|e| format!("{e}; the running configuration is kept"))?;
-        *self.current.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(state);
+        self.current.replace(state);
         Ok(Reloaded::Applied(carried))
     }
 }
