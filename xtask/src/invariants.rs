@@ -38,6 +38,7 @@ const RULES: &[Rule] = &[
             "crates/limiter-stack/src/stack/builder.rs",
             "crates/limiterd/src/metrics/",
             "crates/limiterd/src/ops/live.rs",
+            "crates/limiterd/src/shards.rs",
             "crates/limiterd/src/http/unkey/mod.rs",
             "crates/limiterd/src/store/permits.rs",
         ],

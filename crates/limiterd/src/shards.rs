@@ -38,14 +38,22 @@ pub(crate) fn this_thread() -> usize {
 /// whole.
 #[derive(Debug)]
 pub(crate) struct PerThread<T> {
-    shards: Box<[CachePadded<RwLock<Arc<Arc<T>>>>]>,
+    shards: Box<[Shard<T>]>,
     replacing: Mutex<()>,
 }
 
-/// A value as [`PerThread::read`] found it, held unchanged for as long as the handle lives
+/// One shard: its own handle on the value, under its own lock, on its own cache lines.
+type Shard<T> = CachePadded<RwLock<Arc<Handle<T>>>>;
+
+/// A shard's handle on the shared value: cloning the `Arc` around it writes only the shard's
+/// own reference count, not the value's, which every shard shares.
+#[derive(Debug)]
+struct Handle<T>(Arc<T>);
+
+/// A value as a read found it (`Live::current`), held unchanged for as long as the handle lives
 /// (a replacement does not reach it).
 #[derive(Debug)]
-pub struct Current<T>(Arc<Arc<T>>);
+pub struct Current<T>(Arc<Handle<T>>);
 
 impl<T> Clone for Current<T> {
     fn clone(&self) -> Self {
@@ -57,7 +65,7 @@ impl<T> Deref for Current<T> {
     type Target = T;
 
     fn deref(&self) -> &T {
-        &self.0
+        &self.0.0
     }
 }
 
@@ -66,7 +74,7 @@ impl<T> PerThread<T> {
         let value = Arc::new(value);
         Self {
             shards: (0..SHARDS)
-                .map(|_| CachePadded::new(RwLock::new(Arc::new(Arc::clone(&value)))))
+                .map(|_| CachePadded::new(RwLock::new(Arc::new(Handle(Arc::clone(&value))))))
                 .collect(),
             replacing: Mutex::new(()),
         }
@@ -90,7 +98,8 @@ impl<T> PerThread<T> {
             .unwrap_or_else(PoisonError::into_inner);
         let value = Arc::new(value);
         for shard in &*self.shards {
-            *shard.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(Arc::clone(&value));
+            *shard.write().unwrap_or_else(PoisonError::into_inner) =
+                Arc::new(Handle(Arc::clone(&value)));
         }
     }
 }
