@@ -14,9 +14,17 @@
 //! Each is one round trip from a client on this process's runtime to the service on its own
 //! runtime (2 worker threads), in memory with the default clock, as `limiterd` runs by
 //! default. The limits never deny (a million per second), so every iteration decides.
+//!
+//! `limiterd_shared`: what every request reads and writes that cores could share, on two
+//! threads at once (an iteration is one operation on each): the state serving now
+//! (`Live::current`) and the request histogram as limiterd keeps them (a handle and counts
+//! per shard of threads), beside one `RwLock<Arc<_>>` and `prometheus-client`'s `Histogram`,
+//! as it kept them before.
 
+use std::hint::black_box;
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::sync::{Arc, Barrier, RwLock};
+use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -26,10 +34,15 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
+use limiter_core::MonotonicClock;
+use limiterd::app::AppState;
 use limiterd::config::Config;
 use limiterd::envoy::Domains;
+use limiterd::metrics::Metrics;
 use limiterd::ops::files::Sources;
+use limiterd::ops::live::Live;
 use limiterd::{Listeners, serve};
+use prometheus_client::metrics::histogram::Histogram;
 
 const CONFIG: &str = r#"
 listen = "127.0.0.1:0"
@@ -222,5 +235,65 @@ fn service(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, service);
+/// Runs `op` `iters` times on each of two threads started together; the time until both end.
+fn on_two_threads(iters: u64, op: &(dyn Fn(u64) + Sync)) -> Duration {
+    let start = Barrier::new(3);
+    std::thread::scope(|scope| {
+        for _ in 0..2 {
+            scope.spawn(|| {
+                start.wait();
+                for i in 0..iters {
+                    op(i);
+                }
+            });
+        }
+        start.wait();
+        let began = Instant::now();
+        // The scope joins both threads before it returns.
+        began
+    })
+    .elapsed()
+}
+
+/// A request's duration: 30 µs and some, as a decision over loopback takes.
+fn took(i: u64) -> Duration {
+    Duration::from_nanos(30_000 + (i & 1023))
+}
+
+fn shared(c: &mut Criterion) {
+    let config = Config::parse(CONFIG).expect("the bench configuration");
+    let state = || {
+        let domains = Domains::load([("bench.yaml", DOMAIN)]).expect("the bench domain");
+        AppState::build(&config, domains, MonotonicClock::new(), None).expect("builds")
+    };
+    let live = Live::new(state());
+    let metrics = Metrics::new();
+    let locked = RwLock::new(Arc::new(state()));
+    let histogram = Histogram::new([
+        0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.1,
+        1.0,
+    ]);
+    let mut group = c.benchmark_group("limiterd_shared");
+    group.bench_function("state_and_histogram_2_threads", |b| {
+        b.iter_custom(|iters| {
+            on_two_threads(iters, &|i| {
+                let state = live.current();
+                black_box(&state.config);
+                metrics.observe(took(i));
+            })
+        })
+    });
+    group.bench_function("rwlock_arc_and_prometheus_histogram_2_threads", |b| {
+        b.iter_custom(|iters| {
+            on_two_threads(iters, &|i| {
+                let state = Arc::clone(&locked.read().expect("unpoisoned"));
+                black_box(&state.config);
+                histogram.observe(took(i).as_secs_f64());
+            })
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, service, shared);
 criterion_main!(benches);

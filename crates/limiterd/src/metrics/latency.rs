@@ -7,6 +7,7 @@
 //! each 21 ns (a scratch benchmark on the 2-core VM; the mutex 25 ns alone, 160 shared). The
 //! count a scrape shows is the sum of its buckets, so the two always agree; the sum may lag
 //! them by the observations in flight.
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
