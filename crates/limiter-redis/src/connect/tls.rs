@@ -183,31 +183,6 @@ impl TlsOptions {
 
     /// The rustls configuration of these settings.
     fn configured(&self) -> Result<Configured, TlsError> {
-        self.configured_from_pem().map_err(|error| match error {
-            TlsError::Pem {
-                what,
-                path: None,
-                expected,
-                reason,
-            } => {
-                let path = match what {
-                    "CA file" => self.files.ca.clone(),
-                    "certificate file" => self.files.identity.as_ref().map(|(c, _)| c.clone()),
-                    _ => self.files.identity.as_ref().map(|(_, k)| k.clone()),
-                };
-                TlsError::Pem {
-                    what,
-                    path,
-                    expected,
-                    reason,
-                }
-            }
-            other => other,
-        })
-    }
-
-    /// [`configured`](Self::configured), a PEM error not yet naming its file.
-    fn configured_from_pem(&self) -> Result<Configured, TlsError> {
         let roots = self.roots()?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let verifier =
@@ -224,12 +199,16 @@ impl TlsOptions {
             Some((cert_pem, key_pem)) => {
                 let chain = CertificateDer::pem_slice_iter(cert_pem)
                     .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| pem_error("certificate file", "certificate", e))?;
+                    .map_err(|e| pem_error(self.file("certificate file"), "certificate", e))?;
                 if chain.is_empty() {
-                    return Err(pem_error("certificate file", "certificate", "none found"));
+                    return Err(pem_error(
+                        self.file("certificate file"),
+                        "certificate",
+                        "none found",
+                    ));
                 }
                 let key = PrivateKeyDer::from_pem_slice(key_pem.expose().as_bytes())
-                    .map_err(|e| pem_error("key file", "private key", e))?;
+                    .map_err(|e| pem_error(self.file("key file"), "private key", e))?;
                 builder
                     .with_client_auth_cert(chain, key)
                     .map_err(|e| TlsError::Refused(e.to_string()))?
@@ -250,15 +229,28 @@ impl TlsOptions {
         })
     }
 
+    /// The setting `what` ("CA file", "certificate file" or "key file") and the file it was
+    /// read from, if it was.
+    fn file(&self, what: &'static str) -> (&'static str, Option<PathBuf>) {
+        let identity = self.files.identity.as_ref();
+        let path = match what {
+            "CA file" => self.files.ca.clone(),
+            "certificate file" => identity.map(|(cert, _)| cert.clone()),
+            _ => identity.map(|(_, key)| key.clone()),
+        };
+        (what, path)
+    }
+
     fn roots(&self) -> Result<rustls::RootCertStore, TlsError> {
         let mut roots = rustls::RootCertStore::empty();
         match &self.ca_pem {
             Some(pem) => {
                 for cert in CertificateDer::pem_slice_iter(pem) {
-                    let cert = cert.map_err(|e| pem_error("CA file", "certificate", e))?;
+                    let cert =
+                        cert.map_err(|e| pem_error(self.file("CA file"), "certificate", e))?;
                     roots
                         .add(cert)
-                        .map_err(|e| pem_error("CA file", "certificate", e))?;
+                        .map_err(|e| pem_error(self.file("CA file"), "certificate", e))?;
                 }
             }
             None => {
@@ -268,7 +260,7 @@ impl TlsOptions {
         }
         if roots.is_empty() {
             return Err(match self.ca_pem {
-                Some(_) => pem_error("CA file", "certificate", "none found"),
+                Some(_) => pem_error(self.file("CA file"), "certificate", "none found"),
                 None => TlsError::NoRoots,
             });
         }
@@ -301,10 +293,15 @@ fn shown(path: Option<&Path>) -> String {
     path.map_or_else(String::new, |p| format!(" {}", p.display()))
 }
 
-fn pem_error(what: &'static str, expected: &'static str, reason: impl fmt::Display) -> TlsError {
+/// A setting's PEM refused: `what` it is and the file it came from (`None`: given as bytes).
+fn pem_error(
+    (what, path): (&'static str, Option<PathBuf>),
+    expected: &'static str,
+    reason: impl fmt::Display,
+) -> TlsError {
     TlsError::Pem {
         what,
-        path: None,
+        path,
         expected,
         reason: reason.to_string(),
     }
