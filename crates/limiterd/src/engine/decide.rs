@@ -13,8 +13,9 @@ use crate::metrics::{Counted, FailurePolicy};
 
 use super::*;
 
-/// An item's stack (a configured policy's borrowed: no reference count every request on every
-/// core would bump; an ad-hoc shape's, out of its lock, owned), its call, and its counters.
+/// An item's stack (a configured policy's and the in-process ad-hoc home's borrowed: no
+/// reference count every request on every core would bump; a Redis ad-hoc shape's owned), its
+/// call, and its counters.
 pub(super) type Resolved<'a> = (Cow<'a, PolicyStack>, Call, &'a PolicyCounters);
 
 /// How an item's answer counts: a peek, a record, a refund, a denial, an admission, or a take
@@ -39,24 +40,39 @@ pub(super) fn counted(item: &Item, answer: &Answer, admitted: bool) -> Counted {
 
 /// An ad-hoc limit's key for `identifier` in `namespace`: `{namespace length}:{namespace}:
 /// {identifier}`, after `{algorithm}/` for an algorithm other than the token bucket. Put
-/// together piece by piece: `format!` over the three cost about 600 instructions a decision.
-fn ad_hoc_key(kind: Kind, namespace: &str, identifier: &str) -> String {
+/// together piece by piece (`format!` over the three cost about 600 instructions a decision)
+/// in the thread's buffer, so the key is one allocation, the one the stack may keep.
+fn ad_hoc_key(kind: Kind, namespace: &str, identifier: &str) -> Arc<str> {
+    thread_local! {
+        static KEY: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+    }
+    /// The longest buffer a thread keeps between keys (a longer key's is given back).
+    const KEPT: usize = 1_024;
     let algorithm = if kind == Kind::TokenBucket {
         ""
     } else {
         kind.id()
     };
-    let mut key = String::with_capacity(algorithm.len() + namespace.len() + identifier.len() + 8);
-    if !algorithm.is_empty() {
-        key.push_str(algorithm);
-        key.push('/');
-    }
-    key.push_str(itoa::Buffer::new().format(namespace.len()));
-    key.push(':');
-    key.push_str(namespace);
-    key.push(':');
-    key.push_str(identifier);
-    key
+    let write = |key: &mut String| {
+        key.clear();
+        if !algorithm.is_empty() {
+            key.push_str(algorithm);
+            key.push('/');
+        }
+        key.push_str(itoa::Buffer::new().format(namespace.len()));
+        key.push(':');
+        key.push_str(namespace);
+        key.push(':');
+        key.push_str(identifier);
+        let made = Arc::from(key.as_str());
+        key.shrink_to(KEPT);
+        made
+    };
+    // A thread whose locals are being torn down writes into a buffer of its own.
+    KEY.try_with(|key| key.try_borrow_mut().map(|mut key| write(&mut key)).ok())
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| write(&mut String::new()))
 }
 
 /// A call that can never be decided, as the API reports it.
@@ -119,10 +135,10 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                 // two algorithms (a token bucket's key starts with a digit, the others' with
                 // the algorithm's name).
                 let call = Call {
-                    identifier: ad_hoc_key(*kind, namespace, &item.identifier).into(),
+                    identifier: ad_hoc_key(*kind, namespace, &item.identifier),
                     plan,
                 };
-                Ok((Cow::Owned(stack), call, &self.ad_hoc_counters))
+                Ok((stack, call, &self.ad_hoc_counters))
             }
         }
     }
@@ -393,9 +409,12 @@ mod tests {
 
     #[test]
     fn ad_hoc_keys_keep_namespaces_and_algorithms_apart() {
-        assert_eq!(ad_hoc_key(Kind::TokenBucket, "email", "u-1"), "5:email:u-1");
         assert_eq!(
-            ad_hoc_key(Kind::SlidingWindow, "email", "u-1"),
+            &*ad_hoc_key(Kind::TokenBucket, "email", "u-1"),
+            "5:email:u-1"
+        );
+        assert_eq!(
+            &*ad_hoc_key(Kind::SlidingWindow, "email", "u-1"),
             "sliding_window/5:email:u-1"
         );
         // The separator cannot be forged: the namespace's length comes first.
@@ -405,5 +424,7 @@ mod tests {
         );
         let long = "n".repeat(1234);
         assert!(ad_hoc_key(Kind::FixedWindow, &long, "x").starts_with("fixed_window/1234:nnn"));
+        // The thread's buffer, reused after a long key, holds the next key alone.
+        assert_eq!(&*ad_hoc_key(Kind::TokenBucket, "e", "u"), "1:e:u");
     }
 }

@@ -35,14 +35,14 @@
 //! if every enforced item admitted, so no caller can slip in between and a denied batch takes
 //! nothing (across a cluster's slots, grants and refunds as in process).
 //!
-//! Its parts: `reload.rs` (a policy's stack carried over on reload; ad-hoc shapes),
-//! `decide.rs` (items resolved and decided through the seam, and every store's outcome read as
+//! Its parts: `reload.rs` (a policy's stack carried over on reload; ad-hoc shapes added),
+//! `shapes.rs` (the ad-hoc shapes seen, found per shard of threads), `decide.rs` (items resolved and decided through the seam, and every store's outcome read as
 //! an [`Answer`]), `permitted.rs` (concurrency limits' permits), `quota_take.rs` and
 //! `quota_batch.rs` (calendar quotas on Redis taken with the stack, alone and in a batch),
 //! `quota_answer.rs` (their answers folded with the stack's).
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use limiter_core::{Clock, Decision};
 use limiter_stack::{AsyncLimiter, Kind};
@@ -52,6 +52,7 @@ use crate::metrics::{AD_HOC, Metrics, PolicyCounters};
 pub use crate::stacks::{
     AdHocHome, Call, EngineError, MAX_AD_HOC_SHAPES, PolicyStack, RELOAD_PLANS, Stacks,
 };
+use shapes::AdHocShapes;
 
 mod decide;
 mod item;
@@ -60,6 +61,7 @@ mod quota_answer;
 mod quota_batch;
 mod quota_take;
 mod reload;
+mod shapes;
 
 pub use item::{Answer, DecideError, Item, MAX_TIME_AHEAD_MS, Target, source_name};
 pub use limiter_stack::Charge;
@@ -137,7 +139,7 @@ pub struct Engine<C> {
     /// Each ad-hoc shape's stack and plan: in process, the one open stack and the shape's plan
     /// in it; on Redis, the shape's own stack (plan 0). At most `MAX_AD_HOC_SHAPES`, so a
     /// caller choosing shapes cannot grow it past that whatever the hash.
-    ad_hoc: RwLock<HashMap<Shape, AdHocStack, FastHash>>,
+    ad_hoc: AdHocShapes,
     /// In process, the stack every ad-hoc shape is a plan of.
     ad_hoc_home: Option<AdHocHome>,
     ad_hoc_counters: PolicyCounters,
@@ -172,7 +174,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             stacks,
             policies: Vec::new(),
             by_name: HashMap::default(),
-            ad_hoc: RwLock::new(HashMap::default()),
+            ad_hoc: AdHocShapes::new(HashMap::default()),
             ad_hoc_counters: metrics.policy(AD_HOC),
             metrics,
             previous: None,
@@ -194,7 +196,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         // failure policy or fleet: its stacks hold those; the keys they name stay in Redis).
         let same_store = stacks.same_as(&self.stacks);
         let ad_hoc = if same_store {
-            self.ad_hoc.read().map(|m| m.clone()).unwrap_or_default()
+            self.ad_hoc.all()
         } else {
             HashMap::default()
         };
@@ -206,7 +208,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             stacks,
             policies: Vec::new(),
             by_name: HashMap::default(),
-            ad_hoc: RwLock::new(ad_hoc),
+            ad_hoc: AdHocShapes::new(ad_hoc),
             ad_hoc_home: self.ad_hoc_home.clone(),
             ad_hoc_counters: self.ad_hoc_counters.clone(),
             metrics: Arc::clone(&self.metrics),

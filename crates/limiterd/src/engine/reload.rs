@@ -7,6 +7,7 @@ use limiter_stack::{BuildError, Plan};
 use crate::config::{CheckedLimit, Keying, Policy, PolicyLimit};
 use crate::stacks::groups;
 
+use super::shapes::Found;
 use super::*;
 
 /// Whether two policies' layers have the same shape: the same keyings, in order, with the
@@ -108,24 +109,27 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
     /// The stack and plan of the ad-hoc shape `limit` per `duration_ms` counted by `kind`:
     /// found, or added (a plan of the one in-process ad-hoc stack, or a stack of its own on
     /// Redis), up to [`MAX_AD_HOC_SHAPES`].
+    #[inline]
     pub(super) fn ad_hoc_stack(
         &self,
         kind: Kind,
         limit: u64,
         duration_ms: u64,
-    ) -> Result<AdHocStack, DecideError> {
+    ) -> Result<Found<'_>, DecideError> {
         let shape = (kind, limit, duration_ms);
-        if let Some(found) = self.ad_hoc.read().ok().and_then(|m| m.get(&shape).cloned()) {
-            return Ok(found);
+        let home = self.ad_hoc_home.as_ref();
+        match self.ad_hoc.find(&shape, home) {
+            Some(found) => Ok(found),
+            None => self
+                .ad_hoc
+                .find_or_add(shape, home, |shapes| self.add_ad_hoc(shape, shapes)),
         }
-        let mut map = self
-            .ad_hoc
-            .write()
-            .map_err(|_| DecideError::Unavailable("a poisoned lock".into()))?;
-        if let Some(found) = map.get(&shape) {
-            return Ok(found.clone());
-        }
-        if map.len() >= MAX_AD_HOC_SHAPES {
+    }
+
+    /// Makes the ad-hoc shape `shape`'s stack and plan, the engine holding `shapes` shapes.
+    fn add_ad_hoc(&self, shape: Shape, shapes: usize) -> Result<AdHocStack, DecideError> {
+        let (kind, limit, duration_ms) = shape;
+        if shapes >= MAX_AD_HOC_SHAPES {
             return Err(DecideError::TooManyShapes);
         }
         let invalid = |field: &'static str, message: String| {
@@ -138,7 +142,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             }
             _ => invalid("limit", e.to_string()),
         })?;
-        let found = match &self.ad_hoc_home {
+        match &self.ad_hoc_home {
             Some(home) => {
                 let name = format!("{} per {duration_ms} ms", checked.limit().count());
                 let plan = home
@@ -147,7 +151,7 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                         BuildError::PlansFull { .. } => DecideError::TooManyShapes,
                         other => invalid("limit", other.to_string()),
                     })?;
-                (home.stack().clone(), plan)
+                Ok((home.stack().clone(), plan))
             }
             None => {
                 let policy = Policy {
@@ -163,10 +167,8 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
                     .stacks
                     .build(AD_HOC_STACK, &policy)
                     .map_err(|e| invalid("limit", e.to_string()))?;
-                (stack, 0)
+                Ok((stack, 0))
             }
-        };
-        map.insert(shape, found.clone());
-        Ok(found)
+        }
     }
 }

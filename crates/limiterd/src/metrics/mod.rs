@@ -6,7 +6,8 @@
 //! mutex), and the store's health (`store.rs`: ready, reachable, each Redis master).
 //!
 //! A policy registers its counters once, by name ([`Metrics::policy`]), and keeps the handles:
-//! counting a decision is one atomic increment, with no lookup.
+//! counting a decision is one atomic increment, with no lookup, into counts of the calling
+//! thread's shard (`decisions.rs`), so cores do not share the line.
 //!
 //! For the status page, the metrics also keep every policy's totals ([`Metrics::totals`]) and
 //! the identifiers denied most ([`TopDenied`]: a fixed-size Space-Saving sketch, so its memory
@@ -27,9 +28,11 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+mod by_policy;
 mod denials;
 mod latency;
 mod store;
+use by_policy::{ByPolicy, DECISIONS, RELEASES, Tallies};
 use denials::Denials;
 pub use denials::{HeavyHitter, TOP_DENIED, TopDenied};
 use latency::Latency;
@@ -50,22 +53,15 @@ pub const MAX_ENVOY_KEYS: usize = 10_000;
 /// The label every ad-hoc limit's decisions are counted under.
 pub const AD_HOC: &str = "(ad hoc)";
 
-type Labels = [(&'static str, String); 2];
-
 /// One policy's decision counters, registered under its name.
 #[derive(Clone, Debug)]
 pub struct PolicyCounters {
     name: Arc<str>,
     denials: Arc<Denials>,
-    allowed: Counter,
-    denied: Counter,
-    shadow_denied: Counter,
-    peeked: Counter,
-    batch_refused: Counter,
-    recorded: Counter,
-    given_back: Counter,
-    /// Permit releases, by policy and result; a policy's series appear at its first release.
-    releases: Family<Labels, Counter>,
+    /// Its decisions by result, counted per shard of threads (`by_policy.rs`).
+    decisions: Tallies<7>,
+    /// Its permit releases by result; its series appear at its first release.
+    releases: Tallies<2>,
 }
 
 /// One configured envoy descriptor path's statistics ([`Metrics::envoy_rule`]).
@@ -121,28 +117,14 @@ impl PolicyCounters {
         if counted == (Counted::Denied { shadow: false }) {
             self.denials.record(&self.name, identifier);
         }
-        let counter = match counted {
-            Counted::Allowed => &self.allowed,
-            Counted::Denied { shadow: true } => &self.shadow_denied,
-            Counted::Denied { shadow: false } => &self.denied,
-            Counted::Peeked => &self.peeked,
-            Counted::BatchRefused => &self.batch_refused,
-            Counted::Recorded => &self.recorded,
-            Counted::GivenBack => &self.given_back,
-        };
-        counter.inc();
+        self.decisions.count(by_policy::place(counted));
     }
 
     /// Counts one release of a permit: `held` if it was still held (and is now released), else
     /// it had expired or was released already.
     pub(crate) fn count_release(&self, held: bool) {
-        let result = if held { "released" } else { "not_held" };
-        self.releases
-            .get_or_create(&[
-                ("policy", self.name.to_string()),
-                ("result", result.to_owned()),
-            ])
-            .inc();
+        // `RELEASES`' places.
+        self.releases.count(if held { 0 } else { 1 });
     }
 }
 
@@ -190,10 +172,9 @@ pub struct PolicyTotals {
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
-    policies: Mutex<BTreeMap<String, PolicyCounters>>,
     denials: Arc<Denials>,
     reloads: Family<[(&'static str, &'static str); 1], Counter>,
-    decisions: Family<Labels, Counter>,
+    decisions: ByPolicy<7>,
     envoy: Family<[(&'static str, String); 2], Counter>,
     envoy_keys: Mutex<std::collections::HashSet<String>>,
     invalid: Counter,
@@ -204,7 +185,7 @@ pub struct Metrics {
     failure_policy: Family<[(&'static str, &'static str); 1], Counter>,
     store_keys: Gauge<i64, AtomicI64>,
     permits_held: Family<[(&'static str, String); 1], Gauge<i64, AtomicI64>>,
-    releases: Family<Labels, Counter>,
+    releases: ByPolicy<2>,
     store: StoreGauges,
     duration: Latency,
 }
@@ -240,7 +221,7 @@ impl Metrics {
     /// Every metric at zero; policies add their counters with [`policy`](Self::policy).
     pub fn new() -> Self {
         let mut registry = Registry::default();
-        let decisions = Family::<Labels, Counter>::default();
+        let decisions = ByPolicy::new(&DECISIONS, false);
         registry.register(
             "limiterd_decisions",
             "Decisions made, by policy and result (allowed: units taken; denied; shadow_denied: a shadow-mode limit over, not enforced; peeked: cost 0, nothing taken; batch_refused: admitted by its limits but its batch was denied, nothing taken; recorded: usage that already happened, recorded whatever the limits held; given_back: units given back without a grant, envoy's is_negative_hits)",
@@ -277,7 +258,7 @@ impl Metrics {
             "Permits held now (not released, not expired), by policy with a concurrency limit: in this process's memory, or on Redis the fleet's (every process's), read at each scrape",
             permits_held.clone(),
         );
-        let releases = Family::default();
+        let releases = ByPolicy::new(&RELEASES, true);
         registry.register(
             "limiterd_permit_releases",
             "Permit releases by policy and result (released: it was held; not_held: it had expired or was released already), on any store: with the decisions allowed, what a fleet's permits do",
@@ -301,7 +282,6 @@ impl Metrics {
             registry,
             envoy,
             envoy_keys: Mutex::new(std::collections::HashSet::new()),
-            policies: Mutex::new(BTreeMap::new()),
             denials: Arc::new(Denials::new()),
             reloads,
             decisions,
@@ -350,48 +330,17 @@ impl Metrics {
     /// The counters of the policy named `name`, shown at zero from now on. Registering a name
     /// twice shares its counters.
     pub fn policy(&self, name: &str) -> PolicyCounters {
-        let counter = |result: &'static str| {
-            self.decisions
-                .get_or_create(&[("policy", name.to_owned()), ("result", result.to_owned())])
-                .clone()
-        };
-        let counters = PolicyCounters {
+        PolicyCounters {
             name: name.into(),
             denials: Arc::clone(&self.denials),
-            allowed: counter("allowed"),
-            denied: counter("denied"),
-            shadow_denied: counter("shadow_denied"),
-            peeked: counter("peeked"),
-            batch_refused: counter("batch_refused"),
-            recorded: counter("recorded"),
-            given_back: counter("given_back"),
-            releases: self.releases.clone(),
-        };
-        self.policies
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(name.to_owned(), counters.clone());
-        counters
+            decisions: self.decisions.policy(name),
+            releases: self.releases.policy(name),
+        }
     }
 
     /// Every policy's totals so far, by name (policies a reload removed included).
     pub fn totals(&self) -> BTreeMap<String, PolicyTotals> {
-        let policies = self.policies.lock().unwrap_or_else(PoisonError::into_inner);
-        policies
-            .iter()
-            .map(|(name, c)| {
-                let totals = PolicyTotals {
-                    allowed: c.allowed.get(),
-                    denied: c.denied.get(),
-                    shadow_denied: c.shadow_denied.get(),
-                    peeked: c.peeked.get(),
-                    batch_refused: c.batch_refused.get(),
-                    recorded: c.recorded.get(),
-                    given_back: c.given_back.get(),
-                };
-                (name.clone(), totals)
-            })
-            .collect()
+        self.decisions.totals()
     }
 
     /// The identifiers denied most, most first.

@@ -6,7 +6,8 @@
 //! change is written there first, and every instance polls their version every
 //! [`REFRESH_EVERY`], reading them again when it moved, so an override set on one instance
 //! applies on the others within that interval and a round trip. Decisions read the copy held
-//! here, never the file or Redis; reads of the overrides themselves (`getOverride`,
+//! here, never the file or Redis (indexed for them, a copy per shard of threads:
+//! `matching.rs`); reads of the overrides themselves (`getOverride`,
 //! `listOverrides`) catch up with Redis first ([`Overrides::catch_up`]), so they answer
 //! another instance's change at once.
 //!
@@ -20,12 +21,16 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::{Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Mutex, PoisonError, RwLock, RwLockReadGuard};
 
+use crate::shards::PerThread;
 use crate::store::RedisRecords;
 pub use crate::store::overrides::Override;
 use crate::store::overrides::{Keeping, NotSaved, Table};
 use limiter_core::Paced;
+
+mod matching;
+use matching::Matching;
 
 /// How often an instance on Redis looks for overrides another instance changed.
 pub const REFRESH_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
@@ -72,6 +77,9 @@ pub struct Overrides {
     /// (`None`: not read from Redis yet). Written only for in-memory work: a change being
     /// saved to a file or Redis never holds it, so a decision never waits on a write.
     table: RwLock<(Table, Option<u64>)>,
+    /// The same overrides as decisions find them, a copy per shard of threads, replaced with
+    /// every change of `table` (under its write lock).
+    matching: PerThread<Matching>,
     /// Held by one change or refresh at a time, across its write to (or read of) the file or
     /// Redis, so no two of them lose each other's work.
     writing: tokio::sync::Mutex<()>,
@@ -92,6 +100,7 @@ impl Overrides {
     fn kept(keeping: Keeping, table: Table) -> Self {
         Self {
             keeping,
+            matching: PerThread::new(Matching::new(&table)),
             table: RwLock::new((table, None)),
             writing: tokio::sync::Mutex::new(()),
             read_error: Mutex::new(None),
@@ -126,7 +135,7 @@ impl Overrides {
         let seen = self.table().1;
         match self.keeping.read_if_changed(seen).await? {
             Some((table, version)) => {
-                *self.table_mut() = (table, Some(version));
+                self.install(|held| *held = (table, Some(version)));
                 Ok(true)
             }
             None => Ok(false),
@@ -201,8 +210,11 @@ impl Overrides {
         self.table.read().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn table_mut(&self) -> RwLockWriteGuard<'_, (Table, Option<u64>)> {
-        self.table.write().unwrap_or_else(PoisonError::into_inner)
+    /// Changes the copy by `change`, and what decisions find with it.
+    fn install(&self, change: impl FnOnce(&mut (Table, Option<u64>))) {
+        let mut held = self.table.write().unwrap_or_else(PoisonError::into_inner);
+        change(&mut held);
+        self.matching.replace(Matching::new(&held.0));
     }
 
     /// Sets (or changes) the override of `identifier` in `namespace`, which holds at most
@@ -311,9 +323,9 @@ impl Overrides {
             let mut changed = self.table().0.clone();
             apply(&mut changed);
             let saved = self.keeping.save(changed).await.map_err(not_saved)?;
-            self.table_mut().0 = saved;
+            self.install(|held| held.0 = saved);
         } else {
-            apply(&mut self.table_mut().0);
+            self.install(|held| apply(&mut held.0));
         }
         Ok(())
     }
@@ -347,21 +359,9 @@ impl Overrides {
     }
 
     /// The override that applies to `identifier` in `namespace` (see the module docs).
+    #[inline]
     pub fn find(&self, namespace: &str, identifier: &str) -> Option<Override> {
-        let table = self.table();
-        let n = table.0.get(namespace)?;
-        if let Some(exact) = n.get(identifier) {
-            return Some(exact.clone());
-        }
-        n.values()
-            .filter(|o| o.identifier.contains('*') && matches(&o.identifier, identifier))
-            .min_by(|a, b| {
-                let literal = |o: &Override| o.identifier.chars().filter(|c| *c != '*').count();
-                literal(b)
-                    .cmp(&literal(a))
-                    .then_with(|| a.identifier.cmp(&b.identifier))
-            })
-            .cloned()
+        self.matching.read().find(namespace, identifier).cloned()
     }
 
     /// Every namespace's overrides, for the debug views.
