@@ -20,8 +20,9 @@
 //! (`Live::current`) and the request histogram as limiterd keeps them (a handle and counts
 //! per shard of threads), beside one `RwLock<Arc<_>>` and `prometheus-client`'s `Histogram`,
 //! as it kept them before; and the engine's decision alone (no HTTP) for a configured policy
-//! and for an ad-hoc limit, over 100,000 identifiers; and unkey's look for an identifier's
-//! override in a namespace of 1,000 (none found).
+//! and for an ad-hoc limit, over 100,000 identifiers; envoy's statistics of a descriptor (its
+//! rule's and a detailed key's); and unkey's look for an identifier's override in a namespace
+//! of 1,000 (none found).
 
 use std::hint::black_box;
 use std::net::SocketAddr;
@@ -305,6 +306,22 @@ fn shared(c: &mut Criterion) {
         let customer = format!("customer-{i}");
         decided_at_once(overrides.set("api", &customer, (10, 1_000), 1_000)).expect("set");
     }
+    // envoy's statistics for one descriptor: its configured rule's and, per value
+    // (`detailed_metric`), a key the request brings.
+    let rule = metrics.envoy_rule("bench.user");
+    group.bench_function("envoy_stats_2_threads", |b| {
+        b.iter_custom(|iters| {
+            on_two_threads(iters, &|i| {
+                rule.add("total_hits", 1);
+                let key = if i & 1 == 0 {
+                    "bench.user_a"
+                } else {
+                    "bench.user_b"
+                };
+                metrics.envoy_stat(key, "total_hits", 1);
+            })
+        })
+    });
     group.bench_function("overrides_find_2_threads", |b| {
         b.iter_custom(|iters| {
             on_two_threads(iters, &|i| {

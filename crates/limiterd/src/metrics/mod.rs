@@ -16,8 +16,8 @@
 //! since: `limiter_core::Paced`).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::AtomicI64;
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use limiter_core::Paced;
@@ -28,11 +28,11 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-mod by_policy;
+mod by_name;
 mod denials;
 mod latency;
 mod store;
-use by_policy::{ByPolicy, DECISIONS, RELEASES, Tallies};
+use by_name::{ALL, ByName, DECISIONS, ENVOY_STATS, RELEASES, Tallies};
 use denials::Denials;
 pub use denials::{HeavyHitter, TOP_DENIED, TopDenied};
 use latency::Latency;
@@ -47,7 +47,8 @@ const BUCKETS_S: [f64; 12] = [
     0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.1, 1.0,
 ];
 
-/// The most distinct descriptor keys envoy's statistics are kept for.
+/// The most distinct descriptor keys envoy's statistics are kept for (configured ones included;
+/// past it a key a request brings is counted under `(other)`).
 pub const MAX_ENVOY_KEYS: usize = 10_000;
 
 /// The label every ad-hoc limit's decisions are counted under.
@@ -58,7 +59,7 @@ pub const AD_HOC: &str = "(ad hoc)";
 pub struct PolicyCounters {
     name: Arc<str>,
     denials: Arc<Denials>,
-    /// Its decisions by result, counted per shard of threads (`by_policy.rs`).
+    /// Its decisions by result, counted per shard of threads (`by_name.rs`).
     decisions: Tallies<7>,
     /// Its permit releases by result; its series appear at its first release.
     releases: Tallies<2>,
@@ -66,27 +67,23 @@ pub struct PolicyCounters {
 
 /// One configured envoy descriptor path's statistics ([`Metrics::envoy_rule`]).
 #[derive(Clone, Debug)]
-pub struct RuleCounters {
-    total_hits: Counter,
-    within_limit: Counter,
-    over_limit: Counter,
-    near_limit: Counter,
-    shadow_mode: Counter,
+pub struct RuleCounters(Tallies<6>);
+
+/// The first five of envoy's statistics, which a configured descriptor shows from zero.
+const RULE_STATS_FROM_ZERO: u32 = 0b1_1111;
+
+/// The place of envoy's statistic `stat` in its counts (`None`: not one of its names).
+fn envoy_place(stat: &str) -> Option<usize> {
+    ENVOY_STATS.iter().position(|s| *s == stat)
 }
 
 impl RuleCounters {
     /// Adds `n` to `stat` (`total_hits`, `within_limit`, `over_limit`, `near_limit` or
     /// `shadow_mode`; another name counts nothing).
     pub fn add(&self, stat: &str, n: u64) {
-        let counter = match stat {
-            "total_hits" => &self.total_hits,
-            "within_limit" => &self.within_limit,
-            "over_limit" => &self.over_limit,
-            "near_limit" => &self.near_limit,
-            "shadow_mode" => &self.shadow_mode,
-            _ => return,
-        };
-        counter.inc_by(n);
+        if let Some(place) = envoy_place(stat) {
+            self.0.add(place, n);
+        }
     }
 }
 
@@ -117,14 +114,14 @@ impl PolicyCounters {
         if counted == (Counted::Denied { shadow: false }) {
             self.denials.record(&self.name, identifier);
         }
-        self.decisions.count(by_policy::place(counted));
+        self.decisions.add(by_name::place(counted), 1);
     }
 
     /// Counts one release of a permit: `held` if it was still held (and is now released), else
     /// it had expired or was released already.
     pub(crate) fn count_release(&self, held: bool) {
         // `RELEASES`' places.
-        self.releases.count(if held { 0 } else { 1 });
+        self.releases.add(if held { 0 } else { 1 }, 1);
     }
 }
 
@@ -174,9 +171,8 @@ pub struct Metrics {
     registry: Registry,
     denials: Arc<Denials>,
     reloads: Family<[(&'static str, &'static str); 1], Counter>,
-    decisions: ByPolicy<7>,
-    envoy: Family<[(&'static str, String); 2], Counter>,
-    envoy_keys: Mutex<std::collections::HashSet<String>>,
+    decisions: ByName<7>,
+    envoy: ByName<6>,
     invalid: Counter,
     backend_errors: Counter,
     /// Paces the log lines of what happens at every request while it lasts.
@@ -185,7 +181,7 @@ pub struct Metrics {
     failure_policy: Family<[(&'static str, &'static str); 1], Counter>,
     store_keys: Gauge<i64, AtomicI64>,
     permits_held: Family<[(&'static str, String); 1], Gauge<i64, AtomicI64>>,
-    releases: ByPolicy<2>,
+    releases: ByName<2>,
     store: StoreGauges,
     duration: Latency,
 }
@@ -221,7 +217,7 @@ impl Metrics {
     /// Every metric at zero; policies add their counters with [`policy`](Self::policy).
     pub fn new() -> Self {
         let mut registry = Registry::default();
-        let decisions = ByPolicy::new(&DECISIONS, false);
+        let decisions = ByName::new(["policy", "result"], &DECISIONS);
         registry.register(
             "limiterd_decisions",
             "Decisions made, by policy and result (allowed: units taken; denied; shadow_denied: a shadow-mode limit over, not enforced; peeked: cost 0, nothing taken; batch_refused: admitted by its limits but its batch was denied, nothing taken; recorded: usage that already happened, recorded whatever the limits held; given_back: units given back without a grant, envoy's is_negative_hits)",
@@ -258,7 +254,7 @@ impl Metrics {
             "Permits held now (not released, not expired), by policy with a concurrency limit: in this process's memory, or on Redis the fleet's (every process's), read at each scrape",
             permits_held.clone(),
         );
-        let releases = ByPolicy::new(&RELEASES, true);
+        let releases = ByName::new(["policy", "result"], &RELEASES);
         registry.register(
             "limiterd_permit_releases",
             "Permit releases by policy and result (released: it was held; not_held: it had expired or was released already), on any store: with the decisions allowed, what a fleet's permits do",
@@ -272,7 +268,7 @@ impl Metrics {
             duration.clone(),
         );
         let reloads = reload_results(&mut registry);
-        let envoy = Family::default();
+        let envoy = ByName::new(["key", "stat"], &ENVOY_STATS);
         registry.register(
             "limiterd_envoy_rule",
             "Envoy descriptor statistics as the reference service names them, by key (`domain.key_value...`; one per value where `value_to_metric` or `detailed_metric` asks, up to 10000 keys, then `(other)`) and stat (total_hits, within_limit, over_limit, near_limit, shadow_mode; global_shadow_mode under an empty key)",
@@ -281,7 +277,6 @@ impl Metrics {
         Self {
             registry,
             envoy,
-            envoy_keys: Mutex::new(std::collections::HashSet::new()),
             denials: Arc::new(Denials::new()),
             reloads,
             decisions,
@@ -333,8 +328,8 @@ impl Metrics {
         PolicyCounters {
             name: name.into(),
             denials: Arc::clone(&self.denials),
-            decisions: self.decisions.policy(name),
-            releases: self.releases.policy(name),
+            decisions: self.decisions.register(name, ALL),
+            releases: self.releases.register(name, 0),
         }
     }
 
@@ -356,43 +351,21 @@ impl Metrics {
     /// The statistics of the configured envoy descriptor path `key`, registered once (shown at
     /// zero from now on), so counting them takes no lookup.
     pub fn envoy_rule(&self, key: &str) -> RuleCounters {
-        let counter = |stat: &'static str| {
-            self.envoy
-                .get_or_create(&[("key", key.to_owned()), ("stat", stat.to_owned())])
-                .clone()
-        };
-        RuleCounters {
-            total_hits: counter("total_hits"),
-            within_limit: counter("within_limit"),
-            over_limit: counter("over_limit"),
-            near_limit: counter("near_limit"),
-            shadow_mode: counter("shadow_mode"),
-        }
+        RuleCounters(self.envoy.register(key, RULE_STATS_FROM_ZERO))
     }
 
     /// Adds `n` to envoy's statistic `stat` for the descriptor key `key` (a bounded number of
-    /// distinct keys: past [`MAX_ENVOY_KEYS`] new ones count under `(other)`).
+    /// distinct keys: past [`MAX_ENVOY_KEYS`] new ones count under `(other)`; a name not one
+    /// of envoy's statistics counts nothing). A key seen before is counted without a lock
+    /// held alone or an allocation.
     pub fn envoy_stat(&self, key: &str, stat: &'static str, n: u64) {
         if n == 0 {
             return;
         }
-        let key = {
-            let mut keys = self
-                .envoy_keys
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            if keys.contains(key) {
-                key.to_owned()
-            } else if keys.len() < MAX_ENVOY_KEYS {
-                keys.insert(key.to_owned());
-                key.to_owned()
-            } else {
-                "(other)".to_owned()
-            }
-        };
-        self.envoy
-            .get_or_create(&[("key", key), ("stat", stat.to_owned())])
-            .inc_by(n);
+        if let Some(place) = envoy_place(stat) {
+            self.envoy
+                .add_by_name(key, place, n, MAX_ENVOY_KEYS, "(other)");
+        }
     }
 
     /// Counts a request refused as invalid.
