@@ -206,7 +206,9 @@ impl Rule {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Level {
     nodes: Vec<Descriptor>,
-    exact: HashMap<(String, String), usize>,
+    /// Exact values, by key and then value: looked up by the request's strings, with no
+    /// allocation.
+    exact: HashMap<String, HashMap<String, usize>>,
     /// Values with a `*`: key, the value split at each `*`, and the node, in the file's order.
     wildcard: Vec<(String, Vec<String>, usize)>,
     any: HashMap<String, usize>,
@@ -273,7 +275,8 @@ impl Level {
     fn find(&self, key: &str, value: &str) -> Option<&Descriptor> {
         let index = self
             .exact
-            .get(&(key.to_owned(), value.to_owned()))
+            .get(key)
+            .and_then(|values| values.get(value))
             .or_else(|| {
                 self.wildcard
                     .iter()
@@ -450,7 +453,8 @@ impl Level {
                 index,
             )),
             Some(v) => {
-                self.exact.insert((node.key.clone(), v.clone()), index);
+                let values = self.exact.entry(node.key.clone()).or_default();
+                values.insert(v.clone(), index);
             }
         }
         self.nodes.push(node);
