@@ -36,10 +36,11 @@
 //! nothing (across a cluster's slots, grants and refunds as in process).
 //!
 //! Its parts: `reload.rs` (a policy's stack carried over on reload; ad-hoc shapes added),
-//! `shapes.rs` (the ad-hoc shapes seen, found per shard of threads), `decide.rs` (items resolved and decided through the seam, and every store's outcome read as
-//! an [`Answer`]), `permitted.rs` (concurrency limits' permits), `quota_take.rs` and
-//! `quota_batch.rs` (calendar quotas on Redis taken with the stack, alone and in a batch),
-//! `quota_answer.rs` (their answers folded with the stack's).
+//! `shapes.rs` (the ad-hoc shapes seen, found per shard of threads), `decide.rs` (items
+//! resolved and decided through the seam, and every store's outcome read as an [`Answer`]),
+//! `permitted.rs` (concurrency limits' permits), `quota_take.rs` and `quota_batch.rs`
+//! (calendar quotas on Redis taken with the stack, alone and in a batch), `quota_answer.rs`
+//! (their answers folded with the stack's).
 
 use std::collections::HashMap;
 use std::sync::Arc;

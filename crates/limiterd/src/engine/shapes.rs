@@ -1,21 +1,20 @@
 //! [`AdHocShapes`]: the ad-hoc shapes an engine has seen (a `limit` per `duration_ms` counted
 //! by an algorithm) and where each is decided, found by a request without writing a cache line
-//! another core's requests write: a copy of the map per shard of threads
-//! ([`shards`](crate::shards)), each under its own lock. One `RwLock` around one map had every
-//! ad-hoc request on every core write its lock word, and clone the stack's `Arc`s besides.
+//! another core's requests write: the map read by the calling thread's shard
+//! ([`shards`](crate::shards)). One `RwLock` around one map had every ad-hoc request on every
+//! core write its lock word, and clone the stack's `Arc`s besides.
 //!
 //! An add takes one lock, checks the map it guards (the whole truth, what a reload carries
-//! over), and fills every shard's copy before it lets go: a request that misses in its shard's
-//! copy looks there before it adds, so a shape is never added twice.
+//! over), and replaces every shard's copy with the map and the new shape before it lets go: a
+//! request that misses in its shard's copy looks there before it adds, so a shape is never
+//! added twice.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError, RwLock};
-
-use crossbeam_utils::CachePadded;
+use std::sync::{Mutex, PoisonError};
 
 use super::{AdHocHome, AdHocStack, FastHash, PolicyStack, Shape};
-use crate::shards::{SHARDS, this_thread};
+use crate::shards::PerThread;
 
 /// Every shape's stack and plan: what a request finds, by its thread's shard.
 type Shapes = HashMap<Shape, AdHocStack, FastHash>;
@@ -25,8 +24,8 @@ type Shapes = HashMap<Shape, AdHocStack, FastHash>;
 pub(super) struct AdHocShapes {
     /// Every shape, under the lock an add takes.
     all: Mutex<Shapes>,
-    /// A copy of `all` per shard of threads, each on its own cache lines.
-    copies: Box<[CachePadded<RwLock<Shapes>>]>,
+    /// The same, as requests read it: replaced whole at each add.
+    seen: PerThread<Shapes>,
 }
 
 /// A shape's stack (borrowed where it is the engine's in-process home, which every shape is a
@@ -34,12 +33,10 @@ pub(super) struct AdHocShapes {
 pub(super) type Found<'a> = (Cow<'a, PolicyStack>, usize);
 
 impl AdHocShapes {
-    /// `shapes`, each copy holding them all (a reload's carried shapes; empty for a new engine).
+    /// `shapes` (a reload's carried shapes; empty for a new engine).
     pub(super) fn new(shapes: Shapes) -> Self {
         Self {
-            copies: (0..SHARDS)
-                .map(|_| CachePadded::new(RwLock::new(shapes.clone())))
-                .collect(),
+            seen: PerThread::new(shapes.clone()),
             all: Mutex::new(shapes),
         }
     }
@@ -52,18 +49,17 @@ impl AdHocShapes {
             .clone()
     }
 
-    /// `shape`'s stack and plan, from the calling thread's copy; `None` if it was not added.
+    /// `shape`'s stack and plan, by the calling thread's shard; `None` if it was not added.
     #[inline]
     pub(super) fn find<'a>(&self, shape: &Shape, home: Option<&'a AdHocHome>) -> Option<Found<'a>> {
-        // A poisoned copy is still whole: an add inserts into it in one call.
-        let copy = self.copies[this_thread()]
+        self.seen
             .read()
-            .unwrap_or_else(PoisonError::into_inner);
-        copy.get(shape).map(|found| located(found, home))
+            .get(shape)
+            .map(|found| located(found, home))
     }
 
     /// `shape`'s stack and plan, added by `add` (which makes them, or refuses) if it was not
-    /// added yet. Adds are one at a time; every copy holds the shape before this returns.
+    /// added yet. Adds are one at a time; every shard reads the shape before this returns.
     pub(super) fn find_or_add<'a, E>(
         &self,
         shape: Shape,
@@ -75,13 +71,9 @@ impl AdHocShapes {
             return Ok(located(found, home));
         }
         let added = add(all.len())?;
-        for copy in &*self.copies {
-            copy.write()
-                .unwrap_or_else(PoisonError::into_inner)
-                .insert(shape, added.clone());
-        }
         let found = located(&added, home);
         all.insert(shape, added);
+        self.seen.replace(all.clone());
         Ok(found)
     }
 }
@@ -99,9 +91,9 @@ fn located<'a>((stack, plan): &AdHocStack, home: Option<&'a AdHocHome>) -> Found
 mod tests {
     use std::sync::Arc;
 
-    use super::*;
     use crate::engine::tests::engine;
     use crate::engine::{Item, Target, decided_at_once};
+    use crate::shards::SHARDS;
     use limiter_stack::Kind;
 
     /// A take on the ad-hoc shape `limit` a minute, for an identifier of that shape's own (a

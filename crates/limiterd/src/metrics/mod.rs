@@ -7,7 +7,7 @@
 //!
 //! A policy registers its counters once, by name ([`Metrics::policy`]), and keeps the handles:
 //! counting a decision is one atomic increment, with no lookup, into counts of the calling
-//! thread's shard (`decisions.rs`), so cores do not share the line.
+//! thread's shard (`by_name.rs`), so cores do not share the line; envoy's rule statistics too.
 //!
 //! For the status page, the metrics also keep every policy's totals ([`Metrics::totals`]) and
 //! the identifiers denied most ([`TopDenied`]: a fixed-size Space-Saving sketch, so its memory
