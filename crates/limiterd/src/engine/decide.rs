@@ -193,7 +193,9 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
         self.refuse_permits(items)?;
         let quotas = items.iter().any(|item| !self.gates_of(item).1.is_empty());
         let decided = if quotas {
-            self.decide_with_quotas(items, time_ms).await
+            // Boxed: its state (several stacks' answers held across store calls) would make
+            // every request's future kilobytes, moved whole wherever the request's future is.
+            Box::pin(self.decide_with_quotas(items, time_ms)).await
         } else {
             self.decide_checked(items, time_ms).await
         };
@@ -221,7 +223,9 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             .enumerate()
             .map(|(i, item)| self.resolve(item).map_err(|e| e.in_item(i)))
             .collect::<Result<Vec<_>, _>>()?;
-        let result = self.decide_batch(items, &resolved, reading).await;
+        // Boxed, as the quotas' path above: a batch's state is kilobytes, and most requests
+        // ask one item.
+        let result = Box::pin(self.decide_batch(items, &resolved, reading)).await;
         match &result {
             Ok((admitted, answers)) => {
                 for ((item, (_, _, counters)), answer) in items.iter().zip(&resolved).zip(answers) {

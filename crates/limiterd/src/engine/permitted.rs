@@ -36,19 +36,24 @@ impl<C: Clock + Clone + Send + Sync + 'static> Engine<C> {
             let answer = self.decide_checked_one(item, time_ms).await?;
             return Ok((answer, None));
         }
+        // The gated paths' futures are boxed: their state (answers held across store calls)
+        // would make every request's future kilobytes (6.2 KB unboxed), moved whole wherever
+        // the request's future is, gated or not.
         // Reports, records, unit refunds and shadow checks take no permit and count no quota:
         // they report the rate limits' answer tightened by the permits held and the quotas.
         if item.cost == 0 || item.charge != Charge::Take || item.shadow {
-            return self.report_gated(item, time_ms, permits, quotas).await;
+            return Box::pin(self.report_gated(item, time_ms, permits, quotas)).await;
         }
         match permits {
             Some(permits) if permits.on_redis() => {
-                self.take_permitted_on_redis(item, time_ms, permits, quotas)
-                    .await
+                Box::pin(self.take_permitted_on_redis(item, time_ms, permits, quotas)).await
             }
-            Some(permits) => self.take_permitted(item, time_ms, permits, quotas).await,
+            Some(permits) => Box::pin(self.take_permitted(item, time_ms, permits, quotas)).await,
             // The quotas and the stack at once, all or nothing (`quota_take.rs`).
-            None => Ok((self.take_with_quotas(item, time_ms, quotas).await?, None)),
+            None => Ok((
+                Box::pin(self.take_with_quotas(item, time_ms, quotas)).await?,
+                None,
+            )),
         }
     }
 
