@@ -72,10 +72,11 @@ pub(super) struct Tallies<const N: usize>(Arc<[CachePadded<Shard<N>>]>);
 struct Shard<const N: usize>([AtomicU64; N]);
 
 impl<const N: usize> Tallies<N> {
-    /// Counts kept in `shards` shards (1, or [`SHARDS`]: one per shard of threads).
+    /// Counts kept in `shards` shards (1, or [`SHARDS`]: one per shard of threads), rounded
+    /// up to a power of two, so a count finds its shard with a mask, not a division.
     fn in_shards(shards: usize) -> Self {
         Self(
-            (0..shards.max(1))
+            (0..shards.max(1).next_power_of_two())
                 .map(|_| CachePadded::new(Shard(std::array::from_fn(|_| AtomicU64::new(0)))))
                 .collect(),
         )
@@ -84,7 +85,8 @@ impl<const N: usize> Tallies<N> {
     /// Adds `n` under the result at `place` (nothing past the results).
     #[inline]
     pub(super) fn add(&self, place: usize, n: u64) {
-        let shard = &self.0[shards::this_thread() % self.0.len()];
+        // The length is a power of two (`in_shards`): the mask keeps the index in it.
+        let shard = &self.0[shards::this_thread() & (self.0.len() - 1)];
         if let Some(count) = shard.0.get(place) {
             // Relaxed: statistics, ordered with nothing; a read adds each word up on its own.
             count.fetch_add(n, Ordering::Relaxed);
