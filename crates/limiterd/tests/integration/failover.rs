@@ -14,9 +14,12 @@ use serde_json::json;
 
 const LIMIT: u64 = 100;
 
+/// `LIMIT` a day as a token bucket: no window boundary a run could cross (a fixed window of an
+/// hour reset under a run that crossed the hour: 150 admitted of 100), and not one unit back
+/// in the minute a run may take.
 fn policy() -> String {
     format!(
-        "[policies.api]\nlimits = [{{ algorithm = \"fixed_window\", count = {LIMIT}, period = \"1h\" }}]\n"
+        "[policies.api]\nlimits = [{{ algorithm = \"token_bucket\", count = {LIMIT}, period = \"1d\" }}]\n"
     )
 }
 
