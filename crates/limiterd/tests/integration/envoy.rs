@@ -3,13 +3,14 @@
 //! steps asked of a fresh process over `POST /json`, in memory and on Redis. Each file's steps
 //! and expected answers are in the `.json` beside it (a step repeated checks its statuses on
 //! the last repetition). Every limit is per hour or per day; windows are aligned to the Unix
-//! epoch, so a window turns during a test only in a run that crosses the top of an hour (the
-//! files take about a second).
+//! epoch, so a window turns during a test only in a run that crosses the top of an hour: a
+//! run that failed across one runs again.
 
 use limiter_testkit::redis_server;
 
 use std::path::{Path, PathBuf};
 
+use crate::support::windows::{DAY_MS, HOUR_MS, in_one_window};
 use crate::support::{Client, Daemon, temp_file};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
@@ -307,49 +308,57 @@ fn check(file: &Path, via: &str, step: &Step, seen: &Seen, last: bool) {
     }
 }
 
+/// How a case file's steps are asked: over gRPC, or over `POST /json`.
+enum Asker {
+    Grpc(RateLimitServiceClient<Channel>),
+    Json(Client),
+}
+
+impl Asker {
+    async fn ask(&mut self, domain: &str, step: &Step) -> Seen {
+        match self {
+            Asker::Grpc(client) => ask_grpc(client, domain, step).await,
+            Asker::Json(client) => ask_json(client, domain, step).await,
+        }
+    }
+}
+
+/// A case file's steps asked of a fresh limiterd (in memory, or on a Redis of its own, so
+/// every run starts from empty counters), over gRPC or over `POST /json`.
+async fn every_step_of(file: PathBuf, grpc: bool, on_redis: bool) {
+    let steps = steps(&file.with_extension("json"));
+    let domain = domain_of(&file);
+    let server = on_redis.then(redis_server::RedisServer::start);
+    let url = server.as_ref().map(redis_server::RedisServer::url);
+    let extra: Vec<&str> = url.iter().flat_map(|u| ["--redis", u.as_str()]).collect();
+    let (daemon, grpc_addr) = start_with(&file, &extra);
+    let mut asker = if grpc {
+        Asker::Grpc(grpc_client(&grpc_addr).await)
+    } else {
+        Asker::Json(Client::connect(daemon.addr).await)
+    };
+    let via = match (grpc, on_redis) {
+        (true, false) => "gRPC",
+        (false, false) => "POST /json",
+        (true, true) => "gRPC on Redis",
+        (false, true) => "POST /json on Redis",
+    };
+    for step in &steps {
+        for i in 1..=step.repeat {
+            let seen = asker.ask(&domain, step).await;
+            check(&file, via, step, &seen, i == step.repeat);
+        }
+    }
+}
+
+/// Every case file, each way (their limits are per hour or per day: a run that crossed the
+/// top of an hour and failed runs again).
 #[tokio::test]
 async fn every_case_file_over_grpc_and_over_json() {
     for file in case_files() {
-        let steps = steps(&file.with_extension("json"));
-        let domain = domain_of(&file);
-
-        let (_grpc_daemon, grpc_addr) = start(&file);
-        let mut grpc = grpc_client(&grpc_addr).await;
-        for step in &steps {
-            for i in 1..=step.repeat {
-                let seen = ask_grpc(&mut grpc, &domain, step).await;
-                check(&file, "gRPC", step, &seen, i == step.repeat);
-            }
-        }
-
-        let (json_daemon, _) = start(&file);
-        let mut http = Client::connect(json_daemon.addr).await;
-        for step in &steps {
-            for i in 1..=step.repeat {
-                let seen = ask_json(&mut http, &domain, step).await;
-                check(&file, "POST /json", step, &seen, i == step.repeat);
-            }
-        }
-
-        // The same answers with the counters on Redis, over gRPC and over `/json` (each on
-        // its own server, so each starts from empty counters).
-        let server = redis_server::RedisServer::start();
-        let (_redis_daemon, redis_addr) = start_with(&file, &["--redis", &server.url()]);
-        let mut grpc = grpc_client(&redis_addr).await;
-        for step in &steps {
-            for i in 1..=step.repeat {
-                let seen = ask_grpc(&mut grpc, &domain, step).await;
-                check(&file, "gRPC on Redis", step, &seen, i == step.repeat);
-            }
-        }
-        let json_server = redis_server::RedisServer::start();
-        let (json_redis_daemon, _) = start_with(&file, &["--redis", &json_server.url()]);
-        let mut http = Client::connect(json_redis_daemon.addr).await;
-        for step in &steps {
-            for i in 1..=step.repeat {
-                let seen = ask_json(&mut http, &domain, step).await;
-                check(&file, "POST /json on Redis", step, &seen, i == step.repeat);
-            }
+        for (grpc, on_redis) in [(true, false), (false, false), (true, true), (false, true)] {
+            let file = file.clone();
+            in_one_window(HOUR_MS, move || every_step_of(file.clone(), grpc, on_redis)).await;
         }
     }
 }
@@ -489,6 +498,12 @@ fn check_config_reads_descriptor_files_and_points_at_the_line() {
 
 #[tokio::test]
 async fn two_processes_on_one_redis_share_every_descriptor_counter() {
+    in_one_window(DAY_MS, two_processes_share_every_descriptor_counter).await;
+}
+
+/// Two processes on one fresh Redis: a user's daily 5 is counted once across both, and the
+/// denied requests take nothing from the tenant's hourly sliding window.
+async fn two_processes_share_every_descriptor_counter() {
     let server = redis_server::RedisServer::start();
     let file = temp_file(
         &format!("shared-{}.yaml", server.port),

@@ -9,6 +9,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
+use crate::support::windows::{HOUR_MS, in_one_window};
 use crate::support::{Client, Daemon, temp_file};
 use limiter_testkit::redis_server::RedisServer;
 use serde_json::{Value, json};
@@ -179,25 +180,28 @@ async fn refusals_reach(client: &mut Client, count: u64) {
     );
 }
 
+// `POLICY` is a window of an hour: a run that failed across the top of an hour runs again.
 #[tokio::test]
 async fn a_changed_file_reloads_keeping_counters_in_memory() {
-    reload_keeps_counters("reload-memory", &[]).await;
+    in_one_window(HOUR_MS, || reload_keeps_counters(false)).await;
 }
 
 #[tokio::test]
 async fn a_changed_file_reloads_keeping_counters_on_redis() {
-    let server = RedisServer::start();
-    reload_keeps_counters(
-        &format!("reload-redis-{}", server.port),
-        &["--redis", &server.url()],
-    )
-    .await;
+    in_one_window(HOUR_MS, || reload_keeps_counters(true)).await;
 }
 
 /// 5 of 10 used; the file doubles the limit: 10 left (not 20), and another policy keeps its
 /// counter untouched. A file that does not parse, and one that changes the listen address,
 /// are refused, counted, and the running configuration keeps serving; fixing the file applies.
-async fn reload_keeps_counters(name: &str, args: &[&str]) {
+/// In memory, or on a Redis of its own.
+async fn reload_keeps_counters(on_redis: bool) {
+    let server = on_redis.then(RedisServer::start);
+    let url = server.as_ref().map(RedisServer::url);
+    let name = server.as_ref().map_or("reload-memory".to_owned(), |s| {
+        format!("reload-redis-{}", s.port)
+    });
+    let args: Vec<&str> = url.iter().flat_map(|u| ["--redis", u.as_str()]).collect();
     let other = "[policies.other]\nlimits = [{ algorithm = \"token_bucket\", count = 4, period = \"1h\" }]\n";
     let text = |count: u64| {
         format!(
@@ -207,7 +211,7 @@ async fn reload_keeps_counters(name: &str, args: &[&str]) {
     };
     let path = temp_file(&format!("{name}.toml"), &text(10));
     let mut all = vec!["--config", path.to_str().expect("UTF-8")];
-    all.extend_from_slice(args);
+    all.extend_from_slice(&args);
     let daemon = Daemon::start(&all);
     let mut client = Client::connect(daemon.addr).await;
     let take = |policy: &str, cost: u64| json!({"policy": policy, "identifier": "u", "cost": cost});
@@ -316,6 +320,12 @@ async fn a_reloaded_calendar_quota_keeps_its_consumption_on_redis_as_in_memory()
 
 #[tokio::test]
 async fn sighup_reloads_envoy_descriptor_files() {
+    // A window of an hour: a run that failed across the top of an hour runs again.
+    in_one_window(HOUR_MS, sighup_reloads_envoy_descriptors).await;
+}
+
+/// 2 of 4 used; the file, changed and signalled, doubles the limit: 4 of 8 used.
+async fn sighup_reloads_envoy_descriptors() {
     let yaml = |n: u32| {
         format!(
             "domain: web\ndescriptors:\n  - key: ip\n    rate_limit: {{ unit: hour, requests_per_unit: {n} }}\n"

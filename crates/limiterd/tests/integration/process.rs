@@ -5,6 +5,7 @@
 
 use limiter_testkit::redis_server;
 
+use crate::support::windows::{MINUTE_MS, in_one_window};
 use crate::support::{Client, Daemon, temp_file};
 use serde_json::json;
 
@@ -353,32 +354,34 @@ limits = [{ algorithm = "fixed_window", count = 3, period = "1m" }]
 limits = [{ algorithm = "sliding_window", count = 3, period = "1h" }]
 "#;
 
+// A run counts three calls and a denial in one window of a minute: one that failed across a
+// minute's boundary runs again (on a fresh daemon and Redis).
 #[tokio::test]
 async fn windows_are_aligned_to_the_unix_epoch_in_memory() {
-    let config = temp_file("aligned-memory.toml", ALIGNED);
-    windows_are_aligned_to_the_unix_epoch(&["--config", config.to_str().expect("UTF-8 path")])
-        .await;
+    in_one_window(MINUTE_MS, || windows_are_aligned_to_the_unix_epoch(false)).await;
 }
 
 #[tokio::test]
 async fn windows_are_aligned_to_the_unix_epoch_on_redis() {
-    let server = redis_server::RedisServer::start();
-    let config = temp_file(&format!("aligned-redis-{}.toml", server.port), ALIGNED);
-    windows_are_aligned_to_the_unix_epoch(&[
-        "--config",
-        config.to_str().expect("UTF-8 path"),
-        "--redis",
-        &server.url(),
-    ])
-    .await;
+    in_one_window(MINUTE_MS, || windows_are_aligned_to_the_unix_epoch(true)).await;
 }
 
 /// A day's fixed window resets at the next 00:00 UTC and a minute's on the minute, whichever
-/// store counts, and `reset_at_ms` is the same instant, to the millisecond, for every call in
-/// the window. (A
-/// process counting from its own start would reset a day after it started.)
-async fn windows_are_aligned_to_the_unix_epoch(args: &[&str]) {
-    let daemon = Daemon::start(args);
+/// store counts (memory, or a Redis of its own), and `reset_at_ms` is the same instant, to the
+/// millisecond, for every call in the window. (A process counting from its own start would
+/// reset a day after it started.)
+async fn windows_are_aligned_to_the_unix_epoch(on_redis: bool) {
+    let server = on_redis.then(redis_server::RedisServer::start);
+    let name = server
+        .as_ref()
+        .map_or("aligned-memory.toml".to_owned(), |s| {
+            format!("aligned-redis-{}.toml", s.port)
+        });
+    let config = temp_file(&name, ALIGNED);
+    let url = server.as_ref().map(redis_server::RedisServer::url);
+    let mut args = vec!["--config", config.to_str().expect("UTF-8 path")];
+    args.extend(url.iter().flat_map(|u| ["--redis", u.as_str()]));
+    let daemon = Daemon::start(&args);
     let mut client = Client::connect(daemon.addr).await;
     let unix_ms = || {
         std::time::SystemTime::now()
