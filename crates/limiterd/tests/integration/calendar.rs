@@ -6,6 +6,7 @@
 
 use limiter_testkit::redis_server::RedisServer;
 
+use crate::support::windows::{DAY_MS, in_one_window};
 use crate::support::{Client, Daemon, temp_file};
 use serde_json::{Value, json};
 
@@ -206,6 +207,12 @@ async fn a_batch_counts_its_calendar_quotas_all_or_nothing_with_its_stacks() {
 
 #[tokio::test]
 async fn while_redis_fails_a_falling_back_policy_counts_its_share_of_the_quota_here() {
+    // A day in UTC: a run that failed across midnight runs again.
+    in_one_window(DAY_MS, falling_back_counts_a_share_of_the_quota).await;
+}
+
+/// A fleet of two on a fresh Redis that is then killed: the node counts its share of the day.
+async fn falling_back_counts_a_share_of_the_quota() {
     let mut server = RedisServer::start();
     let url = server.url();
     // A fleet of two: while Redis fails, this node counts at most 4 / 2 = 2 a day for the

@@ -6,6 +6,7 @@
 
 use limiter_testkit::redis_server;
 
+use crate::support::windows::{DAY_MS, in_one_window};
 use crate::support::{Client, Daemon, temp_file};
 use serde_json::{Value, json};
 
@@ -21,10 +22,42 @@ fn unix_ms() -> u64 {
         .as_millis() as u64
 }
 
+/// Where [`check_then_charge`] counts.
+#[derive(Clone, Copy)]
+enum Store {
+    Memory,
+    Redis,
+    /// On Redis, with leases of 1% of the quota.
+    Leased,
+}
+
 /// Check, charge, check, charge past the limit, check: the second charge is recorded, and every
-/// check after it is refused, on whatever store `args` names.
-async fn check_then_charge(args: &[&str], policy: &str, source: &str) {
-    let daemon = Daemon::start(args);
+/// check after it is refused, on a fresh daemon (and Redis) counting on `store`. `TOKENS` is a
+/// window of a day: a run that failed across midnight UTC runs again.
+async fn check_then_charge(store: Store) {
+    let server =
+        matches!(store, Store::Redis | Store::Leased).then(redis_server::RedisServer::start);
+    let (text, name) = match (store, &server) {
+        (Store::Leased, Some(server)) => (
+            format!("{TOKENS}lease_slack = \"1%\"\n").replace(
+                "[policies.bucket]",
+                "lease_slack = \"1%\"\n[policies.bucket]",
+            ),
+            format!("usage-leased-{}.toml", server.port),
+        ),
+        (_, Some(server)) => (
+            TOKENS.to_owned(),
+            format!("usage-redis-{}.toml", server.port),
+        ),
+        (_, None) => (TOKENS.to_owned(), "usage-memory.toml".to_owned()),
+    };
+    let config = temp_file(&name, &text);
+    let url = server.as_ref().map(redis_server::RedisServer::url);
+    let mut args = vec!["--config", config.to_str().expect("UTF-8")];
+    args.extend(url.iter().flat_map(|u| ["--redis", u.as_str()]));
+    // Leased, the charges are larger than any lease: Redis records what the lease does not cover.
+    let (policy, source) = ("tokens", if server.is_some() { "redis" } else { "memory" });
+    let daemon = Daemon::start(&args);
     let mut client = Client::connect(daemon.addr).await;
     let ask = |cost: u64, record: bool| json!({"policy": policy, "identifier": "team", "cost": cost, "record": record});
     let check = client.decide(ask(0, false)).await;
@@ -59,44 +92,17 @@ async fn check_then_charge(args: &[&str], policy: &str, source: &str) {
 
 #[tokio::test]
 async fn recorded_usage_never_leaks_the_quota_in_memory() {
-    let config = temp_file("usage-memory.toml", TOKENS);
-    check_then_charge(
-        &["--config", config.to_str().expect("UTF-8")],
-        "tokens",
-        "memory",
-    )
-    .await;
+    in_one_window(DAY_MS, || check_then_charge(Store::Memory)).await;
 }
 
 #[tokio::test]
 async fn recorded_usage_never_leaks_the_quota_on_redis() {
-    let server = redis_server::RedisServer::start();
-    let config = temp_file(&format!("usage-redis-{}.toml", server.port), TOKENS);
-    let args = [
-        "--config",
-        config.to_str().expect("UTF-8"),
-        "--redis",
-        &server.url(),
-    ];
-    check_then_charge(&args, "tokens", "redis").await;
+    in_one_window(DAY_MS, || check_then_charge(Store::Redis)).await;
 }
 
 #[tokio::test]
 async fn recorded_usage_never_leaks_the_quota_leased() {
-    let server = redis_server::RedisServer::start();
-    let text = format!("{TOKENS}lease_slack = \"1%\"\n").replace(
-        "[policies.bucket]",
-        "lease_slack = \"1%\"\n[policies.bucket]",
-    );
-    let config = temp_file(&format!("usage-leased-{}.toml", server.port), &text);
-    let args = [
-        "--config",
-        config.to_str().expect("UTF-8"),
-        "--redis",
-        &server.url(),
-    ];
-    // The charges are larger than any lease: Redis records what the lease does not cover.
-    check_then_charge(&args, "tokens", "redis").await;
+    in_one_window(DAY_MS, || check_then_charge(Store::Leased)).await;
 }
 
 /// Answers made against a lease describe the key's budget as the last Redis answer knew it:
