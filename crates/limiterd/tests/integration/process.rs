@@ -1,7 +1,8 @@
 //! limiterd as users run it: the binary started as a process on a free loopback port, driven
 //! by a real HTTP client (hyper, keep-alive). The limits used either never refill within a
-//! test (per hour, per minute) or are checked after a refund at the same instant, so the
-//! counts are exact without sleeping.
+//! test (buckets per hour, per minute) or are checked after a refund at the same instant, so
+//! the counts are exact without sleeping; the fixed windows counted are counted within one
+//! window (a run that failed across a boundary runs again: `support/windows.rs`).
 
 use limiter_testkit::redis_server;
 
