@@ -303,11 +303,16 @@ fn shared(c: &mut Criterion) {
     });
     decisions_on_two_threads(&mut group, &live);
     // unkey's ratelimit reads a namespace's overrides at every request: 1,000 set in it, none
-    // for the identifiers asked (each request finds no override).
+    // for the identifiers asked (each request finds no override); in another namespace, 100
+    // patterns (`team-{i}-*`), none matching the teams asked, so each request tries every one.
     let overrides = Overrides::in_memory();
     for i in 0..1_000 {
         let customer = format!("customer-{i}");
         decided_at_once(overrides.set("api", &customer, (10, 1_000), 1_000)).expect("set");
+    }
+    for i in 0..100 {
+        let team = format!("team-{i}-*");
+        decided_at_once(overrides.set("teams", &team, (10, 1_000), 1_000)).expect("set");
     }
     // envoy's statistics for one descriptor: its configured rule's and, per value
     // (`detailed_metric`), a key the request brings.
@@ -330,6 +335,14 @@ fn shared(c: &mut Criterion) {
             on_two_threads(iters, &|i| {
                 let asked = if i & 1 == 0 { "user-1" } else { "user-2" };
                 assert!(overrides.find("api", black_box(asked)).is_none());
+            })
+        })
+    });
+    group.bench_function("overrides_find_100_patterns_2_threads", |b| {
+        b.iter_custom(|iters| {
+            on_two_threads(iters, &|i| {
+                let asked = if i & 1 == 0 { "team-x-1" } else { "team-y-2" };
+                assert!(overrides.find("teams", black_box(asked)).is_none());
             })
         })
     });

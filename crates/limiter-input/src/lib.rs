@@ -1,6 +1,8 @@
 //! What callers and operators write, read strictly: request bodies as JSON, for every API
 //! limiterd serves (its own, unkey's and envoy's `POST /json`), and structured files in any
-//! self-describing format (limiterd's TOML configuration).
+//! self-describing format (limiterd's TOML configuration); and the wildcard patterns operators
+//! write ([`Wildcard`]: envoy's descriptor values, unkey's override identifiers), matched
+//! without an allocation.
 //!
 //! serde's derived structs also read an array, by position: `["api", null, "user-1"]`
 //! would pass for `{"policy": "api", "identifier": "user-1"}`, a shape no API or file format
@@ -30,8 +32,10 @@
 
 pub mod fuzzing;
 mod strict;
+mod wildcard;
 mod words;
 
+pub use wildcard::Wildcard;
 pub use words::in_plain_words;
 
 /// JSON's word for an object, in refusals.

@@ -36,6 +36,7 @@ use std::fmt;
 use std::time::Duration;
 
 use limiter_core::Limit;
+use limiter_input::Wildcard;
 use limiter_stack::Kind;
 
 use crate::yaml::Mark;
@@ -209,8 +210,8 @@ pub struct Level {
     /// Exact values, by key and then value: looked up by the request's strings, with no
     /// allocation.
     exact: HashMap<String, HashMap<String, usize>>,
-    /// Values with a `*`: key, the value split at each `*`, and the node, in the file's order.
-    wildcard: Vec<(String, Vec<String>, usize)>,
+    /// Values with a `*`: key, the value as a pattern, and the node, in the file's order.
+    wildcard: Vec<(String, Wildcard, usize)>,
     any: HashMap<String, usize>,
 }
 
@@ -242,33 +243,6 @@ impl Descriptor {
     }
 }
 
-/// Whether `value` matches a wildcard split at its `*`s: the first part starts it, the last
-/// ends it, and the middle ones appear in order between (each `*` matches any run, even none).
-fn wildcard_matches(parts: &[String], value: &str) -> bool {
-    let (Some(first), Some(last)) = (parts.first(), parts.last()) else {
-        return false;
-    };
-    if parts.len() == 1 {
-        return value == first;
-    }
-    if value.len() < first.len() + last.len()
-        || !value.starts_with(first.as_str())
-        || !value.ends_with(last.as_str())
-    {
-        return false;
-    }
-    // Leftmost matches of the middle parts are enough: taking each as early as possible
-    // leaves the most room for the rest.
-    let mut rest = &value[first.len()..value.len() - last.len()];
-    for part in &parts[1..parts.len() - 1] {
-        match rest.find(part.as_str()) {
-            Some(at) => rest = &rest[at + part.len()..],
-            None => return false,
-        }
-    }
-    true
-}
-
 impl Level {
     /// The node for one entry: an exact value first, then a wildcard (in the file's order),
     /// then the key alone.
@@ -280,7 +254,7 @@ impl Level {
             .or_else(|| {
                 self.wildcard
                     .iter()
-                    .find(|(k, parts, _)| k == key && wildcard_matches(parts, value))
+                    .find(|(k, wildcard, _)| k == key && wildcard.matches(value))
                     .map(|(_, _, i)| i)
             })
             .or_else(|| self.any.get(key))?;
@@ -447,11 +421,10 @@ impl Level {
             None => {
                 self.any.insert(node.key.clone(), index);
             }
-            Some(v) if v.contains('*') => self.wildcard.push((
-                node.key.clone(),
-                v.split('*').map(str::to_owned).collect(),
-                index,
-            )),
+            Some(v) if v.contains('*') => {
+                self.wildcard
+                    .push((node.key.clone(), Wildcard::new(v), index))
+            }
             Some(v) => {
                 let values = self.exact.entry(node.key.clone()).or_default();
                 values.insert(v.clone(), index);

@@ -365,7 +365,6 @@ descriptors:
 
 #[test]
 fn wildcards_match_anywhere_in_the_value() {
-    let parts = |p: &str| p.split('*').map(str::to_owned).collect::<Vec<_>>();
     for (pattern, value, matches) in [
         ("foo*", "foo", true),
         ("foo*", "foobar", true),
@@ -386,7 +385,7 @@ fn wildcards_match_anywhere_in_the_value() {
         ("/api/*/action", "/api/action", false),
     ] {
         assert_eq!(
-            wildcard_matches(&parts(pattern), value),
+            Wildcard::new(pattern).matches(value),
             matches,
             "{pattern} against {value}"
         );

@@ -397,26 +397,5 @@ fn override_id(namespace: &str, identifier: &str) -> String {
     format!("ovr_{hex}")
 }
 
-/// Whether `text` matches `pattern`, where `*` stands for any run of characters.
-fn matches(pattern: &str, text: &str) -> bool {
-    let parts: Vec<&str> = pattern.split('*').collect();
-    let (Some(first), Some(last)) = (parts.first(), parts.last()) else {
-        return false;
-    };
-    if parts.len() == 1 {
-        return pattern == text;
-    }
-    let Some(mut rest) = text.strip_prefix(first) else {
-        return false;
-    };
-    for middle in &parts[1..parts.len() - 1] {
-        match rest.find(middle) {
-            Some(at) => rest = &rest[at + middle.len()..],
-            None => return false,
-        }
-    }
-    rest.len() >= last.len() && rest.ends_with(last)
-}
-
 #[cfg(test)]
 mod tests;

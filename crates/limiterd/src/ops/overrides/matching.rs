@@ -7,7 +7,9 @@
 
 use std::collections::HashMap;
 
-use super::{Override, Table, matches};
+use limiter_input::Wildcard;
+
+use super::{Override, Table};
 
 /// The hasher of the lookups: a caller names the namespace and identifier, but only the
 /// overrides' own (set through the authenticated API) are ever inserted.
@@ -20,11 +22,12 @@ pub(super) struct Matching {
 }
 
 /// One namespace's overrides: each by its identifier (a pattern's text included: asked for
-/// exactly, a pattern is its own exact override), and the patterns in the order they win.
+/// exactly, a pattern is its own exact override), and the patterns in the order they win,
+/// each split at its `*`s once (so a match allocates nothing).
 #[derive(Debug)]
 struct Namespace {
     by_identifier: HashMap<String, Override, FastHash>,
-    patterns: Vec<Override>,
+    patterns: Vec<(Wildcard, Override)>,
 }
 
 impl Matching {
@@ -33,13 +36,14 @@ impl Matching {
         let namespaces = table
             .iter()
             .map(|(name, overrides)| {
-                let mut patterns: Vec<Override> = overrides
+                let mut patterns: Vec<(Wildcard, Override)> = overrides
                     .values()
-                    .filter(|o| o.identifier.contains('*'))
-                    .cloned()
+                    .map(|o| (Wildcard::new(&o.identifier), o))
+                    .filter(|(pattern, _)| pattern.has_star())
+                    .map(|(pattern, o)| (pattern, o.clone()))
                     .collect();
                 let literal = |o: &Override| o.identifier.chars().filter(|c| *c != '*').count();
-                patterns.sort_by(|a, b| {
+                patterns.sort_by(|(_, a), (_, b)| {
                     literal(b)
                         .cmp(&literal(a))
                         .then_with(|| a.identifier.cmp(&b.identifier))
@@ -69,7 +73,8 @@ impl Matching {
         n.by_identifier.get(identifier).or_else(|| {
             n.patterns
                 .iter()
-                .find(|o| matches(&o.identifier, identifier))
+                .find(|(pattern, _)| pattern.matches(identifier))
+                .map(|(_, o)| o)
         })
     }
 }
@@ -92,7 +97,10 @@ mod tests {
         }
         let literal = |o: &Override| o.identifier.chars().filter(|c| *c != '*').count();
         n.values()
-            .filter(|o| o.identifier.contains('*') && matches(&o.identifier, identifier))
+            .filter(|o| {
+                let pattern = Wildcard::new(&o.identifier);
+                pattern.has_star() && pattern.matches(identifier)
+            })
             .min_by(|a, b| {
                 literal(b)
                     .cmp(&literal(a))

@@ -20,7 +20,8 @@ fn patterns_match_any_run_of_characters() {
         ("*", "", true),
         ("exact", "exact", true),
     ] {
-        assert_eq!(matches(pattern, text), want, "{pattern} ~ {text}");
+        let pattern = limiter_input::Wildcard::new(pattern);
+        assert_eq!(pattern.matches(text), want, "{pattern:?} ~ {text}");
     }
 }
 
