@@ -112,8 +112,10 @@ type Shape = (Kind, u64, u64);
 /// Where an ad-hoc shape is decided: a stack, and the shape's plan in it.
 type AdHocStack = (PolicyStack, usize);
 
-/// The hasher of the engine's maps looked up on every request.
-type FastHash = foldhash::fast::RandomState;
+/// The hasher of the maps looked up on every request (policies by name, ad-hoc shapes, unkey's
+/// overrides): foldhash, seeded per process. What callers add to them is bounded (ad-hoc
+/// shapes) or set through the authenticated API (overrides).
+pub(crate) type FastHash = foldhash::fast::RandomState;
 
 /// A policy: its name (its metrics label), what it was built from, its stack (shared with
 /// the engine it was carried over from), the plan its calls choose, and its counters.

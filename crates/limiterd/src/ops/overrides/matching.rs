@@ -10,10 +10,7 @@ use std::collections::HashMap;
 use limiter_input::Wildcard;
 
 use super::{Override, Table};
-
-/// The hasher of the lookups: a caller names the namespace and identifier, but only the
-/// overrides' own (set through the authenticated API) are ever inserted.
-type FastHash = foldhash::fast::RandomState;
+use crate::engine::FastHash;
 
 /// Every namespace's overrides, as decisions find them.
 #[derive(Debug, Default)]
