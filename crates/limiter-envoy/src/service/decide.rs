@@ -31,15 +31,15 @@ impl<L: Copy + PartialEq, S: RuleStats> Envoy<L, S> {
         } else {
             engine.decide(&items).await?
         };
-        let recorded = self
-            .count_over_hits(
-                engine,
-                &plans,
-                &slots,
-                &mut answers,
-                (refused, !refused && admitted),
-            )
-            .await?;
+        // Hits over a counter are rare: recorded behind a box, so the usual request's future
+        // does not hold the engine's recording calls.
+        let counters = counters_charged(&plans, &slots, &answers, refused);
+        let recorded = if counters.iter().any(|c| c.over) {
+            let taken = !refused && admitted;
+            Box::pin(self.count_over_hits(engine, &plans, &counters, &mut answers, taken)).await?
+        } else {
+            vec![None; plans.len()]
+        };
         let mut outcome = Outcome::default();
         let statuses = plans
             .iter()
@@ -81,7 +81,8 @@ impl<L: Copy + PartialEq, S: RuleStats> Envoy<L, S> {
             let (plan, replaces) = self.plan(request, descriptor);
             replaced.extend(replaces.iter().map(String::as_str));
             let plan = if descriptor.negative_hits {
-                self.refund_units(engine, plan).await?
+                // Rare: behind a box, as the recording of hits over a counter.
+                Box::pin(self.refund_units(engine, plan)).await?
             } else {
                 plan
             };
@@ -144,9 +145,9 @@ impl<L: Copy + PartialEq, S: RuleStats> Envoy<L, S> {
         self.options.shadow_mode && stats.limit.is_some()
     }
 
-    /// Counts the hits on every counter they take over its limit, as the reference counts
-    /// them, and returns, by descriptor, the answer of each one refused before counting whose
-    /// hits were recorded.
+    /// Counts the hits on every counter of `counters` (those the plans charge) they take over
+    /// its limit, as the reference counts them, and returns, by descriptor, the answer of each
+    /// one refused before counting whose hits were recorded.
     ///
     /// A counter is over when it cannot take all the hits the request names on it: one of
     /// its charges was denied, or (a request refused before counting, whose items were only
@@ -159,11 +160,10 @@ impl<L: Copy + PartialEq, S: RuleStats> Envoy<L, S> {
         &self,
         engine: &D,
         plans: &[Plan<'_, L, S>],
-        slots: &[Option<usize>],
+        counters: &[Counter<'_, L>],
         answers: &mut [Answer],
-        (peeked, taken): (bool, bool),
+        taken: bool,
     ) -> Result<Vec<Option<Answer>>, EnvoyError> {
-        let counters = counters_charged(plans, slots, answers, peeked);
         let mut recorded = vec![None; plans.len()];
         for counter in counters.iter().filter(|c| c.over) {
             for &(index, slot, denied) in &counter.charges {

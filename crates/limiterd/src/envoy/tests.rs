@@ -99,3 +99,18 @@ fn the_services_statistics_reach_limiterds_metrics() {
         assert!(text.contains(line), "{line} in\n{text}");
     }
 }
+
+/// A request's future is boxed and moved whole by the gRPC server: the paths of negative hits
+/// and of hits over a counter (each a further decision, rare) are boxed behind it, so the usual
+/// request's future holds one decision's (it was 1,360 bytes with them inline).
+#[test]
+fn a_requests_future_stays_small() {
+    let (envoy, engine, _metrics) = mounted(Options::default());
+    let request = Request {
+        domain: "web".into(),
+        descriptors: Vec::new(),
+        hits_addend: 0,
+    };
+    let size = std::mem::size_of_val(&envoy.decide(&engine, &request));
+    assert!(size <= 1_024, "Envoy::decide's future is {size} bytes");
+}
