@@ -35,9 +35,8 @@ impl Matching {
             .map(|(name, overrides)| {
                 let mut patterns: Vec<(Wildcard, Override)> = overrides
                     .values()
-                    .map(|o| (Wildcard::new(&o.identifier), o))
-                    .filter(|(pattern, _)| pattern.has_star())
-                    .map(|(pattern, o)| (pattern, o.clone()))
+                    .filter(|o| o.identifier.contains('*'))
+                    .map(|o| (Wildcard::new(&o.identifier), o.clone()))
                     .collect();
                 let literal = |o: &Override| o.identifier.chars().filter(|c| *c != '*').count();
                 patterns.sort_by(|(_, a), (_, b)| {
