@@ -11,7 +11,7 @@ use limiter_testkit::redis_server;
 use std::path::{Path, PathBuf};
 
 use crate::support::windows::{DAY_MS, HOUR_MS, in_one_window};
-use crate::support::{Client, Daemon, temp_file};
+use crate::support::{Client, Counting, Daemon, temp_file};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
     Entry, RateLimitOverride,
@@ -328,10 +328,8 @@ impl Asker {
 async fn every_step_of(file: PathBuf, grpc: bool, on_redis: bool) {
     let steps = steps(&file.with_extension("json"));
     let domain = domain_of(&file);
-    let server = on_redis.then(redis_server::RedisServer::start);
-    let url = server.as_ref().map(redis_server::RedisServer::url);
-    let extra: Vec<&str> = url.iter().flat_map(|u| ["--redis", u.as_str()]).collect();
-    let (daemon, grpc_addr) = start_with(&file, &extra);
+    let counting = Counting::new(on_redis);
+    let (daemon, grpc_addr) = start_with(&file, &counting.args());
     let mut asker = if grpc {
         Asker::Grpc(grpc_client(&grpc_addr).await)
     } else {

@@ -10,7 +10,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use crate::support::windows::{HOUR_MS, in_one_window};
-use crate::support::{Client, Daemon, temp_file};
+use crate::support::{Client, Counting, Daemon, temp_file};
 use limiter_testkit::redis_server::RedisServer;
 use serde_json::{Value, json};
 
@@ -196,12 +196,7 @@ async fn a_changed_file_reloads_keeping_counters_on_redis() {
 /// are refused, counted, and the running configuration keeps serving; fixing the file applies.
 /// In memory, or on a Redis of its own.
 async fn reload_keeps_counters(on_redis: bool) {
-    let server = on_redis.then(RedisServer::start);
-    let url = server.as_ref().map(RedisServer::url);
-    let name = server.as_ref().map_or("reload-memory".to_owned(), |s| {
-        format!("reload-redis-{}", s.port)
-    });
-    let args: Vec<&str> = url.iter().flat_map(|u| ["--redis", u.as_str()]).collect();
+    let counting = Counting::new(on_redis);
     let other = "[policies.other]\nlimits = [{ algorithm = \"token_bucket\", count = 4, period = \"1h\" }]\n";
     let text = |count: u64| {
         format!(
@@ -209,9 +204,9 @@ async fn reload_keeps_counters(on_redis: bool) {
             POLICY.replace("count = 10", &format!("count = {count}"))
         )
     };
-    let path = temp_file(&format!("{name}.toml"), &text(10));
+    let path = temp_file(&counting.file_name("reload", "toml"), &text(10));
     let mut all = vec!["--config", path.to_str().expect("UTF-8")];
-    all.extend_from_slice(&args);
+    all.extend(counting.args());
     let daemon = Daemon::start(&all);
     let mut client = Client::connect(daemon.addr).await;
     let take = |policy: &str, cost: u64| json!({"policy": policy, "identifier": "u", "cost": cost});

@@ -7,7 +7,7 @@
 use limiter_testkit::redis_server;
 
 use crate::support::windows::{MINUTE_MS, in_one_window};
-use crate::support::{Client, Daemon, temp_file};
+use crate::support::{Client, Counting, Daemon, temp_file};
 use serde_json::json;
 
 #[tokio::test]
@@ -372,16 +372,10 @@ async fn windows_are_aligned_to_the_unix_epoch_on_redis() {
 /// millisecond, for every call in the window. (A process counting from its own start would
 /// reset a day after it started.)
 async fn windows_are_aligned_to_the_unix_epoch(on_redis: bool) {
-    let server = on_redis.then(redis_server::RedisServer::start);
-    let name = server
-        .as_ref()
-        .map_or("aligned-memory.toml".to_owned(), |s| {
-            format!("aligned-redis-{}.toml", s.port)
-        });
-    let config = temp_file(&name, ALIGNED);
-    let url = server.as_ref().map(redis_server::RedisServer::url);
+    let counting = Counting::new(on_redis);
+    let config = temp_file(&counting.file_name("aligned", "toml"), ALIGNED);
     let mut args = vec!["--config", config.to_str().expect("UTF-8 path")];
-    args.extend(url.iter().flat_map(|u| ["--redis", u.as_str()]));
+    args.extend(counting.args());
     let daemon = Daemon::start(&args);
     let mut client = Client::connect(daemon.addr).await;
     let unix_ms = || {

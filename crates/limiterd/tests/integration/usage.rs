@@ -7,7 +7,7 @@
 use limiter_testkit::redis_server;
 
 use crate::support::windows::{DAY_MS, in_one_window};
-use crate::support::{Client, Daemon, temp_file};
+use crate::support::{Client, Counting, Daemon, temp_file};
 use serde_json::{Value, json};
 
 const TOKENS: &str = "[policies.tokens]\n\
@@ -35,28 +35,27 @@ enum Store {
 /// check after it is refused, on a fresh daemon (and Redis) counting on `store`. `TOKENS` is a
 /// window of a day: a run that failed across midnight UTC runs again.
 async fn check_then_charge(store: Store) {
-    let server =
-        matches!(store, Store::Redis | Store::Leased).then(redis_server::RedisServer::start);
-    let (text, name) = match (store, &server) {
-        (Store::Leased, Some(server)) => (
+    let counting = Counting::new(matches!(store, Store::Redis | Store::Leased));
+    let (text, name) = match store {
+        Store::Leased => (
             format!("{TOKENS}lease_slack = \"1%\"\n").replace(
                 "[policies.bucket]",
                 "lease_slack = \"1%\"\n[policies.bucket]",
             ),
-            format!("usage-leased-{}.toml", server.port),
+            "usage-leased",
         ),
-        (_, Some(server)) => (
-            TOKENS.to_owned(),
-            format!("usage-redis-{}.toml", server.port),
-        ),
-        (_, None) => (TOKENS.to_owned(), "usage-memory.toml".to_owned()),
+        Store::Redis | Store::Memory => (TOKENS.to_owned(), "usage"),
     };
-    let config = temp_file(&name, &text);
-    let url = server.as_ref().map(redis_server::RedisServer::url);
+    let config = temp_file(&counting.file_name(name, "toml"), &text);
     let mut args = vec!["--config", config.to_str().expect("UTF-8")];
-    args.extend(url.iter().flat_map(|u| ["--redis", u.as_str()]));
+    args.extend(counting.args());
     // Leased, the charges are larger than any lease: Redis records what the lease does not cover.
-    let (policy, source) = ("tokens", if server.is_some() { "redis" } else { "memory" });
+    let source = if counting.server.is_some() {
+        "redis"
+    } else {
+        "memory"
+    };
+    let policy = "tokens";
     let daemon = Daemon::start(&args);
     let mut client = Client::connect(daemon.addr).await;
     let ask = |cost: u64, record: bool| json!({"policy": policy, "identifier": "team", "cost": cost, "record": record});

@@ -279,3 +279,38 @@ pub(crate) fn temp_file(name: &str, text: &str) -> PathBuf {
     std::fs::write(&path, text).expect("write");
     path
 }
+
+/// Where a test's daemon counts: its own memory, or a Redis server of its own, started here
+/// (so a section run again starts from empty counters either way).
+pub(crate) struct Counting {
+    pub(crate) server: Option<limiter_testkit::redis_server::RedisServer>,
+    url: Option<String>,
+}
+
+impl Counting {
+    /// In memory, or (`on_redis`) on a fresh Redis.
+    pub(crate) fn new(on_redis: bool) -> Self {
+        let server = on_redis.then(limiter_testkit::redis_server::RedisServer::start);
+        let url = server
+            .as_ref()
+            .map(limiter_testkit::redis_server::RedisServer::url);
+        Self { server, url }
+    }
+
+    /// The daemon's store arguments: `--redis URL`, or none.
+    pub(crate) fn args(&self) -> Vec<&str> {
+        self.url
+            .iter()
+            .flat_map(|u| ["--redis", u.as_str()])
+            .collect()
+    }
+
+    /// A file name for `name` apart from other runs': `{name}-redis-{port}.{extension}`, or
+    /// `{name}-memory.{extension}`.
+    pub(crate) fn file_name(&self, name: &str, extension: &str) -> String {
+        match &self.server {
+            Some(server) => format!("{name}-redis-{}.{extension}", server.port),
+            None => format!("{name}-memory.{extension}"),
+        }
+    }
+}
