@@ -31,6 +31,10 @@ impl Reply {
     }
 }
 
+/// The longest a request waits for its whole answer: every server under test answers in
+/// milliseconds, so past this it is not going to.
+const ANSWER_WITHIN: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// One HTTP/1.1 connection, kept alive across requests.
 #[derive(Debug)]
 pub struct Client {
@@ -70,24 +74,31 @@ impl Client {
         let request = request
             .body(Full::new(Bytes::from(body.to_owned())))
             .expect("request");
-        self.sender
-            .ready()
+        let exchange = async {
+            self.sender
+                .ready()
+                .await
+                .expect("the connection is open for another request");
+            let response = self.sender.send_request(request).await.expect("response");
+            let status = response.status();
+            let headers = response.headers().clone();
+            let body = response
+                .into_body()
+                .collect()
+                .await
+                .expect("body")
+                .to_bytes();
+            Reply {
+                status,
+                headers,
+                body: String::from_utf8(body.to_vec()).expect("UTF-8 body"),
+            }
+        };
+        // A server that never answers fails the test, naming the request, where it would
+        // otherwise hang the whole suite.
+        tokio::time::timeout(ANSWER_WITHIN, exchange)
             .await
-            .expect("the connection is open for another request");
-        let response = self.sender.send_request(request).await.expect("response");
-        let status = response.status();
-        let headers = response.headers().clone();
-        let body = response
-            .into_body()
-            .collect()
-            .await
-            .expect("body")
-            .to_bytes();
-        Reply {
-            status,
-            headers,
-            body: String::from_utf8(body.to_vec()).expect("UTF-8 body"),
-        }
+            .unwrap_or_else(|_| panic!("no answer to {method} {path} within {ANSWER_WITHIN:?}"))
     }
 }
 

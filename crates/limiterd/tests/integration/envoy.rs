@@ -11,7 +11,7 @@ use limiter_testkit::redis_server;
 use std::path::{Path, PathBuf};
 
 use crate::support::windows::{DAY_MS, HOUR_MS, in_one_window};
-use crate::support::{Client, Counting, Daemon, temp_file};
+use crate::support::{Client, Counting, Daemon, grpc_channel, temp_file};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
     Entry, RateLimitOverride,
@@ -162,9 +162,7 @@ fn start(yaml: &Path) -> (Daemon, String) {
 }
 
 async fn grpc_client(addr: &str) -> RateLimitServiceClient<Channel> {
-    RateLimitServiceClient::connect(format!("http://{addr}"))
-        .await
-        .expect("connect over gRPC")
+    RateLimitServiceClient::new(grpc_channel(addr).await)
 }
 
 fn wire_request(domain: &str, step: &Step) -> RateLimitRequest {

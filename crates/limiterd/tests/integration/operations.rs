@@ -10,7 +10,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use crate::support::windows::{HOUR_MS, in_one_window};
-use crate::support::{Client, Counting, Daemon, temp_file};
+use crate::support::{Client, Counting, Daemon, grpc_channel, temp_file};
 use limiter_testkit::redis_server::RedisServer;
 use serde_json::{Value, json};
 
@@ -414,12 +414,7 @@ async fn health_follows_redis_down_and_up_over_http_and_grpc() {
     ]);
     let grpc_addr = daemon.line_after("envoy rate-limit gRPC on ");
     let grpc_addr = grpc_addr.split(';').next().expect("an address").to_owned();
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{grpc_addr}"))
-        .expect("an address")
-        .connect()
-        .await
-        .expect("gRPC");
-    let mut health = HealthClient::new(channel);
+    let mut health = HealthClient::new(grpc_channel(&grpc_addr).await);
     let mut client = Client::connect(daemon.addr).await;
     let wait = Duration::from_secs(20);
 

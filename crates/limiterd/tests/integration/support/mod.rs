@@ -314,3 +314,16 @@ impl Counting {
         }
     }
 }
+
+/// A gRPC channel to the daemon at `addr` on which every call ends within a bound: tonic sets
+/// no deadline of its own, and a call on a channel whose daemon stopped (or whose port another
+/// process took) can otherwise wait forever, hanging the whole suite.
+pub(crate) async fn grpc_channel(addr: &str) -> tonic::transport::Channel {
+    tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .expect("an address")
+        .connect_timeout(std::time::Duration::from_secs(5))
+        .timeout(std::time::Duration::from_secs(5))
+        .connect()
+        .await
+        .expect("connect over gRPC")
+}
