@@ -1,6 +1,8 @@
 //! What the process tests share: a limiterd binary started on a free loopback port (killed on
-//! drop), a keep-alive JSON client for it (over the testkit's HTTP/1.1 client), and temporary
-//! files; unkey's v2 calls (`unkey.rs`); fixed windows on a real clock (`windows.rs`).
+//! drop), a keep-alive JSON client for it (over the testkit's HTTP/1.1 client), a gRPC channel
+//! whose calls have a deadline, where a section's daemon counts (its memory or a Redis of its
+//! own), and temporary files; unkey's v2 calls (`unkey.rs`); fixed windows on a real clock
+//! (`windows.rs`).
 
 pub(crate) mod unkey;
 pub(crate) mod windows;
