@@ -19,20 +19,14 @@
 pub struct Wildcard {
     /// The pattern split at its `*`s: one part for a pattern without any.
     parts: Box<[Box<str>]>,
-    /// The length of the text between the parts: all the first and last take.
-    fixed: usize,
 }
 
 impl Wildcard {
     /// `pattern`, split at its `*`s.
     pub fn new(pattern: &str) -> Self {
-        let parts: Box<[Box<str>]> = pattern.split('*').map(Box::from).collect();
-        let fixed = match &*parts {
-            [only] => only.len(),
-            [first, .., last] => first.len().saturating_add(last.len()),
-            [] => 0,
-        };
-        Self { parts, fixed }
+        Self {
+            parts: pattern.split('*').map(Box::from).collect(),
+        }
     }
 
     /// Whether the pattern has a `*` (else it matches its own text only).
@@ -48,12 +42,16 @@ impl Wildcard {
             [first, middle @ .., last] => (first, middle, last),
             [] => return text.is_empty(),
         };
-        if text.len() < self.fixed || !text.starts_with(&**first) || !text.ends_with(&**last) {
+        // Both ends no longer than the text (they may not overlap) and matched, so the range
+        // between them is on character boundaries and in order.
+        if text.len() < first.len().saturating_add(last.len())
+            || !text.starts_with(&**first)
+            || !text.ends_with(&**last)
+        {
             return false;
         }
         // Each middle part at its leftmost place: taking each as early as possible leaves the
-        // most room for the rest. `fixed <= len` and both ends matched, so the range is on
-        // character boundaries and in order.
+        // most room for the rest.
         let mut rest = &text[first.len()..text.len() - last.len()];
         for part in middle {
             match rest.find(&**part) {
