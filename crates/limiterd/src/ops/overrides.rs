@@ -1,15 +1,15 @@
 //! Per-identifier overrides of unkey's v2 API, set at run time: in each namespace, an
 //! identifier (or a pattern with `*`, matching any run of characters) gets its own limit and
 //! duration. They are data, not configuration: a reload keeps them. Where they are kept is the
-//! store room's ([`crate::store::overrides`]): in memory, a JSON file written on every change
-//! and read at start, so they survive a restart; on Redis, records every instance shares: each
-//! change is written there first, and every instance polls their version every
-//! [`REFRESH_EVERY`], reading them again when it moved, so an override set on one instance
-//! applies on the others within that interval and a round trip. Decisions read the copy held
-//! here, never the file or Redis (indexed for them, a copy per shard of threads:
-//! `matching.rs`); reads of the overrides themselves (`getOverride`,
-//! `listOverrides`) catch up with Redis first ([`Overrides::catch_up`]), so they answer
-//! another instance's change at once.
+//! store room's ([`crate::store::overrides`]): in memory, a JSON file read at start, each
+//! change appended to a journal beside it, so they survive a restart; on Redis, records every
+//! instance shares: each change is written there first, and every instance polls their
+//! version every [`REFRESH_EVERY`], reading them again when it moved, so an override set on
+//! one instance applies on the others within that interval and a round trip. Decisions read
+//! the copy held here, never the file or Redis (indexed for them, a copy per shard of
+//! threads, changed one override at a time: `matching.rs`); reads of the overrides themselves
+//! (`getOverride`, `listOverrides`) catch up with Redis first ([`Overrides::catch_up`]), so
+//! they answer another instance's change at once.
 //!
 //! Which override applies to an identifier: an exact one first; otherwise the matching pattern
 //! with the most literal characters (the most specific), ties broken by the pattern's text
@@ -21,12 +21,12 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::{Mutex, PoisonError, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
 
 use crate::shards::PerThread;
 use crate::store::RedisRecords;
 pub use crate::store::overrides::Override;
-use crate::store::overrides::{Keeping, NotSaved, Table};
+use crate::store::overrides::{Change, Keeping, NotSaved, Table};
 use limiter_core::Paced;
 
 mod matching;
@@ -76,7 +76,7 @@ pub struct Overrides {
     /// The copy decisions read (many at once), and (on Redis) the version it was read at
     /// (`None`: not read from Redis yet). Written only for in-memory work: a change being
     /// saved to a file or Redis never holds it, so a decision never waits on a write.
-    table: RwLock<(Table, Option<u64>)>,
+    table: RwLock<(Arc<Table>, Option<u64>)>,
     /// The same overrides as decisions find them, a copy per shard of threads, replaced with
     /// every change of `table` (under its write lock).
     matching: PerThread<Matching>,
@@ -101,7 +101,7 @@ impl Overrides {
         Self {
             keeping,
             matching: PerThread::new(Matching::new(&table)),
-            table: RwLock::new((table, None)),
+            table: RwLock::new((Arc::new(table), None)),
             writing: tokio::sync::Mutex::new(()),
             read_error: Mutex::new(None),
             changes_warned: Paced::new(CHANGES_WARNED_EVERY),
@@ -135,7 +135,7 @@ impl Overrides {
         let seen = self.table().1;
         match self.keeping.read_if_changed(seen).await? {
             Some((table, version)) => {
-                self.install(|held| *held = (table, Some(version)));
+                self.install(table, Some(version));
                 Ok(true)
             }
             None => Ok(false),
@@ -205,16 +205,39 @@ impl Overrides {
         self.keeping.kept_in()
     }
 
-    fn table(&self) -> RwLockReadGuard<'_, (Table, Option<u64>)> {
+    fn table(&self) -> RwLockReadGuard<'_, (Arc<Table>, Option<u64>)> {
         // A poisoned table is still the table: every change completes before it is visible.
         self.table.read().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Changes the copy by `change`, and what decisions find with it.
-    fn install(&self, change: impl FnOnce(&mut (Table, Option<u64>))) {
+    /// Replaces the copy with `table` read at `version` (from Redis), and what decisions find
+    /// with it.
+    fn install(&self, table: Table, version: Option<u64>) {
         let mut held = self.table.write().unwrap_or_else(PoisonError::into_inner);
-        change(&mut held);
-        self.matching.replace(Matching::new(&held.0));
+        self.matching.replace(Matching::new(&table));
+        *held = (Arc::new(table), version);
+    }
+
+    /// Makes `change` in the copy (`saved`: the copy with it made, as a file now holds it;
+    /// else it is made in place), and in what decisions find: by that one override, not
+    /// rebuilt whole.
+    fn install_change(&self, change: &Change, saved: Option<Table>) {
+        let mut held = self.table.write().unwrap_or_else(PoisonError::into_inner);
+        match saved {
+            Some(saved) => held.0 = Arc::new(saved),
+            // Not shared (only a save in flight holds it, and none is): changed in place.
+            None => change.apply(Arc::make_mut(&mut held.0)),
+        }
+        let Change {
+            namespace,
+            identifier,
+            entry,
+        } = change;
+        let matching = self
+            .matching
+            .read()
+            .with_change(namespace, identifier, entry.as_ref());
+        self.matching.replace(matching);
     }
 
     /// Sets (or changes) the override of `identifier` in `namespace`, which holds at most
@@ -305,28 +328,18 @@ impl Overrides {
         identifier: &str,
         entry: Option<Override>,
     ) -> Result<(), OverrideError> {
-        let apply = |table: &mut Table| match entry.clone() {
-            Some(entry) => {
-                let n = table.entry(namespace.to_owned()).or_default();
-                n.insert(identifier.to_owned(), entry);
-            }
-            None => {
-                if let Some(n) = table.get_mut(namespace) {
-                    n.remove(identifier);
-                    if n.is_empty() {
-                        table.remove(namespace);
-                    }
-                }
-            }
+        let change = Change {
+            namespace: namespace.to_owned(),
+            identifier: identifier.to_owned(),
+            entry,
         };
-        if self.keeping.is_file() {
-            let mut changed = self.table().0.clone();
-            apply(&mut changed);
-            let saved = self.keeping.save(changed).await.map_err(not_saved)?;
-            self.install(|held| held.0 = saved);
-        } else {
-            self.install(|held| apply(&mut held.0));
-        }
+        let current = Arc::clone(&self.table().0);
+        let saved = self
+            .keeping
+            .save(current, change.clone())
+            .await
+            .map_err(not_saved)?;
+        self.install_change(&change, saved);
         Ok(())
     }
 

@@ -1,15 +1,19 @@
 //! Where unkey's overrides are kept besides the process's copy: nowhere (this process's memory
-//! only), a JSON file written atomically (a temporary file beside it, synced, then renamed
-//! over it), or Redis records every instance shares (each override a field, with a version
-//! that moves on every change). What an override is and which one applies is
-//! `ops::overrides`'s; this is only where their table is read and written.
+//! only), a JSON file with a journal of changes beside it (`file.rs`), or Redis records every
+//! instance shares (each override a field, with a version that moves on every change). What
+//! an override is and which one applies is `ops::overrides`'s; this is only where their table
+//! is read and written.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
 use super::{BackendError, KEY_PREFIX, RedisBackend, RedisRecords};
+
+mod file;
+pub use file::OverridesFile;
 
 /// unkey's overrides on Redis: the records `overrides` under limiterd's prefix
 /// (`limiterd:{records:overrides}:…`, where they have always been).
@@ -36,6 +40,38 @@ pub struct Override {
 /// Every namespace's overrides, by namespace and then identifier.
 pub type Table = BTreeMap<String, BTreeMap<String, Override>>;
 
+/// One change to a [`Table`]: the override of `identifier` in `namespace` set to `entry`
+/// (`None`: deleted). A line of the overrides file's journal.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Change {
+    /// The namespace.
+    pub namespace: String,
+    /// The identifier (or pattern) changed.
+    pub identifier: String,
+    /// Its override now (`None`: deleted).
+    pub entry: Option<Override>,
+}
+
+impl Change {
+    /// Makes the change in `table` (a namespace left with no override is dropped).
+    pub fn apply(&self, table: &mut Table) {
+        match &self.entry {
+            Some(entry) => {
+                let n = table.entry(self.namespace.clone()).or_default();
+                n.insert(self.identifier.clone(), entry.clone());
+            }
+            None => {
+                if let Some(n) = table.get_mut(&self.namespace) {
+                    n.remove(&self.identifier);
+                    if n.is_empty() {
+                        table.remove(&self.namespace);
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// A write that failed, so nothing changed: where (a file's path, or `redis`) and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NotSaved {
@@ -59,8 +95,8 @@ impl NotSaved {
 pub enum Keeping {
     /// Nowhere: this process's memory only.
     Memory,
-    /// A JSON file, read at start and written on every change.
-    File(PathBuf),
+    /// A JSON file, read at start, with a journal of the changes since it was written.
+    File(Arc<OverridesFile>),
     /// Redis records shared by every instance on the store.
     Redis(RedisRecords),
 }
@@ -73,24 +109,18 @@ struct Stored {
 }
 
 impl Keeping {
-    /// Overrides kept in `path`, and the table read from it if it exists (a missing file is
-    /// no overrides; an unreadable one is an error naming it).
+    /// Overrides kept in `path`, and the table read from it and its journal if they exist (a
+    /// missing file is no overrides; an unreadable one is an error naming it).
     pub fn load(path: &Path) -> Result<(Self, Table), String> {
-        let table = match std::fs::read(path) {
-            // Strictly, as a request body: an object wherever one belongs.
-            Ok(bytes) => limiter_input::from_slice(&bytes)
-                .map_err(|e| format!("{}: not an overrides file ({e})", path.display()))?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Table::new(),
-            Err(e) => return Err(format!("{}: {e}", path.display())),
-        };
-        Ok((Self::File(path.to_owned()), table))
+        let (file, table) = OverridesFile::load(path)?;
+        Ok((Self::File(Arc::new(file)), table))
     }
 
     /// Where they are kept: a file, `redis`, or `None` (this process's memory only).
     pub fn kept_in(&self) -> Option<String> {
         match self {
             Self::Memory => None,
-            Self::File(path) => Some(path.display().to_string()),
+            Self::File(file) => Some(file.path().display().to_string()),
             Self::Redis(_) => Some("redis".to_owned()),
         }
     }
@@ -169,38 +199,24 @@ impl Keeping {
             .map_err(|e| NotSaved::at("redis", e))
     }
 
-    /// In a file, writes `table` there atomically, off the async workers, and hands it back;
-    /// elsewhere hands it back at once. Nothing is written if it fails.
-    pub async fn save(&self, table: Table) -> Result<Table, NotSaved> {
-        let Self::File(path) = self else {
-            return Ok(table);
+    /// In a file, writes `change` to `current` (the table before it), off the async workers:
+    /// appended to the journal (`None`), or the table with it made, written whole (`Some`),
+    /// as `file.rs` says. `None` elsewhere. With `None` the caller makes the change in its
+    /// copy. Nothing is written if it fails.
+    pub async fn save(
+        &self,
+        current: Arc<Table>,
+        change: Change,
+    ) -> Result<Option<Table>, NotSaved> {
+        let Self::File(file) = self else {
+            return Ok(None);
         };
-        let path = path.clone();
-        tokio::task::spawn_blocking(move || write_atomically(&path, &table).map(|()| table))
+        let file = Arc::clone(file);
+        let saving = move || file.write(&current, &change);
+        tokio::task::spawn_blocking(saving)
             .await
             .map_err(|e| NotSaved::at("the overrides file", e))?
     }
-
-    /// Whether a change is written to a file (so it is made on a copy of the table first).
-    pub fn is_file(&self) -> bool {
-        matches!(self, Self::File(_))
-    }
-}
-
-/// Writes `table` to `path` atomically (a synced temporary file renamed over it).
-fn write_atomically(path: &Path, table: &Table) -> Result<(), NotSaved> {
-    let failed = |e: std::io::Error| NotSaved::at(&path.display().to_string(), e);
-    let bytes = serde_json::to_vec_pretty(table).map_err(|e| failed(e.into()))?;
-    let mut temporary = path.to_owned().into_os_string();
-    temporary.push(".tmp");
-    let temporary = PathBuf::from(temporary);
-    {
-        use std::io::Write;
-        let mut file = std::fs::File::create(&temporary).map_err(failed)?;
-        file.write_all(&bytes).map_err(failed)?;
-        file.sync_all().map_err(failed)?;
-    }
-    std::fs::rename(&temporary, path).map_err(failed)
 }
 
 /// An override's field in Redis: the namespace length-prefixed, then the identifier.
@@ -210,6 +226,8 @@ fn field(namespace: &str, identifier: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
+
     use super::*;
 
     fn one() -> Table {
@@ -223,6 +241,40 @@ mod tests {
             "api".to_owned(),
             BTreeMap::from([(entry.identifier.clone(), entry)]),
         )])
+    }
+
+    /// A change setting `one()`'s override, and the table it makes of an empty one.
+    fn one_change() -> (Change, Table) {
+        let change = Change {
+            namespace: "api".to_owned(),
+            identifier: "user_*".to_owned(),
+            entry: Some(one()["api"]["user_*"].clone()),
+        };
+        let mut table = Table::new();
+        change.apply(&mut table);
+        assert_eq!(table, one());
+        (change, table)
+    }
+
+    /// A deletion drops the override, and the namespace with its last one.
+    #[test]
+    fn a_change_sets_and_deletes_one_override() {
+        let (mut change, mut table) = one_change();
+        let other = Change {
+            identifier: "ada".to_owned(),
+            ..change.clone()
+        };
+        other.apply(&mut table);
+        assert_eq!(table["api"].len(), 2);
+        change.entry = None;
+        change.apply(&mut table);
+        assert_eq!(table["api"].keys().collect::<Vec<_>>(), ["ada"]);
+        Change {
+            entry: None,
+            ..other
+        }
+        .apply(&mut table);
+        assert!(table.is_empty(), "{table:?}");
     }
 
     fn scratch(name: &str) -> PathBuf {
@@ -240,8 +292,12 @@ mod tests {
         let (keeping, table) = Keeping::load(&path).expect("a missing file is no overrides");
         assert!(table.is_empty());
         assert_eq!(keeping.kept_in(), Some(path.display().to_string()));
-        assert_eq!(keeping.save(one()).await, Ok(one()));
-        assert_eq!(Keeping::load(&path).expect("saved").1, one());
+        let (change, table) = one_change();
+        assert_eq!(
+            keeping.save(Arc::new(Table::new()), change.clone()).await,
+            Ok(Some(table.clone()))
+        );
+        assert_eq!(Keeping::load(&path).expect("saved").1, table);
         // No temporary file is left beside it.
         assert_eq!(std::fs::read_dir(&dir).expect("dir").count(), 1);
 
@@ -249,7 +305,10 @@ mod tests {
         // handed to it is not reported saved.
         let missing = dir.join("gone").join("overrides.json");
         let (keeping, _) = Keeping::load(&missing).expect("missing is empty");
-        let failed = keeping.save(one()).await.expect_err("no directory");
+        let failed = keeping
+            .save(Arc::new(Table::new()), change)
+            .await
+            .expect_err("no directory");
         assert!(failed.place.contains("gone"), "{failed:?}");
         // A file that is not an overrides file is refused by name.
         std::fs::write(&path, "not json").expect("write");
@@ -277,7 +336,7 @@ mod tests {
         assert_eq!(keeping.read_if_changed(None).await.ok(), Some(None));
         assert_eq!(keeping.put("api", &one()["api"]["user_*"]).await, Ok(()));
         assert_eq!(keeping.remove("api", "user_*").await, Ok(None));
-        assert_eq!(keeping.save(one()).await, Ok(one()));
-        assert!(!keeping.is_file());
+        let (change, _) = one_change();
+        assert_eq!(keeping.save(Arc::new(one()), change).await, Ok(None));
     }
 }

@@ -1,11 +1,19 @@
 //! What a decision reads of the overrides ([`Matching`]): per namespace, the overrides by
 //! identifier and the patterns in the order they win (the most literal characters first, then
-//! the smaller text), built again at each change. A decision finds an exact override in one
-//! lookup and a pattern by trying them in that order, stopping at the first that matches,
-//! where it used to scan every override of the namespace (patterns or not) under a lock every
-//! request shared; the copy is read per shard of threads (`shards.rs`).
+//! the smaller text). A decision finds an exact override in one lookup and a pattern by trying
+//! them in that order, stopping at the first that matches; the copy is read per shard of
+//! threads (`shards.rs`).
+//!
+//! It is built whole when the overrides are read (at start, from a file or from Redis), and
+//! after that one change at a time ([`Matching::with_change`]): the new copy shares every
+//! other namespace, and the changed one's overrides, with the copy before it, so a change
+//! copies one namespace's handles (no override, identifier or pattern is copied). Rebuilt whole
+//! at every change, a namespace of 10,000 overrides made each change take 2 ms of an async
+//! worker and setting them all 11 s; with a file, 42 s.
 
+use std::cmp::Ordering;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use limiter_input::Wildcard;
 
@@ -15,16 +23,67 @@ use crate::engine::FastHash;
 /// Every namespace's overrides, as decisions find them.
 #[derive(Debug, Default)]
 pub(super) struct Matching {
-    namespaces: HashMap<String, Namespace, FastHash>,
+    namespaces: HashMap<Arc<str>, Arc<Namespace>, FastHash>,
 }
 
 /// One namespace's overrides: each by its identifier (a pattern's text included: asked for
 /// exactly, a pattern is its own exact override), and the patterns in the order they win,
 /// each split at its `*`s once (so a match allocates nothing).
-#[derive(Debug)]
+#[derive(Clone, Debug, Default)]
 struct Namespace {
-    by_identifier: HashMap<String, Override, FastHash>,
-    patterns: Vec<(Wildcard, Override)>,
+    by_identifier: HashMap<Arc<str>, Arc<Override>, FastHash>,
+    patterns: Vec<Arc<Pattern>>,
+}
+
+/// A pattern override, split, with the count of its literal characters (its rank).
+#[derive(Debug)]
+struct Pattern {
+    wildcard: Wildcard,
+    literal: usize,
+    found: Arc<Override>,
+}
+
+impl Pattern {
+    fn new(found: Arc<Override>) -> Self {
+        Self {
+            wildcard: Wildcard::new(&found.identifier),
+            literal: found.identifier.chars().filter(|c| *c != '*').count(),
+            found,
+        }
+    }
+
+    /// The order patterns win in: the most literal characters first, then the smaller text.
+    fn wins_over(&self, other: &Self) -> Ordering {
+        other
+            .literal
+            .cmp(&self.literal)
+            .then_with(|| self.found.identifier.cmp(&other.found.identifier))
+    }
+}
+
+impl Namespace {
+    /// Sets (`Some`) or removes (`None`) the override of `identifier`.
+    fn change(&mut self, identifier: &str, entry: Option<&Override>) {
+        let entry = entry.map(|e| Arc::new(e.clone()));
+        if identifier.contains('*') {
+            self.patterns.retain(|p| p.found.identifier != identifier);
+            if let Some(found) = &entry {
+                let pattern = Pattern::new(Arc::clone(found));
+                let at = self
+                    .patterns
+                    .partition_point(|p| p.wins_over(&pattern) == Ordering::Less);
+                self.patterns.insert(at, Arc::new(pattern));
+            }
+        }
+        match entry {
+            Some(found) => {
+                self.by_identifier.insert(Arc::from(identifier), found);
+            }
+            None => {
+                self.by_identifier.remove(identifier);
+            }
+        }
+    }
 }
 
 impl Matching {
@@ -33,28 +92,45 @@ impl Matching {
         let namespaces = table
             .iter()
             .map(|(name, overrides)| {
-                let mut patterns: Vec<(Wildcard, Override)> = overrides
-                    .values()
-                    .filter(|o| o.identifier.contains('*'))
-                    .map(|o| (Wildcard::new(&o.identifier), o.clone()))
-                    .collect();
-                let literal = |o: &Override| o.identifier.chars().filter(|c| *c != '*').count();
-                patterns.sort_by(|(_, a), (_, b)| {
-                    literal(b)
-                        .cmp(&literal(a))
-                        .then_with(|| a.identifier.cmp(&b.identifier))
-                });
-                let by_identifier = overrides
-                    .iter()
-                    .map(|(id, o)| (id.clone(), o.clone()))
-                    .collect();
-                let namespace = Namespace {
-                    by_identifier,
-                    patterns,
-                };
-                (name.clone(), namespace)
+                let mut namespace = Namespace::default();
+                for (identifier, found) in overrides {
+                    let found = Arc::new(found.clone());
+                    if identifier.contains('*') {
+                        namespace
+                            .patterns
+                            .push(Arc::new(Pattern::new(Arc::clone(&found))));
+                    }
+                    namespace
+                        .by_identifier
+                        .insert(Arc::from(identifier.as_str()), found);
+                }
+                namespace.patterns.sort_by(|a, b| a.wins_over(b));
+                (Arc::from(name.as_str()), Arc::new(namespace))
             })
             .collect();
+        Self { namespaces }
+    }
+
+    /// This copy with the override of `identifier` in `namespace` set (`Some`) or removed
+    /// (`None`); every other namespace is shared with this one, and the changed one's other
+    /// overrides too.
+    pub(super) fn with_change(
+        &self,
+        namespace: &str,
+        identifier: &str,
+        entry: Option<&Override>,
+    ) -> Self {
+        let mut namespaces = self.namespaces.clone();
+        let mut changed = namespaces
+            .get(namespace)
+            .map(|n| Namespace::clone(n))
+            .unwrap_or_default();
+        changed.change(identifier, entry);
+        if changed.by_identifier.is_empty() {
+            namespaces.remove(namespace);
+        } else {
+            namespaces.insert(Arc::from(namespace), Arc::new(changed));
+        }
         Self { namespaces }
     }
 
@@ -66,12 +142,15 @@ impl Matching {
             return None;
         }
         let n = self.namespaces.get(namespace)?;
-        n.by_identifier.get(identifier).or_else(|| {
-            n.patterns
-                .iter()
-                .find(|(pattern, _)| pattern.matches(identifier))
-                .map(|(_, o)| o)
-        })
+        n.by_identifier
+            .get(identifier)
+            .or_else(|| {
+                n.patterns
+                    .iter()
+                    .find(|p| p.wildcard.matches(identifier))
+                    .map(|p| &p.found)
+            })
+            .map(|found| &**found)
     }
 }
 
@@ -82,6 +161,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::store::overrides::Change;
 
     /// The rule as the module docs state it, by a scan of every override: the exact one, else
     /// of the patterns that match, the one with the most literal characters, then the smaller
@@ -143,6 +223,53 @@ mod tests {
                     by_scan(&table, namespace, &identifier),
                     "{} in {}", identifier, namespace
                 );
+            }
+        }
+
+        /// Changed one override at a time (set or deleted, patterns and exact identifiers, in
+        /// two namespaces), the copy finds what a scan of the table so changed finds, after
+        /// every change; the copy before a change still finds what it did.
+        #[test]
+        fn one_change_at_a_time_finds_what_a_scan_finds(
+            changes in prop::collection::vec(
+                (any::<bool>(), "[ab*]{0,3}", prop::option::of(1..5_u64)),
+                1..24,
+            ),
+            asked in prop::collection::vec("[ab]{0,4}", 1..8),
+        ) {
+            let mut table = Table::new();
+            let mut matching = Matching::new(&table);
+            for (second, identifier, limit) in changes {
+                let namespace = if second { "web" } else { "api" };
+                let entry = limit.map(|limit| Override {
+                    id: format!("{namespace}/{identifier}"),
+                    identifier: identifier.clone(),
+                    limit,
+                    duration_ms: 1_000,
+                });
+                let change = Change {
+                    namespace: namespace.to_owned(),
+                    identifier: identifier.clone(),
+                    entry: entry.clone(),
+                };
+                let before = table.clone();
+                change.apply(&mut table);
+                let changed = matching.with_change(namespace, &identifier, entry.as_ref());
+                for asked in &asked {
+                    for namespace in ["api", "web"] {
+                        prop_assert_eq!(
+                            changed.find(namespace, asked),
+                            by_scan(&table, namespace, asked),
+                            "{} in {} after {:?}", asked, namespace, change
+                        );
+                        prop_assert_eq!(
+                            matching.find(namespace, asked),
+                            by_scan(&before, namespace, asked),
+                            "{} in {} before {:?}", asked, namespace, change
+                        );
+                    }
+                }
+                matching = changed;
             }
         }
     }

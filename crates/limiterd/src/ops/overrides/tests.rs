@@ -126,8 +126,8 @@ fn a_file_keeps_them_across_a_restart() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A change being written to the overrides file (here, one whose temporary file is a FIFO
-/// nobody reads yet, so the write waits) never holds up the copy decisions read.
+/// A change being written to the overrides file (here, one whose journal is a FIFO nobody
+/// reads yet, so the write waits) never holds up the copy decisions read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_decision_never_waits_on_an_override_being_saved() {
     let dir = std::env::temp_dir().join(format!("limiterd-saving-{}", std::process::id()));
@@ -136,7 +136,7 @@ async fn a_decision_never_waits_on_an_override_being_saved() {
     let _ = std::fs::remove_file(&path);
     let o = std::sync::Arc::new(Overrides::load(&path).unwrap());
     o.set("api", "ada", (5, 1_000), MAX).await.unwrap();
-    let fifo = dir.join("overrides.json.tmp");
+    let fifo = dir.join("overrides.json.journal");
     let _ = std::fs::remove_file(&fifo);
     let made = std::process::Command::new("mkfifo").arg(&fifo).status();
     assert!(made.is_ok_and(|s| s.success()), "mkfifo");
