@@ -65,8 +65,11 @@ async fn a_denial_is_resource_exhausted_for_a_tonic_client() {
         .build()
         .unwrap();
     let addr = serve(limits).await;
+    // Deadlines, so a server that stopped answering fails the test rather than hanging it.
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
         .unwrap()
+        .connect_timeout(std::time::Duration::from_secs(5))
+        .timeout(std::time::Duration::from_secs(5))
         .connect()
         .await
         .unwrap();
