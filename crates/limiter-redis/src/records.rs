@@ -2,7 +2,9 @@
 //! and a version counter every change moves on), for a service's run-time data that every
 //! node must see (limiterd's overrides). A change and its version move in one script call, so
 //! a node that reads the version and then the records never misses a change; nodes poll the
-//! version (one `GET`) and read the records again only when it moved.
+//! version (one `GET`) and read the records again only when it moved. A change answers the
+//! version after it, so the node that made it, holding the version just before, knows its copy
+//! is Redis's without reading it back.
 //!
 //! Both keys share a hash tag, so on a cluster they live in one slot.
 
@@ -46,11 +48,12 @@ const PUT: &str = checked!(
     "local _, err = hashed('HSET', KEYS[1], ARGV[1], ARGV[2]) if err then return err end
 return redis.call('INCR', KEYS[2])"
 );
-/// Deletes a field and, if it was there, moves the version on; the number of fields deleted.
+/// Deletes a field and, if it was there, moves the version on: the version after, or nil
+/// when there was no such field.
 const REMOVE: &str = checked!(
     "local n, err = hashed('HDEL', KEYS[1], ARGV[1]) if err then return err end
-if n > 0 then redis.call('INCR', KEYS[2]) end
-return n"
+if n > 0 then return redis.call('INCR', KEYS[2]) end
+return false"
 );
 /// The version and every field, read together.
 const ALL: &str = checked!(
@@ -103,16 +106,20 @@ impl RedisRecords {
             .await
     }
 
-    /// Sets `field` to `value`; the version after the change.
+    /// Sets `field` to `value`; the version after the change (see [`remove`](Self::remove)).
     pub async fn put(&self, field: &str, value: &str) -> Result<u64, BackendError> {
         let reply = self.script(PUT, &[field, value]).await?;
         number(&reply)
     }
 
-    /// Deletes `field`; whether it was there.
-    pub async fn remove(&self, field: &str) -> Result<bool, BackendError> {
-        let reply = self.script(REMOVE, &[field]).await?;
-        Ok(number(&reply)? > 0)
+    /// Deletes `field`: the version after the change, or `None` when there was no such field
+    /// (nothing changed). A reader that held the version just before can move its copy to
+    /// this one by the same change, without reading the records again.
+    pub async fn remove(&self, field: &str) -> Result<Option<u64>, BackendError> {
+        match self.script(REMOVE, &[field]).await? {
+            Value::Nil => Ok(None),
+            reply => number(&reply).map(Some),
+        }
     }
 
     /// The version now (0 before any change); an error naming the key when it holds what no

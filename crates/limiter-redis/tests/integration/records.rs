@@ -48,8 +48,12 @@ async fn records_move_their_version_with_every_change_and_read_whole() {
         fields,
         [("a".into(), "3".into()), ("b".into(), "{\"x\": 2}".into())]
     );
-    assert!(records.remove("a").await.unwrap());
-    assert!(!records.remove("a").await.unwrap(), "gone already");
+    assert_eq!(
+        records.remove("a").await.unwrap(),
+        Some(4),
+        "the version after"
+    );
+    assert_eq!(records.remove("a").await.unwrap(), None, "gone already");
     assert_eq!(
         records.version().await.unwrap(),
         4,
@@ -131,7 +135,7 @@ async fn refused_naming(records: &RedisRecords, key: &str, refused: &[&str]) {
             "version" => records.version().await.map(|v| v.to_string()),
             "all" => records.all().await.map(|a| format!("{a:?}")),
             "put" => records.put("a", "1").await.map(|v| v.to_string()),
-            _ => records.remove("a").await.map(|r| r.to_string()),
+            _ => records.remove("a").await.map(|r| format!("{r:?}")),
         };
         let message: String = result.map_or_else(
             |e: BackendError| e.to_string(),

@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
 use crate::shards::PerThread;
 use crate::store::RedisRecords;
 pub use crate::store::overrides::Override;
-use crate::store::overrides::{Change, Keeping, NotSaved, Table};
+use crate::store::overrides::{Change, Keeping, NotSaved, Removal, Table};
 use limiter_core::Paced;
 
 mod matching;
@@ -220,13 +220,20 @@ impl Overrides {
 
     /// Makes `change` in the copy (`saved`: the copy with it made, as a file now holds it;
     /// else it is made in place), and in what decisions find: by that one override, not
-    /// rebuilt whole.
-    fn install_change(&self, change: &Change, saved: Option<Table>) {
+    /// rebuilt whole. `version`: the Redis records' version after the change; where the copy
+    /// held the one just before, the copy is now Redis's at `version` (this change was the
+    /// only one between), so the next poll reads one `GET` and not every override again.
+    fn install_change(&self, change: &Change, saved: Option<Table>, version: Option<u64>) {
         let mut held = self.table.write().unwrap_or_else(PoisonError::into_inner);
         match saved {
             Some(saved) => held.0 = Arc::new(saved),
             // Not shared (only a save in flight holds it, and none is): changed in place.
             None => change.apply(Arc::make_mut(&mut held.0)),
+        }
+        if let (Some(after), Some(before)) = (version, held.1)
+            && before.checked_add(1) == Some(after)
+        {
+            held.1 = Some(after);
         }
         let Change {
             namespace,
@@ -272,11 +279,13 @@ impl Overrides {
                 });
             }
         }
-        self.keeping
+        let version = self
+            .keeping
             .put(namespace, &entry)
             .await
             .map_err(not_saved)?;
-        self.change(namespace, identifier, Some(entry)).await?;
+        self.change(namespace, identifier, Some(entry), version)
+            .await?;
         Ok(id)
     }
 
@@ -298,35 +307,38 @@ impl Overrides {
             .0
             .get(namespace)
             .is_some_and(|n| n.contains_key(identifier));
-        let on_redis = self
+        let removal = self
             .keeping
             .remove(namespace, identifier)
             .await
             .map_err(not_saved)?;
-        if let Some(removed) = on_redis {
-            // Redis decided: another instance may have set or deleted it since this copy.
-            self.change(namespace, identifier, None).await?;
-            return if removed {
-                Ok(())
-            } else {
+        // On Redis, Redis decided: another instance may have set or deleted it since this
+        // copy, which drops it either way.
+        match removal {
+            Removal::NotOnRedis if !exists => Err(not_found(namespace, identifier)),
+            Removal::NotOnRedis => self.change(namespace, identifier, None, None).await,
+            Removal::Removed { version } => {
+                self.change(namespace, identifier, None, Some(version))
+                    .await
+            }
+            Removal::Missing => {
+                self.change(namespace, identifier, None, None).await?;
                 Err(not_found(namespace, identifier))
-            };
+            }
         }
-        if !exists {
-            return Err(not_found(namespace, identifier));
-        }
-        self.change(namespace, identifier, None).await
     }
 
     /// Sets (`Some`) or deletes (`None`) one override in this process's copy, written first to
     /// the file when overrides are kept in one (nothing changes if that fails; Redis was
-    /// written by the caller), with `writing` held. The file is written off the async workers
-    /// and without the copy's lock: decisions read the copy as it was until the write is done.
+    /// written by the caller, `version` its records' version after), with `writing` held. The
+    /// file is written off the async workers and without the copy's lock: decisions read the
+    /// copy as it was until the write is done.
     async fn change(
         &self,
         namespace: &str,
         identifier: &str,
         entry: Option<Override>,
+        version: Option<u64>,
     ) -> Result<(), OverrideError> {
         let change = Change {
             namespace: namespace.to_owned(),
@@ -339,7 +351,7 @@ impl Overrides {
             .save(current, change.clone())
             .await
             .map_err(not_saved)?;
-        self.install_change(&change, saved);
+        self.install_change(&change, saved, version);
         Ok(())
     }
 

@@ -90,6 +90,20 @@ impl NotSaved {
     }
 }
 
+/// A removal, as Redis answered it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Removal {
+    /// Not kept on Redis: the caller's copy says whether there was such an override.
+    NotOnRedis,
+    /// Redis held no such override.
+    Missing,
+    /// Removed; the records' version after.
+    Removed {
+        /// The version.
+        version: u64,
+    },
+}
+
 /// Where overrides are kept besides this process's copy.
 #[derive(Debug)]
 pub enum Keeping {
@@ -163,11 +177,11 @@ impl Keeping {
         Ok(Some((table, version)))
     }
 
-    /// On Redis, writes `entry` of `namespace` (before this process's copy changes); nothing
-    /// elsewhere.
-    pub async fn put(&self, namespace: &str, entry: &Override) -> Result<(), NotSaved> {
+    /// On Redis, writes `entry` of `namespace` (before this process's copy changes): the
+    /// records' version after. Nothing elsewhere (`None`).
+    pub async fn put(&self, namespace: &str, entry: &Override) -> Result<Option<u64>, NotSaved> {
         let Self::Redis(records) = self else {
-            return Ok(());
+            return Ok(None);
         };
         let stored = Stored {
             namespace: namespace.to_owned(),
@@ -177,26 +191,21 @@ impl Keeping {
         records
             .put(&field(namespace, &entry.identifier), &value)
             .await
-            .map(drop)
+            .map(Some)
             .map_err(|e| NotSaved::at("redis", e))
     }
 
-    /// On Redis, removes the override of `identifier` in `namespace`: whether Redis held it
-    /// (Redis decides: another instance may have set or deleted it since this copy). `None`
-    /// elsewhere.
-    pub async fn remove(
-        &self,
-        namespace: &str,
-        identifier: &str,
-    ) -> Result<Option<bool>, NotSaved> {
+    /// On Redis, removes the override of `identifier` in `namespace`, as Redis answers (it
+    /// decides: another instance may have set or deleted it since this copy).
+    pub async fn remove(&self, namespace: &str, identifier: &str) -> Result<Removal, NotSaved> {
         let Self::Redis(records) = self else {
-            return Ok(None);
+            return Ok(Removal::NotOnRedis);
         };
-        records
+        let removed = records
             .remove(&field(namespace, identifier))
             .await
-            .map(Some)
-            .map_err(|e| NotSaved::at("redis", e))
+            .map_err(|e| NotSaved::at("redis", e))?;
+        Ok(removed.map_or(Removal::Missing, |version| Removal::Removed { version }))
     }
 
     /// In a file, writes `change` to `current` (the table before it), off the async workers:
@@ -334,8 +343,11 @@ mod tests {
         let keeping = Keeping::Memory;
         assert_eq!(keeping.kept_in(), None);
         assert_eq!(keeping.read_if_changed(None).await.ok(), Some(None));
-        assert_eq!(keeping.put("api", &one()["api"]["user_*"]).await, Ok(()));
-        assert_eq!(keeping.remove("api", "user_*").await, Ok(None));
+        assert_eq!(keeping.put("api", &one()["api"]["user_*"]).await, Ok(None));
+        assert_eq!(
+            keeping.remove("api", "user_*").await,
+            Ok(Removal::NotOnRedis)
+        );
         let (change, _) = one_change();
         assert_eq!(keeping.save(Arc::new(one()), change).await, Ok(None));
     }

@@ -75,3 +75,47 @@ async fn a_change_on_redis_is_never_undone_by_a_poll_in_flight() {
     polling.join().expect("the poller");
     assert!(undone.is_empty(), "changes undone by a poll: {undone:?}");
 }
+
+/// On Redis, an instance's own change moves its copy to the records' version after it, so its
+/// next poll is one `GET` (nothing changed) rather than every override read again: setting
+/// thousands one by one read them all at every one. A change another instance made in
+/// between is read by the next poll, whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instances_own_change_is_not_read_back_from_redis() {
+    use limiterd::ops::overrides::Overrides;
+    let server = limiter_testkit::redis_server::RedisServer::start();
+    let backend = limiterd::store::RedisBackend::connect(server.url().as_str())
+        .await
+        .expect("connects");
+    let records = || limiterd::store::overrides::records_on(&backend).expect("records");
+    let (ours, theirs) = (
+        Overrides::on_redis(records()).await,
+        Overrides::on_redis(records()).await,
+    );
+    ours.set("api", "ada", (1, 1_000), 10).await.unwrap();
+    assert_eq!(ours.refresh().await, Ok(false), "its own set");
+    ours.set("api", "bob", (2, 1_000), 10).await.unwrap();
+    ours.delete("api", "ada").await.unwrap();
+    assert_eq!(ours.refresh().await, Ok(false), "its own set and delete");
+    // Another instance's change is read, once.
+    theirs.set("api", "cy", (3, 1_000), 10).await.unwrap();
+    assert_eq!(ours.refresh().await, Ok(true), "another's set");
+    assert_eq!(ours.get("api", "cy").map(|o| o.limit), Ok(3));
+    assert_eq!(ours.refresh().await, Ok(false));
+    // A change after another's that this copy has not read: the version moved by two, so the
+    // copy is not taken for Redis's, and the next poll reads the other's change.
+    theirs.set("api", "dee", (4, 1_000), 10).await.unwrap();
+    ours.delete("api", "bob").await.unwrap();
+    assert_eq!(
+        ours.refresh().await,
+        Ok(true),
+        "another's set, before its own delete"
+    );
+    assert_eq!(ours.get("api", "dee").map(|o| o.limit), Ok(4));
+    assert!(ours.get("api", "bob").is_err());
+    // A delete of what Redis no longer holds moves nothing.
+    theirs.delete("api", "cy").await.unwrap();
+    assert!(ours.delete("api", "cy").await.is_err(), "gone already");
+    assert_eq!(ours.refresh().await, Ok(true), "the other's delete");
+    assert_eq!(ours.refresh().await, Ok(false));
+}
