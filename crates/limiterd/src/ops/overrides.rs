@@ -20,6 +20,7 @@
 //! its id, and the id is the same on every instance and after a restart.
 
 use std::collections::BTreeMap;
+use std::ops::Bound;
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
 
@@ -367,10 +368,11 @@ impl Overrides {
         let Some(n) = table.0.get(namespace) else {
             return (Vec::new(), None);
         };
-        let after = |id: &&String| cursor.is_none_or(|c| id.as_str() > c);
+        // From the cursor on, found in the map: a page costs its own overrides, not those
+        // before it.
+        let from = cursor.map_or(Bound::Unbounded, Bound::Excluded);
         let mut page: Vec<Override> = n
-            .iter()
-            .filter(|(id, _)| after(id))
+            .range::<str, _>((from, Bound::Unbounded))
             .take(limit.saturating_add(1))
             .map(|(_, o)| o.clone())
             .collect();

@@ -92,6 +92,35 @@ fn ids_are_stable_pages_follow_cursors_and_namespaces_are_bounded() {
     ));
 }
 
+/// Pages go on from their cursor, even one whose override was deleted since; together they
+/// list every override once, in order.
+#[test]
+fn pages_go_on_from_a_cursor_deleted_since() {
+    let o = Overrides::in_memory();
+    for identifier in ["a", "b", "c", "d", "e"] {
+        now(o.set("api", identifier, (1, 1_000), MAX)).unwrap();
+    }
+    let names = |page: &[Override]| {
+        page.iter()
+            .map(|o| o.identifier.clone())
+            .collect::<Vec<_>>()
+    };
+    let (first, cursor) = o.list("api", None, 2);
+    assert_eq!(
+        (names(&first), cursor.as_deref()),
+        (vec!["a".into(), "b".into()], Some("b"))
+    );
+    now(o.delete("api", "b")).unwrap();
+    let (second, cursor) = o.list("api", cursor.as_deref(), 2);
+    assert_eq!(
+        (names(&second), cursor.as_deref()),
+        (vec!["c".into(), "d".into()], Some("d"))
+    );
+    let (last, cursor) = o.list("api", cursor.as_deref(), 2);
+    assert_eq!((names(&last), cursor), (vec!["e".to_owned()], None));
+    assert_eq!(o.list("api", Some("zzz"), 2), (Vec::new(), None));
+}
+
 #[test]
 fn a_file_keeps_them_across_a_restart() {
     let dir = std::env::temp_dir().join(format!("limiterd-overrides-{}", std::process::id()));
