@@ -1,26 +1,31 @@
-//! The overrides file: the whole table as JSON (read at start; what an operator reads; written
-//! by the first change when there is none), and a journal beside it (`FILE.journal`) to which
-//! each change is appended as one line of JSON and synced. Once the journal holds more changes than the table has overrides (and at least
-//! [`COMPACT_AFTER`]), the next change writes the table whole instead (a synced temporary
-//! file renamed over the old one) and removes the journal, so a change costs a line, and the
-//! whole table is written once per as many changes as it holds.
+//! The overrides file: the whole table as JSON (read at start; what an operator reads and may
+//! write; written by the first change when there is none), and a journal beside it
+//! (`FILE.journal`): a first line naming the file it follows (a fingerprint of its bytes),
+//! then each change since, one line of JSON each, appended and synced. Once the journal holds
+//! more changes than the table has overrides (and at least [`COMPACT_AFTER`]), the next
+//! change writes the table whole instead (a synced temporary file renamed over the old one)
+//! and the journal starts again, so a change costs a line, and the whole table is written once
+//! per as many changes as it holds.
 //!
 //! Written whole at every change, a table of 10,000 overrides took about 6 ms a change (copy,
 //! serialize, write, sync) and setting them all 36 s; an appended line is a fraction of a
 //! millisecond whatever the table holds.
 //!
-//! Reading: the table, then every line of the journal applied in order. A change applies the
-//! same whether or not the table already holds it, so a crash between the table's rename and
-//! the journal's removal reads the same overrides. A last line cut short (a crash in the
-//! middle of an append) is dropped, and cut from the file, with a warning; any other line that
-//! is not a change is an error naming the file and the line. An append that fails is cut back
-//! off, so no later line follows a broken one.
+//! Reading: the table, then every change of the journal in order, if the journal follows this
+//! very file. One that follows another (the file was replaced since: provisioned anew by an
+//! operator, or written whole by limiterd just before a crash, the journal's changes in it) is
+//! moved aside (`FILE.journal.stale`) with a warning, and the file read as it is. A last line
+//! cut short (a crash in the middle of a write) is dropped, and cut from the file, with a
+//! warning; any other line that is not what it should be is an error naming the file and the
+//! line. An append that fails is cut back off, so no later line follows a broken one.
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
+
+use serde::{Deserialize, Serialize};
 
 use super::{Change, NotSaved, Table};
 
@@ -40,37 +45,40 @@ pub struct OverridesFile {
 /// What the files hold.
 #[derive(Debug)]
 struct Written {
-    /// Whether the table's file exists (until it does, a change writes it whole, so the file
-    /// an operator looks for is there from the first change).
-    table: bool,
-    /// How many changes the journal holds.
+    /// The fingerprint of the table's file as it is (`None`: there is none yet, and a change
+    /// writes it whole, so the file an operator looks for is there from the first change).
+    follows: Option<String>,
+    /// How many changes the journal holds (0: the next change starts it again).
     journaled: usize,
+}
+
+/// A journal's first line: the fingerprint of the file its changes follow.
+#[derive(Debug, Serialize, Deserialize)]
+struct Header {
+    follows: String,
 }
 
 impl OverridesFile {
     /// The file at `path` and the table it holds with its journal applied (a missing file is
     /// no overrides; an unreadable one, or a journal line that is not a change, is an error
-    /// naming it).
+    /// naming it; a journal that follows another file is set aside).
     pub(super) fn load(path: &Path) -> Result<(Self, Table), String> {
-        let (mut table, exists) = match std::fs::read(path) {
+        let (mut table, follows) = match std::fs::read(path) {
             // Strictly, as a request body: an object wherever one belongs.
             Ok(bytes) => (
                 limiter_input::from_slice(&bytes)
                     .map_err(|e| format!("{}: not an overrides file ({e})", path.display()))?,
-                true,
+                Some(fingerprint(&bytes)),
             ),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (Table::new(), false),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (Table::new(), None),
             Err(e) => return Err(format!("{}: {e}", path.display())),
         };
         let journal = journal_of(path);
-        let journaled = replay(&journal, &mut table)?;
+        let journaled = replay(&journal, follows.as_deref(), &mut table)?;
         let file = Self {
             path: path.to_owned(),
             journal,
-            state: Mutex::new(Written {
-                table: exists,
-                journaled,
-            }),
+            state: Mutex::new(Written { follows, journaled }),
         };
         Ok((file, table))
     }
@@ -91,32 +99,39 @@ impl OverridesFile {
     ) -> Result<Option<Table>, NotSaved> {
         let mut written = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let overrides: usize = current.values().map(BTreeMap::len).sum();
-        if written.table && written.journaled < COMPACT_AFTER.max(overrides) {
-            append(&self.journal, change)?;
+        if let Some(follows) = &written.follows
+            && written.journaled < COMPACT_AFTER.max(overrides)
+        {
+            if written.journaled == 0 {
+                start(&self.journal, follows, change)?;
+            } else {
+                append(&self.journal, change)?;
+            }
             written.journaled += 1;
             return Ok(None);
         }
         let mut table = current.clone();
         change.apply(&mut table);
-        write_atomically(&self.path, &table)?;
-        written.table = true;
-        // The table holds every change now: a journal left behind (its removal failed) would
-        // be read again over it, to the same overrides, and is removed with the next one.
-        match std::fs::remove_file(&self.journal) {
-            Ok(()) => written.journaled = 0,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => written.journaled = 0,
-            Err(e) => tracing::warn!(
+        written.follows = Some(write_atomically(&self.path, &table)?);
+        // The journal follows the file before: the next change starts it again, and read at
+        // start it is set aside. Removed now, so no one takes it for changes not yet written.
+        written.journaled = 0;
+        if let Err(e) = std::fs::remove_file(&self.journal)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(
                 journal = %self.journal.display(),
                 error = %e,
-                "the overrides journal could not be removed after the table was written; it is read again at start, to the same overrides"
-            ),
+                "the overrides journal could not be removed after the table was written whole; it follows the file before, so it is not read"
+            );
         }
         Ok(Some(table))
     }
 }
 
-/// Writes `table` to `path` atomically (a synced temporary file renamed over it).
-fn write_atomically(path: &Path, table: &Table) -> Result<(), NotSaved> {
+/// Writes `table` to `path` atomically (a synced temporary file renamed over it): the file's
+/// fingerprint.
+fn write_atomically(path: &Path, table: &Table) -> Result<String, NotSaved> {
     let failed = |e: std::io::Error| NotSaved::at(&path.display().to_string(), e);
     let bytes = serde_json::to_vec_pretty(table).map_err(|e| failed(e.into()))?;
     let mut temporary = path.to_owned().into_os_string();
@@ -127,7 +142,15 @@ fn write_atomically(path: &Path, table: &Table) -> Result<(), NotSaved> {
         file.write_all(&bytes).map_err(failed)?;
         file.sync_all().map_err(failed)?;
     }
-    std::fs::rename(&temporary, path).map_err(failed)
+    std::fs::rename(&temporary, path).map_err(failed)?;
+    Ok(fingerprint(&bytes))
+}
+
+/// The fingerprint of a table's file: 16 bytes of its SHA-256, in hex.
+fn fingerprint(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(bytes);
+    digest[..16].iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// `FILE.journal`, beside `path`.
@@ -137,14 +160,35 @@ fn journal_of(path: &Path) -> PathBuf {
     PathBuf::from(journal)
 }
 
+/// A line of the journal: `value` as JSON, then a newline.
+fn line(
+    value: &impl Serialize,
+    failed: impl Fn(std::io::Error) -> NotSaved,
+) -> Result<Vec<u8>, NotSaved> {
+    let mut line = serde_json::to_vec(value).map_err(|e| failed(e.into()))?;
+    line.push(b'\n');
+    Ok(line)
+}
+
+/// Starts `journal` again: its header (the file it `follows`), then `change`, synced.
+fn start(journal: &Path, follows: &str, change: &Change) -> Result<(), NotSaved> {
+    let failed = |e: std::io::Error| NotSaved::at(&journal.display().to_string(), e);
+    let header = Header {
+        follows: follows.to_owned(),
+    };
+    let mut lines = line(&header, failed)?;
+    lines.extend(line(change, failed)?);
+    let mut file = File::create(journal).map_err(failed)?;
+    file.write_all(&lines).map_err(failed)?;
+    file.sync_data().map_err(failed)
+}
+
 /// Appends `change` to `journal` as one line and syncs it; on failure cuts the file back to
 /// where it was.
 fn append(journal: &Path, change: &Change) -> Result<(), NotSaved> {
     let failed = |e: std::io::Error| NotSaved::at(&journal.display().to_string(), e);
-    let mut line = serde_json::to_vec(change).map_err(|e| failed(e.into()))?;
-    line.push(b'\n');
+    let line = line(change, failed)?;
     let mut file = OpenOptions::new()
-        .create(true)
         .append(true)
         .open(journal)
         .map_err(failed)?;
@@ -157,8 +201,9 @@ fn append(journal: &Path, change: &Change) -> Result<(), NotSaved> {
     Ok(())
 }
 
-/// Applies every change in `journal` to `table` (a missing journal holds none); how many.
-fn replay(journal: &Path, table: &mut Table) -> Result<usize, String> {
+/// Applies every change in `journal` to `table` (a missing journal holds none, and one that
+/// follows another file than the one read, fingerprint `follows`, is set aside); how many.
+fn replay(journal: &Path, follows: Option<&str>, table: &mut Table) -> Result<usize, String> {
     let bytes = match std::fs::read(journal) {
         Ok(bytes) => bytes,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
@@ -167,25 +212,48 @@ fn replay(journal: &Path, table: &mut Table) -> Result<usize, String> {
     let mut applied = 0;
     let mut at = 0;
     for (number, line) in (1..).zip(bytes.split_inclusive(|b| *b == b'\n')) {
-        let change = limiter_input::from_slice::<Change>(line);
-        match change {
-            Ok(change) if line.ends_with(b"\n") => change.apply(table),
-            Err(e) if line.ends_with(b"\n") => {
-                return Err(format!(
-                    "{}: line {number} is not an overrides change ({e}); limiterd writes this file: restore it, or remove it to drop the changes since the overrides file was last written",
-                    journal.display()
-                ));
-            }
-            // The last line, cut short: a crash in the middle of an append, never saved.
-            _ => {
-                cut_short(journal, at as u64, number);
-                break;
-            }
+        if !line.ends_with(b"\n") {
+            // The last line, cut short: a crash in the middle of a write, never saved.
+            cut_short(journal, at as u64, number);
+            break;
         }
-        applied += 1;
+        let broken = |e: &dyn std::fmt::Display| {
+            format!(
+                "{}: line {number} is not an overrides journal's ({e}); limiterd writes this file: restore it, or remove it to drop the changes since the overrides file was last written",
+                journal.display()
+            )
+        };
+        if number == 1 {
+            let header: Header = limiter_input::from_slice(line).map_err(|e| broken(&e))?;
+            if Some(header.follows.as_str()) != follows {
+                set_aside(journal);
+                return Ok(0);
+            }
+        } else {
+            let change: Change = limiter_input::from_slice(line).map_err(|e| broken(&e))?;
+            change.apply(table);
+            applied += 1;
+        }
         at += line.len();
     }
     Ok(applied)
+}
+
+/// Moves aside a journal written after another version of the overrides file (the file was
+/// replaced since: by an operator, or by limiterd folding it in before a crash), with a
+/// warning: its changes do not apply to this file.
+fn set_aside(journal: &Path) {
+    let mut aside = journal.to_owned().into_os_string();
+    aside.push(".stale");
+    let aside = PathBuf::from(aside);
+    tracing::warn!(
+        journal = %journal.display(),
+        aside = %aside.display(),
+        "the overrides journal follows another version of the overrides file (replaced since it was written): its changes are not applied, and it is kept aside"
+    );
+    if let Err(e) = std::fs::rename(journal, &aside) {
+        tracing::warn!(journal = %journal.display(), error = %e, "the stale overrides journal could not be moved aside; the next change starts it again");
+    }
 }
 
 /// Cuts `journal` back to its first `len` bytes (line `number` and after were cut short),

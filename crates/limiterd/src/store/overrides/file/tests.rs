@@ -71,25 +71,31 @@ fn changes_are_appended_then_folded_into_the_table() {
             assert_eq!(OverridesFile::load(&path).expect("read").1, table);
         }
     }
-    assert_eq!(lines(&file.journal), COMPACT_AFTER);
+    assert_eq!(
+        lines(&file.journal),
+        1 + COMPACT_AFTER,
+        "a header, then the changes"
+    );
     assert_eq!(std::fs::read(&path).expect("table"), first, "untouched");
     assert_eq!(OverridesFile::load(&path).expect("read").1, table);
 
     assert!(write(&file, &mut table, &change("last", Some(7))));
     assert!(!file.journal.exists(), "folded into the table");
     assert_eq!(OverridesFile::load(&path).expect("read").1, table);
-    // The next change is a line again.
+    // The next change starts the journal again.
     assert!(!write(&file, &mut table, &change("last", None)));
-    assert_eq!(lines(&file.journal), 1);
+    assert_eq!(lines(&file.journal), 2);
     assert_eq!(OverridesFile::load(&path).expect("read").1, table);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A crash after the table was written whole but before the journal was removed: reading the
-/// journal again over the table gives the same overrides.
+/// A journal beside a file it does not follow is set aside, and the file read as it is: a
+/// crash came after the table was written whole and before the journal was removed (its
+/// changes in the table), or an operator provisioned the file anew (the journal's changes were
+/// to the one before). The next change starts a journal that follows the file read.
 #[test]
-fn a_journal_left_beside_the_table_it_was_folded_into_reads_the_same() {
-    let (dir, path) = scratch("crash");
+fn a_journal_that_follows_another_file_is_set_aside() {
+    let (dir, path) = scratch("replaced");
     let (file, mut table) = OverridesFile::load(&path).expect("empty");
     write(&file, &mut table, &change("a", Some(1)));
     for c in [
@@ -100,10 +106,35 @@ fn a_journal_left_beside_the_table_it_was_folded_into_reads_the_same() {
         write(&file, &mut table, &c);
     }
     let journal = std::fs::read(&file.journal).expect("journal");
+    // Written whole (as limiterd folds the journal in), the journal left behind.
     write_atomically(&path, &table).expect("the table whole");
+    std::fs::write(&file.journal, &journal).expect("left behind");
     assert_eq!(OverridesFile::load(&path).expect("read").1, table);
-    std::fs::write(&file.journal, journal).expect("left behind");
-    assert_eq!(OverridesFile::load(&path).expect("read").1, table);
+    let aside = dir.join("overrides.json.journal.stale");
+    assert_eq!(std::fs::read(&aside).expect("set aside"), journal);
+    assert!(!file.journal.exists());
+
+    // Provisioned anew: `a` back, no `b`; the journal of before (which deletes `a` and sets
+    // `b`) does not apply to it.
+    let provisioned =
+        r#"{"api": {"a": {"id": "ovr_a", "identifier": "a", "limit": 9, "duration_ms": 1000}}}"#;
+    std::fs::write(&path, provisioned).expect("provisioned");
+    std::fs::write(&file.journal, &journal).expect("the journal of before");
+    let limits = |t: &Table| {
+        t.values()
+            .flatten()
+            .map(|(k, o)| (k.clone(), o.limit))
+            .collect::<Vec<_>>()
+    };
+    let (file, mut read) = OverridesFile::load(&path).expect("read");
+    assert_eq!(limits(&read), [("a".to_owned(), 9)]);
+    // The next changes follow the file read, and read back over it.
+    assert!(!write(&file, &mut read, &change("c", Some(4))));
+    assert!(!write(&file, &mut read, &change("a", None)));
+    let (_, again) = OverridesFile::load(&path).expect("read");
+    assert_eq!(limits(&again), [("c".to_owned(), 4)]);
+    let on_disk = std::fs::read(&path).expect("file");
+    assert_eq!(on_disk, provisioned.as_bytes(), "untouched");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -125,14 +156,19 @@ fn a_line_cut_short_is_dropped_and_a_broken_one_refused() {
     write(&file, &mut read, &change("c", Some(3)));
     assert_eq!(OverridesFile::load(&path).expect("read").1, read);
 
-    // A whole line that is not a change, with lines after it: not a crash, refused.
-    let mut broken = b"{\"namespace\":\"api\"}\n".to_vec();
-    broken.extend_from_slice(&whole);
+    // A whole line that is not a change, with lines after it: not a crash, refused. So is a
+    // first line that names no file.
+    let header_end = whole.iter().position(|b| *b == b'\n').expect("a header") + 1;
+    let mut broken = whole[..header_end].to_vec();
+    broken.extend_from_slice(b"{\"namespace\":\"api\"}\n");
+    broken.extend_from_slice(&whole[header_end..]);
     std::fs::write(&file.journal, &broken).expect("broken");
     let refused = OverridesFile::load(&path).expect_err("broken");
-    assert!(
-        refused.contains("overrides.json.journal: line 1 is not an overrides change"),
-        "{refused}"
-    );
+    let wanted = "overrides.json.journal: line 2 is not an overrides journal's (missing field";
+    assert!(refused.contains(wanted), "{refused}");
+    std::fs::write(&file.journal, &whole[header_end..]).expect("no header");
+    let refused = OverridesFile::load(&path).expect_err("no header");
+    let wanted = "line 1 is not an overrides journal's";
+    assert!(refused.contains(wanted), "{refused}");
     let _ = std::fs::remove_dir_all(&dir);
 }
