@@ -6,6 +6,7 @@
 
 use limiter_testkit::redis_server::RedisServer;
 
+use crate::support::calendars::{now_ms, zone_with_a_midnight_ahead, zone_with_a_month_ahead};
 use crate::support::windows::{DAY_MS, in_one_window};
 use crate::support::{Client, Daemon, temp_file};
 use serde_json::{Value, json};
@@ -23,28 +24,6 @@ fn daily_policy(zone: &str) -> String {
 
 fn ask(cost: u64) -> Value {
     json!({"policy": "daily", "identifier": "acme", "cost": cost})
-}
-
-/// An hour: more than any bucket in these tests takes to be full again (half an hour at most).
-const ROOM_MS: u64 = 3_600_000;
-
-/// A zone without daylight saving whose next midnight is at least [`ROOM_MS`] away, and that
-/// midnight in Unix ms, worked out from its offset: Tokyo (UTC+9), or in the hour before
-/// Tokyo's midnight Honolulu (UTC-10, whose midnight is then 18 hours off). A quota's boundary
-/// then binds an answer's reset beside a bucket at any time of day (the reset is the later of
-/// the two: within the hour before Tokyo's midnight, the bucket's).
-pub(crate) fn zone_with_a_midnight_ahead() -> (&'static str, u64) {
-    let day = 86_400_000;
-    let now = now_ms();
-    [("Asia/Tokyo", 9_i64), ("Pacific/Honolulu", -10)]
-        .into_iter()
-        .map(|(zone, hours)| {
-            let offset = hours * 3_600_000;
-            let local = now as i64 + offset;
-            (zone, (local.div_euclid(day) * day + day - offset) as u64)
-        })
-        .find(|&(_, midnight)| midnight >= now + ROOM_MS)
-        .expect("Tokyo's and Honolulu's midnights are 19 hours apart")
 }
 
 #[tokio::test]
@@ -91,41 +70,6 @@ async fn a_fleet_shares_a_calendar_quota_all_or_nothing_with_its_rate() {
         .post("/v1/ratelimit/many", &json!({"requests": [ask(1)]}))
         .await;
     assert_eq!((status, &many["success"]), (200, &json!(false)), "{many}");
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("after 1970")
-        .as_millis() as u64
-}
-
-/// Where the next month starts in `zone`, in Unix ms (from the embedded time zone database).
-fn next_month_ms(zone: &str) -> u64 {
-    let now_ns = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("after 1970")
-        .as_nanos() as u64;
-    let month = limiter_calendar::Calendar::new(limiter_calendar::CalendarUnit::Month, zone)
-        .expect("known zone");
-    month.window(now_ns).expect("in range").end_unix_ns / 1_000_000
-}
-
-/// Where the next month starts in Berlin, in Unix ms.
-fn next_berlin_month_ms() -> u64 {
-    next_month_ms("Europe/Berlin")
-}
-
-/// Berlin, or in the last hour of its month Honolulu (whose month then ends 11 or 12 hours
-/// later), and where its month ends: at least [`ROOM_MS`] ahead, so a quota's boundary binds
-/// an answer's reset beside a bucket whenever the test runs.
-fn zone_with_a_month_ahead() -> (&'static str, u64) {
-    let now = now_ms();
-    ["Europe/Berlin", "Pacific/Honolulu"]
-        .into_iter()
-        .map(|zone| (zone, next_month_ms(zone)))
-        .find(|&(_, end)| end >= now + ROOM_MS)
-        .expect("Berlin's and Honolulu's months end 11 hours apart")
 }
 
 #[tokio::test]
@@ -350,17 +294,22 @@ async fn while_redis_fails_each_failure_policy_answers_reports_and_calls_on_gate
 #[tokio::test]
 async fn one_configuration_answers_alike_on_redis_and_in_memory() {
     let server = RedisServer::start();
+    // A month ending at least an hour ahead: later than carol's bucket is full again, so the
+    // month binds every reset compared below.
+    let (zone, month_end_ms) = zone_with_a_month_ahead();
     let config = temp_file(
         &format!("calendar-record-{}.toml", server.port),
-        "[policies.tokens]\n\
-         limits = [{ algorithm = \"fixed_window\", count = 100, period = \"1mo\", calendar = \"Europe/Berlin\" }]\n\
-         [policies.rated]\n\
-         limits = [\n\
-           { algorithm = \"fixed_window\", count = 100, period = \"1mo\", calendar = \"Europe/Berlin\" },\n\
-           { algorithm = \"token_bucket\", count = 15, period = \"1h\" },\n\
-         ]\n\
-         [policies.hourly]\n\
-         limits = [{ algorithm = \"token_bucket\", count = 2, period = \"1h\" }]\n",
+        &format!(
+            "[policies.tokens]\n\
+             limits = [{{ algorithm = \"fixed_window\", count = 100, period = \"1mo\", calendar = \"{zone}\" }}]\n\
+             [policies.rated]\n\
+             limits = [\n\
+               {{ algorithm = \"fixed_window\", count = 100, period = \"1mo\", calendar = \"{zone}\" }},\n\
+               {{ algorithm = \"token_bucket\", count = 15, period = \"1h\" }},\n\
+             ]\n\
+             [policies.hourly]\n\
+             limits = [{{ algorithm = \"token_bucket\", count = 2, period = \"1h\" }}]\n"
+        ),
     );
     let config = config.to_str().expect("UTF-8");
     let url = server.url();
@@ -433,7 +382,6 @@ async fn one_configuration_answers_alike_on_redis_and_in_memory() {
         seen.push(error);
         answers.push(seen);
     }
-    let month_end_ms = next_berlin_month_ms();
     for seen in &answers {
         assert_eq!(seen[0]["success"], false, "{}", seen[0]);
         assert_eq!(

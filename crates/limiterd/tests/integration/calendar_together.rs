@@ -8,7 +8,7 @@
 use limiter_testkit::redis_server::RedisServer;
 use serde_json::{Value, json};
 
-use crate::calendar::zone_with_a_midnight_ahead;
+use crate::support::calendars::zone_with_a_midnight_ahead;
 use crate::support::{Client, Daemon};
 
 /// A limiterd on `server` with policy `gated`: a day's `day` per identifier (in a zone whose

@@ -230,7 +230,7 @@ async fn a_fleet_on_redis_shares_the_permits_and_releases_through_any_process() 
 #[tokio::test]
 async fn on_redis_a_permit_and_the_rate_limits_are_all_or_nothing() {
     let server = RedisServer::start();
-    let (zone, _) = crate::calendar::zone_with_a_midnight_ahead();
+    let (zone, _) = crate::support::calendars::zone_with_a_midnight_ahead();
     // A permit per identifier; a bucket and a week's quota for everyone, each holding exactly
     // what two admitted calls take.
     let daemon = Daemon::on_redis(
@@ -402,7 +402,7 @@ async fn while_redis_fails_a_busy_permit_leaves_the_fallback_bucket_untouched() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn racing_callers_on_one_permit_leak_no_rate_unit() {
     let server = RedisServer::start();
-    let (zone, _) = crate::calendar::zone_with_a_midnight_ahead();
+    let (zone, _) = crate::support::calendars::zone_with_a_midnight_ahead();
     let daemon = Daemon::on_redis(
         &format!("concurrency-race-{}.toml", server.port),
         &format!(

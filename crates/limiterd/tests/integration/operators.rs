@@ -170,13 +170,19 @@ async fn the_redis_timeout_flag_sets_each_call_s_timeout_and_needs_a_redis_store
     );
 }
 
-/// Every kind of policy limiterd keeps on Redis, for the least-privilege user.
-const EVERY_KIND: &str = "[policies.api]\n\
-limits = [{ algorithm = \"token_bucket\", count = 100, period = \"1h\" }]\n\
-[policies.exports]\n\
-limits = [{ algorithm = \"concurrency\", count = 1, ttl = \"30s\" }]\n\
-[policies.monthly]\n\
-limits = [{ algorithm = \"fixed_window\", count = 2, period = \"1mo\", calendar = \"UTC\" }]\n";
+/// Every kind of policy limiterd keeps on Redis, for the least-privilege user (its calendar
+/// quota in a zone whose month does not end while the test counts it).
+fn every_kind() -> String {
+    let (zone, _) = crate::support::calendars::zone_with_a_month_ahead();
+    format!(
+        "[policies.api]\n\
+         limits = [{{ algorithm = \"token_bucket\", count = 100, period = \"1h\" }}]\n\
+         [policies.exports]\n\
+         limits = [{{ algorithm = \"concurrency\", count = 1, ttl = \"30s\" }}]\n\
+         [policies.monthly]\n\
+         limits = [{{ algorithm = \"fixed_window\", count = 2, period = \"1mo\", calendar = \"{zone}\" }}]\n"
+    )
+}
 
 /// A Redis with docs/operations.md's least-privilege user, and limiterd on it as that user
 /// (failing closed) serving `policies`, with `env` set.
@@ -201,7 +207,7 @@ fn as_least_privileged_user(
 async fn the_documented_least_privilege_user_serves_every_kind_of_policy() {
     // The rule docs/operations.md gives, with this test's password: permits (sorted sets) and
     // calendar quotas included, every key under `limiterd:`.
-    let (_server, daemon) = as_least_privileged_user("every-kind", EVERY_KIND, &[]);
+    let (_server, daemon) = as_least_privileged_user("every-kind", &every_kind(), &[]);
     let mut client = Client::connect(daemon.addr).await;
     let api = client
         .decide(json!({"policy": "api", "identifier": "u"}))

@@ -2,8 +2,9 @@
 //! drop), a keep-alive JSON client for it (over the testkit's HTTP/1.1 client), a gRPC channel
 //! whose calls have a deadline, where a section's daemon counts (its memory or a Redis of its
 //! own), and temporary files; unkey's v2 calls (`unkey.rs`); fixed windows on a real clock
-//! (`windows.rs`).
+//! (`windows.rs`); calendar quotas on one (`calendars.rs`).
 
+pub(crate) mod calendars;
 pub(crate) mod unkey;
 pub(crate) mod windows;
 
