@@ -140,7 +140,8 @@ fn check(file: &Path) -> Result<(), String> {
     // unkey's overrides kept beside the file (in memory; on Redis they live in Redis).
     let beside = file.with_file_name(limiterd::ops::files::OVERRIDES_FILE);
     if beside.exists() {
-        let overrides = limiterd::ops::overrides::Overrides::load(&beside)?;
+        // Read only: the limiterd that keeps them may be writing them now.
+        let overrides = limiterd::ops::overrides::Overrides::read_only(&beside)?;
         let snapshot = overrides.snapshot();
         let count: usize = snapshot.values().map(Vec::len).sum();
         println!(

@@ -201,6 +201,12 @@ impl Overrides {
         Ok(Self::kept(keeping, table))
     }
 
+    /// The overrides kept in `path`, read with nothing written and kept nowhere (for
+    /// `check-config`, which may run while a limiterd keeps them there).
+    pub fn read_only(path: &Path) -> Result<Self, String> {
+        Ok(Self::kept(Keeping::Memory, Keeping::read_only(path)?))
+    }
+
     /// Where they are kept: a file, `redis`, or `None` (this process's memory only).
     pub fn kept_in(&self) -> Option<String> {
         self.keeping.kept_in()

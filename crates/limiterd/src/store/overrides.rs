@@ -130,6 +130,12 @@ impl Keeping {
         Ok((Self::File(Arc::new(file)), table))
     }
 
+    /// The table kept in `path` and its journal, read with nothing written (a check while
+    /// limiterd may be writing them).
+    pub fn read_only(path: &Path) -> Result<Table, String> {
+        OverridesFile::read_only(path)
+    }
+
     /// Where they are kept: a file, `redis`, or `None` (this process's memory only).
     pub fn kept_in(&self) -> Option<String> {
         match self {

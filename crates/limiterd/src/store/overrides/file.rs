@@ -63,24 +63,20 @@ impl OverridesFile {
     /// no overrides; an unreadable one, or a journal line that is not a change, is an error
     /// naming it; a journal that follows another file is set aside).
     pub(super) fn load(path: &Path) -> Result<(Self, Table), String> {
-        let (mut table, follows) = match std::fs::read(path) {
-            // Strictly, as a request body: an object wherever one belongs.
-            Ok(bytes) => (
-                limiter_input::from_slice(&bytes)
-                    .map_err(|e| format!("{}: not an overrides file ({e})", path.display()))?,
-                Some(fingerprint(&bytes)),
-            ),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (Table::new(), None),
-            Err(e) => return Err(format!("{}: {e}", path.display())),
-        };
-        let journal = journal_of(path);
-        let journaled = replay(&journal, follows.as_deref(), &mut table)?;
+        let (table, follows, journaled) = read(path, Reading::Mending)?;
         let file = Self {
             path: path.to_owned(),
-            journal,
+            journal: journal_of(path),
             state: Mutex::new(Written { follows, journaled }),
         };
         Ok((file, table))
+    }
+
+    /// The table the file at `path` and its journal hold, read as [`load`](Self::load) reads
+    /// it, with nothing written: a check may run while limiterd writes them (a line being
+    /// appended is not cut off, a journal not set aside).
+    pub(super) fn read_only(path: &Path) -> Result<Table, String> {
+        read(path, Reading::Only).map(|(table, _, _)| table)
     }
 
     /// The table's file.
@@ -127,6 +123,32 @@ impl OverridesFile {
         }
         Ok(Some(table))
     }
+}
+
+/// Whether reading the files may mend them (the limiterd that keeps them) or only reads them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reading {
+    /// A last line cut short is cut off, and a journal that follows another file moved aside.
+    Mending,
+    /// Nothing is written.
+    Only,
+}
+
+/// The table the file at `path` and its journal hold, the file's fingerprint (`None`: there
+/// is no file) and how many changes the journal holds.
+fn read(path: &Path, reading: Reading) -> Result<(Table, Option<String>, usize), String> {
+    let (mut table, follows) = match std::fs::read(path) {
+        // Strictly, as a request body: an object wherever one belongs.
+        Ok(bytes) => (
+            limiter_input::from_slice(&bytes)
+                .map_err(|e| format!("{}: not an overrides file ({e})", path.display()))?,
+            Some(fingerprint(&bytes)),
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (Table::new(), None),
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    let journaled = replay(&journal_of(path), follows.as_deref(), &mut table, reading)?;
+    Ok((table, follows, journaled))
 }
 
 /// Writes `table` to `path` atomically (a synced temporary file renamed over it): the file's
@@ -202,8 +224,14 @@ fn append(journal: &Path, change: &Change) -> Result<(), NotSaved> {
 }
 
 /// Applies every change in `journal` to `table` (a missing journal holds none, and one that
-/// follows another file than the one read, fingerprint `follows`, is set aside); how many.
-fn replay(journal: &Path, follows: Option<&str>, table: &mut Table) -> Result<usize, String> {
+/// follows another file than the one read, fingerprint `follows`, none: set aside when
+/// `reading` mends); how many.
+fn replay(
+    journal: &Path,
+    follows: Option<&str>,
+    table: &mut Table,
+    reading: Reading,
+) -> Result<usize, String> {
     let bytes = match std::fs::read(journal) {
         Ok(bytes) => bytes,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
@@ -213,8 +241,11 @@ fn replay(journal: &Path, follows: Option<&str>, table: &mut Table) -> Result<us
     let mut at = 0;
     for (number, line) in (1..).zip(bytes.split_inclusive(|b| *b == b'\n')) {
         if !line.ends_with(b"\n") {
-            // The last line, cut short: a crash in the middle of a write, never saved.
-            cut_short(journal, at as u64, number);
+            // The last line, cut short: a crash in the middle of a write, never saved (or,
+            // read only, a line being written now).
+            if reading == Reading::Mending {
+                cut_short(journal, at as u64, number);
+            }
             break;
         }
         let broken = |e: &dyn std::fmt::Display| {
@@ -226,7 +257,9 @@ fn replay(journal: &Path, follows: Option<&str>, table: &mut Table) -> Result<us
         if number == 1 {
             let header: Header = limiter_input::from_slice(line).map_err(|e| broken(&e))?;
             if Some(header.follows.as_str()) != follows {
-                set_aside(journal);
+                if reading == Reading::Mending {
+                    set_aside(journal);
+                }
                 return Ok(0);
             }
         } else {

@@ -109,6 +109,9 @@ fn a_journal_that_follows_another_file_is_set_aside() {
     // Written whole (as limiterd folds the journal in), the journal left behind.
     write_atomically(&path, &table).expect("the table whole");
     std::fs::write(&file.journal, &journal).expect("left behind");
+    // Read only, it is not applied, and left where it is.
+    assert_eq!(OverridesFile::read_only(&path).expect("read"), table);
+    assert!(file.journal.exists());
     assert_eq!(OverridesFile::load(&path).expect("read").1, table);
     let aside = dir.join("overrides.json.journal.stale");
     assert_eq!(std::fs::read(&aside).expect("set aside"), journal);
@@ -150,6 +153,9 @@ fn a_line_cut_short_is_dropped_and_a_broken_one_refused() {
     let mut torn = whole.clone();
     torn.extend_from_slice(br#"{"namespace":"api","identifier":"c","ent"#);
     std::fs::write(&file.journal, &torn).expect("torn");
+    // Read only (a check while limiterd writes): the line is not taken, nor cut off.
+    assert_eq!(OverridesFile::read_only(&path).expect("read"), table);
+    assert_eq!(std::fs::read(&file.journal).expect("untouched"), torn);
     let (file, mut read) = OverridesFile::load(&path).expect("a torn tail is dropped");
     assert_eq!(read, table);
     assert_eq!(std::fs::read(&file.journal).expect("cut"), whole);
