@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
 use crate::shards::PerThread;
 use crate::store::RedisRecords;
 pub use crate::store::overrides::Override;
-use crate::store::overrides::{Change, Keeping, NotSaved, Removal, Table};
+use crate::store::overrides::{Change, Keeping, NotSaved, Removal, Table, off_the_workers};
 use limiter_core::Paced;
 
 mod matching;
@@ -136,7 +136,10 @@ impl Overrides {
         let seen = self.table().1;
         match self.keeping.read_if_changed(seen).await? {
             Some((table, version)) => {
-                self.install(table, Some(version));
+                // Indexed off the async workers: 10,000 overrides take about 4 ms.
+                let (matching, table) =
+                    off_the_workers(move || (Matching::new(&table), table)).await;
+                self.install(table, matching, Some(version));
                 Ok(true)
             }
             None => Ok(false),
@@ -218,10 +221,10 @@ impl Overrides {
     }
 
     /// Replaces the copy with `table` read at `version` (from Redis), and what decisions find
-    /// with it.
-    fn install(&self, table: Table, version: Option<u64>) {
+    /// with `matching`, its index.
+    fn install(&self, table: Table, matching: Matching, version: Option<u64>) {
         let mut held = self.table.write().unwrap_or_else(PoisonError::into_inner);
-        self.matching.replace(Matching::new(&table));
+        self.matching.replace(matching);
         *held = (Arc::new(table), version);
     }
 

@@ -161,25 +161,8 @@ impl Keeping {
             return Ok(None);
         }
         let (version, fields) = records.all().await?;
-        let mut table = Table::new();
-        for (field, value) in fields {
-            match serde_json::from_str::<Stored>(&value) {
-                Ok(stored) => {
-                    let entry = stored.entry;
-                    table
-                        .entry(stored.namespace)
-                        .or_default()
-                        .insert(entry.identifier.clone(), entry);
-                }
-                // Logged at each read of a changed table, never per decision.
-                Err(e) => tracing::warn!(
-                    field = %field,
-                    error = %e,
-                    "an override record on Redis is not one this version reads; it is skipped \
-                     (a newer limiterd's, or written by hand: delete the field or fix it)"
-                ),
-            }
-        }
+        // Parsed off the async workers: 10,000 overrides take about 7 ms.
+        let table = off_the_workers(move || table_of(fields)).await;
         Ok(Some((table, version)))
     }
 
@@ -231,6 +214,42 @@ impl Keeping {
         tokio::task::spawn_blocking(saving)
             .await
             .map_err(|e| NotSaved::at("the overrides file", e))?
+    }
+}
+
+/// The table of the records `fields` (field, value) read from Redis; a record this version
+/// cannot read is skipped with a warning naming its field.
+fn table_of(fields: Vec<(String, String)>) -> Table {
+    let mut table = Table::new();
+    for (field, value) in fields {
+        match serde_json::from_str::<Stored>(&value) {
+            Ok(stored) => {
+                let entry = stored.entry;
+                table
+                    .entry(stored.namespace)
+                    .or_default()
+                    .insert(entry.identifier.clone(), entry);
+            }
+            // Logged at each read of a changed table, never per decision.
+            Err(e) => tracing::warn!(
+                field = %field,
+                error = %e,
+                "an override record on Redis is not one this version reads; it is skipped \
+                 (a newer limiterd's, or written by hand: delete the field or fix it)"
+            ),
+        }
+    }
+    table
+}
+
+/// `work`'s result, computed on the runtime's blocking threads so no async worker (and no
+/// decision queued on it) waits for it; a panic in it is the caller's.
+pub(crate) async fn off_the_workers<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(done) => done,
+        Err(failed) => std::panic::resume_unwind(failed.into_panic()),
     }
 }
 
