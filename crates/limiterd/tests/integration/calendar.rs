@@ -6,8 +6,8 @@
 
 use limiter_testkit::redis_server::RedisServer;
 
-use crate::support::calendars::{now_ms, zone_with_a_midnight_ahead, zone_with_a_month_ahead};
-use crate::support::windows::{DAY_MS, in_one_window};
+use crate::support::calendars::{zone_with_a_midnight_ahead, zone_with_a_month_ahead};
+use crate::support::windows::{DAY_MS, in_one_window, unix_ms};
 use crate::support::{Client, Daemon, temp_file};
 use serde_json::{Value, json};
 
@@ -191,13 +191,7 @@ async fn falling_back_counts_a_share_of_the_quota() {
         "the node's share of the day is spent: {over}"
     );
     assert_eq!(over["limit"], 2, "the quota's share binds: {over}");
-    let midnight = {
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("after 1970")
-            .as_millis() as u64;
-        now_ms / 86_400_000 * 86_400_000 + 86_400_000
-    };
+    let midnight = unix_ms() / DAY_MS * DAY_MS + DAY_MS;
     let reset = over["reset_at_ms"].as_u64().expect("a reset");
     assert!(
         reset.abs_diff(midnight) <= 1_000,
@@ -359,13 +353,13 @@ async fn one_configuration_answers_alike_on_redis_and_in_memory() {
             seen.push(error);
         }
         // A month that counts nothing is full now: no reset ahead.
-        let (before_ms, mut fresh) = (now_ms(), client.decide(peek("zed")).await);
+        let (before_ms, mut fresh) = (unix_ms(), client.decide(peek("zed")).await);
         let reset = fresh
             .as_object_mut()
             .expect("an object")
             .remove("reset_at_ms");
         let reset = reset.and_then(|r| r.as_u64()).expect("a reset");
-        assert!(before_ms <= reset && reset <= now_ms() + 1, "{reset}");
+        assert!(before_ms <= reset && reset <= unix_ms() + 1, "{reset}");
         seen.push(fresh);
         // The bucket's cost in a batch, after an item that fits: the batch's error names the
         // same limit (on Redis, found from the item that refuses it).

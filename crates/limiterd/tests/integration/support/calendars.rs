@@ -5,22 +5,16 @@
 //! ended: a bucket beside the quota was full again after the month's end, so the reset read
 //! the clock.
 
-/// An hour: more than any bucket in these tests takes to be full again (40 minutes at most).
-pub(crate) const ROOM_MS: u64 = 3_600_000;
+use super::windows::{HOUR_MS, unix_ms};
 
-/// Now, in Unix ms.
-pub(crate) fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("after 1970")
-        .as_millis() as u64
-}
+/// An hour: more than any bucket in these tests takes to be full again (40 minutes at most).
+pub(crate) const ROOM_MS: u64 = HOUR_MS;
 
 /// A zone without daylight saving whose next midnight is at least [`ROOM_MS`] away, and that
 /// midnight in Unix ms, worked out from its offset: Tokyo (UTC+9), or in the hour before
 /// Tokyo's midnight Honolulu (UTC-10, whose midnight is then 18 hours off).
 pub(crate) fn zone_with_a_midnight_ahead() -> (&'static str, u64) {
-    zone_with_a_midnight_ahead_of(now_ms())
+    zone_with_a_midnight_ahead_of(unix_ms())
 }
 
 /// [`zone_with_a_midnight_ahead`] at `now` (Unix ms).
@@ -40,7 +34,7 @@ fn zone_with_a_midnight_ahead_of(now: u64) -> (&'static str, u64) {
 /// Berlin, or in the last hour of its month Honolulu (whose month then ends 11 or 12 hours
 /// later), and where its month ends: at least [`ROOM_MS`] ahead.
 pub(crate) fn zone_with_a_month_ahead() -> (&'static str, u64) {
-    zone_with_a_month_ahead_of(now_ms())
+    zone_with_a_month_ahead_of(unix_ms())
 }
 
 /// [`zone_with_a_month_ahead`] at `now` (Unix ms).
@@ -68,7 +62,7 @@ mod tests {
     /// 2026-12-01T00:00:00Z: Berlin's December starts an hour before it, Tokyo's day 9 hours
     /// before, Honolulu's 10 hours after.
     const DECEMBER_UTC: u64 = 1_796_083_200_000;
-    const HOUR: u64 = 3_600_000;
+    const HOUR: u64 = HOUR_MS;
 
     #[test]
     fn a_zone_whose_boundary_is_near_gives_way_to_one_far_off() {
