@@ -106,7 +106,7 @@ pub use limiter_stack::Origin;
 pub use permits::{Acquired, MAX_PERMIT_TTL, MAX_PERMITS, RedisPermit, RedisPermits};
 #[cfg(feature = "calendar")]
 pub use quota::{QuotaAnswer, RedisQuota};
-pub use records::RedisRecords;
+pub use records::{LOGGED_CHANGES, RedisRecords, Since};
 pub use refund::RedisGrant;
 pub use script::SCRIPT;
 pub use seam::decide_batch;

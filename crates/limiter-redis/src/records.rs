@@ -1,12 +1,14 @@
 //! [`RedisRecords`]: a named set of small records kept in Redis beside the limits (one hash,
-//! and a version counter every change moves on), for a service's run-time data that every
-//! node must see (limiterd's overrides). A change and its version move in one script call, so
-//! a node that reads the version and then the records never misses a change; nodes poll the
-//! version (one `GET`) and read the records again only when it moved. A change answers the
-//! version after it, so the node that made it, holding the version just before, knows its copy
-//! is Redis's without reading it back.
+//! a version counter every change moves on, and a log of the last [`LOGGED_CHANGES`]
+//! changes), for a service's run-time data that every node must see (limiterd's overrides). A
+//! change, its version and its log entry move in one script call, so a node that reads the
+//! version and then the records never misses a change; nodes poll the version (one `GET`) and,
+//! when it moved, read only the changes since the version they hold ([`RedisRecords::since`]),
+//! or every record when the log no longer holds them all. A change answers the version after
+//! it, so the node that made it, holding the version just before, knows its copy is Redis's
+//! without reading it back.
 //!
-//! Both keys share a hash tag, so on a cluster they live in one slot.
+//! The three keys share a hash tag, so on a cluster they live in one slot.
 
 use redis::Value;
 
@@ -37,23 +39,45 @@ if type(version) == 'table' and version.err then return refused(KEYS[2], 'a reco
 if version and not string.match(version, '^%d+$') then
   return refused(KEYS[2], 'a records version', 'it holds \"' .. string.sub(version, 1, 40) .. '\"')
 end
+local logged = redis.pcall('ZCARD', KEYS[3])
+if type(logged) == 'table' and logged.err then return refused(KEYS[3], 'a records log', logged.err) end
+local function log(v, entry)
+  redis.call('ZADD', KEYS[3], v, v .. ':' .. entry)
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', v - 1000)
+  return v
+end
 ",
             $body
         )
     };
 }
 
-/// Sets a field and moves the version on: `ARGV = [field, value]`.
+/// Sets a field, moves the version on and logs the change: `ARGV = [field, value]`.
 const PUT: &str = checked!(
     "local _, err = hashed('HSET', KEYS[1], ARGV[1], ARGV[2]) if err then return err end
-return redis.call('INCR', KEYS[2])"
+return log(redis.call('INCR', KEYS[2]), 's:' .. #ARGV[1] .. ':' .. ARGV[1] .. ARGV[2])"
 );
-/// Deletes a field and, if it was there, moves the version on: the version after, or nil
-/// when there was no such field.
+/// Deletes a field and, if it was there, moves the version on and logs the change: the
+/// version after, or nil when there was no such field.
 const REMOVE: &str = checked!(
     "local n, err = hashed('HDEL', KEYS[1], ARGV[1]) if err then return err end
-if n > 0 then return redis.call('INCR', KEYS[2]) end
+if n > 0 then return log(redis.call('INCR', KEYS[2]), 'd:' .. #ARGV[1] .. ':' .. ARGV[1]) end
 return false"
+);
+/// What changed since version `ARGV[1]`: the version alone when nothing did; the logged
+/// changes since, in order, when the log holds every one of them; else every field.
+const SINCE: &str = checked!(
+    "local now, seen = tonumber(version or '0'), tonumber(ARGV[1])
+if now == seen then return {tostring(now)} end
+if seen < now and now - seen <= 1000 then
+  local entries = redis.call('ZRANGE', KEYS[3], -(now - seen), -1)
+  if #entries == now - seen and string.match(entries[1], '^%d+') == tostring(seen + 1)
+    and string.match(entries[#entries], '^%d+') == tostring(now) then
+    return {tostring(now), 'changes', entries}
+  end
+end
+local fields, err = hashed('HGETALL', KEYS[1]) if err then return err end
+return {tostring(now), 'whole', fields}"
 );
 /// The version and every field, read together.
 const ALL: &str = checked!(
@@ -66,7 +90,7 @@ return {version or '0', fields}"
 pub struct RedisRecords {
     backend: RedisBackend,
     name: String,
-    keys: [String; 2],
+    keys: [String; 3],
 }
 
 impl RedisBackend {
@@ -83,10 +107,14 @@ impl RedisBackend {
     }
 }
 
-/// The hash and version keys of the records `name` under `prefix`, one hash tag.
-fn keys(prefix: &str, name: &str) -> [String; 2] {
+/// The hash, version and log keys of the records `name` under `prefix`, one hash tag.
+fn keys(prefix: &str, name: &str) -> [String; 3] {
     let tag = format!("{prefix}:{{records:{name}}}");
-    [format!("{tag}:hash"), format!("{tag}:version")]
+    [
+        format!("{tag}:hash"),
+        format!("{tag}:version"),
+        format!("{tag}:log"),
+    ]
 }
 
 impl RedisRecords {
@@ -102,7 +130,13 @@ impl RedisRecords {
     /// Runs `body` on the records' two keys (by its hash, as every one-key script).
     async fn script(&self, body: &'static str, args: &[&str]) -> Result<Value, BackendError> {
         self.backend
-            .eval_on_keys(&self.keys[0], &[&self.keys[1]], body, false, args)
+            .eval_on_keys(
+                &self.keys[0],
+                &[&self.keys[1], &self.keys[2]],
+                body,
+                false,
+                args,
+            )
             .await
     }
 
@@ -159,7 +193,7 @@ impl RedisRecords {
     pub async fn all(&self) -> Result<(u64, Vec<(String, String)>), BackendError> {
         let reply = self
             .backend
-            .read_on_keys(&self.keys[0], &[&self.keys[1]], ALL, &[])
+            .read_on_keys(&self.keys[0], &[&self.keys[1], &self.keys[2]], ALL, &[])
             .await?;
         let Value::Array(parts) = reply else {
             return Err(bad(&reply));
@@ -168,13 +202,102 @@ impl RedisRecords {
             return Err(bad(&Value::Array(parts)));
         };
         let version = self.version_in(version)?;
-        let mut fields = Vec::with_capacity(flat.len() / 2);
-        for pair in flat.chunks(2) {
-            if let [field, value] = pair {
-                fields.push((lossy(field)?, lossy(value)?));
+        Ok((version, pairs(flat)?))
+    }
+
+    /// What changed since version `seen` (one script call): nothing, the changes since in
+    /// order (each change is logged, the last [`LOGGED_CHANGES`] kept), or, for a reader
+    /// further behind or past a change no log holds (one by a version that did not log),
+    /// every field, as [`all`](Self::all) reads them.
+    pub async fn since(&self, seen: u64) -> Result<Since, BackendError> {
+        let seen_text = seen.to_string();
+        let reply = self
+            .backend
+            .read_on_keys(
+                &self.keys[0],
+                &[&self.keys[1], &self.keys[2]],
+                SINCE,
+                &[&seen_text],
+            )
+            .await?;
+        let Value::Array(parts) = reply else {
+            return Err(bad(&reply));
+        };
+        let version = match parts.first() {
+            Some(version) => self.version_in(version)?,
+            None => return Err(bad(&Value::Array(parts))),
+        };
+        match (parts.get(1).map(text).transpose()?.as_deref(), parts.get(2)) {
+            (None, _) => Ok(Since::Unchanged),
+            (Some("changes"), Some(Value::Array(entries))) => {
+                match entries.iter().map(logged).collect::<Option<_>>() {
+                    Some(changes) => Ok(Since::Changes { version, changes }),
+                    // An entry no version of this code wrote: read them whole instead.
+                    None => {
+                        let (version, fields) = self.all().await?;
+                        Ok(Since::Whole { version, fields })
+                    }
+                }
             }
+            (Some("whole"), Some(Value::Array(flat))) => Ok(Since::Whole {
+                version,
+                fields: pairs(flat)?,
+            }),
+            _ => Err(bad(&Value::Array(parts))),
         }
-        Ok((version, fields))
+    }
+}
+
+/// How many changes the records' log keeps: a reader further behind reads them whole.
+pub const LOGGED_CHANGES: u64 = 1_000;
+
+/// What changed in records since a version ([`RedisRecords::since`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Since {
+    /// Nothing.
+    Unchanged,
+    /// Every change since, in order: a field set to a value (`Some`) or deleted (`None`).
+    Changes {
+        /// The version after them.
+        version: u64,
+        /// The changes.
+        changes: Vec<(String, Option<String>)>,
+    },
+    /// Every field (the log did not hold every change since).
+    Whole {
+        /// The version read.
+        version: u64,
+        /// Every `(field, value)`.
+        fields: Vec<(String, String)>,
+    },
+}
+
+/// A flat `[field, value, …]` reply as pairs.
+fn pairs(flat: &[Value]) -> Result<Vec<(String, String)>, BackendError> {
+    let mut fields = Vec::with_capacity(flat.len() / 2);
+    for pair in flat.chunks(2) {
+        if let [field, value] = pair {
+            fields.push((lossy(field)?, lossy(value)?));
+        }
+    }
+    Ok(fields)
+}
+
+/// A logged change, `<version>:<s|d>:<field length>:<field><value>`, as a field and its value
+/// (`None`: deleted); `None` for an entry not of that shape.
+fn logged(entry: &Value) -> Option<(String, Option<String>)> {
+    let Value::BulkString(bytes) = entry else {
+        return None;
+    };
+    let whole = std::str::from_utf8(bytes).ok()?;
+    let mut parts = whole.splitn(4, ':');
+    let (_version, op, length, rest) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    let length: usize = length.parse().ok()?;
+    let field = rest.get(..length)?.to_owned();
+    match op {
+        "s" => Some((field, Some(rest.get(length..)?.to_owned()))),
+        "d" if rest.len() == length => Some((field, None)),
+        _ => None,
     }
 }
 

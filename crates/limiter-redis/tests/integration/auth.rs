@@ -86,6 +86,17 @@ async fn a_least_privilege_user_decides_every_kind_of_call_exactly() {
         records.all().await.unwrap().1,
         [("a".to_owned(), "1".to_owned())]
     );
+    assert_eq!(records.remove("a").await.unwrap(), Some(2));
+    assert_eq!(
+        records.since(0).await.unwrap(),
+        limiter_redis::Since::Changes {
+            version: 2,
+            changes: vec![
+                ("a".to_owned(), Some("1".to_owned())),
+                ("a".to_owned(), None)
+            ],
+        }
+    );
     // Permits (sorted sets), under the default prefix and limiterd's.
     for permits in [
         backend.permits("acl", 1, Duration::from_secs(30)).unwrap(),

@@ -7,7 +7,7 @@ use limiter_testkit::redis_server as common;
 
 use std::time::Duration;
 
-use limiter_redis::{BackendError, RedisBackend, RedisRecords};
+use limiter_redis::{BackendError, LOGGED_CHANGES, RedisBackend, RedisRecords, Since};
 use redis::Commands;
 
 async fn overrides(server: &common::RedisServer) -> RedisRecords {
@@ -76,13 +76,74 @@ async fn records_move_their_version_with_every_change_and_read_whole() {
         let prefix = backend.records("ok").unwrap().with_prefix(bad);
         assert!(prefix.is_err(), "{bad:?} as a prefix");
     }
-    // Both keys share a hash tag: one slot on a cluster.
+    // The three keys share a hash tag: one slot on a cluster.
     let mut connection = redis::Client::open(server.url())
         .unwrap()
         .get_connection()
         .unwrap();
     let keys: Vec<String> = connection.keys("limiterd:{records:overrides}:*").unwrap();
-    assert_eq!(keys.len(), 2, "{keys:?}");
+    assert_eq!(keys.len(), 3, "{keys:?}");
+}
+
+/// A reader behind reads the changes since its version, in order, with their values; one
+/// further behind than the log keeps, or past a change no log holds, reads every record.
+#[tokio::test]
+async fn a_reader_behind_reads_the_changes_since_its_version() {
+    let server = common::RedisServer::start();
+    let records = overrides(&server).await;
+    assert_eq!(records.since(0).await.unwrap(), Since::Unchanged);
+    assert_eq!(records.put("a", "1").await.unwrap(), 1);
+    assert_eq!(records.put("b:x", "{\"k\": \"v:w\"}").await.unwrap(), 2);
+    assert_eq!(records.remove("a").await.unwrap(), Some(3));
+    assert_eq!(records.remove("a").await.unwrap(), None, "nothing to log");
+    let set = |f: &str, v: &str| (f.to_owned(), Some(v.to_owned()));
+    assert_eq!(
+        records.since(0).await.unwrap(),
+        Since::Changes {
+            version: 3,
+            changes: vec![
+                set("a", "1"),
+                set("b:x", "{\"k\": \"v:w\"}"),
+                ("a".to_owned(), None)
+            ],
+        }
+    );
+    assert_eq!(
+        records.since(2).await.unwrap(),
+        Since::Changes {
+            version: 3,
+            changes: vec![("a".to_owned(), None)],
+        }
+    );
+    assert_eq!(records.since(3).await.unwrap(), Since::Unchanged);
+
+    // A change no log holds (a version that did not log, or a hand's `INCR`): whole.
+    let mut conn = server.client();
+    let _: () = conn
+        .incr("limiterd:{records:overrides}:version", 1)
+        .unwrap();
+    let whole = Since::Whole {
+        version: 4,
+        fields: vec![("b:x".to_owned(), "{\"k\": \"v:w\"}".to_owned())],
+    };
+    assert_eq!(records.since(2).await.unwrap(), whole);
+    assert_eq!(records.since(3).await.unwrap(), whole);
+    // The log keeps the last `LOGGED_CHANGES`; a reader further behind reads whole.
+    for i in 0..LOGGED_CHANGES {
+        records.put("c", &i.to_string()).await.unwrap();
+    }
+    let last = 4 + LOGGED_CHANGES;
+    let Since::Changes { version, changes } = records.since(last - LOGGED_CHANGES).await.unwrap()
+    else {
+        panic!("the log holds the last {LOGGED_CHANGES}");
+    };
+    assert_eq!((version, changes.len() as u64), (last, LOGGED_CHANGES));
+    let logged: u64 = conn.zcard("limiterd:{records:overrides}:log").unwrap();
+    assert_eq!(logged, LOGGED_CHANGES, "bounded");
+    assert!(matches!(
+        records.since(last - LOGGED_CHANGES - 1).await.unwrap(),
+        Since::Whole { version, .. } if version == last
+    ));
 }
 
 /// Each way the records' keys can hold what no change wrote, and what every call says.
@@ -112,6 +173,14 @@ async fn keys_holding_what_no_change_wrote_are_refused_by_name_and_left_alone() 
     refused_naming(&records, hash, &["all", "put", "remove"]).await;
     let moved: Option<String> = conn.get(version).unwrap();
     assert_eq!(moved, None, "a refused put moves no version");
+    // The log of another type: refused before anything is written.
+    let _: () = conn.del(hash).unwrap();
+    let log = "limiterd:{records:overrides}:log";
+    let _: () = conn.set(log, "not a log").unwrap();
+    refused_naming(&records, log, &["all", "put", "remove"]).await;
+    let written: bool = conn.exists(hash).unwrap();
+    assert!(!written, "a refused put writes no field");
+    let _: () = conn.del(log).unwrap();
     // A record that is not UTF-8 reads (its bad bytes replaced) beside a good one.
     let _: () = conn.del(hash).unwrap();
     assert_eq!(records.put("good", "{}").await.unwrap(), 1);

@@ -24,8 +24,8 @@ pub mod quotas;
 pub use limiter_redis::{
     Acquired, BackendBuilder, BackendError, BreakerConfig, DEFAULT_TIMEOUT, LEASE_TTL_RANGE, Lease,
     LeasedStack, MAX_PERMIT_TTL, MAX_PERMITS, OnFailure, QuotaAnswer, RedisBackend, RedisLimit,
-    RedisPermits, RedisQuota, RedisRecords, RedisStack, RedisUrl, Secret, Slack, StoreHealth,
-    decide_batch, slot_ranges,
+    RedisPermits, RedisQuota, RedisRecords, RedisStack, RedisUrl, Secret, Since, Slack,
+    StoreHealth, decide_batch, slot_ranges,
 };
 #[cfg(feature = "tls")]
 pub use limiter_redis::{TlsError, TlsOptions};

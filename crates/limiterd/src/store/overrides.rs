@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::{BackendError, KEY_PREFIX, RedisBackend, RedisRecords};
+use super::{BackendError, KEY_PREFIX, RedisBackend, RedisRecords, Since};
 
 mod file;
 pub use file::OverridesFile;
@@ -145,25 +145,29 @@ impl Keeping {
         }
     }
 
-    /// On Redis, the table as Redis holds it and its version, if the version is not `seen`
-    /// (one `GET` when nothing changed); `None` elsewhere or when nothing changed. A record
-    /// this version cannot read is skipped with a warning naming its field, not fatal.
-    pub async fn read_if_changed(
-        &self,
-        seen: Option<u64>,
-    ) -> Result<Option<(Table, u64)>, BackendError> {
+    /// On Redis, what Redis holds beyond a copy at version `seen` (`None`: no copy yet): the
+    /// changes since, when Redis's log holds them all, else the table whole; `None` elsewhere
+    /// or when nothing changed (one `GET`). A record this version cannot read is skipped with
+    /// a warning naming its field, not fatal (as a change, it deletes the override it held).
+    pub async fn read_if_changed(&self, seen: Option<u64>) -> Result<Option<Read>, BackendError> {
         let Self::Redis(records) = self else {
             return Ok(None);
         };
-        if let Some(seen) = seen
-            && records.version().await? == seen
-        {
+        let Some(seen) = seen else {
+            let (version, fields) = records.all().await?;
+            return Ok(Some(Read::whole(fields, version).await));
+        };
+        if records.version().await? == seen {
             return Ok(None);
         }
-        let (version, fields) = records.all().await?;
-        // Parsed off the async workers: 10,000 overrides take about 7 ms.
-        let table = off_the_workers(move || table_of(fields)).await;
-        Ok(Some((table, version)))
+        Ok(match records.since(seen).await? {
+            Since::Unchanged => None,
+            Since::Whole { version, fields } => Some(Read::whole(fields, version).await),
+            Since::Changes { version, changes } => Some(Read::Changes(
+                changes.into_iter().filter_map(change_of).collect(),
+                version,
+            )),
+        })
     }
 
     /// On Redis, writes `entry` of `namespace` (before this process's copy changes): the
@@ -217,29 +221,71 @@ impl Keeping {
     }
 }
 
+/// What Redis holds beyond a copy (`Keeping::read_if_changed`).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Read {
+    /// The table whole, at a version.
+    Whole(Table, u64),
+    /// The changes since the copy's version, in order, and the version after them.
+    Changes(Vec<Change>, u64),
+}
+
+impl Read {
+    /// The table of `fields`, parsed off the async workers (10,000 overrides take about 7 ms).
+    async fn whole(fields: Vec<(String, String)>, version: u64) -> Self {
+        Self::Whole(off_the_workers(move || table_of(fields)).await, version)
+    }
+}
+
 /// The table of the records `fields` (field, value) read from Redis; a record this version
 /// cannot read is skipped with a warning naming its field.
 fn table_of(fields: Vec<(String, String)>) -> Table {
     let mut table = Table::new();
     for (field, value) in fields {
-        match serde_json::from_str::<Stored>(&value) {
-            Ok(stored) => {
-                let entry = stored.entry;
-                table
-                    .entry(stored.namespace)
-                    .or_default()
-                    .insert(entry.identifier.clone(), entry);
-            }
-            // Logged at each read of a changed table, never per decision.
-            Err(e) => tracing::warn!(
+        if let Some(stored) = stored_in(&field, &value) {
+            let entry = stored.entry;
+            table
+                .entry(stored.namespace)
+                .or_default()
+                .insert(entry.identifier.clone(), entry);
+        }
+    }
+    table
+}
+
+/// The override record `value` of `field`, or `None` with a warning naming the field.
+fn stored_in(field: &str, value: &str) -> Option<Stored> {
+    serde_json::from_str::<Stored>(value)
+        // Logged at each read of a changed record, never per decision.
+        .inspect_err(|e| {
+            tracing::warn!(
                 field = %field,
                 error = %e,
                 "an override record on Redis is not one this version reads; it is skipped \
                  (a newer limiterd's, or written by hand: delete the field or fix it)"
-            ),
-        }
+            );
+        })
+        .ok()
+}
+
+/// A logged change of `field` (its value now, `None`: deleted) as a change of the table: a
+/// value this version cannot read deletes the override the field held, as a whole read skips
+/// it; `None` for a field that names no namespace and identifier.
+fn change_of((field, value): (String, Option<String>)) -> Option<Change> {
+    if let Some(stored) = value.and_then(|value| stored_in(&field, &value)) {
+        return Some(Change {
+            namespace: stored.namespace,
+            identifier: stored.entry.identifier.clone(),
+            entry: Some(stored.entry),
+        });
     }
-    table
+    let (length, rest) = field.split_once(':')?;
+    let length: usize = length.parse().ok()?;
+    Some(Change {
+        namespace: rest.get(..length)?.to_owned(),
+        identifier: rest.get(length..)?.to_owned(),
+        entry: None,
+    })
 }
 
 /// `work`'s result, computed on the runtime's blocking threads so no async worker (and no

@@ -118,4 +118,21 @@ async fn an_instances_own_change_is_not_read_back_from_redis() {
     assert!(ours.delete("api", "cy").await.is_err(), "gone already");
     assert_eq!(ours.refresh().await, Ok(true), "the other's delete");
     assert_eq!(ours.refresh().await, Ok(false));
+    assert!(ours.get("api", "cy").is_err());
+    // Many changes at once (more than are made one at a time): read from the log all the
+    // same, patterns and deletes among them, and found by decisions.
+    for i in 0..20 {
+        theirs
+            .set("api", &format!("team-{i}-*"), (i + 10, 1_000), 100)
+            .await
+            .unwrap();
+    }
+    theirs.delete("api", "team-3-*").await.unwrap();
+    theirs.set("web", "eve", (5, 1_000), 10).await.unwrap();
+    assert_eq!(ours.refresh().await, Ok(true));
+    assert_eq!(ours.find("api", "team-7-x").map(|o| o.limit), Some(17));
+    assert_eq!(ours.find("api", "team-3-x"), None, "deleted");
+    assert_eq!(ours.find("web", "eve").map(|o| o.limit), Some(5));
+    assert_eq!(ours.find("api", "dee").map(|o| o.limit), Some(4));
+    assert_eq!(ours.refresh().await, Ok(false));
 }
