@@ -95,7 +95,11 @@ impl OverridesFile {
     ) -> Result<Option<Table>, NotSaved> {
         let mut written = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let overrides: usize = current.values().map(BTreeMap::len).sum();
+        // A file or journal removed under limiterd (by hand) is written whole again, so no
+        // change is left in a journal that follows no file, or lost with one removed.
+        let intact = self.path.exists() && (written.journaled == 0 || self.journal.exists());
         if let Some(follows) = &written.follows
+            && intact
             && written.journaled < COMPACT_AFTER.max(overrides)
         {
             if written.journaled == 0 {

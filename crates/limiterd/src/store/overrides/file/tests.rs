@@ -178,3 +178,28 @@ fn a_line_cut_short_is_dropped_and_a_broken_one_refused() {
     assert!(refused.contains(wanted), "{refused}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The file or its journal removed by hand while limiterd runs: the next change writes the
+/// table whole, so what was only in the journal (or followed the removed file) is kept.
+#[test]
+fn a_file_or_journal_removed_under_it_is_written_whole_again() {
+    let (dir, path) = scratch("removed");
+    let (file, mut table) = OverridesFile::load(&path).expect("empty");
+    write(&file, &mut table, &change("a", Some(1)));
+    assert!(
+        !write(&file, &mut table, &change("b", Some(2))),
+        "journaled"
+    );
+    std::fs::remove_file(&file.journal).expect("removed");
+    assert!(write(&file, &mut table, &change("c", Some(3))), "whole");
+    assert_eq!(OverridesFile::load(&path).expect("read").1, table);
+    assert!(
+        !write(&file, &mut table, &change("d", Some(4))),
+        "journaled"
+    );
+    std::fs::remove_file(&path).expect("removed");
+    assert!(write(&file, &mut table, &change("e", Some(5))), "whole");
+    assert_eq!(OverridesFile::load(&path).expect("read").1, table);
+    assert_eq!(table["api"].len(), 5);
+    let _ = std::fs::remove_dir_all(&dir);
+}
