@@ -5,7 +5,7 @@
 //! threads (`shards.rs`).
 //!
 //! It is built whole when the overrides are read (at start, from a file or from Redis), and
-//! after that one change at a time ([`Matching::with_change`]): the new copy shares every
+//! after that by the changes alone ([`Matching::with_changes`]): the new copy shares every
 //! other namespace, and the changed one's overrides, with the copy before it, so a change
 //! copies one namespace's handles (no override or identifier is copied; its patterns only
 //! when the change is to a pattern, so a match still reads them side by side). Rebuilt whole
@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use limiter_input::Wildcard;
 
-use super::{Override, Table};
+use super::{Change, Override, Table};
 use crate::engine::FastHash;
 
 /// Every namespace's overrides, as decisions find them.
@@ -113,26 +113,18 @@ impl Matching {
         Self { namespaces }
     }
 
-    /// This copy with the override of `identifier` in `namespace` set (`Some`) or removed
-    /// (`None`); every other namespace is shared with this one, and the changed one's other
-    /// overrides too.
-    pub(super) fn with_change(
-        &self,
-        namespace: &str,
-        identifier: &str,
-        entry: Option<&Override>,
-    ) -> Self {
+    /// This copy with `changes` made, in order; every namespace none of them touches is
+    /// shared with this one, and a touched one's other overrides too (each touched namespace
+    /// is copied once, however many of the changes are to it).
+    pub(super) fn with_changes<'c>(&self, changes: impl IntoIterator<Item = &'c Change>) -> Self {
         let mut namespaces = self.namespaces.clone();
-        let mut changed = namespaces
-            .get(namespace)
-            .map(|n| Namespace::clone(n))
-            .unwrap_or_default();
-        changed.change(identifier, entry);
-        if changed.by_identifier.is_empty() {
-            namespaces.remove(namespace);
-        } else {
-            namespaces.insert(Arc::from(namespace), Arc::new(changed));
+        for change in changes {
+            let namespace = namespaces
+                .entry(Arc::from(change.namespace.as_str()))
+                .or_default();
+            Arc::make_mut(namespace).change(&change.identifier, change.entry.as_ref());
         }
+        namespaces.retain(|_, n| !n.by_identifier.is_empty());
         Self { namespaces }
     }
 
@@ -163,7 +155,6 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::store::overrides::Change;
 
     /// The rule as the module docs state it, by a scan of every override: the exact one, else
     /// of the patterns that match, the one with the most literal characters, then the smaller
@@ -256,7 +247,7 @@ mod tests {
                 };
                 let before = table.clone();
                 change.apply(&mut table);
-                let changed = matching.with_change(namespace, &identifier, entry.as_ref());
+                let changed = matching.with_changes([&change]);
                 for asked in &asked {
                     for namespace in ["api", "web"] {
                         prop_assert_eq!(
