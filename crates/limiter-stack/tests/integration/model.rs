@@ -6,11 +6,14 @@
 //! same refunds; with a layer on the user layer's key (`Layer::same_key`, one entry for both
 //! in the stack, two states in the model) too, and for stacks on the fixed-plan path (every
 //! layer one plan and no plan function, or plans of several limits chosen per call) on one key
-//! and on several.
+//! and on several. Every built-in algorithm takes part, a calendar quota (through the stack's
+//! boxed algorithms) among them, its windows ending mid-run: what a layer's kept answer
+//! (`Stack::check_each`) says is checked against the model's eager decision of that layer.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
+use limiter_calendar::{Calendar, CalendarCounter, CalendarUnit};
 use limiter_core::{Algorithm, Clock, Decision, DecisionError, Limit, ManualClock, Step, Usage};
 use limiter_sliding_window::{FixedCounter, SlidingCounter};
 use limiter_stack::Kind;
@@ -38,6 +41,7 @@ enum Alg {
     Bucket(Gcra),
     Sliding(SlidingCounter),
     Fixed(FixedCounter),
+    Calendar(CalendarCounter),
 }
 
 macro_rules! each {
@@ -46,6 +50,7 @@ macro_rules! each {
             Alg::Bucket($a) => $body,
             Alg::Sliding($a) => $body,
             Alg::Fixed($a) => $body,
+            Alg::Calendar($a) => $body,
         }
     };
 }
@@ -56,6 +61,7 @@ impl Alg {
             Alg::Bucket(_) => Gcra::FRESH,
             Alg::Sliding(_) => SlidingCounter::FRESH,
             Alg::Fixed(_) => FixedCounter::FRESH,
+            Alg::Calendar(_) => CalendarCounter::FRESH,
         }
     }
     fn decide(&self, w: u64, cost: u64, now: u64) -> Result<Step, DecisionError> {
@@ -77,6 +83,16 @@ impl Alg {
 
 fn limit(count: u64, ms: u64) -> Limit {
     Limit::new(count, Duration::from_millis(ms))
+}
+
+/// Unix time at the model's clock reading 0: 20 s before 2028 begins in UTC, so a run's clock
+/// steps (up to a second each) cross a day's, a month's and a year's end mid-run.
+const ORIGIN_UNIX_NS: u64 = (1_830_297_600 - 20) * 1_000_000_000;
+
+/// `count` a UTC `unit` (its window ends 20 s into a run).
+fn calendar(count: u64, unit: CalendarUnit) -> Alg {
+    let calendar = Calendar::new(unit, "UTC").unwrap();
+    Alg::Calendar(CalendarCounter::new(count, calendar, ORIGIN_UNIX_NS).unwrap())
 }
 
 /// The layers, as (name, keyer, plans), shared by the stack and the model.
@@ -146,7 +162,7 @@ fn specs(one_limit_each: bool, grouped: bool) -> Vec<Spec> {
             choose: |r| usize::from(r.pro),
             plans: vec![
                 vec![Alg::Bucket(Gcra::new(limit(4, 1_500)).unwrap())],
-                vec![Alg::Fixed(FixedCounter::new(limit(6, 1_000)).unwrap())],
+                vec![calendar(9, CalendarUnit::Month)],
             ],
         });
     }
@@ -158,6 +174,7 @@ fn add(plan: Plan, alg: &Alg) -> Plan {
         Alg::Bucket(a) => plan.limit(Kind::TokenBucket, *a.limit()),
         Alg::Sliding(a) => plan.limit(Kind::SlidingWindow, *a.limit()),
         Alg::Fixed(a) => plan.limit(Kind::FixedWindow, *a.limit()),
+        Alg::Calendar(a) => plan.algorithm(a.clone()),
     }
 }
 
@@ -182,6 +199,7 @@ fn build(clock: &ManualClock, specs: Vec<Spec>) -> Stack<Request, u64, ManualClo
                 Alg::Bucket(a) => layer.limit(Kind::TokenBucket, *a.limit()),
                 Alg::Sliding(a) => layer.limit(Kind::SlidingWindow, *a.limit()),
                 Alg::Fixed(a) => layer.limit(Kind::FixedWindow, *a.limit()),
+                Alg::Calendar(a) => layer.algorithm(a.clone()),
             }),
             _ => layer.plans(plans, spec.choose),
         });

@@ -3,14 +3,16 @@
 //! several keys with and without a global layer (the commit lock, or each key's lead locked), of
 //! one limit a layer or several, and on one key with a layer whose plan function chooses.
 
+use limiter_calendar::CalendarUnit;
 use limiter_core::Algorithm;
 use limiter_sliding_window::{FixedCounter, SlidingCounter};
 use limiter_token_bucket::Gcra;
 
-use super::{Alg, Request, Spec, limit};
+use super::{Alg, Request, Spec, calendar, limit};
 
 /// The layers of a stack on the fixed-plan path on one key: per user one token bucket and, on the same key,
-/// a sliding window, and a global token bucket; every layer one plan of one limit.
+/// a sliding window, a global token bucket, and on the user's key a day's calendar quota;
+/// every layer one plan of one limit.
 pub(crate) fn one_key_specs() -> Vec<Spec> {
     let one = |name, shares, key: fn(&Request) -> Option<u64>, alg| Spec {
         name,
@@ -37,6 +39,13 @@ pub(crate) fn one_key_specs() -> Vec<Spec> {
             None,
             |_| None,
             Alg::Bucket(Gcra::new(limit(6, 1_000).with_burst(4)).unwrap()),
+        ),
+        // A calendar quota on the user's key: an algorithm the stack holds boxed.
+        one(
+            "user-day",
+            Some(0),
+            |r| Some(r.user),
+            calendar(8, CalendarUnit::Day),
         ),
     ]
 }
@@ -99,7 +108,7 @@ pub(crate) fn one_key_chosen_plans_specs() -> Vec<Spec> {
 
 /// The layers of a stack on the fixed-plan path on several keys: per user (a token bucket, and
 /// a sliding window with `several_limits`), on the user's key a second layer (one entry for
-/// both), per pair of users (another key: two users share it) and, with `global`, a global layer
+/// both; a fixed window, and a year's calendar quota with `several_limits`), per pair of users (another key: two users share it) and, with `global`, a global layer
 /// (the commit lock); without it, on the user's writes only (a key a request may skip), and
 /// each key's lead is locked.
 pub(crate) fn several_keys_specs(global: bool, several_limits: bool) -> Vec<Spec> {
@@ -116,12 +125,13 @@ pub(crate) fn several_keys_specs(global: bool, several_limits: bool) -> Vec<Spec
     }
     vec![
         spec("user", None, |r| Some(r.user), user),
-        spec(
-            "user-more",
-            Some(0),
-            |r| Some(r.user),
-            vec![Alg::Fixed(FixedCounter::new(limit(4, 1_500)).unwrap())],
-        ),
+        spec("user-more", Some(0), |r| Some(r.user), {
+            let mut more = vec![Alg::Fixed(FixedCounter::new(limit(4, 1_500)).unwrap())];
+            if several_limits {
+                more.push(calendar(10, CalendarUnit::Year));
+            }
+            more
+        }),
         spec(
             "pair",
             None,
