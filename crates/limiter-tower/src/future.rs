@@ -23,7 +23,7 @@ pin_project! {
         #[pin]
         state: State<F, RB, E>,
         // Beside the state, not in its `Inner` variant: a variant holding them beside the
-        // inner future had that future copied twice on its way out of `call` (callgrind,
+        // inner future had that future copied once more on its way out of `call` (callgrind,
         // an axum route: 102 instructions a request, with headers or without).
         headers: RateHeaders,
     }

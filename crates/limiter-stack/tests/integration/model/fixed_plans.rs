@@ -108,9 +108,10 @@ pub(crate) fn one_key_chosen_plans_specs() -> Vec<Spec> {
 
 /// The layers of a stack on the fixed-plan path on several keys: per user (a token bucket, and
 /// a sliding window with `several_limits`), on the user's key a second layer (one entry for
-/// both; a fixed window, and a year's calendar quota with `several_limits`), per pair of users (another key: two users share it) and, with `global`, a global layer
-/// (the commit lock); without it, on the user's writes only (a key a request may skip), and
-/// each key's lead is locked.
+/// both; a fixed window, and a year's calendar quota with `several_limits`), per pair of users
+/// (another key: two users share it) and, with `global`, a global layer (the commit lock);
+/// without it, on the user's writes only (a key a request may skip), and each key's lead is
+/// locked.
 pub(crate) fn several_keys_specs(global: bool, several_limits: bool) -> Vec<Spec> {
     let spec = |name, shares, key: fn(&Request) -> Option<u64>, limits| Spec {
         name,
