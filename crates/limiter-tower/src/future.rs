@@ -54,17 +54,17 @@ pin_project! {
 }
 
 impl<F, RB, E> ResponseFuture<F, RB, E> {
+    /// The inner service's future, whose response gets `headers` (none: polled alone).
     pub(crate) fn inner(future: F, headers: RateHeaders) -> Self {
+        if headers.is_none() {
+            return Self {
+                state: State::Plain { future },
+                headers,
+            };
+        }
         Self {
             state: State::Inner { future },
             headers,
-        }
-    }
-
-    pub(crate) fn plain(future: F) -> Self {
-        Self {
-            state: State::Plain { future },
-            headers: RateHeaders::None,
         }
     }
 

@@ -322,9 +322,6 @@ where
             return match verdict {
                 Ok(headers) => {
                     let request = Request::from_parts(request.parts, body);
-                    if headers.is_none() {
-                        return ResponseFuture::plain(self.inner.call(request));
-                    }
                     ResponseFuture::inner(self.inner.call(request), headers)
                 }
                 Err(response) => ResponseFuture::answered(response),
